@@ -1,0 +1,131 @@
+"""Strict construction of frozen config dataclasses from plain dicts (TOML, JSON, --set).
+
+Unknown keys and wrong types fail with a one-line ``FleetsimInputError`` that names the
+dotted field, the value and the fix. Nested dataclasses, ``tuple[...]``, ``X | None`` and
+``Mapping[str, object]`` fields are supported; that is all our configs use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from fleetsim.errors import FleetsimInputError
+
+T = TypeVar("T")
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    """Build dataclass ``cls`` from ``data``; ``where`` is the dotted path used in errors."""
+    if not isinstance(data, Mapping):
+        raise FleetsimInputError(where, data, f"expected a table of {cls.__name__} fields")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(fields)}"
+            raise FleetsimInputError(f"{where}.{key}", value, f"unknown key; {hint}")
+        kwargs[key] = coerce(value, hints[key], f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except FleetsimInputError:
+        raise
+    except ValueError as err:  # __post_init__ validation
+        raise FleetsimInputError(where, {k: kwargs[k] for k in kwargs}, str(err)) from None
+
+
+def coerce(value: Any, hint: Any, where: str) -> Any:
+    """Check ``value`` against type ``hint`` (converting lists to tuples, ints to floats)."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, where)
+            except FleetsimInputError as err:
+                errors.append(err)
+        raise errors[0]
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):  # type: ignore[arg-type]
+            return value
+        return from_dict(hint, value, where)  # type: ignore[arg-type]
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise FleetsimInputError(where, value, "expected a list")
+        args = typing.get_args(hint)
+        item = args[0] if args else Any
+        return tuple(coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (Mapping, dict) or hint in (Mapping, dict):
+        if not isinstance(value, Mapping):
+            raise FleetsimInputError(where, value, "expected a table")
+        return dict(value)
+    if hint is Any or hint is object:
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise FleetsimInputError(where, value, "expected a number")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise FleetsimInputError(where, value, "expected an integer")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise FleetsimInputError(where, value, "expected true or false")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise FleetsimInputError(where, value, "expected a string")
+        return value
+    if typing.get_origin(hint) is typing.Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise FleetsimInputError(where, value, f"expected one of {', '.join(map(str, allowed))}")
+        return value
+    return value
+
+
+def parse_override_value(text: str) -> Any:
+    """Parse the right side of ``--set key=value`` as a TOML value, else keep it a string."""
+    import tomllib
+
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(data: dict[str, Any], dotted_key: str, value: Any) -> None:
+    """Set ``data[a][b][c] = value`` for ``dotted_key='a.b.c'``, creating tables as needed."""
+    parts = dotted_key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise FleetsimInputError(f"--set {dotted_key}", child, f"{part!r} is not a table")
+        node = child
+    node[parts[-1]] = value
+
+
+def to_plain(obj: Any) -> Any:
+    """A dataclass tree as JSON-ready dicts/lists (for ``config.json``)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_plain(v) for v in obj]
+    return obj
