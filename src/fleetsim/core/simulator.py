@@ -1,0 +1,62 @@
+"""The event kernel: a heap of ``(time_s, kind, seq, payload)`` tuples and a dispatch table.
+
+It knows nothing about LLMs. ``kind`` is an ``IntEnum`` whose order is the same-time
+priority, and ``seq`` (a per-simulator counter) breaks the remaining ties in push order, so
+payloads are never compared and runs are deterministic. Time is simulated only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from enum import IntEnum
+from typing import Any
+
+Handler = Callable[[Any], None]
+
+
+class Simulator:
+    """A minimal discrete-event loop.
+
+    Components register one handler per event kind with ``on(kind, handler)``, then
+    ``schedule`` events. ``run`` pops events in (time, kind, seq) order and calls the handler
+    with the payload; ``now_s`` is the time of the event being handled.
+    """
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._handlers: dict[int, Handler] = {}
+        self.num_events = 0
+
+    def on(self, kind: IntEnum, handler: Handler) -> None:
+        """Register the handler for ``kind`` (one per kind)."""
+        if int(kind) in self._handlers:
+            raise ValueError(f"a handler for {kind!r} is already registered")
+        self._handlers[int(kind)] = handler
+
+    def schedule(self, at_s: float, kind: IntEnum, payload: Any = None) -> None:
+        """Schedule an event at absolute simulated time ``at_s`` (never in the past)."""
+        if at_s < self.now_s:
+            raise ValueError(f"cannot schedule at {at_s} s, before now ({self.now_s} s)")
+        heapq.heappush(self._heap, (at_s, int(kind), next(self._seq), payload))
+
+    def peek_s(self) -> float:
+        """Time of the next pending event, or +inf when none is pending."""
+        return self._heap[0][0] if self._heap else math.inf
+
+    def run(self, until_s: float = math.inf) -> None:
+        """Handle events in order until the heap is empty or the next one is after ``until_s``."""
+        heap, pop, handlers = self._heap, heapq.heappop, self._handlers
+        num_events = 0
+        while heap and heap[0][0] <= until_s:
+            now_s, kind, _, payload = pop(heap)
+            self.now_s = now_s
+            handlers[kind](payload)
+            num_events += 1
+        self.num_events += num_events
+        if heap and until_s < math.inf:
+            self.now_s = max(self.now_s, until_s)

@@ -1,0 +1,204 @@
+"""Paged KV cache of one replica: a block pool plus a prefix cache keyed by block hashes.
+
+Blocks are counted, not named: what matters to latency is how many are free, and who holds
+them. A request owns *private* blocks, and holds references to *entries* of the prefix cache.
+An entry covers one prefix hash block (``hash_block_tokens`` tokens, e.g. Mooncake's 512) and
+owns ``hash_block_tokens // block_size`` blocks. Hash ids are prefix-chained (equal id at
+position j means equal prompt up to the end of block j), so a request's hit is the longest run
+of leading ids present in the cache, as in vLLM's automatic prefix caching. Entries no request
+references stay cached and are evicted least-recently-released first when blocks run short.
+
+Invariant (checked by ``check``): free + evictable + private + pinned == total blocks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from fleetsim.serving.request import Request
+
+
+@dataclass(slots=True)
+class _Entry:
+    num_refs: int
+
+
+class KVCache:
+    """Block accounting with prefix caching. ``can_*``/``*_blocks`` ask, the rest commit."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        hash_block_tokens: int | None = None,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if hash_block_tokens is not None and hash_block_tokens % block_size:
+            raise ValueError(
+                f"hash_block_tokens ({hash_block_tokens}) must be a multiple of "
+                f"block_size ({block_size})"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.hash_block_tokens = hash_block_tokens
+        self.prefix_caching = enable_prefix_caching and hash_block_tokens is not None
+        self.blocks_per_entry = (hash_block_tokens or block_size) // block_size
+        self.num_free_blocks = num_blocks
+        self._entries: dict[int, _Entry] = {}  # hash_id -> entry
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced, LRU first
+        self.num_hit_tokens = 0
+        self.num_queried_tokens = 0
+        self.num_evicted_entries = 0
+
+    # ---- questions -------------------------------------------------------------------
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self._evictable) * self.blocks_per_entry
+
+    @property
+    def num_available_blocks(self) -> int:
+        """Blocks an allocation can get: free ones plus unreferenced cached ones."""
+        return self.num_free_blocks + len(self._evictable) * self.blocks_per_entry
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by requests (private or through a referenced entry)."""
+        return self.num_blocks - self.num_available_blocks
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _num_cacheable(self, req: Request) -> int:
+        return min(len(req.hash_ids), req.num_prompt_tokens // self.hash_block_tokens)  # type: ignore[operator]
+
+    def num_matched_entries(self, req: Request) -> int:
+        """Leading prefix entries of a waiting request that are cached now (at least one
+        prompt token is always left to compute, as vLLM does on a full hit)."""
+        if not self.prefix_caching or not req.hash_ids:
+            return 0
+        entries = self._entries
+        limit = self._num_cacheable(req)
+        m = 0
+        while m < limit and req.hash_ids[m] in entries:
+            m += 1
+        if m and m * self.hash_block_tokens >= req.num_prompt_tokens:  # type: ignore[operator]
+            m -= 1
+        return m
+
+    def admission_blocks(self, req: Request, num_new_tokens: int) -> int:
+        """Blocks that admitting waiting ``req`` with ``num_new_tokens`` new tokens takes from
+        the available pool: new private blocks plus matched entries that are unreferenced."""
+        m = self.num_matched_entries(req)
+        hit_tokens = m * (self.hash_block_tokens or 0)
+        pinned = sum(1 for h in req.hash_ids[:m] if h in self._evictable) * self.blocks_per_entry
+        new_private = self.num_blocks_for(hit_tokens + num_new_tokens) - m * self.blocks_per_entry
+        return pinned + max(0, new_private)
+
+    def num_prefix_hit_tokens(self, req: Request) -> int:
+        return self.num_matched_entries(req) * (self.hash_block_tokens or 0)
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """New blocks a running request needs to compute ``num_new_tokens`` more tokens."""
+        held = req.num_private_blocks + req.num_cached_entries * self.blocks_per_entry
+        return max(0, self.num_blocks_for(req.num_computed_tokens + num_new_tokens) - held)
+
+    def reclaimable_blocks(self, req: Request) -> int:
+        """Blocks that become available if running ``req`` is preempted."""
+        sole = sum(
+            1 for h in req.hash_ids[: req.num_cached_entries] if self._entries[h].num_refs == 1
+        )
+        return req.num_private_blocks + sole * self.blocks_per_entry
+
+    # ---- commits ---------------------------------------------------------------------
+    def admit(self, req: Request) -> None:
+        """Pin the cached prefix of waiting ``req`` and start its computation after it."""
+        m = self.num_matched_entries(req)
+        for h in req.hash_ids[:m]:
+            entry = self._entries[h]
+            if entry.num_refs == 0:
+                del self._evictable[h]
+            entry.num_refs += 1
+        req.num_cached_entries = m
+        hit = m * (self.hash_block_tokens or 0)
+        req.num_prefix_hit_tokens = hit
+        req.num_computed_tokens = hit
+        self.num_hit_tokens += hit
+        self.num_queried_tokens += req.num_prompt_tokens
+
+    def allocate(self, req: Request, num_blocks: int) -> None:
+        """Give ``req`` ``num_blocks`` more private blocks, evicting cached entries if needed."""
+        if num_blocks > self.num_available_blocks:
+            raise RuntimeError(
+                f"KV over-commit: request {req.id} wants {num_blocks} blocks, "
+                f"{self.num_available_blocks} available"
+            )
+        self._evict_until_free(num_blocks)
+        self.num_free_blocks -= num_blocks
+        req.num_private_blocks += num_blocks
+
+    def _evict_until_free(self, num_blocks: int) -> None:
+        evictable, entries = self._evictable, self._entries
+        while self.num_free_blocks < num_blocks:
+            h, _ = evictable.popitem(last=False)
+            del entries[h]
+            self.num_free_blocks += self.blocks_per_entry
+            self.num_evicted_entries += 1
+
+    def promote(self, req: Request) -> None:
+        """Turn the full prompt hash blocks ``req`` has computed into shared cache entries.
+
+        The request's private blocks for that range move to the entry; if another request
+        already cached the same hash, the duplicate blocks are freed and the entry shared.
+        """
+        if not self.prefix_caching or not req.hash_ids:
+            return
+        upto = min(self._num_cacheable(req), req.num_computed_tokens // self.hash_block_tokens)  # type: ignore[operator]
+        entries, per = self._entries, self.blocks_per_entry
+        for j in range(req.num_cached_entries, upto):
+            h = req.hash_ids[j]
+            entry = entries.get(h)
+            if entry is None:
+                entries[h] = _Entry(1)
+            else:
+                if entry.num_refs == 0:
+                    del self._evictable[h]
+                entry.num_refs += 1
+                self.num_free_blocks += per
+            req.num_private_blocks -= per
+        if upto > req.num_cached_entries:
+            req.num_cached_entries = upto
+
+    def release(self, req: Request) -> None:
+        """Free ``req``'s private blocks and drop its references (finish or preemption).
+
+        Its entries become evictable tail first, so a shared head outlives a private tail.
+        """
+        self.num_free_blocks += req.num_private_blocks
+        req.num_private_blocks = 0
+        entries, evictable = self._entries, self._evictable
+        for h in reversed(req.hash_ids[: req.num_cached_entries]):
+            entry = entries[h]
+            entry.num_refs -= 1
+            if entry.num_refs == 0:
+                evictable[h] = None
+        req.num_cached_entries = 0
+
+    def check(self, running: list[Request]) -> None:
+        """Assert conservation of blocks and reference counts (debug mode)."""
+        refs: dict[int, int] = {}
+        private = 0
+        for r in running:
+            private += r.num_private_blocks
+            assert r.num_private_blocks >= 0, f"request {r.id} holds negative blocks"
+            for h in r.hash_ids[: r.num_cached_entries]:
+                refs[h] = refs.get(h, 0) + 1
+        for h, entry in self._entries.items():
+            assert entry.num_refs == refs.get(h, 0), f"entry {h}: refs {entry.num_refs}"
+            assert (entry.num_refs == 0) == (h in self._evictable), f"entry {h} LRU state"
+        pinned = (len(self._entries) - len(self._evictable)) * self.blocks_per_entry
+        total = self.num_free_blocks + self.num_evictable_blocks + private + pinned
+        assert total == self.num_blocks, f"blocks not conserved: {total} != {self.num_blocks}"
+        assert self.num_free_blocks >= 0

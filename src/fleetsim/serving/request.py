@@ -1,0 +1,63 @@
+"""One request's state inside a replica.
+
+Token accounting follows vLLM: a request's sequence is its prompt plus the tokens it has
+generated so far. ``num_computed_tokens`` of them are in the KV cache. Whenever every known
+token has been computed, the step that finished computing them emits one new output token.
+So a prefill of P tokens emits the first output token, and each decode step computes the last
+emitted token and emits the next. A request with O outputs finishes after computing
+P + O - 1 tokens (plus any tokens recomputed after preemption, minus prefix-cache hits).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """A request and its progress. Mutated only by the replica engine; policies read it."""
+
+    id: int
+    arrival_s: float
+    num_prompt_tokens: int
+    max_output_tokens: int
+    hash_ids: tuple[int, ...] = ()
+    priority: int = 0
+
+    num_computed_tokens: int = 0
+    """Tokens of the sequence currently held in the KV cache (computed or prefix hits)."""
+    num_output_tokens: int = 0
+    """Output tokens emitted so far."""
+    num_private_blocks: int = 0
+    """KV blocks this request owns alone (not shared through the prefix cache)."""
+    num_cached_entries: int = 0
+    """Leading prefix-cache entries this request holds a reference to."""
+    num_prefix_hit_tokens: int = 0
+    """Prompt tokens served from the prefix cache at the last admission."""
+    num_computed_tokens_total: int = 0
+    """Tokens this request actually computed, over all admissions."""
+    num_recomputed_tokens: int = 0
+    """Tokens computed again after preemptions (already counted in the total)."""
+    num_preemptions: int = 0
+    first_scheduled_s: float = math.nan
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the sequence so far: prompt plus emitted outputs."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_tokens_to_next_output(self) -> int:
+        """Tokens to compute before the next output token is emitted (1 while decoding)."""
+        return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_output_tokens > 0 and self.num_tokens_to_next_output == 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.num_output_tokens >= self.max_output_tokens
