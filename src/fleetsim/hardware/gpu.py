@@ -1,0 +1,167 @@
+"""GPU specs and the built-in catalog (vendor datasheet numbers, dense, no sparsity).
+
+Users extend the catalog with a TOML file of ``[[gpu]]`` tables carrying the same fields as
+``GPUSpec``; loading is strict (unknown keys and missing fields name the file and field).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetsim.configutil import from_dict
+from fleetsim.errors import FleetsimInputError
+
+_GB = 1e9  # datasheets quote decimal GB and GB/s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPUSpec:
+    """One accelerator model. All rates are per GPU."""
+
+    name: str
+    """Canonical name, e.g. ``"H100-SXM"``."""
+    peak_bf16_flops: float
+    """Dense BF16 tensor-core peak, FLOP/s."""
+    peak_fp8_flops: float
+    """Dense FP8 tensor-core peak, FLOP/s (equal to BF16 on GPUs without FP8 units)."""
+    hbm_bytes: float
+    """Device memory capacity, bytes (datasheet decimal GB)."""
+    hbm_bw_bytes_per_s: float
+    """Peak device-memory bandwidth, bytes/s."""
+    nvlink_bw_bytes_per_s: float
+    """Intra-node GPU-to-GPU bandwidth, one direction, bytes/s (PCIe when there is no NVLink)."""
+    network_bw_bytes_per_s: float
+    """Inter-node bandwidth per GPU (its NIC share), one direction, bytes/s."""
+    num_gpus_per_node: int
+    """GPUs in one node (the largest tensor-parallel group)."""
+    price_per_hour_usd: float
+    """On-demand price per GPU-hour; an editable assumption, not a quote."""
+    aic_system: str | None = None
+    """aiconfigurator-core system dir with measured kernel tables, or None (roofline only)."""
+
+    def __post_init__(self) -> None:
+        for field in ("peak_bf16_flops", "peak_fp8_flops", "hbm_bytes", "hbm_bw_bytes_per_s",
+                      "nvlink_bw_bytes_per_s", "network_bw_bytes_per_s"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{field} must be > 0, got {getattr(self, field)}")
+        if self.num_gpus_per_node < 1:
+            raise ValueError(f"num_gpus_per_node must be >= 1, got {self.num_gpus_per_node}")
+        if self.price_per_hour_usd < 0:
+            raise ValueError(f"price_per_hour_usd must be >= 0, got {self.price_per_hour_usd}")
+
+
+# Prices are approximate 2025 on-demand list prices per GPU-hour (Lambda / AWS public price
+# pages); they drift often, so edit them (or override in a catalog TOML) for real cost studies.
+_BUILTIN: tuple[GPUSpec, ...] = (
+    # NVIDIA A100 datasheet (80GB SXM): 312 TF BF16 dense, 2,039 GB/s HBM2e, NVLink 600 GB/s
+    # bidirectional; DGX A100 has one 200 Gb/s HDR NIC per GPU. No FP8 units: FP8 = BF16 rate.
+    # Price: Lambda on-demand 8x A100-80GB SXM, ~$1.79/GPU-h.
+    GPUSpec(name="A100-80GB-SXM", peak_bf16_flops=312e12, peak_fp8_flops=312e12,
+            hbm_bytes=80 * _GB, hbm_bw_bytes_per_s=2039 * _GB, nvlink_bw_bytes_per_s=300 * _GB,
+            network_bw_bytes_per_s=25 * _GB, num_gpus_per_node=8, price_per_hour_usd=1.79,
+            aic_system="a100_sxm"),
+    # NVIDIA H100 datasheet (SXM5): 989 TF BF16 / 1,979 TF FP8 dense, 3.35 TB/s HBM3, NVLink
+    # 900 GB/s bidirectional; DGX H100 has one 400 Gb/s NDR NIC per GPU.
+    # Price: Lambda on-demand 8x H100 SXM, ~$2.99/GPU-h.
+    GPUSpec(name="H100-SXM", peak_bf16_flops=989e12, peak_fp8_flops=1979e12,
+            hbm_bytes=80 * _GB, hbm_bw_bytes_per_s=3350 * _GB, nvlink_bw_bytes_per_s=450 * _GB,
+            network_bw_bytes_per_s=50 * _GB, num_gpus_per_node=8, price_per_hour_usd=2.99,
+            aic_system="h100_sxm"),
+    # NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
+    # Price: typical neocloud on-demand ~$3.50/GPU-h (assumption).
+    GPUSpec(name="H200", peak_bf16_flops=989e12, peak_fp8_flops=1979e12,
+            hbm_bytes=141 * _GB, hbm_bw_bytes_per_s=4800 * _GB, nvlink_bw_bytes_per_s=450 * _GB,
+            network_bw_bytes_per_s=50 * _GB, num_gpus_per_node=8, price_per_hour_usd=3.50,
+            aic_system="h200_sxm"),
+    # NVIDIA H20 (China SKU) product brief: 148 TF BF16 / 296 TF FP8 dense, 96 GB HBM3 at
+    # 4.0 TB/s, NVLink 900 GB/s. No aiconfigurator tables: roofline only.
+    # Price: rough assumption ~$1.50/GPU-h (not widely listed outside China).
+    GPUSpec(name="H20", peak_bf16_flops=148e12, peak_fp8_flops=296e12,
+            hbm_bytes=96 * _GB, hbm_bw_bytes_per_s=4000 * _GB, nvlink_bw_bytes_per_s=450 * _GB,
+            network_bw_bytes_per_s=50 * _GB, num_gpus_per_node=8, price_per_hour_usd=1.50,
+            aic_system=None),
+    # NVIDIA L40S datasheet: 362 TF BF16 / 733 TF FP8 dense, 48 GB GDDR6 at 864 GB/s, no NVLink
+    # (PCIe Gen4 x16, 32 GB/s per direction). Price: AWS g6e.xlarge ~$1.86/h for one L40S.
+    GPUSpec(name="L40S", peak_bf16_flops=362e12, peak_fp8_flops=733e12,
+            hbm_bytes=48 * _GB, hbm_bw_bytes_per_s=864 * _GB, nvlink_bw_bytes_per_s=32 * _GB,
+            network_bw_bytes_per_s=12.5 * _GB, num_gpus_per_node=8, price_per_hour_usd=1.86,
+            aic_system="l40s"),
+    # NVIDIA HGX B200 datasheet (8 GPUs: 36 PF BF16 / 72 PF FP8 sparse, 1.44 TB HBM3e at
+    # 64 TB/s, NVLink 5 1.8 TB/s per GPU bidirectional) divided per GPU, dense = sparse / 2.
+    # Price: Lambda on-demand 8x B200, ~$4.99/GPU-h.
+    GPUSpec(name="B200", peak_bf16_flops=2250e12, peak_fp8_flops=4500e12,
+            hbm_bytes=180 * _GB, hbm_bw_bytes_per_s=8000 * _GB, nvlink_bw_bytes_per_s=900 * _GB,
+            network_bw_bytes_per_s=50 * _GB, num_gpus_per_node=8, price_per_hour_usd=4.99,
+            aic_system="b200_sxm"),
+)
+
+_ALIASES = {
+    "a100": "A100-80GB-SXM", "a100-80gb": "A100-80GB-SXM", "a100-sxm": "A100-80GB-SXM",
+    "a100_sxm": "A100-80GB-SXM", "a100-80gb-sxm4": "A100-80GB-SXM",
+    "h100": "H100-SXM", "h100-sxm5": "H100-SXM", "h100_sxm": "H100-SXM", "h100-80gb": "H100-SXM",
+    "h200-sxm": "H200", "h200_sxm": "H200",
+    "l40s-48gb": "L40S",
+    "b200-sxm": "B200", "b200_sxm": "B200",
+    "h20-96gb": "H20",
+}
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace(" ", "-")
+
+
+def load_gpu_catalog(path: str | Path) -> tuple[GPUSpec, ...]:
+    """Read ``[[gpu]]`` tables from a TOML file; strict on unknown keys and missing fields."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as err:
+        raise FleetsimInputError(f"gpu catalog {path}", str(path), f"cannot read file ({err})")
+    except tomllib.TOMLDecodeError as err:
+        raise FleetsimInputError(f"gpu catalog {path}", str(path), f"invalid TOML ({err})")
+    extra = set(data) - {"gpu"}
+    if extra:
+        raise FleetsimInputError(f"{path}: {sorted(extra)[0]}", data[sorted(extra)[0]],
+                                 "only [[gpu]] tables are allowed in a GPU catalog")
+    tables = data.get("gpu", [])
+    if not isinstance(tables, list):
+        raise FleetsimInputError(f"{path}: gpu", tables, "write each GPU as a [[gpu]] table")
+    required = [f.name for f in dataclasses.fields(GPUSpec)
+                if f.default is dataclasses.MISSING]
+    specs = []
+    for i, table in enumerate(tables):
+        where = f"{path}: gpu[{i}]"
+        for field in required:
+            if isinstance(table, dict) and field not in table:
+                raise FleetsimInputError(f"{where}.{field}", None,
+                                         f"missing field; required: {', '.join(required)}")
+        specs.append(from_dict(GPUSpec, table, where))
+    return tuple(specs)
+
+
+def list_gpus(catalog_path: str | Path | None = None) -> list[GPUSpec]:
+    """Built-in GPUs plus those in ``catalog_path`` (a user entry replaces a same-named one)."""
+    by_key = {_key(g.name): g for g in _BUILTIN}
+    if catalog_path is not None:
+        for g in load_gpu_catalog(catalog_path):
+            by_key[_key(g.name)] = g
+    return list(by_key.values())
+
+
+def get_gpu(name: str, catalog_path: str | Path | None = None) -> GPUSpec:
+    """Look a GPU up by name, case-insensitively, with common aliases ("h100", "a100")."""
+    gpus = list_gpus(catalog_path)
+    by_key = {_key(g.name): g for g in gpus}
+    key = _key(name)
+    if key in by_key:
+        return by_key[key]
+    alias = _ALIASES.get(key)
+    if alias is not None and _key(alias) in by_key:
+        return by_key[_key(alias)]
+    known = ", ".join(g.name for g in gpus)
+    raise FleetsimInputError("gpu", name, f"unknown GPU; known: {known} (or add one in a TOML "
+                             "catalog with [[gpu]] tables)")

@@ -1,0 +1,174 @@
+"""Built-in model catalog (values from each model's Hugging Face config.json) and a loader
+for any Hugging Face ``config.json`` in llama / qwen2 / mixtral / qwen3_moe / deepseek_v3 style.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.models.spec import ModelSpec
+
+_BUILTIN: tuple[ModelSpec, ...] = (
+    # meta-llama/Llama-3.1-8B config.json
+    ModelSpec(name="Llama-3.1-8B", num_layers=32, hidden_size=4096, num_attention_heads=32,
+              num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
+              max_context_tokens=131072),
+    # meta-llama/Llama-3.1-70B config.json
+    ModelSpec(name="Llama-3.1-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+              num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
+              max_context_tokens=131072),
+    # meta-llama/Llama-2-7b-hf config.json (MHA: 32 KV heads)
+    ModelSpec(name="Llama-2-7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
+              num_kv_heads=32, head_dim=128, intermediate_size=11008, vocab_size=32000,
+              max_context_tokens=4096),
+    # meta-llama/Llama-2-70b-hf config.json
+    ModelSpec(name="Llama-2-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+              num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=32000,
+              max_context_tokens=4096),
+    # Qwen/Qwen2.5-72B-Instruct config.json
+    ModelSpec(name="Qwen2.5-72B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+              num_kv_heads=8, head_dim=128, intermediate_size=29568, vocab_size=152064,
+              max_context_tokens=32768),
+    # mistralai/Mixtral-8x7B-v0.1 config.json
+    ModelSpec(name="Mixtral-8x7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
+              num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32000,
+              max_context_tokens=32768, num_experts=8, num_experts_per_token=2,
+              moe_intermediate_size=14336),
+    # Qwen/Qwen3-235B-A22B config.json
+    ModelSpec(name="Qwen3-235B-A22B", num_layers=94, hidden_size=4096, num_attention_heads=64,
+              num_kv_heads=4, head_dim=128, intermediate_size=12288, vocab_size=151936,
+              max_context_tokens=40960, num_experts=128, num_experts_per_token=8,
+              moe_intermediate_size=1536),
+    # deepseek-ai/DeepSeek-V3 config.json (native fp8 block-quantized weights; MTP layer not
+    # counted)
+    ModelSpec(name="DeepSeek-V3", num_layers=61, hidden_size=7168, num_attention_heads=128,
+              num_kv_heads=128, head_dim=192, intermediate_size=18432, vocab_size=129280,
+              max_context_tokens=163840, weight_dtype_bytes=1, num_experts=256,
+              num_experts_per_token=8, moe_intermediate_size=2048, num_shared_experts=1,
+              num_dense_layers=3, kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128,
+              qk_rope_head_dim=64, v_head_dim=128),
+)
+
+_ALIASES = {
+    "llama3.1-8b": "Llama-3.1-8B", "meta-llama-3.1-8b": "Llama-3.1-8B",
+    "llama-3.1-8b-instruct": "Llama-3.1-8B", "meta-llama/llama-3.1-8b": "Llama-3.1-8B",
+    "llama3.1-70b": "Llama-3.1-70B", "meta-llama-3.1-70b": "Llama-3.1-70B",
+    "llama-3.1-70b-instruct": "Llama-3.1-70B", "meta-llama/llama-3.1-70b": "Llama-3.1-70B",
+    "llama2-7b": "Llama-2-7B", "llama-2-7b-hf": "Llama-2-7B", "meta-llama/llama-2-7b-hf": "Llama-2-7B",
+    "llama2-70b": "Llama-2-70B", "llama-2-70b-hf": "Llama-2-70B",
+    "meta-llama/llama-2-70b-hf": "Llama-2-70B",
+    "qwen2.5-72b-instruct": "Qwen2.5-72B", "qwen/qwen2.5-72b-instruct": "Qwen2.5-72B",
+    "mixtral-8x7b-v0.1": "Mixtral-8x7B", "mixtral-8x7b-instruct-v0.1": "Mixtral-8x7B",
+    "mistralai/mixtral-8x7b-v0.1": "Mixtral-8x7B",
+    "qwen3-235b": "Qwen3-235B-A22B", "qwen/qwen3-235b-a22b": "Qwen3-235B-A22B",
+    "deepseek-v3-0324": "DeepSeek-V3", "deepseek-ai/deepseek-v3": "DeepSeek-V3",
+    "dsv3": "DeepSeek-V3",
+}
+
+
+def list_models() -> list[ModelSpec]:
+    """The built-in catalog."""
+    return list(_BUILTIN)
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by name (case-insensitive), or one parsed from an HF ``config.json``.
+
+    A path to a directory is read as ``<dir>/config.json``.
+    """
+    key = name_or_path.strip().lower()
+    by_key = {m.name.lower(): m for m in _BUILTIN}
+    if key in by_key:
+        return by_key[key]
+    if key in _ALIASES:
+        return by_key[_ALIASES[key].lower()]
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.exists():
+        return load_hf_config(path)
+    known = ", ".join(m.name for m in _BUILTIN)
+    raise FleetsimInputError("model", name_or_path,
+                             f"unknown model; known: {known}, or give a path to a HF config.json")
+
+
+def load_hf_config(path: str | Path) -> ModelSpec:
+    """Parse a Hugging Face ``config.json`` into a ``ModelSpec``."""
+    path = Path(path)
+    try:
+        cfg = json.loads(path.read_text())
+    except OSError as err:
+        raise FleetsimInputError("model", str(path), f"cannot read config.json ({err})") from None
+    except json.JSONDecodeError as err:
+        raise FleetsimInputError(f"model {path}", str(path), f"not valid JSON ({err})") from None
+    if not isinstance(cfg, dict):
+        raise FleetsimInputError(f"model {path}", type(cfg).__name__, "expected a JSON object")
+    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers nest the LM config
+        cfg = {**cfg, **cfg["text_config"]}
+    stem = path.parent.name if path.name == "config.json" else path.stem.removesuffix("_config")
+    name = cfg.get("_name_or_path") or stem or "hf-model"
+    try:
+        return ModelSpec(name=str(name), **_fields_from_hf(cfg, path))
+    except ValueError as err:
+        if isinstance(err, FleetsimInputError):
+            raise
+        raise FleetsimInputError(f"model {path}", name, str(err)) from None
+
+
+def _need(cfg: Mapping[str, Any], path: Path, *keys: str) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    raise FleetsimInputError(f"model {path}: {keys[0]}", None,
+                             f"missing key {' / '.join(keys)} in config.json")
+
+
+def _weight_bytes(cfg: Mapping[str, Any]) -> int:
+    quant = cfg.get("quantization_config") or {}
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "fp8" or "fp8" in str(quant.get("fmt", "")).lower():
+        return 1
+    return 2  # bf16/fp16; fp32 checkpoints are served in 16-bit by vLLM's dtype=auto
+
+
+def _fields_from_hf(cfg: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    heads = int(_need(cfg, path, "num_attention_heads", "n_head"))
+    hidden = int(_need(cfg, path, "hidden_size", "n_embd", "d_model"))
+    out: dict[str, Any] = {
+        "num_layers": int(_need(cfg, path, "num_hidden_layers", "n_layer", "num_layers")),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": int(cfg.get("num_key_value_heads") or heads),
+        "head_dim": int(cfg.get("head_dim") or hidden // heads),
+        "intermediate_size": int(_need(cfg, path, "intermediate_size", "ffn_dim")),
+        "vocab_size": int(_need(cfg, path, "vocab_size")),
+        "max_context_tokens": int(_need(cfg, path, "max_position_embeddings",
+                                        "max_sequence_length", "seq_length")),
+        "weight_dtype_bytes": _weight_bytes(cfg),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+    }
+    num_experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get(
+        "num_experts")
+    if num_experts:
+        out["num_experts"] = int(num_experts)
+        out["num_experts_per_token"] = int(_need(cfg, path, "num_experts_per_tok"))
+        # Mixtral's experts are intermediate_size wide; Qwen/DeepSeek name it separately.
+        out["moe_intermediate_size"] = int(cfg.get("moe_intermediate_size")
+                                           or out["intermediate_size"])
+        out["num_shared_experts"] = int(cfg.get("n_shared_experts") or 0)
+        dense = cfg.get("first_k_dense_replace")
+        if dense is None:
+            dense = len(cfg.get("mlp_only_layers") or [])
+        out["num_dense_layers"] = int(dense)
+    if cfg.get("kv_lora_rank"):
+        nope = int(_need(cfg, path, "qk_nope_head_dim"))
+        rope = int(_need(cfg, path, "qk_rope_head_dim"))
+        out.update(kv_lora_rank=int(cfg["kv_lora_rank"]), q_lora_rank=int(cfg.get("q_lora_rank")
+                   or 0), qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+                   v_head_dim=int(_need(cfg, path, "v_head_dim")), head_dim=nope + rope,
+                   num_kv_heads=heads)
+    return out
