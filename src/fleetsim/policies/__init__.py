@@ -1,0 +1,28 @@
+"""Every pluggable decision. Importing this package registers the built-in policies."""
+
+from fleetsim.policies.batching import (
+    BATCH_POLICIES,
+    BatchPolicy,
+    ReplicaView,
+    StepPlan,
+    TokenBudgetPlanner,
+    make_batch_policy,
+    register_batch,
+)
+from fleetsim.policies.ordering import ORDERING_POLICIES, OrderKey, make_ordering, register_ordering
+from fleetsim.policies.registry import PolicySpec
+
+__all__ = [
+    "BATCH_POLICIES",
+    "ORDERING_POLICIES",
+    "BatchPolicy",
+    "OrderKey",
+    "PolicySpec",
+    "ReplicaView",
+    "StepPlan",
+    "TokenBudgetPlanner",
+    "make_batch_policy",
+    "make_ordering",
+    "register_batch",
+    "register_ordering",
+]

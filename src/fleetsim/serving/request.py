@@ -40,6 +40,8 @@ class Request:
     num_recomputed_tokens: int = 0
     """Tokens computed again after preemptions (already counted in the total)."""
     num_preemptions: int = 0
+    is_running: bool = False
+    """True while admitted to a replica's running batch."""
     first_scheduled_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan

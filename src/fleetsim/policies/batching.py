@@ -1,0 +1,129 @@
+"""Batching policies: each step, decide how many tokens every request computes.
+
+A step is vLLM v1's token-budget allocation: prefill, chunked prefill and decode are all
+"tokens for request r". The policy returns a ``StepPlan``; the engine applies and checks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fleetsim.policies.registry import PolicySpec, build, lookup, make_registry
+from fleetsim.serving.kv_cache import KVCache
+from fleetsim.serving.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What one step computes."""
+
+    tokens_by_request: Mapping[int, int]  # request_id -> tokens to compute this step
+    preempt: tuple[int, ...] = ()  # running request_ids to evict (recompute later), in order
+
+
+class ReplicaView(Protocol):
+    """What a batching policy may read of a replica. Do not mutate anything reachable."""
+
+    running: Sequence[Request]  # sorted by the ordering policy, best first
+    waiting: Sequence[Request]  # sorted by the ordering policy, best first
+    kv: KVCache
+    max_batched_tokens: int
+    max_running: int
+
+
+class BatchPolicy(Protocol):
+    # True if, after a plan that only decodes the running requests, the same plan repeats as
+    # long as nothing arrives or finishes and free KV only shrinks. Lets the engine
+    # fast-forward decode-only stretches.
+    fast_forward_safe: bool
+
+    def plan(self, view: ReplicaView, now_s: float) -> StepPlan: ...
+
+
+BATCH_POLICIES, register_batch = make_registry("batching")
+
+
+@register_batch("token_budget")
+@dataclass(slots=True)
+class TokenBudgetPlanner:
+    """vLLM v1's scheduler: running requests first, then waiting ones, under a token budget.
+
+    Running requests (best first) get the tokens they need, capped by the budget; when KV
+    blocks run out, the worst running request is preempted (recompute) until the current one
+    fits. If nothing was preempted, waiting requests are admitted in order while the budget,
+    ``max_running`` and KV allow; the first one that does not fit stops admission (no
+    overtaking, so the ordering policy is strict).
+
+    Fast-forward is safe: with no admission and no preemption, a later decode-only step
+    differs only by fewer available blocks, which cannot admit anything new.
+    """
+
+    enable_chunked_prefill: bool = True
+    """Split long prefills across steps (vLLM's chunked prefill); else a prompt goes whole."""
+    long_prefill_token_threshold: int | None = None
+    """Cap on one request's prefill chunk per step (vLLM's long_prefill_token_threshold)."""
+
+    fast_forward_safe = True
+
+    def __post_init__(self) -> None:
+        t = self.long_prefill_token_threshold
+        if t is not None and t < 1:
+            raise ValueError(f"long_prefill_token_threshold must be >= 1 or None, got {t}")
+
+    def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
+        kv = view.kv
+        budget = view.max_batched_tokens
+        available = kv.num_available_blocks
+        cap = self.long_prefill_token_threshold or budget
+        tokens: dict[int, int] = {}
+        preempt: list[int] = []
+        running = view.running
+        last = len(running)  # requests at index >= last were preempted this step
+        i = 0
+        while i < last and budget > 0:
+            req = running[i]
+            num_new = min(req.num_tokens_to_next_output, budget, cap)
+            needed = kv.blocks_needed(req, num_new)
+            while needed > available and last > i:
+                last -= 1
+                victim = running[last]
+                preempt.append(victim.id)
+                available += kv.reclaimable_blocks(victim)
+            if last == i:  # the request itself was the victim
+                break
+            tokens[req.id] = num_new
+            budget -= num_new
+            available -= needed
+            i += 1
+        if not preempt:
+            self._admit(view, tokens, budget, available, cap)
+        return StepPlan(tokens, tuple(preempt))
+
+    def _admit(
+        self, view: ReplicaView, tokens: dict[int, int], budget: int, available: int, cap: int
+    ) -> None:
+        kv = view.kv
+        num_running = len(view.running)
+        for req in view.waiting:
+            if budget <= 0 or num_running >= view.max_running:
+                return
+            todo = req.num_tokens - kv.num_prefix_hit_tokens(req)
+            num_new = min(todo, budget, cap)
+            if num_new < todo and not self.enable_chunked_prefill:
+                return
+            needed = kv.admission_blocks(req, num_new)
+            if needed > available:
+                return
+            tokens[req.id] = num_new
+            budget -= num_new
+            available -= needed
+            num_running += 1
+
+
+def make_batch_policy(spec: PolicySpec) -> BatchPolicy:
+    """Build the batching policy named by ``spec`` with its args."""
+    cls = lookup(BATCH_POLICIES, spec.name, "policy.batching.name")
+    policy: BatchPolicy = build(cls, spec.args, "policy.batching")
+    return policy

@@ -1,0 +1,77 @@
+"""Policy registries: a plain dict per decision kind, filled by decorators.
+
+A policy is named in config and CLI by its registry key (``"fcfs"``) or, for third-party code,
+by qualified name (``"mylab.sched:MyPolicy"``). The same string appears in results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fleetsim.errors import FleetsimInputError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicySpec:
+    """A policy chosen by name, with its own arguments."""
+
+    name: str
+    """Registry key (e.g. ``"fcfs"``) or qualified name ``"package.module:Object"``."""
+    args: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the policy; unknown keys fail when the policy is built."""
+
+
+def make_registry(kind: str) -> tuple[dict[str, Any], Callable[[str], Callable[[T], T]]]:
+    """A registry dict for ``kind`` and its ``register(name)`` decorator."""
+    registry: dict[str, Any] = {}
+
+    def register(name: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in registry:
+                raise ValueError(f"duplicate {kind} policy {name!r}")
+            registry[name] = obj
+            return obj
+
+        return deco
+
+    return registry, register
+
+
+def import_qualname(name: str, where: str) -> Any:
+    """Import ``"package.module:Object"``; a one-line input error if it cannot be found."""
+    module_name, _, attr = name.partition(":")
+    if not attr:
+        raise FleetsimInputError(where, name, "use a registered name or 'package.module:Object'")
+    try:
+        module = importlib.import_module(module_name)
+        return getattr(module, attr)
+    except (ImportError, AttributeError) as err:
+        raise FleetsimInputError(where, name, f"could not import it ({err})") from None
+
+
+def lookup(registry: Mapping[str, Any], name: str, where: str) -> Any:
+    """The registered object, or the imported qualified name, or a helpful error."""
+    if name in registry:
+        return registry[name]
+    if ":" in name:
+        return import_qualname(name, where)
+    known = ", ".join(sorted(registry))
+    raise FleetsimInputError(where, name, f"known policies: {known} (or 'package.module:Object')")
+
+
+def build(cls: type[T], args: Mapping[str, Any], where: str) -> T:
+    """Instantiate a policy class with ``args``; unknown or ill-typed keys fail clearly."""
+    try:
+        return cls(**args)
+    except TypeError as err:
+        params = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+        hint = f"valid args: {', '.join(params)}" if params else str(err)
+        raise FleetsimInputError(f"{where}.args", dict(args), hint) from None
+    except ValueError as err:
+        raise FleetsimInputError(f"{where}.args", dict(args), str(err)) from None

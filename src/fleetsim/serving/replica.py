@@ -1,0 +1,335 @@
+"""One serving replica: continuous batching over a paged KV cache (vLLM v1 style).
+
+Each step the batching policy plans tokens per request; the engine applies the plan (admit,
+preempt, allocate blocks), asks the performance model for the step's duration and schedules
+one ``STEP_END`` event. At the step's end it commits the tokens, emits outputs, finishes
+requests and plans the next step at once.
+
+Decode fast-forward: when a plan only decodes every running request and the policy says the
+plan would repeat, the engine advances k steps in one event. k stops before any request
+finishes, before KV blocks would run out, and at the first step boundary at or after the next
+pending event (an arrival could change the next plan). Step times come from the model's
+vectorized ``decode_step_times_s`` and are accumulated in the same order as step by step, so
+the results are bit-identical (tested).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from enum import IntEnum
+from typing import Any, Protocol
+
+import numpy as np
+
+from fleetsim.core.simulator import Simulator
+from fleetsim.perf.base import StepTimeModel
+from fleetsim.serving.kv_cache import KVCache
+from fleetsim.serving.request import Request
+
+
+class EventKind(IntEnum):
+    """Same-time order: arrivals join the queue before a step ending then plans."""
+
+    ARRIVAL = 0
+    STEP_END = 1
+
+
+class StepRecorder(Protocol):
+    def on_step(
+        self,
+        replica_id: int,
+        end_s: float,
+        busy_s: float,
+        kv_block_seconds: float,
+        num_steps: int,
+        num_tokens: int,
+        num_used_blocks: int,
+        num_running: int,
+        num_waiting: int,
+    ) -> None: ...
+
+    def on_finish(self, replica_id: int, req: Request) -> None: ...
+
+
+class PlanError(RuntimeError):
+    """A batching policy returned a plan the engine cannot apply (a policy bug)."""
+
+
+class _Step:
+    __slots__ = ("chunks", "decodes", "num_steps", "num_tokens", "start_s")
+
+    def __init__(self, start_s: float) -> None:
+        self.start_s = start_s
+        self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
+        self.decodes: list[Request] = []
+        self.num_steps = 1
+        self.num_tokens = 0
+
+
+class Replica:
+    """A replica engine bound to a simulator. ``submit`` requests; results go to ``recorder``."""
+
+    def __init__(
+        self,
+        sim: Simulator,
+        *,
+        step_model: StepTimeModel,
+        kv: KVCache,
+        batch_policy: Any,
+        order_key: Callable[[Request, float], tuple],
+        recorder: StepRecorder,
+        max_batched_tokens: int,
+        max_running: int,
+        fast_forward: bool = True,
+        debug: bool = False,
+        replica_id: int = 0,
+        horizon_s: Callable[[], float] | None = None,
+    ) -> None:
+        self.sim = sim
+        self.step_model = step_model
+        self.kv = kv
+        self.batch_policy = batch_policy
+        self.order_key = order_key
+        self.recorder = recorder
+        self.max_batched_tokens = max_batched_tokens
+        self.max_running = max_running
+        self.fast_forward = fast_forward and getattr(batch_policy, "fast_forward_safe", False)
+        self.debug = debug
+        self.replica_id = replica_id
+        self._horizon_s = horizon_s or sim.peek_s
+        self.running: list[Request] = []
+        self.waiting: list[Request] = []
+        self._running_keys: list[tuple] = []
+        self._waiting_keys: list[tuple] = []
+        self._by_id: dict[int, Request] = {}
+        self.busy = False
+        self.until_s = math.inf
+        self._pending_kv_seconds = 0.0
+
+    # ---- queues ----------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """A request arrives now: queue it and start a step if the replica is idle."""
+        self._by_id[req.id] = req
+        self._enqueue(self.waiting, self._waiting_keys, req)
+        if not self.busy:
+            self._start_step()
+
+    def _enqueue(self, queue: list[Request], keys: list[tuple], req: Request) -> None:
+        key = self.order_key(req, self.sim.now_s)
+        at = bisect.bisect_right(keys, key)
+        keys.insert(at, key)
+        queue.insert(at, req)
+
+    def _dequeue(self, queue: list[Request], keys: list[tuple], req: Request) -> None:
+        at = queue.index(req)
+        del queue[at]
+        del keys[at]
+
+    @property
+    def num_outstanding_tokens(self) -> int:
+        """Tokens still to compute for every queued request (routers read this)."""
+        return sum(r.num_prompt_tokens + r.max_output_tokens - r.num_computed_tokens
+                   for r in self._by_id.values())
+
+    # ---- step start ------------------------------------------------------------------
+    def _start_step(self) -> None:
+        if not self.running and not self.waiting:
+            self.busy = False
+            return
+        now_s = self.sim.now_s
+        plan = self.batch_policy.plan(self, now_s)
+        for rid in plan.preempt:
+            self._preempt(self._lookup(rid, plan))
+        step = _Step(now_s)
+        kv = self.kv
+        total = 0
+        all_decode = not plan.preempt and len(plan.tokens_by_request) == len(self.running)
+        for rid, num_new in plan.tokens_by_request.items():
+            req = self._lookup(rid, plan)
+            if not req.is_running:
+                self._admit(req)
+                all_decode = False
+            if not 0 < num_new <= req.num_tokens_to_next_output:
+                raise PlanError(f"request {rid}: {num_new} tokens planned, "
+                                f"{req.num_tokens_to_next_output} computable")
+            kv.allocate(req, kv.blocks_needed(req, num_new))
+            if num_new == 1 and req.num_output_tokens > 0 and req.num_tokens_to_next_output == 1:
+                step.decodes.append(req)
+            else:
+                step.chunks.append((req, num_new))
+                all_decode = False
+            total += num_new
+        if total > self.max_batched_tokens:
+            raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
+        if total == 0:
+            # Nothing can run (e.g. head-of-line request waits for KV held by nobody): a
+            # policy bug, since an empty plan would never make progress.
+            raise PlanError(f"empty plan with {len(self.running)} running, "
+                            f"{len(self.waiting)} waiting at {now_s} s")
+        step.num_tokens = total
+        self.busy = True
+        if all_decode and self.fast_forward:
+            end_s = self._try_fast_forward(step)
+        else:
+            end_s = now_s + self._single_step_time(step)
+        self.sim.schedule(end_s, EventKind.STEP_END, (self, step))
+
+    def _lookup(self, rid: int, plan: Any) -> Request:
+        req = self._by_id.get(rid)
+        if req is None:
+            raise PlanError(f"plan names unknown request {rid}: {plan}")
+        return req
+
+    def _admit(self, req: Request) -> None:
+        self._dequeue(self.waiting, self._waiting_keys, req)
+        self.kv.admit(req)
+        req.is_running = True
+        self._enqueue(self.running, self._running_keys, req)
+        if math.isnan(req.first_scheduled_s):
+            req.first_scheduled_s = self.sim.now_s
+
+    def _preempt(self, req: Request) -> None:
+        """Evict by recompute: drop its KV; it re-enters the waiting queue."""
+        if req not in self.running:
+            raise PlanError(f"plan preempts request {req.id}, which is not running")
+        self._dequeue(self.running, self._running_keys, req)
+        self.kv.release(req)
+        # Work since the last admission's prefix hit is lost (STYLE's conservation formula).
+        req.num_recomputed_tokens += req.num_computed_tokens - req.num_prefix_hit_tokens
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.is_running = False
+        self._enqueue(self.waiting, self._waiting_keys, req)
+
+    def _single_step_time(self, step: _Step) -> float:
+        chunks = [(n, r.num_computed_tokens) for r, n in step.chunks]
+        kv_tokens = 0
+        for r in step.decodes:
+            kv_tokens += r.num_computed_tokens
+        duration_s = self.step_model.step_time_s(chunks, len(step.decodes), kv_tokens)
+        self._pending_kv_seconds = self.kv.num_used_blocks * duration_s
+        return duration_s
+
+    # ---- fast-forward ----------------------------------------------------------------
+    def _try_fast_forward(self, step: _Step) -> float:
+        """Advance as many identical decode steps as provably change nothing else; returns
+        the absolute end time of the last one."""
+        decodes = step.decodes
+        n = len(decodes)
+        kv_tokens = 0
+        for r in decodes:
+            kv_tokens += r.num_computed_tokens
+        first_s = self.step_model.step_time_s((), n, kv_tokens)
+        horizon_s = self._horizon_s()
+        max_steps = min(r.max_output_tokens - r.num_output_tokens for r in decodes)
+        if max_steps < 2 or step.start_s + first_s >= min(horizon_s, self.until_s):
+            self._pending_kv_seconds = self.kv.num_used_blocks * first_s
+            return step.start_s + first_s
+        # The first step's blocks are already allocated; find how many more steps KV allows.
+        bs = self.kv.block_size
+        computed = np.fromiter((r.num_computed_tokens for r in decodes), np.int64, n)
+        held = np.fromiter(
+            (r.num_private_blocks + r.num_cached_entries * self.kv.blocks_per_entry
+             for r in decodes), np.int64, n)
+        available = self.kv.num_available_blocks
+        k = _max_steps_within_blocks(computed, held, bs, available, max_steps)
+        times = self.step_model.decode_step_times_s(
+            n, kv_tokens + n * np.arange(k, dtype=np.int64))
+        ends = np.cumsum(np.concatenate(([step.start_s], times)))
+        # Stop at the first boundary that reaches the next event (or passes until_s).
+        k = min(k, 1 + int(np.searchsorted(ends[1:k], horizon_s, side="left")),
+                1 + int(np.searchsorted(ends[1:k], self.until_s, side="right")))
+        # Allocate the window's blocks now; integrate KV use exactly as step by step would.
+        extra = np.maximum(0, -(-(computed + k) // bs) - held)
+        used0 = self.kv.num_used_blocks
+        for r, e in zip(decodes, extra.tolist(), strict=True):
+            if e:
+                self.kv.allocate(r, e)
+        durations = times[:k]
+        suffix = np.cumsum(durations[::-1])[::-1]  # seconds from each step's start to the end
+        first_alloc = held * bs - computed  # first step index (0-based) needing a new block
+        alloc_steps = _allocation_steps(first_alloc, bs, k)
+        self._pending_kv_seconds = used0 * float(suffix[0]) + float(suffix[alloc_steps].sum())
+        step.num_steps = k
+        step.num_tokens = n * k
+        return float(ends[k])
+
+    # ---- step end --------------------------------------------------------------------
+    def finish_step(self, step: _Step) -> None:
+        """Commit the step's tokens at ``sim.now_s`` and plan the next step."""
+        now_s = self.sim.now_s
+        k = step.num_steps
+        kv = self.kv
+        done: list[Request] = []
+        for r, n in step.chunks:
+            r.num_computed_tokens += n
+            r.num_computed_tokens_total += n
+            kv.promote(r)
+            if r.num_computed_tokens == r.num_tokens:
+                self._emit(r, now_s, 1, done)
+        for r in step.decodes:
+            r.num_computed_tokens += k
+            r.num_computed_tokens_total += k
+            self._emit(r, now_s, k, done)
+        for r in done:
+            self._dequeue(self.running, self._running_keys, r)
+            kv.release(r)
+            del self._by_id[r.id]
+            r.finish_s = now_s
+            r.is_running = False
+            self.recorder.on_finish(self.replica_id, r)
+        self.recorder.on_step(
+            self.replica_id, now_s, now_s - step.start_s, self._pending_kv_seconds, k,
+            step.num_tokens, kv.num_used_blocks, len(self.running), len(self.waiting))
+        if self.debug:
+            kv.check(self.running)
+            assert len(self.running) <= self.max_running
+        self._start_step()
+
+    @staticmethod
+    def _emit(r: Request, now_s: float, num: int, done: list[Request]) -> None:
+        if r.num_output_tokens == 0:
+            r.first_token_s = now_s
+        r.num_output_tokens += num
+        if r.num_output_tokens >= r.max_output_tokens:
+            done.append(r)
+
+
+def _max_steps_within_blocks(
+    computed: np.ndarray, held: np.ndarray, block_size: int, available: int, max_steps: int
+) -> int:
+    """Largest k <= max_steps whose extra blocks for k decode steps fit in ``available``.
+
+    The first step's blocks are already held, so k = 1 always fits.
+    """
+
+    def demand(k: int) -> int:
+        return int(np.maximum(0, -(-(computed + k) // block_size) - held).sum())
+
+    if demand(max_steps) <= available:
+        return max_steps
+    lo, hi = 1, max_steps  # demand(lo) fits, demand(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if demand(mid) <= available:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _allocation_steps(first_alloc: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
+    """Step indices (0-based, < num_steps) at which each request takes a new block.
+
+    Request i needs a block at step ``first_alloc[i]`` (if >= 0) and every ``block_size``
+    steps after; a request whose first block is already held starts at its next boundary.
+    """
+    first = np.where(first_alloc < 0, first_alloc % block_size, first_alloc)
+    counts = np.maximum(0, -(-(num_steps - first) // block_size))
+    if not counts.any():
+        return np.zeros(0, dtype=np.int64)
+    starts = np.repeat(first, counts)
+    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return starts + offsets * block_size
