@@ -65,7 +65,8 @@ class Uniform:
     def __post_init__(self) -> None:
         if self.low < 1 or self.high < self.low:
             raise ValueError(
-                f"uniform lengths need 1 <= low <= high, got low={self.low}, high={self.high}")
+                f"uniform lengths need 1 <= low <= high, got low={self.low}, high={self.high}"
+            )
 
     @property
     def mean(self) -> float:
@@ -141,7 +142,8 @@ class Empirical:
         if np.min(self.values) < 1:
             raise ValueError(
                 f"empirical lengths from {self.source} must all be >= 1 token, "
-                f"got {np.min(self.values)}")
+                f"got {np.min(self.values)}"
+            )
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], column: str) -> Empirical:

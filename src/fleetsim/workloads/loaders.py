@@ -60,7 +60,8 @@ def load_trace(
     if format == "mooncake":
         if hash_block_tokens != MOONCAKE_BLOCK_TOKENS:
             raise FleetsimInputError(
-                f"{label}: hash_block_tokens", hash_block_tokens,
+                f"{label}: hash_block_tokens",
+                hash_block_tokens,
                 "Mooncake hash_ids always cover 512 tokens; leave hash_block_tokens at 512",
             )
         return _parse_mooncake(label, text)
@@ -81,7 +82,7 @@ def load_mooncake_jsonl(path: str | os.PathLike[str]) -> Workload:
 
 
 def load_generic(path: str | os.PathLike[str], *, hash_block_tokens: int = 512) -> Workload:
-    """Generic CSV or JSONL with ``arrival_s, prompt_tokens, output_tokens[, hash_ids][, priority]``.
+    """Generic CSV or JSONL: ``arrival_s, prompt_tokens, output_tokens[, hash_ids][, priority]``.
 
     In CSV, ``hash_ids`` holds space- or semicolon-separated integers (may be empty); in JSONL
     it is a list. ``priority`` is an integer, lower runs first.
@@ -94,10 +95,11 @@ def read_source(source: str | os.PathLike[str]) -> tuple[str, str, str | None]:
     """(label for messages, text, format if embedded) of a path or ``embedded:<name>``."""
     spec = os.fspath(source)
     if spec.startswith(EMBEDDED_PREFIX):
-        name = spec[len(EMBEDDED_PREFIX):]
+        name = spec[len(EMBEDDED_PREFIX) :]
         if name not in EMBEDDED_TRACES:
             raise FleetsimInputError(
-                "embedded trace", spec,
+                "embedded trace",
+                spec,
                 f"known embedded traces: {', '.join(EMBEDDED_PREFIX + k for k in EMBEDDED_TRACES)}",
             )
         file_name, fmt = EMBEDDED_TRACES[name]
@@ -107,7 +109,8 @@ def read_source(source: str | os.PathLike[str]) -> tuple[str, str, str | None]:
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "no such file"
         raise FleetsimInputError(
-            "trace file", spec,
+            "trace file",
+            spec,
             f"{what}; give the path of a trace file (relative paths start at the current "
             f"directory) or an embedded trace such as 'embedded:azure_conv_2023'",
         )
@@ -115,7 +118,8 @@ def read_source(source: str | os.PathLike[str]) -> tuple[str, str, str | None]:
         text = path.read_text("utf-8-sig")
     except UnicodeDecodeError as err:
         raise FleetsimInputError(
-            f"{spec}, byte {err.start}", err.object[err.start:err.start + 8],
+            f"{spec}, byte {err.start}",
+            err.object[err.start : err.start + 8],
             "the trace is not UTF-8 text; give a CSV or JSONL file (decompress it first)",
         ) from None
     if not text.strip():
@@ -160,7 +164,8 @@ def _detect_format(label: str, text: str) -> str:
         if set(GENERIC_COLUMNS) <= keys:
             return "generic"
         raise FleetsimInputError(
-            f"{label}, line 1", sorted(keys) or first[:60],
+            f"{label}, line 1",
+            sorted(keys) or first[:60],
             "unknown trace format: expected Mooncake keys (timestamp, input_length, "
             "output_length, hash_ids) or generic keys (arrival_s, prompt_tokens, output_tokens); "
             "or set format to azure, mooncake or generic",
@@ -171,7 +176,8 @@ def _detect_format(label: str, text: str) -> str:
     if "arrival_s" in header:
         return "generic"
     raise FleetsimInputError(
-        f"{label}, line 1 (header)", ",".join(header)[:80],
+        f"{label}, line 1 (header)",
+        ",".join(header)[:80],
         "unknown trace format: expected Azure columns (TIMESTAMP,ContextTokens,GeneratedTokens) "
         "or generic columns (arrival_s,prompt_tokens,output_tokens); or set format to azure, "
         "mooncake or generic",
@@ -190,7 +196,8 @@ def _parse_azure(label: str, text: str) -> Workload:
     except ValueError:
         bad = next(i for i, s in enumerate(stamps) if not _is_datetime(s))
         raise FleetsimInputError(
-            f"{label}, line {table.lines[bad]}, column 'TIMESTAMP'", stamps[bad],
+            f"{label}, line {table.lines[bad]}, column 'TIMESTAMP'",
+            stamps[bad],
             "timestamps must look like 2023-11-16 18:15:46.6805900",
         ) from None
     ns = ts.astype(np.int64)
@@ -199,9 +206,11 @@ def _parse_azure(label: str, text: str) -> Workload:
     return Workload(
         arrival_s=arrival_s,
         num_prompt_tokens=_token_column(
-            table.column("ContextTokens"), label, table.lines, "ContextTokens"),
+            table.column("ContextTokens"), label, table.lines, "ContextTokens"
+        ),
         num_output_tokens=_token_column(
-            table.column("GeneratedTokens"), label, table.lines, "GeneratedTokens"),
+            table.column("GeneratedTokens"), label, table.lines, "GeneratedTokens"
+        ),
         name=_short_name(label),
     )
 
@@ -210,9 +219,11 @@ def _parse_mooncake(label: str, text: str) -> Workload:
     lines, objs = _json_objects(label, text)
     stamps = _json_field(label, lines, objs, "timestamp")
     prompt = _token_column(
-        _json_field(label, lines, objs, "input_length"), label, lines, "input_length")
+        _json_field(label, lines, objs, "input_length"), label, lines, "input_length"
+    )
     output = _token_column(
-        _json_field(label, lines, objs, "output_length"), label, lines, "output_length")
+        _json_field(label, lines, objs, "output_length"), label, lines, "output_length"
+    )
     ms = _float_column(stamps, label, lines, "timestamp")
     _check_sorted(ms, stamps, label, lines, "timestamp")
     hash_ids = None
@@ -232,7 +243,8 @@ def _parse_mooncake(label: str, text: str) -> Workload:
 def _parse_generic(label: str, text: str, hash_block_tokens: int) -> Workload:
     if hash_block_tokens < 1:
         raise FleetsimInputError(
-            f"{label}: hash_block_tokens", hash_block_tokens, "must be an integer >= 1")
+            f"{label}: hash_block_tokens", hash_block_tokens, "must be an integer >= 1"
+        )
     if _looks_like_jsonl(label, text):
         lines, objs = _json_objects(label, text)
         has = set(objs[0])
@@ -283,12 +295,14 @@ class _CsvTable:
         self.rows = [row for _, row in numbered[1:]]
         if not self.rows:
             raise FleetsimInputError(
-                label, "<header only>", "the trace has a header but no requests; add rows")
+                label, "<header only>", "the trace has a header but no requests; add rows"
+            )
         width = len(self.header)
         short = next((k for k, row in enumerate(self.rows) if len(row) < width), None)
         if short is not None:
             raise FleetsimInputError(
-                f"{label}, line {self.lines[short]}", ",".join(self.rows[short]),
+                f"{label}, line {self.lines[short]}",
+                ",".join(self.rows[short]),
                 f"expected {width} fields like the header ({','.join(self.header)})",
             )
 
@@ -300,7 +314,8 @@ class _CsvTable:
     def column(self, name: str) -> list[str]:
         if name not in self.header:
             raise FleetsimInputError(
-                f"{self.label}, line 1 (header)", ",".join(self.header),
+                f"{self.label}, line 1 (header)",
+                ",".join(self.header),
                 f"missing column {name!r}; the header must name it",
             )
         j = self.header.index(name)
@@ -325,12 +340,14 @@ def _json_objects(label: str, text: str) -> tuple[list[int], list[dict[str, Any]
             obj = loads(line)
         except json.JSONDecodeError as err:
             raise FleetsimInputError(
-                f"{label}, line {i}", line[:60],
+                f"{label}, line {i}",
+                line[:60],
                 f"malformed JSON ({err.msg}); each line must be one JSON object",
             ) from None
         if not isinstance(obj, dict):
             raise FleetsimInputError(
-                f"{label}, line {i}", line[:60], "each line must be one JSON object {...}")
+                f"{label}, line {i}", line[:60], "each line must be one JSON object {...}"
+            )
         lines.append(i)
         objs.append(obj)
     return lines, objs
@@ -342,7 +359,8 @@ def _json_field(label: str, lines: list[int], objs: list[dict[str, Any]], key: s
     except KeyError:
         bad = next(k for k, obj in enumerate(objs) if key not in obj)
         raise FleetsimInputError(
-            f"{label}, line {lines[bad]}", sorted(objs[bad]),
+            f"{label}, line {lines[bad]}",
+            sorted(objs[bad]),
             f"missing key {key!r}; every line needs it",
         ) from None
 
@@ -351,7 +369,9 @@ def _json_field(label: str, lines: list[int], objs: list[dict[str, Any]], key: s
 # Column conversions with row-precise errors
 
 
-def _float_column(values: Sequence[Any], label: str, lines: list[int], column: str) -> NDArray[np.float64]:
+def _float_column(
+    values: Sequence[Any], label: str, lines: list[int], column: str
+) -> NDArray[np.float64]:
     try:
         arr = np.asarray(values, dtype=np.float64)
     except (ValueError, TypeError):
@@ -359,27 +379,35 @@ def _float_column(values: Sequence[Any], label: str, lines: list[int], column: s
     if arr is None or arr.ndim != 1:
         bad = next(k for k, v in enumerate(values) if not _is_number(v))
         raise FleetsimInputError(
-            f"{label}, line {lines[bad]}, column {column!r}", values[bad], "expected a number")
+            f"{label}, line {lines[bad]}, column {column!r}", values[bad], "expected a number"
+        )
     finite = np.isfinite(arr)
     if not finite.all():
         bad = int(np.argmin(finite))
         raise FleetsimInputError(
-            f"{label}, line {lines[bad]}, column {column!r}", values[bad],
-            "expected a finite number")
+            f"{label}, line {lines[bad]}, column {column!r}",
+            values[bad],
+            "expected a finite number",
+        )
     return arr
 
 
-def _int_column(values: Sequence[Any], label: str, lines: list[int], column: str) -> NDArray[np.int64]:
+def _int_column(
+    values: Sequence[Any], label: str, lines: list[int], column: str
+) -> NDArray[np.int64]:
     arr = _float_column(values, label, lines, column)
     whole = arr == np.floor(arr)
     if not whole.all():
         bad = int(np.argmin(whole))
         raise FleetsimInputError(
-            f"{label}, line {lines[bad]}, column {column!r}", values[bad], "expected an integer")
+            f"{label}, line {lines[bad]}, column {column!r}", values[bad], "expected an integer"
+        )
     return arr.astype(np.int64)
 
 
-def _token_column(values: Sequence[Any], label: str, lines: list[int], column: str) -> NDArray[np.int64]:
+def _token_column(
+    values: Sequence[Any], label: str, lines: list[int], column: str
+) -> NDArray[np.int64]:
     try:
         arr = _int_column(values, label, lines, column)
     except FleetsimInputError as err:
@@ -388,7 +416,8 @@ def _token_column(values: Sequence[Any], label: str, lines: list[int], column: s
     if not ok.all():
         bad = int(np.argmin(ok))
         raise FleetsimInputError(
-            f"{label}, line {lines[bad]}, column {column!r}", values[bad], _TOKENS_FIX)
+            f"{label}, line {lines[bad]}, column {column!r}", values[bad], _TOKENS_FIX
+        )
     return arr
 
 
@@ -399,7 +428,8 @@ def _check_sorted(
     if back.any():
         k = int(np.argmax(back)) + 1
         raise FleetsimInputError(
-            f"{label}, line {lines[k]}, column {column!r}", raw[k],
+            f"{label}, line {lines[k]}, column {column!r}",
+            raw[k],
             f"earlier than the previous row ({raw[k - 1]!r} on line {lines[k - 1]}); "
             f"sort the rows by {column}",
         )
@@ -419,7 +449,8 @@ def _hash_lists(
                 raise TypeError
         except (TypeError, ValueError):
             raise FleetsimInputError(
-                f"{label}, line {lines[k]}, column 'hash_ids'", item,
+                f"{label}, line {lines[k]}, column 'hash_ids'",
+                item,
                 "expected integers (a JSON list, or space- or semicolon-separated in CSV)",
             ) from None
         out.append(ids)
@@ -428,7 +459,8 @@ def _hash_lists(
     if too_long.any():
         k = int(np.argmax(too_long))
         raise FleetsimInputError(
-            f"{label}, line {lines[k]}, column 'hash_ids'", len(out[k]),
+            f"{label}, line {lines[k]}, column 'hash_ids'",
+            len(out[k]),
             f"more hash ids than the {int(prompt[k])}-token prompt has {block_tokens}-token "
             f"blocks ({math.ceil(int(prompt[k]) / block_tokens)}); fix the row or the block size",
         )

@@ -78,7 +78,8 @@ class Gamma:
         _check_rate(self.rate_per_s)
         if not (math.isfinite(self.cv) and self.cv > 0):
             raise ValueError(
-                f"gamma arrivals need cv > 0 (use arrival = 'constant' for cv 0), got {self.cv}")
+                f"gamma arrivals need cv > 0 (use arrival = 'constant' for cv 0), got {self.cv}"
+            )
 
     @property
     def mean(self) -> float:

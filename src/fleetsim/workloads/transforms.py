@@ -25,7 +25,9 @@ def scale_rate(workload: Workload, factor: float) -> Workload:
     return dataclasses.replace(workload, arrival_s=workload.arrival_s / factor)
 
 
-def time_slice(workload: Workload, start_s: float = 0.0, duration_s: float | None = None) -> Workload:
+def time_slice(
+    workload: Workload, start_s: float = 0.0, duration_s: float | None = None
+) -> Workload:
     """Requests arriving in ``[start_s, start_s + duration_s)``, with times shifted by ``-start_s``.
 
     ``duration_s = None`` keeps everything from ``start_s`` on. The gap between ``start_s`` and

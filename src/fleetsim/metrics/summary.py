@@ -1,0 +1,156 @@
+"""Aggregate metrics of a run: latency percentiles, throughput, SLO attainment, goodput, use.
+
+Definitions (all times in seconds):
+- TTFT = first output token time - arrival; E2E = finish - arrival;
+  TPOT = (finish - first token) / (outputs - 1), undefined (NaN) for one-output requests;
+  queueing delay = first time scheduled - arrival.
+- A request meets the SLO when TTFT <= ttft_s and TPOT <= tpot_s (NaN TPOT counts as met).
+  Attainment is over all requests that arrived; ones unfinished at the end count as misses.
+- Goodput = requests meeting the SLO per second of makespan (first arrival to last finish).
+- KV use = time-average of blocks held by requests / total blocks; GPU busy = share of the
+  makespan during which the replica was running a step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fleetsim.metrics.recorder import Records
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SLOConfig:
+    """Latency targets for SLO attainment and goodput."""
+
+    ttft_s: float = 1.0
+    """Time-to-first-token target, seconds (a chat service's usual 1 s)."""
+    tpot_s: float = 0.05
+    """Time-per-output-token target, seconds (50 ms = 20 tokens/s, faster than reading)."""
+
+    def __post_init__(self) -> None:
+        if not self.ttft_s > 0:
+            raise ValueError(f"slo.ttft_s must be > 0 seconds, got {self.ttft_s}")
+        if not self.tpot_s > 0:
+            raise ValueError(f"slo.tpot_s must be > 0 seconds, got {self.tpot_s}")
+
+
+def per_request_latencies(req: dict[str, NDArray]) -> dict[str, NDArray]:
+    """TTFT, TPOT, E2E and queueing delay per finished request (columns of ``req``)."""
+    arrival = req["arrival_s"]
+    outputs = req["num_output_tokens"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(outputs > 1, (req["finish_s"] - req["first_token_s"]) / (outputs - 1),
+                        np.nan)
+    return {
+        "ttft_s": req["first_token_s"] - arrival,
+        "tpot_s": tpot,
+        "e2e_s": req["finish_s"] - arrival,
+        "queueing_s": req["first_scheduled_s"] - arrival,
+    }
+
+
+def distribution(values: NDArray) -> dict[str, float | None]:
+    """mean/p50/p90/p99/max of the finite values (None when there are none)."""
+    v = values[np.isfinite(values)]
+    if v.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    p50, p90, p99 = np.percentile(v, [50, 90, 99])
+    return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90),
+            "p99": float(p99), "max": float(v.max())}
+
+
+def summarize(
+    records: Records,
+    *,
+    num_arrived: int,
+    first_arrival_s: float,
+    slo: SLOConfig,
+    num_kv_blocks_by_replica: dict[int, int],
+    num_timeline_bins: int = 120,
+) -> dict[str, object]:
+    """The run's aggregate metrics as a JSON-ready dict."""
+    req = records.requests
+    lat = per_request_latencies(req)
+    num_finished = int(req["finish_s"].size)
+    end_s = float(req["finish_s"].max()) if num_finished else first_arrival_s
+    makespan_s = max(end_s - first_arrival_s, 1e-12)
+    met_ttft = lat["ttft_s"] <= slo.ttft_s
+    met_tpot = np.isnan(lat["tpot_s"]) | (lat["tpot_s"] <= slo.tpot_s)
+    met = met_ttft & met_tpot
+    denom = max(num_arrived, 1)
+    total_blocks = sum(num_kv_blocks_by_replica.values())
+    busy = sum(records.busy_s_by_replica.values())
+    num_replicas = max(len(num_kv_blocks_by_replica), 1)
+    prompt_tokens = int(req["num_prompt_tokens"].sum())
+    return {
+        "num_requests": num_arrived,
+        "num_finished": num_finished,
+        "num_unfinished": num_arrived - num_finished,
+        "makespan_s": makespan_s,
+        "ttft_s": distribution(lat["ttft_s"]),
+        "tpot_s": distribution(lat["tpot_s"]),
+        "e2e_s": distribution(lat["e2e_s"]),
+        "queueing_s": distribution(lat["queueing_s"]),
+        "throughput": {
+            "requests_per_s": num_finished / makespan_s,
+            "input_tokens_per_s": prompt_tokens / makespan_s,
+            "output_tokens_per_s": int(req["num_output_tokens"].sum()) / makespan_s,
+        },
+        "slo": {
+            "ttft_s": slo.ttft_s,
+            "tpot_s": slo.tpot_s,
+            "attainment": int(met.sum()) / denom,
+            "ttft_attainment": int(met_ttft.sum()) / denom,
+            "tpot_attainment": int(met_tpot.sum()) / denom,
+            "goodput_requests_per_s": int(met.sum()) / makespan_s,
+        },
+        "kv_cache": {
+            "num_blocks": total_blocks,
+            "mean_used_fraction": (sum(records.kv_block_seconds_by_replica.values())
+                                   / max(total_blocks, 1) / makespan_s),
+            "prefix_hit_rate": int(req["num_prefix_hit_tokens"].sum()) / max(prompt_tokens, 1),
+        },
+        "gpu_busy_fraction": busy / num_replicas / makespan_s,
+        "num_preemptions": int(req["num_preemptions"].sum()),
+        "num_recomputed_tokens": int(req["num_recomputed_tokens"].sum()),
+        "num_steps": records.num_steps,
+        "timeline": timeline_bins(records, first_arrival_s, end_s, total_blocks,
+                                  num_replicas, num_timeline_bins),
+    }
+
+
+def timeline_bins(
+    records: Records, start_s: float, end_s: float, total_blocks: int, num_replicas: int,
+    num_bins: int,
+) -> dict[str, list[float]]:
+    """KV use, GPU busy share and queue lengths over time, in equal bins of the makespan.
+
+    Each step event (a fast-forward window counts as one) is attributed to the bin where it
+    ends; the step-weighted means below are therefore exact for short steps and smooth over
+    long windows.
+    """
+    tl = records.timeline
+    if tl["end_s"].size == 0 or not math.isfinite(end_s) or end_s <= start_s:
+        return {"bin_start_s": [], "kv_used_fraction": [], "busy_fraction": [],
+                "mean_running": [], "mean_waiting": []}
+    width = (end_s - start_s) / num_bins
+    idx = np.clip(((tl["end_s"] - start_s) / width).astype(np.int64), 0, num_bins - 1)
+    w = tl["busy_s"]
+    wsum = np.bincount(idx, weights=w, minlength=num_bins)
+    safe = np.where(wsum > 0, wsum, 1.0)
+
+    def weighted(col: str) -> NDArray:
+        return np.bincount(idx, weights=w * tl[col], minlength=num_bins) / safe
+
+    return {
+        "bin_start_s": (start_s + width * np.arange(num_bins)).tolist(),
+        "kv_used_fraction": (weighted("num_used_blocks") * num_replicas
+                             / max(total_blocks, 1)).tolist(),
+        "busy_fraction": np.minimum(1.0, wsum / (width * num_replicas)).tolist(),
+        "mean_running": weighted("num_running").tolist(),
+        "mean_waiting": weighted("num_waiting").tolist(),
+    }

@@ -1,0 +1,241 @@
+"""The ``[workload]`` table of a run config, and ``build_workload`` that turns it into requests.
+
+A workload is either a trace (a file or an embedded trace) or synthetic (an arrival process
+plus prompt and output length distributions). Rate scaling, time slicing and truncation then
+apply to either, in that order. Every time field is simulated seconds, after ``rate_scale``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.workloads.distributions import (
+    Empirical,
+    Fixed,
+    LengthDistribution,
+    LogNormal,
+    Uniform,
+)
+from fleetsim.workloads.loaders import FORMATS, load_trace
+from fleetsim.workloads.synthetic import ArrivalProcess, Constant, Gamma, Poisson, synthesize
+from fleetsim.workloads.transforms import head, scale_rate, time_slice
+from fleetsim.workloads.workload import Workload
+
+LENGTH_KINDS: dict[str, tuple[str, ...]] = {
+    "fixed": ("value",),
+    "uniform": ("low", "high"),
+    "lognormal": ("mean", "cv"),
+    "empirical": ("path", "column"),
+}
+"""Length distribution kind -> the LengthConfig fields it needs (all others must stay unset)."""
+ARRIVALS = ("poisson", "gamma", "constant")
+SYNTHETIC_TRACE = "synthetic"
+"""``trace`` value that selects a synthetic workload from TOML (which has no null)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LengthConfig:
+    """A token-length distribution; ``kind`` picks which of the other fields are used."""
+
+    kind: str
+    """fixed | uniform | lognormal | empirical."""
+    value: int | None = None
+    """fixed: tokens of every request."""
+    low: int | None = None
+    """uniform: smallest length in tokens (inclusive)."""
+    high: int | None = None
+    """uniform: largest length in tokens (inclusive)."""
+    mean: float | None = None
+    """lognormal: mean length in tokens."""
+    cv: float | None = None
+    """lognormal: coefficient of variation (std / mean), > 0."""
+    path: str | None = None
+    """empirical: CSV/JSONL file (or embedded:azure_conv_2023) whose column is resampled."""
+    column: str | None = None
+    """empirical: CSV header name or JSONL key holding token counts, e.g. num_decode_tokens."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in LENGTH_KINDS:
+            raise ValueError(
+                f"length kind must be one of {', '.join(LENGTH_KINDS)}, got {self.kind!r}"
+            )
+        needed = LENGTH_KINDS[self.kind]
+        for name in ("value", "low", "high", "mean", "cv", "path", "column"):
+            given = getattr(self, name) is not None
+            if name in needed and not given:
+                raise ValueError(
+                    f"kind = {self.kind!r} needs {' and '.join(needed)}; {name} is missing"
+                )
+            if name not in needed and given:
+                raise ValueError(
+                    f"{name} is not used by kind = {self.kind!r} (it takes {', '.join(needed)}); "
+                    f"remove {name}"
+                )
+        # Build the distribution once to run its own range checks (no I/O for empirical).
+        if self.kind != "empirical":
+            self.distribution()
+
+    def distribution(self) -> LengthDistribution:
+        """The distribution object; ``empirical`` reads its file here."""
+        if self.kind == "fixed":
+            return Fixed(value=self.value)  # type: ignore[arg-type]
+        if self.kind == "uniform":
+            return Uniform(low=self.low, high=self.high)  # type: ignore[arg-type]
+        if self.kind == "lognormal":
+            return LogNormal(mean_tokens=self.mean, cv=self.cv)  # type: ignore[arg-type]
+        return Empirical.from_file(self.path, self.column)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadConfig:
+    """Where requests come from (trace or synthetic) and how they are scaled and cut."""
+
+    trace: str | None = "embedded:azure_conv_2023"
+    """Trace file path or embedded:<name>; None (TOML: "synthetic") generates requests instead."""
+    format: str = "auto"
+    """Trace format: auto | azure | mooncake | generic."""
+    hash_block_tokens: int = 512
+    """Tokens per hash_ids entry in a generic trace (Mooncake traces are always 512)."""
+    rate_scale: float = 1.0
+    """Multiply the arrival rate by this (divides every arrival time by it)."""
+    start_s: float = 0.0
+    """Drop requests arriving before this time (simulated s, after rate_scale); it becomes 0."""
+    duration_s: float | None = None
+    """Keep only requests arriving within this many simulated seconds after start_s."""
+    max_requests: int | None = None
+    """Keep at most this many requests (the earliest), after slicing."""
+    arrival: str = "poisson"
+    """Synthetic arrival process: poisson | gamma | constant."""
+    rate_per_s: float | None = None
+    """Synthetic: mean arrival rate in requests per second (required)."""
+    cv: float = 1.0
+    """Synthetic gamma arrivals: coefficient of variation of inter-arrival times (>1 bursty)."""
+    num_requests: int | None = None
+    """Synthetic: requests to generate; if unset, generate until start_s + duration_s."""
+    prompt_tokens: LengthConfig | None = None
+    """Synthetic: prompt length distribution (required)."""
+    output_tokens: LengthConfig | None = None
+    """Synthetic: output length distribution (required)."""
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.trace is None or self.trace == SYNTHETIC_TRACE
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.hash_block_tokens < 1:
+            raise ValueError(f"hash_block_tokens must be >= 1, got {self.hash_block_tokens}")
+        if not (math.isfinite(self.rate_scale) and self.rate_scale > 0):
+            raise ValueError(
+                f"rate_scale must be > 0 (2.0 = twice the rate), got {self.rate_scale}"
+            )
+        if not (math.isfinite(self.start_s) and self.start_s >= 0):
+            raise ValueError(f"start_s must be >= 0 seconds, got {self.start_s}")
+        if self.duration_s is not None and not (
+            math.isfinite(self.duration_s) and self.duration_s > 0
+        ):
+            raise ValueError(
+                f"duration_s must be > 0 seconds (or unset for all), got {self.duration_s}"
+            )
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(
+                f"max_requests must be >= 1 (or unset for all), got {self.max_requests}"
+            )
+        if self.is_synthetic:
+            self._check_synthetic()
+        else:
+            self._check_trace()
+
+    def _check_trace(self) -> None:
+        if not self.trace:
+            raise ValueError('trace must be a file path, embedded:<name> or "synthetic", got ""')
+        unused = [
+            name
+            for name in ("rate_per_s", "num_requests", "prompt_tokens", "output_tokens")
+            if getattr(self, name) is not None
+        ]
+        unused += [
+            name
+            for name, default in (("arrival", "poisson"), ("cv", 1.0))
+            if getattr(self, name) != default
+        ]
+        if unused:
+            raise ValueError(
+                f"{', '.join(unused)} only apply to synthetic workloads, but trace = "
+                f'{self.trace!r}; remove them or set trace = "synthetic"'
+            )
+
+    def _check_synthetic(self) -> None:
+        missing = [
+            name
+            for name in ("rate_per_s", "prompt_tokens", "output_tokens")
+            if getattr(self, name) is None
+        ]
+        if missing:
+            raise ValueError(
+                f'a synthetic workload (trace = "synthetic") needs {", ".join(missing)}'
+            )
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("a synthetic workload needs num_requests or duration_s (or both)")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+        if self.arrival != "gamma" and self.cv != 1.0:
+            raise ValueError(
+                f"cv is only used with arrival = 'gamma' (arrival is {self.arrival!r}); "
+                f"remove cv or set arrival = 'gamma'"
+            )
+        self.arrival_process()  # runs the process's own checks on rate_per_s and cv
+
+    def arrival_process(self) -> ArrivalProcess:
+        """The synthetic arrival process (before rate_scale)."""
+        rate = float(self.rate_per_s)  # type: ignore[arg-type]
+        if self.arrival == "gamma":
+            return Gamma(rate_per_s=rate, cv=self.cv)
+        if self.arrival == "constant":
+            return Constant(rate_per_s=rate)
+        return Poisson(rate_per_s=rate)
+
+
+def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
+    """The requests of one run: load or generate, then ``rate_scale``, slice, ``max_requests``.
+
+    ``rng`` is only drawn from for synthetic workloads. Raises ``FleetsimInputError`` for bad
+    trace files and when no request is left after slicing.
+    """
+    if cfg.is_synthetic:
+        prompt, output = cfg.prompt_tokens, cfg.output_tokens
+        assert prompt is not None  # checked by WorkloadConfig
+        assert output is not None
+        until_s = None
+        if cfg.duration_s is not None:  # generate up to the window's end, in unscaled time
+            until_s = (cfg.start_s + cfg.duration_s) * cfg.rate_scale
+        workload = synthesize(
+            arrival=cfg.arrival_process(),
+            prompt_tokens=prompt.distribution(),
+            output_tokens=output.distribution(),
+            rng=rng,
+            num_requests=cfg.num_requests,
+            until_s=until_s,
+            name=f"synthetic {cfg.arrival} {cfg.rate_per_s:g}/s",
+        )
+    else:
+        assert cfg.trace is not None  # is_synthetic covers None
+        workload = load_trace(cfg.trace, cfg.format, hash_block_tokens=cfg.hash_block_tokens)
+    workload = scale_rate(workload, cfg.rate_scale)
+    workload = time_slice(workload, cfg.start_s, cfg.duration_s)
+    workload = head(workload, cfg.max_requests)
+    if len(workload) == 0:
+        raise FleetsimInputError(
+            "workload.start_s",
+            cfg.start_s,
+            f"no request arrives in the window (start_s={cfg.start_s:g}, "
+            f"duration_s={cfg.duration_s}); lower start_s or widen duration_s",
+        )
+    return workload
