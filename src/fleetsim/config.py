@@ -1,0 +1,138 @@
+"""``SimConfig``: everything one run depends on, loaded from TOML plus dotted overrides.
+
+A file is optional: every field has a default, and the defaults are the embedded demo
+(a slice of the Azure LLM 2023 conversation trace, Llama-3.1-8B on one H100).
+
+    fleetsim run exp.toml --set engine.max_batched_tokens=4096 --set hardware.gpu=h200
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetsim.configutil import apply_override, from_dict, parse_override_value
+from fleetsim.errors import FleetsimInputError
+from fleetsim.metrics.summary import SLOConfig
+from fleetsim.policies.registry import PolicySpec
+from fleetsim.workloads.config import WorkloadConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareConfig:
+    """The GPUs of the replica."""
+
+    gpu: str = "h100-sxm"
+    """GPU name from ``fleetsim gpus`` (or from ``catalog``)."""
+    tp: int = 1
+    """Tensor-parallel degree: GPUs per replica."""
+    catalog: str | None = None
+    """Optional TOML file adding GPUs ([[gpu]] tables, same fields as the built-ins)."""
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"hardware.tp must be >= 1, got {self.tp}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """The serving engine's limits (vLLM's names and defaults where they exist)."""
+
+    block_size: int = 16
+    """Tokens per KV block (vLLM's default 16)."""
+    max_batched_tokens: int = 8192
+    """Token budget of one step (vLLM's max_num_batched_tokens)."""
+    max_running: int = 256
+    """Most requests in the running batch (vLLM's max_num_seqs)."""
+    gpu_memory_utilization: float = 0.9
+    """Share of HBM the engine may use for weights, activations and KV (vLLM's default 0.9)."""
+    num_kv_blocks: int | None = None
+    """Override the computed KV capacity with a measured block count (from vLLM's log)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV of shared prompt prefixes (needs traces with hash_ids)."""
+    fast_forward: bool = True
+    """Advance decode-only stretches in one event (same results, much faster)."""
+    debug: bool = False
+    """Check KV and queue invariants after every step (slow)."""
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_batched_tokens", "max_running"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"engine.gpu_memory_utilization must be in (0, 1], got "
+                f"{self.gpu_memory_utilization}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"engine.num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyConfig:
+    """Which scheduling policies run (names from the registries, or 'pkg.mod:Obj')."""
+
+    ordering: str = "fcfs"
+    """Queue order and preemption order: fcfs | sjf | priority | pkg.mod:key_function."""
+    batching: PolicySpec = field(default_factory=lambda: PolicySpec(name="token_budget"))
+    """Step planner and its args, e.g. {name = "token_budget", args = {enable_chunked_prefill = false}}."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    """One simulation run."""
+
+    seed: int = 0
+    """Seed of every random stream (synthetic arrivals, lengths); same seed, same results."""
+    model: str = "llama-3.1-8b"
+    """Model name from ``fleetsim models`` or a path to a Hugging Face config.json."""
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    perf_backend: str = "auto"
+    """Performance model: auto (measured tables, roofline where none) | roofline."""
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    until_s: float | None = None
+    """Stop simulating at this simulated time (None: run until every request finishes)."""
+
+    def __post_init__(self) -> None:
+        if self.perf_backend not in ("auto", "roofline"):
+            raise ValueError(f"perf_backend must be 'auto' or 'roofline', got {self.perf_backend!r}")
+        if self.until_s is not None and not self.until_s > 0:
+            raise ValueError(f"until_s must be > 0 seconds or unset, got {self.until_s}")
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> SimConfig:
+    """Read a TOML file (optional), apply ``key=value`` overrides, validate strictly."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise FleetsimInputError(str(path), "missing file", "check the config path") from None
+        except tomllib.TOMLDecodeError as err:
+            raise FleetsimInputError(str(path), str(err), "fix the TOML syntax") from None
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise FleetsimInputError("--set", item, "write it as dotted.key=value")
+        apply_override(data, key.strip(), parse_override_value(value.strip()))
+    try:
+        return config_from_dict(data)
+    except FleetsimInputError as err:
+        if path is None:
+            raise
+        raise FleetsimInputError(f"{path}: {err.where}", err.value, err.fix) from None
+
+
+def config_from_dict(data: Mapping[str, Any], where: str = "config") -> SimConfig:
+    """Build a ``SimConfig`` from plain data (unknown keys and bad types fail)."""
+    if isinstance(data.get("workload"), Mapping) and data["workload"].get("trace") == "synthetic":
+        data = {**data, "workload": {**data["workload"], "trace": None}}
+    return from_dict(SimConfig, data, where)
