@@ -75,6 +75,7 @@ def simulate_replica(
 
     sim.on(EventKind.ARRIVAL, on_arrival)
     sim.on(EventKind.STEP_END, on_step_end)
+    sim.on(EventKind.WAKE_UP, Replica.wake_up)
     if num_requests:
         sim.schedule(float(workload.arrival_s[0]), EventKind.ARRIVAL, 0)
     sim.run(until_s)

@@ -30,10 +30,11 @@ from fleetsim.serving.request import Request
 
 
 class EventKind(IntEnum):
-    """Same-time order: arrivals join the queue before a step ending then plans."""
+    """Same-time order: every arrival at time t joins a queue before any step planned at t."""
 
     ARRIVAL = 0
     STEP_END = 1
+    WAKE_UP = 2  # an idle replica plans its first step after all same-time arrivals
 
 
 class StepRecorder(Protocol):
@@ -58,7 +59,8 @@ class PlanError(RuntimeError):
 
 
 class _Step:
-    __slots__ = ("chunks", "decodes", "num_steps", "num_tokens", "start_s")
+    __slots__ = ("chunks", "decodes", "num_running", "num_steps", "num_tokens", "num_waiting",
+                 "start_s")
 
     def __init__(self, start_s: float) -> None:
         self.start_s = start_s
@@ -66,6 +68,8 @@ class _Step:
         self.decodes: list[Request] = []
         self.num_steps = 1
         self.num_tokens = 0
+        self.num_running = 0  # queue lengths while the step runs (after admission)
+        self.num_waiting = 0
 
 
 class Replica:
@@ -114,7 +118,8 @@ class Replica:
         self._by_id[req.id] = req
         self._enqueue(self.waiting, self._waiting_keys, req)
         if not self.busy:
-            self._start_step()
+            self.busy = True
+            self.sim.schedule(self.sim.now_s, EventKind.WAKE_UP, self)
 
     def _enqueue(self, queue: list[Request], keys: list[tuple], req: Request) -> None:
         key = self.order_key(req, self.sim.now_s)
@@ -134,6 +139,10 @@ class Replica:
                    for r in self._by_id.values())
 
     # ---- step start ------------------------------------------------------------------
+    def wake_up(self) -> None:
+        """Handler of ``WAKE_UP``: the idle replica starts stepping."""
+        self._start_step()
+
     def _start_step(self) -> None:
         if not self.running and not self.waiting:
             self.busy = False
@@ -169,6 +178,8 @@ class Replica:
             raise PlanError(f"empty plan with {len(self.running)} running, "
                             f"{len(self.waiting)} waiting at {now_s} s")
         step.num_tokens = total
+        step.num_running = len(self.running)
+        step.num_waiting = len(self.waiting)
         self.busy = True
         if all_decode and self.fast_forward:
             end_s = self._try_fast_forward(step)
@@ -282,7 +293,7 @@ class Replica:
             self.recorder.on_finish(self.replica_id, r)
         self.recorder.on_step(
             self.replica_id, now_s, now_s - step.start_s, self._pending_kv_seconds, k,
-            step.num_tokens, kv.num_used_blocks, len(self.running), len(self.waiting))
+            step.num_tokens, kv.num_used_blocks, step.num_running, step.num_waiting)
         if self.debug:
             kv.check(self.running)
             assert len(self.running) <= self.max_running

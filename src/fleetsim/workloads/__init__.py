@@ -21,6 +21,7 @@ from fleetsim.workloads.loaders import (
     load_generic,
     load_mooncake_jsonl,
     load_trace,
+    save_generic_csv,
 )
 from fleetsim.workloads.synthetic import (
     ArrivalProcess,
@@ -54,6 +55,7 @@ __all__ = [
     "load_generic",
     "load_mooncake_jsonl",
     "load_trace",
+    "save_generic_csv",
     "scale_rate",
     "synthesize",
     "time_slice",

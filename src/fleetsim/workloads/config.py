@@ -166,8 +166,9 @@ class WorkloadConfig:
         ]
         if unused:
             raise ValueError(
-                f"{', '.join(unused)} only apply to synthetic workloads, but trace = "
-                f'{self.trace!r}; remove them or set trace = "synthetic"'
+                f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} only used by "
+                f"synthetic workloads, but trace = {self.trace!r}; remove "
+                f'{"it" if len(unused) == 1 else "them"} or set trace = "synthetic"'
             )
 
     def _check_synthetic(self) -> None:

@@ -11,9 +11,14 @@ from fleetsim.workloads.loaders import load_trace
 from fleetsim.workloads.workload import Workload
 
 
-def trace_info(source: str | os.PathLike[str], format: str = "auto") -> dict[str, object]:
-    """Statistics of a trace file or ``embedded:<name>``; see ``workload_info`` for the keys."""
-    info = workload_info(load_trace(source, format))
+def trace_info(
+    source: str | os.PathLike[str], format: str = "auto", *, hash_block_tokens: int = 512
+) -> dict[str, object]:
+    """Statistics of a trace file or ``embedded:<name>``; see ``workload_info`` for the keys.
+
+    ``format`` and ``hash_block_tokens`` are passed to ``load_trace``.
+    """
+    info = workload_info(load_trace(source, format, hash_block_tokens=hash_block_tokens))
     info["source"] = os.fspath(source)
     return info
 

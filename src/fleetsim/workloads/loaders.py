@@ -91,6 +91,30 @@ def load_generic(path: str | os.PathLike[str], *, hash_block_tokens: int = 512) 
     return _parse_generic(label, text, hash_block_tokens)
 
 
+def save_generic_csv(workload: Workload, path: str | os.PathLike[str]) -> None:
+    """Write ``workload`` as a generic CSV that ``load_generic`` reads back exactly.
+
+    Arrival times are written with ``repr`` (shortest exact float); ``hash_ids`` (space-separated)
+    and ``priority`` columns appear only when the workload has them.
+    """
+    header = list(GENERIC_COLUMNS)
+    columns: list[Sequence[Any]] = [
+        [repr(float(t)) for t in workload.arrival_s],
+        workload.num_prompt_tokens.tolist(),
+        workload.num_output_tokens.tolist(),
+    ]
+    if workload.hash_ids is not None:
+        header.append("hash_ids")
+        columns.append([" ".join(map(str, ids)) for ids in workload.hash_ids])
+    if workload.priority is not None:
+        header.append("priority")
+        columns.append(workload.priority.tolist())
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(zip(*columns, strict=True))
+
+
 def read_source(source: str | os.PathLike[str]) -> tuple[str, str, str | None]:
     """(label for messages, text, format if embedded) of a path or ``embedded:<name>``."""
     spec = os.fspath(source)

@@ -1,0 +1,128 @@
+"""Expert balancer plug-ins: a registry by short name, plus the history-based baselines.
+
+A balancer is any object with ``plan(view: BalanceView) -> Placement``. It must be pure in
+the view (no clock, no global RNG); state it carries across microbatches is read from
+``view.previous`` and ``view.history``. Built-ins: ``none``, ``eplb`` (EPLB on the exact
+load: an oracle), ``eplb_stale`` (EPLB on the previous microbatch or a window, as deployed),
+``quota`` (UltraEP-style, in ``quota.py``) and ``two_timescale`` (ReLibra-style).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.moe.eplb import rebalance_experts
+from fleetsim.moe.placement import BalanceView, Placement, even_split, static_phy2log
+
+
+class ExpertBalancer(Protocol):
+    """Plans one microbatch's placement for all MoE layers."""
+
+    def plan(self, view: BalanceView) -> Placement: ...
+
+
+BALANCERS: dict[str, type[ExpertBalancer]] = {}
+
+B = TypeVar("B")
+
+
+def register_balancer(name: str) -> Callable[[type[B]], type[B]]:
+    """Class decorator adding a balancer to ``BALANCERS`` under ``name``."""
+
+    def deco(cls: type[B]) -> type[B]:
+        if name in BALANCERS:
+            raise ValueError(f"duplicate expert balancer {name!r}")
+        BALANCERS[name] = cls  # type: ignore[assignment]
+        return cls
+
+    return deco
+
+
+def _import_qualname(name: str) -> type[ExpertBalancer]:
+    module_name, _, attr = name.partition(":")
+    if not attr:
+        raise FleetsimInputError(
+            "balancer", name, f"unknown balancer; use one of {', '.join(sorted(BALANCERS))} "
+            "or a class path 'pkg.mod:Cls'",
+        )
+    try:
+        return getattr(importlib.import_module(module_name), attr)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError) as err:
+        raise FleetsimInputError("balancer", name, f"cannot import it ({err})") from None
+
+
+def make_balancer(name: str, args: Mapping[str, object] | None = None) -> ExpertBalancer:
+    """Build a balancer by registry name or ``"pkg.mod:Cls"``; unknown args fail by name."""
+    cls = BALANCERS.get(name) or _import_qualname(name)
+    try:
+        return cls(**dict(args or {}))
+    except TypeError as err:
+        raise FleetsimInputError(f"balancer_args for {name!r}", dict(args or {}), str(err)) from None
+
+
+@register_balancer("none")
+class NoBalancing:
+    """Static placement: expert ``e`` on GPU ``e // (num_experts / num_gpus)``, no replicas."""
+
+    def plan(self, view: BalanceView) -> Placement:
+        if view.previous is not None:
+            return view.previous
+        phy2log = static_phy2log(view.num_layers, view.num_experts, view.num_gpus, view.slots_per_gpu)
+        return even_split(phy2log, view.num_experts, view.slots_per_gpu)
+
+
+def _eplb_placement(view: BalanceView, load: np.ndarray, num_groups: int) -> Placement:
+    num_nodes = view.num_nodes if num_groups % view.num_nodes == 0 else 1
+    phy2log, _, _ = rebalance_experts(
+        load, view.num_gpus * view.slots_per_gpu, num_groups, num_nodes, view.num_gpus
+    )
+    return even_split(phy2log, view.num_experts, view.slots_per_gpu)
+
+
+@register_balancer("eplb")
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EplbFresh:
+    """EPLB re-run every microbatch on that microbatch's exact load (an oracle bound).
+
+    num_groups: expert groups for EPLB's hierarchical policy (used when the number of nodes
+        divides it); the default 1 selects the global policy.
+    """
+
+    num_groups: int = 1
+
+    def plan(self, view: BalanceView) -> Placement:
+        return _eplb_placement(view, view.expert_load, self.num_groups)
+
+
+@register_balancer("eplb_stale")
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EplbStale:
+    """EPLB planned from history: the mean load of the last ``window`` microbatches.
+
+    Before any history exists it keeps the static placement. ``every`` > 1 replans only
+    every that many microbatches (vLLM's ``step_interval``), keeping the placement between.
+    """
+
+    window: int = 1
+    every: int = 1
+    num_groups: int = 1
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise FleetsimInputError("eplb_stale.window", self.window, "must be >= 1")
+        if self.every < 1:
+            raise FleetsimInputError("eplb_stale.every", self.every, "must be >= 1")
+
+    def plan(self, view: BalanceView) -> Placement:
+        if not view.history:
+            return NoBalancing().plan(view)
+        if view.previous is not None and view.microbatch_index % self.every:
+            return view.previous
+        load = np.mean(view.history[-self.window :], axis=0)
+        return _eplb_placement(view, load, self.num_groups)

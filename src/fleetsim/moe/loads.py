@@ -1,0 +1,121 @@
+"""Synthetic per-microbatch expert loads: (num_microbatches, num_layers, num_experts) routed
+tokens (token-expert pairs) per logical expert.
+
+Each microbatch routes ``num_tokens * top_k`` pairs drawn multinomially from a per-layer
+expert popularity. The scenarios differ in how popularity evolves:
+
+- ``zipf``: stationary Zipf popularity (a fixed random expert order per layer).
+- ``drift``: Zipf popularity whose log-weights take a Gaussian random walk per microbatch.
+- ``rl``: RL rollout micro-batches: a Zipf base plus a few very hot experts that jump to new
+  experts every ``shift_every`` microbatches (prompts from different tasks).
+- ``decode``: stationary Zipf with few tokens per microbatch (decode steps), so sampling
+  noise dominates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fleetsim.errors import FleetsimInputError
+
+SCENARIOS = ("zipf", "drift", "rl", "decode")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadSpec:
+    """Shape and skew of a synthetic load trace."""
+
+    num_microbatches: int = 32
+    """Microbatches to generate."""
+    num_layers: int = 4
+    """MoE layers per microbatch."""
+    num_experts: int = 256
+    """Logical experts per layer."""
+    num_tokens: int = 4096
+    """Tokens per microbatch (over all GPUs)."""
+    top_k: int = 8
+    """Experts each token is routed to."""
+    zipf_alpha: float = 0.6
+    """Popularity of the expert of rank r is proportional to r ** -zipf_alpha."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_microbatches", "num_layers", "num_experts", "num_tokens", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise FleetsimInputError(name, value, "must be a positive integer")
+        if self.top_k > self.num_experts:
+            raise FleetsimInputError("top_k", self.top_k, f"must be <= num_experts={self.num_experts}")
+        if not (self.zipf_alpha >= 0 and np.isfinite(self.zipf_alpha)):
+            raise FleetsimInputError("zipf_alpha", self.zipf_alpha, "must be a finite number >= 0")
+
+
+def _zipf_logits(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
+    ranks = np.arange(1, spec.num_experts + 1, dtype=np.float64)
+    base = -spec.zipf_alpha * np.log(ranks)
+    return np.stack([rng.permutation(base) for _ in range(spec.num_layers)])
+
+
+def _sample(spec: LoadSpec, logits: NDArray[np.float64], rng: np.random.Generator) -> NDArray[np.float64]:
+    """logits: (..., num_experts) -> multinomial counts of num_tokens * top_k pairs."""
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return rng.multinomial(spec.num_tokens * spec.top_k, p).astype(np.float64)
+
+
+def zipf_loads(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
+    """Stationary Zipf popularity."""
+    logits = _zipf_logits(spec, rng)
+    return _sample(spec, np.broadcast_to(logits, (spec.num_microbatches, *logits.shape)), rng)
+
+
+def drift_loads(
+    spec: LoadSpec, rng: np.random.Generator, step_sigma: float = 0.15
+) -> NDArray[np.float64]:
+    """Zipf popularity whose log-weights random-walk by ``step_sigma`` per microbatch."""
+    steps = rng.normal(0.0, step_sigma, size=(spec.num_microbatches, spec.num_layers, spec.num_experts))
+    steps[0] = 0.0
+    logits = _zipf_logits(spec, rng)[None] + np.cumsum(steps, axis=0)
+    return _sample(spec, logits, rng)
+
+
+def rl_loads(
+    spec: LoadSpec,
+    rng: np.random.Generator,
+    num_hot: int = 4,
+    hot_boost: float = 3.0,
+    shift_every: int = 1,
+) -> NDArray[np.float64]:
+    """Zipf base plus ``num_hot`` experts per layer whose log-weight is raised by ``hot_boost``;
+    the hot set is redrawn every ``shift_every`` microbatches."""
+    if shift_every < 1:
+        raise FleetsimInputError("shift_every", shift_every, "must be >= 1")
+    base = _zipf_logits(spec, rng)
+    logits = np.broadcast_to(base, (spec.num_microbatches, *base.shape)).copy()
+    hot = None
+    for t in range(spec.num_microbatches):
+        if t % shift_every == 0:
+            hot = np.argsort(rng.random((spec.num_layers, spec.num_experts)), axis=1)[:, :num_hot]
+        np.put_along_axis(logits[t], hot, np.take_along_axis(base, hot, 1) + hot_boost, axis=1)
+    return _sample(spec, logits, rng)
+
+
+def decode_loads(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
+    """Stationary Zipf; meant for small ``num_tokens`` (one decode step of the EP group)."""
+    return zipf_loads(spec, rng)
+
+
+def make_loads(scenario: str, spec: LoadSpec, seed: int) -> NDArray[np.float64]:
+    """Loads for a named scenario (``zipf``, ``drift``, ``rl``, ``decode``)."""
+    rng = np.random.default_rng(seed)
+    if scenario == "zipf":
+        return zipf_loads(spec, rng)
+    if scenario == "drift":
+        return drift_loads(spec, rng)
+    if scenario == "rl":
+        return rl_loads(spec, rng)
+    if scenario == "decode":
+        return decode_loads(spec, rng)
+    raise FleetsimInputError("scenario", scenario, f"use one of {', '.join(SCENARIOS)}")

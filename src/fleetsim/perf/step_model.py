@@ -1,0 +1,215 @@
+"""The table-driven step-time model: kernel times summed over layers into lookup grids.
+
+Design note. A vLLM step runs every layer once over all scheduled tokens. GEMMs, MoE experts,
+all-reduces and elementwise kernels depend only on the total token count T; the LM head and
+sampling only on the number of sequences R (one sampled token per request); decode attention
+is affine in each request's KV length with coefficients that depend on the decode batch n; and
+prefill attention depends on each chunk's (new, context) tokens. We precompute, once, every
+token-indexed term summed over layers on grids of T, R, n and s, made non-decreasing (so more
+work is never faster: measured tables carry a few % of noise), and the hot path is a handful of
+bisects and float ops (see ``step_time_s``).
+
+Prefill chunks with context are mapped onto the table's causal full-prefill curve by equal
+attention work: a chunk of q new tokens over c cached ones computes q*c + q^2/2 query-key pairs,
+the same as a causal prefill of ``s_eq = sqrt(q^2 + 2 q c)`` tokens. Its time is the larger of
+that and the bandwidth time to read its c + q cached tokens (long-context, short-chunk case).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fleetsim.hardware import GPUSpec
+from fleetsim.models import ModelSpec
+from fleetsim.perf import roofline as rl
+from fleetsim.perf.ops import OpTimes
+
+OP_CLASSES = ("gemm", "attention", "moe", "communication", "other")
+
+# Per-step CPU cost of vLLM v1 (scheduler, input preparation, sampler bookkeeping, output
+# processing) not hidden behind the GPU; see docs/perf_model.md for the estimate.
+STEP_OVERHEAD_S = 1.5e-3
+# Elementwise kernels per layer (2 RMSNorm+residual, RoPE, SiLU-and-mul), each >= one launch.
+ELEMENTWISE_KERNELS_PER_LAYER = 4
+
+_GRID_CACHE: dict[tuple, _Grids] = {}
+
+
+def _token_grid() -> NDArray[np.float64]:
+    dense = np.arange(0, 1025, dtype=float)
+    mid = np.arange(1024, 16385, 32, dtype=float)
+    tail = np.exp2(np.arange(14, 21, 1 / 16))
+    return np.unique(np.concatenate([dense, mid, np.round(tail)]))
+
+
+def _attn_grid() -> NDArray[np.float64]:
+    return np.unique(np.concatenate([[0.0, 1.0], np.exp2(np.arange(0, 23, 1 / 16))]))
+
+
+@dataclass(slots=True)
+class _Piecewise:
+    """Piecewise-linear y(x) as Python lists; extrapolates with the last slope."""
+
+    xs: list[float]
+    ys: list[float]
+    slopes: list[float]
+
+    @classmethod
+    def from_arrays(cls, xs: NDArray, ys: NDArray) -> _Piecewise:
+        ys = np.maximum.accumulate(ys)  # non-decreasing: more work is never faster
+        sl = np.diff(ys) / np.diff(xs)
+        return cls(xs.tolist(), ys.tolist(), [*sl.tolist(), float(sl[-1])])
+
+    def __call__(self, x: float) -> float:
+        i = bisect_right(self.xs, x) - 1
+        if i < 0:
+            i = 0
+        return self.ys[i] + self.slopes[i] * (x - self.xs[i])
+
+
+@dataclass(slots=True)
+class _Grids:
+    by_tokens: dict[str, _Piecewise]  # op class -> seconds(T), all layers
+    by_seqs: dict[str, _Piecewise]  # op class -> seconds(R): LM head, sampling
+    dec_a: _Piecewise  # decode attention intercept(n), all layers
+    dec_c: _Piecewise  # decode attention seconds per KV token(n), all layers
+    prefill: _Piecewise  # causal prefill attention seconds(s), all layers
+    prefill_floor_s: float
+    kv_read_s_per_token: float  # all layers
+    sources: dict[str, str]
+    total_tokens: _Piecewise
+    total_seqs: _Piecewise
+
+
+def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _Grids:
+    ops = OpTimes(model, gpu, tp, use_tables)
+    m, h = model, model.hidden_size
+    T = _token_grid()
+    heads, kv_heads = ops.heads, ops.kv_heads
+    # --- GEMMs, per layer, then summed over layers ---
+    if m.uses_mla:
+        proj = (ops.gemm_s(T, m.q_lora_rank, h) + ops.gemm_s(T, heads * m.head_dim, m.q_lora_rank)
+                + ops.gemm_s(T, m.kv_lora_rank + m.qk_rope_head_dim, h)
+                + ops.gemm_s(T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+                + ops.gemm_s(T, h, heads * m.v_head_dim))
+    else:
+        proj = (ops.gemm_s(T, (heads + 2 * kv_heads) * m.head_dim, h)
+                + ops.gemm_s(T, h, heads * m.head_dim))
+    inter = -(-m.intermediate_size // tp)
+    dense_mlp = ops.gemm_s(T, 2 * inter, h) + ops.gemm_s(T, h, inter)
+    gemm = m.num_layers * proj + (m.num_layers - m.num_moe_layers) * dense_mlp
+    moe = np.zeros_like(T)
+    if m.is_moe:
+        router = ops.gemm_s(T, m.num_experts, h, wbytes=2)
+        shared = 0.0
+        if m.num_shared_experts:
+            sh = -(-m.moe_intermediate_size * m.num_shared_experts // tp)
+            shared = ops.gemm_s(T, 2 * sh, h) + ops.gemm_s(T, h, sh)
+        gemm = gemm + m.num_moe_layers * (router + shared)
+        moe = m.num_moe_layers * ops.moe_s(T)
+    comm = 2 * m.num_layers * ops.allreduce_s(T)
+    # norms, RoPE, activation: ~12 hidden-sized bf16 passes + the SwiGLU input/output
+    elem_bytes = T * (12 * h + 3 * inter) * 2.0
+    floor = ELEMENTWISE_KERNELS_PER_LAYER * rl.KERNEL_FLOOR_S
+    elem = m.num_layers * np.where(T > 0, np.maximum(
+        elem_bytes / (gpu.hbm_bw_bytes_per_s * rl.GEMM_MEMORY_EFF), floor), 0.0)
+    # --- per sequence: LM head on the sampled positions, and the sampler over the vocab ---
+    lm_head = ops.gemm_s(T, -(-m.vocab_size // tp), h, wbytes=2)
+    sampling = np.where(T > 0, T * m.vocab_size * 4.0 * 4 / (gpu.hbm_bw_bytes_per_s
+                                                             * rl.GEMM_MEMORY_EFF), 0.0)
+    # --- attention ---
+    dec_a, dec_c = ops.decode_attention_fit(T)
+    dec_a, dec_c = np.where(T > 0, dec_a, 0.0), np.where(T > 0, dec_c, 0.0)
+    S = _attn_grid()
+    prefill = m.num_layers * ops.prefill_attention_s(S)
+    prefill[0] = 0.0
+
+    pw = _Piecewise.from_arrays
+    by_tokens = {"gemm": pw(T, gemm), "moe": pw(T, moe), "communication": pw(T, comm),
+                 "other": pw(T, elem)}
+    by_seqs = {"gemm": pw(T, lm_head), "other": pw(T, sampling)}
+    sources = {k: " + ".join(sorted(v)) for k, v in ops.sources.items()}
+    sources.setdefault("moe", "none (dense model)")
+    sources.setdefault("communication", "none (tp=1)")
+    sources["other"] = (f"roofline (elementwise, sampling) + fixed {STEP_OVERHEAD_S * 1e3:g} ms "
+                        "per-step overhead")
+    return _Grids(
+        by_tokens=by_tokens, by_seqs=by_seqs, dec_a=pw(T, m.num_layers * dec_a),
+        dec_c=pw(T, m.num_layers * dec_c), prefill=pw(S, prefill),
+        prefill_floor_s=float(prefill[1]),
+        kv_read_s_per_token=m.num_layers * ops.kv_read_s_per_token(),
+        sources=sources, total_tokens=pw(T, gemm + moe + comm + elem),
+        total_seqs=pw(T, lm_head + sampling))
+
+
+class TableStepModel:
+    """``StepTimeModel`` for one replica: measured tables with per-op roofline fallback.
+
+    Build with ``fleetsim.perf.build_step_model``. ``sources`` maps each op class to where its
+    numbers come from.
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> None:
+        self.model, self.gpu, self.tp = model, gpu, tp
+        key = (model, gpu, tp, use_tables)
+        if key not in _GRID_CACHE:
+            _GRID_CACHE[key] = _build_grids(model, gpu, tp, use_tables)
+        g = _GRID_CACHE[key]
+        self._g = g
+        self.sources: dict[str, str] = dict(g.sources)
+        # Hot-path bindings: bound methods of the piecewise tables, floats.
+        self._tok, self._seq = g.total_tokens, g.total_seqs
+        self._dec_a, self._dec_c, self._prefill = g.dec_a, g.dec_c, g.prefill
+        self._floor = g.prefill_floor_s
+        self._kv_read = g.kv_read_s_per_token
+
+    def _prefill_attention_s(self, prefill_chunks: Sequence[tuple[int, int]]) -> float:
+        att, floor, kv_read, prefill = 0.0, self._floor, self._kv_read, self._prefill
+        for new, ctx in prefill_chunks:
+            work = prefill(math.sqrt(new * new + 2 * new * ctx)) - floor
+            mem = kv_read * (new + ctx)
+            att += work if work > mem else mem
+        return att + floor
+
+    def step_time_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
+                    decode_kv_tokens: int) -> float:
+        """Seconds for one step; see ``fleetsim.perf.base.StepTimeModel``."""
+        num_tokens = num_decode
+        for new, _ in prefill_chunks:
+            num_tokens += new
+        num_seqs = num_decode + len(prefill_chunks)
+        t = STEP_OVERHEAD_S + self._tok(num_tokens) + self._seq(num_seqs) + self._dec_a(num_decode)
+        t = t + self._dec_c(num_decode) * decode_kv_tokens
+        if prefill_chunks:
+            t += self._prefill_attention_s(prefill_chunks)
+        return t
+
+    def decode_step_times_s(self, num_decode: int,
+                            decode_kv_tokens: NDArray[np.int64]) -> NDArray[np.float64]:
+        """``step_time_s((), num_decode, kv)`` per element, bit for bit (same float ops)."""
+        t = STEP_OVERHEAD_S + self._tok(num_decode) + self._seq(num_decode) + self._dec_a(
+            num_decode)
+        kv = np.asarray(decode_kv_tokens).astype(np.float64)
+        return t + self._dec_c(num_decode) * kv
+
+    def breakdown_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
+                    decode_kv_tokens: int) -> dict[str, float]:
+        """Seconds by op class for one step (slow path; sums to ``step_time_s`` up to
+        rounding)."""
+        g = self._g
+        num_tokens = num_decode + sum(n for n, _ in prefill_chunks)
+        num_seqs = num_decode + len(prefill_chunks)
+        out = {k: g.by_tokens[k](num_tokens) if k in g.by_tokens else 0.0 for k in OP_CLASSES}
+        for k, f in g.by_seqs.items():
+            out[k] += f(num_seqs)
+        out["attention"] = self._dec_a(num_decode) + self._dec_c(num_decode) * decode_kv_tokens
+        if prefill_chunks:
+            out["attention"] += self._prefill_attention_s(prefill_chunks)
+        out["other"] += STEP_OVERHEAD_S
+        return out

@@ -1,0 +1,131 @@
+"""Hand-sized scenarios with exact timings (every step takes 1 s unless stated)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fleetsim.perf.base import ConstantStepModel
+from fleetsim.policies import StepPlan, make_ordering
+from fleetsim.serving.driver import simulate_replica
+from fleetsim.serving.replica import PlanError
+from tests.conftest import by_id, make_workload, simulate
+
+
+@pytest.mark.parametrize("fast_forward", [False, True])
+def test_chunked_prefill_splits_long_prompt(fast_forward):
+    """A 300-token prompt under a 128-token budget takes three steps, then decodes."""
+    w = make_workload([0.0], [300], [3])
+    rec, _ = simulate(w, max_batched_tokens=128, fast_forward=fast_forward)
+    assert by_id(rec, "first_token_s") == {0: 3.0}
+    assert by_id(rec, "finish_s") == {0: 5.0}
+    if not fast_forward:
+        assert rec.timeline["num_tokens"].tolist() == [128, 128, 44, 1, 1]
+    else:  # the two decode steps are one event
+        assert rec.timeline["num_tokens"].tolist() == [128, 128, 44, 2]
+    assert rec.num_steps == 5
+
+
+def test_without_chunking_a_prompt_waits_for_a_whole_budget():
+    w = make_workload([0.0, 0.0], [100, 100], [1, 1])
+    rec, _ = simulate(w, max_batched_tokens=150, chunked=False)
+    assert by_id(rec, "finish_s") == {0: 1.0, 1: 2.0}
+
+
+def test_same_time_arrivals_share_the_first_step():
+    w = make_workload([0.0, 0.0, 0.0], [10, 20, 30], [1, 1, 1])
+    rec, _ = simulate(w)
+    assert by_id(rec, "finish_s") == {0: 1.0, 1: 1.0, 2: 1.0}
+    assert rec.timeline["num_tokens"].tolist() == [60]
+
+
+@pytest.mark.parametrize("fast_forward", [False, True])
+def test_arrival_at_a_step_boundary_joins_the_next_step(fast_forward):
+    w = make_workload([0.0, 2.0], [16, 16], [5, 1])
+    rec, _ = simulate(w, fast_forward=fast_forward)
+    # request 0: prefill [0,1), decodes end at 2, 3, 4, 5; request 1 prefills in [2,3).
+    assert by_id(rec, "first_scheduled_s") == {0: 0.0, 1: 2.0}
+    assert by_id(rec, "finish_s") == {0: 5.0, 1: 3.0}
+
+
+def test_fcfs_preempts_the_latest_arrival_and_recomputes_it():
+    # 4 blocks of 16 tokens; each request grows to 16 + 39 = 55 tokens (4 blocks) alone.
+    w = make_workload([0.0, 0.5], [16, 16], [40, 40])
+    rec, _ = simulate(w, kv_blocks=4, block_size=16)
+    pre = by_id(rec, "num_preemptions")
+    assert pre[0] == 0
+    assert pre[1] >= 1
+    assert by_id(rec, "finish_s")[0] < by_id(rec, "finish_s")[1]
+    r = rec.requests
+    assert (r["num_computed_tokens"] == r["num_prompt_tokens"] + r["num_output_tokens"] - 1
+            + r["num_recomputed_tokens"] - r["num_prefix_hit_tokens"]).all()
+    assert by_id(rec, "num_recomputed_tokens")[1] > 0
+
+
+def test_prefix_cache_hits_longest_cached_prefix_and_leaves_one_token():
+    w = make_workload(
+        [0.0, 10.0, 20.0, 30.0], [128, 128, 192, 128], [2, 2, 2, 2],
+        hash_ids=[[1, 2], [1, 2], [1, 2, 3], [7, 8]], hash_block_tokens=64,
+    )
+    rec, _ = simulate(w, block_size=16)
+    hits = by_id(rec, "num_prefix_hit_tokens")
+    # Full hit on a 128-token prompt keeps one block to compute; a longer one reuses both.
+    assert hits == {0: 0, 1: 64, 2: 128, 3: 0}
+    assert by_id(rec, "num_computed_tokens") == {0: 129, 1: 65, 2: 65, 3: 129}
+
+
+def test_prefix_caching_off_means_no_hits():
+    w = make_workload([0.0, 10.0], [128, 128], [2, 2], hash_ids=[[1, 2], [1, 2]],
+                      hash_block_tokens=64)
+    rec, _ = simulate(w, prefix_caching=False)
+    assert by_id(rec, "num_prefix_hit_tokens") == {0: 0, 1: 0}
+
+
+@pytest.mark.parametrize(("ordering", "expected_order"),
+                         [("fcfs", [0, 1, 2]), ("sjf", [1, 2, 0]), ("priority", [2, 0, 1])])
+def test_ordering_decides_who_runs_first(ordering, expected_order):
+    w = make_workload([0.0, 0.0, 0.0], [4, 4, 4], [10, 2, 5], priority=[1, 2, 0])
+    rec, _ = simulate(w, max_running=1, ordering=ordering)
+    finish = by_id(rec, "finish_s")
+    assert sorted(finish, key=finish.get) == expected_order
+
+
+def test_until_leaves_late_requests_unfinished():
+    w = make_workload([0.0, 1.0, 100.0], [16, 16, 16], [3, 3, 3])
+    rec, replica = simulate(w, until_s=50.0)
+    assert sorted(by_id(rec, "finish_s")) == [0, 1]
+    assert not replica.running and not replica.waiting
+
+
+class _OverBudget:
+    fast_forward_safe = False
+
+    def plan(self, view, now_s):
+        return StepPlan({r.id: r.num_tokens_to_next_output for r in view.waiting})
+
+
+class _Unknown:
+    fast_forward_safe = False
+
+    def plan(self, view, now_s):
+        return StepPlan({12345: 1})
+
+
+@pytest.mark.parametrize(("policy", "message"),
+                         [(_OverBudget(), "budget"), (_Unknown(), "unknown request")])
+def test_engine_rejects_bad_plans(policy, message):
+    w = make_workload([0.0, 0.0], [100, 100], [1, 1])
+    with pytest.raises(PlanError, match=message):
+        simulate_replica(w, step_model=ConstantStepModel(1.0), num_kv_blocks=100, block_size=16,
+                         batch_policy=policy, order_key=make_ordering("fcfs"),
+                         max_batched_tokens=150, max_running=8)
+
+
+def test_request_latencies_are_consistent():
+    w = make_workload([0.0, 0.3], [50, 70], [4, 1])
+    rec, _ = simulate(w, step_time_s=0.25)
+    r = rec.requests
+    assert (r["first_token_s"] >= r["first_scheduled_s"]).all()
+    assert (r["finish_s"] >= r["first_token_s"]).all()
+    assert not any(math.isnan(x) for x in r["first_token_s"])

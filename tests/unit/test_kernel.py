@@ -1,0 +1,59 @@
+from enum import IntEnum
+
+import pytest
+
+from fleetsim.core import Simulator
+
+
+class Kind(IntEnum):
+    FIRST = 0
+    SECOND = 1
+
+
+def test_same_time_events_follow_kind_then_push_order():
+    sim = Simulator()
+    log = []
+    sim.on(Kind.FIRST, lambda p: log.append(("first", p, sim.now_s)))
+    sim.on(Kind.SECOND, lambda p: log.append(("second", p, sim.now_s)))
+    sim.schedule(1.0, Kind.SECOND, "a")
+    sim.schedule(1.0, Kind.FIRST, "b")
+    sim.schedule(0.5, Kind.SECOND, "c")
+    sim.schedule(1.0, Kind.FIRST, "d")
+    sim.run()
+    assert log == [("second", "c", 0.5), ("first", "b", 1.0), ("first", "d", 1.0),
+                   ("second", "a", 1.0)]
+    assert sim.num_events == 4
+
+
+def test_payloads_are_never_compared():
+    sim = Simulator()
+    seen = []
+    sim.on(Kind.FIRST, seen.append)
+    unorderable = [object(), object()]
+    for p in unorderable:
+        sim.schedule(2.0, Kind.FIRST, p)
+    sim.run()
+    assert seen == unorderable
+
+
+def test_run_until_stops_before_later_events_and_resumes():
+    sim = Simulator()
+    seen = []
+    sim.on(Kind.FIRST, seen.append)
+    for t in (1.0, 2.0, 3.0):
+        sim.schedule(t, Kind.FIRST, t)
+    sim.run(until_s=2.0)
+    assert seen == [1.0, 2.0]
+    assert sim.peek_s() == 3.0
+    sim.run()
+    assert seen == [1.0, 2.0, 3.0]
+
+
+def test_cannot_schedule_in_the_past_or_register_twice():
+    sim = Simulator()
+    sim.on(Kind.FIRST, lambda p: sim.schedule(0.5, Kind.FIRST))
+    sim.schedule(1.0, Kind.FIRST)
+    with pytest.raises(ValueError, match="before now"):
+        sim.run()
+    with pytest.raises(ValueError, match="already registered"):
+        sim.on(Kind.FIRST, print)
