@@ -55,7 +55,8 @@ def test_synthetic_from_toml_dict() -> None:
     assert len(w) == 2000
     assert w.arrival_s[0] == 0.0
     assert set(w.num_output_tokens.tolist()) == {5}
-    assert 10 <= w.num_prompt_tokens.min() and w.num_prompt_tokens.max() <= 20
+    assert w.num_prompt_tokens.min() >= 10
+    assert w.num_prompt_tokens.max() <= 20
     assert len(w) / w.arrival_s[-1] == pytest.approx(20.0, rel=0.1)
 
 
