@@ -150,6 +150,12 @@ def test_empty_window_error() -> None:
         build({"start_s": 1e6})
 
 
+def test_empirical_file_error_names_the_table(tmp_path: Path) -> None:
+    data = {**SYNTH, "output_tokens": {"kind": "empirical", "path": "nope.csv", "column": "x"}}
+    with pytest.raises(FleetsimInputError, match=r"workload\.output_tokens\.path.*'nope\.csv'"):
+        build(data)
+
+
 def test_missing_trace_file_error(tmp_path: Path) -> None:
     with pytest.raises(FleetsimInputError, match="nope.csv"):
         build({"trace": str(tmp_path / "nope.csv")})

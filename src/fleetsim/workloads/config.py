@@ -219,8 +219,8 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
             until_s = (cfg.start_s + cfg.duration_s) * cfg.rate_scale
         workload = synthesize(
             arrival=cfg.arrival_process(),
-            prompt_tokens=prompt.distribution(),
-            output_tokens=output.distribution(),
+            prompt_tokens=_distribution(prompt, "workload.prompt_tokens"),
+            output_tokens=_distribution(output, "workload.output_tokens"),
             rng=rng,
             num_requests=cfg.num_requests,
             until_s=until_s,
@@ -240,3 +240,10 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
             f"duration_s={cfg.duration_s}); lower start_s or widen duration_s",
         )
     return workload
+
+
+def _distribution(cfg: LengthConfig, where: str) -> LengthDistribution:
+    try:
+        return cfg.distribution()
+    except FleetsimInputError as err:  # empirical file problems: say which table pointed there
+        raise FleetsimInputError(f"{where}.path: {err.where}", err.value, err.fix) from None
