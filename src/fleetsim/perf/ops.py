@@ -32,9 +32,14 @@ def _gemm_ratio_grid(system: str, dtype: str, peak: float, bw: float, wbytes: fl
         return None
     c = table.columns
     ms, ns, ks = (np.unique(c[x]) for x in ("m", "n", "k"))
-    lat = np.full((len(ms), len(ns), len(ks)), np.inf)
-    idx = (np.searchsorted(ms, c["m"]), np.searchsorted(ns, c["n"]), np.searchsorted(ks, c["k"]))
-    np.minimum.at(lat, idx, c["latency_s"])  # several kernels per shape: vLLM picks the best
+    lat = np.full(len(ms) * len(ns) * len(ks), np.inf)
+    flat = (np.searchsorted(ms, c["m"]) * len(ns) + np.searchsorted(ns, c["n"])) * len(ks) + (
+        np.searchsorted(ks, c["k"]))
+    # several kernels per shape: vLLM picks the fastest, so keep each shape's minimum
+    order = np.lexsort((c["latency_s"], flat))
+    first = np.unique(flat[order], return_index=True)[1]
+    lat[flat[order][first]] = c["latency_s"][order][first]
+    lat = lat.reshape(len(ms), len(ns), len(ks))
     mm, nn, kk = np.meshgrid(ms.astype(float), ns.astype(float), ks.astype(float), indexing="ij")
     ratio = np.log(lat / _ideal_gemm_s(mm, nn, kk, peak, bw, wbytes))
     if not np.isfinite(ratio).all():  # sparse grids (fp8_block): nearest measured (n, k)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,7 +54,11 @@ def _attn_grid() -> NDArray[np.float64]:
 
 @dataclass(slots=True)
 class _Piecewise:
-    """Piecewise-linear y(x) as Python lists; extrapolates with the last slope."""
+    """Piecewise-linear y(x) as Python lists; extrapolates with the last slope.
+
+    ``lookup`` is a closure for the hot path: integer x on the grid's leading run of
+    consecutive integers is a list index, anything else a bisect.
+    """
 
     xs: list[float]
     ys: list[float]
@@ -67,10 +71,24 @@ class _Piecewise:
         return cls(xs.tolist(), ys.tolist(), [*sl.tolist(), float(sl[-1])])
 
     def __call__(self, x: float) -> float:
-        i = bisect_right(self.xs, x) - 1
-        if i < 0:
-            i = 0
-        return self.ys[i] + self.slopes[i] * (x - self.xs[i])
+        return self.lookup()(x)
+
+    def lookup(self) -> Callable[[float], float]:
+        xs, ys, sl = self.xs, self.ys, self.slopes
+        num_dense = 0
+        while num_dense < len(xs) and xs[num_dense] == num_dense:
+            num_dense += 1
+        dense = ys[:num_dense]
+
+        def f(x: float, _bisect: Callable = bisect_right) -> float:
+            if x.__class__ is int and 0 <= x < num_dense:
+                return dense[x]
+            i = _bisect(xs, x) - 1
+            if i < 0:
+                i = 0
+            return ys[i] + sl[i] * (x - xs[i])
+
+        return f
 
 
 @dataclass(slots=True)
@@ -164,8 +182,9 @@ class TableStepModel:
         self._g = g
         self.sources: dict[str, str] = dict(g.sources)
         # Hot-path bindings: bound methods of the piecewise tables, floats.
-        self._tok, self._seq = g.total_tokens, g.total_seqs
-        self._dec_a, self._dec_c, self._prefill = g.dec_a, g.dec_c, g.prefill
+        self._tok, self._seq = g.total_tokens.lookup(), g.total_seqs.lookup()
+        self._dec_a, self._dec_c = g.dec_a.lookup(), g.dec_c.lookup()
+        self._prefill = g.prefill.lookup()
         self._floor = g.prefill_floor_s
         self._kv_read = g.kv_read_s_per_token
 

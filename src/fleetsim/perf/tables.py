@@ -70,6 +70,15 @@ def find_table(system: str, op: str, framework: str, filename: str) -> Path | No
     return base / versions[-1] / filename if versions else None
 
 
+def _to_numpy(column) -> NDArray:
+    import pyarrow as pa
+
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        # arrow -> numpy for strings goes through pandas (slow import); a list is fast enough
+        return np.array(column.to_pylist(), dtype=object)
+    return column.to_numpy()
+
+
 @functools.cache
 def load_table(system: str, op: str, framework: str, filename: str,
                columns: tuple[str, ...], **filters: object) -> Table | None:
@@ -77,18 +86,19 @@ def load_table(system: str, op: str, framework: str, filename: str,
     path = find_table(system, op, framework, filename)
     if path is None:
         return None
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # not pyarrow.compute/dataset: slow to import
 
     wanted = list(dict.fromkeys((*columns, *filters, "latency")))
-    schema = pq.read_schema(path)
-    if any(c not in schema.names for c in wanted):
+    pf = pq.ParquetFile(path)
+    if any(c not in pf.schema_arrow.names for c in wanted):
         return None
-    table = pq.read_table(path, columns=wanted)
+    table = pf.read(columns=wanted)
+    raw = {c: _to_numpy(table.column(c)) for c in wanted}
+    mask = np.ones(table.num_rows, dtype=bool)
     for col, value in filters.items():
-        table = table.filter(pc.equal(table[col], value))
-    cols = {c: table[c].to_numpy(zero_copy_only=False) for c in columns}
-    cols["latency_s"] = table["latency"].to_numpy() * _MS
+        mask &= raw[col] == value
+    cols = {c: raw[c][mask] for c in columns}
+    cols["latency_s"] = raw["latency"][mask] * _MS
     version = path.parent.name
     label = f"aiconfigurator-core {system}/{framework} {version} {path.name}"
     return Table(cols, label)
