@@ -55,7 +55,8 @@ class Recorder:
         kvs = self.kv_block_seconds_by_replica
         kvs[replica_id] = kvs.get(replica_id, 0.0) + kv_block_seconds
         self._timeline.append(
-            (end_s, replica_id, busy_s, num_tokens, num_used_blocks, num_running, num_waiting))
+            (end_s, replica_id, busy_s, num_steps, num_tokens, num_used_blocks, num_running,
+             num_waiting))
 
     def records(self) -> Records:
         cols = list(zip(*self._rows, strict=True)) if self._rows else [()] * len(REQUEST_COLUMNS)
@@ -66,9 +67,9 @@ class Recorder:
             name: np.asarray(col, dtype=np.int64 if name in int_cols else np.float64)
             for name, col in zip(REQUEST_COLUMNS, cols, strict=True)
         }
-        tl_names = ("end_s", "replica_id", "busy_s", "num_tokens", "num_used_blocks",
-                    "num_running", "num_waiting")
-        tl_cols = list(zip(*self._timeline, strict=True)) if self._timeline else [()] * 7
+        tl_names = ("end_s", "replica_id", "busy_s", "num_steps", "num_tokens",
+                    "num_used_blocks", "num_running", "num_waiting")
+        tl_cols = list(zip(*self._timeline, strict=True)) if self._timeline else [()] * 8
         timeline = {
             name: np.asarray(col, dtype=np.float64 if name in ("end_s", "busy_s") else np.int64)
             for name, col in zip(tl_names, tl_cols, strict=True)

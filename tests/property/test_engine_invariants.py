@@ -1,0 +1,101 @@
+"""Invariants every policy, workload and KV capacity must keep (debug checks on)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from fleetsim.perf.base import LinearStepModel
+from fleetsim.policies import ORDERING_POLICIES
+from tests.conftest import make_workload, simulate
+
+BLOCK = 16
+HASH_BLOCK = 32
+
+
+@st.composite
+def workloads(draw, max_requests=25):
+    n = draw(st.integers(1, max_requests))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.3]), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(1, 200), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+    prefixes = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    # Prefix-chained hash ids: requests with the same family share leading blocks.
+    hash_ids = [[prefix * 1000 + j for j in range(-(-p // HASH_BLOCK))]
+                for p, prefix in zip(prompts, prefixes, strict=True)]
+    priority = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    return make_workload(np.cumsum(gaps), prompts, outputs, hash_ids=hash_ids,
+                         hash_block_tokens=HASH_BLOCK, priority=priority)
+
+
+def _fits(workload, kv_blocks):
+    total = workload.num_prompt_tokens + workload.num_output_tokens
+    return bool((-(-total // BLOCK) <= kv_blocks).all())
+
+
+MODEL = LinearStepModel(0.01, 1e-4, 1e-6)
+common = {"step_model": MODEL, "block_size": BLOCK}
+
+
+@settings(max_examples=150, deadline=None)
+@given(workload=workloads(), kv_blocks=st.integers(4, 64),
+       ordering=st.sampled_from(sorted(ORDERING_POLICIES)),
+       budget=st.sampled_from([16, 64, 512]), max_running=st.integers(1, 8),
+       chunked=st.booleans())
+def test_tokens_conserved_kv_never_overcommitted_all_finish(
+        workload, kv_blocks, ordering, budget, max_running, chunked):
+    assume(_fits(workload, kv_blocks))
+    assume(chunked or workload.num_prompt_tokens.max() + workload.num_output_tokens.max() <= budget)
+    rec, replica = simulate(workload, kv_blocks=kv_blocks, ordering=ordering,
+                            max_batched_tokens=budget, max_running=max_running,
+                            chunked=chunked, debug=True, **common)
+    r = rec.requests
+    assert len(r["request_id"]) == len(workload)  # unbounded run: everyone finishes
+    order = np.argsort(r["request_id"])
+    assert (r["num_output_tokens"][order] == workload.num_output_tokens).all()
+    assert (r["num_computed_tokens"] == r["num_prompt_tokens"] - r["num_prefix_hit_tokens"]
+            + r["num_output_tokens"] - 1 + r["num_recomputed_tokens"]).all()
+    assert rec.timeline["num_tokens"].sum() == r["num_computed_tokens"].sum()
+    assert (rec.timeline["num_used_blocks"] <= kv_blocks).all()
+    assert (rec.timeline["num_tokens"] <= budget * rec.timeline["num_steps"]).all()
+    assert np.all(np.diff(rec.timeline["end_s"]) >= 0)  # time never decreases
+    assert replica.kv.num_used_blocks == 0
+
+
+@settings(max_examples=120, deadline=None)
+@given(workload=workloads(), kv_blocks=st.integers(6, 64),
+       ordering=st.sampled_from(sorted(ORDERING_POLICIES)), max_running=st.integers(1, 8))
+def test_fast_forward_equals_step_by_step(workload, kv_blocks, ordering, max_running):
+    assume(_fits(workload, kv_blocks))
+    kw = dict(kv_blocks=kv_blocks, ordering=ordering, max_running=max_running,
+              max_batched_tokens=128, **common)
+    slow, _ = simulate(workload, fast_forward=False, **kw)
+    fast, _ = simulate(workload, fast_forward=True, **kw)
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    assert slow.num_steps == fast.num_steps
+    assert np.isclose(slow.kv_block_seconds_by_replica[0], fast.kv_block_seconds_by_replica[0],
+                      rtol=1e-9)
+    assert np.isclose(slow.busy_s_by_replica[0], fast.busy_s_by_replica[0], rtol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=workloads(), kv_blocks=st.integers(8, 64))
+def test_strict_fcfs_never_starts_a_later_arrival_first(workload, kv_blocks):
+    assume(_fits(workload, kv_blocks))
+    rec, _ = simulate(workload, kv_blocks=kv_blocks, ordering="fcfs", max_batched_tokens=64,
+                      max_running=3, **common)
+    r = rec.requests
+    order = np.lexsort((r["request_id"], r["arrival_s"]))
+    assert np.all(np.diff(r["first_scheduled_s"][order]) >= 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(workload=workloads(), kv_blocks=st.integers(8, 64))
+def test_same_inputs_give_identical_results(workload, kv_blocks):
+    assume(_fits(workload, kv_blocks))
+    a, _ = simulate(workload, kv_blocks=kv_blocks, **common)
+    b, _ = simulate(workload, kv_blocks=kv_blocks, **common)
+    for col, values in a.requests.items():
+        assert np.array_equal(values, b.requests[col], equal_nan=True)
