@@ -74,6 +74,38 @@ def _interp_linear_tail(x: F64, xs: F64, ys: F64) -> F64:
     return out
 
 
+def _fit_decode_attention(rows: Table, f: int) -> tuple[F64, F64, float] | None:
+    """Fit ``t = a(b) + c * sum_kv`` to the generation-attention table (per layer).
+
+    One slope c for all batch sizes: the seconds per cached token read, i.e. the bandwidth-bound
+    regime, taken as the median of per-batch slopes over batches whose requests reach >= 1024
+    tokens of KV (shorter ones are dominated by per-request cost, and their fitted slopes are
+    meaningless). A single slope also makes adding a request never faster. Then a(b) is each
+    batch's intercept under that slope (relative least squares), made non-decreasing in b.
+    """
+    per_batch = []
+    for bt in np.unique(rows.columns["batch_size"]):
+        if bt % f:
+            continue
+        sel = rows.where(batch_size=bt)
+        kv_len = sel.columns["step"].astype(float) + 1.0  # isl 1 + tokens decoded so far
+        if len(np.unique(kv_len)) >= 2:
+            per_batch.append((bt // f, (bt // f) * kv_len, sel.columns["latency_s"]))
+    slopes = []
+    for b, total, lat in per_batch:
+        if total.max() / b >= 1024:
+            w = 1.0 / lat
+            coef, *_ = np.linalg.lstsq(np.c_[w, total * w], np.ones_like(lat), rcond=None)
+            slopes.append(coef[1])
+    if not slopes or len(per_batch) < 2:
+        return None
+    c = max(float(np.median(slopes)), 0.0)
+    bs = np.array([float(b) for b, _, _ in per_batch])
+    a = np.array([max(np.sum((lat - c * total) / lat**2) / np.sum(1.0 / lat**2), 1e-6)
+                  for _, total, lat in per_batch])
+    return bs, np.maximum.accumulate(a), c
+
+
 class OpTimes:
     """Kernel-time functions for one model on one GPU at one TP degree."""
 
@@ -174,34 +206,14 @@ class OpTimes:
         """Per layer ``t = a(b) + c(b) * sum_kv`` for decode batches of size b (b >= 1)."""
         found = self._attn_rows("generation_attention_perf.parquet")
         if found is not None:
-            rows, f = found
-            bs, a_list, c_list = [], [], []
-            for bt in np.unique(rows.columns["batch_size"]):
-                if bt % f:
-                    continue
-                sel = rows.where(batch_size=bt)
-                kv_len = sel.columns["step"].astype(float) + 1.0  # isl 1 + step decoded
-                if len(np.unique(kv_len)) < 2:
-                    continue
-                b = bt // f
-                total = b * kv_len
-                lat = sel.columns["latency_s"]
-                w = 1.0 / lat  # relative least squares
-                coef, *_ = np.linalg.lstsq(np.c_[w, total * w], np.ones_like(lat), rcond=None)
-                bs.append(float(b))
-                a_list.append(max(coef[0], 1e-6))
-                c_list.append(max(coef[1], 0.0))
-            if len(bs) >= 2:
-                self._note("attention", "measured: " + rows.label)
-                a = np.maximum.accumulate(np.array(a_list))
-                # slope made non-decreasing in b (suffix minimum) so adding a request is never
-                # faster; costs <= ~1/3 at b <= 2 with very long contexts (bw is lower there)
-                c = np.minimum.accumulate(np.array(c_list)[::-1])[::-1]
-                bsa = np.array(bs)
+            fit = _fit_decode_attention(*found)
+            if fit is not None:
+                self._note("attention", "measured: " + found[0].label)
+                bsa, a, c = fit
                 a_out = np.interp(batches, bsa, a)
                 tail = batches > bsa[-1]
                 a_out[tail] = a[-1] * batches[tail] / bsa[-1]
-                return a_out, np.interp(batches, bsa, c)
+                return a_out, np.full_like(batches, c)
         self._note("attention", ROOFLINE)
         m = self.model
         if m.uses_mla:  # absorbed MLA decode: each head attends over the 576-wide latent
