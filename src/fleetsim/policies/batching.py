@@ -82,10 +82,18 @@ class TokenBudgetPlanner:
         running = view.running
         last = len(running)  # requests at index >= last were preempted this step
         i = 0
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
         while i < last and budget > 0:
             req = running[i]
-            num_new = min(req.num_tokens_to_next_output, budget, cap)
-            needed = kv.blocks_needed(req, num_new)
+            num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+            limit = budget if budget < cap else cap
+            if num_new > limit:
+                num_new = limit
+            # kv.blocks_needed(req, num_new), inlined: this loop runs per request per step.
+            needed = (-(-(req.num_computed_tokens + num_new) // bs) - req.num_private_blocks
+                      - req.num_cached_entries * per_entry)
+            if needed < 0:
+                needed = 0
             while needed > available and last > i:
                 last -= 1
                 victim = running[last]

@@ -155,19 +155,27 @@ class Replica:
         kv = self.kv
         total = 0
         all_decode = not plan.preempt and len(plan.tokens_by_request) == len(self.running)
+        by_id, decodes, chunks = self._by_id, step.decodes, step.chunks
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        # Hot loop (once per request per step): block arithmetic inlined from KVCache.
         for rid, num_new in plan.tokens_by_request.items():
-            req = self._lookup(rid, plan)
+            req = by_id.get(rid)
+            if req is None:
+                raise PlanError(f"plan names unknown request {rid}: {plan}")
             if not req.is_running:
                 self._admit(req)
                 all_decode = False
-            if not 0 < num_new <= req.num_tokens_to_next_output:
-                raise PlanError(f"request {rid}: {num_new} tokens planned, "
-                                f"{req.num_tokens_to_next_output} computable")
-            kv.allocate(req, kv.blocks_needed(req, num_new))
-            if num_new == 1 and req.num_output_tokens > 0 and req.num_tokens_to_next_output == 1:
-                step.decodes.append(req)
+            todo = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+            if not 0 < num_new <= todo:
+                raise PlanError(f"request {rid}: {num_new} tokens planned, {todo} computable")
+            needed = (-(-(req.num_computed_tokens + num_new) // bs) - req.num_private_blocks
+                      - req.num_cached_entries * per_entry)
+            if needed > 0:
+                kv.allocate(req, needed)
+            if todo == 1 and req.num_output_tokens > 0:
+                decodes.append(req)
             else:
-                step.chunks.append((req, num_new))
+                chunks.append((req, num_new))
                 all_decode = False
             total += num_new
         if total > self.max_batched_tokens:
@@ -283,7 +291,9 @@ class Replica:
         for r in step.decodes:
             r.num_computed_tokens += k
             r.num_computed_tokens_total += k
-            self._emit(r, now_s, k, done)
+            r.num_output_tokens += k
+            if r.num_output_tokens >= r.max_output_tokens:
+                done.append(r)
         for r in done:
             self._dequeue(self.running, self._running_keys, r)
             kv.release(r)
