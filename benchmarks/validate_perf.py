@@ -34,10 +34,14 @@ from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
 from fleetsim.perf import build_step_model
 
-SRC_BATCH = ("LLM-Inference-Bench All_results.csv (github.com/argonne-lcf/LLM-Inference-Bench, "
-             "Plots/All_results.csv @4de4e87)")
-SRC_TTFT = ("LLM-Inference-Bench Fig. 21 TTFT (github.com/argonne-lcf/LLM-Inference-Bench, "
-            "Plots/Fig_21/all_results_TTFT.csv @4de4e87)")
+SRC_BATCH = (
+    "LLM-Inference-Bench All_results.csv (github.com/argonne-lcf/LLM-Inference-Bench, "
+    "Plots/All_results.csv @4de4e87)"
+)
+SRC_TTFT = (
+    "LLM-Inference-Bench Fig. 21 TTFT (github.com/argonne-lcf/LLM-Inference-Bench, "
+    "Plots/Fig_21/all_results_TTFT.csv @4de4e87)"
+)
 
 
 @dataclass(frozen=True)
@@ -54,49 +58,57 @@ class Point:
     measured_s: float
 
 
+# (model the source ran, our catalog model, max_model_len vLLM derived from its config)
+L3_8B = ("meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192)
+L2_7B = ("meta-llama/Llama-2-7b-hf", "Llama-2-7B", 4096)
+L3_70B = ("meta-llama/Meta-Llama-3-70B", "Llama-3.1-70B", 8192)
+L2_70B = ("meta-llama/Llama-2-70b-hf", "Llama-2-70B", 4096)
+MIX = ("mistralai/Mixtral-8x7B-v0.1", "Mixtral-8x7B", 32768)
+
+
 def _batch_rows() -> list[Point]:
-    # (gpu, tp, hf model, fleetsim model, max_model_len, L, batch, latency_s), copied verbatim
-    # from All_results.csv (vLLM rows).
+    # (gpu, tp, model, L, batch, latency_s), copied verbatim from All_results.csv (vLLM rows).
     rows = [
-        ("H100", 1, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 128, 1, 0.9939330658666686),
-        ("H100", 1, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 1024, 1, 8.097759872433327),
-        ("H100", 1, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 128, 64, 1.6882608920667432),
-        ("H100", 1, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 512, 32, 5.800073783300059),
-        ("H100", 1, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 1024, 16, 11.024687729899984),
-        ("H100", 1, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 2048, 64, 48.215153490166664),
-        ("H100", 2, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 512, 64, 6.912535106466627),
-        ("H100", 4, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 1024, 32, 9.705236703433547),
-        ("H100", 1, "meta-llama/Llama-2-7b-hf", "Llama-2-7B", 4096, 512, 1, 3.883680778899967),
-        ("H100", 1, "meta-llama/Llama-2-7b-hf", "Llama-2-7B", 4096, 256, 64, 4.2693429628639326),
-        ("H100", 1, "meta-llama/Llama-2-7b-hf", "Llama-2-7B", 4096, 2048, 16, 35.29766169023157),
-        ("H100", 4, "meta-llama/Meta-Llama-3-70B", "Llama-3.1-70B", 8192, 128, 1, 2.4624011069999843),
-        ("H100", 4, "meta-llama/Meta-Llama-3-70B", "Llama-3.1-70B", 8192, 1024, 1, 19.609760039433322),
-        ("H100", 4, "meta-llama/Meta-Llama-3-70B", "Llama-3.1-70B", 8192, 512, 64, 16.223699957499957),
-        ("H100", 4, "meta-llama/Meta-Llama-3-70B", "Llama-3.1-70B", 8192, 2048, 32, 64.33879160716697),
-        ("H100", 4, "meta-llama/Llama-2-70b-hf", "Llama-2-70B", 4096, 256, 16, 5.716673531835355),
-        ("H100", 4, "meta-llama/Llama-2-70b-hf", "Llama-2-70B", 4096, 1024, 64, 35.13620936707108),
-        ("A100", 1, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 128, 1, 1.8262675674632192),
-        ("A100", 1, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 1024, 16, 19.914405192248523),
-        ("A100", 1, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 512, 64, 15.246858850121498),
-        ("A100", 2, "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 256, 32, 3.6837729336693883),
-        ("A100", 4, "meta-llama/Llama-2-7b-hf", "Llama-2-7B", 4096, 1024, 1, 6.518358711153269),
-        ("A100", 4, "meta-llama/Llama-2-7b-hf", "Llama-2-7B", 4096, 512, 32, 6.447804695926607),
-        ("A100", 4, "mistralai/Mixtral-8x7B-v0.1", "Mixtral-8x7B", 32768, 128, 1, 1.3218348771333694),
-        ("A100", 4, "mistralai/Mixtral-8x7B-v0.1", "Mixtral-8x7B", 32768, 512, 16, 11.639815174043179),
-        ("A100", 4, "mistralai/Mixtral-8x7B-v0.1", "Mixtral-8x7B", 32768, 128, 32, 3.2677946714684367),
+        ("H100", 1, L3_8B, 128, 1, 0.9939330658666686),
+        ("H100", 1, L3_8B, 1024, 1, 8.097759872433327),
+        ("H100", 1, L3_8B, 128, 64, 1.6882608920667432),
+        ("H100", 1, L3_8B, 512, 32, 5.800073783300059),
+        ("H100", 1, L3_8B, 1024, 16, 11.024687729899984),
+        ("H100", 1, L3_8B, 2048, 64, 48.215153490166664),
+        ("H100", 2, L3_8B, 512, 64, 6.912535106466627),
+        ("H100", 4, L3_8B, 1024, 32, 9.705236703433547),
+        ("H100", 1, L2_7B, 512, 1, 3.883680778899967),
+        ("H100", 1, L2_7B, 256, 64, 4.2693429628639326),
+        ("H100", 1, L2_7B, 2048, 16, 35.29766169023157),
+        ("H100", 4, L3_70B, 128, 1, 2.4624011069999843),
+        ("H100", 4, L3_70B, 1024, 1, 19.609760039433322),
+        ("H100", 4, L3_70B, 512, 64, 16.223699957499957),
+        ("H100", 4, L3_70B, 2048, 32, 64.33879160716697),
+        ("H100", 4, L2_70B, 256, 16, 5.716673531835355),
+        ("H100", 4, L2_70B, 1024, 64, 35.13620936707108),
+        ("A100", 1, L3_8B, 128, 1, 1.8262675674632192),
+        ("A100", 1, L3_8B, 1024, 16, 19.914405192248523),
+        ("A100", 1, L3_8B, 512, 64, 15.246858850121498),
+        ("A100", 2, L3_8B, 256, 32, 3.6837729336693883),
+        ("A100", 4, L2_7B, 1024, 1, 6.518358711153269),
+        ("A100", 4, L2_7B, 512, 32, 6.447804695926607),
+        ("A100", 4, MIX, 128, 1, 1.3218348771333694),
+        ("A100", 4, MIX, 512, 16, 11.639815174043179),
+        ("A100", 4, MIX, 128, 32, 3.2677946714684367),
     ]
-    return [Point(SRC_BATCH, m, hf, g, tp, b, L, L, mml, lat)
-            for g, tp, hf, m, mml, L, b, lat in rows]
+    return [
+        Point(SRC_BATCH, m, hf, g, tp, b, L, L, mml, lat) for g, tp, (hf, m, mml), L, b, lat in rows
+    ]
 
 
 def _ttft_rows() -> list[Point]:
     rows = [
-        ("H100", "meta-llama/Llama-2-7b-hf", "Llama-2-7B", 4096, 0.4216477160962919),
-        ("H100", "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 0.42566500790417194),
-        ("A100", "meta-llama/Llama-2-7b-hf", "Llama-2-7B", 4096, 1.029996186029166),
-        ("A100", "meta-llama/Meta-Llama-3-8B", "Llama-3.1-8B", 8192, 1.0420479719759896),
+        ("H100", L2_7B, 0.4216477160962919),
+        ("H100", L3_8B, 0.42566500790417194),
+        ("A100", L2_7B, 1.029996186029166),
+        ("A100", L3_8B, 1.0420479719759896),
     ]
-    return [Point(SRC_TTFT, m, hf, g, 1, 16, 1024, 1, mml, lat) for g, hf, m, mml, lat in rows]
+    return [Point(SRC_TTFT, m, hf, g, 1, 16, 1024, 1, mml, lat) for g, (hf, m, mml), lat in rows]
 
 
 POINTS = _batch_rows() + _ttft_rows()
@@ -122,16 +134,23 @@ def run(backend: str = "auto") -> tuple[list[dict], float]:
     rows = []
     for p in POINTS:
         pred = predict_offline_batch_s(p, backend)
-        rows.append({"point": p, "predicted_s": pred,
-                     "error_pct": 100.0 * (pred - p.measured_s) / p.measured_s})
+        rows.append(
+            {
+                "point": p,
+                "predicted_s": pred,
+                "error_pct": 100.0 * (pred - p.measured_s) / p.measured_s,
+            }
+        )
     mape = float(np.mean([abs(r["error_pct"]) for r in rows]))
     return rows, mape
 
 
 def _setup(p: Point) -> str:
     out = "1 output" if p.output_tokens == 1 else f"{p.output_tokens} out"
-    return (f"{p.hf_model.split('/')[-1]} {p.gpu} tp{p.tp}, batch {p.batch} x "
-            f"{p.input_tokens} in / {out}")
+    return (
+        f"{p.hf_model.split('/')[-1]} {p.gpu} tp{p.tp}, batch {p.batch} x "
+        f"{p.input_tokens} in / {out}"
+    )
 
 
 def markdown(rows: list[dict], mape: float, rows_rl: list[dict], mape_rl: float) -> str:
@@ -143,38 +162,46 @@ def markdown(rows: list[dict], mape: float, rows_rl: list[dict], mape_rl: float)
     for r, rr in zip(rows, rows_rl, strict=True):
         p = r["point"]
         src = "LIB Fig.21" if p.source == SRC_TTFT else "LIB All_results"
-        lines.append(f"| {src} | {_setup(p)} | {p.measured_s:.3f} | {r['predicted_s']:.3f} | "
-                     f"{r['error_pct']:+.1f} | {rr['predicted_s']:.3f} | "
-                     f"{rr['error_pct']:+.1f} |")
-    lines.append(f"| **MAPE** | {len(rows)} points | | | **{mape:.1f}%** | | "
-                 f"**{mape_rl:.1f}%** |")
+        lines.append(
+            f"| {src} | {_setup(p)} | {p.measured_s:.3f} | {r['predicted_s']:.3f} | "
+            f"{r['error_pct']:+.1f} | {rr['predicted_s']:.3f} | "
+            f"{rr['error_pct']:+.1f} |"
+        )
+    lines.append(f"| **MAPE** | {len(rows)} points | | | **{mape:.1f}%** | | **{mape_rl:.1f}%** |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write-docs", action="store_true",
-                        help="rewrite the table in docs/validation.md")
+    parser.add_argument(
+        "--write-docs", action="store_true", help="rewrite the table in docs/validation.md"
+    )
     args = parser.parse_args()
     rows, mape = run("auto")
     rows_rl, mape_rl = run("roofline")
-    print(f"{'source':<16} {'setup':<62} {'meas s':>9} {'pred s':>9} {'err %':>7} "
-          f"{'roof s':>9} {'err %':>7}")
+    print(
+        f"{'source':<16} {'setup':<62} {'meas s':>9} {'pred s':>9} {'err %':>7} "
+        f"{'roof s':>9} {'err %':>7}"
+    )
     for r, rr in zip(rows, rows_rl, strict=True):
         p = r["point"]
         src = "LIB Fig.21" if p.source == SRC_TTFT else "LIB All_results"
-        print(f"{src:<16} {_setup(p):<62} {p.measured_s:9.3f} {r['predicted_s']:9.3f} "
-              f"{r['error_pct']:+7.1f} {rr['predicted_s']:9.3f} {rr['error_pct']:+7.1f}")
-    print(f"MAPE over {len(rows)} points: table+fallback {mape:.1f}%, roofline only "
-          f"{mape_rl:.1f}%")
+        print(
+            f"{src:<16} {_setup(p):<62} {p.measured_s:9.3f} {r['predicted_s']:9.3f} "
+            f"{r['error_pct']:+7.1f} {rr['predicted_s']:9.3f} {rr['error_pct']:+7.1f}"
+        )
+    print(f"MAPE over {len(rows)} points: table+fallback {mape:.1f}%, roofline only {mape_rl:.1f}%")
     print(f"sources: {SRC_BATCH}; {SRC_TTFT}")
     if args.write_docs:
         path = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
         text = path.read_text()
         table = markdown(rows, mape, rows_rl, mape_rl)
-        new = re.sub(r"<!-- perf-table-start -->.*<!-- perf-table-end -->",
-                     lambda _: f"<!-- perf-table-start -->\n{table}\n<!-- perf-table-end -->",
-                     text, flags=re.S)
+        new = re.sub(
+            r"<!-- perf-table-start -->.*<!-- perf-table-end -->",
+            lambda _: f"<!-- perf-table-start -->\n{table}\n<!-- perf-table-end -->",
+            text,
+            flags=re.S,
+        )
         path.write_text(new)
         print(f"wrote {path}")
     assert math.isfinite(mape)

@@ -43,8 +43,14 @@ class GPUSpec:
     """aiconfigurator-core system dir with measured kernel tables, or None (roofline only)."""
 
     def __post_init__(self) -> None:
-        for field in ("peak_bf16_flops", "peak_fp8_flops", "hbm_bytes", "hbm_bw_bytes_per_s",
-                      "nvlink_bw_bytes_per_s", "network_bw_bytes_per_s"):
+        for field in (
+            "peak_bf16_flops",
+            "peak_fp8_flops",
+            "hbm_bytes",
+            "hbm_bw_bytes_per_s",
+            "nvlink_bw_bytes_per_s",
+            "network_bw_bytes_per_s",
+        ):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{field} must be > 0, got {getattr(self, field)}")
         if self.num_gpus_per_node < 1:
@@ -59,52 +65,108 @@ _BUILTIN: tuple[GPUSpec, ...] = (
     # NVIDIA A100 datasheet (80GB SXM): 312 TF BF16 dense, 2,039 GB/s HBM2e, NVLink 600 GB/s
     # bidirectional; DGX A100 has one 200 Gb/s HDR NIC per GPU. No FP8 units: FP8 = BF16 rate.
     # Price: Lambda on-demand 8x A100-80GB SXM, ~$1.79/GPU-h.
-    GPUSpec(name="A100-80GB-SXM", peak_bf16_flops=312e12, peak_fp8_flops=312e12,
-            hbm_bytes=80 * _GB, hbm_bw_bytes_per_s=2039 * _GB, nvlink_bw_bytes_per_s=300 * _GB,
-            network_bw_bytes_per_s=25 * _GB, num_gpus_per_node=8, price_per_hour_usd=1.79,
-            aic_system="a100_sxm"),
+    GPUSpec(
+        name="A100-80GB-SXM",
+        peak_bf16_flops=312e12,
+        peak_fp8_flops=312e12,
+        hbm_bytes=80 * _GB,
+        hbm_bw_bytes_per_s=2039 * _GB,
+        nvlink_bw_bytes_per_s=300 * _GB,
+        network_bw_bytes_per_s=25 * _GB,
+        num_gpus_per_node=8,
+        price_per_hour_usd=1.79,
+        aic_system="a100_sxm",
+    ),
     # NVIDIA H100 datasheet (SXM5): 989 TF BF16 / 1,979 TF FP8 dense, 3.35 TB/s HBM3, NVLink
     # 900 GB/s bidirectional; DGX H100 has one 400 Gb/s NDR NIC per GPU.
     # Price: Lambda on-demand 8x H100 SXM, ~$2.99/GPU-h.
-    GPUSpec(name="H100-SXM", peak_bf16_flops=989e12, peak_fp8_flops=1979e12,
-            hbm_bytes=80 * _GB, hbm_bw_bytes_per_s=3350 * _GB, nvlink_bw_bytes_per_s=450 * _GB,
-            network_bw_bytes_per_s=50 * _GB, num_gpus_per_node=8, price_per_hour_usd=2.99,
-            aic_system="h100_sxm"),
+    GPUSpec(
+        name="H100-SXM",
+        peak_bf16_flops=989e12,
+        peak_fp8_flops=1979e12,
+        hbm_bytes=80 * _GB,
+        hbm_bw_bytes_per_s=3350 * _GB,
+        nvlink_bw_bytes_per_s=450 * _GB,
+        network_bw_bytes_per_s=50 * _GB,
+        num_gpus_per_node=8,
+        price_per_hour_usd=2.99,
+        aic_system="h100_sxm",
+    ),
     # NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
     # Price: typical neocloud on-demand ~$3.50/GPU-h (assumption).
-    GPUSpec(name="H200", peak_bf16_flops=989e12, peak_fp8_flops=1979e12,
-            hbm_bytes=141 * _GB, hbm_bw_bytes_per_s=4800 * _GB, nvlink_bw_bytes_per_s=450 * _GB,
-            network_bw_bytes_per_s=50 * _GB, num_gpus_per_node=8, price_per_hour_usd=3.50,
-            aic_system="h200_sxm"),
+    GPUSpec(
+        name="H200",
+        peak_bf16_flops=989e12,
+        peak_fp8_flops=1979e12,
+        hbm_bytes=141 * _GB,
+        hbm_bw_bytes_per_s=4800 * _GB,
+        nvlink_bw_bytes_per_s=450 * _GB,
+        network_bw_bytes_per_s=50 * _GB,
+        num_gpus_per_node=8,
+        price_per_hour_usd=3.50,
+        aic_system="h200_sxm",
+    ),
     # NVIDIA H20 (China SKU) product brief: 148 TF BF16 / 296 TF FP8 dense, 96 GB HBM3 at
     # 4.0 TB/s, NVLink 900 GB/s. No aiconfigurator tables: roofline only.
     # Price: rough assumption ~$1.50/GPU-h (not widely listed outside China).
-    GPUSpec(name="H20", peak_bf16_flops=148e12, peak_fp8_flops=296e12,
-            hbm_bytes=96 * _GB, hbm_bw_bytes_per_s=4000 * _GB, nvlink_bw_bytes_per_s=450 * _GB,
-            network_bw_bytes_per_s=50 * _GB, num_gpus_per_node=8, price_per_hour_usd=1.50,
-            aic_system=None),
+    GPUSpec(
+        name="H20",
+        peak_bf16_flops=148e12,
+        peak_fp8_flops=296e12,
+        hbm_bytes=96 * _GB,
+        hbm_bw_bytes_per_s=4000 * _GB,
+        nvlink_bw_bytes_per_s=450 * _GB,
+        network_bw_bytes_per_s=50 * _GB,
+        num_gpus_per_node=8,
+        price_per_hour_usd=1.50,
+        aic_system=None,
+    ),
     # NVIDIA L40S datasheet: 362 TF BF16 / 733 TF FP8 dense, 48 GB GDDR6 at 864 GB/s, no NVLink
     # (PCIe Gen4 x16, 32 GB/s per direction). Price: AWS g6e.xlarge ~$1.86/h for one L40S.
-    GPUSpec(name="L40S", peak_bf16_flops=362e12, peak_fp8_flops=733e12,
-            hbm_bytes=48 * _GB, hbm_bw_bytes_per_s=864 * _GB, nvlink_bw_bytes_per_s=32 * _GB,
-            network_bw_bytes_per_s=12.5 * _GB, num_gpus_per_node=8, price_per_hour_usd=1.86,
-            aic_system="l40s"),
+    GPUSpec(
+        name="L40S",
+        peak_bf16_flops=362e12,
+        peak_fp8_flops=733e12,
+        hbm_bytes=48 * _GB,
+        hbm_bw_bytes_per_s=864 * _GB,
+        nvlink_bw_bytes_per_s=32 * _GB,
+        network_bw_bytes_per_s=12.5 * _GB,
+        num_gpus_per_node=8,
+        price_per_hour_usd=1.86,
+        aic_system="l40s",
+    ),
     # NVIDIA HGX B200 datasheet (8 GPUs: 36 PF BF16 / 72 PF FP8 sparse, 1.44 TB HBM3e at
     # 64 TB/s, NVLink 5 1.8 TB/s per GPU bidirectional) divided per GPU, dense = sparse / 2.
     # Price: Lambda on-demand 8x B200, ~$4.99/GPU-h.
-    GPUSpec(name="B200", peak_bf16_flops=2250e12, peak_fp8_flops=4500e12,
-            hbm_bytes=180 * _GB, hbm_bw_bytes_per_s=8000 * _GB, nvlink_bw_bytes_per_s=900 * _GB,
-            network_bw_bytes_per_s=50 * _GB, num_gpus_per_node=8, price_per_hour_usd=4.99,
-            aic_system="b200_sxm"),
+    GPUSpec(
+        name="B200",
+        peak_bf16_flops=2250e12,
+        peak_fp8_flops=4500e12,
+        hbm_bytes=180 * _GB,
+        hbm_bw_bytes_per_s=8000 * _GB,
+        nvlink_bw_bytes_per_s=900 * _GB,
+        network_bw_bytes_per_s=50 * _GB,
+        num_gpus_per_node=8,
+        price_per_hour_usd=4.99,
+        aic_system="b200_sxm",
+    ),
 )
 
 _ALIASES = {
-    "a100": "A100-80GB-SXM", "a100-80gb": "A100-80GB-SXM", "a100-sxm": "A100-80GB-SXM",
-    "a100_sxm": "A100-80GB-SXM", "a100-80gb-sxm4": "A100-80GB-SXM",
-    "h100": "H100-SXM", "h100-sxm5": "H100-SXM", "h100_sxm": "H100-SXM", "h100-80gb": "H100-SXM",
-    "h200-sxm": "H200", "h200_sxm": "H200",
+    "a100": "A100-80GB-SXM",
+    "a100-80gb": "A100-80GB-SXM",
+    "a100-sxm": "A100-80GB-SXM",
+    "a100_sxm": "A100-80GB-SXM",
+    "a100-80gb-sxm4": "A100-80GB-SXM",
+    "h100": "H100-SXM",
+    "h100-sxm5": "H100-SXM",
+    "h100_sxm": "H100-SXM",
+    "h100-80gb": "H100-SXM",
+    "h200-sxm": "H200",
+    "h200_sxm": "H200",
     "l40s-48gb": "L40S",
-    "b200-sxm": "B200", "b200_sxm": "B200",
+    "b200-sxm": "B200",
+    "b200_sxm": "B200",
     "h20-96gb": "H20",
 }
 
@@ -120,25 +182,32 @@ def load_gpu_catalog(path: str | Path) -> tuple[GPUSpec, ...]:
         with path.open("rb") as f:
             data = tomllib.load(f)
     except OSError as err:
-        raise FleetsimInputError(f"gpu catalog {path}", str(path), f"cannot read file ({err})")
+        raise FleetsimInputError(
+            f"gpu catalog {path}", str(path), f"cannot read file ({err})"
+        ) from None
     except tomllib.TOMLDecodeError as err:
-        raise FleetsimInputError(f"gpu catalog {path}", str(path), f"invalid TOML ({err})")
+        raise FleetsimInputError(
+            f"gpu catalog {path}", str(path), f"invalid TOML ({err})"
+        ) from None
     extra = set(data) - {"gpu"}
     if extra:
-        raise FleetsimInputError(f"{path}: {sorted(extra)[0]}", data[sorted(extra)[0]],
-                                 "only [[gpu]] tables are allowed in a GPU catalog")
+        raise FleetsimInputError(
+            f"{path}: {sorted(extra)[0]}",
+            data[sorted(extra)[0]],
+            "only [[gpu]] tables are allowed in a GPU catalog",
+        )
     tables = data.get("gpu", [])
     if not isinstance(tables, list):
         raise FleetsimInputError(f"{path}: gpu", tables, "write each GPU as a [[gpu]] table")
-    required = [f.name for f in dataclasses.fields(GPUSpec)
-                if f.default is dataclasses.MISSING]
+    required = [f.name for f in dataclasses.fields(GPUSpec) if f.default is dataclasses.MISSING]
     specs = []
     for i, table in enumerate(tables):
         where = f"{path}: gpu[{i}]"
         for field in required:
             if isinstance(table, dict) and field not in table:
-                raise FleetsimInputError(f"{where}.{field}", None,
-                                         f"missing field; required: {', '.join(required)}")
+                raise FleetsimInputError(
+                    f"{where}.{field}", None, f"missing field; required: {', '.join(required)}"
+                )
         specs.append(from_dict(GPUSpec, table, where))
     return tuple(specs)
 
@@ -163,5 +232,8 @@ def get_gpu(name: str, catalog_path: str | Path | None = None) -> GPUSpec:
     if alias is not None and _key(alias) in by_key:
         return by_key[_key(alias)]
     known = ", ".join(g.name for g in gpus)
-    raise FleetsimInputError("gpu", name, f"unknown GPU; known: {known} (or add one in a TOML "
-                             "catalog with [[gpu]] tables)")
+    raise FleetsimInputError(
+        "gpu",
+        name,
+        f"unknown GPU; known: {known} (or add one in a TOML catalog with [[gpu]] tables)",
+    )

@@ -14,58 +14,145 @@ from fleetsim.models.spec import ModelSpec
 
 _BUILTIN: tuple[ModelSpec, ...] = (
     # meta-llama/Llama-3.1-8B config.json
-    ModelSpec(name="Llama-3.1-8B", num_layers=32, hidden_size=4096, num_attention_heads=32,
-              num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
-              max_context_tokens=131072),
+    ModelSpec(
+        name="Llama-3.1-8B",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_context_tokens=131072,
+    ),
     # meta-llama/Llama-3.1-70B config.json
-    ModelSpec(name="Llama-3.1-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
-              num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
-              max_context_tokens=131072),
+    ModelSpec(
+        name="Llama-3.1-70B",
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=128256,
+        max_context_tokens=131072,
+    ),
     # meta-llama/Llama-2-7b-hf config.json (MHA: 32 KV heads)
-    ModelSpec(name="Llama-2-7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
-              num_kv_heads=32, head_dim=128, intermediate_size=11008, vocab_size=32000,
-              max_context_tokens=4096),
+    ModelSpec(
+        name="Llama-2-7B",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        intermediate_size=11008,
+        vocab_size=32000,
+        max_context_tokens=4096,
+    ),
     # meta-llama/Llama-2-70b-hf config.json
-    ModelSpec(name="Llama-2-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
-              num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=32000,
-              max_context_tokens=4096),
+    ModelSpec(
+        name="Llama-2-70B",
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=32000,
+        max_context_tokens=4096,
+    ),
     # Qwen/Qwen2.5-72B-Instruct config.json
-    ModelSpec(name="Qwen2.5-72B", num_layers=80, hidden_size=8192, num_attention_heads=64,
-              num_kv_heads=8, head_dim=128, intermediate_size=29568, vocab_size=152064,
-              max_context_tokens=32768),
+    ModelSpec(
+        name="Qwen2.5-72B",
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=29568,
+        vocab_size=152064,
+        max_context_tokens=32768,
+    ),
     # mistralai/Mixtral-8x7B-v0.1 config.json
-    ModelSpec(name="Mixtral-8x7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
-              num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32000,
-              max_context_tokens=32768, num_experts=8, num_experts_per_token=2,
-              moe_intermediate_size=14336),
+    ModelSpec(
+        name="Mixtral-8x7B",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32000,
+        max_context_tokens=32768,
+        num_experts=8,
+        num_experts_per_token=2,
+        moe_intermediate_size=14336,
+    ),
     # Qwen/Qwen3-235B-A22B config.json
-    ModelSpec(name="Qwen3-235B-A22B", num_layers=94, hidden_size=4096, num_attention_heads=64,
-              num_kv_heads=4, head_dim=128, intermediate_size=12288, vocab_size=151936,
-              max_context_tokens=40960, num_experts=128, num_experts_per_token=8,
-              moe_intermediate_size=1536),
+    ModelSpec(
+        name="Qwen3-235B-A22B",
+        num_layers=94,
+        hidden_size=4096,
+        num_attention_heads=64,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=12288,
+        vocab_size=151936,
+        max_context_tokens=40960,
+        num_experts=128,
+        num_experts_per_token=8,
+        moe_intermediate_size=1536,
+    ),
     # deepseek-ai/DeepSeek-V3 config.json (native fp8 block-quantized weights; MTP layer not
     # counted)
-    ModelSpec(name="DeepSeek-V3", num_layers=61, hidden_size=7168, num_attention_heads=128,
-              num_kv_heads=128, head_dim=192, intermediate_size=18432, vocab_size=129280,
-              max_context_tokens=163840, weight_dtype_bytes=1, num_experts=256,
-              num_experts_per_token=8, moe_intermediate_size=2048, num_shared_experts=1,
-              num_dense_layers=3, kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128,
-              qk_rope_head_dim=64, v_head_dim=128),
+    ModelSpec(
+        name="DeepSeek-V3",
+        num_layers=61,
+        hidden_size=7168,
+        num_attention_heads=128,
+        num_kv_heads=128,
+        head_dim=192,
+        intermediate_size=18432,
+        vocab_size=129280,
+        max_context_tokens=163840,
+        weight_dtype_bytes=1,
+        num_experts=256,
+        num_experts_per_token=8,
+        moe_intermediate_size=2048,
+        num_shared_experts=1,
+        num_dense_layers=3,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+    ),
 )
 
 _ALIASES = {
-    "llama3.1-8b": "Llama-3.1-8B", "meta-llama-3.1-8b": "Llama-3.1-8B",
-    "llama-3.1-8b-instruct": "Llama-3.1-8B", "meta-llama/llama-3.1-8b": "Llama-3.1-8B",
-    "llama3.1-70b": "Llama-3.1-70B", "meta-llama-3.1-70b": "Llama-3.1-70B",
-    "llama-3.1-70b-instruct": "Llama-3.1-70B", "meta-llama/llama-3.1-70b": "Llama-3.1-70B",
-    "llama2-7b": "Llama-2-7B", "llama-2-7b-hf": "Llama-2-7B", "meta-llama/llama-2-7b-hf": "Llama-2-7B",
-    "llama2-70b": "Llama-2-70B", "llama-2-70b-hf": "Llama-2-70B",
+    "llama3.1-8b": "Llama-3.1-8B",
+    "meta-llama-3.1-8b": "Llama-3.1-8B",
+    "llama-3.1-8b-instruct": "Llama-3.1-8B",
+    "meta-llama/llama-3.1-8b": "Llama-3.1-8B",
+    "llama3.1-70b": "Llama-3.1-70B",
+    "meta-llama-3.1-70b": "Llama-3.1-70B",
+    "llama-3.1-70b-instruct": "Llama-3.1-70B",
+    "meta-llama/llama-3.1-70b": "Llama-3.1-70B",
+    "llama2-7b": "Llama-2-7B",
+    "llama-2-7b-hf": "Llama-2-7B",
+    "meta-llama/llama-2-7b-hf": "Llama-2-7B",
+    "llama2-70b": "Llama-2-70B",
+    "llama-2-70b-hf": "Llama-2-70B",
     "meta-llama/llama-2-70b-hf": "Llama-2-70B",
-    "qwen2.5-72b-instruct": "Qwen2.5-72B", "qwen/qwen2.5-72b-instruct": "Qwen2.5-72B",
-    "mixtral-8x7b-v0.1": "Mixtral-8x7B", "mixtral-8x7b-instruct-v0.1": "Mixtral-8x7B",
+    "qwen2.5-72b-instruct": "Qwen2.5-72B",
+    "qwen/qwen2.5-72b-instruct": "Qwen2.5-72B",
+    "mixtral-8x7b-v0.1": "Mixtral-8x7B",
+    "mixtral-8x7b-instruct-v0.1": "Mixtral-8x7B",
     "mistralai/mixtral-8x7b-v0.1": "Mixtral-8x7B",
-    "qwen3-235b": "Qwen3-235B-A22B", "qwen/qwen3-235b-a22b": "Qwen3-235B-A22B",
-    "deepseek-v3-0324": "DeepSeek-V3", "deepseek-ai/deepseek-v3": "DeepSeek-V3",
+    "qwen3-235b": "Qwen3-235B-A22B",
+    "qwen/qwen3-235b-a22b": "Qwen3-235B-A22B",
+    "deepseek-v3-0324": "DeepSeek-V3",
+    "deepseek-ai/deepseek-v3": "DeepSeek-V3",
     "dsv3": "DeepSeek-V3",
 }
 
@@ -92,8 +179,9 @@ def get_model(name_or_path: str) -> ModelSpec:
     if path.suffix == ".json" or path.exists():
         return load_hf_config(path)
     known = ", ".join(m.name for m in _BUILTIN)
-    raise FleetsimInputError("model", name_or_path,
-                             f"unknown model; known: {known}, or give a path to a HF config.json")
+    raise FleetsimInputError(
+        "model", name_or_path, f"unknown model; known: {known}, or give a path to a HF config.json"
+    )
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:
@@ -123,8 +211,9 @@ def _need(cfg: Mapping[str, Any], path: Path, *keys: str) -> Any:
     for key in keys:
         if cfg.get(key) is not None:
             return cfg[key]
-    raise FleetsimInputError(f"model {path}: {keys[0]}", None,
-                             f"missing key {' / '.join(keys)} in config.json")
+    raise FleetsimInputError(
+        f"model {path}: {keys[0]}", None, f"missing key {' / '.join(keys)} in config.json"
+    )
 
 
 def _weight_bytes(cfg: Mapping[str, Any]) -> int:
@@ -146,19 +235,22 @@ def _fields_from_hf(cfg: Mapping[str, Any], path: Path) -> dict[str, Any]:
         "head_dim": int(cfg.get("head_dim") or hidden // heads),
         "intermediate_size": int(_need(cfg, path, "intermediate_size", "ffn_dim")),
         "vocab_size": int(_need(cfg, path, "vocab_size")),
-        "max_context_tokens": int(_need(cfg, path, "max_position_embeddings",
-                                        "max_sequence_length", "seq_length")),
+        "max_context_tokens": int(
+            _need(cfg, path, "max_position_embeddings", "max_sequence_length", "seq_length")
+        ),
         "weight_dtype_bytes": _weight_bytes(cfg),
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
     }
-    num_experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get(
-        "num_experts")
+    num_experts = (
+        cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts")
+    )
     if num_experts:
         out["num_experts"] = int(num_experts)
         out["num_experts_per_token"] = int(_need(cfg, path, "num_experts_per_tok"))
         # Mixtral's experts are intermediate_size wide; Qwen/DeepSeek name it separately.
-        out["moe_intermediate_size"] = int(cfg.get("moe_intermediate_size")
-                                           or out["intermediate_size"])
+        out["moe_intermediate_size"] = int(
+            cfg.get("moe_intermediate_size") or out["intermediate_size"]
+        )
         out["num_shared_experts"] = int(cfg.get("n_shared_experts") or 0)
         dense = cfg.get("first_k_dense_replace")
         if dense is None:
@@ -167,8 +259,13 @@ def _fields_from_hf(cfg: Mapping[str, Any], path: Path) -> dict[str, Any]:
     if cfg.get("kv_lora_rank"):
         nope = int(_need(cfg, path, "qk_nope_head_dim"))
         rope = int(_need(cfg, path, "qk_rope_head_dim"))
-        out.update(kv_lora_rank=int(cfg["kv_lora_rank"]), q_lora_rank=int(cfg.get("q_lora_rank")
-                   or 0), qk_nope_head_dim=nope, qk_rope_head_dim=rope,
-                   v_head_dim=int(_need(cfg, path, "v_head_dim")), head_dim=nope + rope,
-                   num_kv_heads=heads)
+        out.update(
+            kv_lora_rank=int(cfg["kv_lora_rank"]),
+            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope,
+            v_head_dim=int(_need(cfg, path, "v_head_dim")),
+            head_dim=nope + rope,
+            num_kv_heads=heads,
+        )
     return out

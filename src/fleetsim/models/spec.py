@@ -64,22 +64,35 @@ class ModelSpec:
     """MLA per-head value width."""
 
     def __post_init__(self) -> None:
-        for field in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-                      "head_dim", "vocab_size", "max_context_tokens", "weight_dtype_bytes",
-                      "kv_dtype_bytes"):
+        for field in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_kv_heads",
+            "head_dim",
+            "vocab_size",
+            "max_context_tokens",
+            "weight_dtype_bytes",
+            "kv_dtype_bytes",
+        ):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be > 0, got {getattr(self, field)}")
         if self.num_attention_heads % self.num_kv_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a "
-                             f"multiple of num_kv_heads ({self.num_kv_heads})")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a "
+                f"multiple of num_kv_heads ({self.num_kv_heads})"
+            )
         if self.num_experts and not 0 < self.num_experts_per_token <= self.num_experts:
-            raise ValueError(f"num_experts_per_token must be in 1..{self.num_experts}, "
-                             f"got {self.num_experts_per_token}")
+            raise ValueError(
+                f"num_experts_per_token must be in 1..{self.num_experts}, "
+                f"got {self.num_experts_per_token}"
+            )
         if self.num_experts and self.moe_intermediate_size <= 0:
             raise ValueError("moe_intermediate_size must be > 0 for an MoE model")
         if not 0 <= self.num_dense_layers <= self.num_layers:
-            raise ValueError(f"num_dense_layers must be in 0..{self.num_layers}, "
-                             f"got {self.num_dense_layers}")
+            raise ValueError(
+                f"num_dense_layers must be in 0..{self.num_layers}, got {self.num_dense_layers}"
+            )
 
     @property
     def is_moe(self) -> bool:
@@ -102,10 +115,14 @@ class ModelSpec:
         if self.uses_mla:
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim
             # The down-projections (q_a, kv_a) are replicated in vLLM; up-projections are split.
-            q = (h * self.q_lora_rank + self.q_lora_rank * heads * qk if self.q_lora_rank
-                 else h * heads * qk)
-            kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim)
-                  + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim))
+            q = (
+                h * self.q_lora_rank + self.q_lora_rank * heads * qk
+                if self.q_lora_rank
+                else h * heads * qk
+            )
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * heads * (
+                self.qk_nope_head_dim + self.v_head_dim
+            )
             return q + kv + heads * self.v_head_dim * h
         kv_heads = _ceil_div(self.num_kv_heads, tp)  # replicated when tp > num_kv_heads
         return h * heads * self.head_dim * 2 + 2 * h * kv_heads * self.head_dim
@@ -129,8 +146,12 @@ class ModelSpec:
     def num_params(self) -> int:
         """Total parameters (norms included, MTP/draft layers excluded)."""
         norms = self.num_layers * 2 * self.hidden_size + self.hidden_size
-        return (self.num_layers * self.attention_params_per_gpu(1) + self.mlp_params_per_gpu(1)
-                + self.embedding_params_per_gpu(1) + norms)
+        return (
+            self.num_layers * self.attention_params_per_gpu(1)
+            + self.mlp_params_per_gpu(1)
+            + self.embedding_params_per_gpu(1)
+            + norms
+        )
 
     @property
     def num_active_params(self) -> int:
@@ -142,8 +163,11 @@ class ModelSpec:
 
     def weight_bytes_per_gpu(self, tp: int = 1) -> int:
         """Weight bytes resident on one TP rank."""
-        elems = (self.num_layers * self.attention_params_per_gpu(tp) + self.mlp_params_per_gpu(tp)
-                 + self.embedding_params_per_gpu(tp))
+        elems = (
+            self.num_layers * self.attention_params_per_gpu(tp)
+            + self.mlp_params_per_gpu(tp)
+            + self.embedding_params_per_gpu(tp)
+        )
         # Norms and embeddings stay in 16-bit even in fp8 checkpoints; counted at dtype size,
         # a <1% error for the models we ship.
         return elems * self.weight_dtype_bytes + (2 * self.num_layers + 1) * self.hidden_size * 2
@@ -155,6 +179,7 @@ class ModelSpec:
         MLA: the compressed latent plus the shared RoPE key, replicated on every rank.
         """
         if self.uses_mla:
-            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_dtype_bytes
+            latent = self.kv_lora_rank + self.qk_rope_head_dim
+            return self.num_layers * latent * self.kv_dtype_bytes
         kv_heads = _ceil_div(self.num_kv_heads, tp)
         return 2 * self.num_layers * kv_heads * self.head_dim * self.kv_dtype_bytes

@@ -19,15 +19,21 @@ def check_tp(model: ModelSpec, gpu: GPUSpec, tp: int) -> None:
     if not isinstance(tp, int) or tp < 1 or tp & (tp - 1):
         raise FleetsimInputError("tp", tp, "must be a power of two (1, 2, 4, 8)")
     if tp > gpu.num_gpus_per_node:
-        raise FleetsimInputError("tp", tp, f"{gpu.name} nodes have {gpu.num_gpus_per_node} GPUs; "
-                                 "use tp <= that (tensor parallelism stays inside a node)")
+        raise FleetsimInputError(
+            "tp",
+            tp,
+            f"{gpu.name} nodes have {gpu.num_gpus_per_node} GPUs; "
+            "use tp <= that (tensor parallelism stays inside a node)",
+        )
     if model.num_attention_heads % tp:
-        raise FleetsimInputError("tp", tp, f"must divide {model.name}'s "
-                                 f"{model.num_attention_heads} attention heads")
+        raise FleetsimInputError(
+            "tp", tp, f"must divide {model.name}'s {model.num_attention_heads} attention heads"
+        )
 
 
-def build_step_model(model: ModelSpec, gpu: GPUSpec, tp: int = 1,
-                     backend: str = "auto") -> TableStepModel:
+def build_step_model(
+    model: ModelSpec, gpu: GPUSpec, tp: int = 1, backend: str = "auto"
+) -> TableStepModel:
     """Step-time model of one replica (``tp`` GPUs) serving ``model`` on ``gpu``.
 
     backend "auto": measured aiconfigurator-core vLLM tables where they cover the GPU and
@@ -56,15 +62,24 @@ class StepBreakdown:
     sources: dict[str, str]  # op class -> "measured: ..." or "roofline"
 
 
-def predict_breakdown(model: ModelSpec, gpu: GPUSpec, tp: int = 1, *,
-                      prefill_tokens: int | None = None, context_tokens: int = 0,
-                      decode_batch: int | None = None, backend: str = "auto") -> StepBreakdown:
+def predict_breakdown(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int = 1,
+    *,
+    prefill_tokens: int | None = None,
+    context_tokens: int = 0,
+    decode_batch: int | None = None,
+    backend: str = "auto",
+) -> StepBreakdown:
     """One prefill chunk (``prefill_tokens`` new over ``context_tokens`` cached) or one decode
     step of ``decode_batch`` requests, each with ``context_tokens`` of KV."""
     if (prefill_tokens is None) == (decode_batch is None):
-        raise FleetsimInputError("step", {"prefill_tokens": prefill_tokens,
-                                          "decode_batch": decode_batch},
-                                 "give exactly one of prefill_tokens or decode_batch")
+        raise FleetsimInputError(
+            "step",
+            {"prefill_tokens": prefill_tokens, "decode_batch": decode_batch},
+            "give exactly one of prefill_tokens or decode_batch",
+        )
     for name, value in (("prefill_tokens", prefill_tokens), ("decode_batch", decode_batch)):
         if value is not None and value < 1:
             raise FleetsimInputError(name, value, "must be >= 1")
@@ -78,20 +93,38 @@ def predict_breakdown(model: ModelSpec, gpu: GPUSpec, tp: int = 1, *,
     by_class = sm.breakdown_s(chunks, n, kv)
     layers = {"moe": max(model.num_moe_layers, 1)}
     per_layer = {k: by_class[k] / layers.get(k, model.num_layers) for k in _PER_LAYER_CLASSES}
-    return StepBreakdown(model=model.name, gpu=gpu.name, tp=tp,
-                         prefill_tokens=prefill_tokens or 0, context_tokens=context_tokens,
-                         decode_batch=decode_batch or 0, total_s=sm.step_time_s(chunks, n, kv),
-                         by_class_s=by_class, per_layer_s=per_layer, sources=dict(sm.sources))
+    return StepBreakdown(
+        model=model.name,
+        gpu=gpu.name,
+        tp=tp,
+        prefill_tokens=prefill_tokens or 0,
+        context_tokens=context_tokens,
+        decode_batch=decode_batch or 0,
+        total_s=sm.step_time_s(chunks, n, kv),
+        by_class_s=by_class,
+        per_layer_s=per_layer,
+        sources=dict(sm.sources),
+    )
 
 
 def breakdown_to_dict(b: StepBreakdown) -> dict[str, Any]:
     """JSON-ready dict (seconds as floats)."""
     return {
-        "model": b.model, "gpu": b.gpu, "tp": b.tp, "prefill_tokens": b.prefill_tokens,
-        "context_tokens": b.context_tokens, "decode_batch": b.decode_batch,
+        "model": b.model,
+        "gpu": b.gpu,
+        "tp": b.tp,
+        "prefill_tokens": b.prefill_tokens,
+        "context_tokens": b.context_tokens,
+        "decode_batch": b.decode_batch,
         "total_s": b.total_s,
-        "ops": {k: {"total_s": b.by_class_s[k], "per_layer_s": b.per_layer_s.get(k),
-                    "source": b.sources.get(k, "")} for k in OP_CLASSES},
+        "ops": {
+            k: {
+                "total_s": b.by_class_s[k],
+                "per_layer_s": b.per_layer_s.get(k),
+                "source": b.sources.get(k, ""),
+            }
+            for k in OP_CLASSES
+        },
     }
 
 
@@ -99,15 +132,27 @@ def breakdown_table(b: StepBreakdown):  # -> rich.table.Table (rich imported laz
     """A rich table: op class, per-layer ms, total ms, share, source."""
     from rich.table import Table
 
-    what = (f"prefill {b.prefill_tokens} tokens over {b.context_tokens} cached" if b.prefill_tokens
-            else f"decode batch {b.decode_batch} at context {b.context_tokens}")
+    what = (
+        f"prefill {b.prefill_tokens} tokens over {b.context_tokens} cached"
+        if b.prefill_tokens
+        else f"decode batch {b.decode_batch} at context {b.context_tokens}"
+    )
     table = Table(title=f"{b.model} on {b.gpu} x{b.tp}: {what} = {b.total_s * 1e3:.3f} ms")
-    for col, justify in (("op", "left"), ("per layer ms", "right"), ("total ms", "right"),
-                         ("share", "right"), ("source", "left")):
+    for col, justify in (
+        ("op", "left"),
+        ("per layer ms", "right"),
+        ("total ms", "right"),
+        ("share", "right"),
+        ("source", "left"),
+    ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for k in OP_CLASSES:
         per_layer = b.per_layer_s.get(k)
-        table.add_row(k, "" if per_layer is None else f"{per_layer * 1e3:.4f}",
-                      f"{b.by_class_s[k] * 1e3:.3f}", f"{b.by_class_s[k] / b.total_s:.1%}",
-                      b.sources.get(k, ""))
+        table.add_row(
+            k,
+            "" if per_layer is None else f"{per_layer * 1e3:.4f}",
+            f"{b.by_class_s[k] * 1e3:.3f}",
+            f"{b.by_class_s[k] / b.total_s:.1%}",
+            b.sources.get(k, ""),
+        )
     return table

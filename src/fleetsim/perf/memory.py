@@ -25,8 +25,14 @@ def activation_reserve_bytes(model: ModelSpec, tp: int, max_batched_tokens: int 
     per token) and its activated half, next to the residual and QKV buffers; the sampler adds
     float32 logits for ``MAX_NUM_SEQS`` sequences. Activations are bf16.
     """
-    inter = -(-(model.moe_intermediate_size * model.num_experts_per_token if model.is_moe
-                else model.intermediate_size) // tp)
+    inter = -(
+        -(
+            model.moe_intermediate_size * model.num_experts_per_token
+            if model.is_moe
+            else model.intermediate_size
+        )
+        // tp
+    )
     heads = -(-model.num_attention_heads // tp)
     qkv = (heads + 2 * -(-model.num_kv_heads // tp)) * model.head_dim
     per_token = (3 * inter + 4 * model.hidden_size + qkv) * 2
@@ -34,9 +40,15 @@ def activation_reserve_bytes(model: ModelSpec, tp: int, max_batched_tokens: int 
     return max_batched_tokens * per_token + logits + NON_TORCH_BYTES
 
 
-def kv_capacity_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
-                       gpu_memory_utilization: float = 0.9, *,
-                       max_batched_tokens: int = 8192) -> int:
+def kv_capacity_blocks(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int,
+    block_size: int,
+    gpu_memory_utilization: float = 0.9,
+    *,
+    max_batched_tokens: int = 8192,
+) -> int:
     """KV blocks (of ``block_size`` tokens) one replica of ``tp`` GPUs can hold.
 
     Every rank holds its shard of every block, so the replica's block count is one GPU's.
@@ -45,8 +57,9 @@ def kv_capacity_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     if block_size <= 0:
         raise FleetsimInputError("block_size", block_size, "must be a positive number of tokens")
     if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise FleetsimInputError("gpu_memory_utilization", gpu_memory_utilization,
-                                 "must be in (0, 1], e.g. 0.9")
+        raise FleetsimInputError(
+            "gpu_memory_utilization", gpu_memory_utilization, "must be in (0, 1], e.g. 0.9"
+        )
     budget = gpu.hbm_bytes * gpu_memory_utilization
     weights = model.weight_bytes_per_gpu(tp)
     free = budget - weights - activation_reserve_bytes(model, tp, max_batched_tokens)
@@ -54,7 +67,10 @@ def kv_capacity_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, block_size: int,
     if free < block_bytes:
         need = weights / 1e9
         raise FleetsimInputError(
-            "tp", tp, f"{model.name} needs {need:.1f} GB of weights per GPU at tp={tp} but "
+            "tp",
+            tp,
+            f"{model.name} needs {need:.1f} GB of weights per GPU at tp={tp} but "
             f"{gpu.name} offers {budget / 1e9:.1f} GB at gpu_memory_utilization="
-            f"{gpu_memory_utilization}; use a larger tp (more GPUs per replica) or a bigger GPU")
+            f"{gpu_memory_utilization}; use a larger tp (more GPUs per replica) or a bigger GPU",
+        )
     return int(free // block_bytes)

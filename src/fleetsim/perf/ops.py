@@ -26,15 +26,17 @@ def _ideal_gemm_s(m: F64, n: float, k: float, peak: float, bw: float, wbytes: fl
 @functools.cache
 def _gemm_ratio_grid(system: str, dtype: str, peak: float, bw: float, wbytes: float):
     """log(measured / ideal roofline) on the table's (m, n, k) grid, NaN-free."""
-    table = load_table(system, "gemm", "vllm", "gemm_perf.parquet", ("m", "n", "k"),
-                       gemm_dtype=dtype)
+    table = load_table(
+        system, "gemm", "vllm", "gemm_perf.parquet", ("m", "n", "k"), gemm_dtype=dtype
+    )
     if table is None or len(table) == 0:
         return None
     c = table.columns
     ms, ns, ks = (np.unique(c[x]) for x in ("m", "n", "k"))
     lat = np.full(len(ms) * len(ns) * len(ks), np.inf)
     flat = (np.searchsorted(ms, c["m"]) * len(ns) + np.searchsorted(ns, c["n"])) * len(ks) + (
-        np.searchsorted(ks, c["k"]))
+        np.searchsorted(ks, c["k"])
+    )
     # several kernels per shape: vLLM picks the fastest, so keep each shape's minimum
     order = np.lexsort((c["latency_s"], flat))
     first = np.unique(flat[order], return_index=True)[1]
@@ -62,8 +64,12 @@ def _bilinear(xs: F64, ys: F64, grid: F64, x: float, y: float) -> F64:
     i = min(int(np.searchsorted(xs, x, side="right")) - 1, len(xs) - 2)
     j = min(int(np.searchsorted(ys, y, side="right")) - 1, len(ys) - 2)
     fx, fy = (x - xs[i]) / (xs[i + 1] - xs[i]), (y - ys[j]) / (ys[j + 1] - ys[j])
-    return ((1 - fx) * (1 - fy) * grid[..., i, j] + fx * (1 - fy) * grid[..., i + 1, j]
-            + (1 - fx) * fy * grid[..., i, j + 1] + fx * fy * grid[..., i + 1, j + 1])
+    return (
+        (1 - fx) * (1 - fy) * grid[..., i, j]
+        + fx * (1 - fy) * grid[..., i + 1, j]
+        + (1 - fx) * fy * grid[..., i, j + 1]
+        + fx * fy * grid[..., i + 1, j + 1]
+    )
 
 
 def _interp_linear_tail(x: F64, xs: F64, ys: F64) -> F64:
@@ -101,8 +107,12 @@ def _fit_decode_attention(rows: Table, f: int) -> tuple[F64, F64, float] | None:
         return None
     c = max(float(np.median(slopes)), 0.0)
     bs = np.array([float(b) for b, _, _ in per_batch])
-    a = np.array([max(np.sum((lat - c * total) / lat**2) / np.sum(1.0 / lat**2), 1e-6)
-                  for _, total, lat in per_batch])
+    a = np.array(
+        [
+            max(np.sum((lat - c * total) / lat**2) / np.sum(1.0 / lat**2), 1e-6)
+            for _, total, lat in per_batch
+        ]
+    )
     return bs, np.maximum.accumulate(a), c
 
 
@@ -127,8 +137,11 @@ class OpTimes:
         """(m x k) @ (k x n) for every m in the array; m == 0 costs 0."""
         wbytes = self.model.weight_dtype_bytes if wbytes is None else wbytes
         dtypes = self.gemm_dtypes if wbytes == self.model.weight_dtype_bytes else ("bfloat16",)
-        peak = self.peak_flops if wbytes == self.model.weight_dtype_bytes else (
-            self.gpu.peak_bf16_flops)
+        peak = (
+            self.peak_flops
+            if wbytes == self.model.weight_dtype_bytes
+            else (self.gpu.peak_bf16_flops)
+        )
         bw = self.gpu.hbm_bw_bytes_per_s
         grid = None
         for dtype in dtypes if self.system else ():
@@ -142,7 +155,8 @@ class OpTimes:
         ms, lns, lks, ratio, label = grid
         self._note(op, "measured: " + label)
         t_at_ms = np.exp(_bilinear(lns, lks, ratio, np.log(n), np.log(k))) * _ideal_gemm_s(
-            ms, n, k, peak, bw, wbytes)
+            ms, n, k, peak, bw, wbytes
+        )
         return np.where(m > 0, _interp_linear_tail(m, ms, t_at_ms), 0.0)
 
     # ---- attention ----
@@ -152,18 +166,29 @@ class OpTimes:
         if self.system is None or self.model.uses_mla:
             return None
         cols = ("batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim")
-        table = load_table(self.system, "attention", "vllm", filename, cols,
-                           kv_cache_dtype="bfloat16", window_size=0)
+        table = load_table(
+            self.system,
+            "attention",
+            "vllm",
+            filename,
+            cols,
+            kv_cache_dtype="bfloat16",
+            window_size=0,
+        )
         if table is None:  # older tables (A100, vLLM 0.14) have no sliding-window column
-            table = load_table(self.system, "attention", "vllm", filename, cols,
-                               kv_cache_dtype="bfloat16")
+            table = load_table(
+                self.system, "attention", "vllm", filename, cols, kv_cache_dtype="bfloat16"
+            )
         if table is None:
             return None
         for f in (1, 2, 4, 8, 16):
             if self.heads % f or self.kv_heads % f:
                 break
-            rows = table.where(num_heads=self.heads // f, num_key_value_heads=self.kv_heads // f,
-                               head_dim=self.model.head_dim)
+            rows = table.where(
+                num_heads=self.heads // f,
+                num_key_value_heads=self.kv_heads // f,
+                head_dim=self.model.head_dim,
+            )
             if len(rows):
                 return rows, f
         return None
@@ -178,8 +203,9 @@ class OpTimes:
             if len(rows) >= 2:
                 self._note("attention", "measured: " + rows.label)
                 isl = np.unique(rows.columns["isl"]).astype(float)
-                lat = np.array([rows.columns["latency_s"][rows.columns["isl"] == x].min()
-                                for x in isl])
+                lat = np.array(
+                    [rows.columns["latency_s"][rows.columns["isl"] == x].min() for x in isl]
+                )
                 # log-log interpolation: the curve is ~quadratic between the table's points
                 out = np.exp(np.interp(np.log(np.maximum(s, 1.0)), np.log(isl), np.log(lat)))
                 tail = s > isl[-1]
@@ -191,8 +217,12 @@ class OpTimes:
         else:
             flops = 4.0 * s * s / 2 * self.heads * m.head_dim
         kv = s * self.kv_bytes_per_token_layer
-        return np.array([rl.attention_s(a, b, self.peak_flops, self.gpu.hbm_bw_bytes_per_s)
-                         for a, b in zip(flops, kv, strict=True)])
+        return np.array(
+            [
+                rl.attention_s(a, b, self.peak_flops, self.gpu.hbm_bw_bytes_per_s)
+                for a, b in zip(flops, kv, strict=True)
+            ]
+        )
 
     @property
     def kv_bytes_per_token_layer(self) -> float:
@@ -220,30 +250,46 @@ class OpTimes:
             flops_per_tok = 2.0 * self.heads * (m.kv_lora_rank * 2 + m.qk_rope_head_dim)
         else:
             flops_per_tok = 4.0 * self.heads * m.head_dim
-        c_val = max(flops_per_tok / (self.peak_flops * rl.ATTN_COMPUTE_EFF),
-                    self.kv_read_s_per_token())
+        c_val = max(
+            flops_per_tok / (self.peak_flops * rl.ATTN_COMPUTE_EFF), self.kv_read_s_per_token()
+        )
         return np.full_like(batches, rl.KERNEL_FLOOR_S), np.full_like(batches, c_val)
 
     # ---- MoE ----
     def moe_s(self, tokens: F64) -> F64:
         """Routed experts of one MoE layer for ``tokens`` tokens entering it (TP-sharded)."""
         m = self.model
-        for dtype in (("fp8_block", "fp8") if m.weight_dtype_bytes == 1 else ("bfloat16",)):
-            table = load_table(self.system, "moe", "vllm", "moe_perf.parquet",
-                               ("num_tokens", "distribution"), moe_dtype=dtype,
-                               hidden_size=m.hidden_size, inter_size=m.moe_intermediate_size,
-                               topk=m.num_experts_per_token, num_experts=m.num_experts,
-                               moe_tp_size=self.tp, moe_ep_size=1) if self.system else None
+        for dtype in ("fp8_block", "fp8") if m.weight_dtype_bytes == 1 else ("bfloat16",):
+            table = (
+                load_table(
+                    self.system,
+                    "moe",
+                    "vllm",
+                    "moe_perf.parquet",
+                    ("num_tokens", "distribution"),
+                    moe_dtype=dtype,
+                    hidden_size=m.hidden_size,
+                    inter_size=m.moe_intermediate_size,
+                    topk=m.num_experts_per_token,
+                    num_experts=m.num_experts,
+                    moe_tp_size=self.tp,
+                    moe_ep_size=1,
+                )
+                if self.system
+                else None
+            )
             if table is None or len(table) == 0:
                 continue
             # power_law_1.01: aiconfigurator's skewed routing, closer to real traffic than
             # perfectly balanced
             dist = table.columns["distribution"]
-            rows = table.where(distribution="power_law_1.01" if (dist == "power_law_1.01").any()
-                               else dist[0])
+            rows = table.where(
+                distribution="power_law_1.01" if (dist == "power_law_1.01").any() else dist[0]
+            )
             nt = np.unique(rows.columns["num_tokens"]).astype(float)
-            lat = np.array([rows.columns["latency_s"][rows.columns["num_tokens"] == x].min()
-                            for x in nt])
+            lat = np.array(
+                [rows.columns["latency_s"][rows.columns["num_tokens"] == x].min() for x in nt]
+            )
             self._note("moe", "measured: " + rows.label)
             return np.where(tokens > 0, _interp_linear_tail(tokens, nt, lat), 0.0)
         self._note("moe", ROOFLINE)
@@ -253,8 +299,12 @@ class OpTimes:
         touched = np.minimum(float(m.num_experts), routed)  # experts that receive any token
         flops = 2.0 * routed * 3 * m.hidden_size * inter
         bytes_moved = touched * per_expert_bytes + routed * m.hidden_size * 2 * 2
-        out = np.array([rl.grouped_gemm_s(a, b, self.peak_flops, self.gpu.hbm_bw_bytes_per_s)
-                        for a, b in zip(flops, bytes_moved, strict=True)])
+        out = np.array(
+            [
+                rl.grouped_gemm_s(a, b, self.peak_flops, self.gpu.hbm_bw_bytes_per_s)
+                for a, b in zip(flops, bytes_moved, strict=True)
+            ]
+        )
         return np.where(tokens > 0, out, 0.0)
 
     # ---- communication ----
@@ -263,8 +313,18 @@ class OpTimes:
         if self.tp == 1:
             return np.zeros_like(tokens)
         msg = tokens * self.model.hidden_size * 2.0
-        table = load_table(self.system, "comm", "vllm", "custom_allreduce_perf.parquet",
-                           ("message_size", "backend"), num_gpus=self.tp) if self.system else None
+        table = (
+            load_table(
+                self.system,
+                "comm",
+                "vllm",
+                "custom_allreduce_perf.parquet",
+                ("message_size", "backend"),
+                num_gpus=self.tp,
+            )
+            if self.system
+            else None
+        )
         if table is not None and len(table):
             self._note("communication", "measured: " + table.label)
             out = np.zeros_like(tokens)

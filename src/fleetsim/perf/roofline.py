@@ -28,24 +28,41 @@ ALLREDUCE_LATENCY_S = 10e-6
 KERNEL_FLOOR_S = 4e-6
 
 
-def gemm_s(m: float, n: float, k: float, peak_flops: float, bw_bytes_per_s: float,
-           weight_bytes: float = 2.0, act_bytes: float = 2.0) -> float:
+def gemm_s(
+    m: float,
+    n: float,
+    k: float,
+    peak_flops: float,
+    bw_bytes_per_s: float,
+    weight_bytes: float = 2.0,
+    act_bytes: float = 2.0,
+) -> float:
     """(m x k) @ (k x n): 2mnk FLOPs; reads weights k*n and activations m*k, writes m*n."""
     flops = 2.0 * m * n * k
     bytes_moved = k * n * weight_bytes + (m * k + m * n) * act_bytes
-    return max(flops / (peak_flops * GEMM_COMPUTE_EFF),
-               bytes_moved / (bw_bytes_per_s * GEMM_MEMORY_EFF), KERNEL_FLOOR_S)
+    return max(
+        flops / (peak_flops * GEMM_COMPUTE_EFF),
+        bytes_moved / (bw_bytes_per_s * GEMM_MEMORY_EFF),
+        KERNEL_FLOOR_S,
+    )
 
 
 def attention_s(flops: float, kv_bytes: float, peak_flops: float, bw_bytes_per_s: float) -> float:
-    return max(flops / (peak_flops * ATTN_COMPUTE_EFF),
-               kv_bytes / (bw_bytes_per_s * ATTN_MEMORY_EFF), KERNEL_FLOOR_S)
+    return max(
+        flops / (peak_flops * ATTN_COMPUTE_EFF),
+        kv_bytes / (bw_bytes_per_s * ATTN_MEMORY_EFF),
+        KERNEL_FLOOR_S,
+    )
 
 
-def grouped_gemm_s(flops: float, bytes_moved: float, peak_flops: float,
-                   bw_bytes_per_s: float) -> float:
-    return max(flops / (peak_flops * MOE_COMPUTE_EFF),
-               bytes_moved / (bw_bytes_per_s * GEMM_MEMORY_EFF), KERNEL_FLOOR_S)
+def grouped_gemm_s(
+    flops: float, bytes_moved: float, peak_flops: float, bw_bytes_per_s: float
+) -> float:
+    return max(
+        flops / (peak_flops * MOE_COMPUTE_EFF),
+        bytes_moved / (bw_bytes_per_s * GEMM_MEMORY_EFF),
+        KERNEL_FLOOR_S,
+    )
 
 
 def allreduce_s(message_bytes: float, tp: int, link_bw_bytes_per_s: float) -> float:

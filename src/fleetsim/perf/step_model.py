@@ -112,13 +112,17 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
     heads, kv_heads = ops.heads, ops.kv_heads
     # --- GEMMs, per layer, then summed over layers ---
     if m.uses_mla:
-        proj = (ops.gemm_s(T, m.q_lora_rank, h) + ops.gemm_s(T, heads * m.head_dim, m.q_lora_rank)
-                + ops.gemm_s(T, m.kv_lora_rank + m.qk_rope_head_dim, h)
-                + ops.gemm_s(T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
-                + ops.gemm_s(T, h, heads * m.v_head_dim))
+        proj = (
+            ops.gemm_s(T, m.q_lora_rank, h)
+            + ops.gemm_s(T, heads * m.head_dim, m.q_lora_rank)
+            + ops.gemm_s(T, m.kv_lora_rank + m.qk_rope_head_dim, h)
+            + ops.gemm_s(T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+            + ops.gemm_s(T, h, heads * m.v_head_dim)
+        )
     else:
-        proj = (ops.gemm_s(T, (heads + 2 * kv_heads) * m.head_dim, h)
-                + ops.gemm_s(T, h, heads * m.head_dim))
+        proj = ops.gemm_s(T, (heads + 2 * kv_heads) * m.head_dim, h) + ops.gemm_s(
+            T, h, heads * m.head_dim
+        )
     inter = -(-m.intermediate_size // tp)
     dense_mlp = ops.gemm_s(T, 2 * inter, h) + ops.gemm_s(T, h, inter)
     gemm = m.num_layers * proj + (m.num_layers - m.num_moe_layers) * dense_mlp
@@ -135,12 +139,14 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
     # norms, RoPE, activation: ~12 hidden-sized bf16 passes + the SwiGLU input/output
     elem_bytes = T * (12 * h + 3 * inter) * 2.0
     floor = ELEMENTWISE_KERNELS_PER_LAYER * rl.KERNEL_FLOOR_S
-    elem = m.num_layers * np.where(T > 0, np.maximum(
-        elem_bytes / (gpu.hbm_bw_bytes_per_s * rl.GEMM_MEMORY_EFF), floor), 0.0)
+    elem = m.num_layers * np.where(
+        T > 0, np.maximum(elem_bytes / (gpu.hbm_bw_bytes_per_s * rl.GEMM_MEMORY_EFF), floor), 0.0
+    )
     # --- per sequence: LM head on the sampled positions, and the sampler over the vocab ---
     lm_head = ops.gemm_s(T, -(-m.vocab_size // tp), h, wbytes=2)
-    sampling = np.where(T > 0, T * m.vocab_size * 4.0 * 4 / (gpu.hbm_bw_bytes_per_s
-                                                             * rl.GEMM_MEMORY_EFF), 0.0)
+    sampling = np.where(
+        T > 0, T * m.vocab_size * 4.0 * 4 / (gpu.hbm_bw_bytes_per_s * rl.GEMM_MEMORY_EFF), 0.0
+    )
     # --- attention ---
     dec_a, dec_c = ops.decode_attention_fit(T)
     dec_a, dec_c = np.where(T > 0, dec_a, 0.0), np.where(T > 0, dec_c, 0.0)
@@ -148,22 +154,36 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
     prefill = m.num_layers * ops.prefill_attention_s(S)
     prefill[0] = 0.0
 
+    # Monotone per component first, so the totals are exactly the sums of the components.
+    mono = np.maximum.accumulate
+    gemm, moe, comm, elem = mono(gemm), mono(moe), mono(comm), mono(elem)
+    lm_head, sampling = mono(lm_head), mono(sampling)
     pw = _Piecewise.from_arrays
-    by_tokens = {"gemm": pw(T, gemm), "moe": pw(T, moe), "communication": pw(T, comm),
-                 "other": pw(T, elem)}
+    by_tokens = {
+        "gemm": pw(T, gemm),
+        "moe": pw(T, moe),
+        "communication": pw(T, comm),
+        "other": pw(T, elem),
+    }
     by_seqs = {"gemm": pw(T, lm_head), "other": pw(T, sampling)}
     sources = {k: " + ".join(sorted(v)) for k, v in ops.sources.items()}
     sources.setdefault("moe", "none (dense model)")
     sources.setdefault("communication", "none (tp=1)")
-    sources["other"] = (f"roofline (elementwise, sampling) + fixed {STEP_OVERHEAD_S * 1e3:g} ms "
-                        "per-step overhead")
+    sources["other"] = (
+        f"roofline (elementwise, sampling) + fixed {STEP_OVERHEAD_S * 1e3:g} ms per-step overhead"
+    )
     return _Grids(
-        by_tokens=by_tokens, by_seqs=by_seqs, dec_a=pw(T, m.num_layers * dec_a),
-        dec_c=pw(T, m.num_layers * dec_c), prefill=pw(S, prefill),
+        by_tokens=by_tokens,
+        by_seqs=by_seqs,
+        dec_a=pw(T, m.num_layers * dec_a),
+        dec_c=pw(T, m.num_layers * dec_c),
+        prefill=pw(S, prefill),
         prefill_floor_s=float(prefill[1]),
         kv_read_s_per_token=m.num_layers * ops.kv_read_s_per_token(),
-        sources=sources, total_tokens=pw(T, gemm + moe + comm + elem),
-        total_seqs=pw(T, lm_head + sampling))
+        sources=sources,
+        total_tokens=pw(T, gemm + moe + comm + elem),
+        total_seqs=pw(T, lm_head + sampling),
+    )
 
 
 class TableStepModel:
@@ -196,8 +216,9 @@ class TableStepModel:
             att += work if work > mem else mem
         return att + floor
 
-    def step_time_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
-                    decode_kv_tokens: int) -> float:
+    def step_time_s(
+        self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int, decode_kv_tokens: int
+    ) -> float:
         """Seconds for one step; see ``fleetsim.perf.base.StepTimeModel``."""
         num_tokens = num_decode
         for new, _ in prefill_chunks:
@@ -209,16 +230,22 @@ class TableStepModel:
             t += self._prefill_attention_s(prefill_chunks)
         return t
 
-    def decode_step_times_s(self, num_decode: int,
-                            decode_kv_tokens: NDArray[np.int64]) -> NDArray[np.float64]:
+    def decode_step_times_s(
+        self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
+    ) -> NDArray[np.float64]:
         """``step_time_s((), num_decode, kv)`` per element, bit for bit (same float ops)."""
-        t = STEP_OVERHEAD_S + self._tok(num_decode) + self._seq(num_decode) + self._dec_a(
-            num_decode)
+        t = (
+            STEP_OVERHEAD_S
+            + self._tok(num_decode)
+            + self._seq(num_decode)
+            + self._dec_a(num_decode)
+        )
         kv = np.asarray(decode_kv_tokens).astype(np.float64)
         return t + self._dec_c(num_decode) * kv
 
-    def breakdown_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
-                    decode_kv_tokens: int) -> dict[str, float]:
+    def breakdown_s(
+        self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int, decode_kv_tokens: int
+    ) -> dict[str, float]:
         """Seconds by op class for one step (slow path; sums to ``step_time_s`` up to
         rounding)."""
         g = self._g

@@ -65,8 +65,9 @@ def find_table(system: str, op: str, framework: str, filename: str) -> Path | No
     base = root / system / op / framework
     if not base.is_dir():
         return None
-    versions = sorted((p.name for p in base.iterdir() if (p / filename).is_file()),
-                      key=_version_key)
+    versions = sorted(
+        (p.name for p in base.iterdir() if (p / filename).is_file()), key=_version_key
+    )
     return base / versions[-1] / filename if versions else None
 
 
@@ -80,8 +81,9 @@ def _to_numpy(column) -> NDArray:
 
 
 @functools.cache
-def load_table(system: str, op: str, framework: str, filename: str,
-               columns: tuple[str, ...], **filters: object) -> Table | None:
+def load_table(
+    system: str, op: str, framework: str, filename: str, columns: tuple[str, ...], **filters: object
+) -> Table | None:
     """Read ``columns`` (+ latency) of one table, rows matching ``filters``; None if absent."""
     path = find_table(system, op, framework, filename)
     if path is None:
