@@ -58,10 +58,26 @@ def _zipf_logits(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64
     return np.stack([rng.permutation(base) for _ in range(spec.num_layers)])
 
 
+def _cap_at(p: NDArray[np.float64], cap: float) -> NDArray[np.float64]:
+    """Clip probabilities at ``cap`` and give the excess to the others in proportion."""
+    for _ in range(p.shape[-1]):
+        over = p > cap
+        if not over.any():
+            break
+        excess = np.where(over, p - cap, 0.0).sum(-1, keepdims=True)
+        under = np.where(over, 0.0, p)
+        p = np.where(over, cap, p + excess * under / np.maximum(under.sum(-1, keepdims=True), 1e-300))
+    return p
+
+
 def _sample(spec: LoadSpec, logits: NDArray[np.float64], rng: np.random.Generator) -> NDArray[np.float64]:
-    """logits: (..., num_experts) -> multinomial counts of num_tokens * top_k pairs."""
+    """logits: (..., num_experts) -> multinomial counts of num_tokens * top_k pairs.
+
+    A token picks ``top_k`` distinct experts, so no expert gets more than 1 / top_k of the
+    pairs; popularity is capped there before sampling.
+    """
     p = np.exp(logits - logits.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
+    p = _cap_at(p / p.sum(-1, keepdims=True), 1.0 / spec.top_k)
     return rng.multinomial(spec.num_tokens * spec.top_k, p).astype(np.float64)
 
 
@@ -85,7 +101,7 @@ def rl_loads(
     spec: LoadSpec,
     rng: np.random.Generator,
     num_hot: int = 4,
-    hot_boost: float = 3.0,
+    hot_boost: float = 2.0,
     shift_every: int = 1,
 ) -> NDArray[np.float64]:
     """Zipf base plus ``num_hot`` experts per layer whose log-weight is raised by ``hot_boost``;

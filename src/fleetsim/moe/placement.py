@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.moe.eplb import balanced_packing
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -75,6 +76,22 @@ def static_phy2log(num_layers: int, num_experts: int, num_gpus: int, slots_per_g
     cols = np.arange(slots_per_gpu)[None, :]
     row = np.where(cols < masters_per_gpu, gpu * masters_per_gpu + cols, gpu * masters_per_gpu)
     return np.broadcast_to(row.ravel(), (num_layers, num_gpus * slots_per_gpu)).copy()
+
+
+def packed_phy2log(expert_load: FloatArray, num_gpus: int, slots_per_gpu: int) -> IntArray:
+    """Masters packed by EPLB's greedy onto GPUs to balance ``expert_load`` (e.g. a long-run
+    average); spare slots hold copies of each GPU's first master, as in ``static_phy2log``."""
+    num_layers, num_experts = expert_load.shape
+    masters_per_gpu = num_experts // num_gpus
+    pack, rank = balanced_packing(expert_load.astype(np.float32), num_gpus)
+    phy2log = np.empty((num_layers, num_gpus * slots_per_gpu), dtype=np.int64)
+    np.put_along_axis(
+        phy2log, pack * slots_per_gpu + rank, np.broadcast_to(np.arange(num_experts), pack.shape), axis=1
+    )
+    first = phy2log[:, ::slots_per_gpu]
+    for lane in range(masters_per_gpu, slots_per_gpu):
+        phy2log[:, lane::slots_per_gpu] = first
+    return phy2log
 
 
 @dataclass(frozen=True, slots=True, eq=False)

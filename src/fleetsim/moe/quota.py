@@ -1,27 +1,20 @@
 """Quota-driven real-time expert balancing, after UltraEP (Dots-Infra/UltraEP, MIT).
 
-Design: every logical expert keeps one fixed *master* slot; each GPU's few *spare* slots are
-refilled every microbatch and layer from the microbatch's exact load, and every replica gets
-an explicit token *quota* instead of an even split. The planner is a greedy water-fill run
-for all layers at once (numpy over layers, a Python loop over transfers):
-
-  repeat: take the most loaded GPU and its heaviest slot (expert x); send part of that slot's
-  tokens to the least loaded GPU that already holds x (free), or else to the least loaded GPU
-  with an unused spare slot (costs one expert copy, within the move budget); the amount
-  brings the source down to the mean or the destination up to the mean, whichever is less.
-
-Spare slots start with the previous microbatch's replicas (quota 0), so reusing them costs no
-copy. Stops when max/mean <= 1 + tolerance or no transfer helps. With integer loads the
-quotas are integers (largest remainder) and sum exactly to each expert's load.
+Every logical expert keeps one fixed *master* slot; each GPU's few *spare* slots are refilled
+every microbatch and layer from that microbatch's exact load, and every replica gets an
+explicit token *quota* instead of an even split. Spare slots start with the previous
+microbatch's replicas (quota 0), so reusing one costs no copy; each new copy counts against
+a per-GPU move budget. With integer loads the quotas are integers (largest remainder) that
+sum exactly to each expert's load. See ``_plan_layer`` for the greedy itself.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import heapq
 
 import numpy as np
-
-from numpy.typing import NDArray
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.moe.balancers import register_balancer
@@ -31,7 +24,7 @@ from fleetsim.moe.placement import (
     IntArray,
     Placement,
     check_layout,
-    static_phy2log,
+    packed_phy2log,
 )
 
 
@@ -61,168 +54,129 @@ def plan_quotas(
     num_layers, num_experts = load.shape
     num_slots = initial_phy2log.shape[1]
     spg = num_slots // num_gpus
-    spare_lane = np.arange(spg) >= num_experts // num_gpus
-    is_spare = np.tile(spare_lane, num_gpus)
+    num_masters = num_experts // num_gpus
+    is_spare = (np.arange(num_slots) % spg) >= num_masters
     phy2log = initial_phy2log.astype(np.int64, copy=True)
-    masters = phy2log[:, ~is_spare]
-    if not (np.sort(masters, axis=1) == np.arange(num_experts)).all():
+    if not (np.sort(phy2log[:, ~is_spare], axis=1) == np.arange(num_experts)).all():
         raise ValueError("master slots must hold every expert exactly once")
     quota = np.zeros((num_layers, num_slots))
-    quota[:, ~is_spare] = np.take_along_axis(load, masters, axis=1)
-
-    # Within-node balancing is the same problem with one row per (layer, node).
-    gpus_per_row = gpus_per_node or num_gpus
-    num_rows = num_layers * (num_gpus // gpus_per_row)
-    fill = _Fill(
-        phy2log.reshape(num_rows, -1),
-        quota.reshape(num_rows, -1),
-        num_experts,
-        spare_lane,
-        max_new_per_gpu,
-    )
-    active = fill.gpu_load.max(1) > fill.mean * (1 + tolerance)
-    for _ in range(2):  # bulk rounds: many disjoint transfers per layer at once
-        if not active.any() or not fill.bulk_round(active, tolerance):
-            break
-        active = fill.gpu_load.max(1) > fill.mean * (1 + tolerance)
-    for _ in range(4 * num_slots):  # then one transfer per layer, hottest GPU first
-        if not active.any():
-            break
-        active = fill.greedy_step(active, tolerance)
-    phy2log = fill.phy2log.reshape(num_layers, num_slots)
-    quota = fill.quota.reshape(num_layers, num_slots)
+    budget = num_slots if max_new_per_gpu is None else max_new_per_gpu
+    layout = (num_gpus, spg, num_masters, gpus_per_node or num_gpus, budget, tolerance)
+    # Vectorized set-up for all layers; the sequential part runs per layer on lists.
+    master_tokens = np.where(is_spare, 0.0, np.take_along_axis(load, phy2log, axis=1))
+    gpu_load = master_tokens.reshape(num_layers, num_gpus, spg).sum(-1)
+    master_slot = np.empty((num_layers, num_experts), dtype=np.int64)
+    master_ids = np.flatnonzero(~is_spare)
+    np.put_along_axis(master_slot, phy2log[:, master_ids], np.broadcast_to(master_ids, (num_layers, master_ids.size)), axis=1)
+    for layer in range(num_layers):
+        slots, tokens = _plan_layer(
+            phy2log[layer].tolist(),
+            master_tokens[layer].tolist(),
+            gpu_load[layer].tolist(),
+            master_slot[layer].tolist(),
+            *layout,
+        )
+        phy2log[layer] = slots
+        quota[layer] = tokens
     if np.array_equal(load, np.floor(load)):
         quota = _integer_quotas(quota, phy2log, load)
     return phy2log, quota
 
 
-class _Fill:
-    """Mutable water-fill state over rows (layers, or layer x node), each with its own GPUs."""
+def _plan_layer(
+    slots: list[int],
+    tokens: list[float],
+    gpu_load: list[float],
+    master_slot: list[int],
+    num_gpus: int,
+    spg: int,
+    num_masters: int,
+    gpus_per_node: int,
+    budget: int,
+    tolerance: float,
+) -> tuple[list[int], list[float]]:
+    """One layer, in plain Python: at ~64 GPUs a heap walk beats numpy's per-call overhead.
 
-    def __init__(
-        self,
-        phy2log: IntArray,
-        quota: FloatArray,
-        num_experts: int,
-        spare_lane: NDArray[np.bool_],
-        max_new_per_gpu: int | None,
-    ) -> None:
-        num_rows, num_slots = phy2log.shape
-        self.spg = spg = spare_lane.size
-        self.num_gpus = num_gpus = num_slots // spg
-        self.phy2log, self.quota, self.spare_lane = phy2log, quota, spare_lane
-        self.is_spare = np.tile(spare_lane, num_gpus)
-        self.rows = np.arange(num_rows)
-        self.lane = np.arange(spg)
-        self.gpu_load = quota.reshape(num_rows, num_gpus, spg).sum(-1)
-        self.mean = self.gpu_load.sum(1) / num_gpus
-        self.floor_tokens = 1e-9 * np.maximum(self.mean, 1.0)
-        # has[r, e, g]: GPU g holds expert e in some slot (a free target for e's tokens).
-        self.has = np.zeros((num_rows, num_experts, num_gpus), dtype=bool)
-        self.has[self.rows[:, None], phy2log, np.arange(num_slots) // spg] = True
-        self.num_open = np.where(self.is_spare & (quota == 0), 1, 0).reshape(
-            num_rows, num_gpus, spg
-        ).sum(-1)
-        self.moves = np.zeros((num_rows, num_gpus), dtype=np.int64)
-        self.budget = np.iinfo(np.int64).max if max_new_per_gpu is None else max_new_per_gpu
-        self.not_self = ~np.eye(num_gpus, dtype=bool)
-        self.bulk_min_excess = 0.25
+    Repeatedly the most loaded GPU sheds tokens of its heaviest slot: to a GPU of its node
+    that already holds that expert (free), else by copying the expert into an open spare
+    slot. The copy goes to the GPU whose room (tokens below the mean) is the largest that
+    the slot can fill completely, else to the smallest room; filled rooms waste no slot. A
+    source with an open spare slot may shed below the mean, since that slot can take a copy
+    back later; this lets every GPU's spare slot absorb load, not only those below the mean.
+    ``slots`` and ``tokens`` are updated in place and returned.
+    """
+    # Spare slots start open (quota 0); they may still hold last microbatch's replicas.
+    open_slots = [list(range(g * spg + num_masters, (g + 1) * spg)) for g in range(num_gpus)]
+    replicas: dict[int, list[int]] = {}
+    for gpu_slots in open_slots:
+        for slot in gpu_slots:
+            replicas.setdefault(slots[slot], []).append(slot)
+    mean = sum(gpu_load) / num_gpus
+    if mean <= 0:
+        return slots, tokens
+    slack, floor = tolerance * mean, 1e-9 * mean
+    moves = [0] * num_gpus
+    # Per node, sorted (room, gpu) of GPUs below the mean that can take a copy.
+    rooms: list[list[tuple[float, int]]] = [[] for _ in range(num_gpus // gpus_per_node)]
+    room_key: list[tuple[float, int] | None] = [None] * num_gpus
 
-    def heaviest_slot(self, r: IntArray, gpu: IntArray) -> tuple[IntArray, FloatArray]:
-        slots = gpu[..., None] * self.spg + self.lane
-        quota = self.quota[r[..., None], slots]
-        pos = quota.argmax(-1)[..., None]
-        return np.take_along_axis(slots, pos, -1)[..., 0], np.take_along_axis(quota, pos, -1)[..., 0]
+    def refresh(gpu: int) -> None:
+        key = room_key[gpu]
+        node_rooms = rooms[gpu // gpus_per_node]
+        if key is not None:
+            del node_rooms[bisect.bisect_left(node_rooms, key)]
+            room_key[gpu] = None
+        room = mean - gpu_load[gpu]
+        if room > floor and open_slots[gpu] and moves[gpu] < budget:
+            room_key[gpu] = key = (room, gpu)
+            bisect.insort(node_rooms, key)
 
-    def bulk_round(self, active: NDArray[np.bool_], tolerance: float) -> bool:
-        """Pair the k-th most loaded GPU with the k-th least loaded one that can take a copy;
-        every pair moves tokens of the source's heaviest slot. Pairs in a row are disjoint."""
-        k = self.num_gpus // 2
-        excess = self.gpu_load - self.mean[:, None]
-        srcs = np.argsort(-excess, axis=1)[:, :k]
-        can_take = (self.num_open > 0) & (self.moves < self.budget) & (excess < 0)
-        dsts = np.argsort(np.where(can_take, excess, np.inf), axis=1)[:, :k]
-        src_excess = np.take_along_axis(excess, srcs, 1)
-        dst_room = -np.take_along_axis(np.where(can_take, excess, -0.0), dsts, 1)
-        r = np.broadcast_to(self.rows[:, None], srcs.shape)
-        slot, tokens = self.heaviest_slot(r, srcs)
-        expert = self.phy2log[r, slot]
-        dst_slots = dsts[..., None] * self.spg + self.lane
-        holds_here = self.phy2log[r[..., None], dst_slots] == expert[..., None]
-        open_here = self.spare_lane & (self.quota[r[..., None], dst_slots] == 0)
-        target = np.where(holds_here.any(-1)[..., None], holds_here, open_here)
-        dst_slot = np.take_along_axis(dst_slots, target.argmax(-1)[..., None], -1)[..., 0]
-        delta = np.minimum(np.minimum(src_excess, dst_room), tokens)
-        valid = (
-            active[:, None]
-            & (src_excess > self.bulk_min_excess * self.mean[:, None])
-            & (dst_room > 0)
-            & (delta > self.floor_tokens[:, None])
-        )
-        if not valid.any():
-            return False
-        self._apply(r[valid], slot[valid], dst_slot[valid], expert[valid], delta[valid])
-        return True
-
-    def greedy_step(self, active: NDArray[np.bool_], tolerance: float) -> NDArray[np.bool_]:
-        """Move tokens off the most loaded GPU of every active row; returns the new active."""
-        rows, gpu_load, mean = self.rows, self.gpu_load, self.mean
-        src = gpu_load.argmax(1)
-        slot, slot_tokens = self.heaviest_slot(rows, src)
-        expert = self.phy2log[rows, slot]
-        # Least loaded destination, free (already holds the expert) or by copy.
-        holds = self.has[rows, expert]
-        allowed = self.not_self[src]
-        free_load = np.where(holds & allowed, gpu_load, np.inf)
-        can_copy = (self.num_open > 0) & allowed & ~holds & (self.moves < self.budget)
-        copy_load = np.where(can_copy, gpu_load, np.inf)
-        free_dst, copy_dst = free_load.argmin(1), copy_load.argmin(1)
-        best_free, best_copy = free_load[rows, free_dst], copy_load[rows, copy_dst]
-        use_free = best_free <= best_copy
-        dst = np.where(use_free, free_dst, copy_dst)
-        src_load, dst_load = gpu_load[rows, src], np.minimum(best_free, best_copy)
-        # Bring src down to the mean or dst up to it, whichever is less.
-        delta = np.where(
-            dst_load < mean,
-            np.minimum(src_load - mean, mean - dst_load),
-            (src_load - dst_load) / 2,
-        )
-        delta = np.minimum(delta, slot_tokens)
-        ok = active & np.isfinite(dst_load) & (delta > self.floor_tokens)
-        if not ok.any():
-            return ok
-        r, e, d_gpu = rows[ok], expert[ok], dst[ok]
-        dst_slots = d_gpu[:, None] * self.spg + self.lane
-        holds_here = self.phy2log[r[:, None], dst_slots] == e[:, None]
-        open_here = self.spare_lane & (self.quota[r[:, None], dst_slots] == 0)
-        target = np.where(use_free[ok][:, None], holds_here, open_here)
-        d_slot = dst_slots[np.arange(r.size), target.argmax(1)]
-        self._apply(r, slot[ok], d_slot, e, delta[ok])
-        return ok & (gpu_load.max(1) > mean * (1 + tolerance))
-
-    def _apply(
-        self, r: IntArray, s_slot: IntArray, d_slot: IntArray, expert: IntArray, delta: FloatArray
-    ) -> None:
-        """Move ``delta`` tokens of ``expert`` from slot to slot (no index repeats)."""
-        spg, quota = self.spg, self.quota
-        s_gpu, d_gpu = s_slot // spg, d_slot // spg
-        was_open = self.is_spare[d_slot] & (quota[r, d_slot] == 0)
-        self.num_open[r[was_open], d_gpu[was_open]] -= 1
-        quota[r, s_slot] -= delta
-        quota[r, d_slot] += delta
-        self.gpu_load[r, s_gpu] -= delta
-        self.gpu_load[r, d_gpu] += delta
-        drained = self.is_spare[s_slot] & (quota[r, s_slot] == 0)
-        self.num_open[r[drained], s_gpu[drained]] += 1
-        copied = self.phy2log[r, d_slot] != expert
-        if copied.any():
-            rc, gc, sc, ec = r[copied], d_gpu[copied], d_slot[copied], expert[copied]
-            old = self.phy2log[rc, sc]
-            self.phy2log[rc, sc] = ec
-            dst_slots = gc[:, None] * spg + self.lane
-            self.has[rc, old, gc] = (self.phy2log[rc[:, None], dst_slots] == old[:, None]).any(1)
-            self.has[rc, ec, gc] = True
-            self.moves[rc, gc] += 1
+    for gpu in range(num_gpus):
+        refresh(gpu)
+    heap = [(mean - load_g, g) for g, load_g in enumerate(gpu_load) if load_g - mean > slack]
+    heapq.heapify(heap)
+    while heap:
+        neg_excess, src = heapq.heappop(heap)
+        excess = gpu_load[src] - mean
+        if excess <= slack:
+            continue
+        if -neg_excess != excess:  # stale entry: re-queue with the current excess
+            heapq.heappush(heap, (-excess, src))
+            continue
+        slot = max(range(src * spg, (src + 1) * spg), key=tokens.__getitem__)
+        expert, node = slots[slot], src // gpus_per_node
+        can_overshoot = bool(open_slots[src]) and moves[src] < budget
+        avail = tokens[slot] if can_overshoot else min(tokens[slot], excess)
+        free_room, dst_slot = floor, -1
+        for other in (master_slot[expert], *replicas.get(expert, ())):
+            gpu = other // spg
+            if gpu != src and gpu // gpus_per_node == node and mean - gpu_load[gpu] > free_room:
+                free_room, dst_slot = mean - gpu_load[gpu], other
+        if dst_slot >= 0:
+            amount = min(avail, free_room)
+            if tokens[dst_slot] == 0 and dst_slot in open_slots[dst_slot // spg]:
+                open_slots[dst_slot // spg].remove(dst_slot)
+        else:
+            node_rooms = rooms[node]
+            if not node_rooms:
+                continue  # nothing in reach can take load: this GPU stays as it is
+            at = bisect.bisect_right(node_rooms, (avail, num_gpus)) - 1
+            room, dst = node_rooms[at] if at >= 0 else node_rooms[0]
+            amount = min(avail, room)
+            dst_slot = open_slots[dst].pop(0)
+            replicas[slots[dst_slot]].remove(dst_slot)
+            slots[dst_slot] = expert
+            replicas.setdefault(expert, []).append(dst_slot)
+            moves[dst] += 1
+        tokens[slot] -= amount
+        tokens[dst_slot] += amount
+        gpu_load[src] -= amount
+        gpu_load[dst_slot // spg] += amount
+        refresh(dst_slot // spg)
+        refresh(src)
+        if gpu_load[src] - mean > slack:
+            heapq.heappush(heap, (mean - gpu_load[src], src))
+    return slots, tokens
 
 
 def _integer_quotas(quota: FloatArray, phy2log: IntArray, load: FloatArray) -> FloatArray:
@@ -300,9 +254,10 @@ def plan_view(
         if view.previous is not None:
             initial_phy2log = view.previous.phy2log
         else:
-            initial_phy2log = static_phy2log(
-                view.num_layers, view.num_experts, view.num_gpus, view.slots_per_gpu
-            )
+            # Masters are fixed from the first load seen (the history mean if any): UltraEP
+            # keeps a balanced static deployment and corrects only the fluctuation.
+            first = np.mean(view.history, axis=0) if view.history else view.expert_load
+            initial_phy2log = packed_phy2log(first, view.num_gpus, view.slots_per_gpu)
     phy2log, quota = plan_quotas(
         view.expert_load,
         initial_phy2log,
