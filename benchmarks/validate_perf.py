@@ -153,6 +153,10 @@ def _setup(p: Point) -> str:
     )
 
 
+def _bias(rows: list[dict]) -> float:
+    return float(np.mean([r["error_pct"] for r in rows]))
+
+
 def markdown(rows: list[dict], mape: float, rows_rl: list[dict], mape_rl: float) -> str:
     lines = [
         "| source | setup (vLLM, offline batch) | measured s | predicted s | error % "
@@ -168,6 +172,7 @@ def markdown(rows: list[dict], mape: float, rows_rl: list[dict], mape_rl: float)
             f"{rr['error_pct']:+.1f} |"
         )
     lines.append(f"| **MAPE** | {len(rows)} points | | | **{mape:.1f}%** | | **{mape_rl:.1f}%** |")
+    lines.append(f"| mean signed error | | | | {_bias(rows):+.1f}% | | {_bias(rows_rl):+.1f}% |")
     return "\n".join(lines)
 
 
@@ -190,7 +195,10 @@ def main() -> None:
             f"{src:<16} {_setup(p):<62} {p.measured_s:9.3f} {r['predicted_s']:9.3f} "
             f"{r['error_pct']:+7.1f} {rr['predicted_s']:9.3f} {rr['error_pct']:+7.1f}"
         )
-    print(f"MAPE over {len(rows)} points: table+fallback {mape:.1f}%, roofline only {mape_rl:.1f}%")
+    print(
+        f"MAPE over {len(rows)} points: table+fallback {mape:.1f}% (mean signed "
+        f"{_bias(rows):+.1f}%), roofline only {mape_rl:.1f}% ({_bias(rows_rl):+.1f}%)"
+    )
     print(f"sources: {SRC_BATCH}; {SRC_TTFT}")
     if args.write_docs:
         path = Path(__file__).resolve().parents[1] / "docs" / "validation.md"

@@ -4,7 +4,7 @@ Used when no measured table covers a GPU or shape (e.g. H20). Efficiencies are t
 fractions of datasheet peaks, not fits to our validation data:
 
 - GEMM compute 0.70: cuBLAS BF16 GEMMs of LLM shapes reach ~600-700 TFLOP/s of 989 on H100
-  (e.g. the aiconfigurator-core H100 table peaks near 0.75 of peak for 8k x 8k x 8k).
+  (the aiconfigurator-core H100 table reads 0.72 of peak at 8192^3, 0.84 at 4096^3).
 - Attention compute 0.50: FlashAttention-2 reaches 50-73% of peak forward on A100 (Dao 2023,
   arXiv:2307.08691, fig. 5); FlashAttention-3 ~75% on H100 (arXiv:2407.08608) for long
   sequences; serving mixes short sequences, so we take the low end.
