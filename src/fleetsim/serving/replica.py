@@ -234,46 +234,98 @@ class Replica:
     # ---- fast-forward ----------------------------------------------------------------
     def _try_fast_forward(self, step: _Step) -> float:
         """Advance as many identical decode steps as provably change nothing else; returns
-        the absolute end time of the last one."""
+        the absolute end time of the last one.
+
+        Plain Python over requests and steps, plus one vectorized call for the step times:
+        windows are usually short (the next arrival is a few dozen steps away), where numpy's
+        per-call overhead would dominate.
+        """
         decodes = step.decodes
         n = len(decodes)
+        kv = self.kv
+        per_entry = kv.blocks_per_entry
+        computed: list[int] = []
+        held: list[int] = []
         kv_tokens = 0
+        max_steps = 1 << 62
         for r in decodes:
-            kv_tokens += r.num_computed_tokens
+            c = r.num_computed_tokens
+            computed.append(c)
+            kv_tokens += c
+            held.append(r.num_private_blocks + r.num_cached_entries * per_entry)
+            left = r.max_output_tokens - r.num_output_tokens
+            if left < max_steps:
+                max_steps = left
+        start_s = step.start_s
         first_s = self.step_model.step_time_s((), n, kv_tokens)
-        horizon_s = self._horizon_s()
-        max_steps = min(r.max_output_tokens - r.num_output_tokens for r in decodes)
-        if max_steps < 2 or step.start_s + first_s >= min(horizon_s, self.until_s):
-            self._pending_kv_seconds = self.kv.num_used_blocks * first_s
-            return step.start_s + first_s
-        # The first step's blocks are already allocated; find how many more steps KV allows.
-        bs = self.kv.block_size
-        computed = np.fromiter((r.num_computed_tokens for r in decodes), np.int64, n)
-        held = np.fromiter(
-            (r.num_private_blocks + r.num_cached_entries * self.kv.blocks_per_entry
-             for r in decodes), np.int64, n)
-        available = self.kv.num_available_blocks
-        k = _max_steps_within_blocks(computed, held, bs, available, max_steps)
+        stop_s = min(self._horizon_s(), self.until_s)
+        if max_steps < 2 or start_s + first_s >= stop_s:
+            self._pending_kv_seconds = kv.num_used_blocks * first_s
+            return start_s + first_s
+        # Decode steps never get shorter as KV grows, so steps past this cannot fit before
+        # the stop; the cap keeps the arrays small.
+        if stop_s < math.inf:
+            max_steps = min(max_steps, int((stop_s - start_s) / first_s) + 2)
+        k = self._steps_within_blocks(computed, held, kv.num_available_blocks, max_steps)
         times = self.step_model.decode_step_times_s(
-            n, kv_tokens + n * np.arange(k, dtype=np.int64))
-        ends = np.cumsum(np.concatenate(([step.start_s], times)))
-        # Stop at the first boundary that reaches the next event (or passes until_s).
-        k = min(k, 1 + int(np.searchsorted(ends[1:k], horizon_s, side="left")),
-                1 + int(np.searchsorted(ends[1:k], self.until_s, side="right")))
-        # Allocate the window's blocks now; integrate KV use exactly as step by step would.
-        extra = np.maximum(0, -(-(computed + k) // bs) - held)
-        used0 = self.kv.num_used_blocks
-        for r, e in zip(decodes, extra.tolist(), strict=True):
-            if e:
-                self.kv.allocate(r, e)
-        durations = times[:k]
-        suffix = np.cumsum(durations[::-1])[::-1]  # seconds from each step's start to the end
-        first_alloc = held * bs - computed  # first step index (0-based) needing a new block
-        alloc_steps = _allocation_steps(first_alloc, bs, k)
-        self._pending_kv_seconds = used0 * float(suffix[0]) + float(suffix[alloc_steps].sum())
-        step.num_steps = k
-        step.num_tokens = n * k
-        return float(ends[k])
+            n, kv_tokens + n * np.arange(k, dtype=np.int64)).tolist()
+        # Per-step new blocks (the first step's are already allocated: first index >= 1).
+        bs = kv.block_size
+        new_blocks = [0] * k
+        for c, h in zip(computed, held, strict=True):
+            j = h * bs - c
+            while j < k:
+                new_blocks[j] += 1
+                j += bs
+        # Accumulate exactly as step by step would; stop at the first boundary that reaches
+        # the next event (an arrival joins the queue before the step planned at its time)
+        # or passes until_s.
+        horizon_s, until_s = self._horizon_s(), self.until_s
+        end_s = start_s
+        used = kv.num_used_blocks
+        kv_seconds = 0.0
+        steps = 0
+        for j in range(k):
+            used += new_blocks[j]
+            d = times[j]
+            end_s += d
+            kv_seconds += used * d
+            steps += 1
+            if end_s >= horizon_s or end_s > until_s:
+                break
+        for r, c, h in zip(decodes, computed, held, strict=True):
+            extra = -(-(c + steps) // bs) - h
+            if extra > 0:
+                kv.allocate(r, extra)
+        self._pending_kv_seconds = kv_seconds
+        step.num_steps = steps
+        step.num_tokens = n * steps
+        return end_s
+
+    @staticmethod
+    def _blocks_for_steps(computed: list[int], held: list[int], bs: int, k: int) -> int:
+        total = 0
+        for c, h in zip(computed, held, strict=True):
+            extra = -(-(c + k) // bs) - h
+            if extra > 0:
+                total += extra
+        return total
+
+    def _steps_within_blocks(
+        self, computed: list[int], held: list[int], available: int, max_steps: int
+    ) -> int:
+        """Largest k <= max_steps whose blocks for k decode steps fit (k = 1 always does)."""
+        bs = self.kv.block_size
+        if self._blocks_for_steps(computed, held, bs, max_steps) <= available:
+            return max_steps
+        lo, hi = 1, max_steps
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._blocks_for_steps(computed, held, bs, mid) <= available:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     # ---- step end --------------------------------------------------------------------
     def finish_step(self, step: _Step) -> None:
@@ -318,39 +370,3 @@ class Replica:
             done.append(r)
 
 
-def _max_steps_within_blocks(
-    computed: np.ndarray, held: np.ndarray, block_size: int, available: int, max_steps: int
-) -> int:
-    """Largest k <= max_steps whose extra blocks for k decode steps fit in ``available``.
-
-    The first step's blocks are already held, so k = 1 always fits.
-    """
-
-    def demand(k: int) -> int:
-        return int(np.maximum(0, -(-(computed + k) // block_size) - held).sum())
-
-    if demand(max_steps) <= available:
-        return max_steps
-    lo, hi = 1, max_steps  # demand(lo) fits, demand(hi) does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if demand(mid) <= available:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _allocation_steps(first_alloc: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
-    """Step indices (0-based, < num_steps) at which each request takes a new block.
-
-    Request i needs a block at step ``first_alloc[i]`` (if >= 0) and every ``block_size``
-    steps after; a request whose first block is already held starts at its next boundary.
-    """
-    first = np.where(first_alloc < 0, first_alloc % block_size, first_alloc)
-    counts = np.maximum(0, -(-(num_steps - first) // block_size))
-    if not counts.any():
-        return np.zeros(0, dtype=np.int64)
-    starts = np.repeat(first, counts)
-    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    return starts + offsets * block_size
