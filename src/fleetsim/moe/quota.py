@@ -99,7 +99,7 @@ def _plan_layer(
 
     Repeatedly the most loaded GPU sheds tokens of its heaviest slot: to a GPU of its node
     that already holds that expert (free), else by copying the expert into an open spare
-    slot. The copy goes to the GPU whose room (tokens below the mean) is the largest that
+    slot. The copy goes to the GPU whose room (tokens below its node's mean) is the largest that
     the slot can fill completely, else to the smallest room; filled rooms waste no slot. A
     source with an open spare slot may shed below the mean, since that slot can take a copy
     back later; this lets every GPU's spare slot absorb load, not only those below the mean.
@@ -115,6 +115,10 @@ def _plan_layer(
     if mean <= 0:
         return slots, tokens
     slack, floor = tolerance * mean, 1e-9 * mean
+    # Load only moves inside a node, so each GPU's water level is its node's mean.
+    level = []
+    for first in range(0, num_gpus, gpus_per_node):
+        level += [sum(gpu_load[first : first + gpus_per_node]) / gpus_per_node] * gpus_per_node
     moves = [0] * num_gpus
     # Per node, sorted (room, gpu) of GPUs below the mean that can take a copy.
     rooms: list[list[tuple[float, int]]] = [[] for _ in range(num_gpus // gpus_per_node)]
@@ -126,18 +130,18 @@ def _plan_layer(
         if key is not None:
             del node_rooms[bisect.bisect_left(node_rooms, key)]
             room_key[gpu] = None
-        room = mean - gpu_load[gpu]
+        room = level[gpu] - gpu_load[gpu]
         if room > floor and open_slots[gpu] and moves[gpu] < budget:
             room_key[gpu] = key = (room, gpu)
             bisect.insort(node_rooms, key)
 
     for gpu in range(num_gpus):
         refresh(gpu)
-    heap = [(mean - load_g, g) for g, load_g in enumerate(gpu_load) if load_g - mean > slack]
+    heap = [(level[g] - load_g, g) for g, load_g in enumerate(gpu_load) if load_g - level[g] > slack]
     heapq.heapify(heap)
     while heap:
         neg_excess, src = heapq.heappop(heap)
-        excess = gpu_load[src] - mean
+        excess = gpu_load[src] - level[src]
         if excess <= slack:
             continue
         if -neg_excess != excess:  # stale entry: re-queue with the current excess
@@ -150,8 +154,8 @@ def _plan_layer(
         free_room, dst_slot = floor, -1
         for other in (master_slot[expert], *replicas.get(expert, ())):
             gpu = other // spg
-            if gpu != src and gpu // gpus_per_node == node and mean - gpu_load[gpu] > free_room:
-                free_room, dst_slot = mean - gpu_load[gpu], other
+            if gpu != src and gpu // gpus_per_node == node and level[gpu] - gpu_load[gpu] > free_room:
+                free_room, dst_slot = level[gpu] - gpu_load[gpu], other
         if dst_slot >= 0:
             amount = min(avail, free_room)
             if tokens[dst_slot] == 0 and dst_slot in open_slots[dst_slot // spg]:
@@ -174,8 +178,8 @@ def _plan_layer(
         gpu_load[dst_slot // spg] += amount
         refresh(dst_slot // spg)
         refresh(src)
-        if gpu_load[src] - mean > slack:
-            heapq.heappush(heap, (mean - gpu_load[src], src))
+        if gpu_load[src] - level[src] > slack:
+            heapq.heappush(heap, (level[src] - gpu_load[src], src))
     return slots, tokens
 
 
