@@ -116,6 +116,17 @@ def _fit_decode_attention(rows: Table, f: int) -> tuple[F64, F64, float] | None:
     return bs, np.maximum.accumulate(a), c
 
 
+# vLLM's custom all-reduce handles messages up to 8 MiB (its default max_size); larger ones go
+# through NCCL (PyNccl).
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 1024 * 1024
+
+
+def _interp_rows(rows: Table, msg: F64) -> F64:
+    order = np.argsort(rows.columns["message_size"])
+    xs = rows.columns["message_size"][order].astype(float)
+    return _interp_linear_tail(msg, xs, rows.columns["latency_s"][order])
+
+
 class OpTimes:
     """Kernel-time functions for one model on one GPU at one TP degree."""
 
@@ -330,10 +341,21 @@ class OpTimes:
             out = np.zeros_like(tokens)
             # vLLM replays CUDA graphs for batches up to 512 tokens (default capture sizes)
             for backend, sel in (("vllm_graph", tokens <= 512), ("vllm_eager", tokens > 512)):
-                rows = table.where(backend=backend)
-                order = np.argsort(rows.columns["message_size"])
-                xs = rows.columns["message_size"][order].astype(float)
-                out[sel] = _interp_linear_tail(msg[sel], xs, rows.columns["latency_s"][order])
+                out[sel] = _interp_rows(table.where(backend=backend), msg[sel])
+            nccl = load_table(
+                self.system,
+                "comm",
+                "nccl",
+                "nccl_perf.parquet",
+                ("message_size",),
+                op_name="all_reduce",
+                nccl_dtype="half",
+                num_gpus=self.tp,
+            )
+            big = msg > CUSTOM_ALLREDUCE_MAX_BYTES
+            if nccl is not None and len(nccl) and big.any():
+                self._note("communication", "measured: " + nccl.label)
+                out[big] = _interp_rows(nccl, msg[big])
             return np.where(tokens > 0, out, 0.0)
         self._note("communication", ROOFLINE)
         out = np.array([rl.allreduce_s(x, self.tp, self.gpu.nvlink_bw_bytes_per_s) for x in msg])
