@@ -14,7 +14,11 @@ from pathlib import Path
 from fleetsim.configutil import from_dict
 from fleetsim.errors import FleetsimInputError
 
-_GB = 1e9  # datasheets quote decimal GB and GB/s
+_GB = 1e9  # datasheets quote decimal GB/s and TFLOP/s
+# Memory is the total the driver reports (nvidia-smi / torch.cuda.mem_get_info), which is what
+# vLLM's gpu_memory_utilization multiplies; HBM stacks are binary-sized, so an "80 GB" H100 has
+# 81,559 MiB usable, not 80e9 bytes.
+_MIB = 2**20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,7 +32,7 @@ class GPUSpec:
     peak_fp8_flops: float
     """Dense FP8 tensor-core peak, FLOP/s (equal to BF16 on GPUs without FP8 units)."""
     hbm_bytes: float
-    """Device memory capacity, bytes (datasheet decimal GB)."""
+    """Device memory the driver reports, bytes (what vLLM's memory utilization applies to)."""
     hbm_bw_bytes_per_s: float
     """Peak device-memory bandwidth, bytes/s."""
     nvlink_bw_bytes_per_s: float
@@ -69,7 +73,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         name="A100-80GB-SXM",
         peak_bf16_flops=312e12,
         peak_fp8_flops=312e12,
-        hbm_bytes=80 * _GB,
+        hbm_bytes=81920 * _MIB,
         hbm_bw_bytes_per_s=2039 * _GB,
         nvlink_bw_bytes_per_s=300 * _GB,
         network_bw_bytes_per_s=25 * _GB,
@@ -84,7 +88,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         name="H100-SXM",
         peak_bf16_flops=989e12,
         peak_fp8_flops=1979e12,
-        hbm_bytes=80 * _GB,
+        hbm_bytes=81559 * _MIB,
         hbm_bw_bytes_per_s=3350 * _GB,
         nvlink_bw_bytes_per_s=450 * _GB,
         network_bw_bytes_per_s=50 * _GB,
@@ -98,7 +102,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         name="H200",
         peak_bf16_flops=989e12,
         peak_fp8_flops=1979e12,
-        hbm_bytes=141 * _GB,
+        hbm_bytes=143771 * _MIB,
         hbm_bw_bytes_per_s=4800 * _GB,
         nvlink_bw_bytes_per_s=450 * _GB,
         network_bw_bytes_per_s=50 * _GB,
@@ -113,7 +117,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         name="H20",
         peak_bf16_flops=148e12,
         peak_fp8_flops=296e12,
-        hbm_bytes=96 * _GB,
+        hbm_bytes=96 * 1024 * _MIB,  # 96 GiB nominal; driver total not verified
         hbm_bw_bytes_per_s=4000 * _GB,
         nvlink_bw_bytes_per_s=450 * _GB,
         network_bw_bytes_per_s=50 * _GB,
@@ -127,7 +131,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         name="L40S",
         peak_bf16_flops=362e12,
         peak_fp8_flops=733e12,
-        hbm_bytes=48 * _GB,
+        hbm_bytes=46068 * _MIB,  # 48 GB GDDR6 less ECC reservation
         hbm_bw_bytes_per_s=864 * _GB,
         nvlink_bw_bytes_per_s=32 * _GB,
         network_bw_bytes_per_s=12.5 * _GB,
@@ -142,7 +146,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         name="B200",
         peak_bf16_flops=2250e12,
         peak_fp8_flops=4500e12,
-        hbm_bytes=180 * _GB,
+        hbm_bytes=183359 * _MIB,
         hbm_bw_bytes_per_s=8000 * _GB,
         nvlink_bw_bytes_per_s=900 * _GB,
         network_bw_bytes_per_s=50 * _GB,
