@@ -28,7 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        handler = getattr(args, "handler", None) or args.func
+        return int(handler(args) or 0)
     except FleetsimInputError as err:
         print(f"fleetsim: error: {err}", file=sys.stderr)
         return EXIT_INPUT_ERROR
@@ -87,14 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Packages that own a command expose ``add_parser(subparsers)`` in a ``cli`` module; the
+# parser they register sets ``handler`` to a function taking the parsed args.
+COMMAND_MODULES = ("fleetsim.moe.cli", "fleetsim.search.cli", "fleetsim.sweep.cli",
+                   "fleetsim.report.cli")
+
+
 def _add_optional_commands(sub: Any) -> None:
-    """Commands owned by other packages register themselves here."""
-    try:
-        from fleetsim.moe import cli as moe_cli
-    except ImportError:
-        return
-    if hasattr(moe_cli, "add_parser"):
-        moe_cli.add_parser(sub)
+    import importlib
+
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name is not None and name.startswith(err.name):
+                continue  # that package is not there (yet)
+            raise
+        module.add_parser(sub)
 
 
 # ---- run ------------------------------------------------------------------------------

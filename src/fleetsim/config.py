@@ -29,12 +29,16 @@ class HardwareConfig:
     """GPU name from ``fleetsim gpus`` (or from ``catalog``)."""
     tp: int = 1
     """Tensor-parallel degree: GPUs per replica."""
+    num_replicas: int = 1
+    """Identical mixed replicas (when ``cluster.pools`` is empty)."""
     catalog: str | None = None
     """Optional TOML file adding GPUs ([[gpu]] tables, same fields as the built-ins)."""
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"hardware.tp must be >= 1, got {self.tp}")
+        if self.num_replicas < 1:
+            raise ValueError(f"hardware.num_replicas must be >= 1, got {self.num_replicas}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +84,73 @@ class PolicyConfig:
     """Step planner and its args, e.g. {name = "token_budget", args = {enable_chunked_prefill = false}}."""
 
 
+ROLES = ("mixed", "prefill", "decode")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolConfig:
+    """A pool of identical replicas."""
+
+    name: str
+    """Pool name, used in results (e.g. "prefill-h200")."""
+    gpu: str
+    """GPU name from ``fleetsim gpus``."""
+    num_replicas: int = 1
+    """Replicas in the pool."""
+    tp: int = 1
+    """Tensor-parallel degree: GPUs per replica (at most the GPUs of one node)."""
+    role: str = "mixed"
+    """mixed (prefill and decode) | prefill (hands KV to a decode pool) | decode."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkConfig:
+    """The network that carries KV caches from prefill to decode replicas."""
+
+    placement: str = "inter_node"
+    """inter_node (RDMA NICs, the GPUs' network bandwidth) | intra_node (NVLink)."""
+    bw_bytes_per_s: float | None = None
+    """Per-GPU link bandwidth, one direction; None takes the GPU catalog's figure (the
+    slower of the two ends). A replica's link is its TP GPUs' links together."""
+    latency_s: float = 20e-6
+    """Fixed cost of each transfer (connection setup, RDMA round trip), seconds."""
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("inter_node", "intra_node"):
+            raise ValueError(
+                f"placement must be inter_node or intra_node, got {self.placement!r}")
+        if self.bw_bytes_per_s is not None and not self.bw_bytes_per_s > 0:
+            raise ValueError(f"bw_bytes_per_s must be > 0 (use 1e30 for an ideal link), "
+                             f"got {self.bw_bytes_per_s}")
+        if self.latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {self.latency_s}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    """Many replicas: pools, the router in front of them and the KV link between pools.
+
+    With no pools, the cluster is ``hardware.num_replicas`` mixed replicas of
+    ``hardware.gpu`` x ``hardware.tp``.
+    """
+
+    pools: tuple[PoolConfig, ...] = ()
+    """Replica pools; prefill pools need at least one decode pool and vice versa."""
+    router: PolicySpec = field(default_factory=lambda: PolicySpec(name="round_robin"))
+    """Picks the replica (mixed or prefill) for each arriving request."""
+    decode_router: PolicySpec = field(default_factory=lambda: PolicySpec(name="least_loaded"))
+    """Picks the decode replica for each finished prefill (P/D only)."""
+    link: LinkConfig = field(default_factory=LinkConfig)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     """One simulation run."""
@@ -89,6 +160,7 @@ class SimConfig:
     model: str = "llama-3.1-8b"
     """Model name from ``fleetsim models`` or a path to a Hugging Face config.json."""
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     perf_backend: str = "auto"
@@ -98,7 +170,25 @@ class SimConfig:
     until_s: float | None = None
     """Stop simulating at this simulated time (None: run until every request finishes)."""
 
+    @property
+    def pools(self) -> tuple[PoolConfig, ...]:
+        """The cluster's pools, the single-pool shorthand of ``hardware`` expanded."""
+        if self.cluster.pools:
+            return self.cluster.pools
+        hw = self.hardware
+        return (PoolConfig(name="default", gpu=hw.gpu, num_replicas=hw.num_replicas, tp=hw.tp),)
+
     def __post_init__(self) -> None:
+        roles = {p.role for p in self.cluster.pools}
+        if "prefill" in roles and "decode" not in roles:
+            raise ValueError("cluster.pools has a prefill pool but no decode pool; add a pool "
+                             "with role = \"decode\" or make the prefill pool \"mixed\"")
+        if "decode" in roles and "prefill" not in roles:
+            raise ValueError("cluster.pools has a decode pool but no prefill pool; add a pool "
+                             "with role = \"prefill\" or make the decode pool \"mixed\"")
+        names = [p.name for p in self.cluster.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"cluster.pools names must be unique, got {names}")
         if self.perf_backend not in ("auto", "roofline"):
             raise ValueError(f"perf_backend must be 'auto' or 'roofline', got {self.perf_backend!r}")
         if self.until_s is not None and not self.until_s > 0:

@@ -37,7 +37,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     except FleetsimInputError:
         raise
     except ValueError as err:  # __post_init__ validation
-        raise FleetsimInputError(where, {k: kwargs[k] for k in kwargs}, str(err)) from None
+        raise FleetsimInputError(where, fix=str(err)) from None
 
 
 def coerce(value: Any, hint: Any, where: str) -> Any:

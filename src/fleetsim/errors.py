@@ -8,11 +8,21 @@ CLI arguments) raises it; internal invariant failures stay ordinary exceptions.
 from __future__ import annotations
 
 
-class FleetsimInputError(ValueError):
-    """Bad user input. ``str(err)`` is the complete one-line message shown to the user."""
+_NO_VALUE = object()
 
-    def __init__(self, where: str, value: object, fix: str) -> None:
+
+class FleetsimInputError(ValueError):
+    """Bad user input. ``str(err)`` is the complete one-line message shown to the user.
+
+    ``value`` may be omitted when ``fix`` already quotes the bad value (validation messages
+    of config dataclasses do).
+    """
+
+    def __init__(self, where: str, value: object = _NO_VALUE, fix: str = "") -> None:
         self.where = where
         self.value = value
         self.fix = fix
-        super().__init__(f"{where}: got {value!r}; {fix}")
+        if value is _NO_VALUE:
+            super().__init__(f"{where}: {fix}")
+        else:
+            super().__init__(f"{where}: got {value!r}; {fix}")
