@@ -70,34 +70,36 @@ def _cap_at(p: NDArray[np.float64], cap: float) -> NDArray[np.float64]:
     return p
 
 
-def _sample(spec: LoadSpec, logits: NDArray[np.float64], rng: np.random.Generator) -> NDArray[np.float64]:
-    """logits: (..., num_experts) -> multinomial counts of num_tokens * top_k pairs.
-
-    A token picks ``top_k`` distinct experts, so no expert gets more than 1 / top_k of the
-    pairs; popularity is capped there before sampling.
-    """
+def popularity(logits: NDArray[np.float64], top_k: int) -> NDArray[np.float64]:
+    """Softmax of ``logits`` over experts, capped at 1 / top_k: a token picks ``top_k``
+    distinct experts, so no expert can receive more than that share of the pairs."""
     p = np.exp(logits - logits.max(-1, keepdims=True))
-    p = _cap_at(p / p.sum(-1, keepdims=True), 1.0 / spec.top_k)
-    return rng.multinomial(spec.num_tokens * spec.top_k, p).astype(np.float64)
+    return _cap_at(p / p.sum(-1, keepdims=True), 1.0 / top_k)
 
 
-def zipf_loads(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
+def sample_loads(
+    p: NDArray[np.float64], num_tokens: int, top_k: int, rng: np.random.Generator
+) -> NDArray[np.float64]:
+    """Multinomial counts of ``num_tokens * top_k`` routed tokens for popularity ``p``."""
+    return rng.multinomial(num_tokens * top_k, p).astype(np.float64)
+
+
+def zipf_logits(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
     """Stationary Zipf popularity."""
     logits = _zipf_logits(spec, rng)
-    return _sample(spec, np.broadcast_to(logits, (spec.num_microbatches, *logits.shape)), rng)
+    return np.broadcast_to(logits, (spec.num_microbatches, *logits.shape))
 
 
-def drift_loads(
+def drift_logits(
     spec: LoadSpec, rng: np.random.Generator, step_sigma: float = 0.15
 ) -> NDArray[np.float64]:
     """Zipf popularity whose log-weights random-walk by ``step_sigma`` per microbatch."""
     steps = rng.normal(0.0, step_sigma, size=(spec.num_microbatches, spec.num_layers, spec.num_experts))
     steps[0] = 0.0
-    logits = _zipf_logits(spec, rng)[None] + np.cumsum(steps, axis=0)
-    return _sample(spec, logits, rng)
+    return _zipf_logits(spec, rng)[None] + np.cumsum(steps, axis=0)
 
 
-def rl_loads(
+def rl_logits(
     spec: LoadSpec,
     rng: np.random.Generator,
     num_hot: int = 4,
@@ -105,7 +107,7 @@ def rl_loads(
     shift_every: int = 1,
 ) -> NDArray[np.float64]:
     """Zipf base plus ``num_hot`` experts per layer whose log-weight is raised by ``hot_boost``;
-    the hot set is redrawn every ``shift_every`` microbatches."""
+    the hot set is redrawn every ``shift_every`` microbatches (RL rollouts mix tasks)."""
     if shift_every < 1:
         raise FleetsimInputError("shift_every", shift_every, "must be >= 1")
     base = _zipf_logits(spec, rng)
@@ -115,23 +117,24 @@ def rl_loads(
         if t % shift_every == 0:
             hot = np.argsort(rng.random((spec.num_layers, spec.num_experts)), axis=1)[:, :num_hot]
         np.put_along_axis(logits[t], hot, np.take_along_axis(base, hot, 1) + hot_boost, axis=1)
-    return _sample(spec, logits, rng)
+    return logits
 
 
-def decode_loads(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
-    """Stationary Zipf; meant for small ``num_tokens`` (one decode step of the EP group)."""
-    return zipf_loads(spec, rng)
+# scenario -> logits generator; ``decode`` is stationary Zipf meant for few tokens per step.
+LOGITS_BY_SCENARIO = {"zipf": zipf_logits, "drift": drift_logits, "rl": rl_logits, "decode": zipf_logits}
+
+
+def make_popularity(scenario: str, spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
+    """(num_microbatches, num_layers, num_experts) routing probabilities of a scenario."""
+    generate = LOGITS_BY_SCENARIO.get(scenario)
+    if generate is None:
+        raise FleetsimInputError("scenario", scenario, f"use one of {', '.join(SCENARIOS)}")
+    return popularity(generate(spec, rng), spec.top_k)
 
 
 def make_loads(scenario: str, spec: LoadSpec, seed: int) -> NDArray[np.float64]:
-    """Loads for a named scenario (``zipf``, ``drift``, ``rl``, ``decode``)."""
+    """(num_microbatches, num_layers, num_experts) routed tokens of a named scenario
+    (``zipf``, ``drift``, ``rl``, ``decode``), reproducible from ``seed``."""
     rng = np.random.default_rng(seed)
-    if scenario == "zipf":
-        return zipf_loads(spec, rng)
-    if scenario == "drift":
-        return drift_loads(spec, rng)
-    if scenario == "rl":
-        return rl_loads(spec, rng)
-    if scenario == "decode":
-        return decode_loads(spec, rng)
-    raise FleetsimInputError("scenario", scenario, f"use one of {', '.join(SCENARIOS)}")
+    p = make_popularity(scenario, spec, rng)
+    return sample_loads(p, spec.num_tokens, spec.top_k, rng)

@@ -1,0 +1,138 @@
+"""``fleetsim moe compare``: balancers side by side on synthetic MoE loads.
+
+The main CLI registers this with ``add_parser(subparsers)`` and calls ``run(args)``; a
+``FleetsimInputError`` raised here becomes its one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.moe.compare import CompareRow, CompareSetup, plot_imbalance, run_compare
+from fleetsim.moe.loads import SCENARIOS
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Register ``moe`` with its ``compare`` subcommand; returns the ``moe`` parser."""
+    moe = subparsers.add_parser("moe", help="MoE expert-parallel load balancing")
+    moe_sub = moe.add_subparsers(dest="moe_command", required=True)
+    cmp = moe_sub.add_parser(
+        "compare",
+        help="imbalance, throughput vs ideal, moved bytes and planning time per balancer",
+    )
+    cmp.add_argument(
+        "--scenario", action="append", dest="scenarios", metavar="NAME",
+        help=f"load scenario, repeatable ({', '.join(SCENARIOS)}, or all); default: all",
+    )
+    cmp.add_argument("--num-gpus", type=int, default=64, help="GPUs in the EP group")
+    cmp.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per NVLink node")
+    cmp.add_argument("--num-experts", type=int, default=256, help="logical experts per layer")
+    cmp.add_argument("--spare-slots", type=int, default=1, help="replica slots per GPU")
+    cmp.add_argument("--microbatches", type=int, default=24, help="microbatches per scenario")
+    cmp.add_argument("--batch", type=int, default=8, help="microbatches per batch")
+    cmp.add_argument("--layers", type=int, default=8, help="MoE layers simulated")
+    cmp.add_argument("--tokens-per-gpu", type=int, default=None, help="tokens per GPU per microbatch")
+    cmp.add_argument("--seed", type=int, default=0, help="seed of the load traces")
+    cmp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    cmp.add_argument("--plot", metavar="PATH", default=None, help="write imbalance-over-time PNG")
+    cmp.set_defaults(func=run)
+    return moe
+
+
+def _scenarios(names: list[str] | None) -> list[str]:
+    if not names or "all" in names:
+        return list(SCENARIOS)
+    for name in names:
+        if name not in SCENARIOS:
+            raise FleetsimInputError("--scenario", name, f"use one of {', '.join(SCENARIOS)} or all")
+    return list(dict.fromkeys(names))
+
+
+def _setups(args: argparse.Namespace) -> list[CompareSetup]:
+    checks = {
+        "--num-gpus": args.num_gpus,
+        "--gpus-per-node": args.gpus_per_node,
+        "--num-experts": args.num_experts,
+        "--layers": args.layers,
+        "--batch": args.batch,
+    }
+    for flag, value in checks.items():
+        if value <= 0:
+            raise FleetsimInputError(flag, value, "must be > 0")
+    if args.microbatches < 2:
+        raise FleetsimInputError("--microbatches", args.microbatches, "must be >= 2")
+    if args.spare_slots < 0:
+        raise FleetsimInputError("--spare-slots", args.spare_slots, "must be >= 0")
+    if args.tokens_per_gpu is not None and args.tokens_per_gpu <= 0:
+        raise FleetsimInputError("--tokens-per-gpu", args.tokens_per_gpu, "must be > 0")
+    if args.num_gpus % args.gpus_per_node:
+        raise FleetsimInputError(
+            "--gpus-per-node", args.gpus_per_node, f"must divide --num-gpus={args.num_gpus}"
+        )
+    if args.num_experts % args.num_gpus:
+        raise FleetsimInputError(
+            "--num-experts", args.num_experts, f"must be a multiple of --num-gpus={args.num_gpus}"
+        )
+    return [
+        CompareSetup(
+            scenario=scenario,
+            num_gpus=args.num_gpus,
+            gpus_per_node=args.gpus_per_node,
+            num_experts=args.num_experts,
+            num_spare_slots_per_gpu=args.spare_slots,
+            num_microbatches=args.microbatches,
+            microbatches_per_batch=args.batch,
+            num_layers=args.layers,
+            num_tokens_per_gpu=args.tokens_per_gpu,
+            seed=args.seed,
+        )
+        for scenario in _scenarios(args.scenarios)
+    ]
+
+
+def _as_dict(row: CompareRow) -> dict[str, object]:
+    return {
+        "scenario": row.scenario,
+        "balancer": row.balancer,
+        "imbalance": row.imbalance,
+        "worst_imbalance": row.worst_imbalance,
+        "relative_throughput": row.relative_throughput,
+        "moved_bytes_per_layer": row.moved_bytes_per_layer,
+        "plan_ms_per_layer": row.plan_ms_per_layer,
+        "imbalance_by_microbatch": list(row.imbalance_by_microbatch),
+    }
+
+
+def _print_table(rows: list[CompareRow]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="MoE expert balancing (means over microbatches and layers)")
+    for col in ("scenario", "balancer", "max/mean", "worst", "vs ideal", "MB moved", "plan ms"):
+        table.add_column(col, justify="left" if col in ("scenario", "balancer") else "right")
+    table.caption = "vs ideal: throughput relative to force-balanced; MB moved and plan ms per layer"
+    for r in rows:
+        plan = "-" if r.plan_ms_per_layer is None else f"{r.plan_ms_per_layer:.3f}"
+        table.add_row(
+            r.scenario, r.balancer, f"{r.imbalance:.3f}", f"{r.worst_imbalance:.2f}",
+            f"{r.relative_throughput:.1%}", f"{r.moved_bytes_per_layer / 1e6:.0f}", plan,
+        )
+    Console().print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the comparison described by ``args``; prints a table (or JSON). Returns 0."""
+    rows: list[CompareRow] = []
+    for setup in _setups(args):
+        # Planning time is a benchmark figure measured here, outside the simulator.
+        rows += run_compare(setup, clock=time.perf_counter)
+    if args.json:
+        print(json.dumps([_as_dict(r) for r in rows], indent=2))
+    else:
+        _print_table(rows)
+    if args.plot:
+        plot_imbalance(rows, args.plot)
+    return 0

@@ -1,0 +1,215 @@
+"""Side-by-side runs of expert balancers on one synthetic load trace (``fleetsim moe compare``).
+
+Every balancer sees the same microbatch loads. Per microbatch it plans a placement, which is
+scored on that microbatch's actual load: max/mean GPU load per layer, layer time against the
+force-balanced ideal (``step_model``), and expert bytes copied since the previous microbatch.
+The first microbatch is a warm-up (no history yet) and is left out of the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.moe.balancers import make_balancer
+from fleetsim.moe.compute import EpHardware, ExpertCompute, MoeLayerSpec, default_compute
+from fleetsim.moe.loads import SCENARIOS, LoadSpec, make_loads
+from fleetsim.moe.placement import BalanceView, Placement, check_layout, imbalance, moved_experts
+from fleetsim.moe.step_model import ExpertParallelConfig, ideal_times, layer_times
+
+# (label, registry name, args): the comparison the MoE issue asks for.
+DEFAULT_BALANCERS: tuple[tuple[str, str, Mapping[str, object]], ...] = (
+    ("none", "none", {}),
+    ("eplb fresh", "eplb", {}),
+    ("eplb prev", "eplb_stale", {"window": 1}),
+    ("eplb win8", "eplb_stale", {"window": 8}),
+    ("quota", "quota", {}),
+    ("two_timescale", "two_timescale", {}),
+)
+
+# Tokens per GPU per microbatch when not given: a prefill/training chunk, or a decode step.
+DEFAULT_TOKENS_PER_GPU = {"zipf": 4096, "drift": 4096, "rl": 4096, "decode": 128}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompareSetup:
+    """One scenario of the comparison."""
+
+    scenario: str = "rl"
+    """Load scenario: zipf, drift, rl or decode."""
+    num_gpus: int = 64
+    """GPUs in the EP group."""
+    gpus_per_node: int = 8
+    """GPUs per NVLink node."""
+    num_experts: int = 256
+    """Logical experts per layer."""
+    num_spare_slots_per_gpu: int = 1
+    """Replica slots per GPU beyond its masters."""
+    num_microbatches: int = 24
+    """Microbatches simulated (the first is warm-up)."""
+    microbatches_per_batch: int = 8
+    """Microbatches per batch (the two-timescale planner reorders per batch)."""
+    num_layers: int = 8
+    """MoE layers simulated (figures are per layer)."""
+    num_tokens_per_gpu: int | None = None
+    """Tokens per GPU per microbatch; None picks the scenario's default."""
+    seed: int = 0
+    """Seed of the load trace."""
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise FleetsimInputError("scenario", self.scenario, f"use one of {', '.join(SCENARIOS)}")
+        if self.num_microbatches < 2:
+            raise FleetsimInputError("num_microbatches", self.num_microbatches, "must be >= 2")
+        if self.microbatches_per_batch < 1:
+            raise FleetsimInputError("microbatches_per_batch", self.microbatches_per_batch, "must be >= 1")
+        if self.num_spare_slots_per_gpu < 0:
+            raise FleetsimInputError("num_spare_slots_per_gpu", self.num_spare_slots_per_gpu, "must be >= 0")
+        slots = self.num_experts // max(self.num_gpus, 1) + self.num_spare_slots_per_gpu
+        check_layout(self.num_experts, self.num_gpus, self.gpus_per_node, slots)
+
+    @property
+    def tokens_per_gpu(self) -> int:
+        return self.num_tokens_per_gpu or DEFAULT_TOKENS_PER_GPU[self.scenario]
+
+
+@dataclass(frozen=True, slots=True)
+class CompareRow:
+    """One balancer on one scenario (means over microbatches after the first, and layers)."""
+
+    scenario: str
+    balancer: str
+    imbalance: float
+    """Mean over layers and microbatches of max/mean GPU routed tokens."""
+    worst_imbalance: float
+    """Largest per-layer max/mean seen."""
+    relative_throughput: float
+    """Ideal (force-balanced) MoE time / simulated MoE time."""
+    moved_bytes_per_layer: float
+    """Expert weight bytes copied per layer per microbatch."""
+    plan_ms_per_layer: float | None
+    """Planning wall time per layer, when a clock was given."""
+    imbalance_by_microbatch: tuple[float, ...] = field(repr=False)
+    """Mean over layers of max/mean, per microbatch (warm-up included)."""
+
+
+def _history_window(balancers: Sequence[tuple[str, str, Mapping[str, object]]]) -> int:
+    return max([int(args.get("window", 1)) for _, _, args in balancers] + [1])  # type: ignore[call-overload]
+
+
+def run_compare(
+    setup: CompareSetup,
+    *,
+    spec: MoeLayerSpec | None = None,
+    hardware: EpHardware | None = None,
+    compute: ExpertCompute | None = None,
+    balancers: Sequence[tuple[str, str, Mapping[str, object]]] = DEFAULT_BALANCERS,
+    clock: Callable[[], float] | None = None,
+) -> list[CompareRow]:
+    """Run every balancer on the scenario's loads; ``clock`` (e.g. ``time.perf_counter``)
+    times planning, which the simulator itself never does."""
+    spec = spec or MoeLayerSpec(num_experts=setup.num_experts)
+    if spec.num_experts != setup.num_experts:
+        raise FleetsimInputError("spec.num_experts", spec.num_experts, f"must equal {setup.num_experts}")
+    hardware = hardware or EpHardware()
+    compute = compute or default_compute(spec, hardware, setup.num_gpus)
+    load_spec = LoadSpec(
+        num_microbatches=setup.num_microbatches,
+        num_layers=setup.num_layers,
+        num_experts=setup.num_experts,
+        num_tokens=setup.tokens_per_gpu * setup.num_gpus,
+        top_k=spec.top_k,
+    )
+    loads = make_loads(setup.scenario, load_spec, setup.seed)
+    window = _history_window(balancers)
+    rows = []
+    for label, name, args in balancers:
+        ep = ExpertParallelConfig(
+            num_gpus=setup.num_gpus,
+            gpus_per_node=setup.gpus_per_node,
+            num_spare_slots_per_gpu=setup.num_spare_slots_per_gpu,
+            balancer=name,
+            balancer_args=dict(args),
+        )
+        rows.append(_run_one(setup, label, ep, loads, spec, hardware, compute, window, clock))
+    return rows
+
+
+def _run_one(
+    setup: CompareSetup,
+    label: str,
+    ep: ExpertParallelConfig,
+    loads: np.ndarray,
+    spec: MoeLayerSpec,
+    hardware: EpHardware,
+    compute: ExpertCompute,
+    window: int,
+    clock: Callable[[], float] | None,
+) -> CompareRow:
+    balancer = make_balancer(ep.balancer, ep.balancer_args)
+    per_batch = setup.microbatches_per_batch
+    previous: Placement | None = None
+    imbalance_by_mb, plan_s, moved_bytes, actual_s, ideal_s = [], [], [], [], []
+    worst = 1.0
+    for t, load in enumerate(loads):
+        first = t - t % per_batch
+        view = BalanceView(
+            expert_load=load,
+            num_gpus=ep.num_gpus,
+            gpus_per_node=ep.gpus_per_node,
+            slots_per_gpu=ep.slots_per_gpu(setup.num_experts),
+            history=tuple(loads[max(0, t - window) : t]),
+            batch_load=loads[first : first + per_batch].sum(0),
+            microbatch_index=t,
+            microbatch_in_batch=t % per_batch,
+            previous=previous,
+            expert_bytes=spec.expert_bytes,
+        )
+        start = clock() if clock else 0.0
+        placement = balancer.plan(view)
+        if clock:
+            plan_s.append(clock() - start)
+        ratio = imbalance(placement.gpu_load(load))
+        imbalance_by_mb.append(float(ratio.mean()))
+        if t > 0:
+            worst = max(worst, float(ratio.max()))
+            intra, inter = moved_experts(previous, placement, ep.gpus_per_node)
+            moved_bytes.append(float((intra + inter).sum()) * spec.expert_bytes / setup.num_layers)
+            actual_s.append(layer_times(placement, load, ep, spec, hardware, compute, previous).total_s.sum())
+            ideal_s.append(ideal_times(load, ep, spec, hardware, compute).total_s.sum())
+        previous = placement
+    return CompareRow(
+        scenario=setup.scenario,
+        balancer=label,
+        imbalance=float(np.mean(imbalance_by_mb[1:])),
+        worst_imbalance=worst,
+        relative_throughput=float(np.sum(ideal_s) / np.sum(actual_s)),
+        moved_bytes_per_layer=float(np.mean(moved_bytes)),
+        plan_ms_per_layer=float(np.mean(plan_s[1:])) * 1e3 / setup.num_layers if clock else None,
+        imbalance_by_microbatch=tuple(imbalance_by_mb),
+    )
+
+
+def plot_imbalance(rows: Sequence[CompareRow], path: str) -> None:
+    """One panel per scenario: mean max/mean imbalance per microbatch for every balancer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = list(dict.fromkeys(r.scenario for r in rows))
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 3.6), squeeze=False)
+    for ax, scenario in zip(axes[0], scenarios, strict=True):
+        for row in (r for r in rows if r.scenario == scenario):
+            ax.plot(row.imbalance_by_microbatch, label=row.balancer, marker=".")
+        ax.set_yscale("log")
+        ax.set_title(scenario)
+        ax.set_xlabel("microbatch")
+        ax.set_ylabel("max / mean GPU load")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
