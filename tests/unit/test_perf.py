@@ -152,3 +152,11 @@ def test_predict_breakdown_prefill_and_errors():
 def test_build_is_cached(sm):
     again = build_step_model(LLAMA8, H100, 1)
     assert again._g is sm._g
+
+
+def test_step_overhead_is_configurable(sm):
+    lean = build_step_model(LLAMA8, H100, 1, step_overhead_s=0.0)
+    assert sm.step_time_s((), 8, 800) - lean.step_time_s((), 8, 800) == pytest.approx(1.5e-3)
+    assert "fixed 0 ms" in lean.sources["other"]
+    with pytest.raises(FleetsimInputError, match="step_overhead_s"):
+        build_step_model(LLAMA8, H100, 1, step_overhead_s=-1.0)

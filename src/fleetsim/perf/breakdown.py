@@ -8,7 +8,7 @@ from typing import Any
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
-from fleetsim.perf.step_model import OP_CLASSES, TableStepModel
+from fleetsim.perf.step_model import OP_CLASSES, STEP_OVERHEAD_S, TableStepModel
 
 BACKENDS = ("auto", "roofline")
 _PER_LAYER_CLASSES = ("gemm", "attention", "moe", "communication")
@@ -32,18 +32,28 @@ def check_tp(model: ModelSpec, gpu: GPUSpec, tp: int) -> None:
 
 
 def build_step_model(
-    model: ModelSpec, gpu: GPUSpec, tp: int = 1, backend: str = "auto"
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int = 1,
+    backend: str = "auto",
+    *,
+    step_overhead_s: float = STEP_OVERHEAD_S,
 ) -> TableStepModel:
     """Step-time model of one replica (``tp`` GPUs) serving ``model`` on ``gpu``.
 
     backend "auto": measured aiconfigurator-core vLLM tables where they cover the GPU and
     shape, roofline elsewhere (per op); "roofline": roofline everywhere. The result's
     ``sources`` says which was used per op class. Grids are cached per (model, gpu, tp, backend).
+    ``step_overhead_s`` is the fixed per-step CPU cost added to every step (default 1.5 ms).
     """
     if backend not in BACKENDS:
         raise FleetsimInputError("backend", backend, f"use one of {', '.join(BACKENDS)}")
     check_tp(model, gpu, tp)
-    return TableStepModel(model, gpu, tp, use_tables=backend == "auto")
+    if not 0.0 <= step_overhead_s < 1.0:
+        raise FleetsimInputError(
+            "step_overhead_s", step_overhead_s, "must be in [0, 1) seconds, e.g. 0.0015"
+        )
+    return TableStepModel(model, gpu, tp, backend == "auto", step_overhead_s)
 
 
 @dataclass(frozen=True, slots=True)

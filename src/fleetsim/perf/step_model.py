@@ -32,8 +32,9 @@ from fleetsim.perf.ops import OpTimes
 
 OP_CLASSES = ("gemm", "attention", "moe", "communication", "other")
 
-# Per-step CPU cost of vLLM v1 (scheduler, input preparation, sampler bookkeeping, output
-# processing) not hidden behind the GPU; see docs/perf_model.md for the estimate.
+# Default per-step CPU cost of vLLM (scheduler, input preparation, sampler bookkeeping, output
+# processing) not hidden behind the GPU; an assumption, see docs/perf_model.md. Override with
+# build_step_model(..., step_overhead_s=...).
 STEP_OVERHEAD_S = 1.5e-3
 # Elementwise kernels per layer (2 RMSNorm+residual, RoPE, SiLU-and-mul), each >= one launch.
 ELEMENTWISE_KERNELS_PER_LAYER = 4
@@ -169,9 +170,6 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
     sources = {k: " + ".join(sorted(v)) for k, v in ops.sources.items()}
     sources.setdefault("moe", "none (dense model)")
     sources.setdefault("communication", "none (tp=1)")
-    sources["other"] = (
-        f"roofline (elementwise, sampling) + fixed {STEP_OVERHEAD_S * 1e3:g} ms per-step overhead"
-    )
     return _Grids(
         by_tokens=by_tokens,
         by_seqs=by_seqs,
@@ -193,15 +191,27 @@ class TableStepModel:
     numbers come from.
     """
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tp: int,
+        use_tables: bool,
+        step_overhead_s: float = STEP_OVERHEAD_S,
+    ) -> None:
         self.model, self.gpu, self.tp = model, gpu, tp
         key = (model, gpu, tp, use_tables)
         if key not in _GRID_CACHE:
             _GRID_CACHE[key] = _build_grids(model, gpu, tp, use_tables)
         g = _GRID_CACHE[key]
         self._g = g
+        self.step_overhead_s = float(step_overhead_s)
         self.sources: dict[str, str] = dict(g.sources)
-        # Hot-path bindings: bound methods of the piecewise tables, floats.
+        self.sources["other"] = (
+            f"roofline (elementwise, sampling) + fixed {self.step_overhead_s * 1e3:g} ms "
+            "per-step overhead"
+        )
+        # Hot-path bindings: lookup closures over the grids' Python lists, and floats.
         self._tok, self._seq = g.total_tokens.lookup(), g.total_seqs.lookup()
         self._dec_a, self._dec_c = g.dec_a.lookup(), g.dec_c.lookup()
         self._prefill = g.prefill.lookup()
@@ -224,7 +234,8 @@ class TableStepModel:
         for new, _ in prefill_chunks:
             num_tokens += new
         num_seqs = num_decode + len(prefill_chunks)
-        t = STEP_OVERHEAD_S + self._tok(num_tokens) + self._seq(num_seqs) + self._dec_a(num_decode)
+        t = self.step_overhead_s + self._tok(num_tokens) + self._seq(num_seqs)
+        t = t + self._dec_a(num_decode)
         t = t + self._dec_c(num_decode) * decode_kv_tokens
         if prefill_chunks:
             t += self._prefill_attention_s(prefill_chunks)
@@ -234,12 +245,8 @@ class TableStepModel:
         self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
     ) -> NDArray[np.float64]:
         """``step_time_s((), num_decode, kv)`` per element, bit for bit (same float ops)."""
-        t = (
-            STEP_OVERHEAD_S
-            + self._tok(num_decode)
-            + self._seq(num_decode)
-            + self._dec_a(num_decode)
-        )
+        t = self.step_overhead_s + self._tok(num_decode) + self._seq(num_decode)
+        t = t + self._dec_a(num_decode)
         kv = np.asarray(decode_kv_tokens).astype(np.float64)
         return t + self._dec_c(num_decode) * kv
 
@@ -257,5 +264,5 @@ class TableStepModel:
         out["attention"] = self._dec_a(num_decode) + self._dec_c(num_decode) * decode_kv_tokens
         if prefill_chunks:
             out["attention"] += self._prefill_attention_s(prefill_chunks)
-        out["other"] += STEP_OVERHEAD_S
+        out["other"] += self.step_overhead_s
         return out
