@@ -77,14 +77,19 @@ def ref_hierarchical(weight, num_phy, num_groups, num_nodes, num_gpus):
 
     # numpy's float32 sum (same as fleetsim's; exact for integer loads below 2**24)
     tokens_per_group = [
-        [np.asarray(row[g * group_size : (g + 1) * group_size], dtype=f32).sum(dtype=f32)
-         for g in range(num_groups)]
+        [
+            np.asarray(row[g * group_size : (g + 1) * group_size], dtype=f32).sum(dtype=f32)
+            for g in range(num_groups)
+        ]
         for row in weight
     ]
     gpack, grank = ref_balanced_packing(tokens_per_group, num_nodes)
     log2mlog = [
-        [(gpack[li][e // group_size] * groups_per_node + grank[li][e // group_size]) * group_size
-         + e % group_size for e in range(num_log)]
+        [
+            (gpack[li][e // group_size] * groups_per_node + grank[li][e // group_size]) * group_size
+            + e % group_size
+            for e in range(num_log)
+        ]
         for li in range(num_layers)
     ]
     mlog2log = _inverse(log2mlog)
@@ -92,8 +97,9 @@ def ref_hierarchical(weight, num_phy, num_groups, num_nodes, num_gpus):
     tokens_per_mlog = []
     for li in range(num_layers):
         gathered = [weight[li][mlog2log[li][m]] for m in range(num_log)]
-        for n in range(num_nodes):
-            tokens_per_mlog.append(gathered[n * log_per_node : (n + 1) * log_per_node])
+        tokens_per_mlog.extend(
+            gathered[n * log_per_node : (n + 1) * log_per_node] for n in range(num_nodes)
+        )
     phy2mlog, phyrank, mlogcnt = ref_replicate_experts(tokens_per_mlog, num_phy // num_nodes)
 
     tokens_per_phy = [

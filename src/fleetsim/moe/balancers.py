@@ -48,7 +48,9 @@ def _import_qualname(name: str) -> type[ExpertBalancer]:
     module_name, _, attr = name.partition(":")
     if not attr:
         raise FleetsimInputError(
-            "balancer", name, f"unknown balancer; use one of {', '.join(sorted(BALANCERS))} "
+            "balancer",
+            name,
+            f"unknown balancer; use one of {', '.join(sorted(BALANCERS))} "
             "or a class path 'pkg.mod:Cls'",
         )
     try:
@@ -63,7 +65,9 @@ def make_balancer(name: str, args: Mapping[str, object] | None = None) -> Expert
     try:
         return cls(**dict(args or {}))
     except TypeError as err:
-        raise FleetsimInputError(f"balancer_args for {name!r}", dict(args or {}), str(err)) from None
+        raise FleetsimInputError(
+            f"balancer_args for {name!r}", dict(args or {}), str(err)
+        ) from None
 
 
 @register_balancer("none")
@@ -73,7 +77,9 @@ class NoBalancing:
     def plan(self, view: BalanceView) -> Placement:
         if view.previous is not None:
             return view.previous
-        phy2log = static_phy2log(view.num_layers, view.num_experts, view.num_gpus, view.slots_per_gpu)
+        phy2log = static_phy2log(
+            view.num_layers, view.num_experts, view.num_gpus, view.slots_per_gpu
+        )
         return even_split(phy2log, view.num_experts, view.slots_per_gpu)
 
 

@@ -24,7 +24,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="imbalance, throughput vs ideal, moved bytes and planning time per balancer",
     )
     cmp.add_argument(
-        "--scenario", action="append", dest="scenarios", metavar="NAME",
+        "--scenario",
+        action="append",
+        dest="scenarios",
+        metavar="NAME",
         help=f"load scenario, repeatable ({', '.join(SCENARIOS)}, or all); default: all",
     )
     cmp.add_argument("--num-gpus", type=int, default=64, help="GPUs in the EP group")
@@ -34,7 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmp.add_argument("--microbatches", type=int, default=24, help="microbatches per scenario")
     cmp.add_argument("--batch", type=int, default=8, help="microbatches per batch")
     cmp.add_argument("--layers", type=int, default=8, help="MoE layers simulated")
-    cmp.add_argument("--tokens-per-gpu", type=int, default=None, help="tokens per GPU per microbatch")
+    cmp.add_argument(
+        "--tokens-per-gpu", type=int, default=None, help="tokens per GPU per microbatch"
+    )
     cmp.add_argument("--seed", type=int, default=0, help="seed of the load traces")
     cmp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     cmp.add_argument("--plot", metavar="PATH", default=None, help="write imbalance-over-time PNG")
@@ -47,7 +52,9 @@ def _scenarios(names: list[str] | None) -> list[str]:
         return list(SCENARIOS)
     for name in names:
         if name not in SCENARIOS:
-            raise FleetsimInputError("--scenario", name, f"use one of {', '.join(SCENARIOS)} or all")
+            raise FleetsimInputError(
+                "--scenario", name, f"use one of {', '.join(SCENARIOS)} or all"
+            )
     return list(dict.fromkeys(names))
 
 
@@ -113,12 +120,19 @@ def _print_table(rows: list[CompareRow]) -> None:
     table = Table(title="MoE expert balancing (means over microbatches and layers)")
     for col in ("scenario", "balancer", "max/mean", "worst", "vs ideal", "MB moved", "plan ms"):
         table.add_column(col, justify="left" if col in ("scenario", "balancer") else "right")
-    table.caption = "vs ideal: throughput relative to force-balanced; MB moved and plan ms per layer"
+    table.caption = (
+        "vs ideal: throughput relative to force-balanced; MB moved and plan ms per layer"
+    )
     for r in rows:
         plan = "-" if r.plan_ms_per_layer is None else f"{r.plan_ms_per_layer:.3f}"
         table.add_row(
-            r.scenario, r.balancer, f"{r.imbalance:.3f}", f"{r.worst_imbalance:.2f}",
-            f"{r.relative_throughput:.1%}", f"{r.moved_bytes_per_layer / 1e6:.0f}", plan,
+            r.scenario,
+            r.balancer,
+            f"{r.imbalance:.3f}",
+            f"{r.worst_imbalance:.2f}",
+            f"{r.relative_throughput:.1%}",
+            f"{r.moved_bytes_per_layer / 1e6:.0f}",
+            plan,
         )
     Console().print(table)
 

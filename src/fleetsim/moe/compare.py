@@ -61,13 +61,19 @@ class CompareSetup:
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
-            raise FleetsimInputError("scenario", self.scenario, f"use one of {', '.join(SCENARIOS)}")
+            raise FleetsimInputError(
+                "scenario", self.scenario, f"use one of {', '.join(SCENARIOS)}"
+            )
         if self.num_microbatches < 2:
             raise FleetsimInputError("num_microbatches", self.num_microbatches, "must be >= 2")
         if self.microbatches_per_batch < 1:
-            raise FleetsimInputError("microbatches_per_batch", self.microbatches_per_batch, "must be >= 1")
+            raise FleetsimInputError(
+                "microbatches_per_batch", self.microbatches_per_batch, "must be >= 1"
+            )
         if self.num_spare_slots_per_gpu < 0:
-            raise FleetsimInputError("num_spare_slots_per_gpu", self.num_spare_slots_per_gpu, "must be >= 0")
+            raise FleetsimInputError(
+                "num_spare_slots_per_gpu", self.num_spare_slots_per_gpu, "must be >= 0"
+            )
         slots = self.num_experts // max(self.num_gpus, 1) + self.num_spare_slots_per_gpu
         check_layout(self.num_experts, self.num_gpus, self.gpus_per_node, slots)
 
@@ -113,7 +119,9 @@ def run_compare(
     times planning, which the simulator itself never does."""
     spec = spec or MoeLayerSpec(num_experts=setup.num_experts)
     if spec.num_experts != setup.num_experts:
-        raise FleetsimInputError("spec.num_experts", spec.num_experts, f"must equal {setup.num_experts}")
+        raise FleetsimInputError(
+            "spec.num_experts", spec.num_experts, f"must equal {setup.num_experts}"
+        )
     hardware = hardware or EpHardware()
     compute = compute or default_compute(spec, hardware, setup.num_gpus)
     load_spec = LoadSpec(
@@ -178,7 +186,9 @@ def _run_one(
             worst = max(worst, float(ratio.max()))
             intra, inter = moved_experts(previous, placement, ep.gpus_per_node)
             moved_bytes.append(float((intra + inter).sum()) * spec.expert_bytes / setup.num_layers)
-            actual_s.append(layer_times(placement, load, ep, spec, hardware, compute, previous).total_s.sum())
+            actual_s.append(
+                layer_times(placement, load, ep, spec, hardware, compute, previous).total_s.sum()
+            )
             ideal_s.append(ideal_times(load, ep, spec, hardware, compute).total_s.sum())
         previous = placement
     return CompareRow(

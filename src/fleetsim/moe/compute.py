@@ -43,7 +43,9 @@ class MoeLayerSpec:
             if getattr(self, name) <= 0:
                 raise FleetsimInputError(name, getattr(self, name), "must be > 0")
         if self.top_k > self.num_experts:
-            raise FleetsimInputError("top_k", self.top_k, f"must be <= num_experts={self.num_experts}")
+            raise FleetsimInputError(
+                "top_k", self.top_k, f"must be <= num_experts={self.num_experts}"
+            )
 
     @property
     def expert_bytes(self) -> float:
@@ -72,7 +74,12 @@ class EpHardware:
     """Fixed launch/synchronization time of the grouped GEMM."""
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "hbm_bytes_per_s", "intra_node_bytes_per_s", "inter_node_bytes_per_s"):
+        for name in (
+            "peak_flops",
+            "hbm_bytes_per_s",
+            "intra_node_bytes_per_s",
+            "inter_node_bytes_per_s",
+        ):
             if not getattr(self, name) > 0:
                 raise FleetsimInputError(name, getattr(self, name), "must be > 0")
 
@@ -99,7 +106,9 @@ class RooflineExpertCompute:
         flops_s = tokens * self.spec.flops_per_routed_token / self.hardware.peak_flops
         act_bytes = tokens * self.spec.hidden_size * 2.0 * 2.0  # bf16 in and out
         bytes_s = (active * self.spec.expert_bytes + act_bytes) / self.hardware.hbm_bytes_per_s
-        return np.where(tokens > 0, np.maximum(flops_s, bytes_s) + self.hardware.kernel_overhead_s, 0.0)
+        return np.where(
+            tokens > 0, np.maximum(flops_s, bytes_s) + self.hardware.kernel_overhead_s, 0.0
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +192,8 @@ def load_moe_table(
 
 
 def _version_key(name: str) -> tuple[int, ...]:
-    parts = []
-    for piece in name.replace("rc", ".").replace("post", ".").split("."):
-        parts.append(int(piece) if piece.isdigit() else -1)
-    return tuple(parts)
+    pieces = name.replace("rc", ".").replace("post", ".").split(".")
+    return tuple(int(piece) if piece.isdigit() else -1 for piece in pieces)
 
 
 def default_compute(spec: MoeLayerSpec, hardware: EpHardware, num_gpus: int) -> ExpertCompute:

@@ -126,9 +126,7 @@ def _rebalance_hierarchical(
 
     pphy2mlog = np.take_along_axis(phy2mlog, pphy2phy, axis=1)
     node_offset = np.arange(0, num_log, log_per_node)[None, :, None]
-    pphy2mlog = (pphy2mlog.reshape(num_layers, num_nodes, -1) + node_offset).reshape(
-        num_layers, -1
-    )
+    pphy2mlog = (pphy2mlog.reshape(num_layers, num_nodes, -1) + node_offset).reshape(num_layers, -1)
     pphy2log = np.take_along_axis(mlog2log, pphy2mlog, axis=1)
     pphyrank = np.take_along_axis(phyrank, pphy2phy, axis=1).reshape(num_layers, -1)
     logcnt = np.take_along_axis(mlogcnt.reshape(num_layers, -1), log2mlog, axis=1)
@@ -164,7 +162,9 @@ def check_eplb_shape(
         )
     if num_groups % num_nodes == 0 and num_gpus % num_nodes:
         # Only the hierarchical policy uses nodes; the global one ignores num_nodes (as EPLB does).
-        raise FleetsimInputError("num_gpus", num_gpus, f"must be a multiple of num_nodes={num_nodes}")
+        raise FleetsimInputError(
+            "num_gpus", num_gpus, f"must be a multiple of num_nodes={num_nodes}"
+        )
 
 
 def rebalance_experts(

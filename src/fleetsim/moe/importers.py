@@ -45,7 +45,8 @@ def _read(source: object, where: str) -> Any:
             import torch
         except ImportError:
             raise FleetsimInputError(
-                where, str(path),
+                where,
+                str(path),
                 "reading .pt needs torch; convert it once with torch.load(...) and np.savez "
                 "(same keys) or save the count array as .npy",
             ) from None
@@ -61,7 +62,9 @@ def _array(value: object, where: str, ndim: tuple[int, ...]) -> FloatArray:
     except (TypeError, ValueError):
         raise FleetsimInputError(where, type(value).__name__, "expected a numeric array") from None
     if arr.ndim not in ndim:
-        raise FleetsimInputError(where, f"shape {arr.shape}", f"expected {' or '.join(map(str, ndim))} dims")
+        raise FleetsimInputError(
+            where, f"shape {arr.shape}", f"expected {' or '.join(map(str, ndim))} dims"
+        )
     if not np.isfinite(arr).all():
         raise FleetsimInputError(where, "NaN or inf entries", "counts must be finite")
     if (arr < 0).any():
@@ -76,7 +79,8 @@ def physical_to_logical(
     mapping = _array(phy2log, f"{where}.physical_to_logical_map", (2,)).astype(np.int64)
     if mapping.shape != physical_count.shape[1:]:
         raise FleetsimInputError(
-            f"{where}.physical_to_logical_map", f"shape {mapping.shape}",
+            f"{where}.physical_to_logical_map",
+            f"shape {mapping.shape}",
             f"must match (layers, physical experts) of the counts {physical_count.shape[1:]}",
         )
     num_experts = num_experts or int(mapping.max()) + 1
@@ -99,8 +103,12 @@ def load_sglang_dump(source: object, num_experts: int | None = None) -> FloatArr
         if not records:
             raise FleetsimInputError("sglang_dump.records", [], "the dump holds no records")
         counts = np.stack(
-            [_array(r["global_physical_count"], "sglang_dump.records[].global_physical_count", (2,))
-             for r in records]
+            [
+                _array(
+                    r["global_physical_count"], "sglang_dump.records[].global_physical_count", (2,)
+                )
+                for r in records
+            ]
         )
         return physical_to_logical(
             counts, data.get("last_physical_to_logical_map"), num_experts, "sglang_dump"

@@ -47,7 +47,9 @@ class LoadSpec:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise FleetsimInputError(name, value, "must be a positive integer")
         if self.top_k > self.num_experts:
-            raise FleetsimInputError("top_k", self.top_k, f"must be <= num_experts={self.num_experts}")
+            raise FleetsimInputError(
+                "top_k", self.top_k, f"must be <= num_experts={self.num_experts}"
+            )
         if not (self.zipf_alpha >= 0 and np.isfinite(self.zipf_alpha)):
             raise FleetsimInputError("zipf_alpha", self.zipf_alpha, "must be a finite number >= 0")
 
@@ -66,7 +68,9 @@ def _cap_at(p: NDArray[np.float64], cap: float) -> NDArray[np.float64]:
             break
         excess = np.where(over, p - cap, 0.0).sum(-1, keepdims=True)
         under = np.where(over, 0.0, p)
-        p = np.where(over, cap, p + excess * under / np.maximum(under.sum(-1, keepdims=True), 1e-300))
+        p = np.where(
+            over, cap, p + excess * under / np.maximum(under.sum(-1, keepdims=True), 1e-300)
+        )
     return p
 
 
@@ -94,7 +98,9 @@ def drift_logits(
     spec: LoadSpec, rng: np.random.Generator, step_sigma: float = 0.15
 ) -> NDArray[np.float64]:
     """Zipf popularity whose log-weights random-walk by ``step_sigma`` per microbatch."""
-    steps = rng.normal(0.0, step_sigma, size=(spec.num_microbatches, spec.num_layers, spec.num_experts))
+    steps = rng.normal(
+        0.0, step_sigma, size=(spec.num_microbatches, spec.num_layers, spec.num_experts)
+    )
     steps[0] = 0.0
     return _zipf_logits(spec, rng)[None] + np.cumsum(steps, axis=0)
 
@@ -121,7 +127,12 @@ def rl_logits(
 
 
 # scenario -> logits generator; ``decode`` is stationary Zipf meant for few tokens per step.
-LOGITS_BY_SCENARIO = {"zipf": zipf_logits, "drift": drift_logits, "rl": rl_logits, "decode": zipf_logits}
+LOGITS_BY_SCENARIO = {
+    "zipf": zipf_logits,
+    "drift": drift_logits,
+    "rl": rl_logits,
+    "decode": zipf_logits,
+}
 
 
 def make_popularity(scenario: str, spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:

@@ -55,7 +55,9 @@ class Placement:
     def replica_counts(self, num_experts: int) -> IntArray:
         """(num_layers, num_experts) slots holding each expert."""
         offsets = (np.arange(self.num_layers) * num_experts)[:, None]
-        flat = np.bincount((self.phy2log + offsets).ravel(), minlength=self.num_layers * num_experts)
+        flat = np.bincount(
+            (self.phy2log + offsets).ravel(), minlength=self.num_layers * num_experts
+        )
         return flat.reshape(self.num_layers, num_experts)
 
 
@@ -65,10 +67,14 @@ def even_split(phy2log: IntArray, num_experts: int, slots_per_gpu: int) -> Place
     offsets = (np.arange(num_layers) * num_experts)[:, None]
     counts = np.bincount((phy2log + offsets).ravel(), minlength=num_layers * num_experts)
     share = 1.0 / counts[(phy2log + offsets)]
-    return Placement(phy2log=phy2log.astype(np.int64), share_by_slot=share, slots_per_gpu=slots_per_gpu)
+    return Placement(
+        phy2log=phy2log.astype(np.int64), share_by_slot=share, slots_per_gpu=slots_per_gpu
+    )
 
 
-def static_phy2log(num_layers: int, num_experts: int, num_gpus: int, slots_per_gpu: int) -> IntArray:
+def static_phy2log(
+    num_layers: int, num_experts: int, num_gpus: int, slots_per_gpu: int
+) -> IntArray:
     """Masters in expert order (expert ``e`` on GPU ``e // masters_per_gpu``); each GPU's spare
     slots hold extra copies of its own first master, so they change nothing until reused."""
     masters_per_gpu = num_experts // num_gpus
@@ -86,7 +92,10 @@ def packed_phy2log(expert_load: FloatArray, num_gpus: int, slots_per_gpu: int) -
     pack, rank = balanced_packing(expert_load.astype(np.float32), num_gpus)
     phy2log = np.empty((num_layers, num_gpus * slots_per_gpu), dtype=np.int64)
     np.put_along_axis(
-        phy2log, pack * slots_per_gpu + rank, np.broadcast_to(np.arange(num_experts), pack.shape), axis=1
+        phy2log,
+        pack * slots_per_gpu + rank,
+        np.broadcast_to(np.arange(num_experts), pack.shape),
+        axis=1,
     )
     first = phy2log[:, ::slots_per_gpu]
     for lane in range(masters_per_gpu, slots_per_gpu):
@@ -144,11 +153,15 @@ def check_layout(num_experts: int, num_gpus: int, gpus_per_node: int, slots_per_
         )
     if num_experts % num_gpus:
         raise FleetsimInputError(
-            "num_experts", num_experts, f"must be a multiple of num_gpus={num_gpus} (one master each)"
+            "num_experts",
+            num_experts,
+            f"must be a multiple of num_gpus={num_gpus} (one master each)",
         )
     if slots_per_gpu < num_experts // num_gpus:
         raise FleetsimInputError(
-            "slots_per_gpu", slots_per_gpu, f"must be >= num_experts / num_gpus = {num_experts // num_gpus}"
+            "slots_per_gpu",
+            slots_per_gpu,
+            f"must be >= num_experts / num_gpus = {num_experts // num_gpus}",
         )
 
 

@@ -67,7 +67,12 @@ def plan_quotas(
     gpu_load = master_tokens.reshape(num_layers, num_gpus, spg).sum(-1)
     master_slot = np.empty((num_layers, num_experts), dtype=np.int64)
     master_ids = np.flatnonzero(~is_spare)
-    np.put_along_axis(master_slot, phy2log[:, master_ids], np.broadcast_to(master_ids, (num_layers, master_ids.size)), axis=1)
+    np.put_along_axis(
+        master_slot,
+        phy2log[:, master_ids],
+        np.broadcast_to(master_ids, (num_layers, master_ids.size)),
+        axis=1,
+    )
     for layer in range(num_layers):
         slots, tokens = _plan_layer(
             phy2log[layer].tolist(),
@@ -137,7 +142,9 @@ def _plan_layer(
 
     for gpu in range(num_gpus):
         refresh(gpu)
-    heap = [(level[g] - load_g, g) for g, load_g in enumerate(gpu_load) if load_g - level[g] > slack]
+    heap = [
+        (level[g] - load_g, g) for g, load_g in enumerate(gpu_load) if load_g - level[g] > slack
+    ]
     heapq.heapify(heap)
     while heap:
         neg_excess, src = heapq.heappop(heap)
@@ -154,7 +161,11 @@ def _plan_layer(
         free_room, dst_slot = floor, -1
         for other in (master_slot[expert], *replicas.get(expert, ())):
             gpu = other // spg
-            if gpu != src and gpu // gpus_per_node == node and level[gpu] - gpu_load[gpu] > free_room:
+            if (
+                gpu != src
+                and gpu // gpus_per_node == node
+                and level[gpu] - gpu_load[gpu] > free_room
+            ):
                 free_room, dst_slot = level[gpu] - gpu_load[gpu], other
         if dst_slot >= 0:
             amount = min(avail, free_room)

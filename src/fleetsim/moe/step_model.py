@@ -48,12 +48,18 @@ class ExpertParallelConfig:
             raise FleetsimInputError("num_gpus", self.num_gpus, "must be > 0")
         if self.gpus_per_node <= 0 or self.num_gpus % self.gpus_per_node:
             raise FleetsimInputError(
-                "gpus_per_node", self.gpus_per_node, f"must be > 0 and divide num_gpus={self.num_gpus}"
+                "gpus_per_node",
+                self.gpus_per_node,
+                f"must be > 0 and divide num_gpus={self.num_gpus}",
             )
         if self.num_spare_slots_per_gpu < 0:
-            raise FleetsimInputError("num_spare_slots_per_gpu", self.num_spare_slots_per_gpu, "must be >= 0")
+            raise FleetsimInputError(
+                "num_spare_slots_per_gpu", self.num_spare_slots_per_gpu, "must be >= 0"
+            )
         if self.weight_move_overlap < 0:
-            raise FleetsimInputError("weight_move_overlap", self.weight_move_overlap, "must be >= 0")
+            raise FleetsimInputError(
+                "weight_move_overlap", self.weight_move_overlap, "must be >= 0"
+            )
 
     def slots_per_gpu(self, num_experts: int) -> int:
         """Masters plus spare slots per GPU; ``num_experts`` must be a multiple of num_gpus."""
@@ -87,7 +93,10 @@ def all_to_all_s(
     times = []
     for bytes_per_value in (spec.dispatch_bytes_per_value, spec.combine_bytes_per_value):
         per_token = spec.hidden_size * bytes_per_value
-        t = np.maximum(intra * per_token / hw.intra_node_bytes_per_s, inter * per_token / hw.inter_node_bytes_per_s)
+        t = np.maximum(
+            intra * per_token / hw.intra_node_bytes_per_s,
+            inter * per_token / hw.inter_node_bytes_per_s,
+        )
         times.append(t.max(-1))
     return times[0], times[1]
 
@@ -192,8 +201,10 @@ class ExpertParallelStepModel:
         self.rng = np.random.default_rng(seed)
         # A fixed cycle of routing popularities; each step samples its tokens from the next.
         pattern_spec = LoadSpec(
-            num_microbatches=num_patterns, num_layers=self.num_layers,
-            num_experts=self.spec.num_experts, top_k=self.spec.top_k,
+            num_microbatches=num_patterns,
+            num_layers=self.num_layers,
+            num_experts=self.spec.num_experts,
+            top_k=self.spec.top_k,
         )
         self.popularity = make_popularity(scenario, pattern_spec, self.rng)
         self.previous: Placement | None = None

@@ -43,14 +43,18 @@ def reorder_across_nodes(
         np.add.at(node_load, (rows[:, None], node_of_expert), batch_load)
         hot, cold = node_load.argmax(1), node_load.argmin(1)
         gap = node_load[rows, hot] - node_load[rows, cold]
-        ids = np.argsort(node_of_expert, axis=1, kind="stable").reshape(num_layers, num_nodes, per_node)
+        ids = np.argsort(node_of_expert, axis=1, kind="stable").reshape(
+            num_layers, num_nodes, per_node
+        )
         hot_ids, cold_ids = ids[rows, hot], ids[rows, cold]
         diff = (
             np.take_along_axis(batch_load, hot_ids, 1)[:, :, None]
             - np.take_along_axis(batch_load, cold_ids, 1)[:, None, :]
         )
         useful = (diff > 0) & (diff < gap[:, None, None])
-        score = np.where(useful, np.abs(diff - gap[:, None, None] / 2), np.inf).reshape(num_layers, -1)
+        score = np.where(useful, np.abs(diff - gap[:, None, None] / 2), np.inf).reshape(
+            num_layers, -1
+        )
         best = score.argmin(1)
         ok = np.isfinite(score[rows, best])
         if not ok.any():
@@ -73,7 +77,9 @@ def place_masters(
     ``batch_load``; spare slots hold copies of their GPU's first master."""
     num_layers, num_experts = batch_load.shape
     per_node = num_experts // num_nodes
-    ids = np.argsort(node_of_expert, axis=1, kind="stable").reshape(num_layers * num_nodes, per_node)
+    ids = np.argsort(node_of_expert, axis=1, kind="stable").reshape(
+        num_layers * num_nodes, per_node
+    )
     node_load = np.take_along_axis(batch_load.repeat(num_nodes, axis=0), ids, axis=1)
     # (layer, node) rows: per-node local placement with the same layout as packed_phy2log.
     local = packed_phy2log(node_load, gpus_per_node, slots_per_gpu)
@@ -108,7 +114,10 @@ class TwoTimescalePlanner:
         if view.previous is None or view.microbatch_in_batch == 0:
             initial = self._reorder(view)
         return plan_view(
-            view, self.max_moved_bytes_per_gpu, self.tolerance, within_node=True,
+            view,
+            self.max_moved_bytes_per_gpu,
+            self.tolerance,
+            within_node=True,
             initial_phy2log=initial,
         )
 

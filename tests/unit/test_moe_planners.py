@@ -1,0 +1,185 @@
+"""Hand-sized cases for the balancer registry, the quota planner and the two-timescale planner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.moe import (
+    BALANCERS,
+    BalanceView,
+    QuotaPlanner,
+    TwoTimescalePlanner,
+    imbalance,
+    make_balancer,
+    moved_experts,
+    plan_quotas,
+)
+from fleetsim.moe.placement import even_split, packed_phy2log, static_phy2log
+from fleetsim.moe.two_timescale import reorder_across_nodes
+
+
+def view(load, num_gpus=4, gpus_per_node=2, slots_per_gpu=3, **kw):
+    return BalanceView(
+        expert_load=np.asarray(load, dtype=np.float64),
+        num_gpus=num_gpus,
+        gpus_per_node=gpus_per_node,
+        slots_per_gpu=slots_per_gpu,
+        **kw,
+    )
+
+
+def test_registry_has_the_built_ins():
+    assert {"none", "eplb", "eplb_stale", "quota", "two_timescale"} <= set(BALANCERS)
+
+
+def test_make_balancer_by_dotted_name_and_bad_names():
+    assert isinstance(make_balancer("fleetsim.moe.quota:QuotaPlanner"), QuotaPlanner)
+    with pytest.raises(FleetsimInputError) as err:
+        make_balancer("nope")
+    assert err.value.where == "balancer"
+    with pytest.raises(FleetsimInputError) as err:
+        make_balancer("quota", {"bogus": 1})
+    assert "quota" in err.value.where
+
+
+def test_quota_hand_checked():
+    """4 GPUs x (2 masters + 1 spare). Expert 0 carries 10 of 16 tokens; mean GPU load is 4.
+
+    GPU 0 starts at 11 (10 + 1). It copies expert 0 into three spare slots and ends at the
+    mean; every GPU then computes exactly 4 tokens.
+    """
+    load = np.array([[10, 1, 1, 1, 1, 1, 1, 0]], dtype=np.float64)
+    phy2log, quota = plan_quotas(load, static_phy2log(1, 8, 4, 3), 4, tolerance=0.0)
+    assert quota.reshape(4, 3).sum(1).tolist() == [4, 4, 4, 4]
+    assert ((phy2log[0] == 0) & (quota[0] > 0)).sum() == 4  # master + 3 replicas
+    for expert in range(8):
+        assert quota[0][phy2log[0] == expert].sum() == load[0, expert]
+
+
+def test_quota_keeps_masters_and_respects_the_move_budget():
+    rng = np.random.default_rng(3)
+    load = rng.integers(0, 100, size=(3, 16)).astype(float)
+    load[:, 5] = 900
+    initial = static_phy2log(3, 16, 8, 4)
+    phy2log, quota = plan_quotas(load, initial, 8, max_new_per_gpu=1)
+    masters = (np.arange(32) % 4) < 2
+    assert (phy2log[:, masters] == initial[:, masters]).all()
+    changed = (phy2log != initial).reshape(3, 8, 4).sum(-1)
+    assert changed.max() <= 1
+    assert (quota >= 0).all()
+
+
+def test_quota_budget_zero_only_reuses_existing_replicas():
+    load = np.array([[50, 1, 1, 1, 1, 1, 1, 1]], dtype=float)
+    initial = static_phy2log(1, 8, 4, 3)
+    phy2log, _ = plan_quotas(load, initial, 4, max_new_per_gpu=0)
+    assert (phy2log == initial).all()
+
+
+def test_quota_planner_reuses_previous_replicas_for_free():
+    load = np.array([[40, 1, 1, 1, 1, 1, 1, 1]], dtype=float)
+    planner = QuotaPlanner()
+    first = planner.plan(view(load))
+    second = planner.plan(view(load, previous=first))
+    intra, inter = moved_experts(first, second, gpus_per_node=2)
+    assert intra.sum() + inter.sum() == 0
+    assert imbalance(second.gpu_load(load))[0] <= 1.05
+
+
+def test_two_timescale_never_replicates_across_nodes():
+    """Within a batch, each node's total load equals the load of the masters it holds."""
+    rng = np.random.default_rng(0)
+    load = rng.integers(0, 50, size=(2, 16)).astype(float)
+    load[:, 3] = 400
+    planner = TwoTimescalePlanner()
+    first = planner.plan(view(load, num_gpus=8, gpus_per_node=4, slots_per_gpu=3))
+    v = view(
+        load * 1.5,
+        num_gpus=8,
+        gpus_per_node=4,
+        slots_per_gpu=3,
+        previous=first,
+        microbatch_in_batch=1,
+    )
+    placement = planner.plan(v)
+    masters = (np.arange(24) % 3) < 2
+    node_of_slot = np.arange(24) // 3 // 4
+    gpu_load = placement.gpu_load(v.expert_load).reshape(2, 2, 4).sum(-1)
+    for layer in range(2):
+        ids = placement.phy2log[layer]
+        node_master_load = [
+            v.expert_load[layer, ids[masters & (node_of_slot == n)]].sum() for n in range(2)
+        ]
+        assert np.allclose(gpu_load[layer], node_master_load)
+        # masters did not move inside a batch
+        assert (placement.phy2log[layer][masters] == first.phy2log[layer][masters]).all()
+
+
+def test_reorder_across_nodes_swaps_toward_balance():
+    load = np.array([[9.0, 8.0, 1.0, 0.0]])
+    node = np.array([[0, 0, 1, 1]])
+    new = reorder_across_nodes(load, node, 2, max_swaps=1)
+    totals = [load[0][new[0] == n].sum() for n in range(2)]
+    assert sorted(totals) == [9.0, 9.0]
+    assert np.bincount(new[0]).tolist() == [2, 2]
+    assert (reorder_across_nodes(load, node, 2, max_swaps=0) == node).all()
+
+
+def test_eplb_stale_uses_history_not_the_current_load():
+    hot_then = np.array([[100, 1, 1, 1, 1, 1, 1, 1]], dtype=float)
+    hot_now = np.array([[1, 1, 1, 1, 1, 1, 1, 100]], dtype=float)
+    stale = make_balancer("eplb_stale").plan(view(hot_now, history=(hot_then,)))
+    fresh = make_balancer("eplb").plan(view(hot_now, history=(hot_then,)))
+    assert imbalance(fresh.gpu_load(hot_now))[0] < imbalance(stale.gpu_load(hot_now))[0]
+    assert np.bincount(stale.phy2log[0], minlength=8)[0] > 1
+
+
+def test_eplb_stale_every_keeps_the_placement_between_replans():
+    load = np.array([[5, 1, 1, 1, 1, 1, 1, 9]], dtype=float)
+    balancer = make_balancer("eplb_stale", {"every": 4})
+    first = balancer.plan(view(load, history=(load,), microbatch_index=4))
+    again = balancer.plan(view(load * 2, history=(load * 2,), previous=first, microbatch_index=5))
+    assert again is first
+
+
+def test_even_split_and_packed_masters():
+    phy2log = np.array([[0, 1, 0, 2]])
+    placement = even_split(phy2log, 3, 2)
+    assert placement.share_by_slot.tolist() == [[0.5, 1.0, 0.5, 1.0]]
+    packed = packed_phy2log(np.array([[8.0, 7.0, 1.0, 1.0]]), 2, 3)
+    gpu_sets = [set(packed[0, g * 3 : g * 3 + 2].tolist()) for g in range(2)]
+    # LPT: 8 -> GPU 0, 7 -> GPU 1, then each 1 to the lighter GPU with room.
+    assert {frozenset(s) for s in gpu_sets} == {frozenset({0, 3}), frozenset({1, 2})}
+
+
+def test_moved_experts_counts_per_gpu_and_link():
+    old = even_split(np.array([[0, 1, 2, 3]]), 4, 1)
+    new = even_split(np.array([[1, 0, 3, 2]]), 4, 1)
+    intra, inter = moved_experts(old, new, gpus_per_node=2)
+    assert intra.tolist() == [[1, 1, 1, 1]]
+    assert inter.tolist() == [[0, 0, 0, 0]]
+    intra, inter = moved_experts(old, new, gpus_per_node=1)
+    assert inter.tolist() == [[1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "where"),
+    [
+        ({"num_gpus": 3, "gpus_per_node": 1}, "num_experts"),  # 8 experts on 3 GPUs
+        ({"gpus_per_node": 3}, "gpus_per_node"),
+        ({"slots_per_gpu": 1}, "slots_per_gpu"),
+    ],
+)
+def test_quota_rejects_bad_layouts(kwargs, where):
+    with pytest.raises(FleetsimInputError) as err:
+        QuotaPlanner().plan(view(np.ones((1, 8)), **kwargs))
+    assert err.value.where == where
+
+
+def test_planner_args_are_validated():
+    with pytest.raises(FleetsimInputError):
+        QuotaPlanner(tolerance=2.0)
+    with pytest.raises(FleetsimInputError):
+        make_balancer("eplb_stale", {"window": 0})
