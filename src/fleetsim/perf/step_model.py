@@ -84,6 +84,7 @@ class _Piecewise:
         def f(x: float, _bisect: Callable = bisect_right) -> float:
             if x.__class__ is int and 0 <= x < num_dense:
                 return dense[x]
+            x = x + 0.0  # float keys bisect 2x faster than int keys; same value (x < 2**53)
             i = _bisect(xs, x) - 1
             if i < 0:
                 i = 0
