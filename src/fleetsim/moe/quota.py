@@ -141,7 +141,12 @@ def _plan_layer(
             bisect.insort(node_rooms, key)
 
     for gpu in range(num_gpus):
-        refresh(gpu)
+        room = level[gpu] - gpu_load[gpu]
+        if room > floor and open_slots[gpu] and budget > 0:
+            room_key[gpu] = (room, gpu)
+            rooms[gpu // gpus_per_node].append((room, gpu))
+    for node_rooms in rooms:
+        node_rooms.sort()
     heap = [
         (level[g] - load_g, g) for g, load_g in enumerate(gpu_load) if load_g - level[g] > slack
     ]
