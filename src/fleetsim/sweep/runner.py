@@ -1,0 +1,137 @@
+"""Run the points of a sweep: in this process, in local worker processes, or as Ray tasks.
+
+Every backend calls the same pure ``run_point`` and gets back the same ``PointResult``, so
+a point's results do not depend on where it ran (each point's config carries its seed).
+A point that raises is returned as a failed result with its message; it never stops the
+others. Files are written by the caller, on the machine that drives the sweep.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.sweep.spec import Point
+
+BACKENDS = ("inline", "process", "ray")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PointResult:
+    """What one point produced; ``summary`` is None when it failed."""
+
+    index: int
+    values: dict[str, Any]
+    status: str
+    """ok | failed."""
+    error: str | None = None
+    """One-line message of a failed point."""
+    traceback: str | None = None
+    """Full traceback of an unexpected exception (None for bad input)."""
+    summary: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    requests: dict[str, Any] | None = None
+    """Per-request columns (numpy arrays) as ``RunResult.records.requests``."""
+
+
+def run_point(point: Point) -> PointResult:
+    """Build the point's config, run it, catch everything: never raises."""
+    from fleetsim.config import config_from_dict
+    from fleetsim.run import run
+
+    values = dict(point.values)
+    try:
+        config = config_from_dict(point.config_data)
+        result = run(config)
+    except FleetsimInputError as err:
+        return PointResult(index=point.index, values=values, status="failed", error=str(err))
+    except Exception as err:  # noqa: BLE001 - a failed point is reported, not raised
+        return PointResult(index=point.index, values=values, status="failed",
+                           error=f"{type(err).__name__}: {err}",
+                           traceback=traceback.format_exc())
+    return PointResult(index=point.index, values=values, status="ok", summary=result.summary,
+                       config=result.config, requests=dict(result.records.requests))
+
+
+def run_points(
+    points: Sequence[Point], *, backend: str = "process", workers: int | None = None,
+    ray_address: str | None = None,
+) -> Iterator[PointResult]:
+    """Yield each point's result as it finishes (completion order, not index order)."""
+    if backend not in BACKENDS:
+        raise FleetsimInputError("backend", backend, f"use one of {', '.join(BACKENDS)}")
+    if not points:
+        return
+    if backend == "inline":
+        yield from map(run_point, points)
+    elif backend == "process":
+        yield from _run_in_processes(points, workers or os.cpu_count() or 1)
+    else:
+        yield from _run_on_ray(points, ray_address or "local", workers)
+
+
+def _run_in_processes(points: Sequence[Point], workers: int) -> Iterator[PointResult]:
+    # forkserver/spawn: a fresh interpreter per worker, never a fork of a process that may
+    # hold threads (rich's progress refresher, Ray); forkserver starts workers faster.
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(points)), mp_context=context) as pool:
+        futures: dict[Future[PointResult], Point] = {pool.submit(run_point, p): p for p in points}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield _result_of(future.result, futures[future])
+
+
+def _run_on_ray(points: Sequence[Point], address: str, workers: int | None
+                ) -> Iterator[PointResult]:
+    ray = import_ray()
+    started_here = False
+    if not ray.is_initialized():
+        try:
+            if address == "local":
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, ValueError, RuntimeError) as err:
+            raise FleetsimInputError("--ray", address,
+                                     f"could not connect ({err}); use 'local', 'auto' or "
+                                     f"ray://HOST:PORT of a running cluster") from None
+        started_here = True
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(run_point)
+        refs = {task.remote(p): p for p in points}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                yield _result_of(lambda ref=ref: ray.get(ref), refs[ref])
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _result_of(get: Callable[[], PointResult], point: Point) -> PointResult:
+    # run_point never raises; this catches the worker itself dying (killed, out of memory).
+    try:
+        return get()
+    except Exception as err:  # noqa: BLE001
+        return PointResult(index=point.index, values=dict(point.values), status="failed",
+                           error=f"worker failed: {type(err).__name__}: {err}")
+
+
+def import_ray() -> Any:
+    """Ray, or a one-line error saying how to install it (it is an optional extra)."""
+    try:
+        import ray
+    except ImportError:
+        raise FleetsimInputError("--ray", "ray is not installed",
+                                 "pip install 'fleetsim[ray]' (or run without --ray)") from None
+    return ray

@@ -1,0 +1,113 @@
+"""The merged sweep table: one row per point (grid values, status, key metrics), and the
+files of a sweep folder:
+
+    DIR/sweep.csv, DIR/sweep.json          the merged table (sweep.json also has the spec)
+    DIR/points/<index>/summary.json, config.json, requests.csv    an ok point
+    DIR/points/<index>/error.txt           a failed point's message (and traceback)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fleetsim.sweep.runner import PointResult
+from fleetsim.sweep.spec import SweepSpec
+
+# column -> path into summary.json; cost columns stay empty until summaries carry "cost".
+METRICS: dict[str, tuple[str, ...]] = {
+    "num_requests": ("num_requests",),
+    "num_finished": ("num_finished",),
+    "ttft_p50_s": ("ttft_s", "p50"),
+    "ttft_p99_s": ("ttft_s", "p99"),
+    "tpot_p50_s": ("tpot_s", "p50"),
+    "tpot_p99_s": ("tpot_s", "p99"),
+    "e2e_p50_s": ("e2e_s", "p50"),
+    "e2e_p99_s": ("e2e_s", "p99"),
+    "throughput_requests_per_s": ("throughput", "requests_per_s"),
+    "output_tokens_per_s": ("throughput", "output_tokens_per_s"),
+    "slo_attainment": ("slo", "attainment"),
+    "goodput_requests_per_s": ("slo", "goodput_requests_per_s"),
+    "usd_per_hour": ("cost", "usd_per_hour"),
+    "usd_per_million_tokens": ("cost", "usd_per_million_tokens"),
+}
+POINTS_DIR = "points"
+
+
+def row_of(result: PointResult) -> dict[str, Any]:
+    """One table row: index, grid values (by dotted key), status, error, metrics."""
+    row: dict[str, Any] = {"index": result.index, **result.values, "status": result.status,
+                           "error": result.error or ""}
+    for column, path in METRICS.items():
+        row[column] = _get(result.summary, path) if result.summary else None
+    row["dir"] = f"{POINTS_DIR}/{result.index}"
+    return row
+
+
+def write_point(out: Path, result: PointResult) -> None:
+    """Write one point's folder; a failed point gets error.txt and loses stale results."""
+    from fleetsim.cli import _write_json, _write_requests_csv
+
+    folder = out / POINTS_DIR / str(result.index)
+    folder.mkdir(parents=True, exist_ok=True)
+    if result.status == "ok":
+        assert result.summary is not None and result.config is not None
+        assert result.requests is not None
+        _write_json(folder / "summary.json", result.summary)
+        _write_json(folder / "config.json", result.config)
+        _write_requests_csv(folder / "requests.csv", result.requests)
+        (folder / "error.txt").unlink(missing_ok=True)
+        return
+    for name in ("summary.json", "config.json", "requests.csv"):
+        (folder / name).unlink(missing_ok=True)
+    text = result.error or ""
+    if result.traceback:
+        text += "\n\n" + result.traceback
+    (folder / "error.txt").write_text(text + "\n")
+
+
+def write_table(out: Path, spec: SweepSpec, rows: Sequence[dict[str, Any]]) -> None:
+    """``sweep.csv`` and ``sweep.json`` (rows sorted by index, the spec alongside)."""
+    rows = sorted(rows, key=lambda r: r["index"])
+    columns = ["index", *spec.keys, "status", "error", *METRICS, "dir"]
+    tmp = out / "sweep.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        for row in rows:
+            w.writerow([_cell(row.get(c)) for c in columns])
+    os.replace(tmp, out / "sweep.csv")
+    doc = {
+        "grid": {key: list(values) for key, values in spec.grid},
+        "base": spec.base,
+        "num_points": len(rows),
+        "num_ok": sum(r["status"] == "ok" for r in rows),
+        "num_failed": sum(r["status"] != "ok" for r in rows),
+        "columns": columns,
+        "points": rows,
+    }
+    tmp = out / "sweep.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    os.replace(tmp, out / "sweep.json")
+
+
+def _get(d: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+def _cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, dict | list):
+        return json.dumps(v, separators=(",", ":"))
+    return v
