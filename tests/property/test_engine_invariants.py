@@ -65,13 +65,18 @@ def test_tokens_conserved_kv_never_overcommitted_all_finish(
 
 @settings(max_examples=120, deadline=None)
 @given(workload=workloads(), kv_blocks=st.integers(6, 64),
-       ordering=st.sampled_from(sorted(ORDERING_POLICIES)), max_running=st.integers(1, 8))
-def test_fast_forward_equals_step_by_step(workload, kv_blocks, ordering, max_running):
+       ordering=st.sampled_from(sorted(ORDERING_POLICIES)), max_running=st.integers(1, 8),
+       stop_at_arrivals=st.booleans())
+def test_fast_forward_equals_step_by_step(workload, kv_blocks, ordering, max_running,
+                                          stop_at_arrivals):
+    """Windows that stop at arrivals, and windows cut back when one comes, both give
+    exactly the step-by-step results."""
     assume(_fits(workload, kv_blocks))
     kw = dict(kv_blocks=kv_blocks, ordering=ordering, max_running=max_running,
               max_batched_tokens=128, **common)
     slow, _ = simulate(workload, fast_forward=False, **kw)
-    fast, _ = simulate(workload, fast_forward=True, **kw)
+    fast, _ = simulate(workload, fast_forward=True, windows_stop_at_arrivals=stop_at_arrivals,
+                       **kw)
     for col, values in slow.requests.items():
         assert np.array_equal(values, fast.requests[col], equal_nan=True), col
     assert slow.num_steps == fast.num_steps

@@ -129,3 +129,17 @@ def test_request_latencies_are_consistent():
     assert (r["first_token_s"] >= r["first_scheduled_s"]).all()
     assert (r["finish_s"] >= r["first_token_s"]).all()
     assert not any(math.isnan(x) for x in r["first_token_s"])
+
+
+def test_arrival_cuts_a_running_window_back_to_the_step_in_progress():
+    """Without stopping windows at known arrivals, the arrival at 10.5 s cuts the decode
+    window of request 0 at the boundary at 11 s, exactly where step by step admits it."""
+    w = make_workload([0.0, 10.5], [16, 16], [50, 2])
+    fast, replica = simulate(w, fast_forward=True, windows_stop_at_arrivals=False)
+    slow, _ = simulate(w, fast_forward=False)
+    assert by_id(fast, "first_scheduled_s") == {0: 0.0, 1: 11.0}
+    for col, values in slow.requests.items():
+        assert (values == fast.requests[col]).all(), col
+    # The cut window ended at 11 s: fewer events than steps, and no step was lost.
+    assert fast.num_steps == slow.num_steps
+    assert len(fast.timeline["end_s"]) < len(slow.timeline["end_s"])

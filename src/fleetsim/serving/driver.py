@@ -49,8 +49,13 @@ def simulate_replica(
     until_s: float = math.inf,
     progress: ProgressFn | None = None,
     progress_every: int = 500,
+    windows_stop_at_arrivals: bool = True,
 ) -> tuple[Records, Replica]:
-    """Simulate one replica serving ``workload``; returns the records and the final replica."""
+    """Simulate one replica serving ``workload``; returns the records and the final replica.
+
+    ``windows_stop_at_arrivals=False`` lets fast-forward windows run past arrivals and be cut
+    back when one comes (the multi-replica path); results are the same either way.
+    """
     sim = Simulator()
     recorder = Recorder()
     hash_block_tokens = workload.hash_block_tokens if workload.hash_ids is not None else None
@@ -58,7 +63,7 @@ def simulate_replica(
     replica = Replica(
         sim, step_model=step_model, kv=kv, batch_policy=batch_policy, order_key=order_key,
         recorder=recorder, max_batched_tokens=max_batched_tokens, max_running=max_running,
-        fast_forward=fast_forward, debug=debug,
+        fast_forward=fast_forward, debug=debug, next_input_hint_s=sim.peek_s if windows_stop_at_arrivals else None,
     )
     replica.until_s = until_s
     num_requests = len(workload)

@@ -139,6 +139,13 @@ class KVCache:
         self.num_free_blocks -= num_blocks
         req.num_private_blocks += num_blocks
 
+    def free_private(self, req: Request, num_blocks: int) -> None:
+        """Give back ``num_blocks`` of ``req``'s private blocks (a window cut back)."""
+        if not 0 <= num_blocks <= req.num_private_blocks:
+            raise RuntimeError(f"request {req.id} cannot free {num_blocks} blocks")
+        req.num_private_blocks -= num_blocks
+        self.num_free_blocks += num_blocks
+
     def _evict_until_free(self, num_blocks: int) -> None:
         evictable, entries = self._evictable, self._entries
         while self.num_free_blocks < num_blocks:

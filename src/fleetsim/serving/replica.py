@@ -10,7 +10,14 @@ plan would repeat, the engine advances k steps in one event. k stops before any 
 finishes, before KV blocks would run out, and at the first step boundary at or after the next
 pending event (an arrival could change the next plan). Step times come from the model's
 vectorized ``decode_step_times_s`` and are accumulated in the same order as step by step, so
-the results are bit-identical (tested).
+the results are bit-identical (tested). Anything from outside that touches the replica in the
+middle of a window (an arrival, a KV transfer in or out) first cuts the window back to the
+step in progress, so the outside world always sees the replica as step-by-step would. A
+window only takes free blocks (never evicts cached prefixes), so cutting it back is exact.
+
+Roles: a ``mixed`` replica prefills and decodes; a ``prefill`` replica hands every request
+off after its first token (``on_prefill_done``) and keeps its KV until the transfer is done
+(``release_handoff``); a ``decode`` replica takes requests whose KV arrives (``accept_decode``).
 """
 
 from __future__ import annotations
@@ -59,11 +66,16 @@ class PlanError(RuntimeError):
 
 
 class _Step:
-    __slots__ = ("chunks", "decodes", "num_running", "num_steps", "num_tokens", "num_waiting",
-                 "start_s")
+    __slots__ = ("chunks", "decodes", "end_s", "last_boundary_s", "num_running", "num_steps",
+                 "num_tokens", "num_waiting", "start_s", "window")
 
     def __init__(self, start_s: float) -> None:
         self.start_s = start_s
+        self.end_s = start_s
+        self.last_boundary_s = start_s  # a window's last inner step boundary
+        # Fast-forward windows keep what cutting them back needs:
+        # (step times, new blocks per step, computed, held, used blocks before the window).
+        self.window: tuple[list[float], list[int], list[int], list[int], int] | None = None
         self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
         self.decodes: list[Request] = []
         self.num_steps = 1
@@ -89,7 +101,10 @@ class Replica:
         fast_forward: bool = True,
         debug: bool = False,
         replica_id: int = 0,
-        horizon_s: Callable[[], float] | None = None,
+        role: str = "mixed",
+        on_prefill_done: Callable[[Replica, Request], None] | None = None,
+        on_blocks_freed: Callable[[Replica], None] | None = None,
+        next_input_hint_s: Callable[[], float] | None = None,
     ) -> None:
         self.sim = sim
         self.step_model = step_model
@@ -102,7 +117,25 @@ class Replica:
         self.fast_forward = fast_forward and getattr(batch_policy, "fast_forward_safe", False)
         self.debug = debug
         self.replica_id = replica_id
-        self._horizon_s = horizon_s or sim.peek_s
+        self.role = role
+        self.on_prefill_done = on_prefill_done  # prefill role: hand the request off
+        self.on_blocks_freed = on_blocks_freed  # decode role: pending transfers may fit now
+        # Known tokens still to compute over all queued requests: prefill backlog plus one per
+        # decoding request. Decode steps leave it unchanged (one computed, one emitted), so
+        # routers can read it mid-window at O(1).
+        self.load_tokens = 0
+        self.num_handoff = 0  # prefill role: requests whose KV awaits transfer
+        # Requests holding blocks outside the running batch: handoffs awaiting transfer
+        # (prefill role) and reservations for KV on its way in (decode role).
+        self._holders: dict[int, Request] = {}
+        self._step: _Step | None = None
+        # Fast-forward windows are capped at this many steps, adapted to how often outside
+        # events cut them back: computing steps that get cut is wasted work. Performance
+        # only; results do not depend on it.
+        self._window_cap = 32
+        # When the driver knows when the next outside input comes (a lone replica: the next
+        # arrival), windows stop there instead of adapting.
+        self._next_input_hint_s = next_input_hint_s
         self.running: list[Request] = []
         self.waiting: list[Request] = []
         self._running_keys: list[tuple] = []
@@ -115,11 +148,86 @@ class Replica:
     # ---- queues ----------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         """A request arrives now: queue it and start a step if the replica is idle."""
+        self.interrupt()
         self._by_id[req.id] = req
+        self.load_tokens += req.num_tokens - req.num_computed_tokens
         self._enqueue(self.waiting, self._waiting_keys, req)
+        self._wake()
+
+    def accept_decode(self, req: Request) -> None:
+        """Decode role: ``req``'s KV has arrived (its blocks were reserved here with
+        ``reserve_decode``); it joins the running batch at the next step."""
+        self.interrupt()
+        del self._holders[req.id]
+        req.is_running = True
+        self.load_tokens += req.num_tokens - req.num_computed_tokens
+        self._enqueue(self.running, self._running_keys, req)
+        self._wake()
+
+    def can_reserve_decode(self, num_tokens: int, num_reserved: int) -> bool:
+        """Could a request with ``num_tokens`` of KV (plus its next token) move in now?"""
+        self.interrupt()
+        kv = self.kv
+        return (len(self.running) + num_reserved < self.max_running
+                and kv.num_blocks_for(num_tokens + 1) <= kv.num_available_blocks)
+
+    def reserve_decode(self, req: Request) -> None:
+        """Take the blocks ``req``'s transferred KV will fill (and its next token)."""
+        self.interrupt()
+        self._by_id[req.id] = req
+        self._holders[req.id] = req
+        self.kv.allocate(req, self.kv.num_blocks_for(req.num_computed_tokens + 1))
+
+    def release_handoff(self, req: Request) -> None:
+        """Prefill role: ``req``'s KV has left; free its blocks (it may unblock admission)."""
+        self.interrupt()
+        del self._holders[req.id]
+        self.kv.release(req)
+        self.num_handoff -= 1
+        self._wake()
+
+    def _wake(self) -> None:
         if not self.busy:
             self.busy = True
             self.sim.schedule(self.sim.now_s, EventKind.WAKE_UP, self)
+
+    def interrupt(self) -> None:
+        """Cut an ongoing fast-forward window back to the step in progress at ``now``."""
+        step = self._step
+        if step is None or step.window is None or step.num_steps == 1:
+            return
+        now_s = self.sim.now_s
+        if now_s > step.last_boundary_s:
+            return  # already ends at the first boundary at or after now
+        times, new_blocks, computed, held, used = step.window
+        end_s = step.start_s
+        kv_seconds = 0.0
+        steps = 0
+        last_boundary_s = end_s
+        for j in range(step.num_steps):  # same accumulation as when the window was made
+            used += new_blocks[j]
+            d = times[j]
+            last_boundary_s = end_s
+            end_s += d
+            kv_seconds += used * d
+            steps += 1
+            if end_s >= now_s:
+                break
+        if steps == step.num_steps:
+            return
+        self._window_cap = max(8, 2 * steps)
+        bs, kv = self.kv.block_size, self.kv
+        for r, c, h in zip(step.decodes, computed, held, strict=True):
+            allocated = max(0, -(-(c + step.num_steps) // bs) - h)
+            kept = max(0, -(-(c + steps) // bs) - h)
+            if allocated > kept:
+                kv.free_private(r, allocated - kept)
+        self._pending_kv_seconds = kv_seconds
+        step.num_steps = steps
+        step.num_tokens = len(step.decodes) * steps
+        step.end_s = end_s
+        step.last_boundary_s = last_boundary_s
+        self.sim.schedule(end_s, EventKind.STEP_END, (self, step))
 
     def _enqueue(self, queue: list[Request], keys: list[tuple], req: Request) -> None:
         key = self.order_key(req, self.sim.now_s)
@@ -181,8 +289,13 @@ class Replica:
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
         if total == 0:
-            # Nothing can run (e.g. head-of-line request waits for KV held by nobody): a
-            # policy bug, since an empty plan would never make progress.
+            if self.num_handoff and not self.running:
+                # Waiting requests need blocks that KV transfers still hold: sleep until a
+                # transfer finishes (release_handoff wakes us).
+                self.busy = False
+                self._step = None
+                return
+            # Otherwise an empty plan would never make progress: a policy bug.
             raise PlanError(f"empty plan with {len(self.running)} running, "
                             f"{len(self.waiting)} waiting at {now_s} s")
         step.num_tokens = total
@@ -193,6 +306,8 @@ class Replica:
             end_s = self._try_fast_forward(step)
         else:
             end_s = now_s + self._single_step_time(step)
+        step.end_s = end_s
+        self._step = step
         self.sim.schedule(end_s, EventKind.STEP_END, (self, step))
 
     def _lookup(self, rid: int, plan: Any) -> Request:
@@ -204,6 +319,7 @@ class Replica:
     def _admit(self, req: Request) -> None:
         self._dequeue(self.waiting, self._waiting_keys, req)
         self.kv.admit(req)
+        self.load_tokens -= req.num_prefix_hit_tokens
         req.is_running = True
         self._enqueue(self.running, self._running_keys, req)
         if math.isnan(req.first_scheduled_s):
@@ -217,6 +333,7 @@ class Replica:
         self.kv.release(req)
         # Work since the last admission's prefix hit is lost (STYLE's conservation formula).
         req.num_recomputed_tokens += req.num_computed_tokens - req.num_prefix_hit_tokens
+        self.load_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.is_running = False
@@ -258,7 +375,7 @@ class Replica:
                 max_steps = left
         start_s = step.start_s
         first_s = self.step_model.step_time_s((), n, kv_tokens)
-        stop_s = min(self._horizon_s(), self.until_s)
+        stop_s = self.until_s
         if max_steps < 2 or start_s + first_s >= stop_s:
             self._pending_kv_seconds = kv.num_used_blocks * first_s
             return start_s + first_s
@@ -266,7 +383,17 @@ class Replica:
         # the stop; the cap keeps the arrays small.
         if stop_s < math.inf:
             max_steps = min(max_steps, int((stop_s - start_s) / first_s) + 2)
-        k = self._steps_within_blocks(computed, held, kv.num_available_blocks, max_steps)
+        hint = self._next_input_hint_s
+        if hint is not None:
+            until_hint = hint() - start_s
+            if until_hint < math.inf:
+                max_steps = min(max_steps, int(until_hint / first_s) + 2)
+        elif max_steps >= self._window_cap:
+            max_steps = self._window_cap
+            self._window_cap = min(2 * self._window_cap, 1 << 14)
+        # Free blocks only: evicting cached prefixes early could differ from step by step
+        # if the window is later cut back.
+        k = self._steps_within_blocks(computed, held, kv.num_free_blocks, max_steps)
         times = self.step_model.decode_step_times_s(
             n, kv_tokens + n * np.arange(k, dtype=np.int64)).tolist()
         # Per-step new blocks (the first step's are already allocated: first index >= 1).
@@ -277,22 +404,26 @@ class Replica:
             while j < k:
                 new_blocks[j] += 1
                 j += bs
-        # Accumulate exactly as step by step would; stop at the first boundary that reaches
-        # the next event (an arrival joins the queue before the step planned at its time)
-        # or passes until_s.
-        horizon_s, until_s = self._horizon_s(), self.until_s
+        # Accumulate exactly as step by step would; stop past until_s. Outside events cut
+        # the window back later (interrupt).
+        until_s = self.until_s
+        stop_s = hint() if hint is not None else math.inf  # stopping early is always exact
+        used0 = kv.num_used_blocks
         end_s = start_s
         used = kv.num_used_blocks
         kv_seconds = 0.0
         steps = 0
+        last_boundary_s = start_s
         for j in range(k):
             used += new_blocks[j]
             d = times[j]
+            last_boundary_s = end_s
             end_s += d
             kv_seconds += used * d
             steps += 1
-            if end_s >= horizon_s or end_s > until_s:
+            if end_s > until_s or end_s >= stop_s:
                 break
+        step.last_boundary_s = last_boundary_s
         for r, c, h in zip(decodes, computed, held, strict=True):
             extra = -(-(c + steps) // bs) - h
             if extra > 0:
@@ -300,6 +431,7 @@ class Replica:
         self._pending_kv_seconds = kv_seconds
         step.num_steps = steps
         step.num_tokens = n * steps
+        step.window = (times, new_blocks, computed, held, used0)
         return end_s
 
     @staticmethod
@@ -331,21 +463,32 @@ class Replica:
     def finish_step(self, step: _Step) -> None:
         """Commit the step's tokens at ``sim.now_s`` and plan the next step."""
         now_s = self.sim.now_s
+        if step is not self._step or now_s != step.end_s:
+            return  # the end of a window that was cut back since
+        self._step = None
         k = step.num_steps
         kv = self.kv
         done: list[Request] = []
+        handoff: list[Request] = []
+        hands_off = self.role == "prefill"
         for r, n in step.chunks:
             r.num_computed_tokens += n
             r.num_computed_tokens_total += n
+            self.load_tokens -= n
             kv.promote(r)
             if r.num_computed_tokens == r.num_tokens:
                 self._emit(r, now_s, 1, done)
+                if r.num_output_tokens < r.max_output_tokens:
+                    self.load_tokens += 1
+                    if hands_off:
+                        handoff.append(r)
         for r in step.decodes:
             r.num_computed_tokens += k
             r.num_computed_tokens_total += k
             r.num_output_tokens += k
             if r.num_output_tokens >= r.max_output_tokens:
                 done.append(r)
+                self.load_tokens -= 1
         for r in done:
             self._dequeue(self.running, self._running_keys, r)
             kv.release(r)
@@ -353,13 +496,31 @@ class Replica:
             r.finish_s = now_s
             r.is_running = False
             self.recorder.on_finish(self.replica_id, r)
+        for r in handoff:
+            # The request leaves the batch but its KV stays until the transfer is done.
+            self._dequeue(self.running, self._running_keys, r)
+            del self._by_id[r.id]
+            r.is_running = False
+            self.load_tokens -= 1
+            self.num_handoff += 1
+            self._holders[r.id] = r
+            self.on_prefill_done(self, r)  # type: ignore[misc]
         self.recorder.on_step(
             self.replica_id, now_s, now_s - step.start_s, self._pending_kv_seconds, k,
             step.num_tokens, kv.num_used_blocks, step.num_running, step.num_waiting)
         if self.debug:
-            kv.check(self.running)
-            assert len(self.running) <= self.max_running
+            self._check()
+        if done and self.on_blocks_freed is not None:
+            self.on_blocks_freed(self)
         self._start_step()
+
+    def _check(self) -> None:
+        """Debug invariants: queue limits, the load counter and KV block conservation."""
+        assert len(self.running) <= self.max_running
+        queued = self.running + self.waiting
+        expected = sum(r.num_tokens - r.num_computed_tokens for r in queued)
+        assert self.load_tokens == expected, (self.load_tokens, expected)
+        self.kv.check(self.running + list(self._holders.values()))
 
     @staticmethod
     def _emit(r: Request, now_s: float, num: int, done: list[Request]) -> None:
