@@ -206,6 +206,7 @@ def _run_one(
 def plot_imbalance(rows: Sequence[CompareRow], path: str) -> None:
     """One panel per scenario: mean max/mean imbalance per microbatch for every balancer."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -216,6 +217,8 @@ def plot_imbalance(rows: Sequence[CompareRow], path: str) -> None:
         for row in (r for r in rows if r.scenario == scenario):
             ax.plot(row.imbalance_by_microbatch, label=row.balancer, marker=".")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
         ax.set_title(scenario)
         ax.set_xlabel("microbatch")
         ax.set_ylabel("max / mean GPU load")
