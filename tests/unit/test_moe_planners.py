@@ -183,3 +183,27 @@ def test_planner_args_are_validated():
         QuotaPlanner(tolerance=2.0)
     with pytest.raises(FleetsimInputError):
         make_balancer("eplb_stale", {"window": 0})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "where"),
+    [
+        ({"load": np.ones(8)}, "expert_load"),
+        ({"load": -np.ones((1, 8))}, "expert_load"),
+        ({"load": np.full((1, 8), np.nan)}, "expert_load"),
+        ({"history": (np.ones((2, 8)),)}, "history"),
+        ({"batch_load": np.ones((1, 4))}, "batch_load"),
+    ],
+)
+def test_view_rejects_bad_loads_and_shape_mismatches(kwargs, where):
+    load = kwargs.pop("load", np.ones((1, 8)))
+    with pytest.raises(FleetsimInputError) as err:
+        BalanceView(expert_load=load, num_gpus=4, gpus_per_node=2, slots_per_gpu=3, **kwargs)
+    assert err.value.where == where
+
+
+def test_view_rejects_a_previous_placement_of_another_layout():
+    first = make_balancer("none").plan(view(np.ones((1, 8))))
+    with pytest.raises(FleetsimInputError) as err:
+        view(np.ones((1, 8)), slots_per_gpu=4, previous=first)
+    assert err.value.where == "previous"

@@ -102,3 +102,20 @@ def test_num_experts_must_tile_the_gpus():
     assert err.value.where == "num_experts"
     with pytest.raises(FleetsimInputError):
         moe_layer_time_s(ExpertParallelConfig(num_gpus=8), 100, imbalance=0.5)
+
+
+def test_ep_config_from_toml_style_dict_and_bad_balancer():
+    from fleetsim.configutil import from_dict
+
+    ep = from_dict(
+        ExpertParallelConfig,
+        {"num_gpus": 64, "balancer": "quota", "balancer_args": {"tolerance": 0.05}},
+        "pool.ep",
+    )
+    assert ep.slots_per_gpu(256) == 5
+    with pytest.raises(FleetsimInputError) as err:
+        ExpertParallelConfig(num_gpus=8, balancer="eplbb")
+    assert err.value.where == "balancer"
+    with pytest.raises(FleetsimInputError) as err:
+        from_dict(ExpertParallelConfig, {"num_gpus": 8, "balancer_args": {"nope": 1}}, "pool.ep")
+    assert "nope" in str(err.value)

@@ -130,6 +130,30 @@ class BalanceView:
     previous: Placement | None = None
     expert_bytes: float = 0.0
 
+    def __post_init__(self) -> None:
+        load = self.expert_load
+        if not isinstance(load, np.ndarray) or load.ndim != 2 or not np.isfinite(load).all():
+            raise FleetsimInputError(
+                "expert_load",
+                getattr(load, "shape", load),
+                "expected a finite (layers, experts) array",
+            )
+        if (load < 0).any():
+            raise FleetsimInputError("expert_load", float(load.min()), "loads must be >= 0")
+        for name in ("batch_load", *(("history",) if self.history else ())):
+            arrays = self.history if name == "history" else (self.batch_load,)
+            for arr in arrays:
+                if arr is not None and np.shape(arr) != load.shape:
+                    raise FleetsimInputError(
+                        name, f"shape {np.shape(arr)}", f"must match expert_load {load.shape}"
+                    )
+        prev = self.previous
+        want = (load.shape[0], self.num_gpus * self.slots_per_gpu)
+        if prev is not None and prev.phy2log.shape != want:
+            raise FleetsimInputError(
+                "previous", f"shape {prev.phy2log.shape}", f"must be (layers, slots) = {want}"
+            )
+
     @property
     def num_layers(self) -> int:
         return int(self.expert_load.shape[0])

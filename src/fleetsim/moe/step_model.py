@@ -60,6 +60,7 @@ class ExpertParallelConfig:
             raise FleetsimInputError(
                 "weight_move_overlap", self.weight_move_overlap, "must be >= 0"
             )
+        make_balancer(self.balancer, self.balancer_args)  # unknown names or args fail here
 
     def slots_per_gpu(self, num_experts: int) -> int:
         """Masters plus spare slots per GPU; ``num_experts`` must be a multiple of num_gpus."""
