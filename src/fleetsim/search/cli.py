@@ -1,0 +1,263 @@
+"""``fleetsim goodput``, ``fleetsim slo-scale`` and ``fleetsim plan``.
+
+The main CLI calls ``add_parser(subparsers)``; each command builds a config the way
+``fleetsim run`` does (TOML file plus ``--set`` overrides) and prints a table or JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fleetsim.errors import FleetsimInputError
+
+DEFAULT_PLAN_GPUS = "h100,a100,h200"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="TOML config file (optional)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set workload.max_requests=1000")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _search_flags(p: argparse.ArgumentParser, tol: float, max_runs: int) -> None:
+    p.add_argument("--target", type=float, default=0.9,
+                   help="share of requests that must meet the SLO (default 0.9)")
+    p.add_argument("--tol", type=float, default=tol,
+                   help=f"relative tolerance of the rate (default {tol:g})")
+    p.add_argument("--max-runs", type=int, default=max_runs,
+                   help=f"most simulations per search (default {max_runs})")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``goodput``, ``slo-scale`` and ``plan``."""
+    p = subparsers.add_parser(
+        "goodput", help="highest arrival rate at which --target of requests meet the SLO")
+    _common(p)
+    _search_flags(p, tol=0.05, max_runs=20)
+    p.add_argument("--min-rate", type=float, default=None, help="lowest rate to try (req/s)")
+    p.add_argument("--max-rate", type=float, default=None, help="highest rate to try (req/s)")
+    p.set_defaults(handler=cmd_goodput)
+
+    p = subparsers.add_parser(
+        "slo-scale", help="ReqX SLO scale: latency / standalone latency at percentile X")
+    _common(p)
+    p.add_argument("--pct", type=float, nargs="+", default=[90.0, 95.0, 99.0],
+                   help="percentiles X (default 90 95 99)")
+    p.set_defaults(handler=cmd_slo_scale)
+
+    p = subparsers.add_parser(
+        "plan", help="cost-vs-goodput Pareto front over cluster shapes")
+    _common(p)
+    _search_flags(p, tol=0.1, max_runs=8)
+    p.add_argument("--gpus", default=DEFAULT_PLAN_GPUS,
+                   help=f"comma-separated GPU types (default {DEFAULT_PLAN_GPUS})")
+    p.add_argument("--max-gpus", type=int, default=4, help="most GPUs per shape (default 4)")
+    p.add_argument("--tp", default="1", help="comma-separated TP degrees (default 1)")
+    p.add_argument("--pd", action="store_true",
+                   help="also try prefill/decode pools (1P1D, 1P2D, 2P1D, across GPU types)")
+    p.add_argument("--requests-per-gpu", type=int, default=250,
+                   help="cut the workload to N x GPUs requests per probe when the config "
+                        "sets neither max_requests nor duration_s (default 250; 0: no cut)")
+    p.add_argument("--plot", metavar="PATH", default=None, help="write a cost-vs-goodput PNG")
+    p.add_argument("--out", metavar="DIR", default=None, help="write DIR/plan.json")
+    p.set_defaults(handler=cmd_plan)
+
+
+# ---- goodput ------------------------------------------------------------------------------
+def cmd_goodput(args: argparse.Namespace) -> int:
+    from fleetsim.config import load_config
+    from fleetsim.search.goodput import check_search_args, goodput_search, goodput_to_dict
+
+    check_search_args(args.target, args.min_rate, args.max_rate, args.tol, args.max_runs)
+    config = load_config(args.config, args.overrides)
+    result = goodput_to_dict(goodput_search(
+        config, target=args.target, min_rate_per_s=args.min_rate,
+        max_rate_per_s=args.max_rate, rel_tol=args.tol, max_runs=args.max_runs))
+    if args.json:
+        print(json.dumps(_json_safe(result), indent=2))
+        return 0
+    console = Console()
+    table = Table(title=f"goodput search: {100 * args.target:g}% within TTFT<="
+                  f"{config.slo.ttft_s:g}s, TPOT<={config.slo.tpot_s:g}s")
+    for col in ("#", "rate (req/s)", "attainment", "TTFT ok", "TPOT ok", "met"):
+        table.add_column(col, justify="right")
+    for i, p in enumerate(result["probes"], 1):
+        table.add_row(str(i), f"{p['rate_per_s']:.3f}", f"{100 * p['attainment']:.1f}%",
+                      f"{100 * p['ttft_attainment']:.1f}%", f"{100 * p['tpot_attainment']:.1f}%",
+                      "yes" if p["passed"] else "no")
+    console.print(table)
+    for line in goodput_lines(result):
+        console.print(line)
+    return 0
+
+
+def goodput_lines(r: dict[str, Any]) -> list[str]:
+    """The answer in words, with the caveats the search found."""
+    rate = r["goodput_requests_per_s"]
+    if rate is None:
+        lines = ["goodput: no probed rate met the target"]
+    else:
+        lines = [f"goodput: {rate:.3f} req/s (attainment {100 * r['attainment_at_goodput']:.1f}%"
+                 f"; lowest failing rate "
+                 f"{_fmt(r['lowest_failing_rate_per_s'])} req/s; {r['num_runs']} runs)"]
+        lines.append(f"cost: ${r['usd_per_hour']:.2f}/hour for {r['num_gpus']} GPU(s), "
+                     f"${_fmt(r['usd_per_million_tokens'])}/M tokens, "
+                     f"${_fmt(r['usd_per_million_output_tokens'])}/M output tokens at that rate")
+    notes = {
+        "max_runs": "stopped at --max-runs before reaching --tol; raise --max-runs",
+        "below_min_rate": "fails even at --min-rate",
+        "at_max_rate": "meets the target at --max-rate: goodput is at least that",
+    }
+    if r["status"] in notes:
+        lines.append(f"note: {notes[r['status']]}")
+    if not r["monotone"]:
+        pairs = ", ".join(f"{v['failing_rate_per_s']:.3f} failed below "
+                          f"{v['passing_rate_per_s']:.3f}" for v in r["monotonicity_violations"])
+        lines.append(f"note: attainment is not monotone in the rate ({pairs}); goodput is "
+                     f"the highest passing rate below the lowest failing one")
+    return lines
+
+
+# ---- slo-scale ----------------------------------------------------------------------------
+def cmd_slo_scale(args: argparse.Namespace) -> int:
+    from fleetsim.config import load_config
+    from fleetsim.search.slo_scale import slo_scales
+
+    for pct in args.pct:
+        if not 0 < pct <= 100:
+            raise FleetsimInputError("--pct", pct, "must be a percentile in (0, 100], e.g. 95")
+    config = load_config(args.config, args.overrides)
+    result = slo_scales(config, tuple(args.pct))
+    if args.json:
+        print(json.dumps(_json_safe(result), indent=2))
+        return 0
+    table = Table(title=f"ReqX SLO scale — {result['model']}, {result['workload']}")
+    table.add_column("X")
+    table.add_column("scale (latency / standalone)", justify="right")
+    for key, value in result["slo_scale"].items():
+        table.add_row(key.replace("req", "Req"), "inf (unfinished)" if value is None
+                      else f"{value:.3f}")
+    table.caption = (f"{result['num_finished']:,} of {result['num_requests']:,} requests "
+                     f"finished; median E2E {_fmt(result['e2e_p50_s'])} s vs standalone "
+                     f"{_fmt(result['standalone_e2e_p50_s'])} s")
+    Console().print(table)
+    return 0
+
+
+# ---- plan ---------------------------------------------------------------------------------
+def _int_list(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise FleetsimInputError(flag, text, "give comma-separated integers, e.g. 1,2,4") from None
+    if not values or min(values) < 1:
+        raise FleetsimInputError(flag, text, "give comma-separated integers >= 1, e.g. 1,2,4")
+    return sorted(set(values))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from fleetsim.config import load_config
+    from fleetsim.search.goodput import check_search_args
+    from fleetsim.search.plan import enumerate_shapes, plan, plan_to_dict
+
+    check_search_args(args.target, None, None, args.tol, args.max_runs)
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    if not gpus:
+        raise FleetsimInputError("--gpus", args.gpus, "name at least one GPU, e.g. h100,a100")
+    tps = _int_list("--tp", args.tp)
+    if args.max_gpus < 1:
+        raise FleetsimInputError("--max-gpus", args.max_gpus, "must be >= 1")
+    if args.requests_per_gpu < 0:
+        raise FleetsimInputError("--requests-per-gpu", args.requests_per_gpu, "must be >= 0")
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise FleetsimInputError("--out", str(out), "it is a file; give a folder path")
+    config = load_config(args.config, args.overrides)
+    try:
+        shapes = enumerate_shapes(gpus, tps, args.max_gpus, pd=args.pd,
+                                  catalog=config.hardware.catalog)
+    except FleetsimInputError as err:
+        raise FleetsimInputError("--gpus", err.value, err.fix) from None
+    if not shapes:
+        raise FleetsimInputError("--max-gpus", args.max_gpus,
+                                 f"no shape fits: the smallest --tp is {tps[0]}; raise "
+                                 f"--max-gpus to at least {tps[0]}")
+    err_console = Console(stderr=True)
+    show = err_console.is_terminal and not args.json
+
+    def on_point(point: Any) -> None:
+        if show:
+            rate = point.goodput_rate_per_s
+            err_console.print(f"  {point.shape.name}: " + (
+                "infeasible" if point.goodput is None else f"{_fmt(rate)} req/s"))
+
+    points = plan(config, shapes, target=args.target, rel_tol=args.tol,
+                  max_runs=args.max_runs, requests_per_gpu=args.requests_per_gpu or None,
+                  on_point=on_point)
+    result = plan_to_dict(points, target=args.target,
+                          requests_per_gpu=args.requests_per_gpu or None)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / "plan.json.tmp"
+        tmp.write_text(json.dumps(_json_safe(result), indent=2) + "\n")
+        os.replace(tmp, out / "plan.json")
+    if args.plot:
+        from fleetsim.search.plot import plot_plan
+
+        plot_plan(result, args.plot)
+    if args.json:
+        print(json.dumps(_json_safe(result), indent=2))
+    else:
+        _print_plan(result, config)
+    return 0
+
+
+def _print_plan(result: dict[str, Any], config: Any) -> None:
+    rows = result["points"]
+    table = Table(title=f"Pareto front: goodput ({100 * result['target']:g}% within TTFT<="
+                  f"{config.slo.ttft_s:g}s, TPOT<={config.slo.tpot_s:g}s) per $/hour")
+    for col in ("shape", "GPUs", "goodput (req/s)", "$/hour", "$/M tokens", "$/M output tok"):
+        table.add_column(col, justify="left" if col == "shape" else "right")
+    for i in result["front"]:
+        r = rows[i]
+        table.add_row(r["shape"], str(r["num_gpus"]), _fmt(r["goodput_requests_per_s"]),
+                      f"{r['usd_per_hour']:.2f}", _fmt(r["usd_per_million_tokens"]),
+                      _fmt(r["usd_per_million_output_tokens"]))
+    num_feasible = sum(1 for r in rows if "infeasible" not in r)
+    table.caption = (f"{num_feasible} feasible shape(s) searched, "
+                     f"{len(result['front'])} on the front")
+    console = Console()
+    console.print(table)
+    for r in rows:
+        if "infeasible" in r:
+            console.print(f"infeasible: {r['shape']}: {r['infeasible']}")
+        elif r["goodput_requests_per_s"] is None:
+            console.print(f"no goodput: {r['shape']} misses the SLO at every rate tried")
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if abs(v) >= 100:
+        return f"{v:,.1f}"
+    return f"{v:.4g}"
+
+
+def _json_safe(obj: Any) -> Any:
+    """Non-finite floats become null (JSON has no inf or nan)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj

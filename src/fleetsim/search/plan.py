@@ -1,0 +1,233 @@
+"""Capacity planning: goodput and cost of many cluster shapes, and their Pareto front.
+
+A shape is a set of pools: mixed replicas of one GPU type (replicas x TP), or, for
+prefill/decode disaggregation, a prefill pool and a decode pool (possibly of different GPU
+types) in a ratio such as 1P2D. Each shape gets a coarse goodput search; to share work, a
+shape's search starts from the goodput already found for a smaller shape of the same kind
+scaled by its replica count, so most searches bracket in two or three runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fleetsim.config import PoolConfig, SimConfig
+from fleetsim.errors import FleetsimInputError
+from fleetsim.hardware import get_gpu
+from fleetsim.search.goodput import GoodputResult, goodput_search, goodput_to_dict
+
+DEFAULT_PD_RATIOS = ((1, 1), (1, 2), (2, 1))
+"""(prefill replicas, decode replicas) tried with ``--pd``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One cluster layout: its pools (a single mixed pool, or a prefill and a decode pool)."""
+
+    pools: tuple[PoolConfig, ...]
+
+    @property
+    def name(self) -> str:
+        """Short label, e.g. ``2x H100-SXM tp1`` or ``1P(H200 tp1)+2D(A100 tp1)``."""
+        if len(self.pools) == 1:
+            p = self.pools[0]
+            return f"{p.num_replicas}x {p.gpu} tp{p.tp}"
+        pre, dec = self.pools
+        return (f"{pre.num_replicas}P({pre.gpu} tp{pre.tp})+"
+                f"{dec.num_replicas}D({dec.gpu} tp{dec.tp})")
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(p.tp * p.num_replicas for p in self.pools)
+
+    @property
+    def is_pd(self) -> bool:
+        return len(self.pools) > 1
+
+    def family(self) -> tuple[Any, ...]:
+        """Shapes that differ only in replica counts (scaled versions of each other)."""
+        if not self.is_pd:
+            return ("mixed", self.pools[0].gpu, self.pools[0].tp)
+        pre, dec = self.pools
+        return ("pd", pre.gpu, pre.tp, dec.gpu, dec.tp,
+                pre.num_replicas / dec.num_replicas)
+
+    def apply(self, config: SimConfig) -> SimConfig:
+        """``config`` served by this shape (single mixed pools use the ``hardware`` shorthand)."""
+        if not self.is_pd:
+            p = self.pools[0]
+            hw = dataclasses.replace(config.hardware, gpu=p.gpu, tp=p.tp,
+                                     num_replicas=p.num_replicas)
+            return dataclasses.replace(
+                config, hardware=hw, cluster=dataclasses.replace(config.cluster, pools=()))
+        return dataclasses.replace(
+            config, cluster=dataclasses.replace(config.cluster, pools=self.pools))
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, n = [], 1
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def enumerate_shapes(
+    gpus: Sequence[str], tps: Sequence[int], max_gpus: int, *, pd: bool = False,
+    pd_ratios: Iterable[tuple[int, int]] = DEFAULT_PD_RATIOS, catalog: str | None = None,
+) -> list[Shape]:
+    """Mixed shapes (each GPU x TP x power-of-two replicas within ``max_gpus``) and, with
+    ``pd``, prefill/decode shapes for each ratio, each (prefill GPU, decode GPU) pair and TP,
+    scaled by powers of two while they fit ``max_gpus``. GPU names are canonicalized."""
+    names = [get_gpu(g, catalog).name for g in gpus]
+    names = list(dict.fromkeys(names))
+    shapes: list[Shape] = []
+    for gpu in names:
+        shapes.extend(Shape((PoolConfig(name="mixed", gpu=gpu, tp=tp, num_replicas=n),))
+                      for tp in tps for n in _powers_of_two(max_gpus // tp))
+    if not pd:
+        return shapes
+    for num_pre, num_dec in pd_ratios:
+        for pre_gpu in names:
+            for dec_gpu in names:
+                for tp in tps:
+                    for k in _powers_of_two(max_gpus):
+                        pre = PoolConfig(name="prefill", gpu=pre_gpu, tp=tp,
+                                         num_replicas=num_pre * k, role="prefill")
+                        dec = PoolConfig(name="decode", gpu=dec_gpu, tp=tp,
+                                         num_replicas=num_dec * k, role="decode")
+                        shape = Shape((pre, dec))
+                        if shape.num_gpus > max_gpus:
+                            break
+                        shapes.append(shape)
+    return shapes
+
+
+@dataclass(frozen=True, slots=True)
+class PlanPoint:
+    """A shape's outcome: goodput and cost, or why it could not run."""
+
+    shape: Shape
+    goodput: GoodputResult | None
+    infeasible: str | None = None
+    """The one-line error ``run()`` gave (weights do not fit, for example)."""
+
+    @property
+    def goodput_rate_per_s(self) -> float | None:
+        return None if self.goodput is None else self.goodput.goodput_rate_per_s
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        return None if self.goodput is None else self.goodput.usd_per_hour
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the (cost, goodput) points no other point beats: nothing cheaper-or-equal
+    has goodput higher-or-equal with one of the two strict. Sorted by cost.
+
+    Points with goodput <= 0 are never on the front (serving nothing at any price).
+    Among exact duplicates the first index is kept.
+    """
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1], i))
+    front: list[int] = []
+    best = 0.0
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def plan(
+    config: SimConfig,
+    shapes: Sequence[Shape],
+    *,
+    target: float = 0.9,
+    rel_tol: float = 0.1,
+    max_runs: int = 8,
+    requests_per_gpu: int | None = None,
+    on_point: Callable[[PlanPoint], None] | None = None,
+) -> list[PlanPoint]:
+    """Coarse goodput search for each shape, smallest first.
+
+    A shape starts its search at the goodput of the best-known shape of its family (same
+    GPUs and TP, same P:D ratio) times the replica-count ratio; the first shape of a family
+    starts at the config's own rate. Shapes ``run()`` rejects come back ``infeasible``.
+
+    ``requests_per_gpu`` cuts each shape's workload to that many requests per GPU (so every
+    replica sees about the same history whatever the cluster size) when the config sets
+    neither ``workload.max_requests`` nor ``workload.duration_s``.
+    """
+    if not shapes:
+        raise FleetsimInputError("--gpus/--tp/--max-gpus", "no shape",
+                                 "the shape space is empty: raise --max-gpus to at least "
+                                 "the smallest --tp, or add GPUs")
+    known: dict[tuple[Any, ...], tuple[int, float]] = {}  # family -> (num_gpus, goodput)
+    points: list[PlanPoint] = []
+    for shape in sorted(shapes, key=lambda s: (s.num_gpus, s.name)):
+        start = None
+        seen = known.get(shape.family())
+        if seen is not None and seen[1] > 0:
+            start = seen[1] * shape.num_gpus / seen[0]
+        try:
+            found = goodput_search(_cut(shape.apply(config), shape, requests_per_gpu),
+                                   target=target, rel_tol=rel_tol, max_runs=max_runs,
+                                   start_rate_per_s=start, growth=1.5 if start else 2.0,
+                                   num_verify=0)
+        except FleetsimInputError as err:
+            point = PlanPoint(shape, None, str(err))
+        else:
+            point = PlanPoint(shape, found)
+            if found.goodput_rate_per_s:
+                known[shape.family()] = (shape.num_gpus, found.goodput_rate_per_s)
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
+    return points
+
+
+def _cut(config: SimConfig, shape: Shape, requests_per_gpu: int | None) -> SimConfig:
+    wl = config.workload
+    if requests_per_gpu is None or wl.max_requests is not None or wl.duration_s is not None:
+        return config
+    return dataclasses.replace(config, workload=dataclasses.replace(
+        wl, max_requests=requests_per_gpu * shape.num_gpus))
+
+
+def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
+                 requests_per_gpu: int | None = None) -> dict[str, Any]:
+    """JSON-ready plan: every shape (feasible or not) and the Pareto front's indices."""
+    rows = []
+    for p in points:
+        row: dict[str, Any] = {
+            "shape": p.shape.name,
+            "num_gpus": p.shape.num_gpus,
+            "pools": [{"name": q.name, "gpu": q.gpu, "tp": q.tp, "num_replicas": q.num_replicas,
+                       "role": q.role} for q in p.shape.pools],
+        }
+        if p.goodput is None:
+            row["infeasible"] = p.infeasible
+        else:
+            g = goodput_to_dict(p.goodput)
+            row.update({k: g[k] for k in (
+                "goodput_requests_per_s", "usd_per_hour", "usd_per_million_tokens",
+                "usd_per_million_output_tokens", "status", "monotone", "num_runs",
+                "attainment_at_goodput")})
+            row["usd_per_hour_per_request_per_s"] = (
+                p.goodput.usd_per_hour / g["goodput_requests_per_s"]
+                if g["goodput_requests_per_s"] else None)
+        rows.append(row)
+    feasible = [i for i, p in enumerate(points) if p.goodput is not None]
+    front = pareto_front([(points[i].usd_per_hour or 0.0, points[i].goodput_rate_per_s or 0.0)
+                          for i in feasible])
+    return {
+        "target": target,
+        "requests_per_gpu": requests_per_gpu,
+        "points": rows,
+        "front": [feasible[i] for i in front],
+        "infeasible": [rows[i]["shape"] for i, p in enumerate(points) if p.goodput is None],
+    }
+

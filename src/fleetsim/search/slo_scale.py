@@ -1,0 +1,136 @@
+"""ReqX SLO scale (HexAGenT): the smallest s such that X% of requests finish within s times
+their standalone latency (alone on an idle replica, see ``fleetsim.serving.standalone``).
+
+s = 1 means the cluster adds nothing over serving each request alone; Req90 = 3 means one
+request in ten takes over three times its standalone latency. Requests that never finish
+count as taking forever, so Req99 is infinite when more than 1% are left unfinished.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fleetsim.config import PoolConfig, SimConfig
+from fleetsim.hardware import get_gpu
+from fleetsim.models import get_model
+from fleetsim.perf import StepTimeModel, build_step_model
+from fleetsim.serving.standalone import standalone_latency_s
+
+DEFAULT_PCTS = (90.0, 95.0, 99.0)
+
+
+def req_slo_scale(latency_s: NDArray[np.float64], standalone_s: NDArray[np.float64],
+                  pct: float, num_unfinished: int = 0) -> float:
+    """Smallest s with at least ``pct``% of requests at latency <= s x standalone.
+
+    ``latency_s`` and ``standalone_s`` pair up per finished request; ``num_unfinished``
+    more requests count as infinitely slow. Returns ``inf`` when the percentile falls on
+    them and ``nan`` when there is no request at all.
+    """
+    if not 0.0 < pct <= 100.0:
+        raise ValueError(f"pct must be in (0, 100], got {pct}")
+    latency_s = np.asarray(latency_s, dtype=np.float64)
+    standalone_s = np.asarray(standalone_s, dtype=np.float64)
+    if latency_s.shape != standalone_s.shape:
+        raise ValueError("latency_s and standalone_s must have one entry per request each")
+    if np.any(standalone_s <= 0):
+        raise ValueError("standalone latencies must be > 0 seconds")
+    ratios = np.sort(latency_s / standalone_s)
+    n = ratios.size + num_unfinished
+    if n == 0:
+        return float("nan")
+    # The k-th smallest ratio with k = ceil(pct% of n): the smallest s covering pct% (the
+    # inverted-CDF percentile, never interpolated). The epsilon absorbs float noise in pct*n.
+    k = max(int(np.ceil(pct / 100.0 * n - 1e-9)), 1)
+    return float(ratios[k - 1]) if k <= ratios.size else float("inf")
+
+
+def _step_model(config: SimConfig, pool: PoolConfig) -> StepTimeModel:
+    model = get_model(config.model)
+    gpu = get_gpu(pool.gpu, config.hardware.catalog)
+    return build_step_model(model, gpu, pool.tp, backend=config.perf_backend)
+
+
+def _pool_of_replica(config: SimConfig, replica_ids: NDArray[np.int64],
+                     pools: tuple[PoolConfig, ...]) -> NDArray[np.int64]:
+    """Index into ``pools`` of each replica id, with replicas numbered pool after pool."""
+    bounds = np.cumsum([p.num_replicas for p in pools])
+    return np.minimum(np.searchsorted(bounds, replica_ids, side="right"), len(pools) - 1)
+
+
+def standalone_for_run(config: SimConfig, requests: dict[str, NDArray]) -> NDArray[np.float64]:
+    """Standalone latency (s) of each finished request of a run of ``config``.
+
+    Mixed pools: the step model of the pool that served the request (from ``pool_id`` if
+    the records have it, else from ``replica_id`` with replicas numbered pool after pool).
+    P/D: prefill on the prefill pool's model, decode on the decode pool's, plus the
+    request's ``kv_transfer_s`` when recorded (first prefill and decode pools, unless the
+    records say which: ``prefill_pool_id`` / ``decode_pool_id``).
+    """
+    pools = config.pools
+    prompt = requests["num_prompt_tokens"].astype(np.int64)
+    output = requests["num_output_tokens"].astype(np.int64)
+    budget = config.engine.max_batched_tokens
+    out = np.empty(prompt.size, dtype=np.float64)
+    if any(p.role == "prefill" for p in pools):
+        transfer = requests.get("kv_transfer_s")
+        transfer = None if transfer is None else np.nan_to_num(transfer.astype(np.float64))
+        pre_ids = _pool_column(requests, "prefill_pool_id", pools, "prefill")
+        dec_ids = _pool_column(requests, "decode_pool_id", pools, "decode")
+        for i, j in {(int(a), int(b)) for a, b in zip(pre_ids, dec_ids, strict=True)}:
+            mask = (pre_ids == i) & (dec_ids == j)
+            out[mask] = standalone_latency_s(
+                _step_model(config, pools[i]), prompt[mask], output[mask], budget,
+                decode_step_model=_step_model(config, pools[j]),
+                transfer_s=None if transfer is None else transfer[mask])
+        return out
+    if "pool_id" in requests:
+        pool_ids = requests["pool_id"].astype(np.int64)
+    else:
+        pool_ids = _pool_of_replica(config, requests["replica_id"].astype(np.int64), pools)
+    for i in np.unique(pool_ids).tolist():
+        mask = pool_ids == i
+        out[mask] = standalone_latency_s(_step_model(config, pools[i]), prompt[mask],
+                                         output[mask], budget)
+    return out
+
+
+def _pool_column(requests: dict[str, NDArray], column: str, pools: tuple[PoolConfig, ...],
+                 role: str) -> NDArray[np.int64]:
+    if column in requests:
+        return requests[column].astype(np.int64)
+    first = next(i for i, p in enumerate(pools) if p.role == role)
+    return np.full(requests["num_prompt_tokens"].size, first, dtype=np.int64)
+
+
+def slo_scales(config: SimConfig, pcts: tuple[float, ...] = DEFAULT_PCTS) -> dict[str, Any]:
+    """Run ``config`` and report its ReqX SLO scales (keys ``req90`` ...) as a dict."""
+    from fleetsim.run import run
+
+    result = run(config)
+    req = result.records.requests
+    latency = req["finish_s"] - req["arrival_s"]
+    standalone = standalone_for_run(config, req)
+    num_unfinished = int(result.summary["num_unfinished"])
+    ratio = latency / standalone
+    scales = {}
+    for pct in pcts:
+        s = req_slo_scale(latency, standalone, pct, num_unfinished)
+        scales[f"req{pct:g}"] = s if np.isfinite(s) else None
+    return {
+        "slo_scale": scales,
+        "num_requests": int(result.summary["num_requests"]),
+        "num_finished": int(latency.size),
+        "num_unfinished": num_unfinished,
+        "ratio_min": float(ratio.min()) if ratio.size else None,
+        "ratio_mean": float(ratio.mean()) if ratio.size else None,
+        "standalone_e2e_p50_s": float(np.median(standalone)) if standalone.size else None,
+        "e2e_p50_s": float(np.median(latency)) if latency.size else None,
+        "model": result.summary.get("model"),
+        "workload": result.summary.get("workload"),
+        "pools": [{"name": p.name, "gpu": p.gpu, "tp": p.tp, "num_replicas": p.num_replicas,
+                   "role": p.role} for p in config.pools],
+    }
