@@ -1,0 +1,84 @@
+"""``fleetsim goodput``, ``slo-scale`` and ``plan``: JSON output, files, exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetsim.cli import main
+
+SMALL = ["--set", "workload.max_requests=60"]
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_goodput_json(capsys):
+    code, out, err = run_cli(capsys, "goodput", *SMALL, "--tol", "0.2", "--max-runs", "8",
+                             "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["goodput_requests_per_s"] > 0
+    assert r["num_runs"] == len(r["probes"]) <= 8
+    assert r["status"] in ("converged", "max_runs")
+    assert r["usd_per_hour"] == pytest.approx(2.99)  # one H100 at the catalog price
+    assert r["usd_per_million_tokens"] > 0
+    best = [p for p in r["probes"] if p["rate_per_s"] == r["goodput_requests_per_s"]]
+    assert best[0]["passed"]
+    assert best[0]["attainment"] >= 0.9
+    assert all(p["rate_per_s"] >= r["goodput_requests_per_s"] for p in r["probes"]
+               if not p["passed"])
+
+
+def test_goodput_table_and_max_rate_note(capsys):
+    code, out, err = run_cli(capsys, "goodput", *SMALL, "--max-rate", "1.0", "--max-runs", "3")
+    assert code == 0, err
+    assert "goodput:" in out
+    assert "at least" in out  # passes at --max-rate
+
+
+def test_slo_scale_json(capsys):
+    code, out, err = run_cli(capsys, "slo-scale", *SMALL, "--pct", "90", "99", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert set(r["slo_scale"]) == {"req90", "req99"}
+    assert 1.0 - 1e-6 <= r["slo_scale"]["req90"] <= r["slo_scale"]["req99"]
+
+
+def test_plan_json_writes_plan_and_plot(tmp_path, capsys):
+    out_dir, png = tmp_path / "p", tmp_path / "front.png"
+    code, out, err = run_cli(capsys, "plan", "--gpus", "h100,a100", "--max-gpus", "1",
+                             "--requests-per-gpu", "40", "--max-runs", "4", "--json",
+                             "--out", str(out_dir), "--plot", str(png))
+    assert code == 0, err
+    r = json.loads(out)
+    assert r == json.loads((out_dir / "plan.json").read_text())
+    assert [p["shape"] for p in r["points"]] == ["1x A100-80GB-SXM tp1", "1x H100-SXM tp1"]
+    assert r["front"]
+    assert png.stat().st_size > 1000
+    assert all(r["points"][i]["usd_per_hour"] > 0 for i in r["front"])
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["goodput", "--target", "1.5"], "--target"),
+    (["goodput", "--target", "0"], "--target"),
+    (["goodput", "--min-rate", "5", "--max-rate", "1"], "--min-rate"),
+    (["goodput", "--tol", "0"], "--tol"),
+    (["goodput", "--max-runs", "0"], "--max-runs"),
+    (["slo-scale", "--pct", "0"], "--pct"),
+    (["plan", "--gpus", "h100,tpu9"], "--gpus"),
+    (["plan", "--tp", "2", "--max-gpus", "1"], "--max-gpus"),
+    (["plan", "--tp", "x"], "--tp"),
+    (["plan", "--target", "2"], "--target"),
+    (["goodput", "--set", "workload.max_requests=1"], "workload"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, flag):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1
+    assert err.startswith("fleetsim: error: ")
+    assert flag in err
