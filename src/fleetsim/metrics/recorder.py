@@ -13,6 +13,7 @@ REQUEST_COLUMNS = (
     "request_id", "replica_id", "arrival_s", "num_prompt_tokens", "num_output_tokens",
     "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions",
     "num_prefix_hit_tokens", "num_computed_tokens", "num_recomputed_tokens",
+    "prefill_replica_id", "kv_transfer_s",
 )
 
 
@@ -42,6 +43,8 @@ class Recorder:
             req.id, replica_id, req.arrival_s, req.num_prompt_tokens, req.num_output_tokens,
             req.first_scheduled_s, req.first_token_s, req.finish_s, req.num_preemptions,
             req.num_prefix_hit_tokens, req.num_computed_tokens_total, req.num_recomputed_tokens,
+            replica_id if req.prefill_replica_id is None else req.prefill_replica_id,
+            req.kv_transfer_s,
         ))
 
     def on_step(
@@ -62,7 +65,7 @@ class Recorder:
         cols = list(zip(*self._rows, strict=True)) if self._rows else [()] * len(REQUEST_COLUMNS)
         int_cols = {"request_id", "replica_id", "num_prompt_tokens", "num_output_tokens",
                     "num_preemptions", "num_prefix_hit_tokens", "num_computed_tokens",
-                    "num_recomputed_tokens"}
+                    "num_recomputed_tokens", "prefill_replica_id"}
         requests = {
             name: np.asarray(col, dtype=np.int64 if name in int_cols else np.float64)
             for name, col in zip(REQUEST_COLUMNS, cols, strict=True)

@@ -1,8 +1,4 @@
-"""Drive one replica through a workload: stream arrivals into the event loop, collect records.
-
-Arrivals are streamed: only the next one is in the heap at any time, so memory stays flat
-however long the trace is.
-"""
+"""Drive one replica through a workload (the one-pool, one-replica case of a cluster)."""
 
 from __future__ import annotations
 
@@ -10,27 +6,22 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from fleetsim.core.simulator import Simulator
-from fleetsim.metrics.recorder import Recorder, Records
+import numpy as np
+
+from fleetsim.metrics.recorder import Records
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.serving.kv_cache import KVCache
-from fleetsim.serving.replica import EventKind, Replica
+from fleetsim.serving.cluster import (
+    OnlyReplica,
+    PoolSetup,
+    ProgressFn,
+    request_from_row,
+    simulate_cluster,
+)
+from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
 from fleetsim.workloads.workload import Workload
 
-ProgressFn = Callable[[float], None]  # called with simulated seconds now
-
-
-def request_from_row(workload: Workload, i: int) -> Request:
-    """Row ``i`` of a workload as a fresh ``Request`` (id = row index)."""
-    return Request(
-        id=i,
-        arrival_s=float(workload.arrival_s[i]),
-        num_prompt_tokens=int(workload.num_prompt_tokens[i]),
-        max_output_tokens=int(workload.num_output_tokens[i]),
-        hash_ids=workload.hash_ids[i] if workload.hash_ids is not None else (),
-        priority=int(workload.priority[i]) if workload.priority is not None else 0,
-    )
+__all__ = ["ProgressFn", "request_from_row", "simulate_replica"]
 
 
 def simulate_replica(
@@ -48,42 +39,20 @@ def simulate_replica(
     debug: bool = False,
     until_s: float = math.inf,
     progress: ProgressFn | None = None,
-    progress_every: int = 500,
     windows_stop_at_arrivals: bool = True,
 ) -> tuple[Records, Replica]:
-    """Simulate one replica serving ``workload``; returns the records and the final replica.
+    """Simulate one replica serving ``workload``; returns the records and the replica.
 
     ``windows_stop_at_arrivals=False`` lets fast-forward windows run past arrivals and be cut
-    back when one comes (the multi-replica path); results are the same either way.
+    back when one comes (what replicas of a cluster do); results are the same either way.
     """
-    sim = Simulator()
-    recorder = Recorder()
-    hash_block_tokens = workload.hash_block_tokens if workload.hash_ids is not None else None
-    kv = KVCache(num_kv_blocks, block_size, hash_block_tokens, enable_prefix_caching)
-    replica = Replica(
-        sim, step_model=step_model, kv=kv, batch_policy=batch_policy, order_key=order_key,
-        recorder=recorder, max_batched_tokens=max_batched_tokens, max_running=max_running,
-        fast_forward=fast_forward, debug=debug, next_input_hint_s=sim.peek_s if windows_stop_at_arrivals else None,
-    )
-    replica.until_s = until_s
-    num_requests = len(workload)
-
-    def on_arrival(i: int) -> None:
-        replica.submit(request_from_row(workload, i))
-        if progress is not None and i % progress_every == 0:
-            progress(sim.now_s)
-        if i + 1 < num_requests:
-            sim.schedule(float(workload.arrival_s[i + 1]), EventKind.ARRIVAL, i + 1)
-
-    def on_step_end(payload: tuple[Replica, Any]) -> None:
-        payload[0].finish_step(payload[1])
-
-    sim.on(EventKind.ARRIVAL, on_arrival)
-    sim.on(EventKind.STEP_END, on_step_end)
-    sim.on(EventKind.WAKE_UP, Replica.wake_up)
-    if num_requests:
-        sim.schedule(float(workload.arrival_s[0]), EventKind.ARRIVAL, 0)
-    sim.run(until_s)
-    if progress is not None:
-        progress(sim.now_s)
-    return recorder.records(), replica
+    pool = PoolSetup(name="default", role="mixed", num_replicas=1, step_model=step_model,
+                     num_kv_blocks=num_kv_blocks, link_bw_bytes_per_s=math.inf)
+    records, cluster = simulate_cluster(
+        workload, [pool], router=OnlyReplica(), decode_router=OnlyReplica(),
+        make_batch_policy=lambda: batch_policy, order_key=order_key,
+        rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
+        block_size=block_size, max_batched_tokens=max_batched_tokens, max_running=max_running,
+        enable_prefix_caching=enable_prefix_caching, fast_forward=fast_forward, debug=debug,
+        until_s=until_s, progress=progress, windows_stop_at_arrivals=windows_stop_at_arrivals)
+    return records, cluster.replicas[0]

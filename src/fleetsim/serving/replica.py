@@ -40,8 +40,10 @@ class EventKind(IntEnum):
     """Same-time order: every arrival at time t joins a queue before any step planned at t."""
 
     ARRIVAL = 0
-    STEP_END = 1
-    WAKE_UP = 2  # an idle replica plans its first step after all same-time arrivals
+    TRANSFER_START = 1  # KV transfers (P/D): bytes start flowing after the link latency
+    TRANSFER_CHECK = 2  # a transfer may have finished; its KV joins the decode batch
+    STEP_END = 3
+    WAKE_UP = 4  # an idle replica plans its first step after all same-time inputs
 
 
 class StepRecorder(Protocol):
@@ -164,11 +166,16 @@ class Replica:
         self._enqueue(self.running, self._running_keys, req)
         self._wake()
 
-    def can_reserve_decode(self, num_tokens: int, num_reserved: int) -> bool:
+    @property
+    def num_reserved(self) -> int:
+        """Requests whose KV is on its way in (decode role)."""
+        return len(self._holders) if self.role == "decode" else 0
+
+    def can_reserve_decode(self, num_tokens: int) -> bool:
         """Could a request with ``num_tokens`` of KV (plus its next token) move in now?"""
         self.interrupt()
         kv = self.kv
-        return (len(self.running) + num_reserved < self.max_running
+        return (len(self.running) + self.num_reserved < self.max_running
                 and kv.num_blocks_for(num_tokens + 1) <= kv.num_available_blocks)
 
     def reserve_decode(self, req: Request) -> None:

@@ -42,6 +42,13 @@ class Request:
     num_preemptions: int = 0
     is_running: bool = False
     """True while admitted to a replica's running batch."""
+    handoff_s: float = math.nan
+    """P/D: when the prefill replica finished and handed the request off."""
+    kv_transfer_s: float = 0.0
+    """P/D: seconds from handoff until the KV arrived at the decode replica (waiting for
+    decode capacity included); 0 on mixed replicas."""
+    prefill_replica_id: int | None = None
+    """Replica that ran the prefill (P/D), None when the same replica did everything."""
     first_scheduled_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan

@@ -1,0 +1,137 @@
+"""Global routers: pick the replica for each request.
+
+A router's ``route(view, req, now_s)`` returns an index into ``view.replicas``. Replicas
+expose ``load_tokens`` (known tokens still to compute: prefill backlog plus one per decoding
+request), ``running``/``waiting`` queues and ``kv`` (for prefix matching); all are exact at
+``now_s``. Random routers draw from ``view.rng``, the run's routing stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from fleetsim.policies.registry import PolicySpec, build, lookup, make_registry
+from fleetsim.serving.kv_cache import KVCache
+from fleetsim.serving.request import Request
+
+
+class RoutableReplica(Protocol):
+    replica_id: int
+    load_tokens: int
+    running: Sequence[Request]
+    waiting: Sequence[Request]
+    kv: KVCache
+
+
+class ClusterView(Protocol):
+    replicas: Sequence[RoutableReplica]
+    rng: np.random.Generator
+
+
+class Router(Protocol):
+    def route(self, view: ClusterView, req: Request, now_s: float) -> int: ...
+
+
+ROUTERS, register_router = make_registry("routing")
+
+
+@register_router("round_robin")
+@dataclass(slots=True)
+class RoundRobin:
+    """Replicas in turn, whatever their load."""
+
+    cursor: int = 0
+    """Index of the next replica (state, reset per run by building a new router)."""
+
+    def route(self, view: ClusterView, req: Request, now_s: float) -> int:
+        i = self.cursor % len(view.replicas)
+        self.cursor = i + 1
+        return i
+
+
+@register_router("least_loaded")
+@dataclass(slots=True)
+class LeastLoaded:
+    """The replica with the fewest outstanding tokens (first one on ties)."""
+
+    def route(self, view: ClusterView, req: Request, now_s: float) -> int:
+        best, best_load = 0, None
+        for i, r in enumerate(view.replicas):
+            if best_load is None or r.load_tokens < best_load:
+                best, best_load = i, r.load_tokens
+        return best
+
+
+@register_router("power_of_two")
+@dataclass(slots=True)
+class PowerOfTwo:
+    """Two distinct replicas drawn at random; the less loaded one (Mitzenmacher's
+    power of two choices: exponentially better max load than one random choice)."""
+
+    def route(self, view: ClusterView, req: Request, now_s: float) -> int:
+        n = len(view.replicas)
+        if n == 1:
+            return 0
+        a = int(view.rng.integers(n))
+        b = int(view.rng.integers(n - 1))
+        b += b >= a  # distinct from a, uniform over the others
+        reps = view.replicas
+        return a if reps[a].load_tokens <= reps[b].load_tokens else b
+
+
+@register_router("prefix_affinity")
+@dataclass(slots=True)
+class PrefixAffinity:
+    """Cache-aware routing with a load bound, as SGLang's router does.
+
+    If loads are imbalanced (max - min above ``balance_abs_tokens`` and max above
+    ``balance_rel`` x min), route to the least loaded replica. Otherwise route to the replica
+    holding the longest cached prefix of the prompt, if it covers at least
+    ``min_match_share`` of it, else to the least loaded. Ties go to the less loaded replica.
+    """
+
+    balance_abs_tokens: int = 8192
+    """Absolute load gap (tokens) above which balance wins over affinity."""
+    balance_rel: float = 1.5
+    """Relative load gap above which balance wins over affinity."""
+    min_match_share: float = 0.1
+    """Smallest cached share of the prompt worth routing for."""
+    num_balance_routes: int = field(default=0)
+    """How many times the load bound overrode affinity (reported as a metric)."""
+
+    def __post_init__(self) -> None:
+        if self.balance_abs_tokens < 0 or self.balance_rel < 1.0:
+            raise ValueError("balance_abs_tokens must be >= 0 and balance_rel >= 1")
+        if not 0.0 <= self.min_match_share <= 1.0:
+            raise ValueError(f"min_match_share must be in [0, 1], got {self.min_match_share}")
+
+    def route(self, view: ClusterView, req: Request, now_s: float) -> int:
+        reps = view.replicas
+        loads = [r.load_tokens for r in reps]
+        lo, hi = min(loads), max(loads)
+        least = loads.index(lo)
+        if hi - lo > self.balance_abs_tokens and hi > self.balance_rel * lo:
+            self.num_balance_routes += 1
+            return least
+        if not req.hash_ids:
+            return least
+        best, best_key = least, None
+        for i, r in enumerate(reps):
+            key = (r.kv.num_matched_entries(req), -loads[i])
+            if best_key is None or key > best_key:
+                best, best_key = i, key
+        matched_tokens = (best_key[0] if best_key else 0) * (reps[best].kv.hash_block_tokens or 0)
+        if matched_tokens < self.min_match_share * req.num_prompt_tokens:
+            return least
+        return best
+
+
+def make_router(spec: PolicySpec, where: str = "cluster.router") -> Router:
+    """Build the router named by ``spec``."""
+    cls = lookup(ROUTERS, spec.name, f"{where}.name")
+    router: Router = build(cls, spec.args, where)
+    return router
