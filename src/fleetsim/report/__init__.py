@@ -1,0 +1,40 @@
+"""HTML reports of result folders: latency CDFs, SLO attainment vs rate, utilization over
+time, Pareto front (matplotlib, an optional dependency imported only when a report is made)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fleetsim.errors import FleetsimInputError
+
+DEFAULT_NAME = "report.html"
+
+
+def write_report(path: str | Path, out: str | Path | None = None) -> Path:
+    """Read whatever ``path`` holds (see ``fleetsim.report.load``), write one self-contained
+    HTML page to ``out`` (default: ``<path>/report.html``) and return its path."""
+    from fleetsim.report.load import load_inputs
+
+    inputs = load_inputs(path)  # input errors first: they do not need matplotlib
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        raise FleetsimInputError("fleetsim report", "matplotlib is not installed",
+                                 "pip install 'fleetsim[report]'") from None
+    from fleetsim.report.html import render
+
+    root = Path(path)
+    target = Path(out) if out is not None else (
+        root / DEFAULT_NAME if root.is_dir() else root.with_suffix(".html"))
+    if target.is_dir():
+        raise FleetsimInputError("--out", str(target), "it is a folder; give an .html file path")
+    page = render(inputs)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+__all__ = ["DEFAULT_NAME", "write_report"]

@@ -1,0 +1,26 @@
+"""``fleetsim report DIR``: one self-contained HTML page of a run, sweep, plan or search."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "report", help="write an HTML report of a results folder",
+        description="Read a run folder (summary.json, requests.csv), a sweep folder "
+        "(sweep.json, points/), a capacity plan (plan.json) or a goodput-search JSON, or a "
+        "folder of those, and write one self-contained HTML page with latency CDFs, SLO "
+        "attainment vs rate, utilization over time, the Pareto front and summary tables.")
+    p.add_argument("dir", help="results folder (or one JSON file)")
+    p.add_argument("--out", default=None, help="HTML file (default: DIR/report.html)")
+    p.set_defaults(handler=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fleetsim.report import write_report
+
+    path = write_report(args.dir, args.out)
+    print(f"report written to {path}")
+    return 0

@@ -1,0 +1,244 @@
+"""One self-contained HTML page: figures as base64 PNG data URIs, tables, no external links.
+
+Sections: summary table, latency CDFs, SLO attainment vs rate, utilization over time,
+Pareto front. A section with nothing to draw says why instead of a figure.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterable
+from html import escape
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from fleetsim.report import figures as F
+from fleetsim.report.load import ReportInputs, RunData
+
+CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif;
+       margin: 2em auto; max-width: 1320px; padding: 0 1em; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em;
+     margin-top: 1.8em; }
+p.src { color: #666; margin-top: 0; }
+p.note { color: #777; font-style: italic; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9em; }
+div.scroll { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.8em 0; }
+th, td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+tr.failed td { background: #fff0f0; }
+"""
+
+DPI = 110
+
+
+def figure_png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def img(fig: Figure, alt: str, caption: str = "") -> str:
+    data = base64.b64encode(figure_png(fig)).decode("ascii")
+    cap = f"<figcaption>{escape(caption)}</figcaption>" if caption else ""
+    return (f'<figure><img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+            f"{cap}</figure>")
+
+
+def render(inputs: ReportInputs) -> str:
+    """The whole page for what ``load_inputs`` found."""
+    runs = inputs.all_runs()
+    parts = [f"<h1>fleetsim report</h1><p class=src>{escape(str(inputs.path))}: "
+             f"{escape(describe(inputs))}</p>"]
+    parts.append(section("Summary", summary_tables(inputs)))
+    cdf = F.latency_cdfs(runs)
+    parts.append(section(F.TITLE_CDF, [img(cdf, F.TITLE_CDF, _thinned(runs, F.MAX_CURVES))]
+                         if cdf else [], "no requests.csv with TTFT/TPOT/E2E columns found"))
+    parts.append(section(F.TITLE_SLO, list(_slo_figures(inputs)),
+                         "needs a sweep over workload.rate_scale or workload.rate_per_s, or a "
+                         "goodput search"))
+    util = F.utilization(runs)
+    parts.append(section(F.TITLE_UTIL, [img(util, F.TITLE_UTIL, _thinned(runs, F.MAX_PANELS))]
+                         if util else [], "no timeline in the summaries"))
+    parts.append(section(F.TITLE_PARETO, list(_pareto_figures(inputs)),
+                         "needs a capacity plan (plan.json) or sweep points whose summaries "
+                         "report cost"))
+    body = "\n".join(parts)
+    return (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
+            f"<title>fleetsim report: {escape(inputs.path.name or str(inputs.path))}</title>"
+            f"<style>{CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
+
+
+def describe(inputs: ReportInputs) -> str:
+    bits = []
+    if inputs.runs:
+        bits.append(f"{len(inputs.runs)} run{'s' * (len(inputs.runs) > 1)}")
+    for s in inputs.sweeps:
+        failed = sum(r.get("status") != "ok" for r in s.rows)
+        bits.append(f"sweep of {len(s.rows)} points over {' × '.join(s.keys) or 'no grid'}"
+                    f" ({len(s.rows) - failed} ok, {failed} failed)")
+    bits += [f"capacity plan {p.path.name} ({len(p.points)} feasible shapes)"
+             for p in inputs.plans]
+    bits += [f"goodput search {s.path.name} ({len(s.probes)} probes)" for s in inputs.searches]
+    return "; ".join(bits)
+
+
+def section(title: str, items: list[str], missing: str = "") -> str:
+    content = "\n".join(items) if items else f"<p class=note>Not shown: {escape(missing)}.</p>"
+    return f"<section><h2>{escape(title)}</h2>\n{content}\n</section>"
+
+
+def _thinned(items: list[Any], limit: int) -> str:
+    return f"Showing {limit} of {len(items)}, evenly spaced." if len(items) > limit else ""
+
+
+def _slo_figures(inputs: ReportInputs) -> Iterable[str]:
+    for sweep in inputs.sweeps:
+        fig = F.slo_vs_rate_sweep(sweep)
+        if fig:
+            yield img(fig, F.TITLE_SLO)
+    for search in inputs.searches:
+        fig = F.slo_vs_rate_search(search)
+        if fig:
+            yield img(fig, F.TITLE_SLO, f"from {search.path.name}")
+
+
+def _pareto_figures(inputs: ReportInputs) -> Iterable[str]:
+    for plan in inputs.plans:
+        fig = F.pareto_of_plan(plan)
+        if fig:
+            yield img(fig, F.TITLE_PARETO)
+    for sweep in inputs.sweeps:
+        fig = F.pareto(F.pareto_points_of_sweep(sweep), f"sweep {sweep.path.name}")
+        if fig:
+            yield img(fig, F.TITLE_PARETO)
+
+
+# ---- tables ---------------------------------------------------------------------------
+RUN_COLUMNS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("finished", ("num_finished",), "int"),
+    ("unfinished", ("num_unfinished",), "int"),
+    ("TTFT p50 (s)", ("ttft_s", "p50"), "num"),
+    ("TTFT p99 (s)", ("ttft_s", "p99"), "num"),
+    ("TPOT p50 (s)", ("tpot_s", "p50"), "num"),
+    ("TPOT p99 (s)", ("tpot_s", "p99"), "num"),
+    ("E2E p50 (s)", ("e2e_s", "p50"), "num"),
+    ("E2E p99 (s)", ("e2e_s", "p99"), "num"),
+    ("throughput (req/s)", ("throughput", "requests_per_s"), "num"),
+    ("output tok/s", ("throughput", "output_tokens_per_s"), "num"),
+    ("SLO attainment", ("slo", "attainment"), "pct"),
+    ("goodput (req/s)", ("slo", "goodput_requests_per_s"), "num"),
+    ("GPU busy", ("gpu_busy_fraction",), "pct"),
+    ("KV used (mean)", ("kv_cache", "mean_used_fraction"), "pct"),
+    ("$/hour", ("cost", "usd_per_hour"), "num"),
+    ("$/M tokens", ("cost", "usd_per_million_tokens"), "num"),
+)
+
+
+def summary_tables(inputs: ReportInputs) -> list[str]:
+    out = []
+    if inputs.runs:
+        out.append(_runs_table(inputs.runs, [r.label for r in inputs.runs], "run"))
+    for sweep in inputs.sweeps:
+        out.append(f"<h3>sweep {escape(str(sweep.path))}</h3>")
+        out.append(_sweep_table(sweep))
+    runs = inputs.all_runs()
+    pools = [(r.label, p) for r in runs for p in r.summary.get("pools") or []
+             if isinstance(p, dict)]
+    if pools:
+        out.append("<h3>pools</h3>" + _pools_table(pools))
+    for plan in inputs.plans:
+        out.append(f"<h3>capacity plan {escape(plan.path.name)}</h3>" + _plan_table(plan))
+    for search in inputs.searches:
+        out.append(f"<h3>goodput search {escape(search.path.name)}</h3>"
+                   + _search_table(search))
+    return out
+
+
+def _runs_table(runs: list[RunData], labels: list[str], first: str) -> str:
+    cols = [c for c in RUN_COLUMNS if any(_get(r.summary, c[1]) is not None for r in runs)]
+    head = f"<tr><th class=l>{escape(first)}</th>" + "".join(
+        f"<th>{escape(c[0])}</th>" for c in cols) + "</tr>"
+    rows = [f"<tr><td class=l>{escape(label)}</td>" + "".join(
+        f"<td>{_cell(_get(r.summary, path), kind)}</td>" for _, path, kind in cols) + "</tr>"
+        for r, label in zip(runs, labels, strict=True)]
+    return "<div class=scroll><table>" + head + "".join(rows) + "</table></div>"
+
+
+def _sweep_table(sweep: Any) -> str:
+    by_index = {str(r.path.name): r for r in sweep.runs}
+    cols = [c for c in RUN_COLUMNS if any(_get(r.summary, c[1]) is not None for r in sweep.runs)]
+    head = ("<tr><th>#</th>" + "".join(f"<th class=l>{escape(k)}</th>" for k in sweep.keys)
+            + "<th class=l>status</th>" + "".join(f"<th>{escape(c[0])}</th>" for c in cols)
+            + "</tr>")
+    rows = []
+    for row in sweep.rows:
+        keys = "".join(f"<td class=l>{escape(str(row.get(k)))}</td>" for k in sweep.keys)
+        run = by_index.get(str(row.get("index")))
+        if row.get("status") != "ok" or run is None:
+            msg = escape(str(row.get("error") or "no results"))
+            rows.append(f"<tr class=failed><td>{row.get('index')}</td>{keys}"
+                        f"<td class=l colspan={len(cols) + 1}>failed: {msg}</td></tr>")
+            continue
+        cells = "".join(f"<td>{_cell(_get(run.summary, path), kind)}</td>"
+                        for _, path, kind in cols)
+        rows.append(f"<tr><td>{row.get('index')}</td>{keys}<td class=l>ok</td>{cells}</tr>")
+    return "<div class=scroll><table>" + head + "".join(rows) + "</table></div>"
+
+
+def _pools_table(pools: list[tuple[str, dict[str, Any]]]) -> str:
+    head = ("<tr><th class=l>run</th><th class=l>pool</th><th class=l>GPU</th>"
+            "<th class=l>role</th><th>replicas</th><th>TP</th><th>GPU busy</th>"
+            "<th>KV used</th></tr>")
+    rows = [f"<tr><td class=l>{escape(label)}</td><td class=l>{escape(str(p.get('name', '')))}"
+            f"</td><td class=l>{escape(str(p.get('gpu', '')))}</td>"
+            f"<td class=l>{escape(str(p.get('role', '')))}</td>"
+            f"<td>{_cell(p.get('num_replicas'), 'int')}</td><td>{_cell(p.get('tp'), 'int')}</td>"
+            f"<td>{_cell(p.get('busy_fraction'), 'pct')}</td>"
+            f"<td>{_cell(p.get('kv_used_fraction'), 'pct')}</td></tr>" for label, p in pools]
+    return "<div class=scroll><table>" + head + "".join(rows) + "</table></div>"
+
+
+def _plan_table(plan: Any) -> str:
+    head = ("<tr><th class=l>shape</th><th>GPUs</th><th>$/hour</th><th>goodput (req/s)</th>"
+            "<th>$/M tokens</th><th class=l>Pareto front</th></tr>")
+    points = sorted(plan.points, key=lambda p: p["usd_per_hour"])
+    rows = [f"<tr><td class=l>{escape(p['label'])}</td><td>{_cell(p.get('num_gpus'), 'int')}"
+            f"</td><td>{_cell(p['usd_per_hour'], 'num')}</td>"
+            f"<td>{_cell(p['goodput_requests_per_s'], 'num')}</td>"
+            f"<td>{_cell(p.get('usd_per_million_tokens'), 'num')}</td>"
+            f"<td class=l>{'yes' if p['on_front'] else ''}</td></tr>" for p in points]
+    return "<div class=scroll><table>" + head + "".join(rows) + "</table></div>"
+
+
+def _search_table(search: Any) -> str:
+    head = ("<tr><th>rate (req/s)</th><th>SLO attainment</th><th class=l>met target</th></tr>")
+    rows = [f"<tr><td>{_cell(p['rate_per_s'], 'num')}</td><td>{_cell(p['attainment'], 'pct')}"
+            f"</td><td class=l>{'yes' if p.get('passed') else 'no'}</td></tr>"
+            for p in search.probes]
+    answer = (f"<p>goodput: {_cell(search.goodput_requests_per_s, 'num')} req/s"
+              f"{f' at target {100 * search.target:g}%' if search.target is not None else ''}"
+              f"</p>")
+    return answer + "<table>" + head + "".join(rows) + "</table>"
+
+
+def _get(d: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(part)
+    return d
+
+
+def _cell(v: Any, kind: str) -> str:
+    if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+        return "–" if v is None else escape(str(v))
+    if kind == "pct":
+        return f"{100 * v:.1f}%"
+    if kind == "int":
+        return f"{int(v):,}"
+    return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
