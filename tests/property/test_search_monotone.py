@@ -29,9 +29,8 @@ def test_pointwise_lower_attainment_never_gives_higher_goodput(t1, t2, start, to
                          rel_tol=tol, max_runs=60)
     b = search_threshold(logistic(hi, hi / 10), target=target, start_rate_per_s=start,
                          rel_tol=tol, max_runs=60)
-    assert a.goodput_rate_per_s is not None
-    assert b.goodput_rate_per_s is not None
-    assert a.goodput_rate_per_s <= b.goodput_rate_per_s
+    # None: no rate passes (a logistic never quite reaches a target of 1.0)
+    assert (a.goodput_rate_per_s or 0.0) <= (b.goodput_rate_per_s or 0.0)
 
 
 @settings(max_examples=150, deadline=None)
