@@ -16,11 +16,12 @@ from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
 from fleetsim.metrics.recorder import Records
-from fleetsim.metrics.summary import summarize
+from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.perf import build_step_model, kv_capacity_blocks
 from fleetsim.policies import make_batch_policy, make_ordering
-from fleetsim.serving.driver import ProgressFn, simulate_replica
+from fleetsim.policies.routing import make_router
+from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
 from fleetsim.workloads import Workload, build_workload
 
 
@@ -64,29 +65,84 @@ def check_fits(workload: Workload, model: ModelSpec, num_kv_blocks: int, block_s
         )
 
 
+def _pool_error(where: str, err: FleetsimInputError) -> FleetsimInputError:
+    return FleetsimInputError(f"{where}: {err.where}", err.value, err.fix)
+
+
+def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
+    """Runtime pools (step model, KV blocks, link bandwidth) and their descriptions."""
+    eng, link = config.engine, config.cluster.link
+    setups: list[PoolSetup] = []
+    infos: list[dict] = []
+    gpus = {}
+    for i, pool in enumerate(config.pools):
+        where = f"cluster.pools[{i}] ({pool.name})" if config.cluster.pools else "hardware"
+        try:
+            gpu = get_gpu(pool.gpu, config.hardware.catalog)
+            step_model = build_step_model(model, gpu, pool.tp, backend=config.perf_backend)
+            num_kv_blocks = eng.num_kv_blocks or kv_capacity_blocks(
+                model, gpu, pool.tp, eng.block_size, eng.gpu_memory_utilization,
+                max_batched_tokens=eng.max_batched_tokens)
+        except FleetsimInputError as err:
+            raise _pool_error(where, err) from None
+        gpus[pool.name] = gpu
+        per_gpu_bw = link.bw_bytes_per_s or (
+            gpu.nvlink_bw_bytes_per_s if link.placement == "intra_node"
+            else gpu.network_bw_bytes_per_s)
+        setups.append(PoolSetup(
+            name=pool.name, role=pool.role, num_replicas=pool.num_replicas,
+            step_model=step_model, num_kv_blocks=num_kv_blocks,
+            link_bw_bytes_per_s=per_gpu_bw * pool.tp))
+        infos.append({
+            "name": pool.name, "gpu": gpu.name, "role": pool.role,
+            "num_replicas": pool.num_replicas, "tp": pool.tp, "num_kv_blocks": num_kv_blocks,
+            "usd_per_hour": gpu.price_per_hour_usd * pool.tp * pool.num_replicas,
+            "perf_sources": dict(getattr(step_model, "sources", {})),
+        })
+    _check_link_reachable(config, gpus)
+    return setups, infos
+
+
+def _check_link_reachable(config: SimConfig, gpus: dict) -> None:
+    """NVLink joins GPUs of one node only: P and D replicas must share a node's type and fit
+    in it together."""
+    if config.cluster.link.placement != "intra_node":
+        return
+    pre = [p for p in config.pools if p.role == "prefill"]
+    dec = [p for p in config.pools if p.role == "decode"]
+    for p in pre:
+        for d in dec:
+            gp, gd = gpus[p.name], gpus[d.name]
+            if gp.name != gd.name or p.tp + d.tp > gp.num_gpus_per_node:
+                raise FleetsimInputError(
+                    "cluster.link.placement", "intra_node",
+                    f"pools {p.name} ({gp.name} x{p.tp}) and {d.name} ({gd.name} x{d.tp}) "
+                    f"cannot share one NVLink node; use placement = \"inter_node\"")
+
+
 def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
     """Simulate ``config``; ``progress`` (optional) is called with the simulated time."""
-    streams = seed_streams(config.seed, ("workload",))
+    streams = seed_streams(config.seed, ("workload", "routing"))
     workload = build_workload(config.workload, streams["workload"])
     model = get_model(config.model)
-    gpu = get_gpu(config.hardware.gpu, config.hardware.catalog)
-    hw, eng = config.hardware, config.engine
-    step_model = build_step_model(model, gpu, hw.tp, backend=config.perf_backend)
-    num_kv_blocks = eng.num_kv_blocks or kv_capacity_blocks(
-        model, gpu, hw.tp, eng.block_size, eng.gpu_memory_utilization)
-    check_fits(workload, model, num_kv_blocks, eng.block_size)
+    eng = config.engine
+    pools, pool_infos = build_pools(config, model)
     if workload.hash_ids is not None and workload.hash_block_tokens % eng.block_size:
         raise FleetsimInputError(
             "engine.block_size", eng.block_size,
             f"must divide the trace's hash block of {workload.hash_block_tokens} tokens")
+    check_fits(workload, model, min(p.num_kv_blocks for p in pools), eng.block_size)
     until_s = config.until_s if config.until_s is not None else math.inf
-    records, _ = simulate_replica(
-        workload,
-        step_model=step_model,
-        num_kv_blocks=num_kv_blocks,
-        block_size=eng.block_size,
-        batch_policy=make_batch_policy(config.policy.batching),
+    records, cluster = simulate_cluster(
+        workload, pools,
+        router=make_router(config.cluster.router),
+        decode_router=make_router(config.cluster.decode_router, "cluster.decode_router"),
+        make_batch_policy=lambda: make_batch_policy(config.policy.batching),
         order_key=make_ordering(config.policy.ordering),
+        rng=streams["routing"],
+        kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
+        link_latency_s=config.cluster.link.latency_s,
+        block_size=eng.block_size,
         max_batched_tokens=eng.max_batched_tokens,
         max_running=eng.max_running,
         enable_prefix_caching=eng.enable_prefix_caching,
@@ -96,16 +152,60 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         progress=progress,
     )
     num_arrived = int(np.searchsorted(workload.arrival_s, until_s, side="right"))
+    replica_pool = cluster.pool_of
     summary = summarize(
         records,
         num_arrived=num_arrived,
         first_arrival_s=float(workload.arrival_s[0]),
         slo=config.slo,
-        num_kv_blocks_by_replica={0: num_kv_blocks},
+        num_kv_blocks_by_replica={r.replica_id: r.kv.num_blocks for r in cluster.replicas},
     )
+    summary["pools"] = pool_summaries(records, summary, pool_infos, replica_pool,
+                                      float(workload.arrival_s[0]))
+    usd_per_hour = sum(p["usd_per_hour"] for p in pool_infos)
+    thr = summary["throughput"]
+    tokens_per_s = thr["input_tokens_per_s"] + thr["output_tokens_per_s"]
+    summary["cost"] = {
+        "usd_per_hour": usd_per_hour,
+        "usd_per_million_tokens": _per_million(usd_per_hour, tokens_per_s),
+        "usd_per_million_output_tokens": _per_million(usd_per_hour, thr["output_tokens_per_s"]),
+    }
+    if any(p.role == "prefill" for p in pools):
+        summary["kv_transfer_s"] = distribution(records.requests["kv_transfer_s"])
+        summary["kv_transfer_bytes"] = cluster.link.num_bytes
+    first = pool_infos[0]
     summary = {
-        "model": model.name, "gpu": gpu.name, "tp": hw.tp, "workload": workload.name,
-        "perf_sources": dict(getattr(step_model, "sources", {})),
+        "model": model.name, "gpu": " + ".join(p["gpu"] for p in pool_infos),
+        "tp": first["tp"], "num_replicas": sum(p["num_replicas"] for p in pool_infos),
+        "workload": workload.name, "perf_sources": first["perf_sources"],
         **summary,
     }
     return RunResult(to_plain(config), summary, records, workload)
+
+
+def _per_million(usd_per_hour: float, tokens_per_s: float) -> float | None:
+    return usd_per_hour / 3600.0 / tokens_per_s * 1e6 if tokens_per_s > 0 else None
+
+
+def pool_summaries(records: Records, summary: dict, pool_infos: list[dict],
+                   replica_pool: list[str], start_s: float) -> list[dict]:
+    """Busy and KV-use fractions per pool, overall and over time."""
+    makespan_s = summary["makespan_s"]
+    end_s = start_s + makespan_s
+    out = []
+    for info in pool_infos:
+        ids = [i for i, name in enumerate(replica_pool) if name == info["name"]]
+        blocks = info["num_kv_blocks"] * len(ids)
+        busy = sum(records.busy_s_by_replica.get(i, 0.0) for i in ids)
+        kv_s = sum(records.kv_block_seconds_by_replica.get(i, 0.0) for i in ids)
+        mask = np.isin(records.timeline["replica_id"], ids)
+        sub = Records(records.requests, {k: v[mask] for k, v in records.timeline.items()},
+                      records.num_steps, records.busy_s_by_replica,
+                      records.kv_block_seconds_by_replica)
+        tl = timeline_bins(sub, start_s, end_s, blocks, len(ids), 60)
+        out.append({**{k: v for k, v in info.items() if k != "perf_sources"},
+                    "busy_fraction": busy / len(ids) / makespan_s,
+                    "kv_used_fraction": kv_s / max(blocks, 1) / makespan_s,
+                    "timeline": {k: tl[k] for k in ("bin_start_s", "busy_fraction",
+                                                   "kv_used_fraction")}})
+    return out
