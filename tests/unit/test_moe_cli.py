@@ -35,7 +35,7 @@ SMALL = (
 
 def test_compare_prints_every_balancer_as_json(capsys):
     args = parse(*SMALL, "--scenario", "rl", "--json")
-    assert args.func is cli.run
+    assert args.handler is cli.run
     assert cli.run(args) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["balancer"] for r in rows] == [

@@ -119,3 +119,17 @@ def test_ep_config_from_toml_style_dict_and_bad_balancer():
     with pytest.raises(FleetsimInputError) as err:
         from_dict(ExpertParallelConfig, {"num_gpus": 8, "balancer_args": {"nope": 1}}, "pool.ep")
     assert "nope" in str(err.value)
+
+
+def test_specs_from_the_model_and_gpu_catalogs():
+    from fleetsim.hardware import get_gpu
+    from fleetsim.models import get_model, list_models
+
+    spec = MoeLayerSpec.from_model(get_model("DeepSeek-V3"))
+    assert spec == MoeLayerSpec()
+    hw = EpHardware.from_gpu(get_gpu("H200"))
+    assert hw.peak_flops == 1979e12
+    assert hw.inter_node_bytes_per_s == 50e9
+    with pytest.raises(FleetsimInputError) as err:
+        MoeLayerSpec.from_model(next(m for m in list_models() if not m.is_moe))
+    assert err.value.where == "model"

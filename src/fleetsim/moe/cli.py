@@ -43,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     cmp.add_argument("--seed", type=int, default=0, help="seed of the load traces")
     cmp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     cmp.add_argument("--plot", metavar="PATH", default=None, help="write imbalance-over-time PNG")
-    cmp.set_defaults(func=run)
+    cmp.set_defaults(handler=run, func=run)
     return moe
 
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fleetsim.errors import FleetsimInputError
+
+if TYPE_CHECKING:
+    from fleetsim.hardware import GPUSpec
+    from fleetsim.models import ModelSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +51,20 @@ class MoeLayerSpec:
                 "top_k", self.top_k, f"must be <= num_experts={self.num_experts}"
             )
 
+    @classmethod
+    def from_model(cls, model: ModelSpec) -> MoeLayerSpec:
+        """The routed-expert layer of a ``fleetsim.models.ModelSpec``."""
+        if not model.is_moe:
+            raise FleetsimInputError("model", model.name, "is not a MoE model (num_experts = 0)")
+        return cls(
+            hidden_size=model.hidden_size,
+            moe_inter_size=model.moe_intermediate_size,
+            num_experts=model.num_experts,
+            top_k=model.num_experts_per_token,
+            num_moe_layers=model.num_moe_layers,
+            weight_bytes_per_param=float(model.weight_dtype_bytes),
+        )
+
     @property
     def expert_bytes(self) -> float:
         """Weights of one expert: gate, up and down projections."""
@@ -72,6 +90,19 @@ class EpHardware:
     """Network bandwidth per GPU (one 400 Gb/s NIC), one direction."""
     kernel_overhead_s: float = 20e-6
     """Fixed launch/synchronization time of the grouped GEMM."""
+    aic_system: str | None = "h200_sxm"
+    """aiconfigurator-core system with measured MoE tables, or None for the roofline only."""
+
+    @classmethod
+    def from_gpu(cls, gpu: GPUSpec, *, fp8: bool = True) -> EpHardware:
+        """The numbers of a ``fleetsim.hardware.GPUSpec``; ``fp8`` picks the GEMM peak."""
+        return cls(
+            peak_flops=gpu.peak_fp8_flops if fp8 else gpu.peak_bf16_flops,
+            hbm_bytes_per_s=gpu.hbm_bw_bytes_per_s,
+            intra_node_bytes_per_s=gpu.nvlink_bw_bytes_per_s,
+            inter_node_bytes_per_s=gpu.network_bw_bytes_per_s,
+            aic_system=gpu.aic_system,
+        )
 
     def __post_init__(self) -> None:
         for name in (
@@ -197,6 +228,9 @@ def _version_key(name: str) -> tuple[int, ...]:
 
 
 def default_compute(spec: MoeLayerSpec, hardware: EpHardware, num_gpus: int) -> ExpertCompute:
-    """The measured table when aiconfigurator-core has this shape, else the roofline."""
-    table = load_moe_table(spec, num_gpus)
+    """The measured table when aiconfigurator-core has this GPU and shape, else the roofline."""
+    table = None
+    if hardware.aic_system is not None:
+        dtype = "fp8_block" if spec.weight_bytes_per_param <= 1 else "bfloat16"
+        table = load_moe_table(spec, num_gpus, system=hardware.aic_system, moe_dtype=dtype)
     return table if table is not None else RooflineExpertCompute(spec, hardware)
