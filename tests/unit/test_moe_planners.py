@@ -207,3 +207,12 @@ def test_view_rejects_a_previous_placement_of_another_layout():
     with pytest.raises(FleetsimInputError) as err:
         view(np.ones((1, 8)), slots_per_gpu=4, previous=first)
     assert err.value.where == "previous"
+
+
+def test_byte_budget_needs_the_expert_size():
+    planner = QuotaPlanner(max_moved_bytes_per_gpu=1e9)
+    with pytest.raises(FleetsimInputError) as err:
+        planner.plan(view(np.ones((1, 8))))
+    assert err.value.where == "expert_bytes"
+    placement = planner.plan(view(np.ones((1, 8)), expert_bytes=2e9))  # budget: 0 copies
+    assert placement.phy2log.shape == (1, 12)

@@ -253,11 +253,13 @@ class QuotaPlanner:
         return plan_view(view, self.max_moved_bytes_per_gpu, self.tolerance, within_node=False)
 
 
-def max_copies(view: BalanceView, max_bytes: float | None) -> int | None:
+def _max_copies(view: BalanceView, max_bytes: float | None) -> int | None:
     if max_bytes is None:
         return None
     if view.expert_bytes <= 0:
-        return None
+        raise FleetsimInputError(
+            "expert_bytes", view.expert_bytes, "a byte budget needs the size of one expert (> 0)"
+        )
     return int(max_bytes // view.expert_bytes)
 
 
@@ -269,6 +271,8 @@ def plan_view(
     within_node: bool,
     initial_phy2log: IntArray | None = None,
 ) -> Placement:
+    """Quota placement for ``view`` starting from ``initial_phy2log`` (default: the previous
+    placement, or masters packed on the first load); shared by both real-time planners."""
     check_layout(view.num_experts, view.num_gpus, view.gpus_per_node, view.slots_per_gpu)
     if initial_phy2log is None:
         if view.previous is not None:
@@ -283,7 +287,7 @@ def plan_view(
         initial_phy2log,
         view.num_gpus,
         gpus_per_node=view.gpus_per_node if within_node else None,
-        max_new_per_gpu=max_copies(view, max_moved_bytes_per_gpu),
+        max_new_per_gpu=_max_copies(view, max_moved_bytes_per_gpu),
         tolerance=tolerance,
     )
     return quota_placement(phy2log, quota, view.expert_load, view.slots_per_gpu)
