@@ -81,3 +81,22 @@ def test_bad_arguments_raise_naming_the_flag(argv, where):
     with pytest.raises(FleetsimInputError) as err:
         cli.run(parse(*argv))
     assert err.value.where == where
+
+
+def test_same_seed_same_results():
+    import dataclasses
+
+    from fleetsim.moe import CompareSetup, run_compare
+
+    setup = CompareSetup(
+        scenario="drift",
+        num_gpus=8,
+        gpus_per_node=4,
+        num_experts=32,
+        num_microbatches=4,
+        num_layers=2,
+        num_tokens_per_gpu=64,
+        seed=7,
+    )
+    assert run_compare(setup) == run_compare(setup)
+    assert run_compare(dataclasses.replace(setup, seed=8)) != run_compare(setup)
