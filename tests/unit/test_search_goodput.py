@@ -57,3 +57,10 @@ def test_synthetic_workload_and_report():
     assert r["goodput_requests_per_s"] > r["base_rate_per_s"]
     assert r["usd_per_million_tokens"] == pytest.approx(
         r["usd_per_hour"] / (r["goodput_requests_per_s"] * 576 * 3600) * 1e6)
+
+
+def test_two_replicas_never_give_lower_goodput_than_one():
+    one = search(load_config(None, ["workload.max_requests=300"]))
+    two = search(load_config(None, ["workload.max_requests=300", "hardware.num_replicas=2"]))
+    assert two.goodput_rate_per_s >= one.goodput_rate_per_s
+    assert two.usd_per_hour == pytest.approx(2 * one.usd_per_hour)

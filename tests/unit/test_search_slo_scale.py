@@ -70,3 +70,14 @@ def test_standalone_uses_the_serving_pool_step_model():
         "cluster.pools=[{name='a', gpu='a100'}, {name='h', gpu='h200'}]"])
     a100, h200 = standalone_for_run(config, req)
     assert a100 > h200 > 0
+
+
+def test_pd_standalone_matches_an_idle_cluster():
+    """P/D on different GPUs: the fastest request runs exactly its standalone latency."""
+    config = load_config(None, [
+        "cluster.pools=[{name='p', gpu='h100', role='prefill'}, "
+        "{name='d', gpu='a100', role='decode', num_replicas=2}]",
+        "workload.max_requests=60"])
+    out = slo_scales(config, (50, 99))
+    assert out["ratio_min"] == pytest.approx(1.0, abs=1e-6)
+    assert out["slo_scale"]["req50"] <= out["slo_scale"]["req99"]

@@ -54,56 +54,60 @@ def _step_model(config: SimConfig, pool: PoolConfig) -> StepTimeModel:
     return build_step_model(model, gpu, pool.tp, backend=config.perf_backend)
 
 
-def _pool_of_replica(config: SimConfig, replica_ids: NDArray[np.int64],
+def _pool_of_replica(replica_ids: NDArray[np.int64],
                      pools: tuple[PoolConfig, ...]) -> NDArray[np.int64]:
-    """Index into ``pools`` of each replica id, with replicas numbered pool after pool."""
+    """Index into ``pools`` of each replica id; ``run()`` numbers replicas pool after pool."""
     bounds = np.cumsum([p.num_replicas for p in pools])
     return np.minimum(np.searchsorted(bounds, replica_ids, side="right"), len(pools) - 1)
+
+
+def idle_transfer_s(config: SimConfig, prefill: PoolConfig, decode: PoolConfig,
+                    num_prompt_tokens: NDArray[np.int64]) -> NDArray[np.float64]:
+    """KV handoff time over an idle link: latency + bytes / the slower end's bandwidth.
+
+    The records' ``kv_transfer_s`` is not used: it also holds the wait for KV space on the
+    decode replica and for a busy link, which is queueing, not standalone latency.
+    """
+    link = config.cluster.link
+    model = get_model(config.model)
+
+    def bw(pool: PoolConfig) -> float:
+        gpu = get_gpu(pool.gpu, config.hardware.catalog)
+        per_gpu = link.bw_bytes_per_s or (
+            gpu.nvlink_bw_bytes_per_s if link.placement == "intra_node"
+            else gpu.network_bw_bytes_per_s)
+        return per_gpu * pool.tp
+
+    num_bytes = float(model.kv_bytes_per_token_per_gpu(1)) * num_prompt_tokens
+    return link.latency_s + num_bytes / min(bw(prefill), bw(decode))
 
 
 def standalone_for_run(config: SimConfig, requests: dict[str, NDArray]) -> NDArray[np.float64]:
     """Standalone latency (s) of each finished request of a run of ``config``.
 
-    Mixed pools: the step model of the pool that served the request (from ``pool_id`` if
-    the records have it, else from ``replica_id`` with replicas numbered pool after pool).
-    P/D: prefill on the prefill pool's model, decode on the decode pool's, plus the
-    request's ``kv_transfer_s`` when recorded (first prefill and decode pools, unless the
-    records say which: ``prefill_pool_id`` / ``decode_pool_id``).
+    Each request is measured against the pools that served it (``prefill_replica_id`` for
+    prefill, ``replica_id`` for decode; the same replica on mixed pools): prefill on the
+    prefill pool's step model, decode on the decode pool's, plus the KV handoff over an
+    idle link when the two differ (see ``idle_transfer_s``).
     """
     pools = config.pools
     prompt = requests["num_prompt_tokens"].astype(np.int64)
     output = requests["num_output_tokens"].astype(np.int64)
     budget = config.engine.max_batched_tokens
+    dec_ids = _pool_of_replica(requests["replica_id"].astype(np.int64), pools)
+    pre_col = requests.get("prefill_replica_id", requests["replica_id"])
+    pre_ids = _pool_of_replica(pre_col.astype(np.int64), pools)
     out = np.empty(prompt.size, dtype=np.float64)
-    if any(p.role == "prefill" for p in pools):
-        transfer = requests.get("kv_transfer_s")
-        transfer = None if transfer is None else np.nan_to_num(transfer.astype(np.float64))
-        pre_ids = _pool_column(requests, "prefill_pool_id", pools, "prefill")
-        dec_ids = _pool_column(requests, "decode_pool_id", pools, "decode")
-        for i, j in {(int(a), int(b)) for a, b in zip(pre_ids, dec_ids, strict=True)}:
-            mask = (pre_ids == i) & (dec_ids == j)
-            out[mask] = standalone_latency_s(
-                _step_model(config, pools[i]), prompt[mask], output[mask], budget,
-                decode_step_model=_step_model(config, pools[j]),
-                transfer_s=None if transfer is None else transfer[mask])
-        return out
-    if "pool_id" in requests:
-        pool_ids = requests["pool_id"].astype(np.int64)
-    else:
-        pool_ids = _pool_of_replica(config, requests["replica_id"].astype(np.int64), pools)
-    for i in np.unique(pool_ids).tolist():
-        mask = pool_ids == i
-        out[mask] = standalone_latency_s(_step_model(config, pools[i]), prompt[mask],
-                                         output[mask], budget)
+    models: dict[int, StepTimeModel] = {}
+    for i, j in sorted({(int(a), int(b)) for a, b in zip(pre_ids, dec_ids, strict=True)}):
+        mask = (pre_ids == i) & (dec_ids == j)
+        for k in (i, j):
+            if k not in models:
+                models[k] = _step_model(config, pools[k])
+        transfer = None if i == j else idle_transfer_s(config, pools[i], pools[j], prompt[mask])
+        out[mask] = standalone_latency_s(models[i], prompt[mask], output[mask], budget,
+                                         decode_step_model=models[j], transfer_s=transfer)
     return out
-
-
-def _pool_column(requests: dict[str, NDArray], column: str, pools: tuple[PoolConfig, ...],
-                 role: str) -> NDArray[np.int64]:
-    if column in requests:
-        return requests[column].astype(np.int64)
-    first = next(i for i, p in enumerate(pools) if p.role == role)
-    return np.full(requests["num_prompt_tokens"].size, first, dtype=np.int64)
 
 
 def slo_scales(config: SimConfig, pcts: tuple[float, ...] = DEFAULT_PCTS) -> dict[str, Any]:
