@@ -50,12 +50,13 @@ def simulate(
     until_s: float = float("inf"),
     prefix_caching: bool = True,
     windows_stop_at_arrivals: bool = True,
+    batch_policy=None,
 ):
     """One replica with a constant (or given) step model; returns (records, replica)."""
     model = step_model or ConstantStepModel(step_time_s)
     return simulate_replica(
         workload, step_model=model, num_kv_blocks=kv_blocks, block_size=block_size,
-        batch_policy=TokenBudgetPlanner(enable_chunked_prefill=chunked),
+        batch_policy=batch_policy or TokenBudgetPlanner(enable_chunked_prefill=chunked),
         order_key=make_ordering(ordering), max_batched_tokens=max_batched_tokens,
         max_running=max_running, enable_prefix_caching=prefix_caching,
         fast_forward=fast_forward, debug=debug, until_s=until_s,

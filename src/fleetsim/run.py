@@ -132,6 +132,15 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
             "engine.block_size", eng.block_size,
             f"must divide the trace's hash block of {workload.hash_block_tokens} tokens")
     check_fits(workload, model, min(p.num_kv_blocks for p in pools), eng.block_size)
+    if not getattr(make_batch_policy(config.policy.batching), "splits_prompts", True):
+        total = workload.num_prompt_tokens + workload.num_output_tokens
+        worst = int(np.argmax(total))
+        if total[worst] > eng.max_batched_tokens:
+            raise FleetsimInputError(
+                f"workload request {worst}", f"{int(total[worst])} tokens",
+                f"policy {config.policy.batching.name!r} never splits a prompt, so "
+                f"engine.max_batched_tokens ({eng.max_batched_tokens}) must cover it; raise it "
+                f"or enable chunked prefill")
     until_s = config.until_s if config.until_s is not None else math.inf
     records, cluster = simulate_cluster(
         workload, pools,

@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fleetsim.perf.base import LinearStepModel
-from fleetsim.policies import ORDERING_POLICIES
+from fleetsim.policies import ORDERING_POLICIES, PrefillFirstPlanner, TokenBudgetPlanner
 from tests.conftest import make_workload, simulate
 
 BLOCK = 16
@@ -42,14 +42,17 @@ common = {"step_model": MODEL, "block_size": BLOCK}
 @given(workload=workloads(), kv_blocks=st.integers(4, 64),
        ordering=st.sampled_from(sorted(ORDERING_POLICIES)),
        budget=st.sampled_from([16, 64, 512]), max_running=st.integers(1, 8),
-       chunked=st.booleans())
+       planner=st.sampled_from(["chunked", "whole", "prefill_first"]))
 def test_tokens_conserved_kv_never_overcommitted_all_finish(
-        workload, kv_blocks, ordering, budget, max_running, chunked):
+        workload, kv_blocks, ordering, budget, max_running, planner):
     assume(_fits(workload, kv_blocks))
-    assume(chunked or workload.num_prompt_tokens.max() + workload.num_output_tokens.max() <= budget)
+    longest = int((workload.num_prompt_tokens + workload.num_output_tokens).max())
+    assume(planner == "chunked" or longest <= budget)
+    policy = (PrefillFirstPlanner() if planner == "prefill_first"
+              else TokenBudgetPlanner(enable_chunked_prefill=planner == "chunked"))
     rec, replica = simulate(workload, kv_blocks=kv_blocks, ordering=ordering,
                             max_batched_tokens=budget, max_running=max_running,
-                            chunked=chunked, debug=True, **common)
+                            batch_policy=policy, debug=True, **common)
     r = rec.requests
     assert len(r["request_id"]) == len(workload)  # unbounded run: everyone finishes
     order = np.argsort(r["request_id"])
@@ -66,14 +69,17 @@ def test_tokens_conserved_kv_never_overcommitted_all_finish(
 @settings(max_examples=120, deadline=None)
 @given(workload=workloads(), kv_blocks=st.integers(6, 64),
        ordering=st.sampled_from(sorted(ORDERING_POLICIES)), max_running=st.integers(1, 8),
-       stop_at_arrivals=st.booleans())
+       stop_at_arrivals=st.booleans(), prefill_first=st.booleans())
 def test_fast_forward_equals_step_by_step(workload, kv_blocks, ordering, max_running,
-                                          stop_at_arrivals):
+                                          stop_at_arrivals, prefill_first):
     """Windows that stop at arrivals, and windows cut back when one comes, both give
     exactly the step-by-step results."""
     assume(_fits(workload, kv_blocks))
+    if prefill_first:
+        assume(int((workload.num_prompt_tokens + workload.num_output_tokens).max()) <= 512)
     kw = dict(kv_blocks=kv_blocks, ordering=ordering, max_running=max_running,
-              max_batched_tokens=128, **common)
+              max_batched_tokens=512 if prefill_first else 128,
+              batch_policy=PrefillFirstPlanner() if prefill_first else None, **common)
     slow, _ = simulate(workload, fast_forward=False, **kw)
     fast, _ = simulate(workload, fast_forward=True, windows_stop_at_arrivals=stop_at_arrivals,
                        **kw)

@@ -143,3 +143,17 @@ def test_arrival_cuts_a_running_window_back_to_the_step_in_progress():
     # The cut window ended at 11 s: fewer events than steps, and no step was lost.
     assert fast.num_steps == slow.num_steps
     assert len(fast.timeline["end_s"]) < len(slow.timeline["end_s"])
+
+
+def test_prefill_first_pauses_decodes_while_prompts_wait():
+    """vLLM v0: request 1's prefill step runs alone, so request 0's decode waits a step."""
+    from fleetsim.policies import PrefillFirstPlanner
+
+    w = make_workload([0.0, 1.5], [16, 16], [4, 2])
+    rec, _ = simulate_replica(w, step_model=ConstantStepModel(1.0), num_kv_blocks=100,
+                              block_size=16, batch_policy=PrefillFirstPlanner(),
+                              order_key=make_ordering("fcfs"), max_batched_tokens=64,
+                              max_running=8, debug=True)
+    # 0: prefill [0,1), decode [1,2); 1 prefills [2,3) alone; then both decode [3,4), [4,5).
+    assert by_id(rec, "first_token_s") == {0: 1.0, 1: 3.0}
+    assert by_id(rec, "finish_s") == {0: 5.0, 1: 4.0}

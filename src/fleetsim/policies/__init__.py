@@ -3,6 +3,7 @@
 from fleetsim.policies.batching import (
     BATCH_POLICIES,
     BatchPolicy,
+    PrefillFirstPlanner,
     ReplicaView,
     StepPlan,
     TokenBudgetPlanner,
@@ -16,6 +17,7 @@ __all__ = [
     "BATCH_POLICIES",
     "ORDERING_POLICIES",
     "BatchPolicy",
+    "PrefillFirstPlanner",
     "OrderKey",
     "PolicySpec",
     "ReplicaView",

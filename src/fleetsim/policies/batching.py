@@ -34,6 +34,8 @@ class ReplicaView(Protocol):
 
 
 class BatchPolicy(Protocol):
+    # False if a prompt is never split across steps (then every prompt must fit the budget).
+    splits_prompts: bool
     # True if, after a plan that only decodes the running requests, the same plan repeats as
     # long as nothing arrives or finishes and free KV only shrinks. Lets the engine
     # fast-forward decode-only stretches.
@@ -66,6 +68,11 @@ class TokenBudgetPlanner:
     """Cap on one request's prefill chunk per step (vLLM's long_prefill_token_threshold)."""
 
     fast_forward_safe = True
+
+    @property
+    def splits_prompts(self) -> bool:
+        """False when a whole prompt (plus outputs, after a preemption) must fit one step."""
+        return self.enable_chunked_prefill
 
     def __post_init__(self) -> None:
         t = self.long_prefill_token_threshold
@@ -128,6 +135,61 @@ class TokenBudgetPlanner:
             budget -= num_new
             available -= needed
             num_running += 1
+
+
+@register_batch("prefill_first")
+@dataclass(slots=True)
+class PrefillFirstPlanner:
+    """vLLM v0's default scheduler (2023): a step is either prefills or decodes, never both.
+
+    Whenever waiting requests can be admitted, the step prefills them (whole prompts, under
+    the token budget) and running requests pause; otherwise every running request decodes one
+    token. This is the colocated baseline of DistServe and Splitwise: prefills stall decodes.
+    When KV runs out during a decode step, the worst running request is preempted.
+    """
+
+    fast_forward_safe = True  # a decode-only plan repeats until an arrival or a finish
+
+    def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
+        kv = view.kv
+        tokens: dict[int, int] = {}
+        budget = view.max_batched_tokens
+        available = kv.num_available_blocks
+        num_running = len(view.running)
+        for req in view.waiting:
+            todo = req.num_tokens - kv.num_prefix_hit_tokens(req)
+            needed = kv.admission_blocks(req, todo)
+            if todo > budget or needed > available or num_running >= view.max_running:
+                break
+            tokens[req.id] = todo
+            budget -= todo
+            available -= needed
+            num_running += 1
+        if tokens:
+            return StepPlan(tokens)
+        preempt: list[int] = []
+        running = view.running
+        last = len(running)
+        i = 0
+        while i < last and budget > 0:
+            req = running[i]
+            num_new = min(req.num_tokens_to_next_output, budget)
+            needed = kv.blocks_needed(req, num_new)
+            while needed > available and last > i:
+                last -= 1
+                preempt.append(running[last].id)
+                available += kv.reclaimable_blocks(running[last])
+            if last == i:
+                break
+            tokens[req.id] = num_new
+            budget -= num_new
+            available -= needed
+            i += 1
+        return StepPlan(tokens, tuple(preempt))
+
+    @property
+    def splits_prompts(self) -> bool:
+        return False
 
 
 def make_batch_policy(spec: PolicySpec) -> BatchPolicy:

@@ -1,0 +1,65 @@
+"""Scale: 1,000,000 synthetic requests (ShareGPT lengths) on 64 replicas with power_of_two.
+
+Target (issue 3): under 60 s wall and under 4 GB peak memory on a 2-core machine. Prints
+wall time, simulated requests per wall-second and peak RSS.
+
+    python benchmarks/cluster_scale.py [--requests N] [--replicas R] [--rate-per-replica X]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+from pathlib import Path
+
+from fleetsim.config import config_from_dict
+from fleetsim.run import run
+
+SHAREGPT = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "length_stats"
+            / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv")
+
+
+def lengths() -> tuple[dict, dict]:
+    """ShareGPT prompt/output lengths: the real sample if present, else a lognormal fit."""
+    if SHAREGPT.exists():
+        return ({"kind": "empirical", "path": str(SHAREGPT), "column": "num_prefill_tokens"},
+                {"kind": "empirical", "path": str(SHAREGPT), "column": "num_decode_tokens"})
+    return ({"kind": "lognormal", "mean": 2340.0, "cv": 0.8},
+            {"kind": "lognormal", "mean": 439.0, "cv": 0.6})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument("--rate-per-replica", type=float, default=2.0,
+                        help="arrivals per second per replica (about 70%% busy on an H100)")
+    args = parser.parse_args()
+    prompt, output = lengths()
+    config = config_from_dict({
+        "model": "llama-3.1-8b",
+        "hardware": {"gpu": "h100-sxm", "num_replicas": args.replicas},
+        "cluster": {"router": {"name": "power_of_two"}},
+        "workload": {"trace": None, "arrival": "poisson",
+                     "rate_per_s": args.rate_per_replica * args.replicas,
+                     "num_requests": args.requests, "prompt_tokens": prompt,
+                     "output_tokens": output},
+    })
+    start = time.perf_counter()
+    s = run(config).summary
+    wall_s = time.perf_counter() - start
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    print(f"requests            {s['num_finished']:,} finished of {s['num_requests']:,} "
+          f"on {args.replicas} replicas")
+    print(f"simulated span      {s['makespan_s']:,.0f} s, {s['num_steps']:,} engine steps")
+    print(f"wall time           {wall_s:.1f} s")
+    print(f"requests / wall-s   {s['num_finished'] / wall_s:,.0f}")
+    print(f"peak memory (RSS)   {peak_gb:.2f} GB")
+    print(f"GPU busy            {100 * s['gpu_busy_fraction']:.1f}%")
+    print(f"TTFT p50/p99        {s['ttft_s']['p50']:.3f} / {s['ttft_s']['p99']:.3f} s")
+    print(f"TPOT p50/p99        {s['tpot_s']['p50']:.4f} / {s['tpot_s']['p99']:.4f} s")
+
+
+if __name__ == "__main__":
+    main()
