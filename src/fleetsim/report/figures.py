@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from fleetsim.report.load import LATENCY_COLUMNS, PlanData, RunData, SearchData, SweepData
+from fleetsim.report.load import (
+    LATENCY_COLUMNS,
+    PlanData,
+    RunData,
+    SearchData,
+    SweepData,
+    point_label,
+)
 
 MAX_CURVES = 12
 """More curves than this in one panel are thinned to evenly spaced ones (legend stays legible)."""
@@ -165,6 +172,7 @@ def slo_vs_rate_search(search: SearchData) -> Figure | None:
     ax_good.plot(x, [p["attainment"] * p["rate_per_s"] for p in probes], "s:", linewidth=1,
                  color="0.4", label="rate × attainment")
     _rate_axes(ax_att, ax_good, "arrival rate (requests/s)")
+    ax_good.set_title("requests meeting the SLO per second of offered load")
     fig.suptitle(f"{TITLE_SLO} (goodput search, {len(probes)} probes)")
     return fig
 
@@ -240,15 +248,24 @@ def _has_bins(tl: Any) -> bool:
 
 def pareto_points_of_sweep(sweep: SweepData) -> list[dict[str, Any]]:
     """Sweep points with a cost ($/hour) and a goodput, the front marked (cheapest for its
-    goodput: no other point costs less or the same and serves more)."""
-    points = []
+    goodput). In a sweep over rate, each configuration (the other grid values) counts once,
+    with the best goodput it reached over the swept rates."""
+    key = rate_key(sweep)
+    best: dict[str, dict[str, Any]] = {}
     for run in sweep.runs:
         cost = run.summary.get("cost", {})
         usd = cost.get("usd_per_hour") if isinstance(cost, dict) else None
         goodput = run.summary.get("slo", {}).get("goodput_requests_per_s")
-        if usd is not None and goodput is not None:
-            points.append({"label": run.label, "usd_per_hour": float(usd),
-                           "goodput_requests_per_s": float(goodput)})
+        if usd is None or goodput is None:
+            continue
+        label = point_label({k: v for k, v in run.values.items() if k != key}) or run.label
+        if key is not None:
+            label += f" (best at {key.rsplit('.', 1)[-1]}={run.values.get(key)})"
+        group = point_label({k: v for k, v in run.values.items() if k != key}) or run.label
+        if group not in best or goodput > best[group]["goodput_requests_per_s"]:
+            best[group] = {"label": label, "usd_per_hour": float(usd),
+                           "goodput_requests_per_s": float(goodput)}
+    points = list(best.values())
     for i in pareto_front([(p["usd_per_hour"], p["goodput_requests_per_s"]) for p in points]):
         points[i]["on_front"] = True
     return points
@@ -284,12 +301,15 @@ def pareto(points: Sequence[dict[str, Any]], subtitle: str, target: float | None
         for p in front:
             ax.annotate(p["label"], (p["usd_per_hour"], p["goodput_requests_per_s"]),
                         textcoords="offset points", xytext=(5, -11), fontsize=7)
+    # From zero: cost and goodput ratios read true; the slack on the right holds the labels.
+    ax.set_xlim(0, 1.35 * max(p["usd_per_hour"] for p in points))
+    ax.set_ylim(0, 1.12 * max(p["goodput_requests_per_s"] for p in points) or 1.0)
     ax.set_xlabel("cluster cost ($/hour)")
     at = f" at {100 * target:g}% SLO attainment" if target is not None else " meeting the SLO"
     ax.set_ylabel(f"goodput (requests/s{at})")
     ax.set_title(subtitle, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     fig.suptitle(TITLE_PARETO)
     return fig
 

@@ -19,7 +19,7 @@ from fleetsim.report.load import ReportInputs, RunData
 
 CSS = """
 body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif;
-       margin: 2em auto; max-width: 1320px; padding: 0 1em; color: #222; }
+       margin: 2em auto; max-width: 1500px; padding: 0 1em; color: #222; }
 h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em;
      margin-top: 1.8em; }
 p.src { color: #666; margin-top: 0; }
@@ -113,9 +113,13 @@ def _pareto_figures(inputs: ReportInputs) -> Iterable[str]:
         if fig:
             yield img(fig, F.TITLE_PARETO)
     for sweep in inputs.sweeps:
-        fig = F.pareto(F.pareto_points_of_sweep(sweep), f"sweep {sweep.path.name}")
+        key = F.rate_key(sweep)
+        note = (f"each configuration at its best goodput over the swept {key}" if key else
+                "each point's goodput at the load it was given")
+        fig = F.pareto(F.pareto_points_of_sweep(sweep), f"sweep {sweep.path.name}: {note}")
         if fig:
-            yield img(fig, F.TITLE_PARETO)
+            yield img(fig, F.TITLE_PARETO, "Goodput measured in the sweep, not searched for; "
+                      "fleetsim plan searches each shape's highest rate that meets the SLO.")
 
 
 # ---- tables ---------------------------------------------------------------------------

@@ -99,8 +99,8 @@ def load_inputs(path: str | Path) -> ReportInputs:
         _load_json_file(root, inputs)
     else:
         _load_folder(root, inputs, label=root.name or str(root))
-        if inputs.is_empty():  # e.g. results/ holding several run folders
-            for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        for sub in sorted(p for p in root.iterdir() if p.is_dir()):  # e.g. results/<run>/
+            if sub.name != "points" or not inputs.sweeps:
                 _load_folder(sub, inputs, label=sub.name)
     if inputs.is_empty():
         raise FleetsimInputError(

@@ -61,15 +61,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
-        Console().print(sweep_table(spec.keys, rows))
+        stdout = Console()
+        if not stdout.is_terminal:  # piped: rich's 80 columns would truncate every cell
+            stdout = Console(width=160)
+        stdout.print(sweep_table(spec.keys, rows))
         for r in rows:
             if r["status"] != "ok":
-                Console().print(f"[red]point {r['index']} failed[/red]: {escape(r['error'])}",
+                stdout.print(f"[red]point {r['index']} failed[/red]: {escape(r['error'])}",
                                 highlight=False)
     where = f"Ray ({args.ray_address})" if backend == "ray" else (
         f"{workers} worker processes" if backend == "process" else "this process")
     console.print(f"{num_ok}/{len(rows)} points ok in {wall_s:.1f} s on {where}; "
-                  f"results in {out}/ (sweep.csv, sweep.json, points/)")
+                  f"results in {out}/ (sweep.csv, sweep.json, points/)", soft_wrap=True)
     return 0 if num_ok else EXIT_ALL_FAILED
 
 
