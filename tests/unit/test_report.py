@@ -59,9 +59,11 @@ def test_report_of_a_run_folder(run_dir, capsys):
     assert len(images(page)) == 2  # latency CDFs, utilization
     for title in TITLES:
         assert f"<h2>{title}</h2>" in page
-    assert 'alt="Latency CDFs"' in page and 'alt="Utilization over time"' in page
+    assert 'alt="Latency CDFs"' in page
+    assert 'alt="Utilization over time"' in page
     assert "Not shown: needs a sweep over workload.rate_scale" in page
-    assert "TTFT p99 (s)" in page and "res" in page
+    assert "TTFT p99 (s)" in page
+    assert "res" in page
 
 
 def test_report_of_a_sweep_folder_keeps_failed_points(sweep_dir, tmp_path):
@@ -74,7 +76,8 @@ def test_report_of_a_sweep_folder_keeps_failed_points(sweep_dir, tmp_path):
     assert len(images(page)) == 3 + has_cost
     assert 'alt="SLO attainment vs rate"' in page
     assert "sweep of 4 points over workload.rate_scale × hardware.gpu (2 ok, 2 failed)" in page
-    assert page.count("<tr class=failed>") == 2 and "bogus" in page
+    assert page.count("<tr class=failed>") == 2
+    assert "bogus" in page
 
 
 def test_plan_search_pools_and_cost_are_used_when_present(run_dir, tmp_path):
@@ -113,8 +116,10 @@ def test_plan_search_pools_and_cost_are_used_when_present(run_dir, tmp_path):
     assert len(images(page)) == 4  # CDFs, SLO vs rate (search), utilization per pool, Pareto
     for title in TITLES:
         assert f'alt="{title}"' in page
-    assert "prefill-pool" in page and "decode-pool" in page  # pools table
-    assert "$/hour" in page and "12.5" in page
+    assert "prefill-pool" in page
+    assert "decode-pool" in page
+    assert "$/hour" in page
+    assert "12.5" in page
     assert "capacity plan plan.json (3 feasible shapes)" in page
     assert "goodput search goodput.json (3 probes)" in page
 
@@ -139,5 +144,6 @@ def test_bad_report_input_is_one_line_exit_2(tmp_path, capsys, setup, message):
     code = main(["report", str(target)])
     err = capsys.readouterr()[1]
     assert code == 2
-    assert message in err and err.count("\n") == 1
+    assert message in err
+    assert err.count("\n") == 1
     assert not (target / "report.html").exists()

@@ -77,10 +77,13 @@ def test_failed_point_is_reported_and_the_others_still_run(tmp_path):
                             "engine.max_running": [8, 0]})
     rows = run_sweep(spec, tmp_path / "out", backend="inline")
     assert [r["status"] for r in rows] == ["ok", "failed", "failed", "failed"]
-    assert "max_running" in rows[1]["error"] and "no-such-gpu" in rows[2]["error"]
-    assert rows[0]["num_finished"] == 30 and rows[2]["ttft_p99_s"] is None
+    assert "max_running" in rows[1]["error"]
+    assert "no-such-gpu" in rows[2]["error"]
+    assert rows[0]["num_finished"] == 30
+    assert rows[2]["ttft_p99_s"] is None
     points = tmp_path / "out" / "points"
-    assert (points / "0" / "summary.json").exists() and (points / "0" / "requests.csv").exists()
+    assert (points / "0" / "summary.json").exists()
+    assert (points / "0" / "requests.csv").exists()
     assert "no-such-gpu" in (points / "2" / "error.txt").read_text()
     assert not (points / "1" / "summary.json").exists()
 
@@ -97,7 +100,8 @@ def test_merged_table_csv_and_json(tmp_path):
         assert col in rows[0]
     doc = json.loads((tmp_path / "sweep.json").read_text())
     assert doc["grid"] == {"workload.rate_scale": [1, 4]}
-    assert doc["num_ok"] == 2 and doc["num_failed"] == 0
+    assert doc["num_ok"] == 2
+    assert doc["num_failed"] == 0
     fast, slow = doc["points"][1], doc["points"][0]
     assert fast["throughput_requests_per_s"] > slow["throughput_requests_per_s"]
     summary = json.loads((tmp_path / "points" / "1" / "summary.json").read_text())
@@ -130,12 +134,14 @@ def test_cli_sweep_runs_prints_and_writes(tmp_path, capsys):
                  "--out", str(out)])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
-    assert "point 1 failed" in stdout and "bogus" in stdout
+    assert "point 1 failed" in stdout
+    assert "bogus" in stdout
     assert "2/4 points ok" in stderr
     assert len(json.loads((out / "sweep.json").read_text())["points"]) == 4
     code = main(["sweep", str(spec), "--workers", "1", "--out", str(out), "--json"])
     rows = json.loads(capsys.readouterr()[0])
-    assert code == 0 and [r["status"] for r in rows] == ["ok", "ok"]
+    assert code == 0
+    assert [r["status"] for r in rows] == ["ok", "ok"]
 
 
 def test_cli_every_point_failed_exits_1(tmp_path, capsys):
@@ -159,5 +165,6 @@ def test_cli_bad_spec_is_one_line_exit_2(tmp_path, capsys, spec_text, extra, mes
     code = main(["sweep", str(path), "--out", str(tmp_path / "o"), *extra])
     err = capsys.readouterr()[1]
     assert code == 2
-    assert message in err and err.count("\n") == 1
+    assert message in err
+    assert err.count("\n") == 1
     assert not (tmp_path / "o").exists()

@@ -155,11 +155,10 @@ def summary_tables(inputs: ReportInputs) -> list[str]:
              if isinstance(p, dict)]
     if pools:
         out.append("<h3>pools</h3>" + _pools_table(pools))
-    for plan in inputs.plans:
-        out.append(f"<h3>capacity plan {escape(plan.path.name)}</h3>" + _plan_table(plan))
-    for search in inputs.searches:
-        out.append(f"<h3>goodput search {escape(search.path.name)}</h3>"
-                   + _search_table(search))
+    out.extend(f"<h3>capacity plan {escape(p.path.name)}</h3>" + _plan_table(p)
+               for p in inputs.plans)
+    out.extend(f"<h3>goodput search {escape(s.path.name)}</h3>" + _search_table(s)
+               for s in inputs.searches)
     return out
 
 

@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fleetsim.sweep import load_spec, run_sweep
+    from fleetsim.sweep import load_spec
 
     if args.workers is not None and args.workers < 1:
         raise FleetsimInputError("--workers", args.workers, "must be >= 1")

@@ -55,7 +55,8 @@ def write_point(out: Path, result: PointResult) -> None:
     folder = out / POINTS_DIR / str(result.index)
     folder.mkdir(parents=True, exist_ok=True)
     if result.status == "ok":
-        assert result.summary is not None and result.config is not None
+        assert result.summary is not None
+        assert result.config is not None
         assert result.requests is not None
         _write_json(folder / "summary.json", result.summary)
         _write_json(folder / "config.json", result.config)
