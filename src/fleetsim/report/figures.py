@@ -198,7 +198,7 @@ def utilization(runs: Sequence[RunData]) -> Figure | None:
         return None
     ncols = min(3, len(runs))
     nrows = -(-len(runs) // ncols)
-    fig = Figure(figsize=(4.6 * ncols + 0.6, 3.4 * nrows + 0.6), layout="constrained")
+    fig = Figure(figsize=(4.6 * ncols + 0.6, 3.8 * nrows + 0.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     for ax, run in zip(axes, runs, strict=False):
         series = _timelines(run)
@@ -215,7 +215,9 @@ def utilization(runs: Sequence[RunData]) -> Figure | None:
         ax.set_ylabel("use (%)")
         ax.set_ylim(-2, 102)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        # Below the panel: busy and KV lines fill the whole height, any inside spot hides one.
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2,
+                  frameon=False)
     for ax in axes[len(runs):]:
         ax.set_visible(False)
     fig.suptitle(TITLE_UTIL + (" (per pool)" if any(r.summary.get("pools") for r in runs)
@@ -246,22 +248,21 @@ def _has_bins(tl: Any) -> bool:
             and len(tl.get("busy_fraction", ())) == len(tl["bin_start_s"]))
 
 
-def pareto_points_of_sweep(sweep: SweepData) -> list[dict[str, Any]]:
-    """Sweep points with a cost ($/hour) and a goodput, the front marked (cheapest for its
-    goodput). In a sweep over rate, each configuration (the other grid values) counts once,
+def pareto_points(runs: Sequence[RunData], rate: str | None = None) -> list[dict[str, Any]]:
+    """Runs with a cost ($/hour) and a goodput, the front marked (cheapest for its goodput).
+    With ``rate`` (a swept rate key), each configuration (the other grid values) counts once,
     with the best goodput it reached over the swept rates."""
-    key = rate_key(sweep)
     best: dict[str, dict[str, Any]] = {}
-    for run in sweep.runs:
+    for run in runs:
         cost = run.summary.get("cost", {})
         usd = cost.get("usd_per_hour") if isinstance(cost, dict) else None
         goodput = run.summary.get("slo", {}).get("goodput_requests_per_s")
         if usd is None or goodput is None:
             continue
-        label = point_label({k: v for k, v in run.values.items() if k != key}) or run.label
-        if key is not None:
-            label += f" (best at {key.rsplit('.', 1)[-1]}={run.values.get(key)})"
-        group = point_label({k: v for k, v in run.values.items() if k != key}) or run.label
+        group = point_label({k: v for k, v in run.values.items() if k != rate}) or run.label
+        label = group
+        if rate is not None:
+            label += f" (best at {rate.rsplit('.', 1)[-1]}={run.values.get(rate)})"
         if group not in best or goodput > best[group]["goodput_requests_per_s"]:
             best[group] = {"label": label, "usd_per_hour": float(usd),
                            "goodput_requests_per_s": float(goodput)}

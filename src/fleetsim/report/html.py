@@ -65,8 +65,8 @@ def render(inputs: ReportInputs) -> str:
     parts.append(section(F.TITLE_UTIL, [img(util, F.TITLE_UTIL, _thinned(runs, F.MAX_PANELS))]
                          if util else [], "no timeline in the summaries"))
     parts.append(section(F.TITLE_PARETO, list(_pareto_figures(inputs)),
-                         "needs a capacity plan (plan.json) or sweep points whose summaries "
-                         "report cost"))
+                         "needs a capacity plan (plan.json), or sweep points or several runs "
+                         "whose summaries report cost"))
     body = "\n".join(parts)
     return (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
             f"<title>fleetsim report: {escape(inputs.path.name or str(inputs.path))}</title>"
@@ -107,6 +107,10 @@ def _slo_figures(inputs: ReportInputs) -> Iterable[str]:
             yield img(fig, F.TITLE_SLO, f"from {search.path.name}")
 
 
+MEASURED_GOODPUT = ("Goodput as measured at the load each run was given, not searched for; "
+                    "fleetsim plan searches each shape's highest rate that meets the SLO.")
+
+
 def _pareto_figures(inputs: ReportInputs) -> Iterable[str]:
     for plan in inputs.plans:
         fig = F.pareto_of_plan(plan)
@@ -116,10 +120,13 @@ def _pareto_figures(inputs: ReportInputs) -> Iterable[str]:
         key = F.rate_key(sweep)
         note = (f"each configuration at its best goodput over the swept {key}" if key else
                 "each point's goodput at the load it was given")
-        fig = F.pareto(F.pareto_points_of_sweep(sweep), f"sweep {sweep.path.name}: {note}")
+        fig = F.pareto(F.pareto_points(sweep.runs, key), f"sweep {sweep.path.name}: {note}")
         if fig:
-            yield img(fig, F.TITLE_PARETO, "Goodput measured in the sweep, not searched for; "
-                      "fleetsim plan searches each shape's highest rate that meets the SLO.")
+            yield img(fig, F.TITLE_PARETO, MEASURED_GOODPUT)
+    if len(inputs.runs) > 1:
+        fig = F.pareto(F.pareto_points(inputs.runs), f"{len(inputs.runs)} runs")
+        if fig:
+            yield img(fig, F.TITLE_PARETO, MEASURED_GOODPUT)
 
 
 # ---- tables ---------------------------------------------------------------------------

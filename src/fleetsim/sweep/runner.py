@@ -81,13 +81,16 @@ def _run_in_processes(points: Sequence[Point], workers: int) -> Iterator[PointRe
     # hold threads (rich's progress refresher, Ray); forkserver starts workers faster.
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(points)), mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(points)), mp_context=context)
+    try:
         futures: dict[Future[PointResult], Point] = {pool.submit(run_point, p): p for p in points}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 yield _result_of(future.result, futures[future])
+    finally:  # on Ctrl-C, drop the points not started instead of running them all first
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _run_on_ray(points: Sequence[Point], address: str, workers: int | None
