@@ -64,9 +64,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--tp", default="1", help="comma-separated TP degrees (default 1)")
     p.add_argument("--pd", action="store_true",
                    help="also try prefill/decode pools (1P1D, 1P2D, 2P1D, across GPU types)")
-    p.add_argument("--requests-per-gpu", type=int, default=250,
+    p.add_argument("--requests-per-gpu", type=int, default=1000,
                    help="cut the workload to N x GPUs requests per probe when the config "
-                        "sets neither max_requests nor duration_s (default 250; 0: no cut)")
+                        "sets neither max_requests nor duration_s (default 1000; 0: no cut)")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a cost-vs-goodput PNG")
     p.add_argument("--out", metavar="DIR", default=None, help="write DIR/plan.json")
     p.set_defaults(handler=cmd_plan)
@@ -225,8 +225,9 @@ def _print_plan(result: dict[str, Any], config: Any) -> None:
     rows = result["points"]
     table = Table(title=f"Pareto front: goodput ({100 * result['target']:g}% within TTFT<="
                   f"{config.slo.ttft_s:g}s, TPOT<={config.slo.tpot_s:g}s) per $/hour")
-    for col in ("shape", "GPUs", "goodput (req/s)", "$/hour", "$/M tokens", "$/M output tok"):
-        table.add_column(col, justify="left" if col == "shape" else "right")
+    table.add_column("shape", no_wrap=True)
+    for col in ("GPUs", "goodput (req/s)", "$/hour", "$/M tokens", "$/M output tok"):
+        table.add_column(col, justify="right")
     for i in result["front"]:
         r = rows[i]
         table.add_row(r["shape"], str(r["num_gpus"]), _fmt(r["goodput_requests_per_s"]),
