@@ -17,6 +17,7 @@ from typing import Any
 from fleetsim.configutil import apply_override, from_dict, parse_override_value
 from fleetsim.errors import FleetsimInputError
 from fleetsim.metrics.summary import SLOConfig
+from fleetsim.moe.serving import PoolEpConfig
 from fleetsim.policies.registry import PolicySpec
 from fleetsim.workloads.config import WorkloadConfig
 
@@ -31,6 +32,8 @@ class HardwareConfig:
     """Tensor-parallel degree: GPUs per replica."""
     num_replicas: int = 1
     """Identical mixed replicas (when ``cluster.pools`` is empty)."""
+    ep: PoolEpConfig | None = None
+    """Expert parallelism over the replica's TP GPUs (MoE models), e.g. {balancer = "quota"}."""
     catalog: str | None = None
     """Optional TOML file adding GPUs ([[gpu]] tables, same fields as the built-ins)."""
 
@@ -101,6 +104,8 @@ class PoolConfig:
     """Tensor-parallel degree: GPUs per replica (at most the GPUs of one node)."""
     role: str = "mixed"
     """mixed (prefill and decode) | prefill (hands KV to a decode pool) | decode."""
+    ep: PoolEpConfig | None = None
+    """Expert parallelism over each replica's TP GPUs (MoE models), e.g. {balancer = "quota"}."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -176,7 +181,8 @@ class SimConfig:
         if self.cluster.pools:
             return self.cluster.pools
         hw = self.hardware
-        return (PoolConfig(name="default", gpu=hw.gpu, num_replicas=hw.num_replicas, tp=hw.tp),)
+        return (PoolConfig(name="default", gpu=hw.gpu, num_replicas=hw.num_replicas, tp=hw.tp,
+                           ep=hw.ep),)
 
     def __post_init__(self) -> None:
         roles = {p.role for p in self.cluster.pools}

@@ -18,6 +18,7 @@ from fleetsim.hardware import get_gpu
 from fleetsim.metrics.recorder import Records
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
+from fleetsim.moe.serving import EpStepModel
 from fleetsim.perf import build_step_model, kv_capacity_blocks
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.routing import make_router
@@ -80,6 +81,9 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         try:
             gpu = get_gpu(pool.gpu, config.hardware.catalog)
             step_model = build_step_model(model, gpu, pool.tp, backend=config.perf_backend)
+            if pool.ep is not None:
+                step_model = EpStepModel(step_model, model, gpu, pool.tp, pool.ep,
+                                         seed=config.seed)
             num_kv_blocks = eng.num_kv_blocks or kv_capacity_blocks(
                 model, gpu, pool.tp, eng.block_size, eng.gpu_memory_utilization,
                 max_batched_tokens=eng.max_batched_tokens)
@@ -98,6 +102,8 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
             "num_replicas": pool.num_replicas, "tp": pool.tp, "num_kv_blocks": num_kv_blocks,
             "usd_per_hour": gpu.price_per_hour_usd * pool.tp * pool.num_replicas,
             "perf_sources": dict(getattr(step_model, "sources", {})),
+            **({"ep_balance_ratio": step_model.balance_ratio}
+               if isinstance(step_model, EpStepModel) else {}),
         })
     _check_link_reachable(config, gpus)
     return setups, infos

@@ -242,6 +242,12 @@ class TableStepModel:
             t += self._prefill_attention_s(prefill_chunks)
         return t
 
+    def op_time_lookup(self, op_class: str) -> Callable[[float], float]:
+        """Seconds of one op class (``gemm``, ``moe``, ``communication``, ``other``) as a
+        function of the step's token count, for models that replace a part (expert
+        parallelism replaces ``moe``)."""
+        return self._g.by_tokens[op_class].lookup()
+
     def decode_step_times_s(
         self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
     ) -> NDArray[np.float64]:
