@@ -11,7 +11,8 @@ import pytest
 
 from fleetsim.cli import main
 from fleetsim.report import write_report
-from fleetsim.report.figures import pareto_front
+from fleetsim.report.figures import pareto_front, pareto_points
+from fleetsim.report.load import RunData
 from fleetsim.sweep import make_spec, run_sweep
 
 pytest.importorskip("matplotlib")
@@ -127,6 +128,21 @@ def test_plan_search_pools_and_cost_are_used_when_present(run_dir, tmp_path):
 def test_pareto_front_is_cheapest_for_its_goodput():
     pts = [(3.0, 4.0), (5.0, 3.5), (6.0, 8.0), (6.0, 7.0), (2.0, 1.0), (9.0, 8.0)]
     assert pareto_front(pts) == [4, 0, 2]
+
+
+def test_sweep_pareto_takes_each_configuration_at_its_best_rate(tmp_path):
+    def point(gpu, rate, usd, goodput):
+        summary = {"cost": {"usd_per_hour": usd}, "slo": {"goodput_requests_per_s": goodput}}
+        return RunData(label=f"{gpu} {rate}", path=tmp_path, summary=summary,
+                       values={"workload.rate_scale": rate, "hardware.gpu": gpu})
+
+    runs = [point("a100", 1, 1.79, 3.0), point("a100", 2, 1.79, 5.0), point("a100", 4, 1.79, 0.2),
+            point("h100", 1, 2.99, 3.0), point("h100", 4, 2.99, 14.0),
+            point("l40s", 4, 2.5, 4.0)]
+    points = {p["label"]: p for p in pareto_points(runs, "workload.rate_scale")}
+    assert set(points) == {"gpu=a100 (best at rate_scale=2)", "gpu=h100 (best at rate_scale=4)",
+                           "gpu=l40s (best at rate_scale=4)"}
+    assert [p.get("on_front", False) for p in points.values()] == [True, True, False]
 
 
 @pytest.mark.parametrize(("setup", "message"), [
