@@ -79,9 +79,16 @@ def cmd_goodput(args: argparse.Namespace) -> int:
 
     check_search_args(args.target, args.min_rate, args.max_rate, args.tol, args.max_runs)
     config = load_config(args.config, args.overrides)
+    err_console = Console(stderr=True)
+
+    def on_probe(rate_per_s: float, attainment: float) -> None:
+        if err_console.is_terminal and not args.json:
+            err_console.print(f"  {rate_per_s:.3f} req/s: {100 * attainment:.1f}% met")
+
     result = goodput_to_dict(goodput_search(
         config, target=args.target, min_rate_per_s=args.min_rate,
-        max_rate_per_s=args.max_rate, rel_tol=args.tol, max_runs=args.max_runs))
+        max_rate_per_s=args.max_rate, rel_tol=args.tol, max_runs=args.max_runs,
+        on_probe=on_probe))
     if args.json:
         print(json.dumps(_json_safe(result), indent=2))
         return 0
@@ -106,9 +113,11 @@ def goodput_lines(r: dict[str, Any]) -> list[str]:
     if rate is None:
         lines = ["goodput: no probed rate met the target"]
     else:
+        fail = r["lowest_failing_rate_per_s"]
+        fail_text = ("no rate failed" if fail is None
+                     else f"lowest failing rate {_fmt(fail)} req/s")
         lines = [f"goodput: {rate:.3f} req/s (attainment {100 * r['attainment_at_goodput']:.1f}%"
-                 f"; lowest failing rate "
-                 f"{_fmt(r['lowest_failing_rate_per_s'])} req/s; {r['num_runs']} runs)"]
+                 f"; {fail_text}; {r['num_runs']} runs)"]
         lines.append(f"cost: ${r['usd_per_hour']:.2f}/hour for {r['num_gpus']} GPU(s), "
                      f"${_fmt(r['usd_per_million_tokens'])}/M tokens, "
                      f"${_fmt(r['usd_per_million_output_tokens'])}/M output tokens at that rate")

@@ -16,6 +16,7 @@ overstate goodput: queues have less time to build up.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,7 @@ def goodput_search(
     max_runs: int = 20,
     growth: float = 2.0,
     num_verify: int = 1,
+    on_probe: Callable[[float, float], None] | None = None,
 ) -> GoodputResult:
     """Search the highest rate (requests/s) with SLO attainment >= ``target``.
 
@@ -113,12 +115,16 @@ def goodput_search(
     factors of ``growth`` and bisects to ``rel_tol``; see ``fleetsim.search.threshold``.
     Raises ``FleetsimInputError`` for bad arguments and for configs ``run()`` rejects (a
     model that does not fit the GPU, for example) before any search work is lost.
+    ``on_probe(rate_per_s, attainment)`` is called after each run (progress display).
     """
     check_search_args(target, min_rate_per_s, max_rate_per_s, rel_tol, max_runs)
     base = base_rate_per_s(config)
 
     def probe(rate_per_s: float) -> tuple[float, dict[str, Any]]:
-        return probe_config(config_at_scale(config, rate_per_s / base))
+        attainment, extra = probe_config(config_at_scale(config, rate_per_s / base))
+        if on_probe is not None:
+            on_probe(rate_per_s, attainment)
+        return attainment, extra
 
     found = search_threshold(
         probe, target=target, start_rate_per_s=start_rate_per_s or base,
