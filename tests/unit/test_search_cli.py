@@ -47,6 +47,10 @@ def test_slo_scale_json(capsys):
     r = json.loads(out)
     assert set(r["slo_scale"]) == {"req90", "req99"}
     assert 1.0 - 1e-6 <= r["slo_scale"]["req90"] <= r["slo_scale"]["req99"]
+    code, out, _ = run_cli(capsys, "slo-scale", *SMALL, "--pct", "95", "--pct", "99", "--json")
+    assert set(json.loads(out)["slo_scale"]) == {"req95", "req99"}
+    code, out, _ = run_cli(capsys, "slo-scale", *SMALL, "--json")
+    assert set(json.loads(out)["slo_scale"]) == {"req90", "req95", "req99"}
 
 
 def test_plan_json_writes_plan_and_plot(tmp_path, capsys):

@@ -50,8 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p = subparsers.add_parser(
         "slo-scale", help="ReqX SLO scale: latency / standalone latency at percentile X")
     _common(p)
-    p.add_argument("--pct", type=float, nargs="+", default=[90.0, 95.0, 99.0],
-                   help="percentiles X (default 90 95 99)")
+    p.add_argument("--pct", type=float, nargs="+", action="extend", default=None,
+                   help="percentiles X, as --pct 95 99 or --pct 95 --pct 99 (default 90 95 99)")
     p.set_defaults(handler=cmd_slo_scale)
 
     p = subparsers.add_parser(
@@ -141,11 +141,12 @@ def cmd_slo_scale(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
     from fleetsim.search.slo_scale import slo_scales
 
-    for pct in args.pct:
+    pcts = tuple(dict.fromkeys(args.pct or (90.0, 95.0, 99.0)))
+    for pct in pcts:
         if not 0 < pct <= 100:
             raise FleetsimInputError("--pct", pct, "must be a percentile in (0, 100], e.g. 95")
     config = load_config(args.config, args.overrides)
-    result = slo_scales(config, tuple(args.pct))
+    result = slo_scales(config, pcts)
     if args.json:
         print(json.dumps(_json_safe(result), indent=2))
         return 0
