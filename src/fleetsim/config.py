@@ -84,7 +84,8 @@ class PolicyConfig:
     ordering: str = "fcfs"
     """Queue order and preemption order: fcfs | sjf | priority | pkg.mod:key_function."""
     batching: PolicySpec = field(default_factory=lambda: PolicySpec(name="token_budget"))
-    """Step planner and its args, e.g. {name = "token_budget", args = {enable_chunked_prefill = false}}."""
+    """Step planner and its args, e.g.
+    {name = "token_budget", args = {enable_chunked_prefill = false}}."""
 
 
 ROLES = ("mixed", "prefill", "decode")
@@ -196,7 +197,8 @@ class SimConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"cluster.pools names must be unique, got {names}")
         if self.perf_backend not in ("auto", "roofline"):
-            raise ValueError(f"perf_backend must be 'auto' or 'roofline', got {self.perf_backend!r}")
+            raise ValueError(
+                f"perf_backend must be 'auto' or 'roofline', got {self.perf_backend!r}")
         if self.until_s is not None and not self.until_s > 0:
             raise ValueError(f"until_s must be > 0 seconds or unset, got {self.until_s}")
 

@@ -93,7 +93,8 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
     if typing.get_origin(hint) is typing.Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            raise FleetsimInputError(where, value, f"expected one of {', '.join(map(str, allowed))}")
+            choices = ", ".join(map(str, allowed))
+            raise FleetsimInputError(where, value, f"expected one of {choices}")
         return value
     return value
 

@@ -7,7 +7,6 @@ CLI arguments) raises it; internal invariant failures stay ordinary exceptions.
 
 from __future__ import annotations
 
-
 _NO_VALUE = object()
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.conftest import simulate
 
 from fleetsim.workloads import Fixed, Poisson, synthesize
 from fleetsim.workloads.workload import Workload
-from tests.conftest import simulate
 
 STEP_S = 0.001
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from tests.conftest import make_workload, simulate
 
 from fleetsim.perf.base import LinearStepModel
 from fleetsim.policies import ORDERING_POLICIES, PrefillFirstPlanner, TokenBudgetPlanner
-from tests.conftest import make_workload, simulate
 
 BLOCK = 16
 HASH_BLOCK = 32

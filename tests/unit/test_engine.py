@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from tests.conftest import by_id, make_workload, simulate
 
 from fleetsim.perf.base import ConstantStepModel
 from fleetsim.policies import StepPlan, make_ordering
 from fleetsim.serving.driver import simulate_replica
 from fleetsim.serving.replica import PlanError
-from tests.conftest import by_id, make_workload, simulate
 
 
 @pytest.mark.parametrize("fast_forward", [False, True])

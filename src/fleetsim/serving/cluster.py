@@ -26,7 +26,6 @@ from fleetsim.serving.replica import EventKind, Replica
 from fleetsim.serving.request import Request
 from fleetsim.workloads.workload import Workload
 
-
 ProgressFn = Callable[[float], None]  # called with simulated seconds now
 
 
