@@ -207,19 +207,8 @@ class Replica:
         if now_s > step.last_boundary_s:
             return  # already ends at the first boundary at or after now
         times, new_blocks, computed, held, used = step.window
-        end_s = step.start_s
-        kv_seconds = 0.0
-        steps = 0
-        last_boundary_s = end_s
-        for j in range(step.num_steps):  # same accumulation as when the window was made
-            used += new_blocks[j]
-            d = times[j]
-            last_boundary_s = end_s
-            end_s += d
-            kv_seconds += used * d
-            steps += 1
-            if end_s >= now_s:
-                break
+        end_s, kv_seconds, steps, last_boundary_s = _accumulate(
+            step.start_s, times[:step.num_steps], new_blocks, used, now_s, math.inf)
         if steps == step.num_steps:
             return
         self._window_cap = max(8, 2 * steps)
@@ -416,20 +405,8 @@ class Replica:
         until_s = self.until_s
         stop_s = hint() if hint is not None else math.inf  # stopping early is always exact
         used0 = kv.num_used_blocks
-        end_s = start_s
-        used = kv.num_used_blocks
-        kv_seconds = 0.0
-        steps = 0
-        last_boundary_s = start_s
-        for j in range(k):
-            used += new_blocks[j]
-            d = times[j]
-            last_boundary_s = end_s
-            end_s += d
-            kv_seconds += used * d
-            steps += 1
-            if end_s > until_s or end_s >= stop_s:
-                break
+        end_s, kv_seconds, steps, last_boundary_s = _accumulate(
+            start_s, times, new_blocks, used0, stop_s, until_s)
         step.last_boundary_s = last_boundary_s
         for r, c, h in zip(decodes, computed, held, strict=True):
             extra = -(-(c + steps) // bs) - h
@@ -538,3 +515,24 @@ class Replica:
             done.append(r)
 
 
+def _accumulate(
+    start_s: float, times: list[float], new_blocks: list[int], used: int, stop_s: float,
+    until_s: float,
+) -> tuple[float, float, int, float]:
+    """Walk a window's steps as step by step would: returns the end time, the KV block-seconds,
+    the number of steps, and the last inner boundary. Stops after the first step that ends at
+    or after ``stop_s`` (an input arrives) or after ``until_s``. One loop for making and for
+    cutting windows, so both add the same floats in the same order.
+    """
+    end_s = last_boundary_s = start_s
+    kv_seconds = 0.0
+    steps = 0
+    for d, extra in zip(times, new_blocks, strict=False):
+        used += extra
+        last_boundary_s = end_s
+        end_s += d
+        kv_seconds += used * d
+        steps += 1
+        if end_s >= stop_s or end_s > until_s:
+            break
+    return end_s, kv_seconds, steps, last_boundary_s
