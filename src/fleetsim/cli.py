@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.formatting import fmt_number as _fmt
 
 EXIT_INPUT_ERROR = 2
 
@@ -174,14 +175,6 @@ def summary_table(s: dict[str, Any]) -> Table:
     for label, value in rows:
         table.add_row(label, value, "", "", "")
     return table
-
-
-def _fmt(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if abs(v) >= 100:
-        return f"{v:,.1f}"
-    return f"{v:.4g}"
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.formatting import fmt_number as _fmt
 
 DEFAULT_PLAN_GPUS = "h100,a100,h200"
 
@@ -253,14 +254,6 @@ def _print_plan(result: dict[str, Any], config: Any) -> None:
             console.print(f"infeasible: {r['shape']}: {r['infeasible']}")
         elif r["goodput_requests_per_s"] is None:
             console.print(f"no goodput: {r['shape']} misses the SLO at every rate tried")
-
-
-def _fmt(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if abs(v) >= 100:
-        return f"{v:,.1f}"
-    return f"{v:.4g}"
 
 
 def _json_safe(obj: Any) -> Any:
