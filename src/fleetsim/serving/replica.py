@@ -275,7 +275,11 @@ class Replica:
             needed = (-(-(req.num_computed_tokens + num_new) // bs) - req.num_private_blocks
                       - req.num_cached_entries * per_entry)
             if needed > 0:
-                kv.allocate(req, needed)
+                if needed <= kv.num_free_blocks:  # KVCache.allocate without eviction, inlined
+                    kv.num_free_blocks -= needed
+                    req.num_private_blocks += needed
+                else:
+                    kv.allocate(req, needed)
             if todo == 1 and req.num_output_tokens > 0:
                 decodes.append(req)
             else:
@@ -408,10 +412,12 @@ class Replica:
         end_s, kv_seconds, steps, last_boundary_s = _accumulate(
             start_s, times, new_blocks, used0, stop_s, until_s)
         step.last_boundary_s = last_boundary_s
+        # The window only uses free blocks (checked above): take them without eviction.
         for r, c, h in zip(decodes, computed, held, strict=True):
             extra = -(-(c + steps) // bs) - h
             if extra > 0:
-                kv.allocate(r, extra)
+                kv.num_free_blocks -= extra
+                r.num_private_blocks += extra
         self._pending_kv_seconds = kv_seconds
         step.num_steps = steps
         step.num_tokens = n * steps
