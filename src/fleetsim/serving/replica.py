@@ -5,15 +5,12 @@ preempt, allocate blocks), asks the performance model for the step's duration an
 one ``STEP_END`` event. At the step's end it commits the tokens, emits outputs, finishes
 requests and plans the next step at once.
 
-Decode fast-forward: when a plan only decodes every running request and the policy says the
-plan would repeat, the engine advances k steps in one event. k stops before any request
-finishes, before KV blocks would run out, and at the first step boundary at or after the next
-pending event (an arrival could change the next plan). Step times come from the model's
-vectorized ``decode_step_times_s`` and are accumulated in the same order as step by step, so
-the results are bit-identical (tested). Anything from outside that touches the replica in the
-middle of a window (an arrival, a KV transfer in or out) first cuts the window back to the
-step in progress, so the outside world always sees the replica as step-by-step would. A
-window only takes free blocks (never evicts cached prefixes), so cutting it back is exact.
+Decode fast-forward (``window.py``): when a plan only decodes every running request and the
+policy says the plan would repeat, the engine advances many steps in one event, with results
+bit-identical to stepping one at a time. Anything from outside that touches the replica in
+the middle of a window (an arrival, a KV transfer in or out) first cuts the window back to the
+step in progress (``interrupt``), so the outside world always sees the replica as
+step-by-step simulation would.
 
 Roles: a ``mixed`` replica prefills and decodes; a ``prefill`` replica hands every request
 off after its first token (``on_prefill_done``) and keeps its KV until the transfer is done
@@ -28,12 +25,11 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import Any, Protocol
 
-import numpy as np
-
 from fleetsim.core.simulator import Simulator
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.kv_cache import KVCache
 from fleetsim.serving.request import Request
+from fleetsim.serving.window import DecodeWindows, Step
 
 
 class EventKind(IntEnum):
@@ -65,25 +61,6 @@ class StepRecorder(Protocol):
 
 class PlanError(RuntimeError):
     """A batching policy returned a plan the engine cannot apply (a policy bug)."""
-
-
-class _Step:
-    __slots__ = ("chunks", "decodes", "end_s", "last_boundary_s", "num_running", "num_steps",
-                 "num_tokens", "num_waiting", "start_s", "window")
-
-    def __init__(self, start_s: float) -> None:
-        self.start_s = start_s
-        self.end_s = start_s
-        self.last_boundary_s = start_s  # a window's last inner step boundary
-        # Fast-forward windows keep what cutting them back needs:
-        # (step times, new blocks per step, computed, held, used blocks before the window).
-        self.window: tuple[list[float], list[int], list[int], list[int], int] | None = None
-        self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
-        self.decodes: list[Request] = []
-        self.num_steps = 1
-        self.num_tokens = 0
-        self.num_running = 0  # queue lengths while the step runs (after admission)
-        self.num_waiting = 0
 
 
 class Replica:
@@ -130,14 +107,8 @@ class Replica:
         # Requests holding blocks outside the running batch: handoffs awaiting transfer
         # (prefill role) and reservations for KV on its way in (decode role).
         self._holders: dict[int, Request] = {}
-        self._step: _Step | None = None
-        # Fast-forward windows are capped at this many steps, adapted to how often outside
-        # events cut them back: computing steps that get cut is wasted work. Performance
-        # only; results do not depend on it.
-        self._window_cap = 32
-        # When the driver knows when the next outside input comes (a lone replica: the next
-        # arrival), windows stop there instead of adapting.
-        self._next_input_hint_s = next_input_hint_s
+        self._step: Step | None = None
+        self._windows = DecodeWindows(kv, step_model, next_input_hint_s)
         self.running: list[Request] = []
         self.waiting: list[Request] = []
         self._running_keys: list[tuple] = []
@@ -201,29 +172,12 @@ class Replica:
     def interrupt(self) -> None:
         """Cut an ongoing fast-forward window back to the step in progress at ``now``."""
         step = self._step
-        if step is None or step.window is None or step.num_steps == 1:
+        if step is None or step.window is None:
             return
-        now_s = self.sim.now_s
-        if now_s > step.last_boundary_s:
-            return  # already ends at the first boundary at or after now
-        times, new_blocks, computed, held, used = step.window
-        end_s, kv_seconds, steps, last_boundary_s = _accumulate(
-            step.start_s, times[:step.num_steps], new_blocks, used, now_s, math.inf)
-        if steps == step.num_steps:
-            return
-        self._window_cap = max(8, 2 * steps)
-        bs, kv = self.kv.block_size, self.kv
-        for r, c, h in zip(step.decodes, computed, held, strict=True):
-            allocated = max(0, -(-(c + step.num_steps) // bs) - h)
-            kept = max(0, -(-(c + steps) // bs) - h)
-            if allocated > kept:
-                kv.free_private(r, allocated - kept)
-        self._pending_kv_seconds = kv_seconds
-        step.num_steps = steps
-        step.num_tokens = len(step.decodes) * steps
-        step.end_s = end_s
-        step.last_boundary_s = last_boundary_s
-        self.sim.schedule(end_s, EventKind.STEP_END, (self, step))
+        kv_seconds = self._windows.cut(step, self.sim.now_s)
+        if kv_seconds is not None:
+            self._pending_kv_seconds = kv_seconds
+            self.sim.schedule(step.end_s, EventKind.STEP_END, (self, step))
 
     def _enqueue(self, queue: list[Request], keys: list[tuple], req: Request) -> None:
         key = self.order_key(req, self.sim.now_s)
@@ -235,12 +189,6 @@ class Replica:
         at = queue.index(req)
         del queue[at]
         del keys[at]
-
-    @property
-    def num_outstanding_tokens(self) -> int:
-        """Tokens still to compute for every queued request (routers read this)."""
-        return sum(r.num_prompt_tokens + r.max_output_tokens - r.num_computed_tokens
-                   for r in self._by_id.values())
 
     # ---- step start ------------------------------------------------------------------
     def wake_up(self) -> None:
@@ -255,7 +203,7 @@ class Replica:
         plan = self.batch_policy.plan(self, now_s)
         for rid in plan.preempt:
             self._preempt(self._lookup(rid, plan))
-        step = _Step(now_s)
+        step = Step(now_s)
         kv = self.kv
         total = 0
         all_decode = not plan.preempt and len(plan.tokens_by_request) == len(self.running)
@@ -339,7 +287,7 @@ class Replica:
         req.is_running = False
         self._enqueue(self.waiting, self._waiting_keys, req)
 
-    def _single_step_time(self, step: _Step) -> float:
+    def _single_step_time(self, step: Step) -> float:
         chunks = [(n, r.num_computed_tokens) for r, n in step.chunks]
         kv_tokens = 0
         for r in step.decodes:
@@ -349,108 +297,12 @@ class Replica:
         return duration_s
 
     # ---- fast-forward ----------------------------------------------------------------
-    def _try_fast_forward(self, step: _Step) -> float:
-        """Advance as many identical decode steps as provably change nothing else; returns
-        the absolute end time of the last one.
-
-        Plain Python over requests and steps, plus one vectorized call for the step times:
-        windows are usually short (the next arrival is a few dozen steps away), where numpy's
-        per-call overhead would dominate.
-        """
-        decodes = step.decodes
-        n = len(decodes)
-        kv = self.kv
-        per_entry = kv.blocks_per_entry
-        computed: list[int] = []
-        held: list[int] = []
-        kv_tokens = 0
-        max_steps = 1 << 62
-        for r in decodes:
-            c = r.num_computed_tokens
-            computed.append(c)
-            kv_tokens += c
-            held.append(r.num_private_blocks + r.num_cached_entries * per_entry)
-            left = r.max_output_tokens - r.num_output_tokens
-            if left < max_steps:
-                max_steps = left
-        start_s = step.start_s
-        first_s = self.step_model.step_time_s((), n, kv_tokens)
-        stop_s = self.until_s
-        if max_steps < 2 or start_s + first_s >= stop_s:
-            self._pending_kv_seconds = kv.num_used_blocks * first_s
-            return start_s + first_s
-        # Decode steps never get shorter as KV grows, so steps past this cannot fit before
-        # the stop; the cap keeps the arrays small.
-        if stop_s < math.inf:
-            max_steps = min(max_steps, int((stop_s - start_s) / first_s) + 2)
-        hint = self._next_input_hint_s
-        if hint is not None:
-            until_hint = hint() - start_s
-            if until_hint < math.inf:
-                max_steps = min(max_steps, int(until_hint / first_s) + 2)
-        elif max_steps >= self._window_cap:
-            max_steps = self._window_cap
-            self._window_cap = min(2 * self._window_cap, 1 << 14)
-        # Free blocks only: evicting cached prefixes early could differ from step by step
-        # if the window is later cut back.
-        k = self._steps_within_blocks(computed, held, kv.num_free_blocks, max_steps)
-        times = self.step_model.decode_step_times_s(
-            n, kv_tokens + n * np.arange(k, dtype=np.int64)).tolist()
-        # Per-step new blocks (the first step's are already allocated: first index >= 1).
-        bs = kv.block_size
-        new_blocks = [0] * k
-        for c, h in zip(computed, held, strict=True):
-            j = h * bs - c
-            while j < k:
-                new_blocks[j] += 1
-                j += bs
-        # Accumulate exactly as step by step would; stop past until_s. Outside events cut
-        # the window back later (interrupt).
-        until_s = self.until_s
-        stop_s = hint() if hint is not None else math.inf  # stopping early is always exact
-        used0 = kv.num_used_blocks
-        end_s, kv_seconds, steps, last_boundary_s = _accumulate(
-            start_s, times, new_blocks, used0, stop_s, until_s)
-        step.last_boundary_s = last_boundary_s
-        # The window only uses free blocks (checked above): take them without eviction.
-        for r, c, h in zip(decodes, computed, held, strict=True):
-            extra = -(-(c + steps) // bs) - h
-            if extra > 0:
-                kv.num_free_blocks -= extra
-                r.num_private_blocks += extra
-        self._pending_kv_seconds = kv_seconds
-        step.num_steps = steps
-        step.num_tokens = n * steps
-        step.window = (times, new_blocks, computed, held, used0)
+    def _try_fast_forward(self, step: Step) -> float:
+        end_s, self._pending_kv_seconds = self._windows.open(step, self.until_s)
         return end_s
 
-    @staticmethod
-    def _blocks_for_steps(computed: list[int], held: list[int], bs: int, k: int) -> int:
-        total = 0
-        for c, h in zip(computed, held, strict=True):
-            extra = -(-(c + k) // bs) - h
-            if extra > 0:
-                total += extra
-        return total
-
-    def _steps_within_blocks(
-        self, computed: list[int], held: list[int], available: int, max_steps: int
-    ) -> int:
-        """Largest k <= max_steps whose blocks for k decode steps fit (k = 1 always does)."""
-        bs = self.kv.block_size
-        if self._blocks_for_steps(computed, held, bs, max_steps) <= available:
-            return max_steps
-        lo, hi = 1, max_steps
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self._blocks_for_steps(computed, held, bs, mid) <= available:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
     # ---- step end --------------------------------------------------------------------
-    def finish_step(self, step: _Step) -> None:
+    def finish_step(self, step: Step) -> None:
         """Commit the step's tokens at ``sim.now_s`` and plan the next step."""
         now_s = self.sim.now_s
         if step is not self._step or now_s != step.end_s:
@@ -520,25 +372,3 @@ class Replica:
         if r.num_output_tokens >= r.max_output_tokens:
             done.append(r)
 
-
-def _accumulate(
-    start_s: float, times: list[float], new_blocks: list[int], used: int, stop_s: float,
-    until_s: float,
-) -> tuple[float, float, int, float]:
-    """Walk a window's steps as step by step would: returns the end time, the KV block-seconds,
-    the number of steps, and the last inner boundary. Stops after the first step that ends at
-    or after ``stop_s`` (an input arrives) or after ``until_s``. One loop for making and for
-    cutting windows, so both add the same floats in the same order.
-    """
-    end_s = last_boundary_s = start_s
-    kv_seconds = 0.0
-    steps = 0
-    for d, extra in zip(times, new_blocks, strict=False):
-        used += extra
-        last_boundary_s = end_s
-        end_s += d
-        kv_seconds += used * d
-        steps += 1
-        if end_s >= stop_s or end_s > until_s:
-            break
-    return end_s, kv_seconds, steps, last_boundary_s
