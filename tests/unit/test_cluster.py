@@ -192,3 +192,18 @@ def test_bad_clusters_are_clear_errors(pools_cfg, link, needle):
         build_and_run()
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_pd_under_heavy_kv_pressure_finishes_everything():
+    """Tiny KV on both sides: preemptions on the decode replica, waiting for transfers on
+    the prefill one; every request still finishes and every block comes back."""
+    w = random_workload(80, seed=9, rate=200.0)
+    rec, cluster = sim(w, pools(prefill=1, decode=1, blocks=60, decode_blocks=60, bw=2e7),
+                       max_running=8)
+    assert len(rec.requests["request_id"]) == 80
+    for replica in cluster.replicas:
+        assert replica.kv.num_used_blocks == 0
+    fast, _ = sim(w, pools(prefill=1, decode=1, blocks=60, decode_blocks=60, bw=2e7),
+                  max_running=8, fast_forward=False)
+    for col, values in fast.requests.items():
+        assert np.array_equal(values, rec.requests[col], equal_nan=True), col

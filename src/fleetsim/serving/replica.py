@@ -237,9 +237,10 @@ class Replica:
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
         if total == 0:
-            if self.num_handoff and not self.running:
-                # Waiting requests need blocks that KV transfers still hold: sleep until a
-                # transfer finishes (release_handoff wakes us).
+            if self._holders and not self.running:
+                # Waiting requests need blocks that KV transfers still hold (outgoing on a
+                # prefill replica, incoming on a decode one): sleep until a transfer finishes
+                # (release_handoff / accept_decode wake us).
                 self.busy = False
                 self._step = None
                 return
