@@ -43,7 +43,8 @@ def seed_streams(seed: int, names: tuple[str, ...]) -> dict[str, np.random.Gener
 
 
 def check_fits(workload: Workload, model: ModelSpec, num_kv_blocks: int, block_size: int) -> None:
-    """Every request must fit the model's context and, alone, the replica's KV cache."""
+    """Every request must fit the model's context and, alone, the largest KV cache it can be
+    routed to (``num_kv_blocks``)."""
     total = workload.num_prompt_tokens + workload.num_output_tokens
     too_long = np.flatnonzero(total > model.max_context_tokens)
     if too_long.size:
@@ -137,7 +138,11 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         raise FleetsimInputError(
             "engine.block_size", eng.block_size,
             f"must divide the trace's hash block of {workload.hash_block_tokens} tokens")
-    check_fits(workload, model, min(p.num_kv_blocks for p in pools), eng.block_size)
+    # A request must fit some replica it can be routed to (routers skip smaller ones).
+    entry_blocks = max(p.num_kv_blocks for p in pools if p.role != "decode")
+    decode_blocks = [p.num_kv_blocks for p in pools if p.role == "decode"]
+    check_fits(workload, model, min([entry_blocks, *([max(decode_blocks)] if decode_blocks
+                                                      else [])]), eng.block_size)
     if not getattr(make_batch_policy(config.policy.batching), "splits_prompts", True):
         total = workload.num_prompt_tokens + workload.num_output_tokens
         worst = int(np.argmax(total))

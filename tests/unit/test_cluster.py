@@ -207,3 +207,36 @@ def test_pd_under_heavy_kv_pressure_finishes_everything():
                   max_running=8, fast_forward=False)
     for col, values in fast.requests.items():
         assert np.array_equal(values, rec.requests[col], equal_nan=True), col
+
+
+@pytest.mark.parametrize("router", [RoundRobin, LeastLoaded, PowerOfTwo, PrefixAffinity])
+def test_routers_respect_replica_capacity(router):
+    """A pool of small-KV replicas next to a big one: requests too big for the small ones
+    always go to the big one, whatever the router; the rest may go anywhere."""
+    big = PoolSetup(name="big", role="mixed", num_replicas=1, step_model=PREFILL,
+                    num_kv_blocks=200, link_bw_bytes_per_s=math.inf)
+    small = PoolSetup(name="small", role="mixed", num_replicas=3, step_model=PREFILL,
+                      num_kv_blocks=20, link_bw_bytes_per_s=math.inf)
+    w = random_workload(120, seed=2, hash_ids=True)
+    rec, _ = sim(w, [big, small], router())
+    r = rec.requests
+    too_big = -(-(r["num_prompt_tokens"] + r["num_output_tokens"]) // 16) > 20
+    assert too_big.any() and (~too_big).any()
+    assert (r["replica_id"][too_big] == 0).all()
+    assert len(r["request_id"]) == 120
+
+
+def test_decode_router_respects_decode_capacity():
+    setup = [PoolSetup(name="p", role="prefill", num_replicas=1, step_model=PREFILL,
+                       num_kv_blocks=200, link_bw_bytes_per_s=1e9),
+             PoolSetup(name="d-small", role="decode", num_replicas=2, step_model=DECODE,
+                       num_kv_blocks=20, link_bw_bytes_per_s=1e9),
+             PoolSetup(name="d-big", role="decode", num_replicas=1, step_model=DECODE,
+                       num_kv_blocks=200, link_bw_bytes_per_s=1e9)]
+    w = random_workload(80, seed=5)
+    rec, _ = sim(w, setup)
+    r = rec.requests
+    too_big = -(-(r["num_prompt_tokens"] + r["num_output_tokens"]) // 16) > 20
+    decoded = r["num_output_tokens"] > 1  # one-token requests finish on the prefill replica
+    assert (too_big & decoded).any()
+    assert (r["replica_id"][too_big & decoded] == 3).all()

@@ -142,15 +142,28 @@ class Cluster:
                     entry.append(replica)
         self.entry_view = _View(entry, rng)
         self.decode_view = _View(decode_slots, rng)
+        self._block_size = block_size
+        self._entry_min_blocks = min(r.kv.num_blocks for r in entry)
+        self._decode_min_blocks = min((s.kv.num_blocks for s in decode_slots), default=0)
         self._slot_of = {s.replica.replica_id: s for s in decode_slots}
         self.link = KVLinkNetwork(
             sim, egress_bw_bytes_per_s=bw, ingress_bw_bytes_per_s=bw, latency_s=link_latency_s,
             start_kind=EventKind.TRANSFER_START, check_kind=EventKind.TRANSFER_CHECK)
 
     def route(self, req: Request) -> None:
-        """Send an arriving request to the replica the router picks."""
-        i = self.router.route(self.entry_view, req, self.sim.now_s)
-        self.entry_view.replicas[i].submit(req)
+        """Send an arriving request to the replica the router picks, among those whose KV
+        cache can hold it whole (routers never see a replica too small for the request)."""
+        view = self._capable(self.entry_view, req, self._entry_min_blocks)
+        i = self.router.route(view, req, self.sim.now_s)
+        view.replicas[i].submit(req)
+
+    def _capable(self, view: _View, req: Request, min_blocks: int) -> _View:
+        """``view`` restricted to replicas that can hold ``req`` alone (usually all: the
+        filter only runs when the request is bigger than the smallest replica)."""
+        need = -(-(req.num_prompt_tokens + req.max_output_tokens) // self._block_size)
+        if need <= min_blocks:
+            return view
+        return _View([r for r in view.replicas if r.kv.num_blocks >= need], view.rng)
 
     # ---- prefill/decode handoff ----------------------------------------------------------
     def _on_prefill_done(self, src: Replica, req: Request) -> None:
@@ -166,8 +179,9 @@ class Cluster:
             num_preemptions=req.num_preemptions, handoff_s=req.handoff_s,
             prefill_replica_id=src.replica_id, first_scheduled_s=req.first_scheduled_s,
             first_token_s=req.first_token_s)
-        i = self.decode_router.route(self.decode_view, moved, self.sim.now_s)
-        slot = self.decode_view.replicas[i]
+        view = self._capable(self.decode_view, moved, self._decode_min_blocks)
+        i = self.decode_router.route(view, moved, self.sim.now_s)
+        slot = view.replicas[i]
         slot.pending.append((src, req, moved))
         self._start_transfers(slot)
 
