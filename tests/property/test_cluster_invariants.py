@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.unit.test_cluster import pools, random_workload, sim
 
 from fleetsim.policies.routing import LeastLoaded, PowerOfTwo, PrefixAffinity, RoundRobin
-from tests.unit.test_cluster import pools, random_workload, sim
 
 ROUTERS = {"round_robin": RoundRobin, "least_loaded": LeastLoaded,
            "power_of_two": PowerOfTwo, "prefix_affinity": PrefixAffinity}
