@@ -210,7 +210,12 @@ def _write_requests_csv(path: Path, req: dict[str, Any]) -> None:
 def cmd_perf(args: argparse.Namespace) -> int:
     from fleetsim.hardware import get_gpu
     from fleetsim.models import get_model
-    from fleetsim.perf import breakdown_table, breakdown_to_dict, predict_breakdown
+    from fleetsim.perf import (
+        breakdown_table,
+        breakdown_to_dict,
+        kv_capacity_blocks,
+        predict_breakdown,
+    )
 
     if args.decode_batch is not None and args.context is None:
         raise FleetsimInputError("--context", None, "a decode step needs --context C "
@@ -221,6 +226,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
             raise FleetsimInputError(f"--{name.replace('_', '-')}", v, "must be a positive integer")
     model = get_model(args.model)
     gpu = get_gpu(args.gpu, args.gpu_catalog)
+    kv_capacity_blocks(model, gpu, args.tp, 16)  # a shape whose weights do not fit is an error
     b = predict_breakdown(model, gpu, args.tp, prefill_tokens=args.prefill_tokens,
                           context_tokens=args.context or 0, decode_batch=args.decode_batch,
                           backend=args.backend)

@@ -171,3 +171,9 @@ def test_real_process_error_has_no_traceback(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, check=False)
     assert proc.returncode == 2
     assert proc.stderr.startswith("fleetsim: error:") and "Traceback" not in proc.stderr
+
+
+def test_perf_rejects_a_shape_whose_weights_do_not_fit(capsys):
+    code, _, err = run_cli(capsys, "perf", "--model", "llama-3.1-70b", "--gpu", "l40s",
+                           "--prefill-tokens", "128")
+    assert code == 2 and "L40S" in err and err.count("\n") == 1
