@@ -26,6 +26,8 @@ bench: setup
 lint: setup
 	$(PY) -m pip install --quiet ruff
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy --strict src/fleetsim/core src/fleetsim/models src/fleetsim/policies
+	-$(VENV)/bin/mypy src/fleetsim  # advisory: the other packages are not clean yet
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis

@@ -20,6 +20,7 @@ from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.moe.serving import EpStepModel
 from fleetsim.perf import build_step_model, kv_capacity_blocks
+from fleetsim.perf.base import StepTimeModel
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.routing import make_router
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
@@ -81,7 +82,8 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         where = f"cluster.pools[{i}] ({pool.name})" if config.cluster.pools else "hardware"
         try:
             gpu = get_gpu(pool.gpu, config.hardware.catalog)
-            step_model = build_step_model(model, gpu, pool.tp, backend=config.perf_backend)
+            step_model: StepTimeModel = build_step_model(model, gpu, pool.tp,
+                                                         backend=config.perf_backend)
             if pool.ep is not None:
                 step_model = EpStepModel(step_model, model, gpu, pool.tp, pool.ep,
                                          seed=config.seed)

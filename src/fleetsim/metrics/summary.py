@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -71,7 +72,7 @@ def summarize(
     slo: SLOConfig,
     num_kv_blocks_by_replica: dict[int, int],
     num_timeline_bins: int = 120,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The run's aggregate metrics as a JSON-ready dict."""
     req = records.requests
     lat = per_request_latencies(req)

@@ -12,25 +12,26 @@ from collections.abc import Callable
 from fleetsim.policies.registry import lookup, make_registry
 from fleetsim.serving.request import Request
 
-OrderKey = Callable[[Request, float], tuple]
+SortKey = tuple[float | int, ...]
+OrderKey = Callable[[Request, float], SortKey]
 
 ORDERING_POLICIES, register_ordering = make_registry("ordering")
 
 
 @register_ordering("fcfs")
-def fcfs(req: Request, now_s: float) -> tuple:
+def fcfs(req: Request, now_s: float) -> SortKey:
     """First come, first served (vLLM's default)."""
     return (req.arrival_s, req.id)
 
 
 @register_ordering("sjf")
-def sjf(req: Request, now_s: float) -> tuple:
+def sjf(req: Request, now_s: float) -> SortKey:
     """Shortest job first with oracle knowledge of the output length (remaining outputs)."""
     return (req.max_output_tokens - req.num_output_tokens, req.arrival_s, req.id)
 
 
 @register_ordering("priority")
-def priority(req: Request, now_s: float) -> tuple:
+def priority(req: Request, now_s: float) -> SortKey:
     """Lower ``priority`` value first, then arrival order (vLLM's priority scheduling)."""
     return (req.priority, req.arrival_s, req.id)
 

@@ -1,0 +1,20 @@
+"""STYLE.md section 7: ``mypy --strict`` holds on core/, models/ and policies/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STRICT = ["src/fleetsim/core", "src/fleetsim/models", "src/fleetsim/policies"]
+
+
+def test_strict_packages_type_check():
+    pytest.importorskip("mypy", reason="mypy is in the test extra; install '.[test]'")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", *STRICT],
+        cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
