@@ -92,7 +92,7 @@ class Replica:
         self.order_key = order_key
         self.recorder = recorder
         self.max_batched_tokens = max_batched_tokens
-        self.max_running = max_running
+        self.max_running_total = max_running
         self.fast_forward = fast_forward and getattr(batch_policy, "fast_forward_safe", False)
         self.debug = debug
         self.replica_id = replica_id
@@ -138,6 +138,12 @@ class Replica:
         self._wake()
 
     @property
+    def max_running(self) -> int:
+        """Running slots the batching policy may fill: the limit, less the slots promised to
+        KV transfers on their way in (decode role)."""
+        return self.max_running_total - self.num_reserved
+
+    @property
     def num_reserved(self) -> int:
         """Requests whose KV is on its way in (decode role)."""
         return len(self._holders) if self.role == "decode" else 0
@@ -146,7 +152,7 @@ class Replica:
         """Could a request with ``num_tokens`` of KV (plus its next token) move in now?"""
         self.interrupt()
         kv = self.kv
-        return (len(self.running) + self.num_reserved < self.max_running
+        return (len(self.running) + self.num_reserved < self.max_running_total
                 and kv.num_blocks_for(num_tokens + 1) <= kv.num_available_blocks)
 
     def reserve_decode(self, req: Request) -> None:
@@ -359,7 +365,7 @@ class Replica:
 
     def _check(self) -> None:
         """Debug invariants: queue limits, the load counter and KV block conservation."""
-        assert len(self.running) <= self.max_running
+        assert len(self.running) + self.num_reserved <= self.max_running_total
         queued = self.running + self.waiting
         expected = sum(r.num_tokens - r.num_computed_tokens for r in queued)
         assert self.load_tokens == expected, (self.load_tokens, expected)
