@@ -169,7 +169,9 @@ def summary_table(s: dict[str, Any]) -> Table:
         ("goodput (req/s)", _fmt(slo["goodput_requests_per_s"])),
         ("KV cache used (mean)", f"{100 * s['kv_cache']['mean_used_fraction']:.1f}%"),
         ("prefix-cache hit rate", f"{100 * s['kv_cache']['prefix_hit_rate']:.1f}%"),
-        ("GPU busy", f"{100 * s['gpu_busy_fraction']:.1f}%"),
+        ("GPU busy (a step running)", f"{100 * s['gpu_busy_fraction']:.1f}%"),
+        ("mean batch (requests / tokens per step)",
+         f"{s['batch']['mean_running']:.1f} / {s['batch']['mean_tokens_per_step']:,.0f}"),
         ("preemptions", f"{s['num_preemptions']:,}"),
     ]
     for label, value in rows:

@@ -157,3 +157,14 @@ def test_prefill_first_pauses_decodes_while_prompts_wait():
     # 0: prefill [0,1), decode [1,2); 1 prefills [2,3) alone; then both decode [3,4), [4,5).
     assert by_id(rec, "first_token_s") == {0: 1.0, 1: 3.0}
     assert by_id(rec, "finish_s") == {0: 5.0, 1: 4.0}
+
+
+def test_batch_stats_weight_running_requests_by_busy_time():
+    from fleetsim.metrics.summary import batch_stats
+
+    # Two 16-token prompts together, then request 0 decodes alone for 2 more steps (1 s each).
+    w = make_workload([0.0, 0.0], [16, 16], [3, 1])
+    rec, _ = simulate(w, fast_forward=False)
+    stats = batch_stats(rec)
+    assert stats["mean_running"] == pytest.approx((2 * 1 + 1 * 2) / 3)
+    assert stats["mean_tokens_per_step"] == pytest.approx((32 + 1 + 1) / 3)

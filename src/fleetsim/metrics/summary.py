@@ -8,7 +8,8 @@ Definitions (all times in seconds):
   Attainment is over all requests that arrived; ones unfinished at the end count as misses.
 - Goodput = requests meeting the SLO per second of makespan (first arrival to last finish).
 - KV use = time-average of blocks held by requests / total blocks; GPU busy = share of the
-  makespan during which the replica was running a step.
+  makespan during which the replica was running a step (however small); ``batch`` says how
+  full those steps were (mean running requests, mean tokens per step).
 """
 
 from __future__ import annotations
@@ -116,12 +117,26 @@ def summarize(
             "prefix_hit_rate": int(req["num_prefix_hit_tokens"].sum()) / max(prompt_tokens, 1),
         },
         "gpu_busy_fraction": busy / num_replicas / makespan_s,
+        "batch": batch_stats(records),
         "num_preemptions": int(req["num_preemptions"].sum()),
         "num_recomputed_tokens": int(req["num_recomputed_tokens"].sum()),
         "num_steps": records.num_steps,
         "timeline": timeline_bins(records, first_arrival_s, end_s, total_blocks,
                                   num_replicas, num_timeline_bins),
     }
+
+
+def batch_stats(records: Records) -> dict[str, float]:
+    """How full the steps were: busy-time-weighted running requests, and tokens per step.
+    (A replica is "busy" whenever a step runs, even with one request in it; these say how
+    much work the steps carried.)"""
+    tl = records.timeline
+    busy = float(tl["busy_s"].sum())
+    num_steps = int(tl["num_steps"].sum())
+    if busy <= 0 or num_steps == 0:
+        return {"mean_running": 0.0, "mean_tokens_per_step": 0.0}
+    return {"mean_running": float((tl["num_running"] * tl["busy_s"]).sum()) / busy,
+            "mean_tokens_per_step": float(tl["num_tokens"].sum()) / num_steps}
 
 
 def timeline_bins(
