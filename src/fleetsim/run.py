@@ -68,6 +68,31 @@ def check_fits(workload: Workload, model: ModelSpec, num_kv_blocks: int, block_s
         )
 
 
+def _largest_reachable_blocks(pools: list[PoolSetup]) -> int:
+    """KV blocks of the largest replica every request can reach: routers skip replicas too
+    small for a request, so it must fit the largest entry replica and, with P/D, the largest
+    decode replica."""
+    largest = max(p.num_kv_blocks for p in pools if p.role != "decode")
+    decode = [p.num_kv_blocks for p in pools if p.role == "decode"]
+    return min(largest, max(decode)) if decode else largest
+
+
+def _check_budget_covers_prompts(config: SimConfig, workload: Workload) -> None:
+    """A planner that never splits a prompt needs every prompt (plus outputs, recomputed after
+    a preemption) to fit one step's token budget."""
+    if getattr(make_batch_policy(config.policy.batching), "splits_prompts", True):
+        return
+    budget = config.engine.max_batched_tokens
+    total = workload.num_prompt_tokens + workload.num_output_tokens
+    worst = int(np.argmax(total))
+    if total[worst] > budget:
+        raise FleetsimInputError(
+            f"workload request {worst}", f"{int(total[worst])} tokens",
+            f"policy {config.policy.batching.name!r} never splits a prompt, so "
+            f"engine.max_batched_tokens ({budget}) must cover it; raise it or enable "
+            f"chunked prefill")
+
+
 def _pool_error(where: str, err: FleetsimInputError) -> FleetsimInputError:
     return FleetsimInputError(f"{where}: {err.where}", err.value, err.fix)
 
@@ -140,20 +165,8 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         raise FleetsimInputError(
             "engine.block_size", eng.block_size,
             f"must divide the trace's hash block of {workload.hash_block_tokens} tokens")
-    # A request must fit some replica it can be routed to (routers skip smaller ones).
-    entry_blocks = max(p.num_kv_blocks for p in pools if p.role != "decode")
-    decode_blocks = [p.num_kv_blocks for p in pools if p.role == "decode"]
-    check_fits(workload, model, min([entry_blocks, *([max(decode_blocks)] if decode_blocks
-                                                      else [])]), eng.block_size)
-    if not getattr(make_batch_policy(config.policy.batching), "splits_prompts", True):
-        total = workload.num_prompt_tokens + workload.num_output_tokens
-        worst = int(np.argmax(total))
-        if total[worst] > eng.max_batched_tokens:
-            raise FleetsimInputError(
-                f"workload request {worst}", f"{int(total[worst])} tokens",
-                f"policy {config.policy.batching.name!r} never splits a prompt, so "
-                f"engine.max_batched_tokens ({eng.max_batched_tokens}) must cover it; raise it "
-                f"or enable chunked prefill")
+    check_fits(workload, model, _largest_reachable_blocks(pools), eng.block_size)
+    _check_budget_covers_prompts(config, workload)
     until_s = config.until_s if config.until_s is not None else math.inf
     records, cluster = simulate_cluster(
         workload, pools,

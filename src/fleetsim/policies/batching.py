@@ -80,61 +80,14 @@ class TokenBudgetPlanner:
             raise ValueError(f"long_prefill_token_threshold must be >= 1 or None, got {t}")
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
-        kv = view.kv
         budget = view.max_batched_tokens
-        available = kv.num_available_blocks
         cap = self.long_prefill_token_threshold or budget
         tokens: dict[int, int] = {}
-        preempt: list[int] = []
-        running = view.running
-        last = len(running)  # requests at index >= last were preempted this step
-        i = 0
-        bs, per_entry = kv.block_size, kv.blocks_per_entry
-        while i < last and budget > 0:
-            req = running[i]
-            num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
-            limit = budget if budget < cap else cap
-            if num_new > limit:
-                num_new = limit
-            # kv.blocks_needed(req, num_new), inlined: this loop runs per request per step.
-            needed = (-(-(req.num_computed_tokens + num_new) // bs) - req.num_private_blocks
-                      - req.num_cached_entries * per_entry)
-            if needed < 0:
-                needed = 0
-            while needed > available and last > i:
-                last -= 1
-                victim = running[last]
-                preempt.append(victim.id)
-                available += kv.reclaimable_blocks(victim)
-            if last == i:  # the request itself was the victim
-                break
-            tokens[req.id] = num_new
-            budget -= num_new
-            available -= needed
-            i += 1
+        budget, available, preempt = serve_running(
+            view, tokens, budget, view.kv.num_available_blocks, cap)
         if not preempt:
-            self._admit(view, tokens, budget, available, cap)
+            admit_waiting(view, tokens, budget, available, cap, self.enable_chunked_prefill)
         return StepPlan(tokens, tuple(preempt))
-
-    def _admit(
-        self, view: ReplicaView, tokens: dict[int, int], budget: int, available: int, cap: int
-    ) -> None:
-        kv = view.kv
-        num_running = len(view.running)
-        for req in view.waiting:
-            if budget <= 0 or num_running >= view.max_running:
-                return
-            todo = req.num_tokens - kv.num_prefix_hit_tokens(req)
-            num_new = min(todo, budget, cap)
-            if num_new < todo and not self.enable_chunked_prefill:
-                return
-            needed = kv.admission_blocks(req, num_new)
-            if needed > available:
-                return
-            tokens[req.id] = num_new
-            budget -= num_new
-            available -= needed
-            num_running += 1
 
 
 @register_batch("prefill_first")
@@ -151,45 +104,82 @@ class PrefillFirstPlanner:
     fast_forward_safe = True  # a decode-only plan repeats until an arrival or a finish
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
-        kv = view.kv
-        tokens: dict[int, int] = {}
         budget = view.max_batched_tokens
-        available = kv.num_available_blocks
-        num_running = len(view.running)
-        for req in view.waiting:
-            todo = req.num_tokens - kv.num_prefix_hit_tokens(req)
-            needed = kv.admission_blocks(req, todo)
-            if todo > budget or needed > available or num_running >= view.max_running:
-                break
-            tokens[req.id] = todo
-            budget -= todo
-            available -= needed
-            num_running += 1
+        available = view.kv.num_available_blocks
+        tokens: dict[int, int] = {}
+        admit_waiting(view, tokens, budget, available, budget, chunked=False)
         if tokens:
             return StepPlan(tokens)
-        preempt: list[int] = []
-        running = view.running
-        last = len(running)
-        i = 0
-        while i < last and budget > 0:
-            req = running[i]
-            num_new = min(req.num_tokens_to_next_output, budget)
-            needed = kv.blocks_needed(req, num_new)
-            while needed > available and last > i:
-                last -= 1
-                preempt.append(running[last].id)
-                available += kv.reclaimable_blocks(running[last])
-            if last == i:
-                break
-            tokens[req.id] = num_new
-            budget -= num_new
-            available -= needed
-            i += 1
+        _, _, preempt = serve_running(view, tokens, budget, available, budget)
         return StepPlan(tokens, tuple(preempt))
 
     @property
     def splits_prompts(self) -> bool:
         return False
+
+
+def serve_running(
+    view: ReplicaView, tokens: dict[int, int], budget: int, available: int, cap: int
+) -> tuple[int, int, list[int]]:
+    """Give running requests (best first) the tokens they need, at most ``cap`` each, under
+    the budget; when KV blocks run out, preempt from the worst end until the current request
+    fits (it may be the victim itself). Fills ``tokens``; returns the budget and blocks left
+    and the preempted ids, in order.
+    """
+    kv = view.kv
+    running = view.running
+    preempt: list[int] = []
+    last = len(running)  # requests at index >= last were preempted this step
+    i = 0
+    bs, per_entry = kv.block_size, kv.blocks_per_entry
+    while i < last and budget > 0:
+        req = running[i]
+        num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+        limit = budget if budget < cap else cap
+        if num_new > limit:
+            num_new = limit
+        # kv.blocks_needed(req, num_new), inlined: this loop runs per request per step.
+        needed = (-(-(req.num_computed_tokens + num_new) // bs) - req.num_private_blocks
+                  - req.num_cached_entries * per_entry)
+        if needed < 0:
+            needed = 0
+        while needed > available and last > i:
+            last -= 1
+            victim = running[last]
+            preempt.append(victim.id)
+            available += kv.reclaimable_blocks(victim)
+        if last == i:  # the request itself was the victim
+            break
+        tokens[req.id] = num_new
+        budget -= num_new
+        available -= needed
+        i += 1
+    return budget, available, preempt
+
+
+def admit_waiting(
+    view: ReplicaView, tokens: dict[int, int], budget: int, available: int, cap: int,
+    chunked: bool,
+) -> None:
+    """Admit waiting requests in order while the budget, ``max_running`` and KV allow; the
+    first that does not fit stops admission (no overtaking). Without ``chunked``, a prompt
+    is admitted whole or not at all. Fills ``tokens``."""
+    kv = view.kv
+    num_running = len(view.running)
+    for req in view.waiting:
+        if budget <= 0 or num_running >= view.max_running:
+            return
+        todo = req.num_tokens - kv.num_prefix_hit_tokens(req)
+        num_new = min(todo, budget, cap)
+        if num_new < todo and not chunked:
+            return
+        needed = kv.admission_blocks(req, num_new)
+        if needed > available:
+            return
+        tokens[req.id] = num_new
+        budget -= num_new
+        available -= needed
+        num_running += 1
 
 
 def make_batch_policy(spec: PolicySpec) -> BatchPolicy:

@@ -49,9 +49,6 @@ class KVCache:
         self.num_free_blocks = num_blocks
         self._entries: dict[int, _Entry] = {}  # hash_id -> entry
         self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced, LRU first
-        self.num_hit_tokens = 0
-        self.num_queried_tokens = 0
-        self.num_evicted_entries = 0
 
     # ---- questions -------------------------------------------------------------------
     @property
@@ -125,8 +122,6 @@ class KVCache:
         hit = m * (self.hash_block_tokens or 0)
         req.num_prefix_hit_tokens = hit
         req.num_computed_tokens = hit
-        self.num_hit_tokens += hit
-        self.num_queried_tokens += req.num_prompt_tokens
 
     def allocate(self, req: Request, num_blocks: int) -> None:
         """Give ``req`` ``num_blocks`` more private blocks, evicting cached entries if needed."""
@@ -152,7 +147,6 @@ class KVCache:
             h, _ = evictable.popitem(last=False)
             del entries[h]
             self.num_free_blocks += self.blocks_per_entry
-            self.num_evicted_entries += 1
 
     def promote(self, req: Request) -> None:
         """Turn the full prompt hash blocks ``req`` has computed into shared cache entries.

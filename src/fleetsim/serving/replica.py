@@ -103,7 +103,6 @@ class Replica:
         # decoding request. Decode steps leave it unchanged (one computed, one emitted), so
         # routers can read it mid-window at O(1).
         self.load_tokens = 0
-        self.num_handoff = 0  # prefill role: requests whose KV awaits transfer
         # Requests holding blocks outside the running batch: handoffs awaiting transfer
         # (prefill role) and reservations for KV on its way in (decode role).
         self._holders: dict[int, Request] = {}
@@ -167,7 +166,6 @@ class Replica:
         self.interrupt()
         del self._holders[req.id]
         self.kv.release(req)
-        self.num_handoff -= 1
         self._wake()
 
     def _wake(self) -> None:
@@ -351,7 +349,6 @@ class Replica:
             del self._by_id[r.id]
             r.is_running = False
             self.load_tokens -= 1
-            self.num_handoff += 1
             self._holders[r.id] = r
             self.on_prefill_done(self, r)  # type: ignore[misc]
         self.recorder.on_step(

@@ -62,11 +62,3 @@ class Request:
     def num_tokens_to_next_output(self) -> int:
         """Tokens to compute before the next output token is emitted (1 while decoding)."""
         return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
-
-    @property
-    def is_decoding(self) -> bool:
-        return self.num_output_tokens > 0 and self.num_tokens_to_next_output == 1
-
-    @property
-    def is_finished(self) -> bool:
-        return self.num_output_tokens >= self.max_output_tokens
