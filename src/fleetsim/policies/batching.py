@@ -40,6 +40,10 @@ class BatchPolicy(Protocol):
     # long as nothing arrives or finishes and free KV only shrinks. Lets the engine
     # fast-forward decode-only stretches.
     fast_forward_safe: bool
+    # True if, whenever nothing waits, every running request is decoding, they number at
+    # most the token budget and the free KV blocks hold one more token for each, the plan
+    # decodes each running request once. Lets the engine skip planning those steps.
+    decodes_all_when_idle: bool
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan: ...
 
@@ -68,6 +72,7 @@ class TokenBudgetPlanner:
     """Cap on one request's prefill chunk per step (vLLM's long_prefill_token_threshold)."""
 
     fast_forward_safe = True
+    decodes_all_when_idle = True  # serve_running gives each decoder its one token
 
     @property
     def splits_prompts(self) -> bool:
@@ -102,6 +107,7 @@ class PrefillFirstPlanner:
     """
 
     fast_forward_safe = True  # a decode-only plan repeats until an arrival or a finish
+    decodes_all_when_idle = True  # nothing to admit: every running request decodes
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
         budget = view.max_batched_tokens

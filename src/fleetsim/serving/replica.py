@@ -94,6 +94,10 @@ class Replica:
         self.max_batched_tokens = max_batched_tokens
         self.max_running_total = max_running
         self.fast_forward = fast_forward and getattr(batch_policy, "fast_forward_safe", False)
+        # The policy promises that with nothing waiting and every running request decoding,
+        # its plan decodes each of them once: the engine then opens a window without asking.
+        self._decode_all_when_idle = self.fast_forward and getattr(
+            batch_policy, "decodes_all_when_idle", False)
         self.debug = debug
         self.replica_id = replica_id
         self.role = role
@@ -113,6 +117,7 @@ class Replica:
         self._running_keys: list[tuple] = []
         self._waiting_keys: list[tuple] = []
         self._by_id: dict[int, Request] = {}
+        self._num_prefilling = 0  # running requests that are not decoding one token a step
         self.busy = False
         self.until_s = math.inf
         self._pending_kv_seconds = 0.0
@@ -200,8 +205,13 @@ class Replica:
         self._start_step()
 
     def _start_step(self) -> None:
-        if not self.running and not self.waiting:
-            self.busy = False
+        running = self.running
+        if not running:
+            if not self.waiting:
+                self.busy = False
+                return
+        elif (self._decode_all_when_idle and not self.waiting and not self._num_prefilling
+              and len(running) <= self.max_batched_tokens and self._open_idle_window()):
             return
         now_s = self.sim.now_s
         plan = self.batch_policy.plan(self, now_s)
@@ -263,6 +273,23 @@ class Replica:
         self._step = step
         self.sim.schedule(end_s, EventKind.STEP_END, (self, step))
 
+    def _open_idle_window(self) -> bool:
+        """Nothing waits and every running request decodes: the plan is known (the policy
+        said so), so open a window without planning, if the first step's blocks are free."""
+        step = Step(self.sim.now_s)
+        step.decodes = self.running.copy()
+        opened = self._windows.open(step, self.until_s)
+        if opened is None:
+            return False
+        step.end_s, self._pending_kv_seconds = opened
+        step.num_running = len(step.decodes)
+        if step.window is None:
+            step.num_tokens = step.num_running
+        self.busy = True
+        self._step = step
+        self.sim.schedule(step.end_s, EventKind.STEP_END, (self, step))
+        return True
+
     def _lookup(self, rid: int, plan: Any) -> Request:
         req = self._by_id.get(rid)
         if req is None:
@@ -274,6 +301,7 @@ class Replica:
         self.kv.admit(req)
         self.load_tokens -= req.num_prefix_hit_tokens
         req.is_running = True
+        self._num_prefilling += 1
         self._enqueue(self.running, self._running_keys, req)
         if math.isnan(req.first_scheduled_s):
             req.first_scheduled_s = self.sim.now_s
@@ -283,6 +311,8 @@ class Replica:
         if req not in self.running:
             raise PlanError(f"plan preempts request {req.id}, which is not running")
         self._dequeue(self.running, self._running_keys, req)
+        if req.num_computed_tokens < req.num_tokens - 1 or not req.num_output_tokens:
+            self._num_prefilling -= 1
         self.kv.release(req)
         # Work since the last admission's prefix hit is lost (STYLE's conservation formula).
         req.num_recomputed_tokens += req.num_computed_tokens - req.num_prefix_hit_tokens
@@ -303,7 +333,9 @@ class Replica:
 
     # ---- fast-forward ----------------------------------------------------------------
     def _try_fast_forward(self, step: Step) -> float:
-        end_s, self._pending_kv_seconds = self._windows.open(step, self.until_s)
+        opened = self._windows.open(step, self.until_s)
+        assert opened is not None  # the plan took the first step's blocks
+        end_s, self._pending_kv_seconds = opened
         return end_s
 
     # ---- step end --------------------------------------------------------------------
@@ -324,11 +356,14 @@ class Replica:
             self.load_tokens -= n
             kv.promote(r)
             if r.num_computed_tokens == r.num_tokens:
+                self._num_prefilling -= 1
                 self._emit(r, now_s, 1, done)
                 if r.num_output_tokens < r.max_output_tokens:
                     self.load_tokens += 1
                     if hands_off:
                         handoff.append(r)
+            elif r.num_output_tokens and r.num_computed_tokens == r.num_tokens - 1:
+                self._num_prefilling -= 1  # a recompute's last token: it decodes from now on
         for r in step.decodes:
             r.num_computed_tokens += k
             r.num_computed_tokens_total += k
@@ -363,6 +398,9 @@ class Replica:
     def _check(self) -> None:
         """Debug invariants: queue limits, the load counter and KV block conservation."""
         assert len(self.running) + self.num_reserved <= self.max_running_total
+        decoding = sum(r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1
+                       for r in self.running)
+        assert self._num_prefilling == len(self.running) - decoding
         queued = self.running + self.waiting
         expected = sum(r.num_tokens - r.num_computed_tokens for r in queued)
         assert self.load_tokens == expected, (self.load_tokens, expected)

@@ -1,16 +1,17 @@
 """Decode fast-forward: many identical decode-only steps of one replica in one event.
 
-A window starts when a plan only decodes every running request and the policy declares the
-plan would repeat (``fast_forward_safe``). It lasts k steps, where k stops before any request
+A window starts when a plan only decodes every running request and the policy says the plan
+would repeat (``fast_forward_safe``). It lasts k steps, where k stops before any request
 finishes, before the decoders would need more than the *free* KV blocks (never evicting cached
 prefixes, so cutting a window back is exact), past ``until_s``, and, when the driver knows
 when the next input comes (a lone replica: the next arrival), at the first boundary at or
-after it. Step times come from one vectorized ``decode_step_times_s`` call and are added in
-the same order as step by step, so end times are bit-identical; the KV-use integral is the
-same sum in a different association (equal to ~1e-12).
+after it. Step times come from one vectorized ``decode_step_times_s`` call; their running sum
+is ``np.cumsum`` from the window's start time, which adds the same floats in the same order
+as step by step, so end times are bit-identical. The KV-use integral is the same sum in a
+different association (equal to ~1e-12).
 
 When an outside input arrives mid-window, ``cut`` shortens the window to end at the first
-boundary at or after it, returning the surplus blocks.
+boundary at or after it, returning the surplus blocks: a binary search in the kept arrays.
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ class Step:
         self.start_s = start_s
         self.end_s = start_s
         self.last_boundary_s = start_s  # a window's last inner step boundary
-        # Fast-forward windows keep what cutting them back needs:
-        # (step times, new blocks per step, computed, held, used blocks before the window).
-        self.window: tuple[list[float], list[int], list[int], list[int], int] | None = None
+        # Fast-forward windows keep what cutting them back needs (see ``_Window``).
+        self.window: _Window | None = None
         self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
         self.decodes: list[Request] = []
         self.num_steps = 1
@@ -45,6 +45,18 @@ class Step:
         self.num_running = 0  # queue lengths while the step runs (after admission)
         self.num_waiting = 0
 
+
+class _Window:
+    """What cutting a window back needs: its step times and new blocks per step, each
+    decoder's computed tokens and blocks held before it (the first step's included), and
+    the blocks in use during its first step."""
+
+    __slots__ = ("computed", "held", "new_blocks", "times", "used0")
+
+    def __init__(self, times: list[float], new_blocks: list[int], computed: list[int],
+                 held: list[int], used0: int) -> None:
+        self.times, self.new_blocks, self.computed, self.held = times, new_blocks, computed, held
+        self.used0 = used0
 
 
 class DecodeWindows:
@@ -60,58 +72,83 @@ class DecodeWindows:
         self.next_input_hint_s = next_input_hint_s
         self.cap = 32
 
-    def open(self, step: Step, until_s: float) -> tuple[float, float]:
-        """Make ``step`` (whose plan decodes every running request once, blocks already
-        allocated for its first step) as long as is exact. Returns (end time, KV
-        block-seconds). Plain Python over requests and steps plus one vectorized call:
-        windows are usually short, where numpy's per-call overhead would dominate."""
+    def open(self, step: Step, until_s: float) -> tuple[float, float] | None:
+        """Make ``step`` (whose plan decodes every running request once) as long as is exact,
+        taking the blocks it needs, the first step's included when the plan has not taken
+        them. Returns (end time, KV block-seconds), or None, changing nothing, when the
+        first step's blocks are not free (the policy must decide: evict or preempt)."""
         decodes = step.decodes
         n = len(decodes)
         kv = self.kv
-        per_entry = kv.blocks_per_entry
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
         computed: list[int] = []
-        held: list[int] = []
+        held: list[int] = []  # blocks held once the first step's are taken
+        first_need = 0
         kv_tokens = 0
         max_steps = 1 << 62
         for r in decodes:
             c = r.num_computed_tokens
+            h = r.num_private_blocks + r.num_cached_entries * per_entry
+            need = -(-(c + 1) // bs) - h
+            if need > 0:
+                first_need += need
+                h += need
             computed.append(c)
+            held.append(h)
             kv_tokens += c
-            held.append(r.num_private_blocks + r.num_cached_entries * per_entry)
             left = r.max_output_tokens - r.num_output_tokens
             if left < max_steps:
                 max_steps = left
+        free = kv.num_free_blocks - first_need
+        if free < 0:
+            return None
+        used0 = kv.num_used_blocks + first_need
         start_s = step.start_s
         first_s = self.step_model.step_time_s((), n, kv_tokens)
         if max_steps < 2 or start_s + first_s >= until_s:
-            return start_s + first_s, kv.num_used_blocks * first_s
-        max_steps = self._cap_steps(max_steps, start_s, first_s, until_s)
-        k = _steps_within_blocks(computed, held, kv.block_size, kv.num_free_blocks, max_steps)
-        times = self.step_model.decode_step_times_s(
-            n, kv_tokens + n * np.arange(k, dtype=np.int64)).tolist()
-        bs = kv.block_size
-        new_blocks = [0] * k  # per step; the first step's blocks are held, so index >= 1
+            self._take(decodes, 1)
+            return start_s + first_s, used0 * first_s
+        k = self._cap_steps(max_steps, start_s, first_s, until_s)
+        # Step j (from 0) needs blocks for c + j + 1 tokens: a request takes a new block at
+        # step h*bs - c, then every bs steps (the first step's blocks are held already).
+        new_blocks = [0] * k
         for c, h in zip(computed, held, strict=True):
             j = h * bs - c
             while j < k:
                 new_blocks[j] += 1
                 j += bs
+        taken = 0
+        for j, b in enumerate(new_blocks):  # free blocks only: no eviction inside a window
+            taken += b
+            if taken > free:
+                k = j
+                break
+        times = self.step_model.decode_step_times_s(
+            n, kv_tokens + n * np.arange(k, dtype=np.int64)).tolist()
         hint = self.next_input_hint_s
         stop_s = hint() if hint is not None else math.inf  # stopping early is always exact
-        used0 = kv.num_used_blocks
         end_s, kv_seconds, steps, last_boundary_s = _accumulate(
             start_s, times, new_blocks, used0, stop_s, until_s)
-        for r, c, h in zip(decodes, computed, held, strict=True):
-            extra = -(-(c + steps) // bs) - h
-            if extra > 0:  # free blocks only (checked above): no eviction
-                kv.num_free_blocks -= extra
-                r.num_private_blocks += extra
+        self._take(decodes, steps)
         step.num_steps = steps
         step.num_tokens = n * steps
         step.end_s = end_s
         step.last_boundary_s = last_boundary_s
-        step.window = (times, new_blocks, computed, held, used0)
+        step.window = _Window(times[:steps], new_blocks, computed, held, used0)
         return end_s, kv_seconds
+
+    def _take(self, decodes: list[Request], steps: int) -> None:
+        """Give each decoder the blocks ``steps`` steps need (free blocks only)."""
+        kv = self.kv
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        total = 0
+        for r in decodes:
+            extra = (-(-(r.num_computed_tokens + steps) // bs) - r.num_private_blocks
+                     - r.num_cached_entries * per_entry)
+            if extra > 0:
+                total += extra
+                r.num_private_blocks += extra
+        kv.num_free_blocks -= total
 
     def _cap_steps(self, max_steps: int, start_s: float, first_s: float,
                    until_s: float) -> int:
@@ -132,49 +169,32 @@ class DecodeWindows:
     def cut(self, step: Step, now_s: float) -> float | None:
         """Shorten ``step``'s window to end at the first boundary at or after ``now_s``.
         Returns the new KV block-seconds, or None when there was nothing to cut."""
-        if step.window is None or step.num_steps == 1 or now_s > step.last_boundary_s:
+        w = step.window
+        if w is None or step.num_steps == 1 or now_s > step.last_boundary_s:
             return None  # already ends at the first boundary at or after now
-        times, new_blocks, computed, held, used = step.window
         end_s, kv_seconds, steps, last_boundary_s = _accumulate(
-            step.start_s, times[:step.num_steps], new_blocks, used, now_s, math.inf)
-        if steps == step.num_steps:
+            step.start_s, w.times, w.new_blocks, w.used0, now_s, math.inf)
+        old = step.num_steps
+        if steps == old:
             return None
+        w.times = w.times[:steps]
         self.cap = max(8, 2 * steps)
         bs, kv = self.kv.block_size, self.kv
-        for r, c, h in zip(step.decodes, computed, held, strict=True):
-            allocated = max(0, -(-(c + step.num_steps) // bs) - h)
-            kept = max(0, -(-(c + steps) // bs) - h)
-            if allocated > kept:
-                kv.free_private(r, allocated - kept)
+        freed = 0
+        for r, c, h in zip(step.decodes, w.computed, w.held, strict=True):
+            kept = -(-(c + steps) // bs)
+            if kept < h:
+                kept = h
+            surplus = -(-(c + old) // bs) - kept
+            if surplus > 0:
+                r.num_private_blocks -= surplus
+                freed += surplus
+        kv.num_free_blocks += freed
         step.num_steps = steps
         step.num_tokens = len(step.decodes) * steps
         step.end_s = end_s
         step.last_boundary_s = last_boundary_s
         return kv_seconds
-
-
-def _blocks_for_steps(computed: list[int], held: list[int], bs: int, k: int) -> int:
-    total = 0
-    for c, h in zip(computed, held, strict=True):
-        extra = -(-(c + k) // bs) - h
-        if extra > 0:
-            total += extra
-    return total
-
-
-def _steps_within_blocks(computed: list[int], held: list[int], bs: int, available: int,
-                         max_steps: int) -> int:
-    """Largest k <= max_steps whose blocks for k decode steps fit (k = 1 always does)."""
-    if _blocks_for_steps(computed, held, bs, max_steps) <= available:
-        return max_steps
-    lo, hi = 1, max_steps
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _blocks_for_steps(computed, held, bs, mid) <= available:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _accumulate(
