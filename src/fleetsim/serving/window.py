@@ -70,7 +70,7 @@ class DecodeWindows:
         # otherwise they are capped at ``cap`` steps, adapted to how often inputs cut them
         # (computing steps that get cut is wasted work). Speed only: results do not change.
         self.next_input_hint_s = next_input_hint_s
-        self.cap = 32
+        self.cap = 64
 
     def open(self, step: Step, until_s: float) -> tuple[float, float] | None:
         """Make ``step`` (whose plan decodes every running request once) as long as is exact,
@@ -178,7 +178,7 @@ class DecodeWindows:
         if steps == old:
             return None
         w.times = w.times[:steps]
-        self.cap = max(8, 2 * steps)
+        self.cap = max(64, 2 * steps)
         bs, kv = self.kv.block_size, self.kv
         freed = 0
         for r, c, h in zip(step.decodes, w.computed, w.held, strict=True):
