@@ -183,9 +183,7 @@ class Replica:
         step = self._step
         if step is None or step.window is None:
             return
-        kv_seconds = self._windows.cut(step, self.sim.now_s)
-        if kv_seconds is not None:
-            self._pending_kv_seconds = kv_seconds
+        if self._windows.cut(step, self.sim.now_s):
             self.sim.schedule(step.end_s, EventKind.STEP_END, (self, step))
 
     def _enqueue(self, queue: list[Request], keys: list[tuple], req: Request) -> None:
@@ -278,13 +276,9 @@ class Replica:
         said so), so open a window without planning, if the first step's blocks are free."""
         step = Step(self.sim.now_s)
         step.decodes = self.running.copy()
-        opened = self._windows.open(step, self.until_s)
-        if opened is None:
+        if self._windows.open(step, self.until_s) is None:
             return False
-        step.end_s, self._pending_kv_seconds = opened
         step.num_running = len(step.decodes)
-        if step.window is None:
-            step.num_tokens = step.num_running
         self.busy = True
         self._step = step
         self.sim.schedule(step.end_s, EventKind.STEP_END, (self, step))
@@ -333,9 +327,8 @@ class Replica:
 
     # ---- fast-forward ----------------------------------------------------------------
     def _try_fast_forward(self, step: Step) -> float:
-        opened = self._windows.open(step, self.until_s)
-        assert opened is not None  # the plan took the first step's blocks
-        end_s, self._pending_kv_seconds = opened
+        end_s = self._windows.open(step, self.until_s)
+        assert end_s is not None  # the plan took the first step's blocks
         return end_s
 
     # ---- step end --------------------------------------------------------------------
@@ -345,6 +338,8 @@ class Replica:
         if step is not self._step or now_s != step.end_s:
             return  # the end of a window that was cut back since
         self._step = None
+        if step.window is not None:
+            self._pending_kv_seconds = self._windows.settle(step)
         k = step.num_steps
         kv = self.kv
         done: list[Request] = []

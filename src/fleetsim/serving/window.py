@@ -7,15 +7,19 @@ prefixes, so cutting a window back is exact), past ``until_s``, and, when the dr
 when the next input comes (a lone replica: the next arrival), at the first boundary at or
 after it. Step times come from one vectorized ``decode_step_times_s`` call; their running sum
 is ``np.cumsum`` from the window's start time, which adds the same floats in the same order
-as step by step, so end times are bit-identical. The KV-use integral is the same sum in a
-different association (equal to ~1e-12).
+as step by step, so end times are bit-identical.
 
-When an outside input arrives mid-window, ``cut`` shortens the window to end at the first
-boundary at or after it, returning the surplus blocks: a binary search in the kept arrays.
+Opening a window costs one pass over the decoders plus a few vectorized calls; nothing else
+is touched until the window is *settled*: its blocks taken and its KV-use integral computed
+(the same sum as step by step in a different association, equal to ~1e-12). That happens
+when it ends, or when an outside input arrives mid-window: ``cut`` then shortens the window
+to end at the first boundary at or after now (a binary search) and settles it, so the outside
+world sees the blocks the step in progress holds, as step by step.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 
@@ -36,8 +40,7 @@ class Step:
         self.start_s = start_s
         self.end_s = start_s
         self.last_boundary_s = start_s  # a window's last inner step boundary
-        # Fast-forward windows keep what cutting them back needs (see ``_Window``).
-        self.window: _Window | None = None
+        self.window: Window | None = None  # set when the step is a fast-forward window
         self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
         self.decodes: list[Request] = []
         self.num_steps = 1
@@ -46,109 +49,85 @@ class Step:
         self.num_waiting = 0
 
 
-class _Window:
-    """What cutting a window back needs: its step times and new blocks per step, each
-    decoder's computed tokens and blocks held before it (the first step's included), and
-    the blocks in use during its first step."""
+class Window:
+    """A window's step end times (``ends[j]``: end of step j), the blocks in use during its
+    first step, and, once settled, its KV block-seconds (None before)."""
 
-    __slots__ = ("computed", "held", "new_blocks", "times", "used0")
+    __slots__ = ("ends", "kv_seconds", "used0")
 
-    def __init__(self, times: list[float], new_blocks: list[int], computed: list[int],
-                 held: list[int], used0: int) -> None:
-        self.times, self.new_blocks, self.computed, self.held = times, new_blocks, computed, held
+    def __init__(self, ends: list[float], used0: int) -> None:
+        self.ends = ends
         self.used0 = used0
+        self.kv_seconds: float | None = None
 
 
 class DecodeWindows:
-    """Opens and cuts fast-forward windows for one replica."""
+    """Opens, cuts and settles fast-forward windows for one replica."""
 
     def __init__(self, kv: KVCache, step_model: StepTimeModel,
                  next_input_hint_s: Callable[[], float] | None) -> None:
         self.kv = kv
         self.step_model = step_model
         # When the driver knows when the next outside input comes, windows stop there;
-        # otherwise they are capped at ``cap`` steps, adapted to how often inputs cut them
-        # (computing steps that get cut is wasted work). Speed only: results do not change.
+        # otherwise they are capped at ``cap`` steps, adapted to how often inputs cut them.
+        # A window that ends at its cap costs a whole event, a step computed and then cut
+        # costs little, so the cap never drops below 64. Speed only: results do not change.
         self.next_input_hint_s = next_input_hint_s
         self.cap = 64
 
-    def open(self, step: Step, until_s: float) -> tuple[float, float] | None:
-        """Make ``step`` (whose plan decodes every running request once) as long as is exact,
-        taking the blocks it needs, the first step's included when the plan has not taken
-        them. Returns (end time, KV block-seconds), or None, changing nothing, when the
-        first step's blocks are not free (the policy must decide: evict or preempt)."""
+    def open(self, step: Step, until_s: float) -> float | None:
+        """Make ``step`` (whose plan decodes every running request once) a window as long as
+        is exact, and return its end time; or return None, changing nothing, when the first
+        step's blocks are not free (the policy must decide: evict or preempt). Blocks are
+        taken when the window is settled."""
         decodes = step.decodes
         n = len(decodes)
         kv = self.kv
         bs, per_entry = kv.block_size, kv.blocks_per_entry
-        computed: list[int] = []
-        held: list[int] = []  # blocks held once the first step's are taken
         first_need = 0
         kv_tokens = 0
         max_steps = 1 << 62
         for r in decodes:
             c = r.num_computed_tokens
-            h = r.num_private_blocks + r.num_cached_entries * per_entry
-            need = -(-(c + 1) // bs) - h
+            kv_tokens += c
+            need = -(-(c + 1) // bs) - r.num_private_blocks - r.num_cached_entries * per_entry
             if need > 0:
                 first_need += need
-                h += need
-            computed.append(c)
-            held.append(h)
-            kv_tokens += c
             left = r.max_output_tokens - r.num_output_tokens
             if left < max_steps:
                 max_steps = left
         free = kv.num_free_blocks - first_need
         if free < 0:
             return None
-        used0 = kv.num_used_blocks + first_need
         start_s = step.start_s
         first_s = self.step_model.step_time_s((), n, kv_tokens)
         if max_steps < 2 or start_s + first_s >= until_s:
-            self._take(decodes, 1)
-            return start_s + first_s, used0 * first_s
-        k = self._cap_steps(max_steps, start_s, first_s, until_s)
-        # Step j (from 0) needs blocks for c + j + 1 tokens: a request takes a new block at
-        # step h*bs - c, then every bs steps (the first step's blocks are held already).
-        new_blocks = [0] * k
-        for c, h in zip(computed, held, strict=True):
-            j = h * bs - c
-            while j < k:
-                new_blocks[j] += 1
-                j += bs
-        taken = 0
-        for j, b in enumerate(new_blocks):  # free blocks only: no eviction inside a window
-            taken += b
-            if taken > free:
-                k = j
-                break
-        times = self.step_model.decode_step_times_s(
-            n, kv_tokens + n * np.arange(k, dtype=np.int64)).tolist()
+            k = 1
+        else:
+            k = self._cap_steps(max_steps, start_s, first_s, until_s)
+            # Over k steps a decoder crosses at most ceil((k - 1) / bs) block boundaries
+            # after its first step: only when that may not fit, count exactly.
+            if n * -(-(k - 1) // bs) > free:
+                k = _steps_within(decodes, bs, per_entry, free, k)
+        if k == 1:
+            ends = [start_s + first_s]
+        else:
+            acc = np.empty(k + 1)
+            acc[0] = start_s
+            acc[1:] = self.step_model.decode_step_times_s(
+                n, kv_tokens + n * np.arange(k, dtype=np.int64))
+            ends = np.cumsum(acc)[1:].tolist()  # sequential adds from start_s, as step by step
+        steps = k
         hint = self.next_input_hint_s
-        stop_s = hint() if hint is not None else math.inf  # stopping early is always exact
-        end_s, kv_seconds, steps, last_boundary_s = _accumulate(
-            start_s, times, new_blocks, used0, stop_s, until_s)
-        self._take(decodes, steps)
-        step.num_steps = steps
-        step.num_tokens = n * steps
-        step.end_s = end_s
-        step.last_boundary_s = last_boundary_s
-        step.window = _Window(times[:steps], new_blocks, computed, held, used0)
-        return end_s, kv_seconds
-
-    def _take(self, decodes: list[Request], steps: int) -> None:
-        """Give each decoder the blocks ``steps`` steps need (free blocks only)."""
-        kv = self.kv
-        bs, per_entry = kv.block_size, kv.blocks_per_entry
-        total = 0
-        for r in decodes:
-            extra = (-(-(r.num_computed_tokens + steps) // bs) - r.num_private_blocks
-                     - r.num_cached_entries * per_entry)
-            if extra > 0:
-                total += extra
-                r.num_private_blocks += extra
-        kv.num_free_blocks -= total
+        if hint is not None or until_s < math.inf:
+            # End after the first step that ends at or after the next input (stopping early
+            # is always exact), or after the first one past until_s.
+            stop_s = hint() if hint is not None else math.inf
+            steps = 1 + min(k - 1, bisect.bisect_left(ends, stop_s),
+                            bisect.bisect_right(ends, until_s))
+        step.window = Window(ends, kv.num_used_blocks + first_need)
+        self._set_steps(step, steps)
+        return step.end_s
 
     def _cap_steps(self, max_steps: int, start_s: float, first_s: float,
                    until_s: float) -> int:
@@ -166,55 +145,77 @@ class DecodeWindows:
             self.cap = min(2 * self.cap, 1 << 14)
         return max_steps
 
-    def cut(self, step: Step, now_s: float) -> float | None:
-        """Shorten ``step``'s window to end at the first boundary at or after ``now_s``.
-        Returns the new KV block-seconds, or None when there was nothing to cut."""
-        w = step.window
-        if w is None or step.num_steps == 1 or now_s > step.last_boundary_s:
-            return None  # already ends at the first boundary at or after now
-        end_s, kv_seconds, steps, last_boundary_s = _accumulate(
-            step.start_s, w.times, w.new_blocks, w.used0, now_s, math.inf)
-        old = step.num_steps
-        if steps == old:
-            return None
-        w.times = w.times[:steps]
-        self.cap = max(64, 2 * steps)
-        bs, kv = self.kv.block_size, self.kv
-        freed = 0
-        for r, c, h in zip(step.decodes, w.computed, w.held, strict=True):
-            kept = -(-(c + steps) // bs)
-            if kept < h:
-                kept = h
-            surplus = -(-(c + old) // bs) - kept
-            if surplus > 0:
-                r.num_private_blocks -= surplus
-                freed += surplus
-        kv.num_free_blocks += freed
+    @staticmethod
+    def _set_steps(step: Step, steps: int) -> None:
+        ends = step.window.ends  # type: ignore[union-attr]
         step.num_steps = steps
         step.num_tokens = len(step.decodes) * steps
-        step.end_s = end_s
-        step.last_boundary_s = last_boundary_s
-        return kv_seconds
+        step.end_s = ends[steps - 1]
+        step.last_boundary_s = ends[steps - 2] if steps > 1 else step.start_s
+
+    def cut(self, step: Step, now_s: float) -> bool:
+        """Shorten ``step``'s window to end at the first boundary at or after ``now_s`` and
+        settle it. Returns whether the end moved."""
+        w = step.window
+        if w is None or w.kv_seconds is not None:
+            return False  # not a window, or already cut back (its end is final)
+        old = step.num_steps
+        if old > 1 and now_s <= step.last_boundary_s:
+            steps = 1 + bisect.bisect_left(w.ends, now_s, 0, old)
+            self.cap = max(64, 2 * steps)
+            self._set_steps(step, steps)
+        self.settle(step)
+        return step.num_steps != old
+
+    def settle(self, step: Step) -> float:
+        """Take the blocks the window's steps need (free ones: checked when it opened) and
+        return its KV block-seconds (computed once)."""
+        w = step.window
+        assert w is not None
+        if w.kv_seconds is not None:
+            return w.kv_seconds
+        kv = self.kv
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        k = step.num_steps
+        ends = w.ends
+        end_s = ends[k - 1]
+        taken = 0
+        # Blocks in use change only when a decoder takes a new block at the start of step
+        # j >= 1; each such block is in use from that step's start to the window's end.
+        late = 0.0
+        for r in step.decodes:
+            c = r.num_computed_tokens
+            held = r.num_private_blocks + r.num_cached_entries * per_entry
+            first = -(-(c + 1) // bs)
+            if first < held:
+                first = held
+            j = first * bs - c  # the first step that needs another block
+            while j < k:
+                late += end_s - ends[j - 1]
+                j += bs
+            extra = -(-(c + k) // bs) - held
+            if extra > 0:
+                r.num_private_blocks += extra
+                taken += extra
+        kv.num_free_blocks -= taken
+        w.kv_seconds = w.used0 * (end_s - step.start_s) + late
+        return w.kv_seconds
 
 
-def _accumulate(
-    start_s: float, times: list[float], new_blocks: list[int], used: int, stop_s: float,
-    until_s: float,
-) -> tuple[float, float, int, float]:
-    """Walk a window's steps as step by step would: returns the end time, the KV block-seconds,
-    the number of steps, and the last inner boundary. Stops after the first step that ends at
-    or after ``stop_s`` (an input arrives) or after ``until_s``. One loop for opening and for
-    cutting windows, so both add the same floats in the same order.
-    """
-    end_s = last_boundary_s = start_s
-    kv_seconds = 0.0
-    steps = 0
-    for d, extra in zip(times, new_blocks, strict=False):
-        used += extra
-        last_boundary_s = end_s
-        end_s += d
-        kv_seconds += used * d
-        steps += 1
-        if end_s >= stop_s or end_s > until_s:
-            break
-    return end_s, kv_seconds, steps, last_boundary_s
+def _steps_within(decodes: list[Request], bs: int, per_entry: int, free: int, k: int) -> int:
+    """Largest number of steps (at most k) whose blocks after the first step fit ``free``."""
+    new_blocks = [0] * k
+    for r in decodes:
+        c = r.num_computed_tokens
+        held = r.num_private_blocks + r.num_cached_entries * per_entry
+        first = -(-(c + 1) // bs)
+        j = (held if held > first else first) * bs - c
+        while j < k:
+            new_blocks[j] += 1
+            j += bs
+    taken = 0
+    for j, b in enumerate(new_blocks):
+        taken += b
+        if taken > free:
+            return j
+    return k
