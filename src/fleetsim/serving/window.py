@@ -100,17 +100,22 @@ class DecodeWindows:
         if free < 0:
             return None
         start_s = step.start_s
-        first_s = self.step_model.step_time_s((), n, kv_tokens)
-        if max_steps < 2 or start_s + first_s >= until_s:
+        hint = self.next_input_hint_s
+        if max_steps < 2:
             k = 1
+        elif hint is None and until_s == math.inf:
+            k = max_steps if max_steps < self.cap else self._capped()
         else:
-            k = self._cap_steps(max_steps, start_s, first_s, until_s)
+            first_s = self.step_model.step_time_s((), n, kv_tokens)
+            k = 1 if start_s + first_s >= until_s else self._cap_steps(
+                max_steps, start_s, first_s, until_s)
+        if k > 1:
             # Over k steps a decoder crosses at most ceil((k - 1) / bs) block boundaries
             # after its first step: only when that may not fit, count exactly.
             if n * -(-(k - 1) // bs) > free:
                 k = _steps_within(decodes, bs, per_entry, free, k)
         if k == 1:
-            ends = [start_s + first_s]
+            ends = [start_s + self.step_model.step_time_s((), n, kv_tokens)]
         else:
             acc = np.empty(k + 1)
             acc[0] = start_s
@@ -118,7 +123,6 @@ class DecodeWindows:
                 n, kv_tokens + n * np.arange(k, dtype=np.int64))
             ends = np.cumsum(acc)[1:].tolist()  # sequential adds from start_s, as step by step
         steps = k
-        hint = self.next_input_hint_s
         if hint is not None or until_s < math.inf:
             # End after the first step that ends at or after the next input (stopping early
             # is always exact), or after the first one past until_s.
@@ -141,9 +145,14 @@ class DecodeWindows:
             if until_hint < math.inf:
                 max_steps = min(max_steps, int(until_hint / first_s) + 2)
         elif max_steps >= self.cap:
-            max_steps = self.cap
-            self.cap = min(2 * self.cap, 1 << 14)
+            max_steps = self._capped()
         return max_steps
+
+    def _capped(self) -> int:
+        """A window that would reach the cap: cap it, and let the next one be longer."""
+        k = self.cap
+        self.cap = min(2 * k, 1 << 14)
+        return k
 
     @staticmethod
     def _set_steps(step: Step, steps: int) -> None:
