@@ -110,3 +110,31 @@ def test_same_inputs_give_identical_results(workload, kv_blocks):
     b, _ = simulate(workload, kv_blocks=kv_blocks, **common)
     for col, values in a.requests.items():
         assert np.array_equal(values, b.requests[col], equal_nan=True)
+
+
+class _VectorOnlyModel:
+    """A step model without ``decode_terms_s``: windows take the numpy path."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def step_time_s(self, prefill_chunks, num_decode, decode_kv_tokens):
+        return self.inner.step_time_s(prefill_chunks, num_decode, decode_kv_tokens)
+
+    def decode_step_times_s(self, num_decode, decode_kv_tokens):
+        return self.inner.decode_step_times_s(num_decode, decode_kv_tokens)
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=workloads(), kv_blocks=st.integers(6, 64), stop_at_arrivals=st.booleans())
+def test_fast_forward_is_exact_for_models_with_only_vectorized_decode(
+        workload, kv_blocks, stop_at_arrivals):
+    assume(_fits(workload, kv_blocks))
+    kw = dict(kv_blocks=kv_blocks, max_running=6, max_batched_tokens=128,
+              step_model=_VectorOnlyModel(MODEL), block_size=BLOCK)
+    slow, _ = simulate(workload, fast_forward=False, **kw)
+    fast, _ = simulate(workload, fast_forward=True, windows_stop_at_arrivals=stop_at_arrivals,
+                       **kw)
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    assert slow.num_steps == fast.num_steps

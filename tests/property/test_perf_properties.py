@@ -26,8 +26,10 @@ def test_decode_fast_path_is_bit_exact(i, num_decode, kvs):
     sm = MODELS[i]
     kv = np.array(kvs, dtype=np.int64)
     vec = sm.decode_step_times_s(num_decode, kv)
+    base, per_kv, extra = sm.decode_terms_s(num_decode)
     for got, k in zip(vec.tolist(), kvs, strict=True):
         assert got == sm.step_time_s((), num_decode, int(k))
+        assert (base + per_kv * k) + extra == got
 
 
 @settings(max_examples=200, deadline=None)

@@ -29,6 +29,8 @@ def test_ep_keeps_the_bit_exact_decode_contract(mixtral_models):
     for n in (1, 7, 64, 300):
         vec = ep.decode_step_times_s(n, kv)
         assert [ep.step_time_s((), n, int(k)) for k in kv] == vec.tolist()
+        base, per_kv, extra = ep.decode_terms_s(n)
+        assert [(base + per_kv * int(k)) + extra for k in kv] == vec.tolist()
 
 
 def test_ep_replaces_only_the_moe_part(mixtral_models):

@@ -18,6 +18,7 @@ from fleetsim.perf import (
     kv_capacity_blocks,
     predict_breakdown,
 )
+from fleetsim.perf.base import ConstantStepModel, LinearStepModel
 
 LLAMA8 = get_model("Llama-3.1-8B")
 H100 = get_gpu("h100")
@@ -160,3 +161,12 @@ def test_step_overhead_is_configurable(sm):
     assert "fixed 0 ms" in lean.sources["other"]
     with pytest.raises(FleetsimInputError, match="step_overhead_s"):
         build_step_model(LLAMA8, H100, 1, step_overhead_s=-1.0)
+
+
+@pytest.mark.parametrize("model", [LinearStepModel(0.01, 1e-4, 1e-6), ConstantStepModel(0.02),
+                                   LinearStepModel(0.003, 2.5e-5, 3.3e-7)])
+def test_analytic_models_decode_terms_are_bit_exact(model):
+    for n in (0, 1, 7, 300):
+        base, per_kv, extra = model.decode_terms_s(n)
+        for kv in (0, 1, 4095, 123_457, 2**40):
+            assert (base + per_kv * kv) + extra == model.step_time_s((), n, kv)

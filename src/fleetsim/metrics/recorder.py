@@ -22,6 +22,7 @@ class Records:
     """Everything a run recorded, as arrays."""
 
     requests: dict[str, NDArray]  # column -> one value per finished request, by finish time
+    # (ties by request id)
     timeline: dict[str, NDArray]  # column -> one value per step event (a fast-forward is one)
     num_steps: int
     busy_s_by_replica: dict[int, float]
@@ -70,6 +71,10 @@ class Recorder:
             name: np.asarray(col, dtype=np.int64 if name in int_cols else np.float64)
             for name, col in zip(REQUEST_COLUMNS, cols, strict=True)
         }
+        # By finish time, ties by request id: replicas may report a finish inside a
+        # fast-forward window after later events elsewhere.
+        order = np.lexsort((requests["request_id"], requests["finish_s"]))
+        requests = {name: col[order] for name, col in requests.items()}
         tl_names = ("end_s", "replica_id", "busy_s", "num_steps", "num_tokens",
                     "num_used_blocks", "num_running", "num_waiting")
         tl_cols = list(zip(*self._timeline, strict=True)) if self._timeline else [()] * 8

@@ -114,6 +114,12 @@ class EpStepModel:
         base_s = self.base.decode_step_times_s(num_decode, decode_kv_tokens)  # type: ignore[attr-defined]
         return base_s + self._moe_delta_s(num_decode)
 
+    def decode_terms_s(self, num_decode: int) -> tuple[float, float, float]:
+        """``step_time_s((), n, kv) == (base + per_kv * kv) + extra``, bit for bit."""
+        base, per_kv, extra = self.base.decode_terms_s(num_decode)  # type: ignore[attr-defined]
+        assert extra == 0.0  # the table model's; the EP delta is the extra term
+        return base, per_kv, self._moe_delta_s(num_decode)
+
 
 def _ideal_all_layers_s(ep: ExpertParallelConfig, spec: MoeLayerSpec, hw: EpHardware,
                         compute: object, tokens: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -6,6 +6,10 @@ to fast-forward many decode-only steps with one vectorized call.
 
 Contract (tested): ``decode_step_times_s(n, kv)[i] == step_time_s((), n, int(kv[i]))`` bit for
 bit, so fast-forward and step-by-step simulation give identical times.
+
+Optionally a model also gives ``decode_terms_s(n) -> (base, per_kv, extra)`` with
+``step_time_s((), n, kv) == (base + per_kv * kv) + extra`` bit for bit (Python floats): then
+the engine adds up short windows in plain Python, which beats numpy's per-call cost.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ class ConstantStepModel:
     ) -> NDArray[np.float64]:
         return np.full(len(decode_kv_tokens), self._step_time_s)
 
+    def decode_terms_s(self, num_decode: int) -> tuple[float, float, float]:
+        return self._step_time_s, 0.0, 0.0
+
 
 class LinearStepModel:
     """``t = base + per_token * tokens + per_kv * kv_tokens``: a simple analytic model for tests.
@@ -91,3 +98,6 @@ class LinearStepModel:
     ) -> NDArray[np.float64]:
         kv = decode_kv_tokens.astype(np.float64)
         return self.base_s + self.per_token_s * num_decode + self.per_kv_token_s * kv
+
+    def decode_terms_s(self, num_decode: int) -> tuple[float, float, float]:
+        return self.base_s + self.per_token_s * num_decode, self.per_kv_token_s, 0.0

@@ -257,6 +257,11 @@ class TableStepModel:
         kv = np.asarray(decode_kv_tokens).astype(np.float64)
         return t + self._dec_c(num_decode) * kv
 
+    def decode_terms_s(self, num_decode: int) -> tuple[float, float, float]:
+        """``step_time_s((), n, kv) == (base + per_kv * kv) + extra``, bit for bit."""
+        t = self.step_overhead_s + self._tok(num_decode) + self._seq(num_decode)
+        return t + self._dec_a(num_decode), self._dec_c(num_decode), 0.0
+
     def breakdown_s(
         self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int, decode_kv_tokens: int
     ) -> dict[str, float]:

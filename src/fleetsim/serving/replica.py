@@ -106,7 +106,10 @@ class Replica:
         # Known tokens still to compute over all queued requests: prefill backlog plus one per
         # decoding request. Decode steps leave it unchanged (one computed, one emitted), so
         # routers can read it mid-window at O(1).
-        self.load_tokens = 0
+        self._load_tokens = 0
+        # Finish times of the requests that finish inside the window in flight, sorted; the
+        # counter above already left them out (``load_tokens`` adds back those still ahead).
+        self._finish_times: list[float] = []
         # Requests holding blocks outside the running batch: handoffs awaiting transfer
         # (prefill role) and reservations for KV on its way in (decode role).
         self._holders: dict[int, Request] = {}
@@ -127,7 +130,7 @@ class Replica:
         """A request arrives now: queue it and start a step if the replica is idle."""
         self.interrupt()
         self._by_id[req.id] = req
-        self.load_tokens += req.num_tokens - req.num_computed_tokens
+        self._load_tokens += req.num_tokens - req.num_computed_tokens
         self._enqueue(self.waiting, self._waiting_keys, req)
         self._wake()
 
@@ -137,9 +140,20 @@ class Replica:
         self.interrupt()
         del self._holders[req.id]
         req.is_running = True
-        self.load_tokens += req.num_tokens - req.num_computed_tokens
+        self._load_tokens += req.num_tokens - req.num_computed_tokens
         self._enqueue(self.running, self._running_keys, req)
         self._wake()
+
+    @property
+    def load_tokens(self) -> int:
+        """Known tokens still to compute over all queued requests: prefill backlog plus one
+        per decoding request, as of now (exact mid-window: decode steps leave it unchanged,
+        and finishes inside the window count once their time has come)."""
+        ft = self._finish_times
+        if ft:
+            # Inputs at a finish time come before the step ends then (event order).
+            return self._load_tokens + len(ft) - bisect.bisect_left(ft, self.sim.now_s)
+        return self._load_tokens
 
     @property
     def max_running(self) -> int:
@@ -181,10 +195,15 @@ class Replica:
     def interrupt(self) -> None:
         """Cut an ongoing fast-forward window back to the step in progress at ``now``."""
         step = self._step
-        if step is None or step.window is None:
+        if step is None or step.window is None or step.window.settled:
             return
         if self._windows.cut(step, self.sim.now_s):
+            ft = self._finish_times
+            keep = bisect.bisect_right(ft, step.end_s)
+            self._load_tokens += len(ft) - keep  # no longer finishing inside the window
+            del ft[keep:]
             self.sim.schedule(step.end_s, EventKind.STEP_END, (self, step))
+        self._settle(step)
 
     def _enqueue(self, queue: list[Request], keys: list[tuple], req: Request) -> None:
         key = self.order_key(req, self.sim.now_s)
@@ -276,9 +295,12 @@ class Replica:
         said so), so open a window without planning, if the first step's blocks are free."""
         step = Step(self.sim.now_s)
         step.decodes = self.running.copy()
-        if self._windows.open(step, self.until_s) is None:
+        if self._windows.open(
+                step, self.until_s,
+                self.on_blocks_freed is None and self.until_s == math.inf) is None:
             return False
         step.num_running = len(step.decodes)
+        self._note_finishes(step)
         self.busy = True
         self._step = step
         self.sim.schedule(step.end_s, EventKind.STEP_END, (self, step))
@@ -293,7 +315,7 @@ class Replica:
     def _admit(self, req: Request) -> None:
         self._dequeue(self.waiting, self._waiting_keys, req)
         self.kv.admit(req)
-        self.load_tokens -= req.num_prefix_hit_tokens
+        self._load_tokens -= req.num_prefix_hit_tokens
         req.is_running = True
         self._num_prefilling += 1
         self._enqueue(self.running, self._running_keys, req)
@@ -310,7 +332,7 @@ class Replica:
         self.kv.release(req)
         # Work since the last admission's prefix hit is lost (STYLE's conservation formula).
         req.num_recomputed_tokens += req.num_computed_tokens - req.num_prefix_hit_tokens
-        self.load_tokens += req.num_computed_tokens
+        self._load_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.is_running = False
@@ -329,7 +351,104 @@ class Replica:
     def _try_fast_forward(self, step: Step) -> float:
         end_s = self._windows.open(step, self.until_s)
         assert end_s is not None  # the plan took the first step's blocks
+        self._note_finishes(step)
         return end_s
+
+    def _note_finishes(self, step: Step) -> None:
+        """Take the window's finishers out of the load counter now, keeping their times so
+        ``load_tokens`` stays exact until they come."""
+        w = step.window
+        assert w is not None
+        k, ends = step.num_steps, w.ends
+        ft = [ends[left - 1] for left in w.lefts if left <= k]
+        if ft:
+            ft.sort()
+            self._finish_times = ft
+            self._load_tokens -= len(ft)
+
+    def _settle(self, step: Step) -> None:
+        """Take the blocks and commit the tokens of ``step``'s window (its length is final),
+        finish the requests whose last step is before its last one, and compute its KV
+        block-seconds. Those finishing at its last step are left for its end."""
+        w = step.window
+        assert w is not None
+        if w.settled:
+            return
+        w.settled = True
+        kv = self.kv
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        k = step.num_steps
+        ends = w.ends
+        end_s = ends[k - 1]
+        taken = tokens = 0
+        # Blocks in use change only when a decoder takes a new block at the start of step
+        # j >= 1, or frees all at a finish; the change lasts until the window's end.
+        late = 0.0
+        before: list[tuple[int, int, Request]] = []
+        at_end = w.at_end
+        for i, (r, left) in enumerate(zip(step.decodes, w.lefts, strict=True)):
+            c = r.num_computed_tokens
+            held = r.num_private_blocks + r.num_cached_entries * per_entry
+            s_i = left if left < k else k
+            first = -(-(c + 1) // bs)
+            if first < held:
+                first = held
+            j = first * bs - c  # the first step that needs another block
+            while j < s_i:
+                late += end_s - ends[j - 1]
+                j += bs
+            extra = -(-(c + s_i) // bs) - held
+            if extra > 0:
+                r.num_private_blocks += extra
+                taken += extra
+            r.num_computed_tokens = c + s_i
+            r.num_computed_tokens_total += s_i
+            r.num_output_tokens += s_i
+            tokens += s_i
+            if left < k:
+                before.append((left, i, r))
+            elif left == k:
+                at_end.append(r)
+        kv.num_free_blocks -= taken
+        if before:
+            before.sort()  # finish order: by step, then batch order (as step by step)
+            for left, _, r in before:
+                t = ends[left - 1]
+                used = kv.num_used_blocks
+                self._finish(r, t)
+                late -= (end_s - t) * (used - kv.num_used_blocks)
+                w.finish_steps.append(left)
+        w.kv_seconds = w.used0 * (end_s - step.start_s) + late
+        w.num_tokens = tokens
+
+    def _finish(self, r: Request, t: float) -> None:
+        self._dequeue(self.running, self._running_keys, r)
+        self.kv.release(r)
+        del self._by_id[r.id]
+        r.finish_s = t
+        r.is_running = False
+        self.recorder.on_finish(self.replica_id, r)
+
+    def _finish_window(self, step: Step, now_s: float) -> list[Request]:
+        """A window's end: settle it, finish its last step's requests, record it (one
+        timeline row per stretch with a fixed batch)."""
+        self._settle(step)
+        w = step.window
+        assert w is not None
+        self._finish_times = []
+        for r in w.at_end:
+            self._finish(r, now_s)
+        rec, rid, ends = self.recorder, self.replica_id, w.ends
+        n, a, t = len(step.decodes), 0, step.start_s
+        for left in w.finish_steps:
+            if left > a:
+                rec.on_step(rid, ends[left - 1], ends[left - 1] - t, 0.0, left - a,
+                            n * (left - a), self.kv.num_used_blocks, n, step.num_waiting)
+                a, t = left, ends[left - 1]
+            n -= 1
+        rec.on_step(rid, now_s, now_s - t, w.kv_seconds, step.num_steps - a,
+                    n * (step.num_steps - a), self.kv.num_used_blocks, n, step.num_waiting)
+        return w.at_end
 
     # ---- step end --------------------------------------------------------------------
     def finish_step(self, step: Step) -> None:
@@ -339,8 +458,17 @@ class Replica:
             return  # the end of a window that was cut back since
         self._step = None
         if step.window is not None:
-            self._pending_kv_seconds = self._windows.settle(step)
-        k = step.num_steps
+            done = self._finish_window(step, now_s)
+        else:
+            done = self._finish_single_step(step, now_s)
+        if self.debug:
+            self._check()
+        if done and self.on_blocks_freed is not None:
+            self.on_blocks_freed(self)
+        self._start_step()
+
+    def _finish_single_step(self, step: Step, now_s: float) -> list[Request]:
+        """Commit one step's chunks and decodes; returns the requests it finished."""
         kv = self.kv
         done: list[Request] = []
         handoff: list[Request] = []
@@ -348,47 +476,38 @@ class Replica:
         for r, n in step.chunks:
             r.num_computed_tokens += n
             r.num_computed_tokens_total += n
-            self.load_tokens -= n
+            self._load_tokens -= n
             kv.promote(r)
             if r.num_computed_tokens == r.num_tokens:
                 self._num_prefilling -= 1
                 self._emit(r, now_s, 1, done)
                 if r.num_output_tokens < r.max_output_tokens:
-                    self.load_tokens += 1
+                    self._load_tokens += 1
                     if hands_off:
                         handoff.append(r)
             elif r.num_output_tokens and r.num_computed_tokens == r.num_tokens - 1:
                 self._num_prefilling -= 1  # a recompute's last token: it decodes from now on
         for r in step.decodes:
-            r.num_computed_tokens += k
-            r.num_computed_tokens_total += k
-            r.num_output_tokens += k
+            r.num_computed_tokens += 1
+            r.num_computed_tokens_total += 1
+            r.num_output_tokens += 1
             if r.num_output_tokens >= r.max_output_tokens:
                 done.append(r)
-                self.load_tokens -= 1
+                self._load_tokens -= 1
         for r in done:
-            self._dequeue(self.running, self._running_keys, r)
-            kv.release(r)
-            del self._by_id[r.id]
-            r.finish_s = now_s
-            r.is_running = False
-            self.recorder.on_finish(self.replica_id, r)
+            self._finish(r, now_s)
         for r in handoff:
             # The request leaves the batch but its KV stays until the transfer is done.
             self._dequeue(self.running, self._running_keys, r)
             del self._by_id[r.id]
             r.is_running = False
-            self.load_tokens -= 1
+            self._load_tokens -= 1
             self._holders[r.id] = r
             self.on_prefill_done(self, r)  # type: ignore[misc]
         self.recorder.on_step(
-            self.replica_id, now_s, now_s - step.start_s, self._pending_kv_seconds, k,
+            self.replica_id, now_s, now_s - step.start_s, self._pending_kv_seconds, 1,
             step.num_tokens, kv.num_used_blocks, step.num_running, step.num_waiting)
-        if self.debug:
-            self._check()
-        if done and self.on_blocks_freed is not None:
-            self.on_blocks_freed(self)
-        self._start_step()
+        return done
 
     def _check(self) -> None:
         """Debug invariants: queue limits, the load counter and KV block conservation."""
@@ -398,7 +517,7 @@ class Replica:
         assert self._num_prefilling == len(self.running) - decoding
         queued = self.running + self.waiting
         expected = sum(r.num_tokens - r.num_computed_tokens for r in queued)
-        assert self.load_tokens == expected, (self.load_tokens, expected)
+        assert self._load_tokens == expected, (self._load_tokens, expected)
         self.kv.check(self.running + list(self._holders.values()))
 
     @staticmethod

@@ -50,15 +50,25 @@ class Step:
 
 
 class Window:
-    """A window's step end times (``ends[j]``: end of step j), the blocks in use during its
-    first step, and, once settled, its KV block-seconds (None before)."""
+    """A fast-forward window: its step end times (``ends[j]``: end of step j), the blocks in
+    use during its first step, and each decoder's steps left to its last token (``lefts``,
+    in ``Step.decodes`` order; a decoder with ``left <= num_steps`` finishes inside).
+    ``settled`` once its blocks and tokens are taken (``Replica``), with its KV
+    block-seconds, the decoders that finish at its last step (``at_end``) and the earlier
+    finish steps (``finish_steps``)."""
 
-    __slots__ = ("ends", "kv_seconds", "used0")
+    __slots__ = ("at_end", "ends", "finish_steps", "kv_seconds", "lefts", "num_tokens",
+                 "settled", "used0")
 
-    def __init__(self, ends: list[float], used0: int) -> None:
+    def __init__(self, ends: list[float], used0: int, lefts: list[int]) -> None:
         self.ends = ends
         self.used0 = used0
-        self.kv_seconds: float | None = None
+        self.lefts = lefts
+        self.settled = False
+        self.kv_seconds = 0.0
+        self.num_tokens = 0
+        self.at_end: list[Request] = []
+        self.finish_steps: list[int] = []
 
 
 class DecodeWindows:
@@ -74,31 +84,38 @@ class DecodeWindows:
         # costs little, so the cap never drops below 64. Speed only: results do not change.
         self.next_input_hint_s = next_input_hint_s
         self.cap = 64
+        self._has_terms = hasattr(step_model, "decode_terms_s")
+        self._terms: dict[int, tuple[float, float, float]] = {}  # batch size -> decode terms
 
-    def open(self, step: Step, until_s: float) -> float | None:
+    def open(self, step: Step, until_s: float, through: bool = False) -> float | None:
         """Make ``step`` (whose plan decodes every running request once) a window as long as
         is exact, and return its end time; or return None, changing nothing, when the first
         step's blocks are not free (the policy must decide: evict or preempt). Blocks are
-        taken when the window is settled."""
+        taken when the window is settled.
+
+        ``through``: the plan stays "decode every running request" after one finishes
+        (nothing waits and the policy decodes all when idle), so the window goes on past
+        finishes, with fewer decoders, instead of stopping at the first one.
+        """
         decodes = step.decodes
         n = len(decodes)
         kv = self.kv
         bs, per_entry = kv.block_size, kv.blocks_per_entry
         first_need = 0
         kv_tokens = 0
-        max_steps = 1 << 62
+        lefts: list[int] = []
         for r in decodes:
             c = r.num_computed_tokens
             kv_tokens += c
             need = -(-(c + 1) // bs) - r.num_private_blocks - r.num_cached_entries * per_entry
             if need > 0:
                 first_need += need
-            left = r.max_output_tokens - r.num_output_tokens
-            if left < max_steps:
-                max_steps = left
+            lefts.append(r.max_output_tokens - r.num_output_tokens)
         free = kv.num_free_blocks - first_need
         if free < 0:
             return None
+        min_left = min(lefts)
+        max_steps = max(lefts) if through else min_left
         start_s = step.start_s
         hint = self.next_input_hint_s
         if max_steps < 2:
@@ -109,19 +126,22 @@ class DecodeWindows:
             first_s = self.step_model.step_time_s((), n, kv_tokens)
             k = 1 if start_s + first_s >= until_s else self._cap_steps(
                 max_steps, start_s, first_s, until_s)
-        if k > 1:
-            # Over k steps a decoder crosses at most ceil((k - 1) / bs) block boundaries
-            # after its first step: only when that may not fit, count exactly.
-            if n * -(-(k - 1) // bs) > free:
-                k = _steps_within(decodes, bs, per_entry, free, k)
+        # Over k steps a decoder crosses at most ceil((k - 1) / bs) block boundaries after
+        # its first step: only when that may not fit, count exactly (ignoring blocks that
+        # finishes free: stopping early is always exact).
+        if k > 1 and n * -(-(k - 1) // bs) > free:
+            k = _steps_within(decodes, bs, per_entry, free, k)
         if k == 1:
             ends = [start_s + self.step_model.step_time_s((), n, kv_tokens)]
         else:
-            acc = np.empty(k + 1)
-            acc[0] = start_s
-            acc[1:] = self.step_model.decode_step_times_s(
-                n, kv_tokens + n * np.arange(k, dtype=np.int64))
-            ends = np.cumsum(acc)[1:].tolist()  # sequential adds from start_s, as step by step
+            # Decoders finishing inside the window, in order: (steps left, computed tokens).
+            finishes = [] if min_left >= k else sorted(
+                (left, r.num_computed_tokens)
+                for left, r in zip(lefts, decodes, strict=True) if left < k)
+            if self._has_terms:
+                ends = self._ends_python(start_s, n, kv_tokens, k, finishes)
+            else:
+                ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes)
         steps = k
         if hint is not None or until_s < math.inf:
             # End after the first step that ends at or after the next input (stopping early
@@ -129,9 +149,58 @@ class DecodeWindows:
             stop_s = hint() if hint is not None else math.inf
             steps = 1 + min(k - 1, bisect.bisect_left(ends, stop_s),
                             bisect.bisect_right(ends, until_s))
-        step.window = Window(ends, kv.num_used_blocks + first_need)
-        self._set_steps(step, steps)
+        step.window = Window(ends, kv.num_used_blocks + first_need, lefts)
+        self.set_steps(step, steps)
         return step.end_s
+
+    def _ends_python(self, start_s: float, n: int, kv_tokens: int, k: int,
+                     finishes: list[tuple[int, int]]) -> list[float]:
+        """End times of k decode steps from ``start_s``; between finishes the batch is fixed
+        and step j's KV is each remaining decoder's computed tokens plus j. Plain Python over
+        steps with the model's decode terms: the same float operations as ``step_time_s``
+        and the same additions as step by step."""
+        terms = self._terms
+        ends: list[float] = []
+        append = ends.append
+        t, a = start_s, 0
+        for left, c in [*finishes, (k, 0)]:
+            if left > a:
+                base, per_kv, extra = terms.get(n) or terms.setdefault(
+                    n, self.step_model.decode_terms_s(n))  # type: ignore[attr-defined]
+                kv = float(kv_tokens + n * a)  # exact: token counts stay far below 2**53
+                if extra:
+                    for _ in range(left - a):
+                        t += (base + per_kv * kv) + extra
+                        append(t)
+                        kv += n
+                else:
+                    for _ in range(left - a):
+                        t += base + per_kv * kv
+                        append(t)
+                        kv += n
+                a = left
+            n -= 1
+            kv_tokens -= c
+        return ends
+
+    def _ends_numpy(self, start_s: float, n: int, kv_tokens: int, k: int,
+                    finishes: list[tuple[int, int]]) -> list[float]:
+        """``_ends_python`` for models with only ``decode_step_times_s``: one vectorized
+        call per stretch with a fixed batch, then ``np.cumsum`` from ``start_s`` (sequential
+        adds, as step by step)."""
+        model = self.step_model
+        acc = np.empty(k + 1)
+        acc[0] = start_s
+        a = 0
+        for left, c in [*finishes, (k, 0)]:
+            if left > a:
+                acc[1 + a:1 + left] = model.decode_step_times_s(
+                    n, kv_tokens + n * np.arange(a, left, dtype=np.int64))
+                a = left
+            n -= 1
+            kv_tokens -= c
+        ends: list[float] = np.cumsum(acc)[1:].tolist()
+        return ends
 
     def _cap_steps(self, max_steps: int, start_s: float, first_s: float,
                    until_s: float) -> int:
@@ -155,7 +224,7 @@ class DecodeWindows:
         return k
 
     @staticmethod
-    def _set_steps(step: Step, steps: int) -> None:
+    def set_steps(step: Step, steps: int) -> None:
         ends = step.window.ends  # type: ignore[union-attr]
         step.num_steps = steps
         step.num_tokens = len(step.decodes) * steps
@@ -163,52 +232,16 @@ class DecodeWindows:
         step.last_boundary_s = ends[steps - 2] if steps > 1 else step.start_s
 
     def cut(self, step: Step, now_s: float) -> bool:
-        """Shorten ``step``'s window to end at the first boundary at or after ``now_s`` and
-        settle it. Returns whether the end moved."""
+        """Shorten ``step``'s unsettled window to end at the first boundary at or after
+        ``now_s``. Returns whether the end moved."""
         w = step.window
-        if w is None or w.kv_seconds is not None:
-            return False  # not a window, or already cut back (its end is final)
         old = step.num_steps
-        if old > 1 and now_s <= step.last_boundary_s:
-            steps = 1 + bisect.bisect_left(w.ends, now_s, 0, old)
-            self.cap = max(64, 2 * steps)
-            self._set_steps(step, steps)
-        self.settle(step)
-        return step.num_steps != old
-
-    def settle(self, step: Step) -> float:
-        """Take the blocks the window's steps need (free ones: checked when it opened) and
-        return its KV block-seconds (computed once)."""
-        w = step.window
-        assert w is not None
-        if w.kv_seconds is not None:
-            return w.kv_seconds
-        kv = self.kv
-        bs, per_entry = kv.block_size, kv.blocks_per_entry
-        k = step.num_steps
-        ends = w.ends
-        end_s = ends[k - 1]
-        taken = 0
-        # Blocks in use change only when a decoder takes a new block at the start of step
-        # j >= 1; each such block is in use from that step's start to the window's end.
-        late = 0.0
-        for r in step.decodes:
-            c = r.num_computed_tokens
-            held = r.num_private_blocks + r.num_cached_entries * per_entry
-            first = -(-(c + 1) // bs)
-            if first < held:
-                first = held
-            j = first * bs - c  # the first step that needs another block
-            while j < k:
-                late += end_s - ends[j - 1]
-                j += bs
-            extra = -(-(c + k) // bs) - held
-            if extra > 0:
-                r.num_private_blocks += extra
-                taken += extra
-        kv.num_free_blocks -= taken
-        w.kv_seconds = w.used0 * (end_s - step.start_s) + late
-        return w.kv_seconds
+        if w is None or w.settled or old == 1 or now_s > step.last_boundary_s:
+            return False
+        steps = 1 + bisect.bisect_left(w.ends, now_s, 0, old)
+        self.cap = max(64, 2 * steps)
+        self.set_steps(step, steps)
+        return True
 
 
 def _steps_within(decodes: list[Request], bs: int, per_entry: int, free: int, k: int) -> int:
