@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench lint clean
+.PHONY: setup native run test bench lint clean
 
 setup: $(STAMP)
 
@@ -14,13 +14,26 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,report]'
 	touch $(STAMP)
 
-run: setup
+# The compiled engine (src/fleetsim/native.py): the hot modules compiled by mypyc into
+# build/native, rebuilt whenever a source changes; fleetsim falls back to pure Python if the
+# build fails or is stale.
+NATIVE := build/native/MANIFEST.json
+SOURCES := $(shell find src/fleetsim -name '*.py')
+
+native: $(NATIVE)
+
+$(NATIVE): $(STAMP) $(SOURCES) tools/build_native.py
+	FLEETSIM_PURE=1 $(PY) tools/build_native.py
+
+run: setup native
 	$(VENV)/bin/fleetsim run --out results/default
 
-test: setup
+# Every test twice: on the pure-Python sources (the reference) and on the compiled engine.
+test: setup native
+	FLEETSIM_PURE=1 $(PY) -m pytest -n 2 tests
 	$(PY) -m pytest -n 2 tests
 
-bench: setup
+bench: setup native
 	$(PY) benchmarks/azure_conv_replay.py
 
 lint: setup
@@ -30,4 +43,4 @@ lint: setup
 	-$(VENV)/bin/mypy src/fleetsim  # advisory: the other packages are not clean yet
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .hypothesis
+	rm -rf $(VENV) results build .pytest_cache .hypothesis

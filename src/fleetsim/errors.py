@@ -25,3 +25,7 @@ class FleetsimInputError(ValueError):
             super().__init__(f"{where}: {fix}")
         else:
             super().__init__(f"{where}: got {value!r}; {fix}")
+
+
+class PlanError(RuntimeError):
+    """A batching policy returned a plan the engine cannot apply (a policy bug)."""

@@ -1,10 +1,10 @@
 """Every pluggable decision. Importing this package registers the built-in policies."""
 
+from fleetsim.policies.batch_steps import ReplicaView
 from fleetsim.policies.batching import (
     BATCH_POLICIES,
     BatchPolicy,
     PrefillFirstPlanner,
-    ReplicaView,
     StepPlan,
     TokenBudgetPlanner,
     make_batch_policy,

@@ -6,13 +6,12 @@ A step is vLLM v1's token-budget allocation: prefill, chunked prefill and decode
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from fleetsim.policies.batch_steps import ReplicaView, admit_waiting, serve_running
 from fleetsim.policies.registry import PolicySpec, build, lookup, make_registry
-from fleetsim.serving.kv_cache import KVCache
-from fleetsim.serving.request import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,16 +20,6 @@ class StepPlan:
 
     tokens_by_request: Mapping[int, int]  # request_id -> tokens to compute this step
     preempt: tuple[int, ...] = ()  # running request_ids to evict (recompute later), in order
-
-
-class ReplicaView(Protocol):
-    """What a batching policy may read of a replica. Do not mutate anything reachable."""
-
-    running: Sequence[Request]  # sorted by the ordering policy, best first
-    waiting: Sequence[Request]  # sorted by the ordering policy, best first
-    kv: KVCache
-    max_batched_tokens: int
-    max_running: int
 
 
 class BatchPolicy(Protocol):
@@ -122,70 +111,6 @@ class PrefillFirstPlanner:
     @property
     def splits_prompts(self) -> bool:
         return False
-
-
-def serve_running(
-    view: ReplicaView, tokens: dict[int, int], budget: int, available: int, cap: int
-) -> tuple[int, int, list[int]]:
-    """Give running requests (best first) the tokens they need, at most ``cap`` each, under
-    the budget; when KV blocks run out, preempt from the worst end until the current request
-    fits (it may be the victim itself). Fills ``tokens``; returns the budget and blocks left
-    and the preempted ids, in order.
-    """
-    kv = view.kv
-    running = view.running
-    preempt: list[int] = []
-    last = len(running)  # requests at index >= last were preempted this step
-    i = 0
-    bs, per_entry = kv.block_size, kv.blocks_per_entry
-    while i < last and budget > 0:
-        req = running[i]
-        num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
-        limit = budget if budget < cap else cap
-        if num_new > limit:
-            num_new = limit
-        # kv.blocks_needed(req, num_new), inlined: this loop runs per request per step.
-        needed = (-(-(req.num_computed_tokens + num_new) // bs) - req.num_private_blocks
-                  - req.num_cached_entries * per_entry)
-        if needed < 0:
-            needed = 0
-        while needed > available and last > i:
-            last -= 1
-            victim = running[last]
-            preempt.append(victim.id)
-            available += kv.reclaimable_blocks(victim)
-        if last == i:  # the request itself was the victim
-            break
-        tokens[req.id] = num_new
-        budget -= num_new
-        available -= needed
-        i += 1
-    return budget, available, preempt
-
-
-def admit_waiting(
-    view: ReplicaView, tokens: dict[int, int], budget: int, available: int, cap: int,
-    chunked: bool,
-) -> None:
-    """Admit waiting requests in order while the budget, ``max_running`` and KV allow; the
-    first that does not fit stops admission (no overtaking). Without ``chunked``, a prompt
-    is admitted whole or not at all. Fills ``tokens``."""
-    kv = view.kv
-    num_running = len(view.running)
-    for req in view.waiting:
-        if budget <= 0 or num_running >= view.max_running:
-            return
-        todo = req.num_tokens - kv.num_prefix_hit_tokens(req)
-        num_new = min(todo, budget, cap)
-        if num_new < todo and not chunked:
-            return
-        needed = kv.admission_blocks(req, num_new)
-        if needed > available:
-            return
-        tokens[req.id] = num_new
-        budget -= num_new
-        available -= needed
-        num_running += 1
 
 
 def make_batch_policy(spec: PolicySpec) -> BatchPolicy:

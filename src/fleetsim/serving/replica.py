@@ -26,6 +26,7 @@ from enum import IntEnum
 from typing import Any, Protocol
 
 from fleetsim.core.simulator import Simulator
+from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.kv_cache import KVCache
 from fleetsim.serving.request import Request
@@ -57,10 +58,6 @@ class StepRecorder(Protocol):
     ) -> None: ...
 
     def on_finish(self, replica_id: int, req: Request) -> None: ...
-
-
-class PlanError(RuntimeError):
-    """A batching policy returned a plan the engine cannot apply (a policy bug)."""
 
 
 class Replica:
