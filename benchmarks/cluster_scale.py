@@ -13,6 +13,7 @@ import resource
 import time
 from pathlib import Path
 
+from fleetsim import native
 from fleetsim.config import config_from_dict
 from fleetsim.run import run
 
@@ -53,6 +54,7 @@ def main() -> None:
     print(f"requests            {s['num_finished']:,} finished of {s['num_requests']:,} "
           f"on {args.replicas} replicas")
     print(f"simulated span      {s['makespan_s']:,.0f} s, {s['num_steps']:,} engine steps")
+    print(f"engine              {native.engine()}")
     print(f"wall time           {wall_s:.1f} s")
     print(f"requests / wall-s   {s['num_finished'] / wall_s:,.0f}")
     print(f"peak memory (RSS)   {peak_gb:.2f} GB")

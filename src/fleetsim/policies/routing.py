@@ -72,12 +72,19 @@ class PowerOfTwo:
     """Two distinct replicas drawn at random; the less loaded one (Mitzenmacher's
     power of two choices: exponentially better max load than one random choice)."""
 
+    _uniforms: list[float] = field(default_factory=list, init=False, repr=False)
+    """Uniform draws from ``view.rng``, taken 1024 at a time (one numpy call per 512
+    routes instead of two per route)."""
+
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
         n = len(view.replicas)
         if n == 1:
             return 0
-        a = int(view.rng.integers(n))
-        b = int(view.rng.integers(n - 1))
+        u = self._uniforms
+        if len(u) < 2:
+            u.extend(view.rng.random(1024).tolist())
+        a = int(u.pop() * n)
+        b = int(u.pop() * (n - 1))
         b += b >= a  # distinct from a, uniform over the others
         reps = view.replicas
         return a if reps[a].load_tokens <= reps[b].load_tokens else b
