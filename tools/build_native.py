@@ -10,6 +10,7 @@ so in one line, records why in the manifest and fleetsim runs the pure-Python so
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,8 +30,11 @@ def main() -> int:
     cmd = [sys.executable, "-m", "mypyc", *(f"fleetsim/{m}" for m in NATIVE_MODULES)]
     with log.open("w") as out:
         try:
+            # No fused multiply-add: the compiled engine must round exactly as Python does
+            # (fast-forward's bit-exactness, and equal results from both builds).
+            env = {**os.environ, "CFLAGS": f"{os.environ.get('CFLAGS', '')} -ffp-contract=off"}
             done = subprocess.run(cmd, cwd=BUILD_DIR, stdout=out, stderr=subprocess.STDOUT,
-                                  check=False)
+                                  check=False, env=env)
             ok, reason = done.returncode == 0, f"mypyc exited {done.returncode}"
         except OSError as err:
             ok, reason = False, str(err)

@@ -29,6 +29,8 @@ NATIVE_MODULES = (
     "serving/cluster.py",
     "metrics/recorder.py",
     "policies/batch_steps.py",
+    "policies/ordering.py",
+    "perf/step_model.py",
 )
 
 PACKAGE_DIR = Path(__file__).resolve().parent

@@ -131,7 +131,7 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
     moe = np.zeros_like(T)
     if m.is_moe:
         router = ops.gemm_s(T, m.num_experts, h, wbytes=2)
-        shared = 0.0
+        shared: NDArray[np.float64] | float = 0.0
         if m.num_shared_experts:
             sh = -(-m.moe_intermediate_size * m.num_shared_experts // tp)
             shared = ops.gemm_s(T, 2 * sh, h) + ops.gemm_s(T, h, sh)
