@@ -38,7 +38,7 @@ bench: setup native
 
 lint: setup
 	$(PY) -m pip install --quiet ruff
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks tools
 	$(VENV)/bin/mypy --strict src/fleetsim/core src/fleetsim/models src/fleetsim/policies
 	-$(VENV)/bin/mypy src/fleetsim  # advisory: the other packages are not clean yet
 

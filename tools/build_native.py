@@ -16,8 +16,14 @@ import subprocess
 import sys
 import time
 
-from fleetsim.native import BUILD_DIR, MANIFEST, NATIVE_MODULES, PACKAGE_DIR, build_tag, \
-    source_digest
+from fleetsim.native import (
+    BUILD_DIR,
+    MANIFEST,
+    NATIVE_MODULES,
+    PACKAGE_DIR,
+    build_tag,
+    source_digest,
+)
 
 
 def main() -> int:

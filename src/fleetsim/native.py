@@ -5,7 +5,7 @@ copies the package to ``build/native/fleetsim`` and compiles ``NATIVE_MODULES`` 
 mypyc (part of mypy); about twice as fast, with identical results (``make test`` runs every
 test on both). ``fleetsim`` then loads its subpackages from that copy, but only while the copy
 was built from exactly the current sources by this Python: a stale or foreign build is
-ignored (with a one-line note), so an edit is never shadowed by old compiled code. Set
+ignored (``engine()`` says why), so an edit is never shadowed by old compiled code. Set
 ``FLEETSIM_PURE=1`` to run the pure-Python sources regardless.
 """
 
@@ -81,9 +81,9 @@ def activate(package_path: list[str]) -> None:
         return
     ok, why = usable_build()
     if not ok:
+        # Silent: results are the same either way, and commands must keep their one-line
+        # errors; ``engine()`` says why (the benchmarks print it).
         STATE["why"] = why
-        if why != "not built":
-            print(f"fleetsim: compiled engine not used: {why}", file=sys.stderr)
         return
     package_path.insert(0, str(BUILD_DIR / "fleetsim"))
     sys.path.append(str(BUILD_DIR))  # mypyc's shared library is a top-level module there

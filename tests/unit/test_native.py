@@ -55,3 +55,39 @@ def test_engine_in_use_matches_the_build_state():
         assert native.engine() == "mypyc"
     else:
         pytest.skip(f"no usable compiled engine here: {native.usable_build()[1]}")
+
+
+_RUN = """
+import hashlib, json
+from fleetsim import native
+from fleetsim.config import config_from_dict
+from fleetsim.run import run
+cfg = config_from_dict({"model": "llama-3.1-8b",
+    "hardware": {"gpu": "h100-sxm", "num_replicas": 8},
+    "cluster": {"router": {"name": "power_of_two"}},
+    "workload": {"trace": None, "arrival": "poisson", "rate_per_s": 20.0,
+                 "num_requests": 1500, "prompt_tokens": {"kind": "lognormal", "mean": 800.0,
+                 "cv": 1.0}, "output_tokens": {"kind": "lognormal", "mean": 200.0, "cv": 1.0}}})
+res = run(cfg)
+rq = res.records.requests
+print(native.engine().split()[0],
+      hashlib.sha256(json.dumps(res.summary, sort_keys=True, default=str).encode()).hexdigest(),
+      hashlib.sha256(b"".join(rq[k].tobytes() for k in sorted(rq))).hexdigest())
+"""
+
+
+def test_compiled_and_pure_engines_give_identical_results():
+    if not native.usable_build()[0]:
+        pytest.skip(f"no usable compiled engine here: {native.usable_build()[1]}")
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "FLEETSIM_PURE"}
+    out = {}
+    for engine, extra in (("mypyc", {}), ("python", {"FLEETSIM_PURE": "1"})):
+        done = subprocess.run([sys.executable, "-c", _RUN], env={**env, **extra},
+                              capture_output=True, text=True, check=True)
+        name, *hashes = done.stdout.split()
+        assert name == engine
+        out[engine] = hashes
+    assert out["mypyc"] == out["python"]
