@@ -63,24 +63,27 @@ class Recorder:
              num_waiting))
 
     def records(self) -> Records:
-        cols = list(zip(*self._rows, strict=True)) if self._rows else [()] * len(REQUEST_COLUMNS)
         int_cols = {"request_id", "replica_id", "num_prompt_tokens", "num_output_tokens",
                     "num_preemptions", "num_prefix_hit_tokens", "num_computed_tokens",
                     "num_recomputed_tokens", "prefill_replica_id"}
-        requests = {
-            name: np.asarray(col, dtype=np.int64 if name in int_cols else np.float64)
-            for name, col in zip(REQUEST_COLUMNS, cols, strict=True)
-        }
+        requests = _columns(self._rows, REQUEST_COLUMNS, int_cols)
         # By finish time, ties by request id: replicas may report a finish inside a
         # fast-forward window after later events elsewhere.
         order = np.lexsort((requests["request_id"], requests["finish_s"]))
         requests = {name: col[order] for name, col in requests.items()}
-        tl_names = ("end_s", "replica_id", "busy_s", "num_steps", "num_tokens",
-                    "num_used_blocks", "num_running", "num_waiting")
-        tl_cols = list(zip(*self._timeline, strict=True)) if self._timeline else [()] * 8
-        timeline = {
-            name: np.asarray(col, dtype=np.float64 if name in ("end_s", "busy_s") else np.int64)
-            for name, col in zip(tl_names, tl_cols, strict=True)
-        }
+        timeline = _columns(self._timeline, TIMELINE_COLUMNS,
+                            set(TIMELINE_COLUMNS) - {"end_s", "busy_s"})
         return Records(requests, timeline, self.num_steps, dict(self.busy_s_by_replica),
                        dict(self.kv_block_seconds_by_replica))
+
+
+TIMELINE_COLUMNS = ("end_s", "replica_id", "busy_s", "num_steps", "num_tokens",
+                    "num_used_blocks", "num_running", "num_waiting")
+
+
+def _columns(rows: list[tuple], names: tuple[str, ...], int_cols: set[str]) -> dict[str, NDArray]:
+    """Rows of numbers as one array per column: one float64 matrix, then the integer columns
+    cast back (exact: every count and id here is far below 2**53)."""
+    table = np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
+    return {name: (table[:, j].astype(np.int64) if name in int_cols else table[:, j].copy())
+            for j, name in enumerate(names)}

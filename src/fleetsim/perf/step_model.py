@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -64,6 +64,13 @@ class _Piecewise:
     xs: list[float]
     ys: list[float]
     slopes: list[float]
+    num_dense: int = field(init=False)  # xs starts 0, 1, ..., num_dense - 1
+
+    def __post_init__(self) -> None:
+        n = 0
+        while n < len(self.xs) and self.xs[n] == n:
+            n += 1
+        self.num_dense = n
 
     @classmethod
     def from_arrays(cls, xs: NDArray, ys: NDArray) -> _Piecewise:
@@ -73,6 +80,16 @@ class _Piecewise:
 
     def __call__(self, x: float) -> float:
         return self.lookup()(x)
+
+    def at(self, x: float) -> float:
+        """y(x), as ``lookup()(x)``: a method, so the compiled engine calls it directly."""
+        if x.__class__ is int and 0 <= x < self.num_dense:
+            return self.ys[int(x)]
+        xs = self.xs
+        i = bisect_right(xs, x + 0.0) - 1
+        if i < 0:
+            i = 0
+        return self.ys[i] + self.slopes[i] * (x - xs[i])
 
     def lookup(self) -> Callable[[float], float]:
         xs, ys, sl = self.xs, self.ys, self.slopes
@@ -212,17 +229,17 @@ class TableStepModel:
             f"roofline (elementwise, sampling) + fixed {self.step_overhead_s * 1e3:g} ms "
             "per-step overhead"
         )
-        # Hot-path bindings: lookup closures over the grids' Python lists, and floats.
-        self._tok, self._seq = g.total_tokens.lookup(), g.total_seqs.lookup()
-        self._dec_a, self._dec_c = g.dec_a.lookup(), g.dec_c.lookup()
-        self._prefill = g.prefill.lookup()
+        # Hot-path bindings: the grids' piecewise-linear curves, and floats.
+        self._tok, self._seq = g.total_tokens, g.total_seqs
+        self._dec_a, self._dec_c = g.dec_a, g.dec_c
+        self._prefill = g.prefill
         self._floor = g.prefill_floor_s
         self._kv_read = g.kv_read_s_per_token
 
     def _prefill_attention_s(self, prefill_chunks: Sequence[tuple[int, int]]) -> float:
         att, floor, kv_read, prefill = 0.0, self._floor, self._kv_read, self._prefill
         for new, ctx in prefill_chunks:
-            work = prefill(math.sqrt(new * new + 2 * new * ctx)) - floor
+            work = prefill.at(math.sqrt(new * new + 2 * new * ctx)) - floor
             mem = kv_read * (new + ctx)
             att += work if work > mem else mem
         return att + floor
@@ -235,9 +252,9 @@ class TableStepModel:
         for new, _ in prefill_chunks:
             num_tokens += new
         num_seqs = num_decode + len(prefill_chunks)
-        t = self.step_overhead_s + self._tok(num_tokens) + self._seq(num_seqs)
-        t = t + self._dec_a(num_decode)
-        t = t + self._dec_c(num_decode) * decode_kv_tokens
+        t = self.step_overhead_s + self._tok.at(num_tokens) + self._seq.at(num_seqs)
+        t = t + self._dec_a.at(num_decode)
+        t = t + self._dec_c.at(num_decode) * decode_kv_tokens
         if prefill_chunks:
             t += self._prefill_attention_s(prefill_chunks)
         return t
@@ -252,15 +269,15 @@ class TableStepModel:
         self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
     ) -> NDArray[np.float64]:
         """``step_time_s((), num_decode, kv)`` per element, bit for bit (same float ops)."""
-        t = self.step_overhead_s + self._tok(num_decode) + self._seq(num_decode)
-        t = t + self._dec_a(num_decode)
+        t = self.step_overhead_s + self._tok.at(num_decode) + self._seq.at(num_decode)
+        t = t + self._dec_a.at(num_decode)
         kv = np.asarray(decode_kv_tokens).astype(np.float64)
-        return t + self._dec_c(num_decode) * kv
+        return t + self._dec_c.at(num_decode) * kv
 
     def decode_terms_s(self, num_decode: int) -> tuple[float, float, float]:
         """``step_time_s((), n, kv) == (base + per_kv * kv) + extra``, bit for bit."""
-        t = self.step_overhead_s + self._tok(num_decode) + self._seq(num_decode)
-        return t + self._dec_a(num_decode), self._dec_c(num_decode), 0.0
+        t = self.step_overhead_s + self._tok.at(num_decode) + self._seq.at(num_decode)
+        return t + self._dec_a.at(num_decode), self._dec_c.at(num_decode), 0.0
 
     def breakdown_s(
         self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int, decode_kv_tokens: int
@@ -273,7 +290,8 @@ class TableStepModel:
         out = {k: g.by_tokens[k](num_tokens) if k in g.by_tokens else 0.0 for k in OP_CLASSES}
         for k, f in g.by_seqs.items():
             out[k] += f(num_seqs)
-        out["attention"] = self._dec_a(num_decode) + self._dec_c(num_decode) * decode_kv_tokens
+        out["attention"] = (self._dec_a.at(num_decode)
+                            + self._dec_c.at(num_decode) * decode_kv_tokens)
         if prefill_chunks:
             out["attention"] += self._prefill_attention_s(prefill_chunks)
         out["other"] += self.step_overhead_s
