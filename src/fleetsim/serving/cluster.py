@@ -176,7 +176,8 @@ class Cluster:
         cache can hold it whole (routers never see a replica too small for the request)."""
         view = self._capable(self.entry_view, req, self._entry_min_blocks)
         i = self.router.route(view, req, self.sim.now_s)
-        view.replicas[i].submit(req)
+        replica: Replica = view.replicas[i]
+        replica.submit(req)
 
     def _capable(self, view: _View, req: Request, min_blocks: int) -> _View:
         """``view`` restricted to replicas that can hold ``req`` alone (usually all: the

@@ -23,10 +23,11 @@ import bisect
 import math
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any
 
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
+from fleetsim.metrics.recorder import Recorder
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.kv_cache import KVCache
 from fleetsim.serving.request import Request
@@ -43,23 +44,6 @@ class EventKind(IntEnum):
     WAKE_UP = 4  # an idle replica plans its first step after all same-time inputs
 
 
-class StepRecorder(Protocol):
-    def on_step(
-        self,
-        replica_id: int,
-        end_s: float,
-        busy_s: float,
-        kv_block_seconds: float,
-        num_steps: int,
-        num_tokens: int,
-        num_used_blocks: int,
-        num_running: int,
-        num_waiting: int,
-    ) -> None: ...
-
-    def on_finish(self, replica_id: int, req: Request) -> None: ...
-
-
 class Replica:
     """A replica engine bound to a simulator. ``submit`` requests; results go to ``recorder``."""
 
@@ -71,7 +55,7 @@ class Replica:
         kv: KVCache,
         batch_policy: Any,
         order_key: Callable[[Request, float], tuple],
-        recorder: StepRecorder,
+        recorder: Recorder,
         max_batched_tokens: int,
         max_running: int,
         fast_forward: bool = True,

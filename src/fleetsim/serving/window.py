@@ -161,23 +161,24 @@ class DecodeWindows:
         and the same additions as step by step."""
         terms = self._terms
         ends: list[float] = []
-        append = ends.append
         t, a = start_s, 0
         for left, c in [*finishes, (k, 0)]:
             if left > a:
                 base, per_kv, extra = terms.get(n) or terms.setdefault(
                     n, self.step_model.decode_terms_s(n))  # type: ignore[attr-defined]
-                kv = float(kv_tokens + n * a)  # exact: token counts stay far below 2**53
+                # Floats throughout: exact, token counts stay far below 2**53.
+                kv = float(kv_tokens + n * a)
+                step_kv = float(n)
                 if extra:
                     for _ in range(left - a):
                         t += (base + per_kv * kv) + extra
-                        append(t)
-                        kv += n
+                        ends.append(t)
+                        kv += step_kv
                 else:
                     for _ in range(left - a):
                         t += base + per_kv * kv
-                        append(t)
-                        kv += n
+                        ends.append(t)
+                        kv += step_kv
                 a = left
             n -= 1
             kv_tokens -= c
