@@ -14,6 +14,7 @@ import resource
 import time
 from pathlib import Path
 
+from fleetsim import native
 from fleetsim.config import config_from_dict
 from fleetsim.run import run
 
@@ -43,6 +44,7 @@ def main() -> None:
     n = s["num_finished"]
     print(f"requests            {n:,} finished of {s['num_requests']:,}")
     print(f"simulated span      {s['makespan_s']:,.0f} s, {s['num_steps']:,} engine steps")
+    print(f"engine              {native.engine()}")
     print(f"wall time           {wall_s:.2f} s (includes loading trace and perf tables)")
     print(f"requests / wall-s   {n / wall_s:,.0f}")
     print(f"peak memory (RSS)   {peak_mb:,.0f} MB")

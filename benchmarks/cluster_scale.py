@@ -1,7 +1,8 @@
 """Scale: 1,000,000 synthetic requests (ShareGPT lengths) on 64 replicas with power_of_two.
 
 Target (issue 3): under 60 s wall and under 4 GB peak memory on a 2-core machine. Prints
-wall time, simulated requests per wall-second and peak RSS.
+the engine in use (the compiled one after ``make native``; ``FLEETSIM_PURE=1`` for pure
+Python), wall time, simulated requests per wall-second and peak RSS.
 
     python benchmarks/cluster_scale.py [--requests N] [--replicas R] [--rate-per-replica X]
 """
