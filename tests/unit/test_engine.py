@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import by_id, make_workload, simulate
 
 from fleetsim.perf.base import ConstantStepModel
-from fleetsim.policies import StepPlan, make_ordering
+from fleetsim.policies import StepPlan, TokenBudgetPlanner, make_ordering
 from fleetsim.serving.driver import simulate_replica
 from fleetsim.serving.replica import PlanError
 
@@ -168,3 +168,24 @@ def test_batch_stats_weight_running_requests_by_busy_time():
     stats = batch_stats(rec)
     assert stats["mean_running"] == pytest.approx((2 * 1 + 1 * 2) / 3)
     assert stats["mean_tokens_per_step"] == pytest.approx((32 + 1 + 1) / 3)
+
+
+class _BrokenPromise(TokenBudgetPlanner):
+    """Claims every running request decodes when nothing waits, but serves only the first."""
+
+    def plan(self, view, now_s):
+        plan = TokenBudgetPlanner.plan(self, view, now_s)
+        if view.waiting or len(plan.tokens_by_request) < 2:
+            return plan
+        first = next(iter(plan.tokens_by_request))
+        return StepPlan({first: plan.tokens_by_request[first]})
+
+
+def test_debug_mode_catches_a_policy_breaking_its_decode_all_promise():
+    w = make_workload([0.0, 0.0], [20, 20], [6, 6])
+    kw = dict(step_model=ConstantStepModel(1.0), num_kv_blocks=100, block_size=16,
+              batch_policy=_BrokenPromise(), order_key=make_ordering("fcfs"),
+              max_batched_tokens=150, max_running=8)
+    simulate_replica(w, **kw)  # trusted without debug: the engine does not ask
+    with pytest.raises(PlanError, match="declares decodes_all_when_idle"):
+        simulate_replica(w, debug=True, **kw)

@@ -280,12 +280,23 @@ class Replica:
                 step, self.until_s,
                 self.on_blocks_freed is None and self.until_s == math.inf) is None:
             return False
+        if self.debug:
+            self._check_idle_promise(step.decodes)
         step.num_running = len(step.decodes)
         self._note_finishes(step)
         self.busy = True
         self._step = step
         self.sim.schedule(step.end_s, EventKind.STEP_END, (self, step))
         return True
+
+    def _check_idle_promise(self, decodes: list[Request]) -> None:
+        """Debug: the policy's plan must be what ``decodes_all_when_idle`` promised."""
+        plan = self.batch_policy.plan(self, self.sim.now_s)
+        if plan.preempt or dict(plan.tokens_by_request) != {r.id: 1 for r in decodes}:
+            raise PlanError(
+                f"{type(self.batch_policy).__name__} declares decodes_all_when_idle, but with "
+                f"nothing waiting it planned {dict(plan.tokens_by_request)} preempting "
+                f"{list(plan.preempt)} instead of one token for each running request")
 
     def _lookup(self, rid: int, plan: Any) -> Request:
         req = self._by_id.get(rid)
