@@ -35,6 +35,7 @@ test: setup native
 
 bench: setup native
 	$(PY) benchmarks/azure_conv_replay.py
+	$(PY) benchmarks/cluster_scale.py
 
 lint: setup
 	$(PY) -m pip install --quiet ruff
