@@ -372,7 +372,7 @@ class Replica:
         k = step.num_steps
         ends = w.ends
         end_s = ends[k - 1]
-        taken = tokens = 0
+        taken = 0
         # Blocks in use change only when a decoder takes a new block at the start of step
         # j >= 1, or frees all at a finish; the change lasts until the window's end.
         late = 0.0
@@ -396,7 +396,6 @@ class Replica:
             r.num_computed_tokens = c + s_i
             r.num_computed_tokens_total += s_i
             r.num_output_tokens += s_i
-            tokens += s_i
             if left < k:
                 before.append((left, i, r))
             elif left == k:
@@ -411,7 +410,6 @@ class Replica:
                 late -= (end_s - t) * (used - kv.num_used_blocks)
                 w.finish_steps.append(left)
         w.kv_seconds = w.used0 * (end_s - step.start_s) + late
-        w.num_tokens = tokens
 
     def _finish(self, r: Request, t: float) -> None:
         self._dequeue(self.running, self._running_keys, r)

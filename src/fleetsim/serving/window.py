@@ -1,20 +1,22 @@
-"""Decode fast-forward: many identical decode-only steps of one replica in one event.
+"""Decode fast-forward: many decode-only steps of one replica in one event.
 
 A window starts when a plan only decodes every running request and the policy says the plan
-would repeat (``fast_forward_safe``). It lasts k steps, where k stops before any request
-finishes, before the decoders would need more than the *free* KV blocks (never evicting cached
-prefixes, so cutting a window back is exact), past ``until_s``, and, when the driver knows
-when the next input comes (a lone replica: the next arrival), at the first boundary at or
-after it. Step times come from one vectorized ``decode_step_times_s`` call; their running sum
-is ``np.cumsum`` from the window's start time, which adds the same floats in the same order
-as step by step, so end times are bit-identical.
+would repeat (``fast_forward_safe``). It lasts k steps, where k stops before the decoders
+would need more than the *free* KV blocks (never evicting cached prefixes, so cutting a window
+back is exact), at an adaptive cap, past ``until_s``, and, when the driver knows when the next
+input comes (a lone replica: the next arrival), at the first boundary at or after it. It also
+stops before the first request finishes, unless it runs ``through`` finishes (nothing waits
+and the policy decodes all when idle): then each finisher leaves the batch after its last
+step. Step times come from the model's decode terms added up in plain Python, or from
+``decode_step_times_s`` and ``np.cumsum``; either way the same floats are added in the same
+order as step by step, so end times are bit-identical.
 
-Opening a window costs one pass over the decoders plus a few vectorized calls; nothing else
-is touched until the window is *settled*: its blocks taken and its KV-use integral computed
-(the same sum as step by step in a different association, equal to ~1e-12). That happens
-when it ends, or when an outside input arrives mid-window: ``cut`` then shortens the window
-to end at the first boundary at or after now (a binary search) and settles it, so the outside
-world sees the blocks the step in progress holds, as step by step.
+Opening a window costs one pass over the decoders and its steps; nothing else is touched
+until the replica *settles* it (``Replica._settle``): blocks taken, tokens committed,
+finishes done and the KV-use integral computed (the same sum as step by step in a different
+association, equal to ~1e-12). That happens when it ends, or when an outside input arrives
+mid-window: ``cut`` first shortens the window to end at the first boundary at or after now
+(a binary search), so the outside world sees the blocks the step in progress holds.
 """
 
 from __future__ import annotations
@@ -57,8 +59,7 @@ class Window:
     block-seconds, the decoders that finish at its last step (``at_end``) and the earlier
     finish steps (``finish_steps``)."""
 
-    __slots__ = ("at_end", "ends", "finish_steps", "kv_seconds", "lefts", "num_tokens",
-                 "settled", "used0")
+    __slots__ = ("at_end", "ends", "finish_steps", "kv_seconds", "lefts", "settled", "used0")
 
     def __init__(self, ends: list[float], used0: int, lefts: list[int]) -> None:
         self.ends = ends
@@ -66,13 +67,12 @@ class Window:
         self.lefts = lefts
         self.settled = False
         self.kv_seconds = 0.0
-        self.num_tokens = 0
         self.at_end: list[Request] = []
         self.finish_steps: list[int] = []
 
 
 class DecodeWindows:
-    """Opens, cuts and settles fast-forward windows for one replica."""
+    """Opens and cuts fast-forward windows for one replica (the replica settles them)."""
 
     def __init__(self, kv: KVCache, step_model: StepTimeModel,
                  next_input_hint_s: Callable[[], float] | None) -> None:
