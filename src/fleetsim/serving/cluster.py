@@ -30,21 +30,9 @@ from fleetsim.workloads.workload import Workload
 ProgressFn = Callable[[float], None]  # called with simulated seconds now
 
 
-def request_from_row(workload: Workload, i: int) -> Request:
-    """Row ``i`` of a workload as a fresh ``Request`` (id = row index)."""
-    return Request(
-        id=i,
-        arrival_s=float(workload.arrival_s[i]),
-        num_prompt_tokens=int(workload.num_prompt_tokens[i]),
-        max_output_tokens=int(workload.num_output_tokens[i]),
-        hash_ids=workload.hash_ids[i] if workload.hash_ids is not None else (),
-        priority=int(workload.priority[i]) if workload.priority is not None else 0,
-    )
-
-
-class _Rows:
-    """A workload's columns as Python lists, for one ``Request`` per arrival without numpy's
-    per-element cost (same values as ``request_from_row``)."""
+class WorkloadRows:
+    """A workload's columns as Python lists: one fresh ``Request`` per row (id = row index)
+    without numpy's per-element cost."""
 
     def __init__(self, workload: Workload) -> None:
         self.arrival_s: list[float] = workload.arrival_s.tolist()
@@ -273,7 +261,7 @@ def simulate_cluster(
         hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,
         block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     num_requests = len(workload)
-    rows = _Rows(workload)
+    rows = WorkloadRows(workload)
     arrival_s = rows.arrival_s
 
     def on_arrival(i: int) -> None:

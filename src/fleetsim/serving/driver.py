@@ -14,14 +14,14 @@ from fleetsim.serving.cluster import (
     OnlyReplica,
     PoolSetup,
     ProgressFn,
-    request_from_row,
+    WorkloadRows,
     simulate_cluster,
 )
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
 from fleetsim.workloads.workload import Workload
 
-__all__ = ["ProgressFn", "request_from_row", "simulate_replica"]
+__all__ = ["ProgressFn", "WorkloadRows", "simulate_replica"]
 
 
 def simulate_replica(

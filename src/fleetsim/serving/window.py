@@ -155,51 +155,40 @@ class DecodeWindows:
 
     def _ends_python(self, start_s: float, n: int, kv_tokens: int, k: int,
                      finishes: list[tuple[int, int]]) -> list[float]:
-        """End times of k decode steps from ``start_s``; between finishes the batch is fixed
-        and step j's KV is each remaining decoder's computed tokens plus j. Plain Python over
-        steps with the model's decode terms: the same float operations as ``step_time_s``
-        and the same additions as step by step."""
+        """End times of k decode steps from ``start_s``, in plain Python with the model's
+        decode terms: the same float operations as ``step_time_s`` and the same additions as
+        step by step."""
         terms = self._terms
         ends: list[float] = []
-        t, a = start_s, 0
-        for left, c in [*finishes, (k, 0)]:
-            if left > a:
-                base, per_kv, extra = terms.get(n) or terms.setdefault(
-                    n, self.step_model.decode_terms_s(n))  # type: ignore[attr-defined]
-                # Floats throughout: exact, token counts stay far below 2**53.
-                kv = float(kv_tokens + n * a)
-                step_kv = float(n)
-                if extra:
-                    for _ in range(left - a):
-                        t += (base + per_kv * kv) + extra
-                        ends.append(t)
-                        kv += step_kv
-                else:
-                    for _ in range(left - a):
-                        t += base + per_kv * kv
-                        ends.append(t)
-                        kv += step_kv
-                a = left
-            n -= 1
-            kv_tokens -= c
+        t = start_s
+        for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
+            base, per_kv, extra = terms.get(size) or terms.setdefault(
+                size, self.step_model.decode_terms_s(size))  # type: ignore[attr-defined]
+            # Floats throughout: exact, token counts stay far below 2**53.
+            kv = float(kv_at_a)
+            step_kv = float(size)
+            if extra:
+                for _ in range(b - a):
+                    t += (base + per_kv * kv) + extra
+                    ends.append(t)
+                    kv += step_kv
+            else:
+                for _ in range(b - a):
+                    t += base + per_kv * kv
+                    ends.append(t)
+                    kv += step_kv
         return ends
 
     def _ends_numpy(self, start_s: float, n: int, kv_tokens: int, k: int,
                     finishes: list[tuple[int, int]]) -> list[float]:
         """``_ends_python`` for models with only ``decode_step_times_s``: one vectorized
-        call per stretch with a fixed batch, then ``np.cumsum`` from ``start_s`` (sequential
-        adds, as step by step)."""
-        model = self.step_model
+        call per stretch, then ``np.cumsum`` from ``start_s`` (sequential adds, as step by
+        step)."""
         acc = np.empty(k + 1)
         acc[0] = start_s
-        a = 0
-        for left, c in [*finishes, (k, 0)]:
-            if left > a:
-                acc[1 + a:1 + left] = model.decode_step_times_s(
-                    n, kv_tokens + n * np.arange(a, left, dtype=np.int64))
-                a = left
-            n -= 1
-            kv_tokens -= c
+        for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
+            acc[1 + a:1 + b] = self.step_model.decode_step_times_s(
+                size, kv_at_a + size * np.arange(b - a, dtype=np.int64))
         ends: list[float] = np.cumsum(acc)[1:].tolist()
         return ends
 
@@ -243,6 +232,23 @@ class DecodeWindows:
         self.cap = max(64, 2 * steps)
         self.set_steps(step, steps)
         return True
+
+
+def _stretches(n: int, kv_tokens: int, k: int,
+               finishes: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """The window's steps [0, k) cut where decoders finish: (first step, end step, batch
+    size, KV tokens at the first step) per stretch. ``finishes`` holds (steps left, computed
+    tokens) of the decoders finishing inside, sorted; step j's KV is each remaining decoder's
+    computed tokens plus j."""
+    out: list[tuple[int, int, int, int]] = []
+    a = 0
+    for left, c in [*finishes, (k, 0)]:
+        if left > a:
+            out.append((a, left, n, kv_tokens + n * a))
+            a = left
+        n -= 1
+        kv_tokens -= c
+    return out
 
 
 def _steps_within(decodes: list[Request], bs: int, per_entry: int, free: int, k: int) -> int:
