@@ -51,6 +51,7 @@ def simulate(
     prefix_caching: bool = True,
     windows_stop_at_arrivals: bool = True,
     batch_policy=None,
+    timeline=None,
 ):
     """One replica with a constant (or given) step model; returns (records, replica)."""
     model = step_model or ConstantStepModel(step_time_s)
@@ -60,7 +61,7 @@ def simulate(
         order_key=make_ordering(ordering), max_batched_tokens=max_batched_tokens,
         max_running=max_running, enable_prefix_caching=prefix_caching,
         fast_forward=fast_forward, debug=debug, until_s=until_s,
-        windows_stop_at_arrivals=windows_stop_at_arrivals,
+        windows_stop_at_arrivals=windows_stop_at_arrivals, timeline=timeline,
     )
 
 

@@ -15,7 +15,6 @@ from fleetsim.config import SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
-from fleetsim.metrics.recorder import Records
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.moe.serving import EpStepModel
@@ -24,6 +23,7 @@ from fleetsim.perf.base import StepTimeModel
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.routing import make_router
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
+from fleetsim.serving.recorder import Records
 from fleetsim.workloads import Workload, build_workload
 
 
@@ -207,7 +207,7 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
     }
     if any(p.role == "prefill" for p in pools):
         summary["kv_transfer_s"] = distribution(records.requests["kv_transfer_s"])
-        summary["kv_transfer_bytes"] = cluster.link.num_bytes
+        summary["kv_transfer_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_handoff", 0.0)
     first = pool_infos[0]
     summary = {
         "model": model.name, "gpu": " + ".join(p["gpu"] for p in pool_infos),
@@ -236,7 +236,8 @@ def pool_summaries(records: Records, summary: dict, pool_infos: list[dict],
         mask = np.isin(records.timeline["replica_id"], ids)
         sub = Records(records.requests, {k: v[mask] for k, v in records.timeline.items()},
                       records.num_steps, records.busy_s_by_replica,
-                      records.kv_block_seconds_by_replica)
+                      records.kv_block_seconds_by_replica, records.timeline_origin_s,
+                      records.timeline_bin_s)
         tl = timeline_bins(sub, start_s, end_s, blocks, len(ids), 60)
         out.append({**{k: v for k, v in info.items() if k != "perf_sources"},
                     "busy_fraction": busy / len(ids) / makespan_s,

@@ -61,7 +61,8 @@ class KVCacheMachine(RuleBasedStateMachine):
     @invariant()
     def conserved(self):
         if hasattr(self, "kv"):
-            self.kv.check(self.running)
+            self.kv.check([(r.num_private_blocks, r.hash_ids, r.num_cached_entries)
+                           for r in self.running])
             held = sum(self.kv.num_blocks_for(r.num_computed_tokens) for r in self.running)
             # Shared entries are counted once in the pool but once per holder here.
             assert self.kv.num_used_blocks <= held

@@ -131,7 +131,7 @@ def test_kv_transfer_takes_latency_plus_bytes_over_bandwidth():
     rec, cluster = sim(w, pools(prefill=1, decode=1, bw=1e6), kv_bytes_per_token=100.0,
                        latency_s=0.01)
     assert rec.requests["kv_transfer_s"][0] == pytest.approx(0.01 + 1000 * 100.0 / 1e6)
-    assert cluster.link.num_bytes == 1000 * 100.0
+    assert cluster.transfers.num_bytes == 1000 * 100.0
 
 
 def test_transfers_sharing_a_link_share_its_bandwidth():
@@ -168,7 +168,7 @@ def test_run_reports_pools_cost_and_transfers():
     assert s["cost"]["usd_per_hour"] == pytest.approx(
         sum(p["usd_per_hour"] for p in s["pools"]))
     for p in s["pools"]:
-        assert 0 < p["busy_fraction"] <= 1 and len(p["timeline"]["busy_fraction"]) == 60
+        assert 0 < p["busy_fraction"] <= 1 and 0 < len(p["timeline"]["busy_fraction"]) <= 60
 
 
 @pytest.mark.parametrize(("pools_cfg", "link", "needle"), [

@@ -8,7 +8,13 @@ import pytest
 from tests.conftest import by_id, make_workload, simulate
 
 from fleetsim.perf.base import ConstantStepModel
-from fleetsim.policies import StepPlan, TokenBudgetPlanner, make_ordering
+from fleetsim.policies import (
+    Capabilities,
+    StepPlan,
+    TokenBudgetPlanner,
+    capabilities_of,
+    make_ordering,
+)
 from fleetsim.serving.driver import simulate_replica
 from fleetsim.serving.replica import PlanError
 
@@ -135,7 +141,9 @@ def test_arrival_cuts_a_running_window_back_to_the_step_in_progress():
     """Without stopping windows at known arrivals, the arrival at 10.5 s cuts the decode
     window of request 0 at the boundary at 11 s, exactly where step by step admits it."""
     w = make_workload([0.0, 10.5], [16, 16], [50, 2])
-    fast, replica = simulate(w, fast_forward=True, windows_stop_at_arrivals=False)
+    # No timeline bins (they would stop windows every 10.5 / 120 s, shorter than a step).
+    fast, replica = simulate(w, fast_forward=True, windows_stop_at_arrivals=False,
+                             timeline=(0.0, float("inf")))
     slow, _ = simulate(w, fast_forward=False)
     assert by_id(fast, "first_scheduled_s") == {0: 0.0, 1: 11.0}
     for col, values in slow.requests.items():
@@ -170,8 +178,9 @@ def test_batch_stats_weight_running_requests_by_busy_time():
     assert stats["mean_tokens_per_step"] == pytest.approx((32 + 1 + 1) / 3)
 
 
-class _BrokenPromise(TokenBudgetPlanner):
-    """Claims every running request decodes when nothing waits, but serves only the first."""
+class _ServesOnlyTheFirst(TokenBudgetPlanner):
+    """With nothing waiting, serves only the first running request: it breaks the promise
+    its base class declares, but declares nothing itself."""
 
     def plan(self, view, now_s):
         plan = TokenBudgetPlanner.plan(self, view, now_s)
@@ -179,6 +188,30 @@ class _BrokenPromise(TokenBudgetPlanner):
             return plan
         first = next(iter(plan.tokens_by_request))
         return StepPlan({first: plan.tokens_by_request[first]})
+
+
+class _BrokenPromise(_ServesOnlyTheFirst):
+    """The same plans, now declaring the promise they break."""
+
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+
+
+def test_capabilities_are_not_inherited():
+    assert capabilities_of(TokenBudgetPlanner()).decodes_all_when_idle
+    assert capabilities_of(_ServesOnlyTheFirst()) == Capabilities()
+    assert capabilities_of(_BrokenPromise()).decodes_all_when_idle
+
+
+def test_a_subclass_that_declares_nothing_is_planned_every_step():
+    """Its plans are followed (one request decodes at a time), with or without
+    fast-forward, exactly as step by step."""
+    w = make_workload([0.0, 0.0], [20, 20], [6, 6])
+    kw = dict(step_model=ConstantStepModel(1.0), num_kv_blocks=100, block_size=16,
+              batch_policy=_ServesOnlyTheFirst(), order_key=make_ordering("fcfs"),
+              max_batched_tokens=150, max_running=8, debug=True)
+    fast, _ = simulate_replica(w, **kw)
+    slow, _ = simulate_replica(w, fast_forward=False, **kw)
+    assert by_id(fast, "finish_s") == by_id(slow, "finish_s") == {0: 6.0, 1: 11.0}
 
 
 def test_debug_mode_catches_a_policy_breaking_its_decode_all_promise():

@@ -55,5 +55,5 @@ def test_cannot_schedule_in_the_past_or_register_twice():
     sim.schedule(1.0, Kind.FIRST)
     with pytest.raises(ValueError, match="before now"):
         sim.run()
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ValueError, match="is taken"):
         sim.on(Kind.FIRST, print)

@@ -1,8 +1,15 @@
 """The event kernel: a heap of ``(time_s, kind, seq, payload)`` tuples and a dispatch table.
 
-It knows nothing about LLMs. ``kind`` is an ``IntEnum`` whose order is the same-time
-priority, and ``seq`` (a per-simulator counter) breaks the remaining ties in push order, so
-payloads are never compared and runs are deterministic. Time is simulated only.
+It knows nothing about LLMs. Event kinds are open: a component picks an int for each kind
+it handles and registers a handler with ``on(kind, handler, name)``. The int *is* the
+same-time priority (smaller first), and ``seq`` (a per-simulator counter) breaks the
+remaining ties in push order, so payloads are never compared and runs are deterministic.
+The kinds of fleetsim's own components, in same-time order:
+
+    5 controller tick   10 arrival   20 transfer start   30 transfer check
+    40 step end         50 wake-up (an idle replica plans after all same-time inputs)
+
+Time is simulated only.
 """
 
 from __future__ import annotations
@@ -11,7 +18,6 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
-from enum import IntEnum
 from typing import Any
 
 Handler = Callable[[Any], None]
@@ -30,19 +36,23 @@ class Simulator:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._handlers: dict[int, Handler] = {}
+        self.kind_names: dict[int, str] = {}  # kind -> name, for messages and docs
         self.num_events = 0
 
-    def on(self, kind: IntEnum, handler: Handler) -> None:
-        """Register the handler for ``kind`` (one per kind)."""
-        if int(kind) in self._handlers:
-            raise ValueError(f"a handler for {kind!r} is already registered")
-        self._handlers[int(kind)] = handler
+    def on(self, kind: int, handler: Handler, name: str = "") -> None:
+        """Register the handler for ``kind`` (one per kind; ``kind`` is also its same-time
+        priority, smaller first)."""
+        if kind in self._handlers:
+            raise ValueError(f"event kind {kind} ({name or '?'}) is taken by "
+                             f"{self.kind_names.get(kind) or 'another handler'}; pick another")
+        self._handlers[kind] = handler
+        self.kind_names[kind] = name or str(kind)
 
-    def schedule(self, at_s: float, kind: IntEnum, payload: Any = None) -> None:
+    def schedule(self, at_s: float, kind: int, payload: Any = None) -> None:
         """Schedule an event at absolute simulated time ``at_s`` (never in the past)."""
         if at_s < self.now_s:
             raise ValueError(f"cannot schedule at {at_s} s, before now ({self.now_s} s)")
-        heapq.heappush(self._heap, (at_s, int(kind), next(self._seq), payload))
+        heapq.heappush(self._heap, (at_s, kind, next(self._seq), payload))
 
     def peek_s(self) -> float:
         """Time of the next pending event, or +inf when none is pending."""

@@ -10,6 +10,9 @@ Definitions (all times in seconds):
 - KV use = time-average of blocks held by requests / total blocks; GPU busy = share of the
   makespan during which the replica was running a step (however small); ``batch`` says how
   full those steps were (mean running requests, mean tokens per step).
+- The timeline: the same quantities over time, in bins of fixed width from the first arrival
+  (the arrivals' span / 120, merged in groups when the run drains long after), each the exact
+  integral over its bin: equal with decode fast-forward on and off.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetsim.metrics.recorder import Records
+from fleetsim.serving.recorder import Records
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,32 +144,56 @@ def batch_stats(records: Records) -> dict[str, float]:
 
 def timeline_bins(
     records: Records, start_s: float, end_s: float, total_blocks: int, num_replicas: int,
-    num_bins: int,
+    max_bins: int,
 ) -> dict[str, list[float]]:
-    """KV use, GPU busy share and queue lengths over time, in equal bins of the makespan.
+    """KV use, GPU busy share and queue lengths over time, in equal bins.
 
-    Each step event (a fast-forward window counts as one) is attributed to the bin where it
-    ends; the step-weighted means below are therefore exact for short steps and smooth over
-    long windows.
+    Bins have the width the run recorded with (``records.timeline_bin_s``, from
+    ``timeline_origin_s``), merged in groups of g so that at most ``max_bins`` remain. Every
+    record lies in one bin, except single steps across an edge, which are split by time
+    (their rates are constant), so each bin is the exact integral over it. KV use is the
+    time-average of blocks held over the bin; running and waiting are busy-time-weighted.
     """
+    empty: dict[str, list[float]] = {"bin_start_s": [], "kv_used_fraction": [],
+                                     "busy_fraction": [], "mean_running": [],
+                                     "mean_waiting": []}
     tl = records.timeline
     if tl["end_s"].size == 0 or not math.isfinite(end_s) or end_s <= start_s:
-        return {"bin_start_s": [], "kv_used_fraction": [], "busy_fraction": [],
-                "mean_running": [], "mean_waiting": []}
-    width = (end_s - start_s) / num_bins
-    idx = np.clip(((tl["end_s"] - start_s) / width).astype(np.int64), 0, num_bins - 1)
-    w = tl["busy_s"]
-    wsum = np.bincount(idx, weights=w, minlength=num_bins)
-    safe = np.where(wsum > 0, wsum, 1.0)
-
-    def weighted(col: str) -> NDArray:
-        return np.bincount(idx, weights=w * tl[col], minlength=num_bins) / safe
-
+        return empty
+    origin, width = records.timeline_origin_s, records.timeline_bin_s
+    if not 0 < width < math.inf:  # no fixed bins: equal bins of the makespan (approximate)
+        origin, width = start_s, (end_s - start_s) / max_bins
+    num_fine = max(1, math.ceil((end_s - origin) / width))
+    edges = origin + np.arange(num_fine + 1, dtype=np.float64) * width
+    busy_s = tl["busy_s"]
+    ends = tl["end_s"]
+    starts = ends - busy_s
+    first = np.clip(np.searchsorted(edges, starts, side="right") - 1, 0, num_fine - 1)
+    last = np.clip(np.searchsorted(edges, ends, side="left") - 1, 0, num_fine - 1)
+    quantities = {"busy": busy_s, "kv": tl["kv_block_seconds"],
+                  "running": tl["num_running"] * busy_s, "waiting": tl["num_waiting"] * busy_s}
+    inside = first == last
+    sums = {name: np.bincount(first[inside], weights=v[inside], minlength=num_fine)
+            for name, v in quantities.items()}
+    for j in np.flatnonzero(~inside).tolist():  # single steps across an edge: split by time
+        dur = float(busy_s[j])
+        for b in range(int(first[j]), int(last[j]) + 1):
+            overlap = min(float(ends[j]), edges[b + 1]) - max(float(starts[j]), edges[b])
+            if overlap > 0 and dur > 0:
+                for name, v in quantities.items():
+                    sums[name][b] += float(v[j]) * overlap / dur
+    group = -(-num_fine // max_bins)
+    num_bins = -(-num_fine // group)
+    pad = num_bins * group - num_fine
+    merged = {name: np.pad(v, (0, pad)).reshape(num_bins, group).sum(axis=1)
+              for name, v in sums.items()}
+    bin_width = width * group
+    busy = merged["busy"]
+    safe = np.where(busy > 0, busy, 1.0)
     return {
-        "bin_start_s": (start_s + width * np.arange(num_bins)).tolist(),
-        "kv_used_fraction": (weighted("num_used_blocks") * num_replicas
-                             / max(total_blocks, 1)).tolist(),
-        "busy_fraction": np.minimum(1.0, wsum / (width * num_replicas)).tolist(),
-        "mean_running": weighted("num_running").tolist(),
-        "mean_waiting": weighted("num_waiting").tolist(),
+        "bin_start_s": (origin + bin_width * np.arange(num_bins)).tolist(),
+        "kv_used_fraction": (merged["kv"] / (bin_width * max(total_blocks, 1))).tolist(),
+        "busy_fraction": np.minimum(1.0, busy / (bin_width * num_replicas)).tolist(),
+        "mean_running": (merged["running"] / safe).tolist(),
+        "mean_waiting": (merged["waiting"] / safe).tolist(),
     }

@@ -1,6 +1,5 @@
 """Every pluggable decision. Importing this package registers the built-in policies."""
 
-from fleetsim.policies.batch_steps import ReplicaView
 from fleetsim.policies.batching import (
     BATCH_POLICIES,
     BatchPolicy,
@@ -12,17 +11,22 @@ from fleetsim.policies.batching import (
 )
 from fleetsim.policies.ordering import ORDERING_POLICIES, OrderKey, make_ordering, register_ordering
 from fleetsim.policies.registry import PolicySpec
+from fleetsim.serving.capabilities import Capabilities, capabilities_of
+from fleetsim.serving.views import KVView, ReplicaView
 
 __all__ = [
     "BATCH_POLICIES",
     "ORDERING_POLICIES",
     "BatchPolicy",
+    "Capabilities",
+    "KVView",
     "PrefillFirstPlanner",
     "OrderKey",
     "PolicySpec",
     "ReplicaView",
     "StepPlan",
     "TokenBudgetPlanner",
+    "capabilities_of",
     "make_batch_policy",
     "make_ordering",
     "register_batch",

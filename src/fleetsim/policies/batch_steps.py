@@ -5,21 +5,8 @@ engine by ``make native``; the policy classes stay interpreted so users can subc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
-
-from fleetsim.serving.kv_cache import KVCache
-from fleetsim.serving.request import Request
-
-
-class ReplicaView(Protocol):
-    """What a batching policy may read of a replica. Do not mutate anything reachable."""
-
-    running: Sequence[Request]  # sorted by the ordering policy, best first
-    waiting: Sequence[Request]  # sorted by the ordering policy, best first
-    kv: KVCache
-    max_batched_tokens: int
-    max_running: int
+from fleetsim.serving.kv_cache import blocks_short
+from fleetsim.serving.views import ReplicaView
 
 
 def serve_running(
@@ -42,9 +29,7 @@ def serve_running(
         limit = budget if budget < cap else cap
         if num_new > limit:
             num_new = limit
-        # kv.blocks_needed(req, num_new), inlined: this loop runs per request per step.
-        needed = (-(-(req.num_computed_tokens + num_new) // bs) - req.num_private_blocks
-                  - req.num_cached_entries * per_entry)
+        needed = blocks_short(req, req.num_computed_tokens + num_new, bs, per_entry)
         if needed < 0:
             needed = 0
         while needed > available and last > i:

@@ -10,29 +10,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from fleetsim.policies.batch_steps import ReplicaView, admit_waiting, serve_running
+from fleetsim.policies.batch_steps import admit_waiting, serve_running
 from fleetsim.policies.registry import PolicySpec, build, lookup, make_registry
+from fleetsim.serving.capabilities import Capabilities
+from fleetsim.serving.views import ReplicaView
 
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """What one step computes."""
+    """What one step does. The engine applies the verbs in this order, then the tokens:
+    ``preempt`` (recompute later), ``swap_out`` (KV to host memory), ``migrate`` (KV to
+    another replica), ``swap_in`` (KV back from host memory: the request runs again once the
+    copy is done, so it gets tokens in a later plan)."""
 
     tokens_by_request: Mapping[int, int]  # request_id -> tokens to compute this step
     preempt: tuple[int, ...] = ()  # running request_ids to evict (recompute later), in order
+    swap_out: tuple[int, ...] = ()  # running request_ids whose KV moves to host memory
+    swap_in: tuple[int, ...] = ()  # swapped request_ids whose KV comes back
+    migrate: tuple[tuple[int, int], ...] = ()  # (running request_id, destination replica_id)
 
 
 class BatchPolicy(Protocol):
-    # False if a prompt is never split across steps (then every prompt must fit the budget).
+    """``plan(view, now_s) -> StepPlan``, plus ``splits_prompts`` (False if a prompt is never
+    split across steps: then every prompt must fit the budget) and, optionally, a class
+    attribute ``capabilities`` (``fleetsim.serving.capabilities``: declared per class, never
+    inherited)."""
+
     splits_prompts: bool
-    # True if, after a plan that only decodes the running requests, the same plan repeats as
-    # long as nothing arrives or finishes and free KV only shrinks. Lets the engine
-    # fast-forward decode-only stretches.
-    fast_forward_safe: bool
-    # True if, whenever nothing waits, every running request is decoding, they number at
-    # most the token budget and the free KV blocks hold one more token for each, the plan
-    # decodes each running request once. Lets the engine skip planning those steps.
-    decodes_all_when_idle: bool
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan: ...
 
@@ -60,8 +64,9 @@ class TokenBudgetPlanner:
     long_prefill_token_threshold: int | None = None
     """Cap on one request's prefill chunk per step (vLLM's long_prefill_token_threshold)."""
 
-    fast_forward_safe = True
-    decodes_all_when_idle = True  # serve_running gives each decoder its one token
+    # serve_running gives each decoder its one token, and with no admission and no
+    # preemption a later decode-only step differs only by fewer available blocks.
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
 
     @property
     def splits_prompts(self) -> bool:
@@ -95,8 +100,9 @@ class PrefillFirstPlanner:
     When KV runs out during a decode step, the worst running request is preempted.
     """
 
-    fast_forward_safe = True  # a decode-only plan repeats until an arrival or a finish
-    decodes_all_when_idle = True  # nothing to admit: every running request decodes
+    # A decode-only plan repeats until an arrival or a finish; with nothing to admit, every
+    # running request decodes.
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
         budget = view.max_batched_tokens

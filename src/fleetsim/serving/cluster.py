@@ -1,53 +1,44 @@
-"""Many replicas on one event loop: routing, and prefill/decode disaggregation.
+"""Many replicas on one event loop: a request source, routing, handoffs, controllers.
 
-Arrivals stream in one at a time; the router sends each to a replica of a ``mixed`` or
-``prefill`` pool. In P/D, a request whose prefill finished is handed to a decode replica
-chosen by the decode router: it waits in that replica's FIFO until the replica can reserve
-KV blocks (and a running slot) for it, then its KV crosses the link (``KVLinkNetwork``), and
-it joins the decode batch. The prefill replica keeps the KV until the transfer is done.
+The components (see docs/engine.md for the picture): a ``RequestSource`` schedules arrivals
+and hears of finishes; the router sends each arrival to a replica of a ``mixed`` or
+``prefill`` pool; replicas step; the ``TransferService`` moves KV between replicas (P/D
+handoff, migration) and to host memory (swap); controllers wake at times they choose and may
+change policies. The cluster registers its own event handlers (arrival, step end, wake-up,
+controller tick) on the simulator; ``simulate_cluster`` only wires the pieces.
+
+P/D: a request whose prefill finished is handed to a decode replica chosen by the decode
+router: it waits in that replica's incoming queue until blocks (and a running slot) can be
+reserved for it, then its KV crosses the link, and it joins the decode batch. The prefill
+replica keeps the KV until the transfer is done.
 """
 
 from __future__ import annotations
 
 import gc
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Protocol
 
 import numpy as np
 
 from fleetsim.core.simulator import Simulator
-from fleetsim.metrics.recorder import Recorder, Records
+from fleetsim.errors import FleetsimInputError, PlanError
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.serving.kv_cache import KVCache
-from fleetsim.serving.kv_link import KVLinkNetwork
-from fleetsim.serving.replica import EventKind, Replica
+from fleetsim.serving.kv_cache import HostPool, KVCache
+from fleetsim.serving.recorder import OnlineMetrics, Recorder, Records
+from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
 from fleetsim.serving.request import Request
+from fleetsim.serving.sources import RequestSource, WorkloadSource
+from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
+from fleetsim.serving.views import ReplicaView
 from fleetsim.workloads.workload import Workload
 
+ARRIVAL: Final = 10
+CONTROLLER_TICK: Final = 5  # before anything else at the same time
+
 ProgressFn = Callable[[float], None]  # called with simulated seconds now
-
-
-class WorkloadRows:
-    """A workload's columns as Python lists: one fresh ``Request`` per row (id = row index)
-    without numpy's per-element cost."""
-
-    def __init__(self, workload: Workload) -> None:
-        self.arrival_s: list[float] = workload.arrival_s.tolist()
-        self.prompt: list[int] = workload.num_prompt_tokens.tolist()
-        self.output: list[int] = workload.num_output_tokens.tolist()
-        self.hash_ids = workload.hash_ids
-        self.priority: list[int] | None = (
-            workload.priority.tolist() if workload.priority is not None else None)
-
-    def request(self, i: int) -> Request:
-        return Request(
-            id=i, arrival_s=self.arrival_s[i], num_prompt_tokens=self.prompt[i],
-            max_output_tokens=self.output[i],
-            hash_ids=self.hash_ids[i] if self.hash_ids is not None else (),
-            priority=self.priority[i] if self.priority is not None else 0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +51,8 @@ class PoolSetup:
     step_model: StepTimeModel
     num_kv_blocks: int
     link_bw_bytes_per_s: float  # one replica's KV link (all its GPUs), one direction
+    num_host_kv_blocks: int = 0  # host-memory KV tier per replica (swap space)
+    host_bw_bytes_per_s: float = math.inf  # one replica's PCIe link to host, one direction
 
 
 class OnlyReplica:
@@ -70,44 +63,26 @@ class OnlyReplica:
 
 
 @dataclass(slots=True)
-class _View:
-    replicas: Sequence[Any]
+class ClusterView:
+    """What a router reads: the replicas it may choose from, and the routing random stream."""
+
+    replicas: Sequence[ReplicaView]
     rng: np.random.Generator
 
 
-class _DecodeSlot:
-    """A decode replica as the decode router sees it: its load includes the KV still
-    queued for it or on its way in."""
+class Controller(Protocol):
+    """Wakes at times it chooses and may change the cluster's policies at run time."""
 
-    __slots__ = ("pending", "replica")
+    def start(self, cluster: Cluster) -> float | None:
+        """The first time to wake (None: never)."""
 
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
-        self.pending: deque[tuple[Replica, Request, Request]] = deque()
-
-    @property
-    def replica_id(self) -> int:
-        return self.replica.replica_id
-
-    @property
-    def load_tokens(self) -> int:
-        return self.replica.load_tokens + len(self.pending) + self.replica.num_reserved
-
-    @property
-    def running(self) -> Sequence[Request]:
-        return self.replica.running
-
-    @property
-    def waiting(self) -> Sequence[Request]:
-        return self.replica.waiting
-
-    @property
-    def kv(self) -> KVCache:
-        return self.replica.kv
+    def on_tick(self, cluster: Cluster, now_s: float) -> float | None:
+        """Woken at ``now_s``: act (``cluster.set_policies``, ...) and say when to wake
+        next (None: never again)."""
 
 
 class Cluster:
-    """Replicas of all pools, the routers and the KV link, bound to one simulator."""
+    """Replicas of all pools, the routers and the transfer service, on one simulator."""
 
     def __init__(
         self,
@@ -123,94 +98,182 @@ class Cluster:
         hash_block_tokens: int | None,
         block_size: int,
         enable_prefix_caching: bool,
+        recorder: Recorder,
     ) -> None:
         self.sim = sim
         self.router = router
         self.decode_router = decode_router
-        self.kv_bytes_per_token = kv_bytes_per_token
+        self.recorder = recorder
+        self.transfers = TransferService(sim, latency_s=link_latency_s)
         self.replicas: list[Replica] = []
         self.pool_of: list[str] = []  # replica_id -> pool name
-        entry: list[Replica] = []
-        decode_slots: list[_DecodeSlot] = []
-        bw: dict[int, float] = {}
+        self.source: RequestSource | None = None
+        self.controllers: list[Controller] = []
+        self._next_request_id = 0
+        entry: list[ReplicaView] = []
+        decode: list[ReplicaView] = []
         for pool in pools:
             for _ in range(pool.num_replicas):
                 rid = len(self.replicas)
                 kv = KVCache(pool.num_kv_blocks, block_size, hash_block_tokens,
                              enable_prefix_caching)
+                host = None
+                if pool.num_host_kv_blocks:
+                    # Swaps cross the replica's PCIe link (the host endpoint's bandwidth),
+                    # not its KV link.
+                    host = HostPool(pool.num_host_kv_blocks)
+                    self.transfers.add_endpoint(host_endpoint(rid), pool.host_bw_bytes_per_s,
+                                                pool.host_bw_bytes_per_s)
+                    self.transfers.add_endpoint(gpu_dma_endpoint(rid), math.inf, math.inf)
+                self.transfers.add_endpoint(rid, pool.link_bw_bytes_per_s,
+                                            pool.link_bw_bytes_per_s)
                 replica = make_replica(
                     step_model=pool.step_model, kv=kv, replica_id=rid, role=pool.role,
-                    on_prefill_done=self._on_prefill_done,
-                    on_blocks_freed=self._on_blocks_freed if pool.role == "decode" else None)
+                    pool=pool.name, on_handoff=self._on_handoff,
+                    on_blocks_freed=self._on_blocks_freed if pool.role == "decode" else None,
+                    transfers=self.transfers, host=host, kv_bytes_per_token=kv_bytes_per_token)
                 self.replicas.append(replica)
                 self.pool_of.append(pool.name)
-                bw[rid] = pool.link_bw_bytes_per_s
-                if pool.role == "decode":
-                    decode_slots.append(_DecodeSlot(replica))
-                else:
-                    entry.append(replica)
-        self.entry_view = _View(entry, rng)
-        self.decode_view = _View(decode_slots, rng)
+                (decode if pool.role == "decode" else entry).append(replica.view)
+        recorder.pool_of = self.pool_of
+        self.entry_view = ClusterView(entry, rng)
+        self.decode_view = ClusterView(decode, rng)
         self._block_size = block_size
-        self._entry_min_blocks = min(r.kv.num_blocks for r in entry)
-        self._decode_min_blocks = min((s.kv.num_blocks for s in decode_slots), default=0)
-        self._slot_of = {s.replica.replica_id: s for s in decode_slots}
-        self.link = KVLinkNetwork(
-            sim, egress_bw_bytes_per_s=bw, ingress_bw_bytes_per_s=bw, latency_s=link_latency_s,
-            start_kind=EventKind.TRANSFER_START, check_kind=EventKind.TRANSFER_CHECK)
+        self._entry_min_blocks = min(v.num_kv_blocks for v in entry)
+        self._decode_min_blocks = min((v.num_kv_blocks for v in decode), default=0)
+        sim.on(ARRIVAL, self._on_arrival, "arrival")
+        sim.on(STEP_END, _on_step_end, "step_end")
+        sim.on(WAKE_UP, Replica.wake_up, "wake_up")
+        sim.on(CONTROLLER_TICK, self._on_tick, "controller_tick")
 
+    # ---- the source ------------------------------------------------------------------
+    @property
+    def now_s(self) -> float:
+        return self.sim.now_s
+
+    def new_request_id(self) -> int:
+        rid = self._next_request_id
+        self._next_request_id = rid + 1
+        return rid
+
+    def submit_at(self, at_s: float, req: Request) -> None:
+        """Schedule ``req``'s arrival (the source's verb)."""
+        self.sim.schedule(at_s, ARRIVAL, req)
+
+    def attach_source(self, source: RequestSource) -> None:
+        self.source = source
+        if source.wants_finishes:
+            for replica in self.replicas:
+                replica.on_finish = self._on_finish
+        source.start(self)
+
+    def _on_arrival(self, req: Request) -> None:
+        self.route(req)
+        source = self.source
+        assert source is not None
+        source.on_arrival(req, self)
+
+    def _on_finish(self, req: Request) -> None:
+        source = self.source
+        assert source is not None
+        source.on_finish(req, self)
+
+    # ---- routing ---------------------------------------------------------------------
     def route(self, req: Request) -> None:
         """Send an arriving request to the replica the router picks, among those whose KV
         cache can hold it whole (routers never see a replica too small for the request)."""
         view = self._capable(self.entry_view, req, self._entry_min_blocks)
         i = self.router.route(view, req, self.sim.now_s)
-        replica: Replica = view.replicas[i]
-        replica.submit(req)
+        self.replicas[self._chosen(view, i, self.router, "cluster.router")].submit(req)
 
-    def _capable(self, view: _View, req: Request, min_blocks: int) -> _View:
+    @staticmethod
+    def _chosen(view: ClusterView, i: Any, router: Any, where: str) -> int:
+        n = len(view.replicas)
+        if type(i) is not int:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise FleetsimInputError(
+                    f"{where} ({type(router).__name__})", i,
+                    f"route() must return an int index into view.replicas, 0 to {n - 1}")
+            i = int(i)
+        if not 0 <= i < n:
+            raise FleetsimInputError(
+                f"{where} ({type(router).__name__})", i,
+                f"route() must return an index into view.replicas, 0 to {n - 1}")
+        return view.replicas[i].replica_id
+
+    def _capable(self, view: ClusterView, req: Request, min_blocks: int) -> ClusterView:
         """``view`` restricted to replicas that can hold ``req`` alone (usually all: the
         filter only runs when the request is bigger than the smallest replica)."""
         need = -(-(req.num_prompt_tokens + req.max_output_tokens) // self._block_size)
         if need <= min_blocks:
             return view
-        return _View([r for r in view.replicas if r.kv.num_blocks >= need], view.rng)
+        return ClusterView([r for r in view.replicas if r.num_kv_blocks >= need], view.rng)
 
-    # ---- prefill/decode handoff ----------------------------------------------------------
-    def _on_prefill_done(self, src: Replica, req: Request) -> None:
-        req.handoff_s = self.sim.now_s
-        moved = Request(
-            id=req.id, arrival_s=req.arrival_s, num_prompt_tokens=req.num_prompt_tokens,
-            max_output_tokens=req.max_output_tokens, hash_ids=req.hash_ids,
-            priority=req.priority, num_computed_tokens=req.num_computed_tokens,
-            num_output_tokens=req.num_output_tokens,
-            num_prefix_hit_tokens=req.num_prefix_hit_tokens,
-            num_computed_tokens_total=req.num_computed_tokens_total,
-            num_recomputed_tokens=req.num_recomputed_tokens,
-            num_preemptions=req.num_preemptions, handoff_s=req.handoff_s,
-            prefill_replica_id=src.replica_id, first_scheduled_s=req.first_scheduled_s,
-            first_token_s=req.first_token_s)
-        view = self._capable(self.decode_view, moved, self._decode_min_blocks)
-        i = self.decode_router.route(view, moved, self.sim.now_s)
-        slot = view.replicas[i]
-        slot.pending.append((src, req, moved))
-        self._start_transfers(slot)
+    # ---- handoffs: P/D and migration ---------------------------------------------------
+    def _on_handoff(self, src: Replica, req: Request, dst: int | None) -> None:
+        """``src`` handed ``req`` off (its KV stays there until moved): to ``dst``, or, after
+        a prefill, to the decode replica the decode router picks."""
+        if req.prefill_replica_id is None:
+            req.prefill_replica_id = src.replica_id
+        if dst is None:
+            view = self._capable(self.decode_view, req, self._decode_min_blocks)
+            i = self.decode_router.route(view, req, self.sim.now_s)
+            dst = self._chosen(view, i, self.decode_router, "cluster.decode_router")
+        elif not 0 <= dst < len(self.replicas) or dst == src.replica_id:
+            raise PlanError(f"plan migrates request {req.id} to replica {dst}: not another "
+                            f"replica of this cluster (0 to {len(self.replicas) - 1})")
+        self.replicas[dst].queue_incoming(src, req)
 
     def _on_blocks_freed(self, replica: Replica) -> None:
-        self._start_transfers(self._slot_of[replica.replica_id])
+        replica.start_incoming()
 
-    def _start_transfers(self, slot: _DecodeSlot) -> None:
-        dst = slot.replica
-        while slot.pending and dst.can_reserve_decode(slot.pending[0][2].num_computed_tokens):
-            src, req, moved = slot.pending.popleft()
-            dst.reserve_decode(moved)
-            num_bytes = self.kv_bytes_per_token * moved.num_computed_tokens
+    # ---- controllers -----------------------------------------------------------------
+    def add_controller(self, controller: Controller) -> None:
+        self.controllers.append(controller)
+        first = controller.start(self)
+        if first is not None:
+            self.sim.schedule(max(first, self.sim.now_s), CONTROLLER_TICK, controller)
 
-            def done(src: Replica = src, req: Request = req, moved: Request = moved) -> None:
-                src.release_handoff(req)
-                moved.kv_transfer_s = self.sim.now_s - moved.handoff_s
-                dst.accept_decode(moved)
+    def _on_tick(self, controller: Controller) -> None:
+        nxt = controller.on_tick(self, self.sim.now_s)
+        if nxt is not None:
+            if not nxt > self.sim.now_s:
+                raise ValueError(f"{type(controller).__name__}.on_tick must return a later "
+                                 f"time than now ({self.sim.now_s} s), got {nxt}")
+            self.sim.schedule(nxt, CONTROLLER_TICK, controller)
 
-            self.link.start(src.replica_id, dst.replica_id, num_bytes, done)
+    def set_policies(self, replica_ids: Sequence[int] | None = None, *,
+                     make_batch_policy: Callable[[], Any] | None = None,
+                     order_key: Callable[[Request, float], tuple] | None = None) -> None:
+        """Change the batching policy (one fresh instance per replica) and/or the ordering
+        of ``replica_ids`` (all when None) now."""
+        for i in (range(len(self.replicas)) if replica_ids is None else replica_ids):
+            self.replicas[i].set_policies(
+                make_batch_policy() if make_batch_policy is not None else None, order_key)
+
+    @property
+    def views(self) -> list[ReplicaView]:
+        return [r.view for r in self.replicas]
+
+    @property
+    def metrics(self) -> OnlineMetrics:
+        """What has finished so far, per pool (kept from the first time it is asked for)."""
+        return self.recorder.keep_online_metrics()
+
+
+def _on_step_end(payload: tuple[Replica, Any]) -> None:
+    payload[0].finish_step(payload[1])
+
+
+def default_timeline(workload: Workload, until_s: float) -> tuple[float, float]:
+    """Timeline bins for a run: from the first arrival, the arrivals' span / 120 (no fixed
+    bins when every request arrives at once: the summary then splits the makespan)."""
+    if not len(workload):
+        return 0.0, math.inf
+    first = float(workload.arrival_s[0])
+    last = min(float(workload.arrival_s[-1]), until_s)
+    span = last - first
+    return first, (span / 120 if span > 0 else math.inf)
 
 
 def simulate_cluster(
@@ -234,14 +297,20 @@ def simulate_cluster(
     progress: ProgressFn | None = None,
     progress_every: int = 2000,
     windows_stop_at_arrivals: bool = True,
+    source: RequestSource | None = None,
+    controllers: Sequence[Controller] = (),
+    timeline: tuple[float, float] | None = None,
 ) -> tuple[Records, Cluster]:
-    """Simulate ``workload`` on a cluster of ``pools``; returns records and the cluster.
+    """Simulate ``workload`` (or ``source``) on a cluster of ``pools``; returns records and
+    the cluster.
 
     ``windows_stop_at_arrivals`` (one replica only) stops fast-forward windows at the next
     arrival instead of cutting them back when it comes: same results, less work.
+    ``timeline``: (origin, bin width) of the time series (default: ``default_timeline``).
     """
     sim = Simulator()
-    recorder = Recorder()
+    origin_s, bin_s = timeline or default_timeline(workload, until_s)
+    recorder = Recorder(origin_s, bin_s)
     single = len(pools) == 1 and pools[0].num_replicas == 1 and windows_stop_at_arrivals
 
     def make_replica(**kw: Any) -> Replica:
@@ -250,7 +319,8 @@ def simulate_cluster(
             max_batched_tokens=max_batched_tokens, max_running=max_running,
             fast_forward=fast_forward, debug=debug,
             # A lone replica knows its next input: the next arrival in the heap.
-            next_input_hint_s=sim.peek_s if single else None, **kw)
+            next_input_hint_s=sim.peek_s if single else None,
+            timeline=(origin_s, bin_s), **kw)
         replica.until_s = until_s
         return replica
 
@@ -259,23 +329,13 @@ def simulate_cluster(
         kv_bytes_per_token=kv_bytes_per_token, link_latency_s=link_latency_s,
         make_replica=make_replica,
         hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,
-        block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-    num_requests = len(workload)
-    rows = WorkloadRows(workload)
-    arrival_s = rows.arrival_s
-
-    def on_arrival(i: int) -> None:
-        cluster.route(rows.request(i))
-        if i + 1 < num_requests:
-            sim.schedule(arrival_s[i + 1], EventKind.ARRIVAL, i + 1)
-        if progress is not None and i % progress_every == 0:
-            progress(sim.now_s)
-
-    sim.on(EventKind.ARRIVAL, on_arrival)
-    sim.on(EventKind.STEP_END, lambda payload: payload[0].finish_step(payload[1]))
-    sim.on(EventKind.WAKE_UP, Replica.wake_up)
-    if num_requests:
-        sim.schedule(arrival_s[0], EventKind.ARRIVAL, 0)
+        block_size=block_size, enable_prefix_caching=enable_prefix_caching, recorder=recorder)
+    src = source if source is not None else WorkloadSource(workload)
+    if progress is not None:
+        src = _Progress(src, progress, progress_every, sim)
+    cluster.attach_source(src)
+    for controller in controllers:
+        cluster.add_controller(controller)
     # The loop allocates many short-lived objects and no reference cycles (reference
     # counting frees them all), while the cyclic collector would rescan the growing
     # per-request records again and again: about 8% of the run at scale. Off while it runs
@@ -284,9 +344,43 @@ def simulate_cluster(
     gc.disable()
     try:
         sim.run(until_s)
+        if until_s < math.inf:
+            # Windows in flight past the end: record their steps done by then, as step by
+            # step does.
+            for replica in cluster.replicas:
+                replica.interrupt()
         if progress is not None:
             progress(sim.now_s)
         return recorder.records(), cluster
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+class _Progress:
+    """A source wrapper that reports simulated time every ``every`` arrivals."""
+
+    def __init__(self, inner: RequestSource, progress: ProgressFn, every: int,
+                 sim: Simulator) -> None:
+        self.inner = inner
+        self.progress = progress
+        self.every = every
+        self.sim = sim
+        self.wants_finishes = inner.wants_finishes
+        self._count = 0
+
+    @property
+    def num_requests(self) -> int | None:
+        return self.inner.num_requests
+
+    def start(self, ctx: Any) -> None:
+        self.inner.start(ctx)
+
+    def on_arrival(self, req: Request, ctx: Any) -> None:
+        self.inner.on_arrival(req, ctx)
+        if self._count % self.every == 0:
+            self.progress(self.sim.now_s)
+        self._count += 1
+
+    def on_finish(self, req: Request, ctx: Any) -> None:
+        self.inner.on_finish(req, ctx)

@@ -8,20 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from fleetsim.metrics.recorder import Records
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.serving.cluster import (
-    OnlyReplica,
-    PoolSetup,
-    ProgressFn,
-    WorkloadRows,
-    simulate_cluster,
-)
+from fleetsim.serving.cluster import OnlyReplica, PoolSetup, ProgressFn, simulate_cluster
+from fleetsim.serving.recorder import Records
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
 from fleetsim.workloads.workload import Workload
 
-__all__ = ["ProgressFn", "WorkloadRows", "simulate_replica"]
+__all__ = ["ProgressFn", "simulate_replica"]
 
 
 def simulate_replica(
@@ -40,6 +34,7 @@ def simulate_replica(
     until_s: float = math.inf,
     progress: ProgressFn | None = None,
     windows_stop_at_arrivals: bool = True,
+    timeline: tuple[float, float] | None = None,
 ) -> tuple[Records, Replica]:
     """Simulate one replica serving ``workload``; returns the records and the replica.
 
@@ -54,5 +49,6 @@ def simulate_replica(
         rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
         block_size=block_size, max_batched_tokens=max_batched_tokens, max_running=max_running,
         enable_prefix_caching=enable_prefix_caching, fast_forward=fast_forward, debug=debug,
-        until_s=until_s, progress=progress, windows_stop_at_arrivals=windows_stop_at_arrivals)
+        until_s=until_s, progress=progress, windows_stop_at_arrivals=windows_stop_at_arrivals,
+        timeline=timeline)
     return records, cluster.replicas[0]

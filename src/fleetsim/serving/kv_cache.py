@@ -24,6 +24,41 @@ class _Entry:
     num_refs: int
 
 
+def blocks_short(req: Request, num_tokens: int, block_size: int, blocks_per_entry: int) -> int:
+    """Blocks ``req`` lacks to hold ``num_tokens`` tokens of KV (negative: it holds more).
+
+    The one copy of the block-growth formula: the engine, fast-forward windows and the
+    planners' helpers all call it (a direct call in the compiled engine).
+    """
+    return (-(-num_tokens // block_size) - req.num_private_blocks
+            - req.num_cached_entries * blocks_per_entry)
+
+
+class HostPool:
+    """A replica's host-memory KV tier (swap space): blocks counted, as on the GPU."""
+
+    __slots__ = ("num_blocks", "num_free_blocks")
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"host num_blocks must be >= 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.num_free_blocks = num_blocks
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= self.num_free_blocks
+
+    def allocate(self, num_blocks: int) -> None:
+        if num_blocks > self.num_free_blocks:
+            raise RuntimeError(f"host KV over-commit: {num_blocks} blocks wanted, "
+                               f"{self.num_free_blocks} free")
+        self.num_free_blocks -= num_blocks
+
+    def free(self, num_blocks: int) -> None:
+        self.num_free_blocks += num_blocks
+        assert self.num_free_blocks <= self.num_blocks
+
+
 class KVCache:
     """Block accounting with prefix caching. ``can_*``/``*_blocks`` ask, the rest commit."""
 
@@ -99,8 +134,13 @@ class KVCache:
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         """New blocks a running request needs to compute ``num_new_tokens`` more tokens."""
-        held = req.num_private_blocks + req.num_cached_entries * self.blocks_per_entry
-        return max(0, self.num_blocks_for(req.num_computed_tokens + num_new_tokens) - held)
+        short = blocks_short(req, req.num_computed_tokens + num_new_tokens, self.block_size,
+                             self.blocks_per_entry)
+        return short if short > 0 else 0
+
+    def num_held_blocks(self, req: Request) -> int:
+        """Blocks ``req`` holds: private ones plus those of the cache entries it references."""
+        return req.num_private_blocks + req.num_cached_entries * self.blocks_per_entry
 
     def reclaimable_blocks(self, req: Request) -> int:
         """Blocks that become available if running ``req`` is preempted."""
@@ -133,13 +173,6 @@ class KVCache:
         self._evict_until_free(num_blocks)
         self.num_free_blocks -= num_blocks
         req.num_private_blocks += num_blocks
-
-    def free_private(self, req: Request, num_blocks: int) -> None:
-        """Give back ``num_blocks`` of ``req``'s private blocks (a window cut back)."""
-        if not 0 <= num_blocks <= req.num_private_blocks:
-            raise RuntimeError(f"request {req.id} cannot free {num_blocks} blocks")
-        req.num_private_blocks -= num_blocks
-        self.num_free_blocks += num_blocks
 
     def _evict_until_free(self, num_blocks: int) -> None:
         evictable, entries = self._evictable, self._entries
@@ -177,24 +210,31 @@ class KVCache:
 
         Its entries become evictable tail first, so a shared head outlives a private tail.
         """
-        self.num_free_blocks += req.num_private_blocks
+        self.release_blocks(req.num_private_blocks, req.hash_ids, req.num_cached_entries)
         req.num_private_blocks = 0
+        req.num_cached_entries = 0
+
+    def release_blocks(self, num_private_blocks: int, hash_ids: tuple[int, ...],
+                       num_cached_entries: int) -> None:
+        """``release`` of blocks no longer described by a request's counters (a handed-off
+        request's blocks left behind at its source)."""
+        self.num_free_blocks += num_private_blocks
         entries, evictable = self._entries, self._evictable
-        for h in reversed(req.hash_ids[: req.num_cached_entries]):
+        for h in reversed(hash_ids[:num_cached_entries]):
             entry = entries[h]
             entry.num_refs -= 1
             if entry.num_refs == 0:
                 evictable[h] = None
-        req.num_cached_entries = 0
 
-    def check(self, running: list[Request]) -> None:
-        """Assert conservation of blocks and reference counts (debug mode)."""
+    def check(self, holdings: list[tuple[int, tuple[int, ...], int]]) -> None:
+        """Assert conservation of blocks and reference counts (debug mode), given every
+        holding as (private blocks, hash ids, cached entries)."""
         refs: dict[int, int] = {}
         private = 0
-        for r in running:
-            private += r.num_private_blocks
-            assert r.num_private_blocks >= 0, f"request {r.id} holds negative blocks"
-            for h in r.hash_ids[: r.num_cached_entries]:
+        for num_private, hash_ids, num_cached in holdings:
+            private += num_private
+            assert num_private >= 0, f"a holder of {hash_ids[:2]}... has negative blocks"
+            for h in hash_ids[:num_cached]:
                 refs[h] = refs.get(h, 0) + 1
         for h, entry in self._entries.items():
             assert entry.num_refs == refs.get(h, 0), f"entry {h}: refs {entry.num_refs}"

@@ -1,51 +1,68 @@
 """One serving replica: continuous batching over a paged KV cache (vLLM v1 style).
 
-Each step the batching policy plans tokens per request; the engine applies the plan (admit,
-preempt, allocate blocks), asks the performance model for the step's duration and schedules
-one ``STEP_END`` event. At the step's end it commits the tokens, emits outputs, finishes
-requests and plans the next step at once.
+A step goes through four named phases: the batching policy *plans* it (``StepPlan``, read
+from a ``ReplicaView``); the engine *applies* the plan (preempt, swap, migrate, admit,
+allocate blocks, all checked); it *executes* the step (the performance model's duration, or
+a fast-forward window of many decode steps, ``window.py``) with one ``STEP_END`` event; and
+at the step's end it *commits* the tokens, emits outputs, finishes requests and plans the
+next step at once.
 
-Decode fast-forward (``window.py``): when a plan only decodes every running request and the
-policy says the plan would repeat, the engine advances many steps in one event, with results
-bit-identical to stepping one at a time. Anything from outside that touches the replica in
-the middle of a window (an arrival, a KV transfer in or out) first cuts the window back to the
-step in progress (``interrupt``), so the outside world always sees the replica as
-step-by-step simulation would.
+Everything a policy, router or controller reads is exact at the time it reads it: reads go
+through ``ReplicaView`` (``views.py``), and anything that reads or changes the replica in the
+middle of a fast-forward window first calls ``interrupt``, which cuts the window back to the
+step in progress and settles the steps done before now, so the replica is then exactly as
+step-by-step simulation would have it.
 
-Roles: a ``mixed`` replica prefills and decodes; a ``prefill`` replica hands every request
-off after its first token (``on_prefill_done``) and keeps its KV until the transfer is done
-(``release_handoff``); a ``decode`` replica takes requests whose KV arrives (``accept_decode``).
+Requests move through the states of ``request.py``. Any replica can hand a running request
+off (a ``prefill`` replica does so after every first token; a policy may ``migrate``), keeping
+its KV until the transfer is done (``release_handoff``), and take requests whose KV comes in
+(``queue_incoming`` -> ``start_incoming`` -> ``accept_incoming``). Swapping to host memory
+goes through the same transfer service.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Callable
-from enum import IntEnum
-from typing import Any
+from typing import Any, Final
 
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
-from fleetsim.metrics.recorder import Recorder
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.serving.kv_cache import KVCache
-from fleetsim.serving.request import Request
+from fleetsim.serving.capabilities import capabilities_of
+from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
+from fleetsim.serving.recorder import Recorder
+from fleetsim.serving.request import (
+    FINISHED,
+    HANDED_OFF,
+    IN_TRANSFER,
+    INCOMING,
+    RUNNING,
+    STATE_NAMES,
+    SWAPPED,
+    SWAPPING_IN,
+    SWAPPING_OUT,
+    WAITING,
+    Request,
+)
+from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
+from fleetsim.serving.views import ReplicaView
 from fleetsim.serving.window import DecodeWindows, Step
 
+STEP_END: Final = 40  # a step (or window) ends: commit it and plan the next
+WAKE_UP: Final = 50  # an idle replica plans its first step after all same-time inputs
 
-class EventKind(IntEnum):
-    """Same-time order: every arrival at time t joins a queue before any step planned at t."""
-
-    ARRIVAL = 0
-    TRANSFER_START = 1  # KV transfers (P/D): bytes start flowing after the link latency
-    TRANSFER_CHECK = 2  # a transfer may have finished; its KV joins the decode batch
-    STEP_END = 3
-    WAKE_UP = 4  # an idle replica plans its first step after all same-time inputs
+HandoffFn = Callable[["Replica", Request, "int | None"], None]
 
 
 class Replica:
-    """A replica engine bound to a simulator. ``submit`` requests; results go to ``recorder``."""
+    """A replica engine bound to a simulator. ``submit`` requests; results go to ``recorder``.
+
+    The queues (``running``, ``waiting``, ``swapped``, ``incoming``) are the engine's own:
+    policies and routers read them through ``view`` (a ``ReplicaView``).
+    """
 
     def __init__(
         self,
@@ -62,28 +79,35 @@ class Replica:
         debug: bool = False,
         replica_id: int = 0,
         role: str = "mixed",
-        on_prefill_done: Callable[[Replica, Request], None] | None = None,
+        pool: str = "default",
+        on_handoff: HandoffFn | None = None,
         on_blocks_freed: Callable[[Replica], None] | None = None,
+        on_finish: Callable[[Request], None] | None = None,
         next_input_hint_s: Callable[[], float] | None = None,
+        timeline: tuple[float, float] | None = None,
+        transfers: TransferService | None = None,
+        host: HostPool | None = None,
+        kv_bytes_per_token: float = 0.0,
     ) -> None:
         self.sim = sim
         self.step_model = step_model
         self.kv = kv
-        self.batch_policy = batch_policy
-        self.order_key = order_key
         self.recorder = recorder
         self.max_batched_tokens = max_batched_tokens
         self.max_running_total = max_running
-        self.fast_forward = fast_forward and getattr(batch_policy, "fast_forward_safe", False)
-        # The policy promises that with nothing waiting and every running request decoding,
-        # its plan decodes each of them once: the engine then opens a window without asking.
-        self._decode_all_when_idle = self.fast_forward and getattr(
-            batch_policy, "decodes_all_when_idle", False)
         self.debug = debug
         self.replica_id = replica_id
         self.role = role
-        self.on_prefill_done = on_prefill_done  # prefill role: hand the request off
-        self.on_blocks_freed = on_blocks_freed  # decode role: pending transfers may fit now
+        self.pool = pool
+        self.on_handoff = on_handoff  # the cluster routes a handed-off request on
+        self.on_blocks_freed = on_blocks_freed  # incoming transfers may fit now
+        self.on_finish = on_finish  # a request source wants to know (programs, RL)
+        self.transfers = transfers
+        self.host = host
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self._fast_forward_wanted = fast_forward
+        self._next_input_hint_s = next_input_hint_s
+        self._timeline = timeline
         # Known tokens still to compute over all queued requests: prefill backlog plus one per
         # decoding request. Decode steps leave it unchanged (one computed, one emitted), so
         # routers can read it mid-window at O(1).
@@ -91,11 +115,17 @@ class Replica:
         # Finish times of the requests that finish inside the window in flight, sorted; the
         # counter above already left them out (``load_tokens`` adds back those still ahead).
         self._finish_times: list[float] = []
-        # Requests holding blocks outside the running batch: handoffs awaiting transfer
-        # (prefill role) and reservations for KV on its way in (decode role).
-        self._holders: dict[int, Request] = {}
+        # Blocks held outside the running batch: request_id -> (private blocks, hash ids,
+        # cached entries) of requests handed off and awaiting their transfer out (the request
+        # itself moves on: its counters then describe its blocks at the destination), and
+        # reservations for KV on its way in (their counters are this replica's).
+        self._holders: dict[int, tuple[int, tuple[int, ...], int]] = {}
+        self._reserved: dict[int, Request] = {}
+        self._num_reserved = 0  # of them, those whose KV is on its way in
+        self.incoming: deque[tuple[Replica, Request]] = deque()  # (source, request), FIFO
+        self.swapped: list[Request] = []  # in host memory, in swap-out order
         self._step: Step | None = None
-        self._windows = DecodeWindows(kv, step_model, next_input_hint_s)
+        self._windows = DecodeWindows(kv, step_model, next_input_hint_s, timeline)
         self.running: list[Request] = []
         self.waiting: list[Request] = []
         self._running_keys: list[tuple] = []
@@ -105,24 +135,55 @@ class Replica:
         self.busy = False
         self.until_s = math.inf
         self._pending_kv_seconds = 0.0
+        self.batch_policy: Any = None
+        self.order_key = order_key
+        self.fast_forward = False
+        self._decode_all_when_idle = False
+        self._set_batch_policy(batch_policy)
+        self.view = ReplicaView(self)
 
-    # ---- queues ----------------------------------------------------------------------
+    # ---- policies --------------------------------------------------------------------
+    def _set_batch_policy(self, policy: Any) -> None:
+        caps = capabilities_of(policy)
+        self.batch_policy = policy
+        self.fast_forward = self._fast_forward_wanted and caps.fast_forward_safe
+        # The policy promises that with nothing waiting and every running request decoding,
+        # its plan decodes each of them once: the engine then opens a window without asking.
+        self._decode_all_when_idle = self.fast_forward and caps.decodes_all_when_idle
+
+    def set_policies(self, batch_policy: Any = None,
+                     order_key: Callable[[Request, float], tuple] | None = None) -> None:
+        """Change the batching policy and/or the ordering at ``now`` (a controller's verb):
+        the window in flight is cut back, queues are re-sorted under the new key, and the
+        fast-forward capabilities are those the new policy declares."""
+        self.interrupt()
+        if batch_policy is not None:
+            self._set_batch_policy(batch_policy)
+        if order_key is not None:
+            self.order_key = order_key
+            self.resort()
+
+    def resort(self) -> None:
+        """Recompute every queued request's ordering key at ``now`` and re-sort (for keys
+        that change as requests run, e.g. a multi-level feedback queue's levels)."""
+        self.interrupt()
+        now_s = self.sim.now_s
+        for queue, keys in ((self.running, self._running_keys),
+                            (self.waiting, self._waiting_keys)):
+            pairs = sorted(((self.order_key(r, now_s), i, r) for i, r in enumerate(queue)),
+                           key=lambda p: (p[0], p[1]))
+            queue[:] = [r for _, _, r in pairs]
+            keys[:] = [k for k, _, _ in pairs]
+
+    # ---- inputs ----------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         """A request arrives now: queue it and start a step if the replica is idle."""
         self.interrupt()
+        req.replica_id = self.replica_id
+        req.state = WAITING
         self._by_id[req.id] = req
         self._load_tokens += req.num_tokens - req.num_computed_tokens
         self._enqueue(self.waiting, self._waiting_keys, req)
-        self._wake()
-
-    def accept_decode(self, req: Request) -> None:
-        """Decode role: ``req``'s KV has arrived (its blocks were reserved here with
-        ``reserve_decode``); it joins the running batch at the next step."""
-        self.interrupt()
-        del self._holders[req.id]
-        req.is_running = True
-        self._load_tokens += req.num_tokens - req.num_computed_tokens
-        self._enqueue(self.running, self._running_keys, req)
         self._wake()
 
     @property
@@ -139,52 +200,18 @@ class Replica:
     @property
     def max_running(self) -> int:
         """Running slots the batching policy may fill: the limit, less the slots promised to
-        KV transfers on their way in (decode role)."""
-        return self.max_running_total - self.num_reserved
+        KV transfers on their way in."""
+        return self.max_running_total - self._num_reserved
 
     @property
     def num_reserved(self) -> int:
-        """Requests whose KV is on its way in (decode role)."""
-        return len(self._holders) if self.role == "decode" else 0
-
-    def can_reserve_decode(self, num_tokens: int) -> bool:
-        """Could a request with ``num_tokens`` of KV (plus its next token) move in now?"""
-        self.interrupt()
-        kv = self.kv
-        return (len(self.running) + self.num_reserved < self.max_running_total
-                and kv.num_blocks_for(num_tokens + 1) <= kv.num_available_blocks)
-
-    def reserve_decode(self, req: Request) -> None:
-        """Take the blocks ``req``'s transferred KV will fill (and its next token)."""
-        self.interrupt()
-        self._by_id[req.id] = req
-        self._holders[req.id] = req
-        self.kv.allocate(req, self.kv.num_blocks_for(req.num_computed_tokens + 1))
-
-    def release_handoff(self, req: Request) -> None:
-        """Prefill role: ``req``'s KV has left; free its blocks (it may unblock admission)."""
-        self.interrupt()
-        del self._holders[req.id]
-        self.kv.release(req)
-        self._wake()
+        """Requests whose KV is on its way in."""
+        return self._num_reserved
 
     def _wake(self) -> None:
         if not self.busy:
             self.busy = True
-            self.sim.schedule(self.sim.now_s, EventKind.WAKE_UP, self)
-
-    def interrupt(self) -> None:
-        """Cut an ongoing fast-forward window back to the step in progress at ``now``."""
-        step = self._step
-        if step is None or step.window is None or step.window.settled:
-            return
-        if self._windows.cut(step, self.sim.now_s):
-            ft = self._finish_times
-            keep = bisect.bisect_right(ft, step.end_s)
-            self._load_tokens += len(ft) - keep  # no longer finishing inside the window
-            del ft[keep:]
-            self.sim.schedule(step.end_s, EventKind.STEP_END, (self, step))
-        self._settle(step)
+            self.sim.schedule(self.sim.now_s, WAKE_UP, self)
 
     def _enqueue(self, queue: list[Request], keys: list[tuple], req: Request) -> None:
         key = self.order_key(req, self.sim.now_s)
@@ -197,7 +224,72 @@ class Replica:
         del queue[at]
         del keys[at]
 
-    # ---- step start ------------------------------------------------------------------
+    # ---- KV coming in (P/D handoff, migration) ---------------------------------------
+    def queue_incoming(self, src: Replica, req: Request) -> None:
+        """``req`` (handed off by ``src``, which keeps its KV) is to move here: queue it
+        until blocks and a running slot can be reserved, then start its transfer."""
+        req.state = INCOMING
+        self.incoming.append((src, req))
+        self.start_incoming()
+
+    def start_incoming(self) -> None:
+        """Start the transfers of queued incoming requests, in order, while each fits."""
+        incoming = self.incoming
+        while incoming and self._can_reserve(incoming[0][1].num_computed_tokens):
+            src, req = incoming.popleft()
+            self._reserve(req)
+            num_bytes = self.kv_bytes_per_token * req.num_computed_tokens
+
+            def done(src: Replica = src, req: Request = req) -> None:
+                src.release_handoff(req)
+                req.kv_transfer_s = self.sim.now_s - req.handoff_s
+                self.accept_incoming(req)
+
+            assert self.transfers is not None
+            self.transfers.start(src.replica_id, self.replica_id, num_bytes, done,
+                                 client="kv_handoff")
+
+    def _can_reserve(self, num_tokens: int) -> bool:
+        """Could a request with ``num_tokens`` of KV (plus its next token) move in now?"""
+        self.interrupt()
+        kv = self.kv
+        return (len(self.running) + self._num_reserved < self.max_running_total
+                and kv.num_blocks_for(num_tokens + 1) <= kv.num_available_blocks)
+
+    def _reserve(self, req: Request) -> None:
+        """Take the blocks ``req``'s transferred KV will fill (and its next token)."""
+        req.state = IN_TRANSFER
+        req.replica_id = self.replica_id
+        self._by_id[req.id] = req
+        self._reserved[req.id] = req
+        self._num_reserved += 1
+        self.kv.allocate(req, self.kv.num_blocks_for(req.num_computed_tokens + 1))
+
+    def accept_incoming(self, req: Request) -> None:
+        """``req``'s KV has arrived in the blocks reserved for it: it joins the running
+        batch at the next step."""
+        self.interrupt()
+        del self._reserved[req.id]
+        self._num_reserved -= 1
+        req.state = RUNNING
+        self._load_tokens += req.num_tokens - req.num_computed_tokens
+        if not self._is_decoding(req):
+            self._num_prefilling += 1
+        self._enqueue(self.running, self._running_keys, req)
+        self._wake()
+
+    def release_handoff(self, req: Request) -> None:
+        """``req``'s KV has left: free its blocks here (it may unblock admission)."""
+        self.interrupt()
+        private, hash_ids, cached = self._holders.pop(req.id)
+        self.kv.release_blocks(private, hash_ids, cached)
+        self._wake()
+
+    @staticmethod
+    def _is_decoding(req: Request) -> bool:
+        return req.num_output_tokens > 0 and req.num_computed_tokens == req.num_tokens - 1
+
+    # ---- step phase 1: plan ----------------------------------------------------------
     def wake_up(self) -> None:
         """Handler of ``WAKE_UP``: the idle replica starts stepping."""
         self._start_step()
@@ -205,35 +297,81 @@ class Replica:
     def _start_step(self) -> None:
         running = self.running
         if not running:
-            if not self.waiting:
+            if not self.waiting and not self.swapped:
                 self.busy = False
                 return
-        elif (self._decode_all_when_idle and not self.waiting and not self._num_prefilling
-              and len(running) <= self.max_batched_tokens and self._open_idle_window()):
+        elif (self._decode_all_when_idle and not self.waiting and not self.swapped
+              and not self._num_prefilling and len(running) <= self.max_batched_tokens
+              and self._open_idle_window()):
             return
         now_s = self.sim.now_s
-        plan = self.batch_policy.plan(self, now_s)
+        plan = self.batch_policy.plan(self.view, now_s)
+        step = self._apply(plan, now_s)
+        if step is not None:
+            self._execute(step, now_s)
+
+    def _open_idle_window(self) -> bool:
+        """Nothing waits and every running request decodes: the plan is known (the policy
+        said so), so open a window without planning, if the first step's blocks are free."""
+        step = Step(self.sim.now_s)
+        step.decodes = self.running.copy()
+        through = self.on_blocks_freed is None and self.until_s == math.inf
+        if self._windows.open(step, self.until_s, through) is None:
+            return False
+        if self.debug:
+            self._check_idle_promise(step.decodes)
+        step.num_running = len(step.decodes)
+        self._note_finishes(step)
+        self.busy = True
+        self._step = step
+        self.sim.schedule(step.end_s, STEP_END, (self, step))
+        return True
+
+    def _check_idle_promise(self, decodes: list[Request]) -> None:
+        """Debug: the policy's plan must be what ``decodes_all_when_idle`` promised."""
+        plan = self.batch_policy.plan(self.view, self.sim.now_s)
+        if (plan.preempt or plan.swap_out or plan.swap_in or plan.migrate
+                or dict(plan.tokens_by_request) != {r.id: 1 for r in decodes}):
+            raise PlanError(
+                f"{type(self.batch_policy).__name__} declares decodes_all_when_idle, but with "
+                f"nothing waiting it planned {plan} instead of one token for each running "
+                f"request")
+
+    # ---- step phase 2: apply ---------------------------------------------------------
+    def _apply(self, plan: Any, now_s: float) -> Step | None:
+        """Apply ``plan``: its verbs, then admissions and block allocations, all checked.
+        Returns the step to execute, or None when the replica sleeps."""
         for rid in plan.preempt:
             self._preempt(self._lookup(rid, plan))
+        for rid in plan.swap_out:
+            self._swap_out(self._lookup(rid, plan))
+        for rid, dst in plan.migrate:
+            self._migrate(self._lookup(rid, plan), dst)
+        for rid in plan.swap_in:
+            self._swap_in(self._lookup(rid, plan))
         step = Step(now_s)
         kv = self.kv
         total = 0
-        all_decode = not plan.preempt and len(plan.tokens_by_request) == len(self.running)
+        all_decode = (not plan.preempt and not plan.swap_out and not plan.migrate
+                      and len(plan.tokens_by_request) == len(self.running))
         by_id, decodes, chunks = self._by_id, step.decodes, step.chunks
         bs, per_entry = kv.block_size, kv.blocks_per_entry
-        # Hot loop (once per request per step): block arithmetic inlined from KVCache.
+        # Hot loop (once per request per step).
         for rid, num_new in plan.tokens_by_request.items():
             req = by_id.get(rid)
             if req is None:
                 raise PlanError(f"plan names unknown request {rid}: {plan}")
-            if not req.is_running:
+            state = req.state
+            if state != RUNNING:
+                if state != WAITING:
+                    raise PlanError(f"plan gives tokens to request {rid}, which is "
+                                    f"{_state_name(state)}: {plan}")
                 self._admit(req)
                 all_decode = False
             todo = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
             if not 0 < num_new <= todo:
                 raise PlanError(f"request {rid}: {num_new} tokens planned, {todo} computable")
-            needed = (-(-(req.num_computed_tokens + num_new) // bs) - req.num_private_blocks
-                      - req.num_cached_entries * per_entry)
+            needed = blocks_short(req, req.num_computed_tokens + num_new, bs, per_entry)
             if needed > 0:
                 if needed <= kv.num_free_blocks:  # KVCache.allocate without eviction, inlined
                     kv.num_free_blocks -= needed
@@ -249,54 +387,22 @@ class Replica:
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
         if total == 0:
-            if self._holders and not self.running:
-                # Waiting requests need blocks that KV transfers still hold (outgoing on a
-                # prefill replica, incoming on a decode one): sleep until a transfer finishes
-                # (release_handoff / accept_decode wake us).
+            if (self._holders or self._reserved or plan.swap_out or plan.swap_in or plan.migrate
+                    or self._swaps_in_flight()) and not self.running:
+                # Waiting requests need blocks that transfers still hold (outgoing KV,
+                # incoming KV, swaps): sleep until one finishes (its callback wakes us).
                 self.busy = False
                 self._step = None
-                return
+                return None
             # Otherwise an empty plan would never make progress: a policy bug.
             raise PlanError(f"empty plan with {len(self.running)} running, "
-                            f"{len(self.waiting)} waiting at {now_s} s")
+                            f"{len(self.waiting)} waiting, {len(self.swapped)} swapped at "
+                            f"{now_s} s")
         step.num_tokens = total
         step.num_running = len(self.running)
         step.num_waiting = len(self.waiting)
-        self.busy = True
-        if all_decode and self.fast_forward:
-            end_s = self._try_fast_forward(step)
-        else:
-            end_s = now_s + self._single_step_time(step)
-        step.end_s = end_s
-        self._step = step
-        self.sim.schedule(end_s, EventKind.STEP_END, (self, step))
-
-    def _open_idle_window(self) -> bool:
-        """Nothing waits and every running request decodes: the plan is known (the policy
-        said so), so open a window without planning, if the first step's blocks are free."""
-        step = Step(self.sim.now_s)
-        step.decodes = self.running.copy()
-        if self._windows.open(
-                step, self.until_s,
-                self.on_blocks_freed is None and self.until_s == math.inf) is None:
-            return False
-        if self.debug:
-            self._check_idle_promise(step.decodes)
-        step.num_running = len(step.decodes)
-        self._note_finishes(step)
-        self.busy = True
-        self._step = step
-        self.sim.schedule(step.end_s, EventKind.STEP_END, (self, step))
-        return True
-
-    def _check_idle_promise(self, decodes: list[Request]) -> None:
-        """Debug: the policy's plan must be what ``decodes_all_when_idle`` promised."""
-        plan = self.batch_policy.plan(self, self.sim.now_s)
-        if plan.preempt or dict(plan.tokens_by_request) != {r.id: 1 for r in decodes}:
-            raise PlanError(
-                f"{type(self.batch_policy).__name__} declares decodes_all_when_idle, but with "
-                f"nothing waiting it planned {dict(plan.tokens_by_request)} preempting "
-                f"{list(plan.preempt)} instead of one token for each running request")
+        step.is_all_decode = all_decode
+        return step
 
     def _lookup(self, rid: int, plan: Any) -> Request:
         req = self._by_id.get(rid)
@@ -308,27 +414,127 @@ class Replica:
         self._dequeue(self.waiting, self._waiting_keys, req)
         self.kv.admit(req)
         self._load_tokens -= req.num_prefix_hit_tokens
-        req.is_running = True
+        req.state = RUNNING
         self._num_prefilling += 1
         self._enqueue(self.running, self._running_keys, req)
         if math.isnan(req.first_scheduled_s):
             req.first_scheduled_s = self.sim.now_s
 
+    def _leave_running(self, req: Request, verb: str) -> None:
+        if req.state != RUNNING:
+            raise PlanError(f"plan {verb} request {req.id}, which is {_state_name(req.state)}")
+        self._dequeue(self.running, self._running_keys, req)
+        if not self._is_decoding(req):
+            self._num_prefilling -= 1
+
     def _preempt(self, req: Request) -> None:
         """Evict by recompute: drop its KV; it re-enters the waiting queue."""
-        if req not in self.running:
-            raise PlanError(f"plan preempts request {req.id}, which is not running")
-        self._dequeue(self.running, self._running_keys, req)
-        if req.num_computed_tokens < req.num_tokens - 1 or not req.num_output_tokens:
-            self._num_prefilling -= 1
+        self._leave_running(req, "preempts")
         self.kv.release(req)
         # Work since the last admission's prefix hit is lost (STYLE's conservation formula).
         req.num_recomputed_tokens += req.num_computed_tokens - req.num_prefix_hit_tokens
         self._load_tokens += req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_preemptions += 1
-        req.is_running = False
+        req.state = WAITING
         self._enqueue(self.waiting, self._waiting_keys, req)
+
+    # ---- swap to host memory and migration ---------------------------------------------
+    def _swap_bytes(self, req: Request) -> float:
+        return self.kv_bytes_per_token * req.num_computed_tokens
+
+    def _swaps_in_flight(self) -> bool:
+        return any(r.state in (SWAPPING_OUT, SWAPPING_IN) for r in self._by_id.values())
+
+    def _swap_out(self, req: Request) -> None:
+        """Preempt by swap: copy ``req``'s KV to host memory (its GPU blocks stay held until
+        the copy is done), then free them; it waits in ``swapped`` for a ``swap_in``."""
+        host, transfers = self.host, self.transfers
+        if host is None or transfers is None:
+            raise PlanError(f"plan swaps out request {req.id}, but replica "
+                            f"{self.replica_id} has no host KV tier (engine.host_kv_blocks)")
+        num_blocks = self.kv.num_blocks_for(req.num_computed_tokens)
+        if not host.can_allocate(num_blocks):
+            raise PlanError(f"plan swaps out request {req.id} ({num_blocks} blocks), host tier "
+                            f"has {host.num_free_blocks} free")
+        self._leave_running(req, "swaps out")
+        host.allocate(num_blocks)
+        req.state = SWAPPING_OUT
+        req.num_swaps += 1
+        self._load_tokens -= req.num_tokens - req.num_computed_tokens
+
+        def done() -> None:
+            self.interrupt()
+            self.kv.release(req)
+            req.state = SWAPPED
+            self.swapped.append(req)
+            self._wake()
+
+        rid = self.replica_id
+        transfers.start(gpu_dma_endpoint(rid), host_endpoint(rid), self._swap_bytes(req), done,
+                        client="swap_out", latency_s=0.0)
+
+    def _swap_in(self, req: Request) -> None:
+        """Bring a swapped request's KV back into fresh GPU blocks; it rejoins the running
+        batch when the copy is done."""
+        if req.state != SWAPPED:
+            raise PlanError(f"plan swaps in request {req.id}, which is {_state_name(req.state)}")
+        kv, host = self.kv, self.host
+        assert host is not None and self.transfers is not None
+        num_blocks = kv.num_blocks_for(req.num_computed_tokens)
+        if num_blocks > kv.num_available_blocks:
+            raise PlanError(f"plan swaps in request {req.id} ({num_blocks} blocks), "
+                            f"{kv.num_available_blocks} available")
+        self.swapped.remove(req)
+        kv.allocate(req, num_blocks)
+        req.num_cached_entries = 0  # its prefix comes back as private blocks
+        req.state = SWAPPING_IN
+
+        def done() -> None:
+            self.interrupt()
+            host.free(num_blocks)
+            req.state = RUNNING
+            self._load_tokens += req.num_tokens - req.num_computed_tokens
+            if not self._is_decoding(req):
+                self._num_prefilling += 1
+            self._enqueue(self.running, self._running_keys, req)
+            self._wake()
+
+        rid = self.replica_id
+        self.transfers.start(host_endpoint(rid), gpu_dma_endpoint(rid), self._swap_bytes(req),
+                             done, client="swap_in", latency_s=0.0)
+
+    def _migrate(self, req: Request, dst: int) -> None:
+        """Move a running request (and its KV) to replica ``dst``: it leaves the batch now,
+        its blocks stay here until the transfer is done."""
+        if self.on_handoff is None:
+            raise PlanError(f"plan migrates request {req.id}, but replica {self.replica_id} "
+                            f"is not part of a cluster that can move it")
+        self._leave_running(req, "migrates")
+        self._hand_off(req, dst)
+
+    def _hand_off(self, req: Request, dst: int | None) -> None:
+        del self._by_id[req.id]
+        req.state = HANDED_OFF
+        req.handoff_s = self.sim.now_s
+        self._load_tokens -= req.num_tokens - req.num_computed_tokens
+        self._holders[req.id] = (req.num_private_blocks, req.hash_ids, req.num_cached_entries)
+        req.num_private_blocks = 0
+        req.num_cached_entries = 0
+        self.on_handoff(self, req, dst)  # type: ignore[misc]
+
+    # ---- step phase 3: execute -------------------------------------------------------
+    def _execute(self, step: Step, now_s: float) -> None:
+        self.busy = True
+        if step.is_all_decode and self.fast_forward:
+            end_s = self._windows.open(step, self.until_s)
+            assert end_s is not None  # the plan took the first step's blocks
+            self._note_finishes(step)
+        else:
+            end_s = now_s + self._single_step_time(step)
+        step.end_s = end_s
+        self._step = step
+        self.sim.schedule(end_s, STEP_END, (self, step))
 
     def _single_step_time(self, step: Step) -> float:
         chunks = [(n, r.num_computed_tokens) for r, n in step.chunks]
@@ -338,13 +544,6 @@ class Replica:
         duration_s = self.step_model.step_time_s(chunks, len(step.decodes), kv_tokens)
         self._pending_kv_seconds = self.kv.num_used_blocks * duration_s
         return duration_s
-
-    # ---- fast-forward ----------------------------------------------------------------
-    def _try_fast_forward(self, step: Step) -> float:
-        end_s = self._windows.open(step, self.until_s)
-        assert end_s is not None  # the plan took the first step's blocks
-        self._note_finishes(step)
-        return end_s
 
     def _note_finishes(self, step: Step) -> None:
         """Take the window's finishers out of the load counter now, keeping their times so
@@ -358,106 +557,85 @@ class Replica:
             self._finish_times = ft
             self._load_tokens -= len(ft)
 
-    def _settle(self, step: Step) -> None:
-        """Take the blocks and commit the tokens of ``step``'s window (its length is final),
-        finish the requests whose last step is before its last one, and compute its KV
-        block-seconds. Those finishing at its last step are left for its end."""
-        w = step.window
-        assert w is not None
-        if w.settled:
+    # ---- fast-forward: exact state at any time ----------------------------------------
+    def interrupt(self) -> None:
+        """Make the replica's state exact at ``now``: cut an ongoing fast-forward window
+        back to the step in progress, settle the steps before it, and leave that step as an
+        ordinary one (committed at its end, as step by step)."""
+        step = self._step
+        if step is None or step.window is None:
             return
-        w.settled = True
-        kv = self.kv
-        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        if self._windows.cut(step, self.sim.now_s):
+            self.sim.schedule(step.end_s, STEP_END, (self, step))
         k = step.num_steps
-        ends = w.ends
-        end_s = ends[k - 1]
-        taken = 0
-        # Blocks in use change only when a decoder takes a new block at the start of step
-        # j >= 1, or frees all at a finish; the change lasts until the window's end.
-        late = 0.0
-        before: list[tuple[int, int, Request]] = []
-        at_end = w.at_end
-        for i, (r, left) in enumerate(zip(step.decodes, w.lefts, strict=True)):
-            c = r.num_computed_tokens
-            held = r.num_private_blocks + r.num_cached_entries * per_entry
-            s_i = left if left < k else k
-            first = -(-(c + 1) // bs)
-            if first < held:
-                first = held
-            j = first * bs - c  # the first step that needs another block
-            while j < s_i:
-                late += end_s - ends[j - 1]
-                j += bs
-            extra = -(-(c + s_i) // bs) - held
-            if extra > 0:
-                r.num_private_blocks += extra
-                taken += extra
-            r.num_computed_tokens = c + s_i
-            r.num_computed_tokens_total += s_i
-            r.num_output_tokens += s_i
-            if left < k:
-                before.append((left, i, r))
-            elif left == k:
-                at_end.append(r)
-        kv.num_free_blocks -= taken
-        if before:
-            before.sort()  # finish order: by step, then batch order (as step by step)
-            for left, _, r in before:
-                t = ends[left - 1]
-                used = kv.num_used_blocks
-                self._finish(r, t)
-                late -= (end_s - t) * (used - kv.num_used_blocks)
-                w.finish_steps.append(left)
-        w.kv_seconds = w.used0 * (end_s - step.start_s) + late
+        self._windows.settle(step, k - 1, self._finish)
+        self._record_window(step, k - 1, step.window.ends[k - 2] if k > 1 else step.start_s)
+        # The step in progress: the decoders left, their blocks for it already taken.
+        remaining = [r for r, left in zip(step.decodes, step.window.lefts, strict=True)
+                     if left >= k]
+        self._load_tokens += len(self._finish_times) - len(step.window.finish_steps)
+        self._finish_times = []
+        step.start_s = step.window.ends[k - 2] if k > 1 else step.start_s
+        step.window = None
+        step.decodes = remaining
+        step.num_steps = 1
+        step.num_tokens = len(remaining)
+        step.num_running = len(remaining)
+        self._pending_kv_seconds = self.kv.num_used_blocks * (step.end_s - step.start_s)
 
-    def _finish(self, r: Request, t: float) -> None:
-        self._dequeue(self.running, self._running_keys, r)
-        self.kv.release(r)
-        del self._by_id[r.id]
-        r.finish_s = t
-        r.is_running = False
-        self.recorder.on_finish(self.replica_id, r)
-
-    def _finish_window(self, step: Step, now_s: float) -> list[Request]:
-        """A window's end: settle it, finish its last step's requests, record it (one
-        timeline row per stretch with a fixed batch)."""
-        self._settle(step)
+    def _record_window(self, step: Step, num_steps: int, horizon_s: float) -> None:
+        """Timeline rows of a window's first ``num_steps`` settled steps: one per stretch
+        with a fixed batch, the KV block-seconds on the last (a window lies in one bin)."""
         w = step.window
         assert w is not None
-        self._finish_times = []
-        for r in w.at_end:
-            self._finish(r, now_s)
-        rec, rid, ends = self.recorder, self.replica_id, w.ends
+        rows: list[list[Any]] = []
+        ends = w.ends
         n, a, t = len(step.decodes), 0, step.start_s
         for left in w.finish_steps:
             if left > a:
-                rec.on_step(rid, ends[left - 1], ends[left - 1] - t, 0.0, left - a,
-                            n * (left - a), self.kv.num_used_blocks, n, step.num_waiting)
+                rows.append([ends[left - 1], ends[left - 1] - t, 0.0, left - a, n * (left - a),
+                             n])
                 a, t = left, ends[left - 1]
             n -= 1
-        rec.on_step(rid, now_s, now_s - t, w.kv_seconds, step.num_steps - a,
-                    n * (step.num_steps - a), self.kv.num_used_blocks, n, step.num_waiting)
-        return w.at_end
+        if num_steps > a:
+            rows.append([horizon_s, horizon_s - t, 0.0, num_steps - a, n * (num_steps - a), n])
+        if not rows:
+            return
+        rows[-1][2] = w.kv_seconds
+        rec, rid, used = self.recorder, self.replica_id, self.kv.num_used_blocks
+        for end_s, busy_s, kv_s, num_steps_row, num_tokens, num_running in rows:
+            rec.on_step(rid, end_s, busy_s, kv_s, num_steps_row, num_tokens, used, num_running,
+                        step.num_waiting)
 
-    # ---- step end --------------------------------------------------------------------
+    # ---- step phase 4: commit --------------------------------------------------------
     def finish_step(self, step: Step) -> None:
-        """Commit the step's tokens at ``sim.now_s`` and plan the next step."""
+        """Handler of ``STEP_END``: commit the step's tokens at ``now`` and plan the next."""
         now_s = self.sim.now_s
         if step is not self._step or now_s != step.end_s:
             return  # the end of a window that was cut back since
         self._step = None
         if step.window is not None:
-            done = self._finish_window(step, now_s)
+            done = self._commit_window(step, now_s)
         else:
-            done = self._finish_single_step(step, now_s)
+            done = self._commit_step(step, now_s)
         if self.debug:
             self._check()
         if done and self.on_blocks_freed is not None:
             self.on_blocks_freed(self)
         self._start_step()
 
-    def _finish_single_step(self, step: Step, now_s: float) -> list[Request]:
+    def _commit_window(self, step: Step, now_s: float) -> list[Request]:
+        """A window's end: settle it, finish its last step's requests, record it."""
+        self._windows.settle(step, step.num_steps, self._finish)
+        w = step.window
+        assert w is not None
+        self._finish_times = []
+        for r in w.at_end:
+            self._finish(r, now_s)
+        self._record_window(step, step.num_steps, now_s)
+        return w.at_end
+
+    def _commit_step(self, step: Step, now_s: float) -> list[Request]:
         """Commit one step's chunks and decodes; returns the requests it finished."""
         kv = self.kv
         done: list[Request] = []
@@ -489,26 +667,21 @@ class Replica:
         for r in handoff:
             # The request leaves the batch but its KV stays until the transfer is done.
             self._dequeue(self.running, self._running_keys, r)
-            del self._by_id[r.id]
-            r.is_running = False
-            self._load_tokens -= 1
-            self._holders[r.id] = r
-            self.on_prefill_done(self, r)  # type: ignore[misc]
+            self._hand_off(r, None)
         self.recorder.on_step(
             self.replica_id, now_s, now_s - step.start_s, self._pending_kv_seconds, 1,
             step.num_tokens, kv.num_used_blocks, step.num_running, step.num_waiting)
         return done
 
-    def _check(self) -> None:
-        """Debug invariants: queue limits, the load counter and KV block conservation."""
-        assert len(self.running) + self.num_reserved <= self.max_running_total
-        decoding = sum(r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1
-                       for r in self.running)
-        assert self._num_prefilling == len(self.running) - decoding
-        queued = self.running + self.waiting
-        expected = sum(r.num_tokens - r.num_computed_tokens for r in queued)
-        assert self._load_tokens == expected, (self._load_tokens, expected)
-        self.kv.check(self.running + list(self._holders.values()))
+    def _finish(self, r: Request, t: float) -> None:
+        self._dequeue(self.running, self._running_keys, r)
+        self.kv.release(r)
+        del self._by_id[r.id]
+        r.finish_s = t
+        r.state = FINISHED
+        self.recorder.on_finish(self.replica_id, r)
+        if self.on_finish is not None:
+            self.on_finish(r)
 
     @staticmethod
     def _emit(r: Request, now_s: float, num: int, done: list[Request]) -> None:
@@ -518,3 +691,22 @@ class Replica:
         if r.num_output_tokens >= r.max_output_tokens:
             done.append(r)
 
+    def _check(self) -> None:
+        """Debug invariants: queue limits, states, the load counter and KV conservation."""
+        assert len(self.running) + self._num_reserved <= self.max_running_total
+        decoding = sum(self._is_decoding(r) for r in self.running)
+        assert self._num_prefilling == len(self.running) - decoding
+        assert all(r.state == RUNNING for r in self.running)
+        assert all(r.state == WAITING for r in self.waiting)
+        assert all(r.state == SWAPPED for r in self.swapped)
+        queued = self.running + self.waiting
+        expected = sum(r.num_tokens - r.num_computed_tokens for r in queued)
+        assert self._load_tokens == expected, (self._load_tokens, expected)
+        swapping = [r for r in self._by_id.values() if r.state in (SWAPPING_OUT, SWAPPING_IN)]
+        held = [(r.num_private_blocks, r.hash_ids, r.num_cached_entries)
+                for r in self.running + list(self._reserved.values()) + swapping]
+        self.kv.check(held + list(self._holders.values()))
+
+
+def _state_name(state: int) -> str:
+    return STATE_NAMES[state]

@@ -12,6 +12,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Final
+
+# A request's lifecycle (``Request.state``). Plain ints, not an enum: the engine tests them
+# once per request per step. ``STATE_NAMES[state]`` names them.
+#   WAITING -> RUNNING -> FINISHED                     (one replica)
+#   RUNNING -> WAITING                                 (preempted by recompute)
+#   RUNNING -> SWAPPING_OUT -> SWAPPED -> SWAPPING_IN -> RUNNING   (preempted by swap)
+#   RUNNING -> HANDED_OFF (source keeps its KV until the transfer is done)
+#           -> INCOMING (queued at the destination) -> IN_TRANSFER -> RUNNING there
+#                                                      (P/D handoff, migration)
+WAITING: Final = 0
+RUNNING: Final = 1
+SWAPPING_OUT: Final = 2
+SWAPPED: Final = 3
+SWAPPING_IN: Final = 4
+HANDED_OFF: Final = 5
+INCOMING: Final = 6
+IN_TRANSFER: Final = 7
+FINISHED: Final = 8
+STATE_NAMES: Final = ("waiting", "running", "swapping_out", "swapped", "swapping_in",
+                      "handed_off", "incoming", "in_transfer", "finished")
 
 
 @dataclass(slots=True, eq=False)
@@ -40,8 +61,15 @@ class Request:
     num_recomputed_tokens: int = 0
     """Tokens computed again after preemptions (already counted in the total)."""
     num_preemptions: int = 0
-    is_running: bool = False
-    """True while admitted to a replica's running batch."""
+    num_swaps: int = 0
+    """Times this request's KV was swapped out to host memory."""
+    state: int = WAITING
+    """Lifecycle state (the constants above); RUNNING while in a replica's running batch."""
+    replica_id: int | None = None
+    """Replica whose queues hold the request now (the destination once a transfer starts)."""
+    policy_state: Any = None
+    """A home for per-request state of the policies (e.g. FastServe's queue level); the
+    engine never reads it."""
     handoff_s: float = math.nan
     """P/D: when the prefill replica finished and handed the request off."""
     kv_transfer_s: float = 0.0
@@ -52,6 +80,11 @@ class Request:
     first_scheduled_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan
+
+    @property
+    def is_running(self) -> bool:
+        """True while in a replica's running batch."""
+        return self.state == RUNNING
 
     @property
     def num_tokens(self) -> int:

@@ -11,12 +11,16 @@ step. Step times come from the model's decode terms added up in plain Python, or
 ``decode_step_times_s`` and ``np.cumsum``; either way the same floats are added in the same
 order as step by step, so end times are bit-identical.
 
+Windows also stop at the edges of the timeline's bins (``timeline``: origin and width), so
+that a window's records lie in one bin and the time series equal step by step's.
+
 Opening a window costs one pass over the decoders and its steps; nothing else is touched
-until the replica *settles* it (``Replica._settle``): blocks taken, tokens committed,
-finishes done and the KV-use integral computed (the same sum as step by step in a different
-association, equal to ~1e-12). That happens when it ends, or when an outside input arrives
-mid-window: ``cut`` first shortens the window to end at the first boundary at or after now
-(a binary search), so the outside world sees the blocks the step in progress holds.
+until it is *settled* (``settle``): blocks taken, tokens committed, finishes done and the
+KV-use integral computed (the same sum as step by step in a different association, equal to
+~1e-12). That happens when it ends, or when anything outside reads or changes the replica
+mid-window: ``cut`` first shortens the window to end at the step in progress (a binary
+search), and ``settle`` then commits only the steps done before now, leaving the step in
+progress as an ordinary step: the outside world sees the replica exactly as step by step.
 """
 
 from __future__ import annotations
@@ -28,15 +32,17 @@ from collections.abc import Callable
 import numpy as np
 
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.serving.kv_cache import KVCache
+from fleetsim.serving.kv_cache import KVCache, blocks_short
 from fleetsim.serving.request import Request
+
+FinishFn = Callable[[Request, float], None]
 
 
 class Step:
     """One engine step, or a fast-forward window of identical decode steps."""
 
-    __slots__ = ("chunks", "decodes", "end_s", "last_boundary_s", "num_running", "num_steps",
-                 "num_tokens", "num_waiting", "start_s", "window")
+    __slots__ = ("chunks", "decodes", "end_s", "is_all_decode", "last_boundary_s",
+                 "num_running", "num_steps", "num_tokens", "num_waiting", "start_s", "window")
 
     def __init__(self, start_s: float) -> None:
         self.start_s = start_s
@@ -49,6 +55,7 @@ class Step:
         self.num_tokens = 0
         self.num_running = 0  # queue lengths while the step runs (after admission)
         self.num_waiting = 0
+        self.is_all_decode = False  # the plan decodes every running request once
 
 
 class Window:
@@ -75,9 +82,12 @@ class DecodeWindows:
     """Opens and cuts fast-forward windows for one replica (the replica settles them)."""
 
     def __init__(self, kv: KVCache, step_model: StepTimeModel,
-                 next_input_hint_s: Callable[[], float] | None) -> None:
+                 next_input_hint_s: Callable[[], float] | None,
+                 timeline: tuple[float, float] | None = None) -> None:
         self.kv = kv
         self.step_model = step_model
+        # The timeline's bins (origin, width): a window never runs past the next bin edge.
+        self.bin_origin_s, self.bin_s = timeline if timeline is not None else (0.0, math.inf)
         # When the driver knows when the next outside input comes, windows stop there;
         # otherwise they are capped at ``cap`` steps, adapted to how often inputs cut them.
         # A window that ends at its cap costs a whole event, a step computed and then cut
@@ -107,7 +117,7 @@ class DecodeWindows:
         for r in decodes:
             c = r.num_computed_tokens
             kv_tokens += c
-            need = -(-(c + 1) // bs) - r.num_private_blocks - r.num_cached_entries * per_entry
+            need = blocks_short(r, c + 1, bs, per_entry)
             if need > 0:
                 first_need += need
             lefts.append(r.max_output_tokens - r.num_output_tokens)
@@ -118,14 +128,15 @@ class DecodeWindows:
         max_steps = max(lefts) if through else min_left
         start_s = step.start_s
         hint = self.next_input_hint_s
+        edge_s = self.next_edge_s(start_s)
         if max_steps < 2:
             k = 1
-        elif hint is None and until_s == math.inf:
+        elif hint is None and until_s == math.inf and edge_s == math.inf:
             k = max_steps if max_steps < self.cap else self._capped()
         else:
             first_s = self.step_model.step_time_s((), n, kv_tokens)
-            k = 1 if start_s + first_s >= until_s else self._cap_steps(
-                max_steps, start_s, first_s, until_s)
+            k = 1 if start_s + first_s >= min(until_s, edge_s) else self._cap_steps(
+                max_steps, start_s, first_s, until_s, edge_s)
         # Over k steps a decoder crosses at most ceil((k - 1) / bs) block boundaries after
         # its first step: only when that may not fit, count exactly (ignoring blocks that
         # finishes free: stopping early is always exact).
@@ -143,12 +154,14 @@ class DecodeWindows:
             else:
                 ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes)
         steps = k
-        if hint is not None or until_s < math.inf:
+        if hint is not None or until_s < math.inf or edge_s < math.inf:
             # End after the first step that ends at or after the next input (stopping early
-            # is always exact), or after the first one past until_s.
+            # is always exact), or after the first one past until_s, or with the last step
+            # that ends by the next bin edge (at least one step).
             stop_s = hint() if hint is not None else math.inf
             steps = 1 + min(k - 1, bisect.bisect_left(ends, stop_s),
-                            bisect.bisect_right(ends, until_s))
+                            bisect.bisect_right(ends, until_s),
+                            max(0, bisect.bisect_right(ends, edge_s) - 1))
         step.window = Window(ends, kv.num_used_blocks + first_need, lefts)
         self.set_steps(step, steps)
         return step.end_s
@@ -192,12 +205,25 @@ class DecodeWindows:
         ends: list[float] = np.cumsum(acc)[1:].tolist()
         return ends
 
+    def next_edge_s(self, t: float) -> float:
+        """The first timeline bin edge after ``t`` (edges are origin + m x width, the same
+        floats whoever asks)."""
+        if self.bin_s == math.inf:
+            return math.inf
+        m = math.floor((t - self.bin_origin_s) / self.bin_s) + 1
+        edge = self.bin_origin_s + m * self.bin_s
+        while edge <= t:  # rounding
+            m += 1
+            edge = self.bin_origin_s + m * self.bin_s
+        return edge
+
     def _cap_steps(self, max_steps: int, start_s: float, first_s: float,
-                   until_s: float) -> int:
+                   until_s: float, edge_s: float) -> int:
         # Decode steps never get shorter as KV grows, so no more steps than this fit before
         # a known stop.
-        if until_s < math.inf:
-            max_steps = min(max_steps, int((until_s - start_s) / first_s) + 2)
+        stop_s = min(until_s, edge_s)
+        if stop_s < math.inf:
+            max_steps = min(max_steps, int((stop_s - start_s) / first_s) + 2)
         hint = self.next_input_hint_s
         if hint is not None:
             until_hint = hint() - start_s
@@ -212,6 +238,59 @@ class DecodeWindows:
         k = self.cap
         self.cap = min(2 * k, 1 << 14)
         return k
+
+    def settle(self, step: Step, num_commit: int, finish: FinishFn) -> None:
+        """Take the blocks of ``step``'s window through its last step and commit the tokens
+        of its first ``num_commit`` steps (all of them at its end; all but the step in
+        progress when cut), finishing the requests whose last step is before its last one
+        (``finish(request, time)``); those finishing at its last step are listed in
+        ``at_end``. Computes the KV block-seconds of the committed steps."""
+        w = step.window
+        assert w is not None and not w.settled
+        w.settled = True
+        kv = self.kv
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        k, m = step.num_steps, num_commit
+        ends = w.ends
+        horizon_s = ends[m - 1] if m else step.start_s
+        taken = 0
+        # Blocks in use change only when a decoder takes a new block at the start of step
+        # j >= 1, or frees all at a finish; the change lasts until the horizon.
+        late = 0.0
+        before: list[tuple[int, int, Request]] = []
+        at_end = w.at_end
+        for i, (r, left) in enumerate(zip(step.decodes, w.lefts, strict=True)):
+            c = r.num_computed_tokens
+            s_i = left if left < k else k  # steps it takes blocks for
+            t_i = left if left < m else m  # steps it commits
+            first = blocks_short(r, c + 1, bs, per_entry)
+            held = r.num_private_blocks + r.num_cached_entries * per_entry
+            j = (held + (first if first > 0 else 0)) * bs - c  # first step needing a block
+            stop = s_i if s_i < m else m
+            while j < stop:
+                late += horizon_s - ends[j - 1]
+                j += bs
+            extra = blocks_short(r, c + s_i, bs, per_entry)
+            if extra > 0:
+                r.num_private_blocks += extra
+                taken += extra
+            r.num_computed_tokens = c + t_i
+            r.num_computed_tokens_total += t_i
+            r.num_output_tokens += t_i
+            if left < k:
+                before.append((left, i, r))
+            elif left == k and m == k:
+                at_end.append(r)
+        kv.num_free_blocks -= taken
+        if before:
+            before.sort()  # finish order: by step, then batch order (as step by step)
+            for left, _, r in before:
+                t = ends[left - 1]
+                used = kv.num_used_blocks
+                finish(r, t)
+                late -= (horizon_s - t) * (used - kv.num_used_blocks)
+                w.finish_steps.append(left)
+        w.kv_seconds = w.used0 * (horizon_s - step.start_s) + late
 
     @staticmethod
     def set_steps(step: Step, steps: int) -> None:
@@ -256,9 +335,9 @@ def _steps_within(decodes: list[Request], bs: int, per_entry: int, free: int, k:
     new_blocks = [0] * k
     for r in decodes:
         c = r.num_computed_tokens
+        first = blocks_short(r, c + 1, bs, per_entry)  # blocks after the first step, less held
         held = r.num_private_blocks + r.num_cached_entries * per_entry
-        first = -(-(c + 1) // bs)
-        j = (held if held > first else first) * bs - c
+        j = (held + (first if first > 0 else 0)) * bs - c
         while j < k:
             new_blocks[j] += 1
             j += bs

@@ -1,0 +1,41 @@
+"""What a batching policy promises the engine, declared per class and never inherited.
+
+The engine may skip work when a policy's plans are predictable: ``fast_forward_safe`` (after
+a plan that only decodes every running request, the same plan repeats while nothing arrives
+or finishes and free KV only shrinks) lets it advance many decode steps in one event;
+``decodes_all_when_idle`` (whenever nothing waits, every running request decodes, they number
+at most the token budget and the free blocks hold one more token each, the plan decodes each
+of them once) lets it skip planning those steps. A class declares them with a class attribute
+``capabilities = Capabilities(...)`` in its own body: a subclass that does not declare its
+own gets none, because changing ``plan`` may break them. ``engine.debug`` checks the
+promises at every window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """A batching policy's promises (all False unless declared)."""
+
+    fast_forward_safe: bool = False
+    decodes_all_when_idle: bool = False
+
+    def __post_init__(self) -> None:
+        if self.decodes_all_when_idle and not self.fast_forward_safe:
+            raise ValueError("decodes_all_when_idle needs fast_forward_safe")
+
+
+NONE = Capabilities()
+
+
+def capabilities_of(policy: Any) -> Capabilities:
+    """The capabilities ``policy``'s own class declares (not its bases')."""
+    caps = type(policy).__dict__.get("capabilities", NONE)
+    if not isinstance(caps, Capabilities):
+        raise TypeError(f"{type(policy).__name__}.capabilities must be a Capabilities, "
+                        f"got {caps!r}")
+    return caps

@@ -1,0 +1,130 @@
+"""What policies, routers and controllers may read of a replica: ``ReplicaView``.
+
+Every value is exact at the time it is read. ``load_tokens``, the prefix-cache match and the
+constant limits are exact at any time, even inside a fast-forward window (decode steps leave
+the load unchanged, and windows never touch the prefix cache: they use only free blocks and
+finishes only make entries evictable). Everything else (the queues, the requests' token
+counts, KV use) first makes the replica exact at ``now`` (``Replica.interrupt``: the window
+in flight is cut back to the step in progress), so reading it costs speed, never results.
+
+The view is read-only by its types: queues are ``Sequence``s, and the KV cache is seen
+through ``KVView``, its queries only. Policies must not mutate the requests they see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from fleetsim.serving.request import Request
+
+if TYPE_CHECKING:
+    from fleetsim.serving.replica import Replica
+
+
+class KVView(Protocol):
+    """The questions a policy may ask of a replica's KV cache (no commits)."""
+
+    num_blocks: int
+    block_size: int
+    blocks_per_entry: int
+    hash_block_tokens: int | None
+    num_free_blocks: int
+
+    @property
+    def num_available_blocks(self) -> int: ...
+    @property
+    def num_used_blocks(self) -> int: ...
+    def num_blocks_for(self, num_tokens: int) -> int: ...
+    def num_matched_entries(self, req: Request) -> int: ...
+    def num_prefix_hit_tokens(self, req: Request) -> int: ...
+    def admission_blocks(self, req: Request, num_new_tokens: int) -> int: ...
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int: ...
+    def num_held_blocks(self, req: Request) -> int: ...
+    def reclaimable_blocks(self, req: Request) -> int: ...
+
+
+class ReplicaView:
+    """A replica as its readers see it (see the module docstring for what is exact how)."""
+
+    __slots__ = ("_replica",)
+
+    def __init__(self, replica: Replica) -> None:
+        self._replica = replica
+
+    # ---- exact at any time, no settling ----------------------------------------------
+    @property
+    def replica_id(self) -> int:
+        return self._replica.replica_id
+
+    @property
+    def pool(self) -> str:
+        return self._replica.pool
+
+    @property
+    def role(self) -> str:
+        return self._replica.role
+
+    @property
+    def load_tokens(self) -> int:
+        """Known tokens still to compute here: prefill backlog plus one per decoding
+        request, plus one per request whose KV is queued or on its way in."""
+        r = self._replica
+        return r.load_tokens + len(r.incoming) + r.num_reserved
+
+    @property
+    def max_batched_tokens(self) -> int:
+        return self._replica.max_batched_tokens
+
+    @property
+    def max_running(self) -> int:
+        """Running slots a plan may fill (the limit less reservations for incoming KV)."""
+        return self._replica.max_running
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self._replica.kv.num_blocks
+
+    @property
+    def hash_block_tokens(self) -> int | None:
+        return self._replica.kv.hash_block_tokens
+
+    def num_matched_entries(self, req: Request) -> int:
+        """Leading prefix-cache entries of ``req``'s prompt cached here now."""
+        return self._replica.kv.num_matched_entries(req)
+
+    @property
+    def num_incoming(self) -> int:
+        """Requests whose KV is queued to move here or on its way in."""
+        r = self._replica
+        return len(r.incoming) + r.num_reserved
+
+    # ---- exact after settling the window in flight -----------------------------------
+    @property
+    def running(self) -> Sequence[Request]:
+        """The running batch, sorted by the ordering policy, best first."""
+        self._replica.interrupt()
+        return self._replica.running
+
+    @property
+    def waiting(self) -> Sequence[Request]:
+        """Requests waiting to be admitted, sorted by the ordering policy, best first."""
+        self._replica.interrupt()
+        return self._replica.waiting
+
+    @property
+    def swapped(self) -> Sequence[Request]:
+        """Requests whose KV is in host memory, in swap-out order."""
+        self._replica.interrupt()
+        return self._replica.swapped
+
+    @property
+    def kv(self) -> KVView:
+        self._replica.interrupt()
+        return self._replica.kv
+
+    @property
+    def num_free_host_blocks(self) -> int:
+        """Free blocks of the host-memory KV tier (0 without one)."""
+        host = self._replica.host
+        return host.num_free_blocks if host is not None else 0
