@@ -8,10 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.test_cluster import pools, random_workload, sim
 
-from fleetsim.policies.routing import LeastLoaded, PowerOfTwo, PrefixAffinity, RoundRobin
-
-ROUTERS = {"round_robin": RoundRobin, "least_loaded": LeastLoaded,
-           "power_of_two": PowerOfTwo, "prefix_affinity": PrefixAffinity}
+from fleetsim.policies import PolicySpec
+from fleetsim.policies.routing import ROUTERS, make_router
 
 
 @settings(max_examples=60, deadline=None)
@@ -24,8 +22,10 @@ def test_cluster_runs_are_complete_conserving_and_exact(seed, n, rate, router, s
     w = random_workload(n, seed=seed, rate=rate, hash_ids=True)
     setup = (pools(mixed=replicas, blocks=blocks) if shape == "mixed"
              else pools(prefill=replicas, decode=replicas, blocks=blocks, bw=bw))
-    fast, cluster = sim(w, setup, ROUTERS[router](), max_running=8)
-    slow, _ = sim(w, setup, ROUTERS[router](), max_running=8, fast_forward=False)
+    # Every registered router, with its default args.
+    fast, cluster = sim(w, setup, make_router(PolicySpec(name=router)), max_running=8)
+    slow, _ = sim(w, setup, make_router(PolicySpec(name=router)), max_running=8,
+                  fast_forward=False)
     assert len(fast.requests["request_id"]) == n
     for replica in cluster.replicas:
         assert replica.kv.num_used_blocks == 0

@@ -8,7 +8,24 @@ from hypothesis import strategies as st
 from tests.conftest import make_workload, simulate
 
 from fleetsim.perf.base import LinearStepModel
-from fleetsim.policies import ORDERING_POLICIES, PrefillFirstPlanner, TokenBudgetPlanner
+from fleetsim.policies import (
+    BATCH_POLICIES,
+    ORDERING_POLICIES,
+    PolicySpec,
+    make_batch_policy,
+)
+
+# Every registered batching policy with its default args, plus the argument variants that
+# change its behaviour: new registrations are covered without editing this list.
+POLICY_SPECS = sorted(
+    [(name, ()) for name in BATCH_POLICIES]
+    + [("token_budget", (("enable_chunked_prefill", False),)),
+       ("token_budget", (("long_prefill_token_threshold", 24),))])
+
+
+def _policy(spec):
+    name, args = spec
+    return make_batch_policy(PolicySpec(name=name, args=dict(args)))
 
 BLOCK = 16
 HASH_BLOCK = 32
@@ -42,14 +59,13 @@ common = {"step_model": MODEL, "block_size": BLOCK}
 @given(workload=workloads(), kv_blocks=st.integers(4, 64),
        ordering=st.sampled_from(sorted(ORDERING_POLICIES)),
        budget=st.sampled_from([16, 64, 512]), max_running=st.integers(1, 8),
-       planner=st.sampled_from(["chunked", "whole", "prefill_first"]))
+       spec=st.sampled_from(POLICY_SPECS))
 def test_tokens_conserved_kv_never_overcommitted_all_finish(
-        workload, kv_blocks, ordering, budget, max_running, planner):
+        workload, kv_blocks, ordering, budget, max_running, spec):
     assume(_fits(workload, kv_blocks))
+    policy = _policy(spec)
     longest = int((workload.num_prompt_tokens + workload.num_output_tokens).max())
-    assume(planner == "chunked" or longest <= budget)
-    policy = (PrefillFirstPlanner() if planner == "prefill_first"
-              else TokenBudgetPlanner(enable_chunked_prefill=planner == "chunked"))
+    assume(policy.splits_prompts or longest <= budget)
     rec, replica = simulate(workload, kv_blocks=kv_blocks, ordering=ordering,
                             max_batched_tokens=budget, max_running=max_running,
                             batch_policy=policy, debug=True, **common)
@@ -69,20 +85,21 @@ def test_tokens_conserved_kv_never_overcommitted_all_finish(
 @settings(max_examples=120, deadline=None)
 @given(workload=workloads(), kv_blocks=st.integers(6, 64),
        ordering=st.sampled_from(sorted(ORDERING_POLICIES)), max_running=st.integers(1, 8),
-       stop_at_arrivals=st.booleans(), prefill_first=st.booleans())
+       stop_at_arrivals=st.booleans(), spec=st.sampled_from(POLICY_SPECS))
 def test_fast_forward_equals_step_by_step(workload, kv_blocks, ordering, max_running,
-                                          stop_at_arrivals, prefill_first):
-    """Windows that stop at arrivals, and windows cut back when one comes, both give
-    exactly the step-by-step results."""
+                                          stop_at_arrivals, spec):
+    """For every registered batching policy: windows that stop at arrivals, and windows cut
+    back when one comes, both give exactly the step-by-step results (debug checks on, so a
+    policy's declared capabilities are checked too)."""
     assume(_fits(workload, kv_blocks))
-    if prefill_first:
+    splits = _policy(spec).splits_prompts
+    if not splits:
         assume(int((workload.num_prompt_tokens + workload.num_output_tokens).max()) <= 512)
     kw = dict(kv_blocks=kv_blocks, ordering=ordering, max_running=max_running,
-              max_batched_tokens=512 if prefill_first else 128,
-              batch_policy=PrefillFirstPlanner() if prefill_first else None, **common)
-    slow, _ = simulate(workload, fast_forward=False, **kw)
+              max_batched_tokens=128 if splits else 512, **common)
+    slow, _ = simulate(workload, fast_forward=False, batch_policy=_policy(spec), **kw)
     fast, _ = simulate(workload, fast_forward=True, windows_stop_at_arrivals=stop_at_arrivals,
-                       **kw)
+                       batch_policy=_policy(spec), **kw)
     for col, values in slow.requests.items():
         assert np.array_equal(values, fast.requests[col], equal_nan=True), col
     assert slow.num_steps == fast.num_steps

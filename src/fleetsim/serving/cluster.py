@@ -207,7 +207,13 @@ class Cluster:
         need = -(-(req.num_prompt_tokens + req.max_output_tokens) // self._block_size)
         if need <= min_blocks:
             return view
-        return ClusterView([r for r in view.replicas if r.num_kv_blocks >= need], view.rng)
+        capable = [r for r in view.replicas if r.num_kv_blocks >= need]
+        if not capable:
+            raise FleetsimInputError(
+                f"workload request {req.id}", f"{need} KV blocks",
+                "no replica it can be routed to holds that many; use bigger replicas or "
+                "filter the workload")
+        return ClusterView(capable, view.rng)
 
     # ---- handoffs: P/D and migration ---------------------------------------------------
     def _on_handoff(self, src: Replica, req: Request, dst: int | None) -> None:
@@ -229,6 +235,9 @@ class Cluster:
 
     # ---- controllers -----------------------------------------------------------------
     def add_controller(self, controller: Controller) -> None:
+        """Attach ``controller`` (call before the run): it wakes at the times it returns,
+        and online metrics are kept from now on for it to read."""
+        self.recorder.keep_online_metrics()
         self.controllers.append(controller)
         first = controller.start(self)
         if first is not None:
@@ -257,7 +266,7 @@ class Cluster:
 
     @property
     def metrics(self) -> OnlineMetrics:
-        """What has finished so far, per pool (kept from the first time it is asked for)."""
+        """What has finished so far, per pool (kept once a controller is attached)."""
         return self.recorder.keep_online_metrics()
 
 

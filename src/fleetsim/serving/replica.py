@@ -387,10 +387,10 @@ class Replica:
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
         if total == 0:
-            if (self._holders or self._reserved or plan.swap_out or plan.swap_in or plan.migrate
-                    or self._swaps_in_flight()) and not self.running:
-                # Waiting requests need blocks that transfers still hold (outgoing KV,
-                # incoming KV, swaps): sleep until one finishes (its callback wakes us).
+            moving = plan.swap_out or plan.swap_in or plan.migrate or self._swaps_in_flight()
+            if moving or ((self._holders or self._reserved) and not self.running):
+                # The plan waits for blocks that transfers still hold (outgoing KV, incoming
+                # KV, swaps): sleep until one finishes (its callback wakes us).
                 self.busy = False
                 self._step = None
                 return None
