@@ -7,7 +7,7 @@ import math
 import pytest
 from tests.conftest import by_id, make_workload, simulate
 
-from fleetsim.perf.base import ConstantStepModel
+from fleetsim.perf.base import ConstantStepModel, LinearStepModel
 from fleetsim.policies import (
     Capabilities,
     StepPlan,
@@ -222,3 +222,17 @@ def test_debug_mode_catches_a_policy_breaking_its_decode_all_promise():
     simulate_replica(w, **kw)  # trusted without debug: the engine does not ask
     with pytest.raises(PlanError, match="declares decodes_all_when_idle"):
         simulate_replica(w, debug=True, **kw)
+
+
+def test_a_run_cut_at_until_counts_the_steps_of_a_window_in_flight():
+    """A window still running at ``until_s`` is settled there: its steps done by then are
+    recorded, as step by step records them (they were lost before)."""
+    w = make_workload([0.0, 0.0], [16, 16], [400, 300])
+    kw = dict(step_model=LinearStepModel(0.01, 1e-4, 1e-6), until_s=2.5,
+              timeline=(0.0, float("inf")))
+    fast, _ = simulate(w, fast_forward=True, **kw)
+    slow, _ = simulate(w, fast_forward=False, **kw)
+    assert fast.num_steps == slow.num_steps > 100
+    assert fast.busy_s_by_replica[0] == pytest.approx(slow.busy_s_by_replica[0], rel=1e-12)
+    assert fast.kv_block_seconds_by_replica[0] == pytest.approx(
+        slow.kv_block_seconds_by_replica[0], rel=1e-9)

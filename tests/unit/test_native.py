@@ -53,6 +53,12 @@ def test_engine_in_use_matches_the_build_state():
     elif native.usable_build()[0]:
         assert compiled
         assert native.engine() == "mypyc"
+        # Only the compiled modules come from the build: the rest, the sources in src/.
+        import fleetsim.run
+        import fleetsim.serving
+
+        for module in (fleetsim.run, fleetsim.serving):
+            assert module.__file__.startswith(str(native.PACKAGE_DIR)), module.__file__
     else:
         pytest.skip(f"no usable compiled engine here: {native.usable_build()[1]}")
 
