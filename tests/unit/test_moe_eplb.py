@@ -2,8 +2,10 @@
 
 The reference below follows github.com/deepseek-ai/EPLB ``eplb.py`` (MIT) loop for loop, with
 torch replaced by Python lists and numpy float32 scalars (EPLB casts loads to float32 and its
-pack weights are float32 0-d tensors). torch's CPU sort is stable, so a stable Python sort on
-the negated weight gives the same order. The benchmark imports ``ref_rebalance_experts``.
+pack weights are float32 0-d tensors), except that its sort is stable: torch's default sort is
+not stable beyond 16 items, so this reference fixes the order of ties to index order, as
+fleetsim does (``test_moe_eplb_reference.py`` compares against EPLB's own outputs). The
+benchmark imports ``ref_rebalance_experts``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
 """DeepSeek's EPLB (github.com/deepseek-ai/EPLB, MIT) in numpy, vectorized over layers.
 
-Same inputs, outputs and tie-breaking as the reference ``rebalance_experts``: loads are cast
-to float32 as EPLB does, items are sorted by a stable descending sort, ties go to the lowest
-pack / expert index, and physical slot ``j`` lives on GPU ``j // (num_replicas // num_gpus)``.
+Same inputs, outputs and greedy as the reference ``rebalance_experts``: loads are cast to
+float32 as EPLB does, ties go to the lowest pack / expert index, and physical slot ``j`` lives
+on GPU ``j // (num_replicas // num_gpus)``. Equivalent to EPLB (same replica counts and the
+same replica loads on every GPU) and exact where the order of ties is defined: EPLB sorts
+with torch's default ``sort(descending=True)``, which is not stable for rows longer than 16
+items, so which of several equal items goes where is torch's choice there; here the sort is
+stable (``tests/unit/test_moe_eplb_reference.py`` checks both against EPLB's own outputs).
 The reference packs one row at a time in a Python loop; here the greedy steps run once per
 item over all rows at once (rows are layers, or layers x nodes), which is what makes it fast.
 """
@@ -46,7 +50,8 @@ def balanced_packing(weight: NDArray[np.float32], num_packs: int) -> tuple[IntAr
     if items_per_pack == 1:
         pack_index = np.broadcast_to(np.arange(num_items), weight.shape).copy()
         return pack_index, np.zeros(weight.shape, dtype=np.int64)
-    # EPLB sorts float32 weights descending; a stable sort of the negation gives torch's CPU order.
+    # EPLB sorts float32 weights descending with torch's sort, whose order of equal items is
+    # unspecified beyond 16 items; a stable sort of the negation fixes it to index order.
     order = np.argsort(-weight, axis=1, kind="stable")
     rows = np.arange(num_rows)
     pack_weight = np.zeros((num_rows, num_packs), dtype=np.float32)
