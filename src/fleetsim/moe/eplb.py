@@ -13,6 +13,7 @@ item over all rows at once (rows are layers, or layers x nodes), which is what m
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -39,6 +40,11 @@ def check_expert_load(weight: object, where: str = "weight") -> NDArray[np.float
     return arr
 
 
+# Below this many rows a heap per row in plain Python beats one numpy step per item over all
+# rows (about 13 us per item at any row count against about 1.5 us per item and row).
+MAX_ROWS_FOR_HEAP = 4
+
+
 def balanced_packing(weight: NDArray[np.float32], num_packs: int) -> tuple[IntArray, IntArray]:
     """Greedy packing of ``n`` items per row into ``num_packs`` packs of ``n / num_packs`` items.
 
@@ -53,6 +59,8 @@ def balanced_packing(weight: NDArray[np.float32], num_packs: int) -> tuple[IntAr
     # EPLB sorts float32 weights descending with torch's sort, whose order of equal items is
     # unspecified beyond 16 items; a stable sort of the negation fixes it to index order.
     order = np.argsort(-weight, axis=1, kind="stable")
+    if num_rows <= MAX_ROWS_FOR_HEAP:
+        return _heap_packing(weight, order, num_packs, items_per_pack)
     rows = np.arange(num_rows)
     pack_weight = np.zeros((num_rows, num_packs), dtype=np.float32)
     pack_items = np.zeros((num_rows, num_packs), dtype=np.int64)
@@ -66,6 +74,30 @@ def balanced_packing(weight: NDArray[np.float32], num_packs: int) -> tuple[IntAr
         rank_in_pack[rows, item] = pack_items[rows, pack]
         pack_weight[rows, pack] += weight[rows, item]  # float32 sums, as in EPLB
         pack_items[rows, pack] += 1
+    return pack_index, rank_in_pack
+
+
+def _heap_packing(
+    weight: NDArray[np.float32], order: IntArray, num_packs: int, items_per_pack: int
+) -> tuple[IntArray, IntArray]:
+    """``balanced_packing`` one row at a time: a heap of (pack weight, pack) of the packs with
+    room pops the lightest, lowest index on ties, as the masked argmin does."""
+    pack_index = np.empty(weight.shape, dtype=np.int64)
+    rank_in_pack = np.empty(weight.shape, dtype=np.int64)
+    for row in range(weight.shape[0]):
+        values = weight[row].tolist()
+        heap = [(0.0, pack) for pack in range(num_packs)]
+        count = [0] * num_packs
+        index, rank = pack_index[row], rank_in_pack[row]
+        for item in order[row].tolist():
+            total, pack = heapq.heappop(heap)
+            index[item] = pack
+            rank[item] = count[pack]
+            count[pack] += 1
+            if count[pack] < items_per_pack:
+                # The float64 sum of two float32 values rounded once to float32 is their
+                # float32 sum, so pack weights match EPLB's float32 accumulation exactly.
+                heapq.heappush(heap, (float(np.float32(total + values[item])), pack))
     return pack_index, rank_in_pack
 
 
