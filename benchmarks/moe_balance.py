@@ -137,13 +137,14 @@ def bench_compare(quick: bool) -> None:
 
 
 def bench_remaster(quick: bool) -> None:
-    print("\n== quota masters under slow drift: fixed vs re-placed every 16 microbatches ==")
+    print("\n== quota masters under slow drift: fixed, or re-placed from the last 16 loads ==")
     setup = CompareSetup(
-        scenario="drift", num_microbatches=60 if quick else 200, num_layers=8
+        scenario="drift", num_microbatches=100 if quick else 400, num_layers=8 if quick else 16
     )
     balancers = (
-        ("quota, fixed masters", "quota", {}),
-        ("quota, remaster/16", "quota", {"remaster_every": 16, "max_master_swaps": 2}),
+        ("fixed masters", "quota", {}),
+        ("2 swaps every 16", "quota", {"remaster_every": 16, "max_master_swaps": 2}),
+        ("4 swaps every 8", "quota", {"remaster_every": 8, "max_master_swaps": 4}),
     )
     for r in run_compare(setup, balancers=balancers):
         late = r.imbalance_by_microbatch[len(r.imbalance_by_microbatch) // 2 :]
