@@ -1,9 +1,12 @@
 """MoE balancing benchmark: the targets of the MoE issue, printed (never asserted).
 
-1. Imbalance, throughput vs a force-balanced ideal, moved bytes and planning time for every
-   balancer on the four load scenarios (64 GPUs in 8 nodes, 256 experts, 1 spare slot/GPU).
-2. Planning time of the quota planner per layer: all layers at once and one layer alone.
-3. ``rebalance_experts`` (numpy, vectorized over layers) against two references on
+1. Imbalance, throughput vs a force-balanced ideal, copied bytes (intra / inter node) and
+   planning time for every balancer, with what it plans from, on the five load scenarios
+   (64 GPUs in 8 nodes, 256 experts, 1 spare slot/GPU).
+2. The quota planner's masters under slow drift: fixed, or re-placed every 16 microbatches.
+3. Planning time of the real-time planners per layer: all layers in one call and one layer
+   per call; the first call of a run and a batch start separately.
+4. ``rebalance_experts`` (numpy, vectorized over layers) against two references on
    DeepSeek-V3 shapes (58 layers, 256 experts): the pure-Python transcription used by the
    tests, and an "EPLB-structured" one that, like EPLB, vectorizes replication over rows but
    packs each row in a Python loop (EPLB itself does that loop over torch scalars, which
@@ -24,14 +27,17 @@ import numpy as np
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.moe import (
+    BalanceView,
     CompareSetup,
     LoadSpec,
+    make_balancer,
     make_loads,
     plan_quotas,
     rebalance_experts,
     run_compare,
 )
 from fleetsim.moe.eplb import _rebalance_hierarchical
+from fleetsim.moe.loads import RL_SWITCH_EVERY
 from fleetsim.moe.placement import packed_phy2log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,24 +98,74 @@ def best_of(fn, repeats):
 def bench_compare(quick: bool) -> None:
     print("== balancers on 64 GPUs (8 nodes), 256 experts, 1 spare slot per GPU ==")
     print(
-        f"{'scenario':8} {'balancer':14} {'max/mean':>8} {'worst':>6} {'vs ideal':>8} "
-        f"{'MB moved':>9} {'plan ms':>8}"
+        f"{'scenario':9} {'balancer':20} {'sees':32} {'max/mean':>8} {'worst':>6} "
+        f"{'vs ideal':>8} {'intra MB':>8} {'inter MB':>8} {'prefetch':>10} {'plan ms':>8}"
     )
-    for scenario in ("zipf", "drift", "rl", "decode"):
+    for scenario in ("zipf", "drift", "rl", "rl_switch", "decode"):
+        num_microbatches = 60 if scenario == "rl_switch" else 32
         setup = CompareSetup(
-            scenario=scenario, num_microbatches=12 if quick else 24, num_layers=8 if quick else 16
+            scenario=scenario,
+            num_microbatches=num_microbatches // 2 if quick else num_microbatches,
+            num_layers=8 if quick else 16,
         )
-        for r in run_compare(setup, clock=time.perf_counter):
+        rows = run_compare(setup, clock=time.perf_counter)
+        for r in rows:
+            sees = r.sees.replace(" (oracle)", "") + (" [1 group/node]" if r.note else "")
             print(
-                f"{r.scenario:8} {r.balancer:14} {r.imbalance:8.3f} {r.worst_imbalance:6.2f} "
-                f"{r.relative_throughput:8.1%} {r.moved_bytes_per_layer / 1e6:9.0f} "
-                f"{r.plan_ms_per_layer:8.3f}"
+                f"{r.scenario:9} {r.balancer:20} {sees:32} {r.imbalance:8.3f} "
+                f"{r.worst_imbalance:6.2f} {r.relative_throughput:8.1%} "
+                f"{r.intra_bytes_per_layer / 1e6:8.0f} {r.inter_bytes_per_layer / 1e6:8.0f} "
+                f"{r.prefetchable[:10]:>10} {r.plan_ms_per_layer:8.3f}"
             )
-    print("  (MB moved and plan ms are per layer and microbatch; plan ms is wall time here)")
+        by_name = {r.balancer: r for r in rows}
+        oracle, quota = by_name["eplb"], by_name["quota"]
+        print(
+            f"  {scenario}: eplb (exact load) copies "
+            f"{oracle.moved_bytes_per_layer / quota.moved_bytes_per_layer:.1f}x the bytes of quota"
+        )
+        if scenario == "rl_switch":
+            switch = set(range(RL_SWITCH_EVERY, setup.num_microbatches, RL_SWITCH_EVERY))
+            for name in ("eplb_stale k=1", "quota_stale k=1"):
+                per_mb = by_name[name].imbalance_by_microbatch
+                on = [per_mb[t] for t in sorted(switch)]
+                off = [x for t, x in enumerate(per_mb) if t and t not in switch]
+                print(
+                    f"  rl_switch {name}: mean {np.mean(off):.3f} between switches (max "
+                    f"{max(off):.3f}), {np.mean(on):.3f} on the {len(on)} switch steps"
+                )
+    print("  (MB and plan ms are per layer and microbatch; plan ms is wall time here)")
+
+
+def bench_remaster(quick: bool) -> None:
+    print("\n== quota masters under slow drift: fixed, or re-placed from the last 16 loads ==")
+    setup = CompareSetup(
+        scenario="drift", num_microbatches=100 if quick else 400, num_layers=8 if quick else 16
+    )
+    balancers = (
+        ("fixed masters", "quota", {}),
+        ("2 swaps every 16", "quota", {"remaster_every": 16, "max_master_swaps": 2}),
+        ("4 swaps every 8", "quota", {"remaster_every": 8, "max_master_swaps": 4}),
+    )
+    for r in run_compare(setup, balancers=balancers):
+        late = r.imbalance_by_microbatch[len(r.imbalance_by_microbatch) // 2 :]
+        print(
+            f"  {r.balancer:22} max/mean {r.imbalance:.4f}, worst layer {r.worst_imbalance:.4f}, "
+            f"second half {np.mean(late):.4f}; copies intra {r.intra_bytes_per_layer / 1e6:.0f} "
+            f"+ inter {r.inter_bytes_per_layer / 1e6:.0f} MB per layer and microbatch"
+        )
+
+
+def _median_ms(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
 
 
 def bench_quota_time(quick: bool) -> None:
-    print("\n== quota planner wall time, RL loads, 64 GPUs x (4 masters + 1 spare) ==")
+    print("\n== real-time planners' wall time, RL loads, 64 GPUs x (4 masters + 1 spare) ==")
     num_layers = 58
     spec = LoadSpec(
         num_microbatches=6 if quick else 12,
@@ -119,6 +175,7 @@ def bench_quota_time(quick: bool) -> None:
     )
     loads = make_loads("rl", spec, seed=0)
     phy2log = packed_phy2log(loads[0], 64, 5)
+    plan_quotas(loads[0], phy2log, 64)  # warm-up: first-call costs are reported below
     batched, single = [], []
     for load in loads[1:]:
         start = time.perf_counter()
@@ -130,13 +187,42 @@ def bench_quota_time(quick: bool) -> None:
             single.append(time.perf_counter() - start)
         phy2log = new
     print(
-        f"  all {num_layers} layers in one call: "
+        f"  quota, all {num_layers} layers in one call: "
         f"{np.median(batched) * 1e3:.3f} ms per layer (median)"
     )
     print(
-        f"  one layer per call: median {np.median(single) * 1e3:.3f} ms, "
+        f"  quota, one layer per call: median {np.median(single) * 1e3:.3f} ms, "
         f"p90 {np.percentile(single, 90) * 1e3:.3f} ms, max {np.max(single) * 1e3:.3f} ms"
     )
+    repeats = 3 if quick else 7
+    batch = loads.sum(0)
+    for name in ("quota", "two_timescale"):
+        for layers in (num_layers, 1):
+            def view(t, previous, in_batch, layers=layers):
+                return BalanceView(
+                    expert_load=loads[t, :layers],
+                    num_gpus=64,
+                    gpus_per_node=8,
+                    slots_per_gpu=5,
+                    batch_load=batch[:layers],
+                    microbatch_index=t,
+                    microbatch_in_batch=in_batch,
+                    previous=previous,
+                    expert_bytes=44e6,
+                )
+
+            planner = make_balancer(name)
+            cold = view(0, None, 0)
+            first = _median_ms(lambda p=planner, v=cold: p.plan(v), repeats)
+            warm = planner.plan(cold)
+            at_start, inside = view(1, warm, 0), view(1, warm, 1)
+            start_ms = _median_ms(lambda p=planner, v=at_start: p.plan(v), repeats)
+            inside_ms = _median_ms(lambda p=planner, v=inside: p.plan(v), repeats)
+            print(
+                f"  {name}, {layers:2d} layer(s) per call, ms per layer: first call of a run "
+                f"{first / layers:.3f}, batch start {start_ms / layers:.3f}, "
+                f"inside a batch {inside_ms / layers:.3f}"
+            )
 
 
 def bench_eplb(quick: bool) -> None:
@@ -164,7 +250,7 @@ def bench_eplb(quick: bool) -> None:
         print(
             f"  {label}: numpy {fast * 1e3:.1f} ms; EPLB-structured {loop * 1e3:.1f} ms "
             f"({loop / fast:.1f}x); pure Python {pure * 1e3:.0f} ms ({pure / fast:.0f}x); "
-            f"identical output: {same}"
+            f"same output as the stable-sort reference: {same}"
         )
     try:
         rebalance_experts(weight, 288, 8, 8, 64)
@@ -177,6 +263,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer microbatches and repeats")
     args = parser.parse_args()
     bench_compare(args.quick)
+    bench_remaster(args.quick)
     bench_quota_time(args.quick)
     bench_eplb(args.quick)
 

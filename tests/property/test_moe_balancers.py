@@ -38,12 +38,19 @@ def layouts(draw):
     return np.array(loads, dtype=np.float64), num_gpus, gpus_per_node, masters_per_gpu + num_spare
 
 
+# Every built-in with its defaults, plus the quota planner's stale and re-mastering modes.
+VARIANTS = [(name, {}) for name in sorted(BALANCERS)] + [
+    ("quota", {"stale_steps": 1}),
+    ("quota", {"remaster_every": 1, "max_master_swaps": 2}),
+]
+
+
 @settings(max_examples=120, deadline=None)
-@given(case=layouts(), name=st.sampled_from(sorted(BALANCERS)))
-def test_placements_cover_experts_respect_capacity_and_conserve_tokens(case, name):
+@given(case=layouts(), variant=st.sampled_from(VARIANTS))
+def test_placements_cover_experts_respect_capacity_and_conserve_tokens(case, variant):
     loads, num_gpus, gpus_per_node, slots_per_gpu = case
     num_layers, num_experts = loads.shape[1:]
-    balancer = make_balancer(name)
+    balancer = make_balancer(*variant)
     previous = None
     for t, load in enumerate(loads):
         view = BalanceView(

@@ -40,16 +40,32 @@ def test_compare_prints_every_balancer_as_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [r["balancer"] for r in rows] == [
         "none",
-        "eplb fresh",
-        "eplb prev",
-        "eplb win8",
+        "eplb",
+        "eplb_hier",
+        "eplb_stale k=1",
+        "eplb_stale k=4",
+        "eplb_stale k=16",
+        "eplb_hier_stale k=1",
         "quota",
+        "quota_stale k=1",
         "two_timescale",
     ]
     by_name = {r["balancer"]: r for r in rows}
     assert by_name["quota"]["imbalance"] < by_name["none"]["imbalance"]
     assert all(0 < r["relative_throughput"] <= 1.0 + 1e-9 for r in rows)
     assert all(r["plan_ms_per_layer"] >= 0 for r in rows)
+    # Every row says what it plans from; exact-load plans cannot be prefetched.
+    assert by_name["eplb"]["sees"] == "exact current load (oracle)"
+    assert by_name["quota"]["sees"] == "exact current load"
+    assert by_name["eplb_stale k=4"]["sees"] == "mean of last 4 steps"
+    assert by_name["quota_stale k=1"]["sees"] == "previous step"
+    assert {by_name[n]["prefetchable"] for n in ("eplb", "quota")} == {"no"}
+    assert {by_name[n]["prefetchable"] for n in ("eplb_stale k=1", "quota_stale k=1")} == {"yes"}
+    for r in rows:
+        total = r["intra_bytes_per_layer"] + r["inter_bytes_per_layer"]
+        assert r["moved_bytes_per_layer"] == pytest.approx(total)
+    assert by_name["eplb"]["inter_bytes_per_layer"] > 0
+    assert by_name["two_timescale"]["inter_bytes_per_layer"] == 0  # 3 microbatches, 1 batch
 
 
 def test_compare_table_and_plot(tmp_path, capsys):
@@ -100,3 +116,21 @@ def test_same_seed_same_results():
     )
     assert run_compare(setup) == run_compare(setup)
     assert run_compare(dataclasses.replace(setup, seed=8)) != run_compare(setup)
+
+
+def test_hierarchical_baseline_with_one_group_per_node_says_so():
+    from fleetsim.moe import CompareSetup, run_compare
+
+    setup = CompareSetup(
+        scenario="zipf",
+        num_gpus=8,
+        gpus_per_node=1,  # 8 nodes, 8 groups: each node pinned to one group
+        num_experts=32,
+        num_microbatches=2,
+        num_layers=1,
+        num_tokens_per_gpu=64,
+    )
+    balancers = (("hier", "eplb", {"num_groups": 8}), ("global", "eplb", {}))
+    hier, flat = run_compare(setup, balancers=balancers)
+    assert "cannot balance across nodes" in hier.note
+    assert flat.note == ""

@@ -106,3 +106,13 @@ def test_pt_without_torch_says_how_to_convert(tmp_path):
         with pytest.raises(FleetsimInputError) as err:
             load_sglang_dump(path)
         assert "torch" in err.value.fix
+
+
+def test_rl_switch_holds_the_hot_set_for_a_phase_then_switches():
+    from fleetsim.moe.loads import RL_SWITCH_EVERY, make_popularity
+
+    spec = LoadSpec(num_microbatches=2 * RL_SWITCH_EVERY, num_layers=2, num_experts=64)
+    p = make_popularity("rl_switch", spec, np.random.default_rng(0))
+    assert (p[: RL_SWITCH_EVERY] == p[0]).all()
+    assert (p[RL_SWITCH_EVERY:] == p[RL_SWITCH_EVERY]).all()
+    assert not (p[RL_SWITCH_EVERY] == p[0]).all()

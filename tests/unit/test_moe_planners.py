@@ -17,6 +17,7 @@ from fleetsim.moe import (
     plan_quotas,
 )
 from fleetsim.moe.placement import even_split, packed_phy2log, static_phy2log
+from fleetsim.moe.quota import swap_masters
 from fleetsim.moe.two_timescale import reorder_across_nodes
 
 
@@ -216,3 +217,60 @@ def test_byte_budget_needs_the_expert_size():
     assert err.value.where == "expert_bytes"
     placement = planner.plan(view(np.ones((1, 8)), expert_bytes=2e9))  # budget: 0 copies
     assert placement.phy2log.shape == (1, 12)
+
+
+def test_quota_stale_plans_from_the_previous_load_not_the_current_one():
+    """Same placement as the exact planner given last step's load; worse on a shifted load."""
+    then = np.array([[40, 1, 1, 1, 1, 1, 1, 2]], dtype=float)
+    now = np.array([[1, 1, 1, 1, 1, 1, 1, 40]], dtype=float)
+    stale = QuotaPlanner(stale_steps=1, tolerance=0.0).plan(view(now, history=(then,)))
+    exact_on_then = QuotaPlanner(tolerance=0.0).plan(view(then, history=(then,)))
+    assert (stale.phy2log == exact_on_then.phy2log).all()
+    assert np.allclose(stale.share_by_slot, exact_on_then.share_by_slot)
+    exact = QuotaPlanner(tolerance=0.0).plan(view(now, history=(then,)))
+    assert imbalance(exact.gpu_load(now))[0] < imbalance(stale.gpu_load(now))[0]
+    assert QuotaPlanner(stale_steps=1).history_window == 1
+    assert QuotaPlanner(stale_steps=1).prefetchable == "yes"
+    assert QuotaPlanner().prefetchable == "no"
+
+
+def test_swap_masters_moves_master_load_from_the_hottest_to_the_coldest_gpu():
+    # 4 GPUs x (2 masters + 1 spare); GPU 0 holds the two hot experts 0 and 1.
+    initial = static_phy2log(1, 8, 4, 3)
+    load = np.array([[10, 9, 1, 1, 1, 1, 1, 0]], dtype=float)
+    swapped = swap_masters(initial, load, 4, max_swaps=1)
+    masters = (np.arange(12) % 3) < 2
+    assert sorted(swapped[0, masters].tolist()) == list(range(8))  # still one master each
+    assert (swapped[0, ~masters] == initial[0, ~masters]).all()  # spare slots untouched
+    master_load = load[0][np.where(masters, swapped[0], 0)] * masters
+    before = load[0][initial[0]] * masters
+    assert master_load.reshape(4, 3).sum(1).max() < before.reshape(4, 3).sum(1).max()
+    assert (swap_masters(initial, load, 4, max_swaps=0) == initial).all()
+
+
+def test_quota_remaster_only_on_its_timescale_and_then_within_the_swap_limit():
+    initial = static_phy2log(1, 8, 4, 3)
+    first = even_split(initial, 8, 3)
+    load = np.array([[10, 9, 1, 1, 1, 1, 1, 0]], dtype=float)
+    planner = QuotaPlanner(remaster_every=4, max_master_swaps=1)
+    masters = (np.arange(12) % 3) < 2
+    off = planner.plan(view(load, history=(load,), previous=first, microbatch_index=3))
+    assert (off.phy2log[0, masters] == initial[0, masters]).all()
+    on = planner.plan(view(load, history=(load,), previous=first, microbatch_index=4))
+    moved = (on.phy2log[0, masters] != initial[0, masters]).sum()
+    assert moved == 2  # one swap: two masters change GPU
+    assert planner.prefetchable == "no (master swaps: yes)"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"stale_steps": -1},
+        {"remaster_every": 0},
+        {"remaster_window": 0},
+        {"max_master_swaps": -1},
+    ],
+)
+def test_quota_rejects_bad_timescales(kwargs):
+    with pytest.raises(FleetsimInputError):
+        QuotaPlanner(**kwargs)

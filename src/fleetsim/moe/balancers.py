@@ -5,6 +5,10 @@ the view (no clock, no global RNG); state it carries across microbatches is read
 ``view.previous`` and ``view.history``. Built-ins: ``none``, ``eplb`` (EPLB on the exact
 load: an oracle), ``eplb_stale`` (EPLB on the previous microbatch or a window, as deployed),
 ``quota`` (UltraEP-style, in ``quota.py``) and ``two_timescale`` (ReLibra-style).
+
+What a planner knows matters as much as its algorithm, so built-ins also say what they plan
+from (``sees``) and whether their copies can be fetched ahead of the step (``prefetchable``:
+a plan from history is known before the step; one from the exact load only after gating).
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ def make_balancer(name: str, args: Mapping[str, object] | None = None) -> Expert
 class NoBalancing:
     """Static placement: expert ``e`` on GPU ``e // (num_experts / num_gpus)``, no replicas."""
 
+    sees = "nothing (static placement)"
+    prefetchable = "no copies"
+
     def plan(self, view: BalanceView) -> Placement:
         if view.previous is not None:
             return view.previous
@@ -97,10 +104,15 @@ class EplbFresh:
     """EPLB re-run every microbatch on that microbatch's exact load (an oracle bound).
 
     num_groups: expert groups for EPLB's hierarchical policy (used when the number of nodes
-        divides it); the default 1 selects the global policy.
+        divides it); the default 1 selects the global policy. With as many groups as nodes
+        (DeepSeek-V3's 8 groups on 8 nodes) each node is pinned to one group, so the
+        hierarchical policy cannot move load across nodes at all.
     """
 
     num_groups: int = 1
+
+    sees = "exact current load (oracle)"
+    prefetchable = "no"
 
     def plan(self, view: BalanceView) -> Placement:
         return _eplb_placement(view, view.expert_load, self.num_groups)
@@ -113,11 +125,24 @@ class EplbStale:
 
     Before any history exists it keeps the static placement. ``every`` > 1 replans only
     every that many microbatches (vLLM's ``step_interval``), keeping the placement between.
+    ``num_groups`` as in ``eplb`` (as many groups as nodes: no cross-node balancing).
     """
 
     window: int = 1
     every: int = 1
     num_groups: int = 1
+
+    prefetchable = "yes"
+
+    @property
+    def sees(self) -> str:
+        seen = "previous step" if self.window == 1 else f"mean of last {self.window} steps"
+        return seen if self.every == 1 else f"{seen}, replanned every {self.every}"
+
+    @property
+    def history_window(self) -> int:
+        """Microbatches of history it reads."""
+        return self.window
 
     def __post_init__(self) -> None:
         if self.window < 1:

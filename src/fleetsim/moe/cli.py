@@ -108,7 +108,12 @@ def _as_dict(row: CompareRow) -> dict[str, object]:
         "worst_imbalance": row.worst_imbalance,
         "relative_throughput": row.relative_throughput,
         "moved_bytes_per_layer": row.moved_bytes_per_layer,
+        "intra_bytes_per_layer": row.intra_bytes_per_layer,
+        "inter_bytes_per_layer": row.inter_bytes_per_layer,
         "plan_ms_per_layer": row.plan_ms_per_layer,
+        "sees": row.sees,
+        "prefetchable": row.prefetchable,
+        "note": row.note,
         "imbalance_by_microbatch": list(row.imbalance_by_microbatch),
     }
 
@@ -118,23 +123,41 @@ def _print_table(rows: list[CompareRow]) -> None:
     from rich.table import Table
 
     table = Table(title="MoE expert balancing (means over microbatches and layers)")
-    for col in ("scenario", "balancer", "max/mean", "worst", "vs ideal", "MB moved", "plan ms"):
-        table.add_column(col, justify="left" if col in ("scenario", "balancer") else "right")
+    columns = (
+        "scenario",
+        "balancer",
+        "sees",
+        "max/mean",
+        "worst",
+        "vs ideal",
+        "intra MB",
+        "inter MB",
+        "prefetch",
+        "plan ms",
+    )
+    for col in columns:
+        numeric = col not in ("scenario", "balancer", "sees", "prefetch")
+        table.add_column(col, justify="right" if numeric else "left")
     table.caption = (
-        "vs ideal: throughput relative to force-balanced; MB moved and plan ms per layer"
+        "sees: what the planner plans from; vs ideal: throughput relative to force-balanced; "
+        "intra/inter MB: expert bytes copied per layer per microbatch inside / across nodes; "
+        "prefetch: whether those copies are known before the step; plan ms per layer"
     )
     for r in rows:
         plan = "-" if r.plan_ms_per_layer is None else f"{r.plan_ms_per_layer:.3f}"
         table.add_row(
             r.scenario,
             r.balancer,
+            r.sees + (f" [{r.note}]" if r.note else ""),
             f"{r.imbalance:.3f}",
             f"{r.worst_imbalance:.2f}",
             f"{r.relative_throughput:.1%}",
-            f"{r.moved_bytes_per_layer / 1e6:.0f}",
+            f"{r.intra_bytes_per_layer / 1e6:.0f}",
+            f"{r.inter_bytes_per_layer / 1e6:.0f}",
+            r.prefetchable,
             plan,
         )
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,9 +1,14 @@
 """Side-by-side runs of expert balancers on one synthetic load trace (``fleetsim moe compare``).
 
-Every balancer sees the same microbatch loads. Per microbatch it plans a placement, which is
+Every balancer gets the same microbatch loads. Per microbatch it plans a placement, which is
 scored on that microbatch's actual load: max/mean GPU load per layer, layer time against the
-force-balanced ideal (``step_model``), and expert bytes copied since the previous microbatch.
-The first microbatch is a warm-up (no history yet) and is left out of the figures.
+force-balanced ideal (``step_model``), and expert bytes copied since the previous microbatch,
+split into intra-node (NVLink) and inter-node (network) copies. Each row also says what the
+planner plans from (``sees``) and whether its copies could be prefetched: a planner that sees
+the exact current load is an oracle for one that plans from history, so the default set pairs
+each algorithm with each kind of information (EPLB on the exact load and on stale loads, the
+quota planner on the exact and on the previous load). The first microbatch is a warm-up (no
+history yet) and is left out of the figures.
 """
 
 from __future__ import annotations
@@ -20,18 +25,26 @@ from fleetsim.moe.loads import SCENARIOS, LoadSpec, make_loads
 from fleetsim.moe.placement import BalanceView, Placement, check_layout, imbalance, moved_experts
 from fleetsim.moe.step_model import ExpertParallelConfig, ideal_times, layer_times
 
-# (label, registry name, args): the comparison the MoE issue asks for.
+# DeepSeek-V3's expert groups: the hierarchical EPLB baselines use them. On 8 nodes that is one
+# group per node, which pins each node to a group (no cross-node balancing; rows say so).
+DEEPSEEK_V3_GROUPS = 8
+
+# (label, registry name, args): every algorithm with the exact load and with history.
 DEFAULT_BALANCERS: tuple[tuple[str, str, Mapping[str, object]], ...] = (
     ("none", "none", {}),
-    ("eplb fresh", "eplb", {}),
-    ("eplb prev", "eplb_stale", {"window": 1}),
-    ("eplb win8", "eplb_stale", {"window": 8}),
+    ("eplb", "eplb", {}),
+    ("eplb_hier", "eplb", {"num_groups": DEEPSEEK_V3_GROUPS}),
+    ("eplb_stale k=1", "eplb_stale", {"window": 1}),
+    ("eplb_stale k=4", "eplb_stale", {"window": 4}),
+    ("eplb_stale k=16", "eplb_stale", {"window": 16}),
+    ("eplb_hier_stale k=1", "eplb_stale", {"window": 1, "num_groups": DEEPSEEK_V3_GROUPS}),
     ("quota", "quota", {}),
+    ("quota_stale k=1", "quota", {"stale_steps": 1}),
     ("two_timescale", "two_timescale", {}),
 )
 
 # Tokens per GPU per microbatch when not given: a prefill/training chunk, or a decode step.
-DEFAULT_TOKENS_PER_GPU = {"zipf": 4096, "drift": 4096, "rl": 4096, "decode": 128}
+DEFAULT_TOKENS_PER_GPU = {"zipf": 4096, "drift": 4096, "rl": 4096, "rl_switch": 4096, "decode": 128}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,15 +108,30 @@ class CompareRow:
     relative_throughput: float
     """Ideal (force-balanced) MoE time / simulated MoE time."""
     moved_bytes_per_layer: float
-    """Expert weight bytes copied per layer per microbatch."""
+    """Expert weight bytes copied per layer per microbatch (intra + inter)."""
+    intra_bytes_per_layer: float
+    """Of which copied inside a node (NVLink), per layer per microbatch."""
+    inter_bytes_per_layer: float
+    """Of which copied across nodes (network), per layer per microbatch."""
     plan_ms_per_layer: float | None
     """Planning wall time per layer, when a clock was given."""
+    sees: str
+    """What the planner plans from (exact current load, previous step, K-step mean, ...)."""
+    prefetchable: str
+    """Whether its copies are known before the step (plans from history) or only after
+    gating (plans from the exact load)."""
+    note: str
+    """A caveat of this baseline on this layout, or empty."""
     imbalance_by_microbatch: tuple[float, ...] = field(repr=False)
     """Mean over layers of max/mean, per microbatch (warm-up included)."""
 
 
-def _history_window(balancers: Sequence[tuple[str, str, Mapping[str, object]]]) -> int:
-    return max([int(args.get("window", 1)) for _, _, args in balancers] + [1])  # type: ignore[call-overload]
+def _note(balancer: object, setup: CompareSetup) -> str:
+    num_groups = getattr(balancer, "num_groups", None)
+    num_nodes = setup.num_gpus // setup.gpus_per_node
+    if num_groups is not None and num_nodes > 1 and num_groups == num_nodes:
+        return "1 group per node: cannot balance across nodes"
+    return ""
 
 
 def run_compare(
@@ -132,18 +160,23 @@ def run_compare(
         top_k=spec.top_k,
     )
     loads = make_loads(setup.scenario, load_spec, setup.seed)
-    window = _history_window(balancers)
-    rows = []
-    for label, name, args in balancers:
-        ep = ExpertParallelConfig(
+    eps = [
+        ExpertParallelConfig(
             num_gpus=setup.num_gpus,
             gpus_per_node=setup.gpus_per_node,
             num_spare_slots_per_gpu=setup.num_spare_slots_per_gpu,
             balancer=name,
             balancer_args=dict(args),
         )
-        rows.append(_run_one(setup, label, ep, loads, spec, hardware, compute, window, clock))
-    return rows
+        for _, name, args in balancers
+    ]
+    # One history length for all, so every planner is offered the same past.
+    built = [make_balancer(ep.balancer, ep.balancer_args) for ep in eps]
+    window = max([int(getattr(b, "history_window", 1)) for b in built] + [1])
+    return [
+        _run_one(setup, label, ep, loads, spec, hardware, compute, window, clock)
+        for (label, _, _), ep in zip(balancers, eps, strict=True)
+    ]
 
 
 def _run_one(
@@ -160,7 +193,7 @@ def _run_one(
     balancer = make_balancer(ep.balancer, ep.balancer_args)
     per_batch = setup.microbatches_per_batch
     previous: Placement | None = None
-    imbalance_by_mb, plan_s, moved_bytes, actual_s, ideal_s = [], [], [], [], []
+    imbalance_by_mb, plan_s, intra_bytes, inter_bytes, actual_s, ideal_s = [], [], [], [], [], []
     worst = 1.0
     for t, load in enumerate(loads):
         first = t - t % per_batch
@@ -185,7 +218,8 @@ def _run_one(
         if t > 0:
             worst = max(worst, float(ratio.max()))
             intra, inter = moved_experts(previous, placement, ep.gpus_per_node)
-            moved_bytes.append(float((intra + inter).sum()) * spec.expert_bytes / setup.num_layers)
+            intra_bytes.append(float(intra.sum()) * spec.expert_bytes / setup.num_layers)
+            inter_bytes.append(float(inter.sum()) * spec.expert_bytes / setup.num_layers)
             actual_s.append(
                 layer_times(placement, load, ep, spec, hardware, compute, previous).total_s.sum()
             )
@@ -197,8 +231,13 @@ def _run_one(
         imbalance=float(np.mean(imbalance_by_mb[1:])),
         worst_imbalance=worst,
         relative_throughput=float(np.sum(ideal_s) / np.sum(actual_s)),
-        moved_bytes_per_layer=float(np.mean(moved_bytes)),
+        moved_bytes_per_layer=float(np.mean(intra_bytes) + np.mean(inter_bytes)),
+        intra_bytes_per_layer=float(np.mean(intra_bytes)),
+        inter_bytes_per_layer=float(np.mean(inter_bytes)),
         plan_ms_per_layer=float(np.mean(plan_s[1:])) * 1e3 / setup.num_layers if clock else None,
+        sees=str(getattr(balancer, "sees", "not declared")),
+        prefetchable=str(getattr(balancer, "prefetchable", "not declared")),
+        note=_note(balancer, setup),
         imbalance_by_microbatch=tuple(imbalance_by_mb),
     )
 

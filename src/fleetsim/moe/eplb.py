@@ -1,14 +1,19 @@
 """DeepSeek's EPLB (github.com/deepseek-ai/EPLB, MIT) in numpy, vectorized over layers.
 
-Same inputs, outputs and tie-breaking as the reference ``rebalance_experts``: loads are cast
-to float32 as EPLB does, items are sorted by a stable descending sort, ties go to the lowest
-pack / expert index, and physical slot ``j`` lives on GPU ``j // (num_replicas // num_gpus)``.
+Same inputs, outputs and greedy as the reference ``rebalance_experts``: loads are cast to
+float32 as EPLB does, ties go to the lowest pack / expert index, and physical slot ``j`` lives
+on GPU ``j // (num_replicas // num_gpus)``. Equivalent to EPLB (same replica counts and the
+same replica loads on every GPU) and exact where the order of ties is defined: EPLB sorts
+with torch's default ``sort(descending=True)``, which is not stable for rows longer than 16
+items, so which of several equal items goes where is torch's choice there; here the sort is
+stable (``tests/unit/test_moe_eplb_reference.py`` checks both against EPLB's own outputs).
 The reference packs one row at a time in a Python loop; here the greedy steps run once per
 item over all rows at once (rows are layers, or layers x nodes), which is what makes it fast.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -35,6 +40,11 @@ def check_expert_load(weight: object, where: str = "weight") -> NDArray[np.float
     return arr
 
 
+# Below this many rows a heap per row in plain Python beats one numpy step per item over all
+# rows (about 13 us per item at any row count against about 1.5 us per item and row).
+MAX_ROWS_FOR_HEAP = 4
+
+
 def balanced_packing(weight: NDArray[np.float32], num_packs: int) -> tuple[IntArray, IntArray]:
     """Greedy packing of ``n`` items per row into ``num_packs`` packs of ``n / num_packs`` items.
 
@@ -46,8 +56,11 @@ def balanced_packing(weight: NDArray[np.float32], num_packs: int) -> tuple[IntAr
     if items_per_pack == 1:
         pack_index = np.broadcast_to(np.arange(num_items), weight.shape).copy()
         return pack_index, np.zeros(weight.shape, dtype=np.int64)
-    # EPLB sorts float32 weights descending; a stable sort of the negation gives torch's CPU order.
+    # EPLB sorts float32 weights descending with torch's sort, whose order of equal items is
+    # unspecified beyond 16 items; a stable sort of the negation fixes it to index order.
     order = np.argsort(-weight, axis=1, kind="stable")
+    if num_rows <= MAX_ROWS_FOR_HEAP:
+        return _heap_packing(weight, order, num_packs, items_per_pack)
     rows = np.arange(num_rows)
     pack_weight = np.zeros((num_rows, num_packs), dtype=np.float32)
     pack_items = np.zeros((num_rows, num_packs), dtype=np.int64)
@@ -61,6 +74,30 @@ def balanced_packing(weight: NDArray[np.float32], num_packs: int) -> tuple[IntAr
         rank_in_pack[rows, item] = pack_items[rows, pack]
         pack_weight[rows, pack] += weight[rows, item]  # float32 sums, as in EPLB
         pack_items[rows, pack] += 1
+    return pack_index, rank_in_pack
+
+
+def _heap_packing(
+    weight: NDArray[np.float32], order: IntArray, num_packs: int, items_per_pack: int
+) -> tuple[IntArray, IntArray]:
+    """``balanced_packing`` one row at a time: a heap of (pack weight, pack) of the packs with
+    room pops the lightest, lowest index on ties, as the masked argmin does."""
+    pack_index = np.empty(weight.shape, dtype=np.int64)
+    rank_in_pack = np.empty(weight.shape, dtype=np.int64)
+    for row in range(weight.shape[0]):
+        values = weight[row].tolist()
+        heap = [(0.0, pack) for pack in range(num_packs)]
+        count = [0] * num_packs
+        index, rank = pack_index[row], rank_in_pack[row]
+        for item in order[row].tolist():
+            total, pack = heapq.heappop(heap)
+            index[item] = pack
+            rank[item] = count[pack]
+            count[pack] += 1
+            if count[pack] < items_per_pack:
+                # The float64 sum of two float32 values rounded once to float32 is their
+                # float32 sum, so pack weights match EPLB's float32 accumulation exactly.
+                heapq.heappush(heap, (float(np.float32(total + values[item])), pack))
     return pack_index, rank_in_pack
 
 

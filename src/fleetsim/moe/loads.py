@@ -7,7 +7,10 @@ expert popularity. The scenarios differ in how popularity evolves:
 - ``zipf``: stationary Zipf popularity (a fixed random expert order per layer).
 - ``drift``: Zipf popularity whose log-weights take a Gaussian random walk per microbatch.
 - ``rl``: RL rollout micro-batches: a Zipf base plus a few very hot experts that jump to new
-  experts every ``shift_every`` microbatches (prompts from different tasks).
+  experts every microbatch (prompts from different tasks, shuffled): the worst case for any
+  planner that plans from history.
+- ``rl_switch``: the same hot experts, but they jump only every 20 microbatches (popularity
+  that holds for a phase, then switches), so history is right except on switch steps.
 - ``decode``: stationary Zipf with few tokens per microbatch (decode steps), so sampling
   noise dominates.
 """
@@ -21,7 +24,10 @@ from numpy.typing import NDArray
 
 from fleetsim.errors import FleetsimInputError
 
-SCENARIOS = ("zipf", "drift", "rl", "decode")
+SCENARIOS = ("zipf", "drift", "rl", "rl_switch", "decode")
+
+# Microbatches between hot-set switches in ``rl_switch``.
+RL_SWITCH_EVERY = 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,11 +132,17 @@ def rl_logits(
     return logits
 
 
+def rl_switch_logits(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
+    """``rl`` with the hot set held for ``RL_SWITCH_EVERY`` microbatches at a time."""
+    return rl_logits(spec, rng, shift_every=RL_SWITCH_EVERY)
+
+
 # scenario -> logits generator; ``decode`` is stationary Zipf meant for few tokens per step.
 LOGITS_BY_SCENARIO = {
     "zipf": zipf_logits,
     "drift": drift_logits,
     "rl": rl_logits,
+    "rl_switch": rl_switch_logits,
     "decode": zipf_logits,
 }
 
@@ -145,7 +157,7 @@ def make_popularity(scenario: str, spec: LoadSpec, rng: np.random.Generator) -> 
 
 def make_loads(scenario: str, spec: LoadSpec, seed: int) -> NDArray[np.float64]:
     """(num_microbatches, num_layers, num_experts) routed tokens of a named scenario
-    (``zipf``, ``drift``, ``rl``, ``decode``), reproducible from ``seed``."""
+    (``zipf``, ``drift``, ``rl``, ``rl_switch``, ``decode``), reproducible from ``seed``."""
     rng = np.random.default_rng(seed)
     p = make_popularity(scenario, spec, rng)
     return sample_loads(p, spec.num_tokens, spec.top_k, rng)

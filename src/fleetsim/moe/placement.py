@@ -103,6 +103,49 @@ def packed_phy2log(expert_load: FloatArray, num_gpus: int, slots_per_gpu: int) -
     return phy2log
 
 
+def reorder_across_nodes(
+    batch_load: FloatArray, node_of_expert: IntArray, num_nodes: int, max_swaps: int
+) -> IntArray:
+    """Swap expert pairs between the most and least loaded nodes, at most ``max_swaps`` per
+    layer, each swap the one bringing the pair closest to their mean (vectorized over layers).
+    A "node" is any bin of equal size: the two-timescale planner passes nodes, the quota
+    planner's master re-placement passes single GPUs.
+
+    batch_load: (num_layers, num_experts); node_of_expert: (num_layers, num_experts).
+    Returns the new node of every expert; each node keeps its number of experts.
+    """
+    node_of_expert = node_of_expert.copy()
+    num_layers, num_experts = batch_load.shape
+    per_node = num_experts // num_nodes
+    rows = np.arange(num_layers)
+    for _ in range(max_swaps):
+        node_load = np.zeros((num_layers, num_nodes))
+        np.add.at(node_load, (rows[:, None], node_of_expert), batch_load)
+        hot, cold = node_load.argmax(1), node_load.argmin(1)
+        gap = node_load[rows, hot] - node_load[rows, cold]
+        ids = np.argsort(node_of_expert, axis=1, kind="stable").reshape(
+            num_layers, num_nodes, per_node
+        )
+        hot_ids, cold_ids = ids[rows, hot], ids[rows, cold]
+        diff = (
+            np.take_along_axis(batch_load, hot_ids, 1)[:, :, None]
+            - np.take_along_axis(batch_load, cold_ids, 1)[:, None, :]
+        )
+        useful = (diff > 0) & (diff < gap[:, None, None])
+        score = np.where(useful, np.abs(diff - gap[:, None, None] / 2), np.inf).reshape(
+            num_layers, -1
+        )
+        best = score.argmin(1)
+        ok = np.isfinite(score[rows, best])
+        if not ok.any():
+            break
+        i, j = np.divmod(best, per_node)
+        r = rows[ok]
+        node_of_expert[r, hot_ids[rows, i][ok]] = cold[ok]
+        node_of_expert[r, cold_ids[rows, j][ok]] = hot[ok]
+    return node_of_expert
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class BalanceView:
     """What a balancer may look at when planning one microbatch (all loads are

@@ -25,6 +25,7 @@ from fleetsim.moe.placement import (
     Placement,
     check_layout,
     packed_phy2log,
+    reorder_across_nodes,
 )
 
 
@@ -236,10 +237,24 @@ class QuotaPlanner:
     max_moved_bytes_per_gpu: expert weight bytes one GPU may receive per layer and
         microbatch; None for no limit. Divided by ``view.expert_bytes`` into a copy count.
     tolerance: stop once max/mean GPU load is within ``1 + tolerance``.
+    stale_steps: plan from the load this many microbatches ago instead of the exact current
+        one (0, UltraEP: counts are all-gathered after gating, before the experts run). A
+        stale plan is known before the step, so its copies could be prefetched; the quotas
+        are then shares of each expert's actual load. Isolates information from algorithm.
+    remaster_every: every this many microbatches, re-place masters on the slow timescale:
+        swap up to ``max_master_swaps`` master pairs per layer from the most to the least
+        master-loaded GPU, by the mean of the last ``remaster_window`` loads. Each swap
+        copies two experts (planned from history, so prefetchable). None keeps masters where
+        the warm-up put them; then under drift the quota planner is bounded by the spare
+        slots of the GPUs that are below the mean (one copy each per spare slot).
     """
 
     max_moved_bytes_per_gpu: float | None = None
     tolerance: float = 0.02
+    stale_steps: int = 0
+    remaster_every: int | None = None
+    remaster_window: int = 16
+    max_master_swaps: int = 2
 
     def __post_init__(self) -> None:
         if self.max_moved_bytes_per_gpu is not None and self.max_moved_bytes_per_gpu < 0:
@@ -248,9 +263,85 @@ class QuotaPlanner:
             )
         if not 0 <= self.tolerance < 1:
             raise FleetsimInputError("quota.tolerance", self.tolerance, "must be in [0, 1)")
+        if self.stale_steps < 0:
+            raise FleetsimInputError("quota.stale_steps", self.stale_steps, "must be >= 0")
+        if self.remaster_every is not None and self.remaster_every < 1:
+            raise FleetsimInputError(
+                "quota.remaster_every", self.remaster_every, "must be >= 1 (or None: never)"
+            )
+        if self.remaster_window < 1:
+            raise FleetsimInputError("quota.remaster_window", self.remaster_window, "must be >= 1")
+        if self.max_master_swaps < 0:
+            raise FleetsimInputError(
+                "quota.max_master_swaps", self.max_master_swaps, "must be >= 0"
+            )
+
+    @property
+    def sees(self) -> str:
+        if self.stale_steps == 0:
+            return "exact current load"
+        return "previous step" if self.stale_steps == 1 else f"load {self.stale_steps} steps ago"
+
+    @property
+    def prefetchable(self) -> str:
+        replicas = "no" if self.stale_steps == 0 else "yes"
+        return replicas if self.remaster_every is None else f"{replicas} (master swaps: yes)"
+
+    @property
+    def history_window(self) -> int:
+        """Microbatches of history it reads."""
+        return max(self.stale_steps, self.remaster_window if self.remaster_every else 1)
 
     def plan(self, view: BalanceView) -> Placement:
-        return plan_view(view, self.max_moved_bytes_per_gpu, self.tolerance, within_node=False)
+        initial = None
+        if (
+            self.remaster_every is not None
+            and view.previous is not None
+            and view.history
+            and view.microbatch_index % self.remaster_every == 0
+        ):
+            mean = np.mean(view.history[-self.remaster_window :], axis=0)
+            initial = swap_masters(
+                view.previous.phy2log, mean, view.num_gpus, self.max_master_swaps
+            )
+        planned_load = None
+        if self.stale_steps:
+            # At the (unscored) warm-up there is no history yet: plan on the current load.
+            known = view.history[-self.stale_steps :]
+            planned_load = known[0] if len(known) == self.stale_steps else view.expert_load
+        return plan_view(
+            view,
+            self.max_moved_bytes_per_gpu,
+            self.tolerance,
+            within_node=False,
+            initial_phy2log=initial,
+            planned_load=planned_load,
+        )
+
+
+def swap_masters(
+    phy2log: IntArray, expert_load: FloatArray, num_gpus: int, max_swaps: int
+) -> IntArray:
+    """``phy2log`` with up to ``max_swaps`` master pairs per layer swapped between the GPUs
+    with the most and least master load under ``expert_load`` (spare slots unchanged)."""
+    num_layers, num_slots = phy2log.shape
+    num_experts = expert_load.shape[1]
+    spg = num_slots // num_gpus
+    master_cols = np.flatnonzero(np.arange(num_slots) % spg < num_experts // num_gpus)
+    masters = phy2log[:, master_cols]
+    gpu_of_expert = np.empty((num_layers, num_experts), dtype=np.int64)
+    np.put_along_axis(gpu_of_expert, masters, np.broadcast_to(master_cols // spg, masters.shape), 1)
+    new_gpu = reorder_across_nodes(expert_load, gpu_of_expert, num_gpus, max_swaps)
+    phy2log = phy2log.copy()
+    for layer in np.flatnonzero((new_gpu != gpu_of_expert).any(axis=1)):
+        # Arrivals take the slots their GPU's leavers free; masters that stay do not move.
+        freed: dict[int, list[int]] = {}
+        for col, expert in zip(master_cols, masters[layer], strict=True):
+            if new_gpu[layer, expert] != col // spg:
+                freed.setdefault(int(col // spg), []).append(int(col))
+        for expert in np.flatnonzero(new_gpu[layer] != gpu_of_expert[layer]):
+            phy2log[layer, freed[int(new_gpu[layer, expert])].pop()] = expert
+    return phy2log
 
 
 def _max_copies(view: BalanceView, max_bytes: float | None) -> int | None:
@@ -270,24 +361,28 @@ def plan_view(
     *,
     within_node: bool,
     initial_phy2log: IntArray | None = None,
+    planned_load: FloatArray | None = None,
 ) -> Placement:
     """Quota placement for ``view`` starting from ``initial_phy2log`` (default: the previous
-    placement, or masters packed on the first load); shared by both real-time planners."""
+    placement, or masters packed on the first load); shared by both real-time planners.
+    ``planned_load`` (default: the exact current load) is the load the quotas are cut for;
+    the placement applies them as shares of whatever load then arrives."""
     check_layout(view.num_experts, view.num_gpus, view.gpus_per_node, view.slots_per_gpu)
+    load = view.expert_load if planned_load is None else planned_load
     if initial_phy2log is None:
         if view.previous is not None:
             initial_phy2log = view.previous.phy2log
         else:
             # Masters are fixed from the first load seen (the history mean if any): UltraEP
             # keeps a balanced static deployment and corrects only the fluctuation.
-            first = np.mean(view.history, axis=0) if view.history else view.expert_load
+            first = np.mean(view.history, axis=0) if view.history else load
             initial_phy2log = packed_phy2log(first, view.num_gpus, view.slots_per_gpu)
     phy2log, quota = plan_quotas(
-        view.expert_load,
+        load,
         initial_phy2log,
         view.num_gpus,
         gpus_per_node=view.gpus_per_node if within_node else None,
         max_new_per_gpu=_max_copies(view, max_moved_bytes_per_gpu),
         tolerance=tolerance,
     )
-    return quota_placement(phy2log, quota, view.expert_load, view.slots_per_gpu)
+    return quota_placement(phy2log, quota, load, view.slots_per_gpu)
