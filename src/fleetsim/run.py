@@ -168,10 +168,12 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
     check_fits(workload, model, _largest_reachable_blocks(pools), eng.block_size)
     _check_budget_covers_prompts(config, workload)
     until_s = config.until_s if config.until_s is not None else math.inf
+    router = make_router(config.cluster.router)
+    decode_router = make_router(config.cluster.decode_router, "cluster.decode_router")
     records, cluster = simulate_cluster(
         workload, pools,
-        router=make_router(config.cluster.router),
-        decode_router=make_router(config.cluster.decode_router, "cluster.decode_router"),
+        router=router,
+        decode_router=decode_router,
         make_batch_policy=lambda: make_batch_policy(config.policy.batching),
         order_key=make_ordering(config.policy.ordering),
         rng=streams["routing"],
@@ -205,6 +207,8 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         "usd_per_million_tokens": _per_million(usd_per_hour, tokens_per_s),
         "usd_per_million_output_tokens": _per_million(usd_per_hour, thr["output_tokens_per_s"]),
     }
+    summary["routing"] = _routing_report(config, router, decode_router,
+                                         any(p.role == "decode" for p in pools))
     if any(p.role == "prefill" for p in pools):
         summary["kv_transfer_s"] = distribution(records.requests["kv_transfer_s"])
         summary["kv_transfer_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_handoff", 0.0)
@@ -216,6 +220,19 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         **summary,
     }
     return RunResult(to_plain(config), summary, records, workload)
+
+
+def _routing_report(config: SimConfig, router: Any, decode_router: Any,
+                    has_decode: bool) -> dict[str, Any]:
+    """Which routers ran, with the counters they report (e.g. prefix_affinity's balance
+    fallbacks)."""
+    out: dict[str, Any] = {"router": config.cluster.router.name,
+                           **(router.report() if hasattr(router, "report") else {})}
+    if has_decode:
+        out["decode_router"] = {"name": config.cluster.decode_router.name,
+                                **(decode_router.report()
+                                   if hasattr(decode_router, "report") else {})}
+    return out
 
 
 def _per_million(usd_per_hour: float, tokens_per_s: float) -> float | None:

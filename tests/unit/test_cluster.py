@@ -240,3 +240,15 @@ def test_decode_router_respects_decode_capacity():
     decoded = r["num_output_tokens"] > 1  # one-token requests finish on the prefill replica
     assert (too_big & decoded).any()
     assert (r["replica_id"][too_big & decoded] == 3).all()
+
+
+def test_prefix_affinity_reports_its_balance_fallbacks_in_the_summary():
+    cfg = {"hardware": {"num_replicas": 4}, "workload": {"max_requests": 300},
+           "cluster": {"router": {"name": "prefix_affinity",
+                                  "args": {"balance_abs_tokens": 0, "balance_rel": 1.0}}}}
+    s = run(config_from_dict(cfg)).summary
+    assert s["routing"]["router"] == "prefix_affinity"
+    # A zero load bound sends every imbalanced arrival to the least loaded replica.
+    assert 0 < s["routing"]["num_balance_routes"] <= 300
+    plain = run(config_from_dict({"workload": {"max_requests": 50}})).summary
+    assert plain["routing"] == {"router": plain["routing"]["router"]}

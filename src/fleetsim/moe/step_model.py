@@ -9,7 +9,6 @@ DeepSeek-V3 and SGLang/vLLM wide-EP deploy it), so a GPU receives a share
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -238,7 +237,3 @@ class ExpertParallelStepModel:
         self.num_steps += 1
         return float(times.total_s.sum()) * self.spec.num_moe_layers / self.num_layers
 
-
-def with_balancer(ep: ExpertParallelConfig, name: str, **args: object) -> ExpertParallelConfig:
-    """A copy of ``ep`` using balancer ``name`` with ``args``."""
-    return dataclasses.replace(ep, balancer=name, balancer_args=dict(args))

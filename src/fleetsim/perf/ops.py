@@ -144,7 +144,7 @@ class OpTimes:
         self.sources.setdefault(op, set()).add(label)
 
     # ---- GEMM ----
-    def gemm_s(self, m: F64, n: int, k: int, op: str = "gemm", wbytes: float | None = None) -> F64:
+    def gemm_s(self, m: F64, n: int, k: int, wbytes: float | None = None) -> F64:
         """(m x k) @ (k x n) for every m in the array; m == 0 costs 0."""
         wbytes = self.model.weight_dtype_bytes if wbytes is None else wbytes
         dtypes = self.gemm_dtypes if wbytes == self.model.weight_dtype_bytes else ("bfloat16",)
@@ -160,11 +160,11 @@ class OpTimes:
             if grid is not None:
                 break
         if grid is None:
-            self._note(op, ROOFLINE)
+            self._note("gemm", ROOFLINE)
             out = np.array([rl.gemm_s(x, n, k, peak, bw, wbytes) for x in m])
             return np.where(m > 0, out, 0.0)
         ms, lns, lks, ratio, label = grid
-        self._note(op, "measured: " + label)
+        self._note("gemm", "measured: " + label)
         t_at_ms = np.exp(_bilinear(lns, lks, ratio, np.log(n), np.log(k))) * _ideal_gemm_s(
             ms, n, k, peak, bw, wbytes
         )

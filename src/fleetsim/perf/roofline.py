@@ -72,6 +72,3 @@ def allreduce_s(message_bytes: float, tp: int, link_bw_bytes_per_s: float) -> fl
     moved = 2.0 * (tp - 1) / tp * message_bytes
     return ALLREDUCE_LATENCY_S + moved / (link_bw_bytes_per_s * ALLREDUCE_BW_EFF)
 
-
-def elementwise_s(bytes_moved: float, bw_bytes_per_s: float) -> float:
-    return max(bytes_moved / (bw_bytes_per_s * GEMM_MEMORY_EFF), KERNEL_FLOOR_S)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -35,13 +34,6 @@ class Table:
         for col, value in equal.items():
             mask &= self.columns[col] == value
         return Table({k: v[mask] for k, v in self.columns.items()}, self.label)
-
-
-def aic_version() -> str:
-    try:
-        return metadata.version("aiconfigurator-core")
-    except metadata.PackageNotFoundError:  # pragma: no cover - it is a hard dependency
-        return "unknown"
 
 
 @functools.cache

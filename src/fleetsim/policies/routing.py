@@ -33,6 +33,10 @@ class ClusterView(Protocol):
 
 
 class Router(Protocol):
+    """``route`` returns an index into ``view.replicas``. A router may also define
+    ``report() -> dict`` of counters (its fallbacks, say): ``run`` puts them in the summary
+    under ``routing``."""
+
     def route(self, view: ClusterView, req: Request, now_s: float) -> int: ...
 
 
@@ -115,6 +119,10 @@ class PrefixAffinity:
             raise ValueError("balance_abs_tokens must be >= 0 and balance_rel >= 1")
         if not 0.0 <= self.min_match_share <= 1.0:
             raise ValueError(f"min_match_share must be in [0, 1], got {self.min_match_share}")
+
+    def report(self) -> dict[str, int]:
+        """The balance fallbacks, for the run's summary."""
+        return {"num_balance_routes": self.num_balance_routes}
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
         reps = view.replicas
