@@ -33,6 +33,7 @@ NATIVE_MODULES = (
     "serving/kv_cache.py",
     "serving/window.py",
     "serving/views.py",
+    "serving/kv_moves.py",
     "serving/replica.py",
     "serving/transfers.py",
     "serving/sources.py",

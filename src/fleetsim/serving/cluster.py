@@ -228,10 +228,10 @@ class Cluster:
         elif not 0 <= dst < len(self.replicas) or dst == src.replica_id:
             raise PlanError(f"plan migrates request {req.id} to replica {dst}: not another "
                             f"replica of this cluster (0 to {len(self.replicas) - 1})")
-        self.replicas[dst].queue_incoming(src, req)
+        self.replicas[dst].moves.queue_incoming(src, req)
 
     def _on_blocks_freed(self, replica: Replica) -> None:
-        replica.start_incoming()
+        replica.moves.start_incoming()
 
     # ---- controllers -----------------------------------------------------------------
     def add_controller(self, controller: Controller) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -33,21 +32,16 @@ from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.capabilities import capabilities_of
 from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
+from fleetsim.serving.kv_moves import KVMoves
 from fleetsim.serving.recorder import Recorder
 from fleetsim.serving.request import (
     FINISHED,
-    HANDED_OFF,
-    IN_TRANSFER,
-    INCOMING,
     RUNNING,
     STATE_NAMES,
-    SWAPPED,
-    SWAPPING_IN,
-    SWAPPING_OUT,
     WAITING,
     Request,
 )
-from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
+from fleetsim.serving.transfers import TransferService
 from fleetsim.serving.views import ReplicaView
 from fleetsim.serving.window import DecodeWindows, Step
 
@@ -60,8 +54,8 @@ HandoffFn = Callable[["Replica", Request, "int | None"], None]
 class Replica:
     """A replica engine bound to a simulator. ``submit`` requests; results go to ``recorder``.
 
-    The queues (``running``, ``waiting``, ``swapped``, ``incoming``) are the engine's own:
-    policies and routers read them through ``view`` (a ``ReplicaView``).
+    The queues (``running``, ``waiting``; ``moves`` holds the KV moving in and out) are the
+    engine's own: policies and routers read them through ``view`` (a ``ReplicaView``).
     """
 
     def __init__(
@@ -102,9 +96,8 @@ class Replica:
         self.on_handoff = on_handoff  # the cluster routes a handed-off request on
         self.on_blocks_freed = on_blocks_freed  # incoming transfers may fit now
         self.on_finish = on_finish  # a request source wants to know (programs, RL)
-        self.transfers = transfers
+        self.moves = KVMoves(self, transfers, host, kv_bytes_per_token)
         self.host = host
-        self.kv_bytes_per_token = kv_bytes_per_token
         self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
         self._timeline = timeline
@@ -115,15 +108,6 @@ class Replica:
         # Finish times of the requests that finish inside the window in flight, sorted; the
         # counter above already left them out (``load_tokens`` adds back those still ahead).
         self._finish_times: list[float] = []
-        # Blocks held outside the running batch: request_id -> (private blocks, hash ids,
-        # cached entries) of requests handed off and awaiting their transfer out (the request
-        # itself moves on: its counters then describe its blocks at the destination), and
-        # reservations for KV on its way in (their counters are this replica's).
-        self._holders: dict[int, tuple[int, tuple[int, ...], int]] = {}
-        self._reserved: dict[int, Request] = {}
-        self._num_reserved = 0  # of them, those whose KV is on its way in
-        self.incoming: deque[tuple[Replica, Request]] = deque()  # (source, request), FIFO
-        self.swapped: list[Request] = []  # in host memory, in swap-out order
         self._step: Step | None = None
         self._windows = DecodeWindows(kv, step_model, next_input_hint_s, timeline)
         self.running: list[Request] = []
@@ -184,7 +168,7 @@ class Replica:
         self._by_id[req.id] = req
         self._load_tokens += req.num_tokens - req.num_computed_tokens
         self._enqueue(self.waiting, self._waiting_keys, req)
-        self._wake()
+        self.wake()
 
     @property
     def load_tokens(self) -> int:
@@ -201,14 +185,15 @@ class Replica:
     def max_running(self) -> int:
         """Running slots the batching policy may fill: the limit, less the slots promised to
         KV transfers on their way in."""
-        return self.max_running_total - self._num_reserved
+        return self.max_running_total - self.moves.num_reserved
 
     @property
-    def num_reserved(self) -> int:
-        """Requests whose KV is on its way in."""
-        return self._num_reserved
+    def swapped(self) -> list[Request]:
+        """Requests whose KV is in host memory, in swap-out order."""
+        return self.moves.swapped
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Plan a step now if the replica is idle (after all same-time inputs)."""
         if not self.busy:
             self.busy = True
             self.sim.schedule(self.sim.now_s, WAKE_UP, self)
@@ -224,66 +209,37 @@ class Replica:
         del queue[at]
         del keys[at]
 
-    # ---- KV coming in (P/D handoff, migration) ---------------------------------------
-    def queue_incoming(self, src: Replica, req: Request) -> None:
-        """``req`` (handed off by ``src``, which keeps its KV) is to move here: queue it
-        until blocks and a running slot can be reserved, then start its transfer."""
-        req.state = INCOMING
-        self.incoming.append((src, req))
-        self.start_incoming()
-
-    def start_incoming(self) -> None:
-        """Start the transfers of queued incoming requests, in order, while each fits."""
-        incoming = self.incoming
-        while incoming and self._can_reserve(incoming[0][1].num_computed_tokens):
-            src, req = incoming.popleft()
-            self._reserve(req)
-            num_bytes = self.kv_bytes_per_token * req.num_computed_tokens
-
-            def done(src: Replica = src, req: Request = req) -> None:
-                src.release_handoff(req)
-                req.kv_transfer_s = self.sim.now_s - req.handoff_s
-                self.accept_incoming(req)
-
-            assert self.transfers is not None
-            self.transfers.start(src.replica_id, self.replica_id, num_bytes, done,
-                                 client="kv_handoff")
-
-    def _can_reserve(self, num_tokens: int) -> bool:
-        """Could a request with ``num_tokens`` of KV (plus its next token) move in now?"""
-        self.interrupt()
-        kv = self.kv
-        return (len(self.running) + self._num_reserved < self.max_running_total
-                and kv.num_blocks_for(num_tokens + 1) <= kv.num_available_blocks)
-
-    def _reserve(self, req: Request) -> None:
-        """Take the blocks ``req``'s transferred KV will fill (and its next token)."""
-        req.state = IN_TRANSFER
+    # ---- hooks for the KV moves (kv_moves.py) ----------------------------------------
+    def adopt(self, req: Request) -> None:
+        """``req`` is this replica's from now on (its KV is moving in)."""
         req.replica_id = self.replica_id
         self._by_id[req.id] = req
-        self._reserved[req.id] = req
-        self._num_reserved += 1
-        self.kv.allocate(req, self.kv.num_blocks_for(req.num_computed_tokens + 1))
 
-    def accept_incoming(self, req: Request) -> None:
-        """``req``'s KV has arrived in the blocks reserved for it: it joins the running
-        batch at the next step."""
+    def forget(self, req: Request) -> None:
+        """``req`` is no longer this replica's (it was handed off)."""
+        del self._by_id[req.id]
+
+    def add_load_tokens(self, num_tokens: int) -> None:
+        self._load_tokens += num_tokens
+
+    def join_running(self, req: Request) -> None:
+        """``req``'s KV is in place here (moved or swapped in): it joins the running batch
+        at the next step."""
         self.interrupt()
-        del self._reserved[req.id]
-        self._num_reserved -= 1
         req.state = RUNNING
         self._load_tokens += req.num_tokens - req.num_computed_tokens
         if not self._is_decoding(req):
             self._num_prefilling += 1
         self._enqueue(self.running, self._running_keys, req)
-        self._wake()
+        self.wake()
 
-    def release_handoff(self, req: Request) -> None:
-        """``req``'s KV has left: free its blocks here (it may unblock admission)."""
-        self.interrupt()
-        private, hash_ids, cached = self._holders.pop(req.id)
-        self.kv.release_blocks(private, hash_ids, cached)
-        self._wake()
+    def leave_running(self, req: Request, verb: str) -> None:
+        """Take running ``req`` out of the batch (``verb`` names why, for errors)."""
+        if req.state != RUNNING:
+            raise PlanError(f"plan {verb} request {req.id}, which is {_state_name(req.state)}")
+        self._dequeue(self.running, self._running_keys, req)
+        if not self._is_decoding(req):
+            self._num_prefilling -= 1
 
     @staticmethod
     def _is_decoding(req: Request) -> bool:
@@ -343,12 +299,13 @@ class Replica:
         Returns the step to execute, or None when the replica sleeps."""
         for rid in plan.preempt:
             self._preempt(self._lookup(rid, plan))
+        moves = self.moves
         for rid in plan.swap_out:
-            self._swap_out(self._lookup(rid, plan))
+            moves.swap_out(self._lookup(rid, plan))
         for rid, dst in plan.migrate:
             self._migrate(self._lookup(rid, plan), dst)
         for rid in plan.swap_in:
-            self._swap_in(self._lookup(rid, plan))
+            moves.swap_in(self._lookup(rid, plan))
         step = Step(now_s)
         kv = self.kv
         total = 0
@@ -387,8 +344,8 @@ class Replica:
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
         if total == 0:
-            moving = plan.swap_out or plan.swap_in or plan.migrate or self._swaps_in_flight()
-            if moving or ((self._holders or self._reserved) and not self.running):
+            moving = plan.swap_out or plan.swap_in or plan.migrate or moves.swaps_in_flight()
+            if moving or (moves.holds_blocks_for_others() and not self.running):
                 # The plan waits for blocks that transfers still hold (outgoing KV, incoming
                 # KV, swaps): sleep until one finishes (its callback wakes us).
                 self.busy = False
@@ -420,16 +377,9 @@ class Replica:
         if math.isnan(req.first_scheduled_s):
             req.first_scheduled_s = self.sim.now_s
 
-    def _leave_running(self, req: Request, verb: str) -> None:
-        if req.state != RUNNING:
-            raise PlanError(f"plan {verb} request {req.id}, which is {_state_name(req.state)}")
-        self._dequeue(self.running, self._running_keys, req)
-        if not self._is_decoding(req):
-            self._num_prefilling -= 1
-
     def _preempt(self, req: Request) -> None:
         """Evict by recompute: drop its KV; it re-enters the waiting queue."""
-        self._leave_running(req, "preempts")
+        self.leave_running(req, "preempts")
         self.kv.release(req)
         # Work since the last admission's prefix hit is lost (STYLE's conservation formula).
         req.num_recomputed_tokens += req.num_computed_tokens - req.num_prefix_hit_tokens
@@ -439,89 +389,14 @@ class Replica:
         req.state = WAITING
         self._enqueue(self.waiting, self._waiting_keys, req)
 
-    # ---- swap to host memory and migration ---------------------------------------------
-    def _swap_bytes(self, req: Request) -> float:
-        return self.kv_bytes_per_token * req.num_computed_tokens
-
-    def _swaps_in_flight(self) -> bool:
-        return any(r.state in (SWAPPING_OUT, SWAPPING_IN) for r in self._by_id.values())
-
-    def _swap_out(self, req: Request) -> None:
-        """Preempt by swap: copy ``req``'s KV to host memory (its GPU blocks stay held until
-        the copy is done), then free them; it waits in ``swapped`` for a ``swap_in``."""
-        host, transfers = self.host, self.transfers
-        if host is None or transfers is None:
-            raise PlanError(f"plan swaps out request {req.id}, but replica "
-                            f"{self.replica_id} has no host KV tier (engine.host_kv_blocks)")
-        num_blocks = self.kv.num_blocks_for(req.num_computed_tokens)
-        if not host.can_allocate(num_blocks):
-            raise PlanError(f"plan swaps out request {req.id} ({num_blocks} blocks), host tier "
-                            f"has {host.num_free_blocks} free")
-        self._leave_running(req, "swaps out")
-        host.allocate(num_blocks)
-        req.state = SWAPPING_OUT
-        req.num_swaps += 1
-        self._load_tokens -= req.num_tokens - req.num_computed_tokens
-
-        def done() -> None:
-            self.interrupt()
-            self.kv.release(req)
-            req.state = SWAPPED
-            self.swapped.append(req)
-            self._wake()
-
-        rid = self.replica_id
-        transfers.start(gpu_dma_endpoint(rid), host_endpoint(rid), self._swap_bytes(req), done,
-                        client="swap_out", latency_s=0.0)
-
-    def _swap_in(self, req: Request) -> None:
-        """Bring a swapped request's KV back into fresh GPU blocks; it rejoins the running
-        batch when the copy is done."""
-        if req.state != SWAPPED:
-            raise PlanError(f"plan swaps in request {req.id}, which is {_state_name(req.state)}")
-        kv, host = self.kv, self.host
-        assert host is not None and self.transfers is not None
-        num_blocks = kv.num_blocks_for(req.num_computed_tokens)
-        if num_blocks > kv.num_available_blocks:
-            raise PlanError(f"plan swaps in request {req.id} ({num_blocks} blocks), "
-                            f"{kv.num_available_blocks} available")
-        self.swapped.remove(req)
-        kv.allocate(req, num_blocks)
-        req.num_cached_entries = 0  # its prefix comes back as private blocks
-        req.state = SWAPPING_IN
-
-        def done() -> None:
-            self.interrupt()
-            host.free(num_blocks)
-            req.state = RUNNING
-            self._load_tokens += req.num_tokens - req.num_computed_tokens
-            if not self._is_decoding(req):
-                self._num_prefilling += 1
-            self._enqueue(self.running, self._running_keys, req)
-            self._wake()
-
-        rid = self.replica_id
-        self.transfers.start(host_endpoint(rid), gpu_dma_endpoint(rid), self._swap_bytes(req),
-                             done, client="swap_in", latency_s=0.0)
-
     def _migrate(self, req: Request, dst: int) -> None:
         """Move a running request (and its KV) to replica ``dst``: it leaves the batch now,
         its blocks stay here until the transfer is done."""
         if self.on_handoff is None:
             raise PlanError(f"plan migrates request {req.id}, but replica {self.replica_id} "
                             f"is not part of a cluster that can move it")
-        self._leave_running(req, "migrates")
-        self._hand_off(req, dst)
-
-    def _hand_off(self, req: Request, dst: int | None) -> None:
-        del self._by_id[req.id]
-        req.state = HANDED_OFF
-        req.handoff_s = self.sim.now_s
-        self._load_tokens -= req.num_tokens - req.num_computed_tokens
-        self._holders[req.id] = (req.num_private_blocks, req.hash_ids, req.num_cached_entries)
-        req.num_private_blocks = 0
-        req.num_cached_entries = 0
-        self.on_handoff(self, req, dst)  # type: ignore[misc]
+        self.leave_running(req, "migrates")
+        self.moves.hand_off(req, dst)
 
     # ---- step phase 3: execute -------------------------------------------------------
     def _execute(self, step: Step, now_s: float) -> None:
@@ -667,7 +542,7 @@ class Replica:
         for r in handoff:
             # The request leaves the batch but its KV stays until the transfer is done.
             self._dequeue(self.running, self._running_keys, r)
-            self._hand_off(r, None)
+            self.moves.hand_off(r, None)
         self.recorder.on_step(
             self.replica_id, now_s, now_s - step.start_s, self._pending_kv_seconds, 1,
             step.num_tokens, kv.num_used_blocks, step.num_running, step.num_waiting)
@@ -693,19 +568,17 @@ class Replica:
 
     def _check(self) -> None:
         """Debug invariants: queue limits, states, the load counter and KV conservation."""
-        assert len(self.running) + self._num_reserved <= self.max_running_total
+        assert len(self.running) + self.moves.num_reserved <= self.max_running_total
         decoding = sum(self._is_decoding(r) for r in self.running)
         assert self._num_prefilling == len(self.running) - decoding
         assert all(r.state == RUNNING for r in self.running)
         assert all(r.state == WAITING for r in self.waiting)
-        assert all(r.state == SWAPPED for r in self.swapped)
+        self.moves.check_states()
         queued = self.running + self.waiting
         expected = sum(r.num_tokens - r.num_computed_tokens for r in queued)
         assert self._load_tokens == expected, (self._load_tokens, expected)
-        swapping = [r for r in self._by_id.values() if r.state in (SWAPPING_OUT, SWAPPING_IN)]
-        held = [(r.num_private_blocks, r.hash_ids, r.num_cached_entries)
-                for r in self.running + list(self._reserved.values()) + swapping]
-        self.kv.check(held + list(self._holders.values()))
+        held = [(r.num_private_blocks, r.hash_ids, r.num_cached_entries) for r in self.running]
+        self.kv.check(held + self.moves.check_holdings())
 
 
 def _state_name(state: int) -> str:

@@ -70,7 +70,8 @@ class ReplicaView:
         """Known tokens still to compute here: prefill backlog plus one per decoding
         request, plus one per request whose KV is queued or on its way in."""
         r = self._replica
-        return r.load_tokens + len(r.incoming) + r.num_reserved
+        moves = r.moves
+        return r.load_tokens + len(moves.incoming) + moves.num_reserved
 
     @property
     def max_batched_tokens(self) -> int:
@@ -96,8 +97,8 @@ class ReplicaView:
     @property
     def num_incoming(self) -> int:
         """Requests whose KV is queued to move here or on its way in."""
-        r = self._replica
-        return len(r.incoming) + r.num_reserved
+        moves = self._replica.moves
+        return len(moves.incoming) + moves.num_reserved
 
     # ---- exact after settling the window in flight -----------------------------------
     @property
