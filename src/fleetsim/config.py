@@ -86,6 +86,8 @@ class PolicyConfig:
     batching: PolicySpec = field(default_factory=lambda: PolicySpec(name="token_budget"))
     """Step planner and its args, e.g.
     {name = "token_budget", args = {enable_chunked_prefill = false}}."""
+    eviction: str = "lru"
+    """Prefix-cache eviction: lru | lfu | deepest_first | pkg.mod:key_function."""
 
 
 ROLES = ("mixed", "prefill", "decode")

@@ -30,6 +30,7 @@ from types import ModuleType
 NATIVE_MODULES = (
     "core/simulator.py",
     "serving/request.py",
+    "serving/prefix_cache.py",
     "serving/kv_cache.py",
     "serving/window.py",
     "serving/views.py",

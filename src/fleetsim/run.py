@@ -21,6 +21,7 @@ from fleetsim.moe.serving import EpStepModel
 from fleetsim.perf import build_step_model, kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.policies import make_batch_policy, make_ordering
+from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.routing import make_router
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
 from fleetsim.serving.recorder import Records
@@ -176,6 +177,7 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         decode_router=decode_router,
         make_batch_policy=lambda: make_batch_policy(config.policy.batching),
         order_key=make_ordering(config.policy.ordering),
+        eviction_key=make_eviction(config.policy.eviction),
         rng=streams["routing"],
         kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
         link_latency_s=config.cluster.link.latency_s,
@@ -207,6 +209,8 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         "usd_per_million_tokens": _per_million(usd_per_hour, tokens_per_s),
         "usd_per_million_output_tokens": _per_million(usd_per_hour, thr["output_tokens_per_s"]),
     }
+    summary["kv_cache"]["num_prefix_evictions"] = sum(
+        r.kv.prefix.num_evicted for r in cluster.replicas)
     summary["routing"] = _routing_report(config, router, decode_router,
                                          any(p.role == "decode" for p in pools))
     if any(p.role == "prefill" for p in pools):

@@ -9,6 +9,7 @@ from fleetsim.policies.batching import (
     make_batch_policy,
     register_batch,
 )
+from fleetsim.policies.eviction import EVICTION_POLICIES, make_eviction
 from fleetsim.policies.ordering import ORDERING_POLICIES, OrderKey, make_ordering, register_ordering
 from fleetsim.policies.registry import PolicySpec
 from fleetsim.serving.capabilities import Capabilities, capabilities_of
@@ -16,6 +17,7 @@ from fleetsim.serving.views import KVView, ReplicaView
 
 __all__ = [
     "BATCH_POLICIES",
+    "EVICTION_POLICIES",
     "ORDERING_POLICIES",
     "BatchPolicy",
     "Capabilities",
@@ -28,6 +30,7 @@ __all__ = [
     "TokenBudgetPlanner",
     "capabilities_of",
     "make_batch_policy",
+    "make_eviction",
     "make_ordering",
     "register_batch",
     "register_ordering",

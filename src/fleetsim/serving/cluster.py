@@ -27,6 +27,7 @@ from fleetsim.core.simulator import Simulator
 from fleetsim.errors import FleetsimInputError, PlanError
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.kv_cache import HostPool, KVCache
+from fleetsim.serving.prefix_cache import EvictionKey, PrefixCache
 from fleetsim.serving.recorder import OnlineMetrics, Recorder, Records
 from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
 from fleetsim.serving.request import Request
@@ -99,6 +100,7 @@ class Cluster:
         block_size: int,
         enable_prefix_caching: bool,
         recorder: Recorder,
+        eviction_key: EvictionKey | None = None,
     ) -> None:
         self.sim = sim
         self.router = router
@@ -116,7 +118,7 @@ class Cluster:
             for _ in range(pool.num_replicas):
                 rid = len(self.replicas)
                 kv = KVCache(pool.num_kv_blocks, block_size, hash_block_tokens,
-                             enable_prefix_caching)
+                             enable_prefix_caching, PrefixCache(eviction_key))
                 host = None
                 if pool.num_host_kv_blocks:
                     # Swaps cross the replica's PCIe link (the host endpoint's bandwidth),
@@ -309,6 +311,7 @@ def simulate_cluster(
     source: RequestSource | None = None,
     controllers: Sequence[Controller] = (),
     timeline: tuple[float, float] | None = None,
+    eviction_key: EvictionKey | None = None,
 ) -> tuple[Records, Cluster]:
     """Simulate ``workload`` (or ``source``) on a cluster of ``pools``; returns records and
     the cluster.
@@ -316,6 +319,7 @@ def simulate_cluster(
     ``windows_stop_at_arrivals`` (one replica only) stops fast-forward windows at the next
     arrival instead of cutting them back when it comes: same results, less work.
     ``timeline``: (origin, bin width) of the time series (default: ``default_timeline``).
+    ``eviction_key``: the prefix caches' eviction policy (None: LRU).
     """
     sim = Simulator()
     origin_s, bin_s = timeline or default_timeline(workload, until_s)
@@ -338,7 +342,8 @@ def simulate_cluster(
         kv_bytes_per_token=kv_bytes_per_token, link_latency_s=link_latency_s,
         make_replica=make_replica,
         hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,
-        block_size=block_size, enable_prefix_caching=enable_prefix_caching, recorder=recorder)
+        block_size=block_size, enable_prefix_caching=enable_prefix_caching, recorder=recorder,
+        eviction_key=eviction_key)
     src = source if source is not None else WorkloadSource(workload)
     if progress is not None:
         src = _Progress(src, progress, progress_every, sim)

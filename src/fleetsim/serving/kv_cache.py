@@ -1,27 +1,22 @@
 """Paged KV cache of one replica: a block pool plus a prefix cache keyed by block hashes.
 
 Blocks are counted, not named: what matters to latency is how many are free, and who holds
-them. A request owns *private* blocks, and holds references to *entries* of the prefix cache.
-An entry covers one prefix hash block (``hash_block_tokens`` tokens, e.g. Mooncake's 512) and
-owns ``hash_block_tokens // block_size`` blocks. Hash ids are prefix-chained (equal id at
-position j means equal prompt up to the end of block j), so a request's hit is the longest run
-of leading ids present in the cache, as in vLLM's automatic prefix caching. Entries no request
-references stay cached and are evicted least-recently-released first when blocks run short.
+them. A request owns *private* blocks, and holds references to *entries* of the prefix cache
+(``prefix_cache.py``). An entry covers one prefix hash block (``hash_block_tokens`` tokens,
+e.g. Mooncake's 512) and owns ``hash_block_tokens // block_size`` blocks. Hash ids are
+prefix-chained (equal id at position j means equal prompt up to the end of block j), so a
+request's hit is the longest run of leading ids present in the cache, as in vLLM's automatic
+prefix caching. Entries no request references stay cached and are evicted when blocks run
+short, in the order of the cache's eviction policy (least recently released first unless
+another is given).
 
 Invariant (checked by ``check``): free + evictable + private + pinned == total blocks.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
-
+from fleetsim.serving.prefix_cache import PrefixCache
 from fleetsim.serving.request import Request
-
-
-@dataclass(slots=True)
-class _Entry:
-    num_refs: int
 
 
 def blocks_short(req: Request, num_tokens: int, block_size: int, blocks_per_entry: int) -> int:
@@ -68,6 +63,7 @@ class KVCache:
         block_size: int,
         hash_block_tokens: int | None = None,
         enable_prefix_caching: bool = True,
+        prefix: PrefixCache | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
@@ -82,8 +78,8 @@ class KVCache:
         self.prefix_caching = enable_prefix_caching and hash_block_tokens is not None
         self.blocks_per_entry = (hash_block_tokens or block_size) // block_size
         self.num_free_blocks = num_blocks
-        self._entries: dict[int, _Entry] = {}  # hash_id -> entry
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced, LRU first
+        self.prefix = prefix if prefix is not None else PrefixCache()
+        self._evictable = self.prefix.evictable  # read once per step: bound here
 
     # ---- questions -------------------------------------------------------------------
     @property
@@ -111,11 +107,7 @@ class KVCache:
         prompt token is always left to compute, as vLLM does on a full hit)."""
         if not self.prefix_caching or not req.hash_ids:
             return 0
-        entries = self._entries
-        limit = self._num_cacheable(req)
-        m = 0
-        while m < limit and req.hash_ids[m] in entries:
-            m += 1
+        m = self.prefix.num_leading(req.hash_ids, self._num_cacheable(req))
         if m and m * self.hash_block_tokens >= req.num_prompt_tokens:  # type: ignore[operator]
             m -= 1
         return m
@@ -125,7 +117,7 @@ class KVCache:
         the available pool: new private blocks plus matched entries that are unreferenced."""
         m = self.num_matched_entries(req)
         hit_tokens = m * (self.hash_block_tokens or 0)
-        pinned = sum(1 for h in req.hash_ids[:m] if h in self._evictable) * self.blocks_per_entry
+        pinned = self.prefix.num_unreferenced(req.hash_ids[:m]) * self.blocks_per_entry
         new_private = self.num_blocks_for(hit_tokens + num_new_tokens) - m * self.blocks_per_entry
         return pinned + max(0, new_private)
 
@@ -144,20 +136,15 @@ class KVCache:
 
     def reclaimable_blocks(self, req: Request) -> int:
         """Blocks that become available if running ``req`` is preempted."""
-        sole = sum(
-            1 for h in req.hash_ids[: req.num_cached_entries] if self._entries[h].num_refs == 1
-        )
+        sole = self.prefix.num_sole_holder(req.hash_ids[: req.num_cached_entries])
         return req.num_private_blocks + sole * self.blocks_per_entry
 
     # ---- commits ---------------------------------------------------------------------
     def admit(self, req: Request) -> None:
         """Pin the cached prefix of waiting ``req`` and start its computation after it."""
         m = self.num_matched_entries(req)
-        for h in req.hash_ids[:m]:
-            entry = self._entries[h]
-            if entry.num_refs == 0:
-                del self._evictable[h]
-            entry.num_refs += 1
+        if m:
+            self.prefix.pin(req.hash_ids[:m])
         req.num_cached_entries = m
         hit = m * (self.hash_block_tokens or 0)
         req.num_prefix_hit_tokens = hit
@@ -175,10 +162,9 @@ class KVCache:
         req.num_private_blocks += num_blocks
 
     def _evict_until_free(self, num_blocks: int) -> None:
-        evictable, entries = self._evictable, self._entries
+        prefix = self.prefix
         while self.num_free_blocks < num_blocks:
-            h, _ = evictable.popitem(last=False)
-            del entries[h]
+            prefix.evict_one()
             self.num_free_blocks += self.blocks_per_entry
 
     def promote(self, req: Request) -> None:
@@ -190,17 +176,10 @@ class KVCache:
         if not self.prefix_caching or not req.hash_ids:
             return
         upto = min(self._num_cacheable(req), req.num_computed_tokens // self.hash_block_tokens)  # type: ignore[operator]
-        entries, per = self._entries, self.blocks_per_entry
+        prefix, per = self.prefix, self.blocks_per_entry
         for j in range(req.num_cached_entries, upto):
-            h = req.hash_ids[j]
-            entry = entries.get(h)
-            if entry is None:
-                entries[h] = _Entry(1)
-            else:
-                if entry.num_refs == 0:
-                    del self._evictable[h]
-                entry.num_refs += 1
-                self.num_free_blocks += per
+            if not prefix.add(req.hash_ids[j], j):
+                self.num_free_blocks += per  # already cached: share it, free the duplicate
             req.num_private_blocks -= per
         if upto > req.num_cached_entries:
             req.num_cached_entries = upto
@@ -219,12 +198,8 @@ class KVCache:
         """``release`` of blocks no longer described by a request's counters (a handed-off
         request's blocks left behind at its source)."""
         self.num_free_blocks += num_private_blocks
-        entries, evictable = self._entries, self._evictable
-        for h in reversed(hash_ids[:num_cached_entries]):
-            entry = entries[h]
-            entry.num_refs -= 1
-            if entry.num_refs == 0:
-                evictable[h] = None
+        if num_cached_entries:
+            self.prefix.unref(hash_ids, num_cached_entries)
 
     def check(self, holdings: list[tuple[int, tuple[int, ...], int]]) -> None:
         """Assert conservation of blocks and reference counts (debug mode), given every
@@ -236,10 +211,7 @@ class KVCache:
             assert num_private >= 0, f"a holder of {hash_ids[:2]}... has negative blocks"
             for h in hash_ids[:num_cached]:
                 refs[h] = refs.get(h, 0) + 1
-        for h, entry in self._entries.items():
-            assert entry.num_refs == refs.get(h, 0), f"entry {h}: refs {entry.num_refs}"
-            assert (entry.num_refs == 0) == (h in self._evictable), f"entry {h} LRU state"
-        pinned = (len(self._entries) - len(self._evictable)) * self.blocks_per_entry
+        pinned = self.prefix.check(refs) * self.blocks_per_entry
         total = self.num_free_blocks + self.num_evictable_blocks + private + pinned
         assert total == self.num_blocks, f"blocks not conserved: {total} != {self.num_blocks}"
         assert self.num_free_blocks >= 0
