@@ -94,6 +94,8 @@ def _check_budget_covers_prompts(config: SimConfig, workload: Workload) -> None:
 
 
 def _pool_error(where: str, err: FleetsimInputError) -> FleetsimInputError:
+    if err.where.startswith("engine."):  # an engine limit, the same for every pool
+        return err
     return FleetsimInputError(f"{where}: {err.where}", err.value, err.fix)
 
 

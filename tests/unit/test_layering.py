@@ -21,7 +21,7 @@ ALLOWED = {
     "policies": {"serving"},
     "moe": {"hardware", "models", "perf"},
 }
-LEAVES = {"errors", "configutil"}  # stdlib-only helpers anyone may use
+LEAVES = {"errors", "configutil", "inputs"}  # stdlib-only helpers anyone may use
 
 
 def fleetsim_imports(path: Path) -> set[str]:
