@@ -168,7 +168,7 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
         return json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as err:
         raise FleetsimInputError(f"{what} {path}", f"line {err.lineno}",
-                                 f"not valid JSON ({err.msg}); fix the file") from None
+                                 f"invalid JSON ({err.msg}); fix the file") from None
     except ValueError as err:
         raise FleetsimInputError(f"{what} {path}", str(err).split(" ")[0],
                                  f"{err}; write a finite number") from None

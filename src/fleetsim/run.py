@@ -22,6 +22,7 @@ from fleetsim.moe.serving import EpStepModel
 from fleetsim.perf import build_step_model, kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.policies import make_batch_policy, make_ordering
+from fleetsim.policies.registry import plugin_error
 from fleetsim.policies.routing import make_router
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
 from fleetsim.workloads import Workload, build_workload
@@ -169,25 +170,31 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
             f"must divide the trace's hash block of {workload.hash_block_tokens} tokens")
     check_fits(workload, model, _largest_reachable_blocks(pools), eng.block_size)
     _check_budget_covers_prompts(config, workload)
+    if config.policy.ordering == "priority" and workload.priority is None:
+        raise FleetsimInputError("policy.ordering", "priority", "the workload has no priority "
+                                 "column; add one to the trace or use fcfs")
     until_s = config.until_s if config.until_s is not None else math.inf
-    records, cluster = simulate_cluster(
-        workload, pools,
-        router=make_router(config.cluster.router),
-        decode_router=make_router(config.cluster.decode_router, "cluster.decode_router"),
-        make_batch_policy=lambda: make_batch_policy(config.policy.batching),
-        order_key=make_ordering(config.policy.ordering),
-        rng=streams["routing"],
-        kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
-        link_latency_s=config.cluster.link.latency_s,
-        block_size=eng.block_size,
-        max_batched_tokens=eng.max_batched_tokens,
-        max_running=eng.max_running,
-        enable_prefix_caching=eng.enable_prefix_caching,
-        fast_forward=eng.fast_forward,
-        debug=eng.debug,
-        until_s=until_s,
-        progress=progress,
-    )
+    try:
+        records, cluster = simulate_cluster(
+            workload, pools,
+            router=make_router(config.cluster.router),
+            decode_router=make_router(config.cluster.decode_router, "cluster.decode_router"),
+            make_batch_policy=lambda: make_batch_policy(config.policy.batching),
+            order_key=make_ordering(config.policy.ordering),
+            rng=streams["routing"],
+            kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
+            link_latency_s=config.cluster.link.latency_s,
+            block_size=eng.block_size,
+            max_batched_tokens=eng.max_batched_tokens,
+            max_running=eng.max_running,
+            enable_prefix_caching=eng.enable_prefix_caching,
+            fast_forward=eng.fast_forward,
+            debug=eng.debug,
+            until_s=until_s,
+            progress=progress,
+        )
+    except Exception as err:  # a user plug-in that raised: name the config field that loaded it
+        raise plugin_error(err, _plugin_names(config)) or err from None
     num_arrived = int(np.searchsorted(workload.arrival_s, until_s, side="right"))
     replica_pool = cluster.pool_of
     summary = summarize(
@@ -218,6 +225,13 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         **summary,
     }
     return RunResult(to_plain(config), summary, records, workload)
+
+
+def _plugin_names(config: SimConfig) -> dict[str, str]:
+    return {"policy.ordering": config.policy.ordering,
+            "policy.batching.name": config.policy.batching.name,
+            "cluster.router.name": config.cluster.router.name,
+            "cluster.decode_router.name": config.cluster.decode_router.name}
 
 
 def _per_million(usd_per_hour: float, tokens_per_s: float) -> float | None:

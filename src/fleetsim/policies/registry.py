@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
+import traceback
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -106,3 +108,21 @@ def _has_resolvable_hints(cls: type) -> bool:
     except Exception:  # noqa: BLE001 - a plug-in's annotations may name anything
         return False
     return True
+
+
+def plugin_error(err: BaseException, names_by_field: Mapping[str, str]
+                 ) -> FleetsimInputError | None:
+    """The one-line input error for ``err`` if it was raised inside a user plug-in named in
+    ``names_by_field`` (config field -> ``"pkg.mod:Object"``), naming that field; else None."""
+    files = {}
+    for where, name in names_by_field.items():
+        module = sys.modules.get(name.partition(":")[0])
+        if ":" in name and module is not None and getattr(module, "__file__", None):
+            files[module.__file__] = (where, name)
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        if frame.filename in files:
+            where, name = files[frame.filename]
+            return FleetsimInputError(
+                where, name, f"the plug-in raised {type(err).__name__}: {err} (line "
+                f"{frame.lineno} of {frame.filename}); fix the plug-in")
+    return None

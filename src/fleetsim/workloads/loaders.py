@@ -13,7 +13,6 @@ import json
 import os
 from collections.abc import Sequence
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
