@@ -158,20 +158,14 @@ def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
 
 
 def read_json(path: str | os.PathLike[str], what: str) -> Any:
-    """A JSON file as plain data; NaN and Infinity literals are rejected (not JSON numbers)."""
+    """A JSON file as plain data. NaN and Infinity literals load as floats, so the check of
+    the field that holds one (``check_number``) names it."""
     text = read_text(path, what)
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON number")
-
     try:
-        return json.loads(text, parse_constant=no_constant)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise FleetsimInputError(f"{what} {path}", f"line {err.lineno}",
                                  f"invalid JSON ({err.msg}); fix the file") from None
-    except ValueError as err:
-        raise FleetsimInputError(f"{what} {path}", str(err).split(" ")[0],
-                                 f"{err}; write a finite number") from None
 
 
 def non_finite_path(data: Any, path: str = "") -> str | None:

@@ -218,11 +218,13 @@ def hash_lists(
                 ids = tuple(item)
             else:
                 raise TypeError
+            if any(not -(2**63) <= x < 2**63 for x in ids):  # the engine keys blocks by int64
+                raise ValueError
         except (TypeError, ValueError):
             raise FleetsimInputError(
                 f"{label}, line {lines[k]}, column 'hash_ids'",
                 item,
-                "expected integers (a JSON list, or space- or semicolon-separated in CSV)",
+                "expected 64-bit integers (a JSON list, or space- or semicolon-separated in CSV)",
             ) from None
         out.append(ids)
     lens = np.fromiter((len(ids) for ids in out), dtype=np.int64, count=len(out))
