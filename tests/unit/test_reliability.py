@@ -469,3 +469,11 @@ def test_broken_pipe_is_quiet():
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
     assert "Traceback" not in proc.stderr
     assert "BrokenPipe" not in proc.stderr
+
+
+def test_moe_plot_under_a_file_fails_before_work(tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setattr("fleetsim.moe.cli._setups", lambda args: pytest.fail("work started"))
+    code, _, err = run_cli(capsys, "moe", "compare", "--plot", str(blocker / "p.png"))
+    assert_one_line_exit_2(code, err, "--plot")
