@@ -477,3 +477,14 @@ def test_moe_plot_under_a_file_fails_before_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("fleetsim.moe.cli._setups", lambda args: pytest.fail("work started"))
     code, _, err = run_cli(capsys, "moe", "compare", "--plot", str(blocker / "p.png"))
     assert_one_line_exit_2(code, err, "--plot")
+
+
+@pytest.mark.parametrize("argv", [
+    ["goodput", "--min-rate", "inf"], ["goodput", "--max-rate", "1e300"],
+    ["goodput", "--max-runs", "1000000000000"], ["goodput", "--tol", "nan"],
+    ["slo-scale", "--pct", "nan"], ["plan", "--max-gpus", "1000000000"],
+    ["sweep", "s.toml", "--workers", "100000000"],
+])
+def test_cli_flags_bounded(capsys, argv):
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_exit_2(code, err, argv[-2])

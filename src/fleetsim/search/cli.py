@@ -22,6 +22,7 @@ from fleetsim.formatting import fmt_number as _fmt
 DEFAULT_PLAN_GPUS = "h100,a100,h200"
 EXIT_NOTHING_FEASIBLE = 1
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+MAX_PLAN_GPUS = 256
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -190,6 +191,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     tps = _int_list("--tp", args.tp)
     if args.max_gpus < 1:
         raise FleetsimInputError("--max-gpus", args.max_gpus, "must be >= 1")
+    if args.max_gpus > MAX_PLAN_GPUS:
+        raise FleetsimInputError("--max-gpus", args.max_gpus, f"plan shapes of at most "
+                                 f"{MAX_PLAN_GPUS} GPUs (every shape is a goodput search)")
     if args.requests_per_gpu < 0:
         raise FleetsimInputError("--requests-per-gpu", args.requests_per_gpu, "must be >= 0")
     out = Path(args.out) if args.out else None

@@ -16,6 +16,7 @@ from rich.table import Table
 from fleetsim.errors import FleetsimInputError
 
 EXIT_ALL_FAILED = 1
+MAX_WORKERS = 1024
 
 
 def add_parser(subparsers: Any) -> None:
@@ -45,6 +46,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise FleetsimInputError("--workers", args.workers, "must be >= 1")
+    if args.workers is not None and args.workers > MAX_WORKERS:
+        raise FleetsimInputError("--workers", args.workers, f"must be at most {MAX_WORKERS}")
     spec = load_spec(args.spec, args.overrides, args.grid)
     out = Path(args.out) if args.out else Path("results") / Path(args.spec).stem
     check_out_dir(out)
