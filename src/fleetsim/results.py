@@ -101,6 +101,10 @@ class StagedFolder:
         assert self.path is not None
         if kind is not None or self._discard:
             shutil.rmtree(self.path, ignore_errors=True)
+            if isinstance(err, OSError):  # a full disk, say: one line, old results kept
+                raise FleetsimInputError(
+                    "--out", str(self.out), f"writing the results failed ({err.strerror or err}"
+                    f"); the folder keeps its earlier results") from None
             return
         swap_in(self.path, self.out)
 
