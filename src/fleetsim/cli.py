@@ -1,17 +1,18 @@
 """The ``fleetsim`` command: parse arguments, build a config, run, print and write results.
 
 Any ``FleetsimInputError`` becomes one line on stderr and exit code 2, with no traceback.
-Result files are written to temporary names and renamed into place only after the run
-succeeded, so a failed run never clobbers earlier results.
+Results are written by ``fleetsim.results``: where they go is checked before the work, and
+the folder is replaced as a set only after the run succeeded, so a failed or interrupted run
+never clobbers earlier results. SIGTERM is handled like Ctrl-C (exit 130 / 143, no traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,18 +26,58 @@ from fleetsim.formatting import fmt_number as _fmt
 EXIT_INPUT_ERROR = 2
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that half-written results are cleaned up."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = _on_sigterm_raise()
     try:
         handler = getattr(args, "handler", None) or args.func
         return int(handler(args) or 0)
     except FleetsimInputError as err:
-        print(f"fleetsim: error: {err}", file=sys.stderr)
+        print(f"fleetsim: error: {_one_line(str(err))}", file=sys.stderr)
         return EXIT_INPUT_ERROR
     except KeyboardInterrupt:
-        print("fleetsim: interrupted", file=sys.stderr)
+        print("fleetsim: interrupted; earlier results are unchanged", file=sys.stderr)
         return 130
+    except Terminated:
+        print("fleetsim: terminated; earlier results are unchanged", file=sys.stderr)
+        return 143
+    except MemoryError:
+        print("fleetsim: error: out of memory; simulate fewer requests (workload.max_requests)"
+              " or a shorter window", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except BrokenPipeError:  # `fleetsim ... --json | head`: the reader left; stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _on_sigterm_raise() -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    return signal.signal(signal.SIGTERM, raise_terminated)
+
+
+def print_json(data: Any) -> None:
+    """``data`` on stdout as strict JSON (no NaN or Infinity)."""
+    from fleetsim.inputs import to_json
+
+    print(to_json(data))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,20 +152,17 @@ def _add_optional_commands(sub: Any) -> None:
 # ---- run ------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
+    from fleetsim.results import check_out_dir, write_run
 
     config = load_config(args.config, args.overrides)
     out = Path(args.out) if args.out else Path("results") / (
         Path(args.config).stem if args.config else "default")
-    if out.exists() and not out.is_dir():
-        raise FleetsimInputError("--out", str(out), "it is a file; give a folder path")
+    check_out_dir(out)
     console = Console(stderr=True)
     result = _run_with_progress(config, console)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "summary.json", result.summary)
-    _write_json(out / "config.json", result.config)
-    _write_requests_csv(out / "requests.csv", result.records.requests)
+    write_run(out, result.summary, result.config, result.records.requests)
     if args.json:
-        print(json.dumps(result.summary, indent=2))
+        print_json(result.summary)
     else:
         Console().print(summary_table(result.summary))
         Console().print(f"results written to {out}/ (summary.json, requests.csv, config.json)")
@@ -179,35 +217,6 @@ def summary_table(s: dict[str, Any]) -> Table:
     return table
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _write_requests_csv(path: Path, req: dict[str, Any]) -> None:
-    """One row per finished request, by request id."""
-    from fleetsim.metrics.summary import per_request_latencies
-
-    lat = per_request_latencies(req)
-    order = req["request_id"].argsort(kind="stable")
-    header = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "tpot_s",
-              "e2e_s", "queueing_delay_s", "preemptions", "prefix_hit_tokens", "replica_id")
-    cols = (req["request_id"], req["arrival_s"], req["num_prompt_tokens"],
-            req["num_output_tokens"], lat["ttft_s"], lat["tpot_s"], lat["e2e_s"],
-            lat["queueing_s"], req["num_preemptions"], req["num_prefix_hit_tokens"],
-            req["replica_id"])
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        lists = [c[order].tolist() for c in cols]
-        for row in zip(*lists, strict=True):
-            w.writerow(["" if isinstance(x, float) and x != x else
-                        (f"{x:.6f}" if isinstance(x, float) else x) for x in row])
-    os.replace(tmp, path)
-
-
 # ---- catalog and perf -----------------------------------------------------------------
 def cmd_perf(args: argparse.Namespace) -> int:
     from fleetsim.hardware import get_gpu
@@ -222,21 +231,50 @@ def cmd_perf(args: argparse.Namespace) -> int:
     if args.decode_batch is not None and args.context is None:
         raise FleetsimInputError("--context", None, "a decode step needs --context C "
                                  "(KV tokens per request)")
-    for name in ("prefill_tokens", "decode_batch", "context", "tp"):
+    from fleetsim.inputs import MAX_TOKENS, check_number
+
+    for name, lo, hi in (("prefill_tokens", 1, MAX_TOKENS), ("decode_batch", 1, MAX_TOKENS),
+                         ("context", 0, MAX_TOKENS), ("tp", 1, 1024)):
         v = getattr(args, name)
-        if v is not None and v < (0 if name == "context" else 1):
-            raise FleetsimInputError(f"--{name.replace('_', '-')}", v, "must be a positive integer")
+        if v is not None:
+            check_number(v, f"--{name.replace('_', '-')}", lo=lo, hi=hi, integer=True)
     model = get_model(args.model)
     gpu = get_gpu(args.gpu, args.gpu_catalog)
-    kv_capacity_blocks(model, gpu, args.tp, 16)  # a shape whose weights do not fit is an error
+    if args.tp > gpu.num_gpus_per_node:
+        raise FleetsimInputError("--tp", args.tp, f"a {gpu.name} node has "
+                                 f"{gpu.num_gpus_per_node} GPUs; tensor parallelism stays in one")
+    block_size = 16
+    # a shape whose weights do not fit is an error; so is a step whose KV does not
+    capacity = kv_capacity_blocks(model, gpu, args.tp, block_size) * block_size
+    _check_perf_step(args, model.name, model.max_context_tokens, capacity, gpu.name, block_size)
     b = predict_breakdown(model, gpu, args.tp, prefill_tokens=args.prefill_tokens,
                           context_tokens=args.context or 0, decode_batch=args.decode_batch,
                           backend=args.backend)
     if args.json:
-        print(json.dumps(breakdown_to_dict(b), indent=2))
+        print_json(breakdown_to_dict(b))
     else:
         Console().print(breakdown_table(b))
     return 0
+
+
+def _check_perf_step(args: argparse.Namespace, model: str, max_context: int, capacity: int,
+                     gpu: str, block_size: int) -> None:
+    """The step must be one the model and the replica's KV memory can hold: the model's
+    context window per request, and every request's KV blocks in the replica."""
+    context = args.context or 0
+    per_request = context + (args.prefill_tokens or 1)
+    flag = "--prefill-tokens" if args.prefill_tokens is not None else "--context"
+    if per_request > max_context:
+        raise FleetsimInputError(flag, getattr(args, flag[2:].replace("-", "_")),
+                                 f"{context} + {per_request - context} tokens exceed the "
+                                 f"{max_context:,}-token context of {model}; lower it")
+    num = args.decode_batch or 1
+    kv_tokens = num * -(-per_request // block_size) * block_size
+    if kv_tokens > capacity:
+        flag = "--decode-batch" if args.decode_batch is not None else flag
+        raise FleetsimInputError(flag, getattr(args, flag[2:].replace("-", "_")),
+                                 f"the step holds {kv_tokens:,} KV tokens but {gpu} x{args.tp} "
+                                 f"has room for {capacity:,}; lower it or raise --tp")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -244,7 +282,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     models = list_models()
     if args.json:
-        print(json.dumps([_model_row(m) for m in models], indent=2))
+        print_json([_model_row(m) for m in models])
         return 0
     table = Table(title="models")
     for col in ("name", "params (B)", "layers", "hidden", "heads/kv", "experts (active)",
@@ -279,7 +317,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
     gpus = list_gpus(args.catalog)
     if args.json:
-        print(json.dumps([asdict(g) for g in gpus], indent=2))
+        print_json([asdict(g) for g in gpus])
         return 0
     table = Table(title="GPUs")
     for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "NVLink GB/s",
@@ -300,7 +338,7 @@ def cmd_trace_info(args: argparse.Namespace) -> int:
 
     info = trace_info(args.file)
     if args.json:
-        print(json.dumps(info, indent=2, default=float))
+        print_json(info)
         return 0
     table = Table(title=f"trace {args.file}")
     table.add_column("field")

@@ -8,7 +8,6 @@ A file is optional: every field has a default, and the defaults are the embedded
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from fleetsim.configutil import apply_override, from_dict, parse_override_value
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import read_toml
 from fleetsim.metrics.summary import SLOConfig
 from fleetsim.moe.serving import PoolEpConfig
 from fleetsim.policies.registry import PolicySpec
@@ -211,13 +211,7 @@ def load_config(
     """Read a TOML file (optional), apply ``key=value`` overrides, validate strictly."""
     data: dict[str, Any] = {}
     if path is not None:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise FleetsimInputError(str(path), "missing file", "check the config path") from None
-        except tomllib.TOMLDecodeError as err:
-            raise FleetsimInputError(str(path), str(err), "fix the TOML syntax") from None
+        data = read_toml(path, "config")
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

@@ -1,26 +1,36 @@
 """Strict construction of frozen config dataclasses from plain dicts (TOML, JSON, --set).
 
-Unknown keys and wrong types fail with a one-line ``FleetsimInputError`` that names the
-dotted field, the value and the fix. Nested dataclasses, ``tuple[...]``, ``X | None`` and
-``Mapping[str, object]`` fields are supported; that is all our configs use.
+Unknown keys, missing required keys and wrong types fail with a one-line
+``FleetsimInputError`` that names the dotted field, the value and the fix. Every number is
+checked by ``fleetsim.inputs.check_number``: finite, not a boolean, and within the physical
+bounds of its field (``inputs.FIELD_LIMITS``, else by unit suffix). Nested dataclasses,
+``tuple[...]``, ``X | None`` and ``Mapping[str, object]`` fields are supported; that is all
+our configs use.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import check_number
 
 T = TypeVar("T")
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
-    """Build dataclass ``cls`` from ``data``; ``where`` is the dotted path used in errors."""
+def from_dict(cls: type[T], data: Mapping[str, Any], where: str, default: Any = None) -> T:
+    """Build dataclass ``cls`` from ``data``; ``where`` is the dotted path used in errors.
+
+    A required key missing from ``data`` is taken from ``default`` (the value the enclosing
+    field would have had: ``--set policy.batching.args.x=1`` keeps the default policy name)
+    when that is a ``cls``; otherwise it is an error naming the key.
+    """
     if not isinstance(data, Mapping):
         raise FleetsimInputError(where, data, f"expected a table of {cls.__name__} fields")
     hints = typing.get_type_hints(cls)
@@ -31,17 +41,42 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(fields)}"
             raise FleetsimInputError(f"{where}.{key}", value, f"unknown key; {hint}")
-        kwargs[key] = coerce(value, hints[key], f"{where}.{key}")
+        kwargs[key] = coerce(value, hints[key], f"{where}.{key}", _default_of(fields[key]))
+    for name, f in fields.items():
+        if name in kwargs or _default_of(f) is not dataclasses.MISSING:
+            continue
+        if isinstance(default, cls):
+            kwargs[name] = getattr(default, name)
+            continue
+        required = [n for n, g in fields.items() if _default_of(g) is dataclasses.MISSING]
+        raise FleetsimInputError(f"{where}.{name}",
+                                 fix=f"missing required key; add {name} = ... "
+                                 f"(required: {', '.join(required)})")
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except FleetsimInputError:
         raise
     except ValueError as err:  # __post_init__ validation
         raise FleetsimInputError(where, fix=str(err)) from None
+    # Physical bounds after __post_init__, whose own messages (e.g. "must be > 0") come first.
+    for key in data:
+        value = kwargs[key]
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            check_number(value, f"{where}.{key}")
+    return obj
 
 
-def coerce(value: Any, hint: Any, where: str) -> Any:
-    """Check ``value`` against type ``hint`` (converting lists to tuples, ints to floats)."""
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def coerce(value: Any, hint: Any, where: str, default: Any = None) -> Any:
+    """Check ``value`` against type ``hint`` (converting lists to tuples, ints to floats);
+    ``default`` is the field's default, filling required keys a nested table omits."""
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
         args = typing.get_args(hint)
@@ -52,14 +87,14 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return coerce(value, arg, where)
+                return coerce(value, arg, where, default)
             except FleetsimInputError as err:
                 errors.append(err)
         raise errors[0]
     if dataclasses.is_dataclass(hint):
         if isinstance(value, hint):  # type: ignore[arg-type]
             return value
-        return from_dict(hint, value, where)  # type: ignore[arg-type]
+        return from_dict(hint, value, where, default)  # type: ignore[arg-type]
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise FleetsimInputError(where, value, "expected a list")
@@ -72,16 +107,10 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
         return dict(value)
     if hint is Any or hint is object:
         return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise FleetsimInputError(where, value, "expected a number")
-        return float(value)
+    if hint is float:  # type and finiteness here; bounds once the dataclass is built
+        return float(check_number(value, where, lo=-math.inf, hi=math.inf))
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise FleetsimInputError(where, value, "expected an integer")
-        return value
+        return int(check_number(value, where, lo=-math.inf, hi=math.inf, integer=True))
     if hint is bool:
         if not isinstance(value, bool):
             raise FleetsimInputError(where, value, "expected true or false")

@@ -22,6 +22,7 @@ from fleetsim.perf import build_step_model, kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
+from fleetsim.policies.registry import plugin_error
 from fleetsim.policies.routing import make_router
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
 from fleetsim.serving.recorder import Records
@@ -95,6 +96,8 @@ def _check_budget_covers_prompts(config: SimConfig, workload: Workload) -> None:
 
 
 def _pool_error(where: str, err: FleetsimInputError) -> FleetsimInputError:
+    if err.where.startswith("engine."):  # an engine limit, the same for every pool
+        return err
     return FleetsimInputError(f"{where}: {err.where}", err.value, err.fix)
 
 
@@ -168,28 +171,34 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
             f"must divide the trace's hash block of {workload.hash_block_tokens} tokens")
     check_fits(workload, model, _largest_reachable_blocks(pools), eng.block_size)
     _check_budget_covers_prompts(config, workload)
+    if config.policy.ordering == "priority" and workload.priority is None:
+        raise FleetsimInputError("policy.ordering", "priority", "the workload has no priority "
+                                 "column; add one to the trace or use fcfs")
     until_s = config.until_s if config.until_s is not None else math.inf
     router = make_router(config.cluster.router)
     decode_router = make_router(config.cluster.decode_router, "cluster.decode_router")
-    records, cluster = simulate_cluster(
-        workload, pools,
-        router=router,
-        decode_router=decode_router,
-        make_batch_policy=lambda: make_batch_policy(config.policy.batching),
-        order_key=make_ordering(config.policy.ordering),
-        eviction_key=make_eviction(config.policy.eviction),
-        rng=streams["routing"],
-        kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
-        link_latency_s=config.cluster.link.latency_s,
-        block_size=eng.block_size,
-        max_batched_tokens=eng.max_batched_tokens,
-        max_running=eng.max_running,
-        enable_prefix_caching=eng.enable_prefix_caching,
-        fast_forward=eng.fast_forward,
-        debug=eng.debug,
-        until_s=until_s,
-        progress=progress,
-    )
+    try:
+        records, cluster = simulate_cluster(
+            workload, pools,
+            router=router,
+            decode_router=decode_router,
+            make_batch_policy=lambda: make_batch_policy(config.policy.batching),
+            order_key=make_ordering(config.policy.ordering),
+            eviction_key=make_eviction(config.policy.eviction),
+            rng=streams["routing"],
+            kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
+            link_latency_s=config.cluster.link.latency_s,
+            block_size=eng.block_size,
+            max_batched_tokens=eng.max_batched_tokens,
+            max_running=eng.max_running,
+            enable_prefix_caching=eng.enable_prefix_caching,
+            fast_forward=eng.fast_forward,
+            debug=eng.debug,
+            until_s=until_s,
+            progress=progress,
+        )
+    except Exception as err:  # a user plug-in that raised: name the config field that loaded it
+        raise plugin_error(err, _plugin_names(config)) or err from None
     num_arrived = int(np.searchsorted(workload.arrival_s, until_s, side="right"))
     replica_pool = cluster.pool_of
     summary = summarize(
@@ -237,6 +246,14 @@ def _routing_report(config: SimConfig, router: Any, decode_router: Any,
                                 **(decode_router.report()
                                    if hasattr(decode_router, "report") else {})}
     return out
+
+
+def _plugin_names(config: SimConfig) -> dict[str, str]:
+    return {"policy.ordering": config.policy.ordering,
+            "policy.batching.name": config.policy.batching.name,
+            "policy.eviction": config.policy.eviction,
+            "cluster.router.name": config.cluster.router.name,
+            "cluster.decode_router.name": config.cluster.decode_router.name}
 
 
 def _per_million(usd_per_hour: float, tokens_per_s: float) -> float | None:

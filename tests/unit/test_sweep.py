@@ -150,7 +150,7 @@ def test_cli_every_point_failed_exits_1(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("spec_text", "extra", "message"), [
-    (None, [], "missing file"),
+    (None, [], "no such file"),
     ('[grid]\n"workload.rate_scal" = [1]\n', [], "did you mean 'rate_scale'"),
     ('[grid]\n"workload.rate_scale" = []\n', [], "at least one value"),
     ('[grid\n', [], "fix the TOML syntax"),

@@ -7,12 +7,12 @@ Users extend the catalog with a TOML file of ``[[gpu]]`` tables carrying the sam
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleetsim.configutil import from_dict
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import read_toml
 
 _GB = 1e9  # datasheets quote decimal GB/s and TFLOP/s
 # Memory is the total the driver reports (nvidia-smi / torch.cuda.mem_get_info), which is what
@@ -182,17 +182,7 @@ def _key(name: str) -> str:
 def load_gpu_catalog(path: str | Path) -> tuple[GPUSpec, ...]:
     """Read ``[[gpu]]`` tables from a TOML file; strict on unknown keys and missing fields."""
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except OSError as err:
-        raise FleetsimInputError(
-            f"gpu catalog {path}", str(path), f"cannot read file ({err})"
-        ) from None
-    except tomllib.TOMLDecodeError as err:
-        raise FleetsimInputError(
-            f"gpu catalog {path}", str(path), f"invalid TOML ({err})"
-        ) from None
+    data = read_toml(path, "gpu catalog")
     extra = set(data) - {"gpu"}
     if extra:
         raise FleetsimInputError(

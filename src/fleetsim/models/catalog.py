@@ -4,12 +4,12 @@ for any Hugging Face ``config.json`` in llama / qwen2 / mixtral / qwen3_moe / de
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import check_number, read_json
 from fleetsim.models.spec import ModelSpec
 
 _BUILTIN: tuple[ModelSpec, ...] = (
@@ -185,14 +185,13 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:
-    """Parse a Hugging Face ``config.json`` into a ``ModelSpec``."""
+    """Parse a Hugging Face ``config.json`` into a ``ModelSpec``.
+
+    Every value is checked for type and range (a boolean or a list is not a layer count;
+    heads must divide the hidden size unless ``head_dim`` is given); errors name the key.
+    """
     path = Path(path)
-    try:
-        cfg = json.loads(path.read_text())
-    except OSError as err:
-        raise FleetsimInputError("model", str(path), f"cannot read config.json ({err})") from None
-    except json.JSONDecodeError as err:
-        raise FleetsimInputError(f"model {path}", str(path), f"not valid JSON ({err})") from None
+    cfg = read_json(path, "model config")
     if not isinstance(cfg, dict):
         raise FleetsimInputError(f"model {path}", type(cfg).__name__, "expected a JSON object")
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers nest the LM config
@@ -207,10 +206,20 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         raise FleetsimInputError(f"model {path}", name, str(err)) from None
 
 
-def _need(cfg: Mapping[str, Any], path: Path, *keys: str) -> Any:
+# config.json key -> largest sane value (the smallest is 1 unless noted in _fields_from_hf)
+_HF_MAX = {"layers": 100_000, "width": 10_000_000, "heads": 100_000, "vocab": 100_000_000,
+           "context": 2**31}
+
+
+def _int(cfg: Mapping[str, Any], path: Path, keys: tuple[str, ...], hi: int, *, lo: int = 1,
+         default: int | None = None) -> int:
+    """The first of ``keys`` present (not null) as a checked integer; ``default`` if none."""
     for key in keys:
         if cfg.get(key) is not None:
-            return cfg[key]
+            return int(check_number(cfg[key], f"model {path}: {key}", lo=lo, hi=hi,
+                                    integer=True))
+    if default is not None:
+        return default
     raise FleetsimInputError(
         f"model {path}: {keys[0]}", None, f"missing key {' / '.join(keys)} in config.json"
     )
@@ -218,6 +227,8 @@ def _need(cfg: Mapping[str, Any], path: Path, *keys: str) -> Any:
 
 def _weight_bytes(cfg: Mapping[str, Any]) -> int:
     quant = cfg.get("quantization_config") or {}
+    if not isinstance(quant, Mapping):
+        return 2
     method = str(quant.get("quant_method", "")).lower()
     if method == "fp8" or "fp8" in str(quant.get("fmt", "")).lower():
         return 1
@@ -225,46 +236,64 @@ def _weight_bytes(cfg: Mapping[str, Any]) -> int:
 
 
 def _fields_from_hf(cfg: Mapping[str, Any], path: Path) -> dict[str, Any]:
-    heads = int(_need(cfg, path, "num_attention_heads", "n_head"))
-    hidden = int(_need(cfg, path, "hidden_size", "n_embd", "d_model"))
+    width, heads_max = _HF_MAX["width"], _HF_MAX["heads"]
+    heads = _int(cfg, path, ("num_attention_heads", "n_head"), heads_max)
+    hidden = _int(cfg, path, ("hidden_size", "n_embd", "d_model"), width)
+    head_dim = _int(cfg, path, ("head_dim",), width, default=0)
+    if not head_dim:
+        if hidden % heads:
+            raise FleetsimInputError(
+                f"model {path}: num_attention_heads", heads,
+                f"hidden_size {hidden} is not a multiple of it; fix it or give head_dim")
+        head_dim = hidden // heads
+    tie = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise FleetsimInputError(f"model {path}: tie_word_embeddings", tie,
+                                 "expected true or false")
     out: dict[str, Any] = {
-        "num_layers": int(_need(cfg, path, "num_hidden_layers", "n_layer", "num_layers")),
+        "num_layers": _int(cfg, path, ("num_hidden_layers", "n_layer", "num_layers"),
+                           _HF_MAX["layers"]),
         "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_kv_heads": int(cfg.get("num_key_value_heads") or heads),
-        "head_dim": int(cfg.get("head_dim") or hidden // heads),
-        "intermediate_size": int(_need(cfg, path, "intermediate_size", "ffn_dim")),
-        "vocab_size": int(_need(cfg, path, "vocab_size")),
-        "max_context_tokens": int(
-            _need(cfg, path, "max_position_embeddings", "max_sequence_length", "seq_length")
-        ),
+        "num_kv_heads": _int(cfg, path, ("num_key_value_heads",), heads_max, default=heads),
+        "head_dim": head_dim,
+        "intermediate_size": _int(cfg, path, ("intermediate_size", "ffn_dim"), width),
+        "vocab_size": _int(cfg, path, ("vocab_size",), _HF_MAX["vocab"]),
+        "max_context_tokens": _int(
+            cfg, path, ("max_position_embeddings", "max_sequence_length", "seq_length"),
+            _HF_MAX["context"]),
         "weight_dtype_bytes": _weight_bytes(cfg),
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "tie_word_embeddings": tie,
     }
-    num_experts = (
-        cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts")
-    )
+    num_experts = _int(cfg, path, ("num_local_experts", "n_routed_experts", "num_experts"),
+                       heads_max, lo=0, default=0)
     if num_experts:
-        out["num_experts"] = int(num_experts)
-        out["num_experts_per_token"] = int(_need(cfg, path, "num_experts_per_tok"))
+        out["num_experts"] = num_experts
+        out["num_experts_per_token"] = _int(cfg, path, ("num_experts_per_tok",), num_experts)
         # Mixtral's experts are intermediate_size wide; Qwen/DeepSeek name it separately.
-        out["moe_intermediate_size"] = int(
-            cfg.get("moe_intermediate_size") or out["intermediate_size"]
-        )
-        out["num_shared_experts"] = int(cfg.get("n_shared_experts") or 0)
+        out["moe_intermediate_size"] = _int(cfg, path, ("moe_intermediate_size",), width,
+                                            default=out["intermediate_size"])
+        out["num_shared_experts"] = _int(cfg, path, ("n_shared_experts",), heads_max, lo=0,
+                                         default=0)
         dense = cfg.get("first_k_dense_replace")
         if dense is None:
-            dense = len(cfg.get("mlp_only_layers") or [])
-        out["num_dense_layers"] = int(dense)
-    if cfg.get("kv_lora_rank"):
-        nope = int(_need(cfg, path, "qk_nope_head_dim"))
-        rope = int(_need(cfg, path, "qk_rope_head_dim"))
+            layers = cfg.get("mlp_only_layers") or []
+            if not isinstance(layers, list):
+                raise FleetsimInputError(f"model {path}: mlp_only_layers", layers,
+                                         "expected a list of layer indices")
+            dense = len(layers)
+        out["num_dense_layers"] = int(check_number(
+            dense, f"model {path}: first_k_dense_replace", lo=0, hi=out["num_layers"],
+            integer=True))
+    if _int(cfg, path, ("kv_lora_rank",), width, lo=0, default=0):
+        nope = _int(cfg, path, ("qk_nope_head_dim",), width)
+        rope = _int(cfg, path, ("qk_rope_head_dim",), width)
         out.update(
-            kv_lora_rank=int(cfg["kv_lora_rank"]),
-            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+            kv_lora_rank=_int(cfg, path, ("kv_lora_rank",), width),
+            q_lora_rank=_int(cfg, path, ("q_lora_rank",), width, lo=0, default=0),
             qk_nope_head_dim=nope,
             qk_rope_head_dim=rope,
-            v_head_dim=int(_need(cfg, path, "v_head_dim")),
+            v_head_dim=_int(cfg, path, ("v_head_dim",), width),
             head_dim=nope + rope,
             num_kv_heads=heads,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.moe.compare import CompareRow, CompareSetup, plot_imbalance, run_compare
@@ -162,6 +163,10 @@ def _print_table(rows: list[CompareRow]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the comparison described by ``args``; prints a table (or JSON). Returns 0."""
+    if args.plot:  # before the work: a plot that cannot be written is bad input
+        from fleetsim.results import check_out_file
+
+        check_out_file(Path(args.plot), "--plot")
     rows: list[CompareRow] = []
     for setup in _setups(args):
         # Planning time is a benchmark figure measured here, outside the simulator.
@@ -171,5 +176,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(rows)
     if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_imbalance(rows, args.plot)
     return 0

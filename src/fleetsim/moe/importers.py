@@ -13,7 +13,6 @@ the engines' own ``.pt`` (needs torch, which fleetsim does not require).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import read_json
 
 FloatArray = NDArray[np.float64]
 
@@ -34,12 +34,15 @@ def _read(source: object, where: str) -> Any:
         raise FleetsimInputError(where, str(path), "no such file")
     suffix = path.suffix.lower()
     if suffix == ".json":
-        return json.loads(path.read_text())
-    if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    if suffix == ".npy":
-        return np.load(path, allow_pickle=False)
+        return read_json(path, where)
+    try:
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        if suffix == ".npy":
+            return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise FleetsimInputError(where, str(path), f"not a readable numpy file ({err})") from None
     if suffix == ".pt":
         try:
             import torch

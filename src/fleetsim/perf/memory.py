@@ -64,13 +64,30 @@ def kv_capacity_blocks(
     weights = model.weight_bytes_per_gpu(tp)
     free = budget - weights - activation_reserve_bytes(model, tp, max_batched_tokens)
     block_bytes = block_size * model.kv_bytes_per_token_per_gpu(tp)
-    if free < block_bytes:
-        need = weights / 1e9
+    if free >= block_bytes:
+        return int(free // block_bytes)
+    # Say which knob is at fault: the weights (tp, GPU), the step budget's activations, or
+    # the block size itself.
+    small_block = 16 * model.kv_bytes_per_token_per_gpu(tp)
+    if budget - weights - activation_reserve_bytes(model, tp, 1) < small_block:
         raise FleetsimInputError(
             "tp",
             tp,
-            f"{model.name} needs {need:.1f} GB of weights per GPU at tp={tp} but "
+            f"{model.name} needs {weights / 1e9:.1f} GB of weights per GPU at tp={tp} but "
             f"{gpu.name} offers {budget / 1e9:.1f} GB at gpu_memory_utilization="
             f"{gpu_memory_utilization}; use a larger tp (more GPUs per replica) or a bigger GPU",
         )
-    return int(free // block_bytes)
+    if free < small_block:
+        raise FleetsimInputError(
+            "engine.max_batched_tokens",
+            max_batched_tokens,
+            f"the activations of a {max_batched_tokens}-token step leave no KV memory on "
+            f"{gpu.name} (tp={tp}); lower it",
+        )
+    raise FleetsimInputError(
+        "engine.block_size",
+        block_size,
+        f"one {block_size}-token KV block takes {block_bytes / 1e9:.2f} GB, more than the "
+        f"{max(free, 0.0) / 1e9:.2f} GB left for KV on {gpu.name} (tp={tp}); use a smaller "
+        f"block (vLLM uses 16)",
+    )

@@ -10,10 +10,11 @@ import functools
 import numpy as np
 from numpy.typing import NDArray
 
+from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
 from fleetsim.perf import roofline as rl
-from fleetsim.perf.tables import Table, load_table
+from fleetsim.perf.tables import Table, known_systems, load_table
 
 ROOFLINE = "roofline"
 F64 = NDArray[np.float64]
@@ -133,6 +134,12 @@ class OpTimes:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> None:
         self.model, self.gpu, self.tp = model, gpu, tp
         self.system = gpu.aic_system if use_tables else None
+        systems = known_systems() if self.system else None
+        if systems is not None and self.system not in systems:  # a typo must not fall back
+            raise FleetsimInputError(
+                f"gpu {gpu.name}: aic_system", self.system,
+                f"no measured tables of that name (known: {', '.join(systems)}); fix it, or "
+                f"leave it unset for the roofline model")
         fp8 = model.weight_dtype_bytes == 1
         self.peak_flops = gpu.peak_fp8_flops if fp8 else gpu.peak_bf16_flops
         self.gemm_dtypes = ("fp8_block", "fp8") if fp8 else ("bfloat16",)

@@ -45,6 +45,15 @@ def _data_root() -> Path | None:
     return Path(aiconfigurator_core.__file__).parent / "systems" / "data"
 
 
+def known_systems() -> tuple[str, ...] | None:
+    """Systems with measured tables (``GPUSpec.aic_system`` values), or None without the
+    package."""
+    root = _data_root()
+    if root is None or not root.is_dir():
+        return None
+    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir()))
+
+
 def _version_key(v: str) -> tuple:
     return tuple(int(p) if p.isdigit() else -1 for p in v.replace("rc", ".").split("."))
 

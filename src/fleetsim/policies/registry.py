@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
+import traceback
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from fleetsim.configutil import from_dict
 from fleetsim.errors import FleetsimInputError
 
 T = TypeVar("T")
@@ -53,6 +57,12 @@ def import_qualname(name: str, where: str) -> Any:
         return getattr(module, attr)
     except (ImportError, AttributeError) as err:
         raise FleetsimInputError(where, name, f"could not import it ({err})") from None
+    except SyntaxError as err:
+        raise FleetsimInputError(where, name, f"its module has a syntax error ({err.msg}, "
+                                 f"{err.filename} line {err.lineno}); fix it") from None
+    except Exception as err:  # noqa: BLE001 - user code failing on import is bad input
+        raise FleetsimInputError(where, name, f"importing it raised {type(err).__name__}: "
+                                 f"{err}; fix the module") from None
 
 
 def lookup(registry: Mapping[str, Any], name: str, where: str) -> Any:
@@ -66,12 +76,53 @@ def lookup(registry: Mapping[str, Any], name: str, where: str) -> Any:
 
 
 def build(cls: type[T], args: Mapping[str, Any], where: str) -> T:
-    """Instantiate a policy class with ``args``; unknown or ill-typed keys fail clearly."""
+    """Instantiate a policy class with ``args``; unknown, missing or ill-typed keys fail with
+    one line naming ``<where>.args.<key>``.
+
+    A dataclass policy's args are checked against its field annotations (as config fields
+    are, bounds included), so both builds see the same values: ``"no"`` is not a bool.
+    """
+    if not isinstance(args, Mapping):
+        raise FleetsimInputError(f"{where}.args", args, "expected a table of policy arguments")
     try:
+        if dataclasses.is_dataclass(cls) and _has_resolvable_hints(cls):
+            policy: T = from_dict(cls, args, f"{where}.args")
+            return policy
         return cls(**args)
+    except FleetsimInputError:
+        raise
     except TypeError as err:
-        params = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
-        hint = f"valid args: {', '.join(params)}" if params else str(err)
-        raise FleetsimInputError(f"{where}.args", dict(args), hint) from None
+        raise FleetsimInputError(f"{where}.args", dict(args),
+                                 f"{getattr(cls, '__name__', cls)} rejected them ({err})") from None
     except ValueError as err:
         raise FleetsimInputError(f"{where}.args", dict(args), str(err)) from None
+    except Exception as err:  # noqa: BLE001 - a plug-in's constructor failing is bad input
+        raise FleetsimInputError(where, getattr(cls, "__name__", str(cls)),
+                                 f"building it raised {type(err).__name__}: {err}; fix the "
+                                 f"policy or its args") from None
+
+
+def _has_resolvable_hints(cls: type) -> bool:
+    try:
+        typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - a plug-in's annotations may name anything
+        return False
+    return True
+
+
+def plugin_error(err: BaseException, names_by_field: Mapping[str, str]
+                 ) -> FleetsimInputError | None:
+    """The one-line input error for ``err`` if it was raised inside a user plug-in named in
+    ``names_by_field`` (config field -> ``"pkg.mod:Object"``), naming that field; else None."""
+    files = {}
+    for where, name in names_by_field.items():
+        module = sys.modules.get(name.partition(":")[0])
+        if ":" in name and module is not None and getattr(module, "__file__", None):
+            files[module.__file__] = (where, name)
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        if frame.filename in files:
+            where, name = files[frame.filename]
+            return FleetsimInputError(
+                where, name, f"the plug-in raised {type(err).__name__}: {err} (line "
+                f"{frame.lineno} of {frame.filename}); fix the plug-in")
+    return None

@@ -3,7 +3,6 @@ time, Pareto front (matplotlib, an optional dependency imported only when a repo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from fleetsim.errors import FleetsimInputError
@@ -23,17 +22,15 @@ def write_report(path: str | Path, out: str | Path | None = None) -> Path:
         raise FleetsimInputError("fleetsim report", "matplotlib is not installed",
                                  "pip install 'fleetsim[report]'") from None
     from fleetsim.report.html import render
+    from fleetsim.results import check_out_file, write_file
 
     root = Path(path)
     target = Path(out) if out is not None else (
         root / DEFAULT_NAME if root.is_dir() else root.with_suffix(".html"))
     if target.is_dir():
         raise FleetsimInputError("--out", str(target), "it is a folder; give an .html file path")
-    page = render(inputs)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, target)
+    check_out_file(target, "--out")
+    write_file(target, render(inputs))
     return target
 
 

@@ -16,7 +16,7 @@ Files written by other commands are read defensively: a missing field leaves a f
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import read_json, read_text
 
 LATENCY_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")
 
@@ -93,6 +94,9 @@ def load_inputs(path: str | Path) -> ReportInputs:
     root = Path(path)
     if not root.exists():
         raise FleetsimInputError(str(root), "no such file or folder",
+                                 "give a results folder (fleetsim run/sweep --out)")
+    if not (root.is_file() or root.is_dir()):
+        raise FleetsimInputError(str(root), "not a regular file or folder",
                                  "give a results folder (fleetsim run/sweep --out)")
     inputs = ReportInputs(path=root)
     if root.is_file():
@@ -207,26 +211,19 @@ def parse_search(file: Path, data: Mapping[str, Any]) -> SearchData:
 
 def read_latencies(path: Path) -> dict[str, NDArray[np.float64]] | None:
     """The latency columns of a requests.csv (empty cells -> NaN); None if it has none."""
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        fields = reader.fieldnames or []
-        if not set(LATENCY_COLUMNS) <= set(fields):
-            return None
-        columns: dict[str, list[float]] = {c: [] for c in LATENCY_COLUMNS}
-        for row in reader:
-            for c in LATENCY_COLUMNS:
-                columns[c].append(_float_or_nan(row[c]))
+    reader = csv.DictReader(io.StringIO(read_text(path, "requests table"), newline=""))
+    fields = reader.fieldnames or []
+    if not set(LATENCY_COLUMNS) <= set(fields):
+        return None
+    columns: dict[str, list[float]] = {c: [] for c in LATENCY_COLUMNS}
+    for row in reader:
+        for c in LATENCY_COLUMNS:
+            columns[c].append(_float_or_nan(row.get(c) or ""))
     return {c: np.asarray(v, dtype=np.float64) for c, v in columns.items()}
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise FleetsimInputError(str(path), f"invalid JSON ({err})",
-                                 "regenerate it or remove it from the folder") from None
-    except OSError as err:
-        raise FleetsimInputError(str(path), err.strerror, "check the file") from None
+    return read_json(path, "results file")
 
 
 def _number(v: Any) -> float | None:
@@ -237,6 +234,7 @@ def _number(v: Any) -> float | None:
 
 def _float_or_nan(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         return math.nan
+    return value if math.isfinite(value) else math.nan

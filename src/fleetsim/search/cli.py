@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,9 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
 
 DEFAULT_PLAN_GPUS = "h100,a100,h200"
+EXIT_NOTHING_FEASIBLE = 1
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+MAX_PLAN_GPUS = 256
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -91,7 +94,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         max_rate_per_s=args.max_rate, rel_tol=args.tol, max_runs=args.max_runs,
         on_probe=on_probe))
     if args.json:
-        print(json.dumps(_json_safe(result), indent=2))
+        print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
         return 0
     console = Console()
     table = Table(title=f"goodput search: {100 * args.target:g}% within TTFT<="
@@ -149,7 +152,7 @@ def cmd_slo_scale(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     result = slo_scales(config, pcts)
     if args.json:
-        print(json.dumps(_json_safe(result), indent=2))
+        print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
         return 0
     table = Table(title=f"ReqX SLO scale — {result['model']}, {result['workload']}")
     table.add_column("X")
@@ -177,6 +180,7 @@ def _int_list(flag: str, text: str) -> list[int]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
+    from fleetsim.results import StagedFolder, check_out_dir, check_out_file
     from fleetsim.search.goodput import check_search_args
     from fleetsim.search.plan import enumerate_shapes, plan, plan_to_dict
 
@@ -187,11 +191,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     tps = _int_list("--tp", args.tp)
     if args.max_gpus < 1:
         raise FleetsimInputError("--max-gpus", args.max_gpus, "must be >= 1")
+    if args.max_gpus > MAX_PLAN_GPUS:
+        raise FleetsimInputError("--max-gpus", args.max_gpus, f"plan shapes of at most "
+                                 f"{MAX_PLAN_GPUS} GPUs (every shape is a goodput search)")
     if args.requests_per_gpu < 0:
         raise FleetsimInputError("--requests-per-gpu", args.requests_per_gpu, "must be >= 0")
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise FleetsimInputError("--out", str(out), "it is a file; give a folder path")
+    if out is not None:
+        check_out_dir(out)
+    if args.plot:
+        if Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+            raise FleetsimInputError("--plot", args.plot, "give a .png, .pdf or .svg path")
+        check_out_file(Path(args.plot), "--plot")
     config = load_config(args.config, args.overrides)
     try:
         shapes = enumerate_shapes(gpus, tps, args.max_gpus, pd=args.pd,
@@ -216,17 +227,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   on_point=on_point)
     result = plan_to_dict(points, target=args.target,
                           requests_per_gpu=args.requests_per_gpu or None)
+    if not result["front"]:  # nothing to plan with: say so, and keep earlier results
+        if args.json:
+            print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
+        else:
+            _print_plan(result, config)
+        print("fleetsim: no shape meets the target at any rate tried (see above); nothing "
+              "written. Try other --gpus, a larger --max-gpus or --tp, or a looser SLO",
+              file=sys.stderr)
+        return EXIT_NOTHING_FEASIBLE
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / "plan.json.tmp"
-        tmp.write_text(json.dumps(_json_safe(result), indent=2) + "\n")
-        os.replace(tmp, out / "plan.json")
+        with StagedFolder(out) as tmp:
+            (tmp / "plan.json").write_text(
+                json.dumps(_json_safe(result), indent=2, allow_nan=False) + "\n")
     if args.plot:
         from fleetsim.search.plot import plot_plan
 
         plot_plan(result, args.plot)
     if args.json:
-        print(json.dumps(_json_safe(result), indent=2))
+        print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
     else:
         _print_plan(result, config)
     return 0

@@ -24,6 +24,7 @@ import numpy as np
 
 from fleetsim.config import SimConfig
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import check_number, limits_of
 from fleetsim.search.cost import cluster_usd_per_hour, num_gpus, usd_per_million_tokens
 from fleetsim.search.threshold import ThresholdResult, search_threshold
 from fleetsim.workloads import Workload, build_workload
@@ -63,8 +64,12 @@ def arrival_rate_per_s(workload: Workload) -> float:
 def config_at_scale(config: SimConfig, multiplier: float) -> SimConfig:
     """``config`` with its arrival rate multiplied by ``multiplier`` (via rate_scale)."""
     wl = config.workload
-    return dataclasses.replace(
-        config, workload=dataclasses.replace(wl, rate_scale=wl.rate_scale * multiplier))
+    try:
+        return dataclasses.replace(
+            config, workload=dataclasses.replace(wl, rate_scale=wl.rate_scale * multiplier))
+    except ValueError as err:  # e.g. a synthetic window asking for too many requests
+        raise FleetsimInputError("workload.rate_scale", wl.rate_scale * multiplier,
+                                 str(err)) from None
 
 
 def base_rate_per_s(config: SimConfig) -> float:
@@ -126,9 +131,10 @@ def goodput_search(
             on_probe(rate_per_s, attainment)
         return attainment, extra
 
+    lo, hi = _scale_bounds(config, base, min_rate_per_s, max_rate_per_s)
     found = search_threshold(
         probe, target=target, start_rate_per_s=start_rate_per_s or base,
-        min_rate_per_s=min_rate_per_s, max_rate_per_s=max_rate_per_s, rel_tol=rel_tol,
+        min_rate_per_s=lo, max_rate_per_s=hi, rel_tol=rel_tol,
         max_runs=max_runs, growth=growth, num_verify=num_verify)
     return GoodputResult(target, config.slo.ttft_s, config.slo.tpot_s, base, found,
                          cluster_usd_per_hour(config), num_gpus(config))
@@ -150,6 +156,29 @@ def check_search_args(target: float, min_rate_per_s: float | None,
         raise FleetsimInputError("--tol", rel_tol, "must be > 0, e.g. 0.05 (5%)")
     if max_runs < 1:
         raise FleetsimInputError("--max-runs", max_runs, "must be >= 1")
+    for flag, v, lo, hi in (("--min-rate", min_rate_per_s, 0.0, MAX_RATE_PER_S),
+                            ("--max-rate", max_rate_per_s, 0.0, MAX_RATE_PER_S),
+                            ("--tol", rel_tol, 0.0, 10.0), ("--max-runs", max_runs, 1, 1000)):
+        if v is not None:
+            check_number(v, flag, lo=lo, hi=hi)
+
+
+MAX_RATE_PER_S = 1e7
+"""Highest arrival rate a search may probe (``inputs.FIELD_LIMITS['rate_per_s']``)."""
+
+
+def _scale_bounds(config: SimConfig, base: float, min_rate_per_s: float | None,
+                  max_rate_per_s: float | None) -> tuple[float, float]:
+    """The rates a search may probe: those whose rate_scale stays within its bounds."""
+    lo_scale, hi_scale = limits_of("rate_scale")
+    per_scale = base / config.workload.rate_scale
+    lo, hi = per_scale * lo_scale, min(per_scale * hi_scale, MAX_RATE_PER_S)
+    for flag, v in (("--min-rate", min_rate_per_s), ("--max-rate", max_rate_per_s)):
+        if v is not None and not lo <= v <= hi:
+            raise FleetsimInputError(flag, v, f"this workload can be replayed at {lo:.3g} to "
+                                     f"{hi:.3g} requests/s (workload.rate_scale "
+                                     f"{lo_scale:g} to {hi_scale:g})")
+    return (min_rate_per_s or lo, max_rate_per_s or hi)
 
 
 def goodput_to_dict(result: GoodputResult) -> dict[str, Any]:

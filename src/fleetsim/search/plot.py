@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.results import write_file
 
 
 def plot_plan(plan: dict[str, Any], path: str | Path) -> None:
@@ -42,6 +44,7 @@ def plot_plan(plan: dict[str, Any], path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=120, format=Path(path).suffix.lstrip(".").lower() or "png")
     plt.close(fig)
+    write_file(Path(path), buf.getvalue())

@@ -16,6 +16,7 @@ from rich.table import Table
 from fleetsim.errors import FleetsimInputError
 
 EXIT_ALL_FAILED = 1
+MAX_WORKERS = 1024
 
 
 def add_parser(subparsers: Any) -> None:
@@ -40,14 +41,17 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from fleetsim.results import check_out_dir
     from fleetsim.sweep import load_spec
 
     if args.workers is not None and args.workers < 1:
         raise FleetsimInputError("--workers", args.workers, "must be >= 1")
+    if args.workers is not None and args.workers > MAX_WORKERS:
+        raise FleetsimInputError("--workers", args.workers, f"must be at most {MAX_WORKERS}")
     spec = load_spec(args.spec, args.overrides, args.grid)
     out = Path(args.out) if args.out else Path("results") / Path(args.spec).stem
-    if out.exists() and not out.is_dir():
-        raise FleetsimInputError("--out", str(out), "it is a file; give a folder path")
+    check_out_dir(out)
+    existed = out.exists()
     if args.ray_address is not None:
         backend, workers = "ray", args.workers
     else:
@@ -59,7 +63,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     wall_s = time.perf_counter() - started
     num_ok = sum(r["status"] == "ok" for r in rows)
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps(rows, indent=2, default=str, allow_nan=False))
     else:
         stdout = Console()
         if not stdout.is_terminal:  # piped: rich's 80 columns would truncate every cell
@@ -71,8 +75,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                 highlight=False)
     where = f"Ray ({args.ray_address})" if backend == "ray" else (
         f"{workers} worker processes" if backend == "process" else "this process")
-    console.print(f"{num_ok}/{len(rows)} points ok in {wall_s:.1f} s on {where}; "
-                  f"results in {out}/ (sweep.csv, sweep.json, points/)", soft_wrap=True)
+    written = (f"results in {out}/ (sweep.csv, sweep.json, points/)" if num_ok or not existed
+               else f"no point succeeded, so {out}/ keeps its earlier results")
+    console.print(f"{num_ok}/{len(rows)} points ok in {wall_s:.1f} s on {where}; {written}",
+                  soft_wrap=True)
     return 0 if num_ok else EXIT_ALL_FAILED
 
 

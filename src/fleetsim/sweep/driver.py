@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleetsim.results import StagedFolder
 from fleetsim.sweep.runner import PointResult, run_points
 from fleetsim.sweep.spec import SweepSpec, expand
 from fleetsim.sweep.table import row_of, write_point, write_table
@@ -16,22 +17,32 @@ def run_sweep(
     workers: int | None = None, ray_address: str | None = None,
     on_result: Callable[[PointResult], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every point; return the merged rows by index. With ``out``, write each point's
-    folder as it finishes and the merged table at the end. ``on_result`` sees each result
-    (progress bars)."""
+    """Run every point; return the merged rows by index. With ``out``, each point's folder is
+    written as it finishes into a staging folder that replaces ``out`` whole at the end
+    (``fleetsim.results.StagedFolder``): an interrupted sweep, or one whose every point failed
+    while ``out`` holds earlier results, leaves ``out`` as it was. ``on_result`` sees each
+    result (progress bars)."""
     points = expand(spec)
-    folder = Path(out) if out is not None else None  # created by the first point written
     rows: list[dict[str, Any]] = []
-    try:
+    if out is None:
         for result in run_points(points, backend=backend, workers=workers,
                                  ray_address=ray_address):
-            if folder is not None:
-                write_point(folder, result)
             rows.append(row_of(result))
             if on_result is not None:
                 on_result(result)
-    finally:  # an interrupted sweep still leaves the table of the points that finished
+        return sorted(rows, key=lambda r: r["index"])
+    folder = Path(out)
+    staged = StagedFolder(folder)
+    with staged as tmp:
+        for result in run_points(points, backend=backend, workers=workers,
+                                 ray_address=ray_address):
+            write_point(tmp, result)
+            rows.append(row_of(result))
+            if on_result is not None:
+                on_result(result)
         rows.sort(key=lambda r: r["index"])
-        if folder is not None and rows:
-            write_table(folder, spec, rows)
+        if rows and not any(r["status"] == "ok" for r in rows) and folder.exists():
+            staged.discard()  # do not replace earlier results with a sweep of failures
+        else:
+            write_table(tmp, spec, rows)
     return rows

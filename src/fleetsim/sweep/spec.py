@@ -25,6 +25,7 @@ from typing import Any
 from fleetsim.config import SimConfig, config_from_dict
 from fleetsim.configutil import apply_override, parse_override_value
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import read_toml
 
 SPEC_KEYS = ("base", "grid")
 
@@ -67,15 +68,7 @@ def load_spec(
     """Read a sweep TOML; ``overrides`` are ``key=value`` on the base, ``grid_args`` are
     ``key=v1,v2,...`` grid axes (replacing a file axis of the same key)."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise FleetsimInputError(str(path), "missing file", "check the sweep spec path") from None
-    except IsADirectoryError:
-        raise FleetsimInputError(str(path), "a folder", "give a sweep spec TOML file") from None
-    except tomllib.TOMLDecodeError as err:
-        raise FleetsimInputError(str(path), str(err), "fix the TOML syntax") from None
+    data = read_toml(path, "sweep spec")
     unknown = sorted(set(data) - set(SPEC_KEYS))
     if unknown:
         raise FleetsimInputError(
@@ -111,6 +104,10 @@ def make_spec(
             raise FleetsimInputError("--set", item, "write it as dotted.key=value")
         apply_override(data, key.strip(), parse_override_value(value.strip()))
     config_from_dict(data, where=f"{where}: base")  # the base itself must be a valid config
+    if not grid:
+        raise FleetsimInputError(f"{where}: grid", {}, 'the grid is empty; add an axis such as '
+                                 '[grid] "workload.rate_scale" = [0.5, 1] (fleetsim run runs '
+                                 'one config)')
     for key, values in grid.items():
         if len(values) == 0:
             raise FleetsimInputError(f"{where}: grid.{key}", [], "give at least one value")
@@ -193,15 +190,10 @@ def _base_data(base: Any, spec_path: Path) -> dict[str, Any]:
     if isinstance(base, str):
         # Relative to the spec file, so a spec and its config can move together.
         path = Path(base) if Path(base).is_absolute() else spec_path.parent / base
-        try:
-            with open(path, "rb") as f:
-                return tomllib.load(f)
-        except FileNotFoundError:
+        if not path.exists():
             raise FleetsimInputError(f"{spec_path}: base", base,
-                                     f"no such file {path} (paths are relative to the spec)"
-                                     ) from None
-        except tomllib.TOMLDecodeError as err:
-            raise FleetsimInputError(str(path), str(err), "fix the TOML syntax") from None
+                                     f"no such file {path} (paths are relative to the spec)")
+        return read_toml(path, "base config")
     raise FleetsimInputError(f"{spec_path}: base", base,
                              "expected a config file path or an inline [base] table")
 

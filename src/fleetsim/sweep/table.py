@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,8 +48,9 @@ def row_of(result: PointResult) -> dict[str, Any]:
 
 
 def write_point(out: Path, result: PointResult) -> None:
-    """Write one point's folder; a failed point gets error.txt and loses stale results."""
-    from fleetsim.cli import _write_json, _write_requests_csv
+    """Write one point's folder (results, or error.txt for a failed point) under ``out``, a
+    fresh staging folder (``fleetsim.results.StagedFolder``), so nothing stale is left."""
+    from fleetsim.results import write_run_files
 
     folder = out / POINTS_DIR / str(result.index)
     folder.mkdir(parents=True, exist_ok=True)
@@ -58,13 +58,8 @@ def write_point(out: Path, result: PointResult) -> None:
         assert result.summary is not None
         assert result.config is not None
         assert result.requests is not None
-        _write_json(folder / "summary.json", result.summary)
-        _write_json(folder / "config.json", result.config)
-        _write_requests_csv(folder / "requests.csv", result.requests)
-        (folder / "error.txt").unlink(missing_ok=True)
+        write_run_files(folder, result.summary, result.config, result.requests)
         return
-    for name in ("summary.json", "config.json", "requests.csv"):
-        (folder / name).unlink(missing_ok=True)
     text = result.error or ""
     if result.traceback:
         text += "\n\n" + result.traceback
@@ -75,13 +70,11 @@ def write_table(out: Path, spec: SweepSpec, rows: Sequence[dict[str, Any]]) -> N
     """``sweep.csv`` and ``sweep.json`` (rows sorted by index, the spec alongside)."""
     rows = sorted(rows, key=lambda r: r["index"])
     columns = ["index", *spec.keys, "status", "error", *METRICS, "dir"]
-    tmp = out / "sweep.csv.tmp"
-    with open(tmp, "w", newline="") as f:
+    with open(out / "sweep.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(columns)
         for row in rows:
             w.writerow([_cell(row.get(c)) for c in columns])
-    os.replace(tmp, out / "sweep.csv")
     doc = {
         "grid": {key: list(values) for key, values in spec.grid},
         "base": spec.base,
@@ -91,9 +84,8 @@ def write_table(out: Path, spec: SweepSpec, rows: Sequence[dict[str, Any]]) -> N
         "columns": columns,
         "points": rows,
     }
-    tmp = out / "sweep.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, out / "sweep.json")
+    text = json.dumps(doc, indent=2, default=str, allow_nan=False)
+    (out / "sweep.json").write_text(text + "\n", encoding="utf-8")
 
 
 def _get(d: Any, path: tuple[str, ...]) -> Any:

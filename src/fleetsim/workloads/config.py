@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import MAX_REQUESTS, MAX_TIME_S
 from fleetsim.workloads.distributions import (
     Empirical,
     Fixed,
@@ -183,6 +184,13 @@ class WorkloadConfig:
             )
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("a synthetic workload needs num_requests or duration_s (or both)")
+        if self.num_requests is None and self.duration_s is not None and self.rate_per_s:
+            expected = self.rate_per_s * (self.start_s + self.duration_s) * self.rate_scale
+            if expected > MAX_REQUESTS:
+                raise ValueError(
+                    f"rate_per_s x (start_s + duration_s) asks for ~{expected:.3g} requests, "
+                    f"more than the {MAX_REQUESTS:,} a run may hold; shorten duration_s or "
+                    f"set num_requests")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.arrival not in ARRIVALS:
@@ -232,6 +240,12 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     workload = scale_rate(workload, cfg.rate_scale)
     workload = time_slice(workload, cfg.start_s, cfg.duration_s)
     workload = head(workload, cfg.max_requests)
+    if len(workload) and workload.arrival_s[-1] > MAX_TIME_S:
+        field = "rate_per_s" if cfg.is_synthetic else "rate_scale"
+        raise FleetsimInputError(
+            f"workload.{field}", getattr(cfg, field),
+            f"the last request would arrive at {workload.arrival_s[-1]:.3g} s, beyond the "
+            f"{MAX_TIME_S:.0e} s a run may span; raise the rate or set duration_s")
     if len(workload) == 0:
         raise FleetsimInputError(
             "workload.start_s",

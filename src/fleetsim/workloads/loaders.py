@@ -13,17 +13,18 @@ import json
 import os
 from collections.abc import Sequence
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import read_text
 from fleetsim.workloads.parsing import (
     EMBEDDED_PREFIX,
     CsvTable,
     check_sorted,
+    check_span,
     float_column,
     hash_lists,
     int_column,
@@ -139,23 +140,14 @@ def read_source(source: str | os.PathLike[str]) -> tuple[str, str, str | None]:
         file_name, fmt = EMBEDDED_TRACES[name]
         text = resources.files("fleetsim").joinpath("data", file_name).read_text("utf-8-sig")
         return spec, text, fmt
-    path = Path(spec)
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "no such file"
+    if not os.path.exists(spec):
         raise FleetsimInputError(
             "trace file",
             spec,
-            f"{what}; give the path of a trace file (relative paths start at the current "
-            f"directory) or an embedded trace such as 'embedded:azure_conv_2023'",
+            "no such file; give the path of a trace file (relative paths start at the current "
+            "directory) or an embedded trace such as 'embedded:azure_conv_2023'",
         )
-    try:
-        text = path.read_text("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise FleetsimInputError(
-            f"{spec}, byte {err.start}",
-            err.object[err.start : err.start + 8],
-            "the trace is not UTF-8 text; give a CSV or JSONL file (decompress it first)",
-        ) from None
+    text = read_text(spec, "trace")
     if not text.strip():
         raise FleetsimInputError(
             spec, "<empty file>", "the trace has no header and no requests; give a non-empty trace"
@@ -237,6 +229,7 @@ def _parse_azure(label: str, text: str) -> Workload:
     ns = ts.astype(np.int64)
     arrival_s = (ns - ns[0]) / 1e9
     check_sorted(arrival_s, stamps, label, table.lines, "TIMESTAMP")
+    check_span(arrival_s, stamps, label, table.lines, "TIMESTAMP")
     return Workload(
         arrival_s=arrival_s,
         num_prompt_tokens=token_column(
@@ -260,6 +253,7 @@ def _parse_mooncake(label: str, text: str) -> Workload:
     )
     ms = float_column(stamps, label, lines, "timestamp")
     check_sorted(ms, stamps, label, lines, "timestamp")
+    check_span((ms - ms[0]) / 1e3, stamps, label, lines, "timestamp")
     hash_ids = None
     if "hash_ids" in objs[0]:
         raw = json_field(label, lines, objs, "hash_ids")
@@ -291,6 +285,7 @@ def _parse_generic(label: str, text: str, hash_block_tokens: int) -> Workload:
     raw_arrival = get("arrival_s")
     arrival = float_column(raw_arrival, label, lines, "arrival_s")
     check_sorted(arrival, raw_arrival, label, lines, "arrival_s")
+    check_span(arrival - arrival[0], raw_arrival, label, lines, "arrival_s")
     prompt = token_column(get("prompt_tokens"), label, lines, "prompt_tokens")
     output = token_column(get("output_tokens"), label, lines, "output_tokens")
     hash_ids = None

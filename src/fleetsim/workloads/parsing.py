@@ -14,9 +14,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import MAX_TIME_S, MAX_TOKENS
 
 EMBEDDED_PREFIX = "embedded:"
-TOKENS_FIX = "token counts must be whole numbers >= 1"
+TOKENS_FIX = f"token counts must be whole numbers >= 1 (at most {MAX_TOKENS:,})"
+MAX_EXACT_INT = 2**53  # integers beyond this are not exact in the float64 columns
 
 
 class CsvTable:
@@ -30,6 +32,11 @@ class CsvTable:
         if not numbered:
             raise FleetsimInputError(label, "<empty file>", "the trace has no header; add one")
         self.header = [h.strip() for h in numbered[0][1]]
+        dup = next((h for k, h in enumerate(self.header) if h in self.header[:k]), None)
+        if dup is not None:
+            raise FleetsimInputError(f"{label}, line {numbered[0][0]} (header)",
+                                     ",".join(self.header), f"column {dup!r} appears twice; "
+                                     f"name each column once")
         self.lines = [i for i, _ in numbered[1:]]
         self.rows = [row for _, row in numbered[1:]]
         if not self.rows:
@@ -37,7 +44,7 @@ class CsvTable:
                 label, "<header only>", "the trace has a header but no requests; add rows"
             )
         width = len(self.header)
-        short = next((k for k, row in enumerate(self.rows) if len(row) < width), None)
+        short = next((k for k, row in enumerate(self.rows) if len(row) != width), None)
         if short is not None:
             raise FleetsimInputError(
                 f"{label}, line {self.lines[short]}",
@@ -111,6 +118,12 @@ def json_field(label: str, lines: list[int], objs: list[dict[str, Any]], key: st
 def float_column(
     values: Sequence[Any], label: str, lines: list[int], column: str
 ) -> NDArray[np.float64]:
+    # JSON true/false would become 1/0 below: a boolean is not a number
+    flag = next((k for k, v in enumerate(values) if v is True or v is False), None)
+    if flag is not None:
+        raise FleetsimInputError(
+            f"{label}, line {lines[flag]}, column {column!r}", values[flag], "expected a number"
+        )
     try:
         arr = np.asarray(values, dtype=np.float64)
     except (ValueError, TypeError):
@@ -135,6 +148,12 @@ def int_column(
     values: Sequence[Any], label: str, lines: list[int], column: str
 ) -> NDArray[np.int64]:
     arr = float_column(values, label, lines, column)
+    huge = np.abs(arr) > MAX_EXACT_INT
+    if huge.any():
+        bad = int(np.argmax(huge))
+        raise FleetsimInputError(
+            f"{label}, line {lines[bad]}, column {column!r}", values[bad],
+            f"expected an integer of magnitude at most {MAX_EXACT_INT:,}")
     whole = arr == np.floor(arr)
     if not whole.all():
         bad = int(np.argmin(whole))
@@ -151,7 +170,7 @@ def token_column(
         arr = int_column(values, label, lines, column)
     except FleetsimInputError as err:
         raise FleetsimInputError(err.where, err.value, TOKENS_FIX) from None
-    ok = arr >= 1
+    ok = (arr >= 1) & (arr <= MAX_TOKENS)
     if not ok.all():
         bad = int(np.argmin(ok))
         raise FleetsimInputError(
@@ -174,6 +193,19 @@ def check_sorted(
         )
 
 
+def check_span(
+    arrival_s: NDArray[np.float64], raw: Sequence[Any], label: str, lines: list[int], column: str
+) -> None:
+    """Arrivals (seconds from the first) must stay within ``MAX_TIME_S``."""
+    late = arrival_s > MAX_TIME_S
+    if late.any():
+        k = int(np.argmax(late))
+        raise FleetsimInputError(
+            f"{label}, line {lines[k]}, column {column!r}", raw[k],
+            f"arrives {arrival_s[k]:.3g} s after the first request, beyond the "
+            f"{MAX_TIME_S:.0e} s a run may span; fix the time or its unit")
+
+
 def hash_lists(
     raw: Sequence[Any], label: str, lines: list[int], prompt: NDArray[np.int64], block_tokens: int
 ) -> tuple[tuple[int, ...], ...]:
@@ -186,11 +218,13 @@ def hash_lists(
                 ids = tuple(item)
             else:
                 raise TypeError
+            if any(not -(2**63) <= x < 2**63 for x in ids):  # the engine keys blocks by int64
+                raise ValueError
         except (TypeError, ValueError):
             raise FleetsimInputError(
                 f"{label}, line {lines[k]}, column 'hash_ids'",
                 item,
-                "expected integers (a JSON list, or space- or semicolon-separated in CSV)",
+                "expected 64-bit integers (a JSON list, or space- or semicolon-separated in CSV)",
             ) from None
         out.append(ids)
     lens = np.fromiter((len(ids) for ids in out), dtype=np.int64, count=len(out))

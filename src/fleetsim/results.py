@@ -1,0 +1,203 @@
+"""Result files: every command that writes results writes them here, as a set, atomically.
+
+A results folder (``run``, ``sweep``, ``plan --out``) is built in a hidden temporary folder
+beside it and swapped in whole once complete, so the folder always holds either the complete
+old set or the complete new set: never a mix, never a stray ``.tmp``, never stale point
+folders. A failure or Ctrl-C before the swap removes the temporary folder and leaves the old
+results as they were; SIGINT and SIGTERM are held back during the swap itself. Single files
+(``--plot``, ``report --out``) are written to a temporary name and renamed into place.
+Where results go is checked before any work (``check_out_dir``, ``check_out_file``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import ctypes
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import to_json
+
+RESULT_NAMES = frozenset({
+    "summary.json", "config.json", "requests.csv",  # run, and each sweep point
+    "error.txt",  # a failed sweep point
+    "sweep.csv", "sweep.json", "points",  # sweep
+    "plan.json",  # plan
+    "report.html",  # report, written into the folder it reports on
+})
+"""Names fleetsim writes in a results folder; a folder holding anything else is not replaced."""
+TMP_PREFIX = ".fleetsim-"
+REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "ttft_s",
+                   "tpot_s", "e2e_s", "queueing_delay_s", "preemptions", "prefix_hit_tokens",
+                   "replica_id")
+
+
+# ---- checks before the work ---------------------------------------------------------------
+def check_out_dir(out: Path, flag: str = "--out") -> None:
+    """Fail now, not after the simulation, if ``out`` cannot become a results folder."""
+    if out.exists() and not out.is_dir():
+        raise FleetsimInputError(flag, str(out), "it is a file; give a folder path")
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir()
+                         if p.name not in RESULT_NAMES and not p.name.startswith(TMP_PREFIX))
+        if foreign:
+            raise FleetsimInputError(
+                flag, str(out), f"the folder holds {foreign[0]!r}, which fleetsim did not "
+                f"write, and results replace the whole folder; give a new folder")
+    _check_can_create_in(out.parent, flag, out)
+
+
+def check_out_file(path: Path, flag: str) -> None:
+    """Fail now if the file ``path`` cannot be written (a folder, or an unwritable place)."""
+    if path.is_dir():
+        raise FleetsimInputError(flag, str(path), "it is a folder; give a file path")
+    _check_can_create_in(path.parent, flag, path)
+
+
+def _check_can_create_in(parent: Path, flag: str, target: Path) -> None:
+    anc = Path(os.path.abspath(parent))
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise FleetsimInputError(flag, str(target),
+                                 f"{anc} is a file, not a folder; give a path under a folder")
+    try:  # the only reliable test (access() says yes to root on a read-only mount)
+        os.rmdir(tempfile.mkdtemp(prefix=TMP_PREFIX + "probe-", dir=anc))
+    except OSError as err:
+        raise FleetsimInputError(flag, str(target), f"cannot write in {anc} "
+                                 f"({err.strerror or err}); give a writable folder") from None
+
+
+# ---- the atomic folder --------------------------------------------------------------------
+class StagedFolder:
+    """``with StagedFolder(out) as tmp:`` write the files into ``tmp``; on a clean exit ``tmp``
+    replaces ``out`` whole, on an exception (Ctrl-C included) it is removed and ``out`` is
+    untouched. ``discard()`` inside the block drops the new set on a clean exit too."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        self.path: Path | None = None
+        self._discard = False
+
+    def __enter__(self) -> Path:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.out.name}.",
+                                          dir=self.out.parent))
+        return self.path
+
+    def discard(self) -> None:
+        self._discard = True
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        assert self.path is not None
+        if kind is not None or self._discard:
+            shutil.rmtree(self.path, ignore_errors=True)
+            if isinstance(err, OSError):  # a full disk, say: one line, old results kept
+                raise FleetsimInputError(
+                    "--out", str(self.out), f"writing the results failed ({err.strerror or err}"
+                    f"); the folder keeps its earlier results") from None
+            return
+        swap_in(self.path, self.out)
+
+
+def swap_in(new: Path, out: Path) -> None:
+    """Make folder ``new`` be ``out``; the old ``out`` (if any) is deleted afterwards."""
+    with _signals_held():
+        if not out.exists():
+            os.rename(new, out)
+            return
+        if _exchange(new, out):  # one atomic step: out is the old set, then the new one
+            shutil.rmtree(new, ignore_errors=True)
+            return
+        old = new.with_name(new.name + ".old")
+        os.rename(out, old)
+        os.rename(new, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Linux renameat2(RENAME_EXCHANGE); False where the kernel, libc or filesystem lacks it."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    return int(fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)) == 0
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT/SIGTERM arriving now are delivered when the block ends, not in its middle."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def write_file(path: Path, data: str | bytes) -> None:
+    """One file, atomically: a temporary name in the same folder, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ---- the files ----------------------------------------------------------------------------
+def write_json(path: Path, data: Any) -> None:
+    """Strict JSON (a NaN or infinity is an error naming where it is), indented."""
+    path.write_text(to_json(data) + "\n", encoding="utf-8")
+
+
+def write_requests_csv(path: Path, req: dict[str, Any]) -> None:
+    """One row per finished request, by request id (NaN, e.g. a one-token TPOT, is empty)."""
+    from fleetsim.metrics.summary import per_request_latencies
+
+    lat = per_request_latencies(req)
+    order = req["request_id"].argsort(kind="stable")
+    cols = (req["request_id"], req["arrival_s"], req["num_prompt_tokens"],
+            req["num_output_tokens"], lat["ttft_s"], lat["tpot_s"], lat["e2e_s"],
+            lat["queueing_s"], req["num_preemptions"], req["num_prefix_hit_tokens"],
+            req["replica_id"])
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(REQUEST_COLUMNS)
+        lists = [c[order].tolist() for c in cols]
+        for row in zip(*lists, strict=True):
+            w.writerow(["" if isinstance(x, float) and x != x else
+                        (f"{x:.6f}" if isinstance(x, float) else x) for x in row])
+
+
+def write_run_files(folder: Path, summary: dict[str, Any], config: dict[str, Any],
+                    requests: dict[str, Any]) -> None:
+    """``summary.json``, ``config.json`` and ``requests.csv`` of one run into ``folder``."""
+    write_json(folder / "summary.json", summary)
+    write_json(folder / "config.json", config)
+    write_requests_csv(folder / "requests.csv", requests)
+
+
+def write_run(out: Path, summary: dict[str, Any], config: dict[str, Any],
+              requests: dict[str, Any]) -> None:
+    """A run's results folder, replaced as a set."""
+    with StagedFolder(out) as tmp:
+        write_run_files(tmp, summary, config, requests)
