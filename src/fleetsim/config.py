@@ -18,7 +18,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import read_toml
 from fleetsim.metrics.summary import SLOConfig
 from fleetsim.moe.serving import PoolEpConfig
-from fleetsim.policies.registry import PolicySpec
+from fleetsim.registry import PolicySpec
 from fleetsim.workloads.config import WorkloadConfig
 
 

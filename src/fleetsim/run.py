@@ -22,8 +22,8 @@ from fleetsim.perf import build_step_model, kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
-from fleetsim.policies.registry import plugin_error
 from fleetsim.policies.routing import make_router
+from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
 from fleetsim.serving.recorder import Records
 from fleetsim.workloads import Workload, build_workload

@@ -14,15 +14,15 @@ a plan from history is known before the step; one from the exact load only after
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from collections.abc import Callable, Mapping
-from typing import Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.moe.eplb import rebalance_experts
 from fleetsim.moe.placement import BalanceView, Placement, even_split, static_phy2log
+from fleetsim.registry import build, lookup, make_registry
 
 
 class ExpertBalancer(Protocol):
@@ -31,47 +31,17 @@ class ExpertBalancer(Protocol):
     def plan(self, view: BalanceView) -> Placement: ...
 
 
-BALANCERS: dict[str, type[ExpertBalancer]] = {}
-
-B = TypeVar("B")
-
-
-def register_balancer(name: str) -> Callable[[type[B]], type[B]]:
-    """Class decorator adding a balancer to ``BALANCERS`` under ``name``."""
-
-    def deco(cls: type[B]) -> type[B]:
-        if name in BALANCERS:
-            raise ValueError(f"duplicate expert balancer {name!r}")
-        BALANCERS[name] = cls  # type: ignore[assignment]
-        return cls
-
-    return deco
-
-
-def _import_qualname(name: str) -> type[ExpertBalancer]:
-    module_name, _, attr = name.partition(":")
-    if not attr:
-        raise FleetsimInputError(
-            "balancer",
-            name,
-            f"unknown balancer; use one of {', '.join(sorted(BALANCERS))} "
-            "or a class path 'pkg.mod:Cls'",
-        )
-    try:
-        return getattr(importlib.import_module(module_name), attr)  # type: ignore[no-any-return]
-    except (ImportError, AttributeError) as err:
-        raise FleetsimInputError("balancer", name, f"cannot import it ({err})") from None
+# The same registry machinery as every other plug-in kind (fleetsim/registry.py): a plain
+# dict filled by a decorator, names or "pkg.mod:Cls", unknown args failing by name.
+BALANCERS, register_balancer = make_registry("expert balancer")
 
 
 def make_balancer(name: str, args: Mapping[str, object] | None = None) -> ExpertBalancer:
-    """Build a balancer by registry name or ``"pkg.mod:Cls"``; unknown args fail by name."""
-    cls = BALANCERS.get(name) or _import_qualname(name)
-    try:
-        return cls(**dict(args or {}))
-    except TypeError as err:
-        raise FleetsimInputError(
-            f"balancer_args for {name!r}", dict(args or {}), str(err)
-        ) from None
+    """Build a balancer by registry name or ``"pkg.mod:Cls"``; unknown args fail by name
+    (``FleetsimInputError`` whose ``where`` is ``balancer`` or ``balancer 'name'.args``)."""
+    cls = lookup(BALANCERS, name, "balancer")
+    balancer: ExpertBalancer = build(cls, dict(args or {}), f"balancer {name!r}")
+    return balancer
 
 
 @register_balancer("none")

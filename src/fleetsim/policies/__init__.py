@@ -11,7 +11,7 @@ from fleetsim.policies.batching import (
 )
 from fleetsim.policies.eviction import EVICTION_POLICIES, make_eviction
 from fleetsim.policies.ordering import ORDERING_POLICIES, OrderKey, make_ordering, register_ordering
-from fleetsim.policies.registry import PolicySpec
+from fleetsim.registry import PolicySpec
 from fleetsim.serving.capabilities import Capabilities, capabilities_of
 from fleetsim.serving.views import KVView, ReplicaView
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fleetsim.policies.batch_steps import admit_waiting, serve_running
-from fleetsim.policies.registry import PolicySpec, build, lookup, make_registry
+from fleetsim.registry import PolicySpec, build, lookup, make_registry
 from fleetsim.serving.capabilities import Capabilities
 from fleetsim.serving.views import ReplicaView
 

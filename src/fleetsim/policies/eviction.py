@@ -7,7 +7,7 @@ each eviction (SGLang's eviction strategies are the same shape).
 
 from __future__ import annotations
 
-from fleetsim.policies.registry import lookup, make_registry
+from fleetsim.registry import lookup, make_registry
 from fleetsim.serving.prefix_cache import CacheEntry, EvictionKey
 
 EVICTION_POLICIES, register_eviction = make_registry("eviction")

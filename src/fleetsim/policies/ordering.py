@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fleetsim.policies.registry import lookup, make_registry
+from fleetsim.registry import lookup, make_registry
 from fleetsim.serving.request import Request
 
 SortKey = tuple[float | int, ...]

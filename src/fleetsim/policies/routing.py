@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from fleetsim.policies.registry import PolicySpec, build, lookup, make_registry
+from fleetsim.registry import PolicySpec, build, lookup, make_registry
 from fleetsim.serving.kv_cache import KVCache
 from fleetsim.serving.request import Request
 

@@ -1,4 +1,5 @@
-"""Policy registries: a plain dict per decision kind, filled by decorators.
+"""Plug-in registries: a plain dict per decision kind (policies, routers, MoE balancers),
+filled by decorators; one machinery for all of them.
 
 A policy is named in config and CLI by its registry key (``"fcfs"``) or, for third-party code,
 by qualified name (``"mylab.sched:MyPolicy"``). The same string appears in results.
