@@ -57,3 +57,30 @@ def test_cannot_schedule_in_the_past_or_register_twice():
         sim.run()
     with pytest.raises(ValueError, match="is taken"):
         sim.on(Kind.FIRST, print)
+
+
+_SPIN = """
+import functools, os, signal, threading
+from fleetsim.core.simulator import Simulator
+sim = Simulator()
+# A loop with no interpreted code at all: the handler reschedules itself (C and, in the
+# compiled engine, compiled code only).
+sim.on(1, functools.partial(sim.schedule, 0.0, 1), "spin")
+sim.schedule(0.0, 1)
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    sim.run()
+except KeyboardInterrupt:
+    print("interrupted after", sim.num_events or "some", "events")
+"""
+
+
+def test_ctrl_c_stops_the_event_loop_even_when_it_runs_no_interpreted_code():
+    """The compiled loop lets pending signals in every few thousand events (before, it
+    ignored Ctrl-C until the run ended)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SPIN], capture_output=True, text=True,
+                          timeout=60)
+    assert "interrupted after" in done.stdout, done.stderr[-2000:]
