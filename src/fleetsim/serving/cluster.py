@@ -363,6 +363,7 @@ def simulate_cluster(
             # step does.
             for replica in cluster.replicas:
                 replica.interrupt()
+                replica.flush_records()
         if progress is not None:
             progress(sim.now_s)
         return recorder.records(), cluster

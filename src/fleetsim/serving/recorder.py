@@ -6,6 +6,7 @@ of what has finished so far that controllers read during a run.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,8 +65,10 @@ class Recorder:
 
     def __init__(self, timeline_origin_s: float = 0.0, timeline_bin_s: float = 0.0,
                  pool_of: list[str] | None = None) -> None:
-        self._rows: list[tuple] = []
-        self._timeline: list[tuple] = []
+        # Flat float64 buffers, one row after another: no Python object per value (a tuple
+        # and its floats cost about 3x the memory over a long run).
+        self._rows = array("d")
+        self._timeline = array("d")
         self.num_steps = 0
         self.busy_s_by_replica: dict[int, float] = {}
         self.kv_block_seconds_by_replica: dict[int, float] = {}
@@ -81,7 +84,7 @@ class Recorder:
         return self.online
 
     def on_finish(self, replica_id: int, req: Request) -> None:
-        self._rows.append((
+        self._rows.extend((
             req.id, replica_id, req.arrival_s, req.num_prompt_tokens, req.num_output_tokens,
             req.first_scheduled_s, req.first_token_s, req.finish_s, req.num_preemptions,
             req.num_prefix_hit_tokens, req.num_computed_tokens_total, req.num_recomputed_tokens,
@@ -107,7 +110,7 @@ class Recorder:
         busy[replica_id] = busy.get(replica_id, 0.0) + busy_s
         kvs = self.kv_block_seconds_by_replica
         kvs[replica_id] = kvs.get(replica_id, 0.0) + kv_block_seconds
-        self._timeline.append(
+        self._timeline.extend(
             (end_s, replica_id, busy_s, num_steps, num_tokens, num_used_blocks, num_running,
              num_waiting, kv_block_seconds))
 
@@ -131,9 +134,9 @@ TIMELINE_COLUMNS = ("end_s", "replica_id", "busy_s", "num_steps", "num_tokens",
                     "num_used_blocks", "num_running", "num_waiting", "kv_block_seconds")
 
 
-def _columns(rows: list[tuple], names: tuple[str, ...], int_cols: set[str]) -> dict[str, NDArray]:
+def _columns(rows: array, names: tuple[str, ...], int_cols: set[str]) -> dict[str, NDArray]:
     """Rows of numbers as one array per column: one float64 matrix, then the integer columns
     cast back (exact: every count and id here is far below 2**53)."""
-    table = np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
+    table = np.frombuffer(rows, dtype=np.float64).reshape(-1, len(names))
     return {name: (table[:, j].astype(np.int64) if name in int_cols else table[:, j].copy())
             for j, name in enumerate(names)}

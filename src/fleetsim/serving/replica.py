@@ -45,6 +45,9 @@ from fleetsim.serving.transfers import TransferService
 from fleetsim.serving.views import ReplicaView
 from fleetsim.serving.window import DecodeWindows, Step
 
+# A timeline row: end_s, busy_s, KV block-seconds, steps, tokens, running, waiting.
+Row = tuple[float, float, float, int, int, int, int]
+
 STEP_END: Final = 40  # a step (or window) ends: commit it and plan the next
 WAKE_UP: Final = 50  # an idle replica plans its first step after all same-time inputs
 
@@ -119,6 +122,7 @@ class Replica:
         self.busy = False
         self.until_s = math.inf
         self._pending_kv_seconds = 0.0
+        self._carried: list[Row] = []  # rows of a cut window, written with its last step
         self.batch_policy: Any = None
         self.order_key = order_key
         self.fast_forward = False
@@ -444,7 +448,10 @@ class Replica:
             self.sim.schedule(step.end_s, STEP_END, (self, step))
         k = step.num_steps
         self._windows.settle(step, k - 1, self._finish)
-        self._record_window(step, k - 1, step.window.ends[k - 2] if k > 1 else step.start_s)
+        # Its rows wait for the step in progress, which continues the last stretch: they
+        # are written as one when it ends (``_commit_step``), as many rows as a window.
+        self._carried = self._window_rows(step, k - 1,
+                                          step.window.ends[k - 2] if k > 1 else step.start_s)
         # The step in progress: the decoders left, their blocks for it already taken.
         remaining = [r for r, left in zip(step.decodes, step.window.lefts, strict=True)
                      if left >= k]
@@ -458,29 +465,39 @@ class Replica:
         step.num_running = len(remaining)
         self._pending_kv_seconds = self.kv.num_used_blocks * (step.end_s - step.start_s)
 
-    def _record_window(self, step: Step, num_steps: int, horizon_s: float) -> None:
+    def _window_rows(self, step: Step, num_steps: int, horizon_s: float) -> list[Row]:
         """Timeline rows of a window's first ``num_steps`` settled steps: one per stretch
         with a fixed batch, the KV block-seconds on the last (a window lies in one bin)."""
         w = step.window
         assert w is not None
-        rows: list[list[Any]] = []
+        rows: list[Row] = []
         ends = w.ends
         n, a, t = len(step.decodes), 0, step.start_s
         for left in w.finish_steps:
             if left > a:
-                rows.append([ends[left - 1], ends[left - 1] - t, 0.0, left - a, n * (left - a),
-                             n])
+                rows.append((ends[left - 1], ends[left - 1] - t, 0.0, left - a, n * (left - a),
+                             n, step.num_waiting))
                 a, t = left, ends[left - 1]
             n -= 1
         if num_steps > a:
-            rows.append([horizon_s, horizon_s - t, 0.0, num_steps - a, n * (num_steps - a), n])
-        if not rows:
-            return
-        rows[-1][2] = w.kv_seconds
+            rows.append((horizon_s, horizon_s - t, 0.0, num_steps - a, n * (num_steps - a), n,
+                         step.num_waiting))
+        if rows:
+            end_s, busy_s, _, steps, tokens, running, waiting = rows[-1]
+            rows[-1] = (end_s, busy_s, w.kv_seconds, steps, tokens, running, waiting)
+        return rows
+
+    def _write_rows(self, rows: list[Row]) -> None:
         rec, rid, used = self.recorder, self.replica_id, self.kv.num_used_blocks
-        for end_s, busy_s, kv_s, num_steps_row, num_tokens, num_running in rows:
-            rec.on_step(rid, end_s, busy_s, kv_s, num_steps_row, num_tokens, used, num_running,
-                        step.num_waiting)
+        for end_s, busy_s, kv_s, num_steps, num_tokens, num_running, num_waiting in rows:
+            rec.on_step(rid, end_s, busy_s, kv_s, num_steps, num_tokens, used, num_running,
+                        num_waiting)
+
+    def flush_records(self) -> None:
+        """Write rows still waiting for a step in progress (a run cut at ``until_s``)."""
+        if self._carried:
+            self._write_rows(self._carried)
+            self._carried = []
 
     # ---- step phase 4: commit --------------------------------------------------------
     def finish_step(self, step: Step) -> None:
@@ -507,7 +524,7 @@ class Replica:
         self._finish_times = []
         for r in w.at_end:
             self._finish(r, now_s)
-        self._record_window(step, step.num_steps, now_s)
+        self._write_rows(self._window_rows(step, step.num_steps, now_s))
         return w.at_end
 
     def _commit_step(self, step: Step, now_s: float) -> list[Request]:
@@ -543,6 +560,18 @@ class Replica:
             # The request leaves the batch but its KV stays until the transfer is done.
             self._dequeue(self.running, self._running_keys, r)
             self.moves.hand_off(r, None)
+        carried = self._carried
+        if carried:
+            # The rest of a window cut back: the step continues its last stretch.
+            self._carried = []
+            end_s, busy_s, kv_s, steps, tokens, running, waiting = carried[-1]
+            if running == step.num_running:
+                carried[-1] = (now_s, busy_s + (now_s - step.start_s),
+                               kv_s + self._pending_kv_seconds, steps + 1,
+                               tokens + step.num_tokens, running, waiting)
+                self._write_rows(carried)
+                return done
+            self._write_rows(carried)
         self.recorder.on_step(
             self.replica_id, now_s, now_s - step.start_s, self._pending_kv_seconds, 1,
             step.num_tokens, kv.num_used_blocks, step.num_running, step.num_waiting)
