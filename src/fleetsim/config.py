@@ -64,8 +64,25 @@ class EngineConfig:
     """Advance decode-only stretches in one event (same results, much faster)."""
     debug: bool = False
     """Check KV and queue invariants after every step (slow)."""
+    swap_space_gib: float = 0.0
+    """Host memory per GPU for swapped-out KV, GiB (vLLM's swap_space; vLLM defaults to 4).
+    0: no host tier (a policy that swaps then fails); policies that never swap ignore it."""
+    host_link_bw_bytes_per_s: float | None = None
+    """GPU-host link per GPU, one direction, bytes/s (default: the GPU catalog's PCIe)."""
+    host_link_latency_s: float | None = None
+    """Setup latency of one GPU-host copy, seconds (default: the GPU catalog's)."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.swap_space_gib <= 65536:
+            raise ValueError(f"engine.swap_space_gib must be in [0, 65536] GiB, got "
+                             f"{self.swap_space_gib}")
+        if self.host_link_bw_bytes_per_s is not None and not (
+                1e6 <= self.host_link_bw_bytes_per_s <= 1e13):
+            raise ValueError(f"engine.host_link_bw_bytes_per_s must be in [1e6, 1e13] bytes/s, "
+                             f"got {self.host_link_bw_bytes_per_s}")
+        if self.host_link_latency_s is not None and not 0 <= self.host_link_latency_s <= 1:
+            raise ValueError(f"engine.host_link_latency_s must be in [0, 1] s, got "
+                             f"{self.host_link_latency_s}")
         for name in ("block_size", "max_batched_tokens", "max_running"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")

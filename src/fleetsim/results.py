@@ -32,6 +32,7 @@ RESULT_NAMES = frozenset({
     "sweep.csv", "sweep.json", "points",  # sweep
     "plan.json",  # plan
     "report.html",  # report, written into the folder it reports on
+    "repro.json", "figure.png", "runs",  # repro
 })
 """Names fleetsim writes in a results folder; a folder holding anything else is not replaced."""
 TMP_PREFIX = ".fleetsim-"

@@ -128,7 +128,13 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         setups.append(PoolSetup(
             name=pool.name, role=pool.role, num_replicas=pool.num_replicas,
             step_model=step_model, num_kv_blocks=num_kv_blocks,
-            link_bw_bytes_per_s=per_gpu_bw * pool.tp))
+            link_bw_bytes_per_s=per_gpu_bw * pool.tp,
+            num_host_kv_blocks=host_kv_blocks(model, pool.tp, eng.block_size,
+                                              eng.swap_space_gib),
+            host_bw_bytes_per_s=(eng.host_link_bw_bytes_per_s
+                                 or gpu.pcie_bw_bytes_per_s) * pool.tp,
+            host_latency_s=(eng.host_link_latency_s if eng.host_link_latency_s is not None
+                            else gpu.pcie_latency_s)))
         infos.append({
             "name": pool.name, "gpu": gpu.name, "role": pool.role,
             "num_replicas": pool.num_replicas, "tp": pool.tp, "num_kv_blocks": num_kv_blocks,
@@ -139,6 +145,24 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         })
     _check_link_reachable(config, gpus)
     return setups, infos
+
+
+def _check_swap_space(config: SimConfig) -> None:
+    """A planner that swaps needs a host tier."""
+    policy = make_batch_policy(config.policy.batching)
+    if getattr(policy, "preemption_mode", "recompute") == "swap" and (
+            config.engine.swap_space_gib <= 0):
+        raise FleetsimInputError(
+            "engine.swap_space_gib", config.engine.swap_space_gib,
+            "policy.batching.args.preemption_mode = \"swap\" needs host memory for the KV it "
+            "swaps out; set engine.swap_space_gib (vLLM's default is 4)")
+
+
+def host_kv_blocks(model: ModelSpec, tp: int, block_size: int, swap_space_gib: float) -> int:
+    """KV blocks of a replica's host tier: ``swap_space_gib`` per GPU, as vLLM sizes its
+    swap space (each GPU swaps its own shard of every block)."""
+    block_bytes_per_gpu = model.kv_bytes_per_token_per_gpu(tp) * block_size
+    return int(swap_space_gib * 2**30 // block_bytes_per_gpu)
 
 
 def _check_link_reachable(config: SimConfig, gpus: dict) -> None:
@@ -171,6 +195,7 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
             f"must divide the trace's hash block of {workload.hash_block_tokens} tokens")
     check_fits(workload, model, _largest_reachable_blocks(pools), eng.block_size)
     _check_budget_covers_prompts(config, workload)
+    _check_swap_space(config)
     if config.policy.ordering == "priority" and workload.priority is None:
         raise FleetsimInputError("policy.ordering", "priority", "the workload has no priority "
                                  "column; add one to the trace or use fcfs")

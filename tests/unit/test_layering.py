@@ -30,6 +30,8 @@ ALLOWED = {
     "sweep": {"config", "run", "results"},
     "results": {"metrics"},
     "report": {"results"},
+    "repro": {"config", "run", "workloads", "metrics", "perf", "models", "hardware",
+              "serving"},
     "native": set(),
     "__init__": {"native"},
     "cli": None,  # the front end may import anything

@@ -122,7 +122,21 @@ def test_embedded_trace() -> None:
     readme = data.joinpath("README.md").read_text()
     assert "b469a113cedca53ddc3bdea71a143dc4b7d8700c" in readme
     assert "Splitwise" in readme
-    assert set(EMBEDDED_TRACES) == {"azure_conv_2023"}
+    assert set(EMBEDDED_TRACES) == {"azure_conv_2023", "sharegpt_lengths"}
+
+
+def test_embedded_sharegpt_lengths_are_a_length_source_not_a_trace() -> None:
+    from fleetsim.errors import FleetsimInputError
+    from fleetsim.workloads.loaders import read_column
+
+    prompts = read_column("embedded:sharegpt_lengths", "num_prefill_tokens")
+    outputs = read_column("embedded:sharegpt_lengths", "num_decode_tokens")
+    assert len(prompts) == len(outputs) == 30731  # as in the source (data/README.md)
+    assert round(float(prompts.mean())) == 2340 and round(float(outputs.mean())) == 439
+    data = resources.files("fleetsim").joinpath("data")
+    assert "Apache License" in data.joinpath("SHAREGPT_LENGTHS_LICENSE.txt").read_text()
+    with pytest.raises(FleetsimInputError, match="lengths only"):
+        load_trace("embedded:sharegpt_lengths")
 
 
 # --- error paths: each names the file, the row/column and the value ----------------------------

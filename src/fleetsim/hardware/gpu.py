@@ -45,6 +45,12 @@ class GPUSpec:
     """On-demand price per GPU-hour; an editable assumption, not a quote."""
     aic_system: str | None = None
     """aiconfigurator-core system dir with measured kernel tables, or None (roofline only)."""
+    pcie_bw_bytes_per_s: float = 32e9
+    """GPU-host link (PCIe), one direction, bytes/s: what swapping KV to host memory crosses
+    (default PCIe Gen4 x16, 64 GB/s bidirectional)."""
+    pcie_latency_s: float = 1e-5
+    """Setup latency of one GPU-host copy, seconds (no datasheet gives it: 10 us, the order
+    of a cudaMemcpyAsync launch and DMA setup; an assumption)."""
 
     def __post_init__(self) -> None:
         for field in (
@@ -54,6 +60,7 @@ class GPUSpec:
             "hbm_bw_bytes_per_s",
             "nvlink_bw_bytes_per_s",
             "network_bw_bytes_per_s",
+            "pcie_bw_bytes_per_s",
         ):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{field} must be > 0, got {getattr(self, field)}")
@@ -61,6 +68,8 @@ class GPUSpec:
             raise ValueError(f"num_gpus_per_node must be >= 1, got {self.num_gpus_per_node}")
         if self.price_per_hour_usd < 0:
             raise ValueError(f"price_per_hour_usd must be >= 0, got {self.price_per_hour_usd}")
+        if not 0 <= self.pcie_latency_s <= 1:
+            raise ValueError(f"pcie_latency_s must be in [0, 1] s, got {self.pcie_latency_s}")
 
 
 # Prices are approximate 2025 on-demand list prices per GPU-hour (Lambda / AWS public price
@@ -71,6 +80,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
     # Price: Lambda on-demand 8x A100-80GB SXM, ~$1.79/GPU-h.
     GPUSpec(
         name="A100-80GB-SXM",
+        pcie_bw_bytes_per_s=32e9,  # PCIe Gen4 x16: 64 GB/s bidirectional (A100 datasheet)
         peak_bf16_flops=312e12,
         peak_fp8_flops=312e12,
         hbm_bytes=81920 * _MIB,
@@ -86,6 +96,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
     # Price: Lambda on-demand 8x H100 SXM, ~$2.99/GPU-h.
     GPUSpec(
         name="H100-SXM",
+        pcie_bw_bytes_per_s=64e9,  # PCIe Gen5 x16: 128 GB/s bidirectional (H100 datasheet)
         peak_bf16_flops=989e12,
         peak_fp8_flops=1979e12,
         hbm_bytes=81559 * _MIB,
@@ -100,6 +111,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
     # Price: typical neocloud on-demand ~$3.50/GPU-h (assumption).
     GPUSpec(
         name="H200",
+        pcie_bw_bytes_per_s=64e9,  # PCIe Gen5 x16: 128 GB/s bidirectional (H200 datasheet)
         peak_bf16_flops=989e12,
         peak_fp8_flops=1979e12,
         hbm_bytes=143771 * _MIB,
@@ -115,6 +127,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
     # Price: rough assumption ~$1.50/GPU-h (not widely listed outside China).
     GPUSpec(
         name="H20",
+        pcie_bw_bytes_per_s=64e9,  # PCIe Gen5 x16: 128 GB/s bidirectional (H20 product brief)
         peak_bf16_flops=148e12,
         peak_fp8_flops=296e12,
         hbm_bytes=96 * 1024 * _MIB,  # 96 GiB nominal; driver total not verified
@@ -129,6 +142,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
     # (PCIe Gen4 x16, 32 GB/s per direction). Price: AWS g6e.xlarge ~$1.86/h for one L40S.
     GPUSpec(
         name="L40S",
+        pcie_bw_bytes_per_s=32e9,  # PCIe Gen4 x16: 64 GB/s bidirectional (L40S datasheet)
         peak_bf16_flops=362e12,
         peak_fp8_flops=733e12,
         hbm_bytes=46068 * _MIB,  # 48 GB GDDR6 less ECC reservation
@@ -144,6 +158,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
     # Price: Lambda on-demand 8x B200, ~$4.99/GPU-h.
     GPUSpec(
         name="B200",
+        pcie_bw_bytes_per_s=64e9,  # PCIe Gen5 x16 per GPU (HGX B200 platform)
         peak_bf16_flops=2250e12,
         peak_fp8_flops=4500e12,
         hbm_bytes=183359 * _MIB,

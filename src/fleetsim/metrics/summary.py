@@ -122,6 +122,7 @@ def summarize(
         "gpu_busy_fraction": busy / num_replicas / makespan_s,
         "batch": batch_stats(records),
         "num_preemptions": int(req["num_preemptions"].sum()),
+        "num_swaps": int(req["num_swaps"].sum()) if "num_swaps" in req else 0,
         "num_recomputed_tokens": int(req["num_recomputed_tokens"].sum()),
         "num_steps": records.num_steps,
         "timeline": timeline_bins(records, first_arrival_s, end_s, total_blocks,

@@ -10,6 +10,7 @@ from fleetsim.policies.batching import (
     register_batch,
 )
 from fleetsim.policies.eviction import EVICTION_POLICIES, make_eviction
+from fleetsim.policies.fastserve import FastServePlanner
 from fleetsim.policies.ordering import ORDERING_POLICIES, OrderKey, make_ordering, register_ordering
 from fleetsim.registry import PolicySpec
 from fleetsim.serving.capabilities import Capabilities, capabilities_of
@@ -18,6 +19,7 @@ from fleetsim.serving.views import KVView, ReplicaView
 __all__ = [
     "BATCH_POLICIES",
     "EVICTION_POLICIES",
+    "FastServePlanner",
     "ORDERING_POLICIES",
     "BatchPolicy",
     "Capabilities",

@@ -46,6 +46,71 @@ def serve_running(
     return budget, available, preempt
 
 
+def serve_running_swapping(
+    view: ReplicaView, tokens: dict[int, int], budget: int, available: int, cap: int
+) -> tuple[int, int, list[int], list[int]]:
+    """``serve_running`` with vLLM's swap preemption: a victim's KV is copied to host memory,
+    and its blocks come free only when the copy is done (the copy overlaps compute), so they
+    are not credited now: the request that ran short waits, with the rest of the batch behind
+    it, until they are. Blocks already on their way out count, so no further victim is taken
+    while they cover the shortfall. A victim that does not fit the host tier (or has no KV
+    yet) is recomputed instead. Fills ``tokens``; returns the budget and blocks left, the
+    recomputed ids and the swapped-out ids, in order.
+    """
+    kv = view.kv
+    running = view.running
+    preempt: list[int] = []
+    swap_out: list[int] = []
+    last = len(running)
+    coming = view.num_blocks_swapping_out
+    host_free = view.num_free_host_blocks
+    i = 0
+    bs, per_entry = kv.block_size, kv.blocks_per_entry
+    while i < last and budget > 0:
+        req = running[i]
+        num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+        limit = budget if budget < cap else cap
+        if num_new > limit:
+            num_new = limit
+        needed = blocks_short(req, req.num_computed_tokens + num_new, bs, per_entry)
+        if needed < 0:
+            needed = 0
+        while needed > available + coming and last > i:
+            last -= 1
+            victim = running[last]
+            host_blocks = kv.num_blocks_for(victim.num_computed_tokens)
+            if 0 < host_blocks <= host_free:
+                swap_out.append(victim.id)
+                host_free -= host_blocks
+                coming += kv.reclaimable_blocks(victim)
+            else:
+                preempt.append(victim.id)
+                available += kv.reclaimable_blocks(victim)
+        if last == i or needed > available:
+            break  # it was the victim, or it waits for blocks on their way out
+        tokens[req.id] = num_new
+        budget -= num_new
+        available -= needed
+        i += 1
+    return budget, available, preempt, swap_out
+
+
+def swap_in_in_order(view: ReplicaView, available: int) -> tuple[tuple[int, ...], int]:
+    """Swapped requests to bring back, oldest swap first, while their blocks (and one more
+    token each) and the running slots allow; returns them and the blocks left."""
+    kv = view.kv
+    slots = view.max_running - len(view.running) - view.num_swapping_in
+    chosen: list[int] = []
+    for req in view.swapped:
+        need = kv.num_blocks_for(req.num_computed_tokens + 1)
+        if slots <= 0 or need > available:
+            break
+        chosen.append(req.id)
+        available -= need
+        slots -= 1
+    return tuple(chosen), available
+
+
 def admit_waiting(
     view: ReplicaView, tokens: dict[int, int], budget: int, available: int, cap: int,
     chunked: bool,
@@ -54,7 +119,7 @@ def admit_waiting(
     first that does not fit stops admission (no overtaking). Without ``chunked``, a prompt
     is admitted whole or not at all. Fills ``tokens``."""
     kv = view.kv
-    num_running = len(view.running)
+    num_running = len(view.running) + view.num_swapping_in  # swaps in take slots when done
     for req in view.waiting:
         if budget <= 0 or num_running >= view.max_running:
             return

@@ -10,7 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from fleetsim.policies.batch_steps import admit_waiting, serve_running
+from fleetsim.policies.batch_steps import (
+    admit_waiting,
+    serve_running,
+    serve_running_swapping,
+    swap_in_in_order,
+)
 from fleetsim.registry import PolicySpec, build, lookup, make_registry
 from fleetsim.serving.capabilities import Capabilities
 from fleetsim.serving.views import ReplicaView
@@ -19,22 +24,25 @@ from fleetsim.serving.views import ReplicaView
 @dataclass(frozen=True, slots=True)
 class StepPlan:
     """What one step does. The engine applies the verbs in this order, then the tokens:
-    ``preempt`` (recompute later), ``swap_out`` (KV to host memory), ``migrate`` (KV to
-    another replica), ``swap_in`` (KV back from host memory: the request runs again once the
-    copy is done, so it gets tokens in a later plan)."""
+    ``rekey`` (re-sort requests whose ordering key changed), ``preempt`` (recompute later),
+    ``swap_out`` (KV to host memory), ``migrate`` (KV to another replica), ``swap_in`` (KV
+    back from host memory: the request runs again once the copy is done, so it gets tokens
+    in a later plan). Running requests the plan gives no tokens stay resident, paused."""
 
     tokens_by_request: Mapping[int, int]  # request_id -> tokens to compute this step
     preempt: tuple[int, ...] = ()  # running request_ids to evict (recompute later), in order
     swap_out: tuple[int, ...] = ()  # running request_ids whose KV moves to host memory
     swap_in: tuple[int, ...] = ()  # swapped request_ids whose KV comes back
     migrate: tuple[tuple[int, int], ...] = ()  # (running request_id, destination replica_id)
+    rekey: tuple[int, ...] = ()  # request_ids whose ordering key changed (re-sorted first)
 
 
 class BatchPolicy(Protocol):
     """``plan(view, now_s) -> StepPlan``, plus ``splits_prompts`` (False if a prompt is never
     split across steps: then every prompt must fit the budget) and, optionally, a class
     attribute ``capabilities`` (``fleetsim.serving.capabilities``: declared per class, never
-    inherited)."""
+    inherited) and an ``order_key`` (a policy whose priorities change as requests run orders
+    the queues itself, naming the requests whose key changed in ``StepPlan.rekey``)."""
 
     splits_prompts: bool
 
@@ -63,6 +71,10 @@ class TokenBudgetPlanner:
     """Split long prefills across steps (vLLM's chunked prefill); else a prompt goes whole."""
     long_prefill_token_threshold: int | None = None
     """Cap on one request's prefill chunk per step (vLLM's long_prefill_token_threshold)."""
+    preemption_mode: str = "recompute"
+    """recompute (drop a victim's KV, compute it again later) | swap (copy it to host memory,
+    engine.swap_space_gib, and back; vLLM v0's preemption_mode). Swapped requests come back
+    before any waiting one is admitted."""
 
     # serve_running gives each decoder its one token, and with no admission and no
     # preemption a later decode-only step differs only by fewer available blocks.
@@ -77,16 +89,34 @@ class TokenBudgetPlanner:
         t = self.long_prefill_token_threshold
         if t is not None and t < 1:
             raise ValueError(f"long_prefill_token_threshold must be >= 1 or None, got {t}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be recompute or swap, got "
+                             f"{self.preemption_mode!r}")
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
         budget = view.max_batched_tokens
         cap = self.long_prefill_token_threshold or budget
         tokens: dict[int, int] = {}
+        if self.preemption_mode == "swap":
+            return self._plan_swapping(view, tokens, budget, cap)
         budget, available, preempt = serve_running(
             view, tokens, budget, view.kv.num_available_blocks, cap)
         if not preempt:
             admit_waiting(view, tokens, budget, available, cap, self.enable_chunked_prefill)
         return StepPlan(tokens, tuple(preempt))
+
+    def _plan_swapping(self, view: ReplicaView, tokens: dict[int, int], budget: int,
+                       cap: int) -> StepPlan:
+        budget, available, preempt, swap_out = serve_running_swapping(
+            view, tokens, budget, view.kv.num_available_blocks, cap)
+        swap_in: tuple[int, ...] = ()
+        if not preempt and not swap_out:
+            if view.swapped or view.num_swapping_in:  # vLLM v0: swapped ones before new ones
+                swap_in, available = swap_in_in_order(view, available)
+            else:
+                admit_waiting(view, tokens, budget, available, cap,
+                              self.enable_chunked_prefill)
+        return StepPlan(tokens, tuple(preempt), swap_out=tuple(swap_out), swap_in=swap_in)
 
 
 @register_batch("prefill_first")

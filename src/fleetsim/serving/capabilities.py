@@ -8,7 +8,9 @@ at most the token budget and the free blocks hold one more token each, the plan 
 of them once) lets it skip planning those steps. A class declares them with a class attribute
 ``capabilities = Capabilities(...)`` in its own body: a subclass that does not declare its
 own gets none, because changing ``plan`` may break them. ``engine.debug`` checks the
-promises at every window.
+promises at every window. The two are independent: a policy whose priorities change as
+requests run (a multi-level feedback queue) is not ``fast_forward_safe`` while requests wait,
+yet may decode everyone when nothing waits.
 """
 
 from __future__ import annotations
@@ -23,10 +25,6 @@ class Capabilities:
 
     fast_forward_safe: bool = False
     decodes_all_when_idle: bool = False
-
-    def __post_init__(self) -> None:
-        if self.decodes_all_when_idle and not self.fast_forward_safe:
-            raise ValueError("decodes_all_when_idle needs fast_forward_safe")
 
 
 NONE = Capabilities()

@@ -54,6 +54,7 @@ class PoolSetup:
     link_bw_bytes_per_s: float  # one replica's KV link (all its GPUs), one direction
     num_host_kv_blocks: int = 0  # host-memory KV tier per replica (swap space)
     host_bw_bytes_per_s: float = math.inf  # one replica's PCIe link to host, one direction
+    host_latency_s: float = 0.0  # setup latency of one GPU-host copy
 
 
 class OnlyReplica:
@@ -133,7 +134,8 @@ class Cluster:
                     step_model=pool.step_model, kv=kv, replica_id=rid, role=pool.role,
                     pool=pool.name, on_handoff=self._on_handoff,
                     on_blocks_freed=self._on_blocks_freed if pool.role == "decode" else None,
-                    transfers=self.transfers, host=host, kv_bytes_per_token=kv_bytes_per_token)
+                    transfers=self.transfers, host=host, kv_bytes_per_token=kv_bytes_per_token,
+                    host_latency_s=pool.host_latency_s)
                 self.replicas.append(replica)
                 self.pool_of.append(pool.name)
                 (decode if pool.role == "decode" else entry).append(replica.view)
@@ -172,8 +174,8 @@ class Cluster:
     def _on_arrival(self, req: Request) -> None:
         self.route(req)
         source = self.source
-        assert source is not None
-        source.on_arrival(req, self)
+        if source is not None:  # (requests may also be submitted without one)
+            source.on_arrival(req, self)
 
     def _on_finish(self, req: Request) -> None:
         source = self.source

@@ -42,8 +42,10 @@ class KVMoves:
     requests that left, and its swapped requests."""
 
     def __init__(self, replica: Replica, transfers: TransferService | None,
-                 host: HostPool | None, kv_bytes_per_token: float) -> None:
+                 host: HostPool | None, kv_bytes_per_token: float,
+                 host_latency_s: float = 0.0) -> None:
         self.replica = replica
+        self.host_latency_s = host_latency_s  # setup latency of each swap copy
         self.transfers = transfers
         self.host = host
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -166,7 +168,7 @@ class KVMoves:
         rid = replica.replica_id
         transfers.start(gpu_dma_endpoint(rid), host_endpoint(rid),
                         self.kv_bytes_per_token * req.num_computed_tokens, done,
-                        client="swap_out", latency_s=0.0)
+                        client="swap_out", latency_s=self.host_latency_s)
 
     def swap_in(self, req: Request) -> None:
         """Bring a swapped request's KV back into fresh GPU blocks; it rejoins the running
@@ -195,7 +197,7 @@ class KVMoves:
         rid = replica.replica_id
         transfers.start(host_endpoint(rid), gpu_dma_endpoint(rid),
                         self.kv_bytes_per_token * req.num_computed_tokens, done,
-                        client="swap_in", latency_s=0.0)
+                        client="swap_in", latency_s=self.host_latency_s)
 
     def swaps_in_flight(self) -> bool:
         return bool(self.swapping)

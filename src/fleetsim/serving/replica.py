@@ -85,6 +85,7 @@ class Replica:
         transfers: TransferService | None = None,
         host: HostPool | None = None,
         kv_bytes_per_token: float = 0.0,
+        host_latency_s: float = 0.0,
     ) -> None:
         self.sim = sim
         self.step_model = step_model
@@ -99,7 +100,7 @@ class Replica:
         self.on_handoff = on_handoff  # the cluster routes a handed-off request on
         self.on_blocks_freed = on_blocks_freed  # incoming transfers may fit now
         self.on_finish = on_finish  # a request source wants to know (programs, RL)
-        self.moves = KVMoves(self, transfers, host, kv_bytes_per_token)
+        self.moves = KVMoves(self, transfers, host, kv_bytes_per_token, host_latency_s)
         self.host = host
         self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
@@ -137,7 +138,14 @@ class Replica:
         self.fast_forward = self._fast_forward_wanted and caps.fast_forward_safe
         # The policy promises that with nothing waiting and every running request decoding,
         # its plan decodes each of them once: the engine then opens a window without asking.
-        self._decode_all_when_idle = self.fast_forward and caps.decodes_all_when_idle
+        self._decode_all_when_idle = self._fast_forward_wanted and caps.decodes_all_when_idle
+        # A policy whose priorities change as requests run brings its own ordering key (and
+        # names the requests whose key changed in its plans' ``rekey``).
+        own_key = getattr(policy, "order_key", None)
+        if own_key is not None:
+            self.order_key = own_key
+            if self.running or self.waiting:
+                self.resort()
 
     def set_policies(self, batch_policy: Any = None,
                      order_key: Callable[[Request, float], tuple] | None = None) -> None:
@@ -265,8 +273,16 @@ class Replica:
               and self._open_idle_window()):
             return
         now_s = self.sim.now_s
-        plan = self.batch_policy.plan(self.view, now_s)
-        step = self._apply(plan, now_s)
+        # A plan that only preempts frees blocks for the next one, at once: plan again (at
+        # most once per running request, then it is a policy bug).
+        for _ in range(len(running) + 2):
+            plan = self.batch_policy.plan(self.view, now_s)
+            step = self._apply(plan, now_s)
+            if step is not _REPLAN:
+                break
+        else:
+            raise PlanError(f"{type(self.batch_policy).__name__} keeps planning preemptions "
+                            f"and no tokens at {now_s} s")
         if step is not None:
             self._execute(step, now_s)
 
@@ -301,6 +317,8 @@ class Replica:
     def _apply(self, plan: Any, now_s: float) -> Step | None:
         """Apply ``plan``: its verbs, then admissions and block allocations, all checked.
         Returns the step to execute, or None when the replica sleeps."""
+        for rid in plan.rekey:
+            self._rekey(self._lookup(rid, plan))
         for rid in plan.preempt:
             self._preempt(self._lookup(rid, plan))
         moves = self.moves
@@ -348,6 +366,8 @@ class Replica:
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
         if total == 0:
+            if plan.preempt and self.waiting:
+                return _REPLAN
             moving = plan.swap_out or plan.swap_in or plan.migrate or moves.swaps_in_flight()
             if moving or (moves.holds_blocks_for_others() and not self.running):
                 # The plan waits for blocks that transfers still hold (outgoing KV, incoming
@@ -364,6 +384,17 @@ class Replica:
         step.num_waiting = len(self.waiting)
         step.is_all_decode = all_decode
         return step
+
+    def _rekey(self, req: Request) -> None:
+        """``req``'s ordering key changed: move it to its place under the new key (a
+        request outside the queues gets its key when it enters one)."""
+        state = req.state
+        if state == RUNNING:
+            self._dequeue(self.running, self._running_keys, req)
+            self._enqueue(self.running, self._running_keys, req)
+        elif state == WAITING:
+            self._dequeue(self.waiting, self._waiting_keys, req)
+            self._enqueue(self.waiting, self._waiting_keys, req)
 
     def _lookup(self, rid: int, plan: Any) -> Request:
         req = self._by_id.get(rid)
@@ -533,9 +564,11 @@ class Replica:
         done: list[Request] = []
         handoff: list[Request] = []
         hands_off = self.role == "prefill"
+        step_s = now_s - step.start_s
         for r, n in step.chunks:
             r.num_computed_tokens += n
             r.num_computed_tokens_total += n
+            r.service_s += step_s
             self._load_tokens -= n
             kv.promote(r)
             if r.num_computed_tokens == r.num_tokens:
@@ -550,6 +583,7 @@ class Replica:
         for r in step.decodes:
             r.num_computed_tokens += 1
             r.num_computed_tokens_total += 1
+            r.service_s += step_s
             r.num_output_tokens += 1
             if r.num_output_tokens >= r.max_output_tokens:
                 done.append(r)
@@ -608,6 +642,9 @@ class Replica:
         assert self._load_tokens == expected, (self._load_tokens, expected)
         held = [(r.num_private_blocks, r.hash_ids, r.num_cached_entries) for r in self.running]
         self.kv.check(held + self.moves.check_holdings())
+
+
+_REPLAN = Step(0.0)  # returned by _apply: the plan only preempted; plan again now
 
 
 def _state_name(state: int) -> str:

@@ -61,6 +61,9 @@ class Request:
     num_recomputed_tokens: int = 0
     """Tokens computed again after preemptions (already counted in the total)."""
     num_preemptions: int = 0
+    service_s: float = 0.0
+    """Attained service: seconds of the steps that computed tokens for this request (equal to
+    ~1e-15 with decode fast-forward on and off: a window adds its span at once)."""
     num_swaps: int = 0
     """Times this request's KV was swapped out to host memory."""
     state: int = WAITING

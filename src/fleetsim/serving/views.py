@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from fleetsim.serving.request import Request
+from fleetsim.serving.request import SWAPPING_IN, SWAPPING_OUT, Request
 
 if TYPE_CHECKING:
     from fleetsim.serving.replica import Replica
@@ -123,6 +123,33 @@ class ReplicaView:
     def kv(self) -> KVView:
         self._replica.interrupt()
         return self._replica.kv
+
+    @property
+    def num_blocks_swapping_out(self) -> int:
+        """GPU blocks that swaps in flight will free when their copies are done."""
+        moves = self._replica.moves
+        kv = self._replica.kv
+        return sum(kv.reclaimable_blocks(r) for r in moves.swapping.values()
+                   if r.state == SWAPPING_OUT)
+
+    @property
+    def num_swapping_in(self) -> int:
+        """Requests whose KV is on its way back from host memory (they hold GPU blocks and
+        will take running slots)."""
+        return sum(1 for r in self._replica.moves.swapping.values() if r.state == SWAPPING_IN)
+
+    @property
+    def num_host_blocks(self) -> int:
+        """Blocks of the host-memory KV tier (0 without one)."""
+        host = self._replica.host
+        return host.num_blocks if host is not None else 0
+
+    def step_time_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
+                    decode_kv_tokens: int) -> float:
+        """What the replica's performance model says a step of this shape takes (a policy's
+        profile: FastServe's skip-join asks it for prefill times)."""
+        return self._replica.step_model.step_time_s(prefill_chunks, num_decode,
+                                                    decode_kv_tokens)
 
     @property
     def num_free_host_blocks(self) -> int:

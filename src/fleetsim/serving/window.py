@@ -276,6 +276,8 @@ class DecodeWindows:
                 taken += extra
             r.num_computed_tokens = c + t_i
             r.num_computed_tokens_total += t_i
+            if t_i:
+                r.service_s += ends[t_i - 1] - step.start_s
             r.num_output_tokens += t_i
             if left < k:
                 before.append((left, i, r))

@@ -58,8 +58,17 @@ class LengthConfig:
     """empirical: CSV/JSONL file (or embedded:azure_conv_2023) whose column is resampled."""
     column: str | None = None
     """empirical: CSV header name or JSONL key holding token counts, e.g. num_decode_tokens."""
+    max_tokens: int | None = None
+    """empirical (optional): resample only the values up to this many tokens (as vLLM's
+    ShareGPT benchmark drops prompts over 1,024 tokens)."""
 
     def __post_init__(self) -> None:
+        if self.max_tokens is not None:
+            if self.kind != "empirical":
+                raise ValueError(f"max_tokens is used by kind = 'empirical' only; remove it "
+                                 f"from kind = {self.kind!r}")
+            if self.max_tokens < 1:
+                raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.kind not in LENGTH_KINDS:
             raise ValueError(
                 f"length kind must be one of {', '.join(LENGTH_KINDS)}, got {self.kind!r}"
@@ -88,7 +97,13 @@ class LengthConfig:
             return Uniform(low=self.low, high=self.high)  # type: ignore[arg-type]
         if self.kind == "lognormal":
             return LogNormal(mean_tokens=self.mean, cv=self.cv)  # type: ignore[arg-type]
-        return Empirical.from_file(self.path, self.column)  # type: ignore[arg-type]
+        dist = Empirical.from_file(self.path, self.column)  # type: ignore[arg-type]
+        if self.max_tokens is None:
+            return dist
+        kept = dist.values[dist.values <= self.max_tokens]
+        if not len(kept):
+            raise ValueError(f"no value of {dist.source} is <= max_tokens = {self.max_tokens}")
+        return Empirical(values=kept, source=f"{dist.source}<={self.max_tokens}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

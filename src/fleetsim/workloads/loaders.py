@@ -38,8 +38,10 @@ from fleetsim.workloads.workload import Workload
 
 EMBEDDED_TRACES: dict[str, tuple[str, str]] = {
     "azure_conv_2023": ("azure_conv_2023_slice.csv", "azure"),
+    "sharegpt_lengths": ("sharegpt_lengths.csv", "lengths"),
 }
-"""Embedded trace name -> (file in ``fleetsim/data``, format)."""
+"""Embedded data name -> (file in ``fleetsim/data``, format). Format ``lengths``: token
+counts only (an empirical length source, not a trace)."""
 FORMATS = ("auto", "azure", "mooncake", "generic")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
@@ -64,6 +66,11 @@ def load_trace(
     if format not in FORMATS:
         raise FleetsimInputError("trace format", format, f"use one of {', '.join(FORMATS)}")
     label, text, embedded_format = read_source(source)
+    if embedded_format == "lengths":
+        raise FleetsimInputError(
+            "workload.trace", label, "it holds request lengths only, no arrival times: use it "
+            "as an empirical length source ({kind = \"empirical\", path = \"" + label
+            + "\", column = \"num_prefill_tokens\"}) with an arrival process")
     if format == "auto":
         format = embedded_format or _detect_format(label, text)
     if format == "azure":

@@ -1,0 +1,29 @@
+"""Reproductions of research papers' headline comparisons, one module per paper, registered
+by name (``fleetsim repro list``). Importing this package registers them."""
+
+from fleetsim.repro import fastserve  # noqa: E402,F401  (registers the entry)
+from fleetsim.repro.frame import (
+    REPRODUCTIONS,
+    Comparison,
+    Loads,
+    Metric,
+    Paper,
+    ReproContext,
+    Reproduction,
+    get_reproduction,
+    run_reproduction,
+    to_document,
+)
+
+__all__ = [
+    "REPRODUCTIONS",
+    "Comparison",
+    "Loads",
+    "Metric",
+    "Paper",
+    "ReproContext",
+    "Reproduction",
+    "get_reproduction",
+    "run_reproduction",
+    "to_document",
+]

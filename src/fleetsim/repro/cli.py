@@ -1,0 +1,156 @@
+"""``fleetsim repro list`` and ``fleetsim repro NAME``: rerun a paper's headline comparison."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fleetsim.formatting import fmt_number
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "repro", help="rerun a research paper's headline comparison ('list' to see them)",
+        description="Rerun a paper's comparison (its system and baselines, on its kind of "
+                    "workload and loads) and print fleetsim's ratio next to the published one.")
+    p.add_argument("name", help="a reproduction key, or 'list'")
+    p.add_argument("--quick", action="store_true",
+                   help="a smaller slice: the same policies and code paths, in seconds")
+    p.add_argument("--json", action="store_true", help="print the result document as JSON")
+    p.add_argument("--out", help="results folder (default results/repro/NAME)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override a config key in every run")
+    p.set_defaults(handler=cmd_repro)
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    from fleetsim.repro import REPRODUCTIONS, get_reproduction
+
+    if args.name == "list":
+        if args.json:
+            from fleetsim.cli import print_json
+
+            print_json([_listing(r) for _, r in sorted(REPRODUCTIONS.items())])
+        else:
+            _print_list(list(REPRODUCTIONS.values()))
+        return 0
+    repro = get_reproduction(args.name)
+    from fleetsim.results import check_out_dir
+
+    out = Path(args.out) if args.out else Path("results") / "repro" / repro.key
+    check_out_dir(out)
+    comparison, ctx, took_s = _run(repro, args)
+    from fleetsim.repro.frame import to_document
+
+    doc = to_document(repro, comparison, quick=args.quick)
+    doc["wall_s"] = round(took_s, 2)
+    figure = _write(out, repro, comparison, ctx, doc)
+    if args.json:
+        from fleetsim.cli import print_json
+
+        print_json(doc)
+    else:
+        console = _console()
+        console.print(_result_table(repro, doc))
+        console.print(_ratio_line(repro, doc))
+        for note in doc["notes"]:
+            console.print(f"note: {note}", soft_wrap=True)
+        where = f"{out}/ (repro.json, runs/<policy>/<load>/" + (", figure.png)" if figure else ")")
+        console.print(f"results written to {where} in {took_s:.1f} s", soft_wrap=True)
+    return 0
+
+
+def _run(repro: Any, args: argparse.Namespace) -> tuple[Any, Any, float]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fleetsim.repro.frame import run_reproduction
+
+    console = Console(stderr=True)
+    loads = repro.loads.quick_values if args.quick else repro.loads.values
+    total = (1 + len(repro.baselines)) * len(loads)
+    start = time.perf_counter()
+    if not console.is_terminal:
+        comparison, ctx = run_reproduction(repro, quick=args.quick, overrides=args.overrides)
+        return comparison, ctx, time.perf_counter() - start
+    with Progress(TextColumn(f"{repro.key}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[now]}"), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("runs", total=total, now="")
+
+        def progress(label: str) -> None:
+            bar.update(task, advance=0 if bar.tasks[0].fields["now"] == "" else 1, now=label)
+
+        comparison, ctx = run_reproduction(repro, quick=args.quick, overrides=args.overrides,
+                                           progress=progress)
+    return comparison, ctx, time.perf_counter() - start
+
+
+def _console() -> Console:
+    """The terminal's width, or a wide plain one when piped (never cut a name or number)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _listing(repro: Any) -> dict[str, Any]:
+    return {"name": repro.key, "paper": {"title": repro.paper.title, "id": repro.paper.id},
+            "claim": repro.claim, "setup": repro.setup, "system": repro.system,
+            "baselines": list(repro.baselines), "paper_ratio": repro.paper_ratio}
+
+
+def _print_list(repros: list[Any]) -> None:
+    console = _console()
+    for repro in sorted(repros, key=lambda r: r.key):
+        console.print(f"[bold]{repro.key}[/bold] — {repro.paper.title} ({repro.paper.id})",
+                      soft_wrap=True)
+        console.print(f"  claim: {repro.claim}", soft_wrap=True)
+        console.print(f"  setup: {repro.setup}", soft_wrap=True)
+        console.print(f"  {repro.system} against: {', '.join(repro.baselines)}", soft_wrap=True)
+
+
+def _result_table(repro: Any, doc: dict[str, Any]) -> Table:
+    metric = doc["metric"]
+    loads = doc["loads"]
+    table = Table(title=f"{repro.paper.title} — {metric['name']} ({metric['unit']}, "
+                        f"{metric['direction']} is better)")
+    table.add_column("policy", overflow="fold")
+    for value in loads["values"]:
+        table.add_column(f"{fmt_number(value)} {loads['unit']}", justify="right")
+    for policy, by_load in doc["results"].items():
+        table.add_row(policy, *(fmt_number(v) if v is not None else "—"
+                                for v in by_load.values()))
+    return table
+
+
+def _ratio_line(repro: Any, doc: dict[str, Any]) -> str:
+    ratio = doc["ratio"]
+    ours = f"{ratio:.2f}x" if ratio is not None else "not measurable (see notes)"
+    return (f"{repro.system} vs {repro.baseline}: fleetsim {ours}, paper "
+            f"{repro.paper_ratio:.2f}x ({repro.ratio_definition})")
+
+
+def _write(out: Path, repro: Any, comparison: Any, ctx: Any, doc: dict[str, Any]) -> bool:
+    """Each run's files, repro.json and the key figure, as one set; True if a figure was
+    drawn (matplotlib is an optional dependency)."""
+    from fleetsim.results import StagedFolder, write_json, write_run_files
+
+    with StagedFolder(out) as tmp:
+        for (policy, load), result in ctx.runs.items():
+            folder = tmp / "runs" / _safe(policy) / _safe(load)
+            folder.mkdir(parents=True)
+            write_run_files(folder, result.summary, result.config, result.records.requests)
+        write_json(tmp / "repro.json", doc)
+        try:
+            from fleetsim.repro.plot import key_figure
+        except ImportError:
+            return False
+        key_figure(repro, comparison, doc, tmp / "figure.png")
+    return True
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -1,0 +1,195 @@
+"""The frame every reproduction uses: a record of the paper, a run that goes through the same
+``run()`` every user calls, and results in one schema.
+
+A reproduction is data plus a short function (STYLE.md section 9). Its ``Reproduction``
+record holds the paper (title, id), the headline as published, the metric and its direction,
+the system and the baselines, and the published ratio (system over baseline, in the better
+direction). Its ``compare(ctx)`` function builds one config per (policy, load level), runs
+each through ``ctx.run`` and returns a ``Comparison``: the metric per policy and load, and
+fleetsim's ratio computed by the paper's own definition. ``run_reproduction`` does the rest:
+progress, timing and the JSON document (``to_document``), which has the same keys for every
+entry (docs/reproductions.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetsim.config import SimConfig, config_from_dict
+from fleetsim.configutil import apply_override, parse_override_value
+from fleetsim.errors import FleetsimInputError
+from fleetsim.registry import make_registry
+from fleetsim.run import RunResult, run
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Paper:
+    title: str
+    id: str
+    """arXiv id or venue (e.g. ``"arXiv:2305.05920"``)."""
+    venue: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metric:
+    name: str
+    unit: str
+    direction: str
+    """``"lower"`` or ``"higher"`` is better."""
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("lower", "higher"):
+            raise ValueError(f"metric direction must be lower or higher, got {self.direction}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Loads:
+    """The load levels a comparison sweeps (the x axis of the paper's key figure)."""
+
+    name: str
+    unit: str
+    values: tuple[float, ...]
+    quick_values: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reproduction:
+    """One paper's headline comparison, as published, and how fleetsim reruns it."""
+
+    key: str
+    paper: Paper
+    claim: str
+    """The headline as the paper states it."""
+    setup: str
+    """Model, GPUs, workload and load levels, as fleetsim runs them (with sources)."""
+    system: str
+    baselines: tuple[str, ...]
+    baseline: str
+    """The baseline the headline ratio is against."""
+    metric: Metric
+    ratio_definition: str
+    paper_ratio: float
+    """The published headline as system over baseline, in the better direction (>= 1)."""
+    loads: Loads
+    compare: Callable[[ReproContext], Comparison]
+    headline_metric: Metric | None = None
+    """The quantity the headline ratio compares, when it is not ``metric`` at one load (e.g.
+    throughput within a latency SLO, derived from the sweep); ``Comparison.headline`` holds
+    it per policy."""
+
+
+@dataclass(slots=True)
+class Comparison:
+    """What a reproduction's ``compare`` returns."""
+
+    results: dict[str, dict[str, float | None]]
+    """policy -> load label -> metric value (None: not measured there, e.g. the run did not
+    finish every job)."""
+    ratio: float | None
+    headline: dict[str, float | None] = field(default_factory=dict)
+    """policy -> the headline quantity (``Reproduction.headline_metric``), when there is one."""
+    notes: list[str] = field(default_factory=list)
+
+
+class ReproContext:
+    """Given to ``compare``: whether the run is ``quick``, the user's ``--set`` overrides, and
+    ``run`` (every simulation goes through it: overrides applied, progress reported, the run
+    kept for writing)."""
+
+    def __init__(self, *, quick: bool, overrides: Sequence[str],
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.quick = quick
+        self.overrides = tuple(overrides)
+        self.progress = progress
+        self.runs: dict[tuple[str, str], RunResult] = {}  # (policy, load label) -> run
+
+    def config(self, base: Mapping[str, Any]) -> SimConfig:
+        """``base`` with the user's ``--set key=value`` overrides on top."""
+        data: dict[str, Any] = _deep_copy(base)
+        for item in self.overrides:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise FleetsimInputError("--set", item, "write it as dotted.key=value")
+            apply_override(data, key.strip(), parse_override_value(value.strip()))
+        return config_from_dict(data)
+
+    def run(self, policy: str, load: str, base: Mapping[str, Any]) -> RunResult:
+        """Simulate one (policy, load level) and keep it."""
+        if self.progress is not None:
+            self.progress(f"{policy} @ {load}")
+        result = run(self.config(base))
+        self.runs[(policy, load)] = result
+        return result
+
+
+def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (_deep_copy(v) if isinstance(v, Mapping) else
+                [(_deep_copy(x) if isinstance(x, Mapping) else x) for x in v]
+                if isinstance(v, list) else v)
+            for k, v in data.items()}
+
+
+REPRODUCTIONS, register_reproduction = make_registry("reproduction")
+
+
+def get_reproduction(name: str) -> Reproduction:
+    repro = REPRODUCTIONS.get(name)
+    if repro is None:
+        known = ", ".join(sorted(REPRODUCTIONS))
+        raise FleetsimInputError("repro", name, f"known reproductions: {known} "
+                                 f"(fleetsim repro list)")
+    return repro  # type: ignore[no-any-return]
+
+
+def add(repro: Reproduction) -> Reproduction:
+    """Register ``repro`` under its key."""
+    register_reproduction(repro.key)(repro)
+    return repro
+
+
+def run_reproduction(repro: Reproduction, *, quick: bool = False,
+                     overrides: Sequence[str] = (),
+                     progress: Callable[[str], None] | None = None
+                     ) -> tuple[Comparison, ReproContext]:
+    """Run ``repro``'s comparison; returns it and the context holding every run."""
+    ctx = ReproContext(quick=quick, overrides=overrides, progress=progress)
+    return repro.compare(ctx), ctx
+
+
+def to_document(repro: Reproduction, comparison: Comparison, *, quick: bool) -> dict[str, Any]:
+    """The ``--json`` document and ``repro.json``: the same keys for every reproduction."""
+    loads = repro.loads
+    return {
+        "name": repro.key,
+        "paper": {"title": repro.paper.title, "id": repro.paper.id, "venue": repro.paper.venue},
+        "claim": repro.claim,
+        "setup": repro.setup,
+        "system": repro.system,
+        "baselines": list(repro.baselines),
+        "baseline": repro.baseline,
+        "metric": {"name": repro.metric.name, "unit": repro.metric.unit,
+                   "direction": repro.metric.direction},
+        "headline_metric": (None if repro.headline_metric is None else {
+            "name": repro.headline_metric.name, "unit": repro.headline_metric.unit,
+            "direction": repro.headline_metric.direction}),
+        "headline": comparison.headline,
+        "ratio_definition": repro.ratio_definition,
+        "paper_ratio": repro.paper_ratio,
+        "ratio": comparison.ratio,
+        "loads": {"name": loads.name, "unit": loads.unit,
+                  "values": list(loads.quick_values if quick else loads.values)},
+        "results": comparison.results,
+        "quick": quick,
+        "notes": comparison.notes,
+    }
+
+
+def better_ratio(system: float | None, baseline: float | None, direction: str) -> float | None:
+    """System over baseline in the better direction (> 1: the system is better)."""
+    if system is None or baseline is None or not math.isfinite(system) or not math.isfinite(
+            baseline) or system <= 0 or baseline <= 0:
+        return None
+    return system / baseline if direction == "higher" else baseline / system

@@ -1,0 +1,78 @@
+"""FastServe's skip-join MLFQ: joining, demotion by attained service, preemption at
+iteration boundaries without losing KV, and the baselines on the same engine."""
+
+from __future__ import annotations
+
+import pytest
+from tests.conftest import by_id, make_workload
+
+from fleetsim.perf.base import ConstantStepModel, LinearStepModel
+from fleetsim.policies import FastServePlanner, make_ordering
+from fleetsim.serving.driver import simulate_replica
+
+
+def _run(workload, policy, model, **kw):
+    return simulate_replica(
+        workload, step_model=model, num_kv_blocks=kw.pop("blocks", 400), block_size=16,
+        batch_policy=policy, order_key=make_ordering("fcfs"), max_batched_tokens=2048,
+        max_running=kw.pop("max_running", 64), debug=True, **kw)
+
+
+class Recording(FastServePlanner):
+    """FastServe, noting each running job's level after every plan."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.levels = {}  # request id -> level after each plan
+
+    def plan(self, view, now_s):
+        plan = FastServePlanner.plan(self, view, now_s)
+        for r in list(view.running) + list(view.waiting):
+            self.levels.setdefault(r.id, []).append(r.policy_state.level)
+        return plan
+
+
+def test_skip_join_places_a_job_by_its_prefill_time():
+    """A 1,000-token prefill takes 0.005 + 1000 x 2e-5 = 0.025 s: the first queue whose
+    quantum covers it is level 2 (0.01 x 2^2 = 0.04 s; level 1's 0.02 s is too short).
+    Without skip-join it starts at level 0."""
+    for skip_join, level in ((True, 2), (False, 0)):
+        policy = Recording(skip_join=skip_join)
+        _run(make_workload([0.0], [1000], [1]), policy, LinearStepModel(0.005, 2e-5))
+        assert policy.levels[0][0] == level
+
+
+def test_levels_follow_attained_service():
+    """0.25 s steps and a 0.25 s base quantum (exact in binary): a lone job is demoted after
+    2, 5, 10, 19 and 36 steps; planned before its 40th step it sits at level 5."""
+    policy = Recording(base_quantum_s=0.25)
+    _run(make_workload([0.0], [10], [40]), policy, ConstantStepModel(0.25))
+    levels = policy.levels[0]  # one per plan; plan n + 1 sees n steps of service
+    assert [levels[n] for n in (1, 2, 4, 5, 9, 10, 18, 19, 35, 36, 39)] == [
+        0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+
+
+@pytest.mark.parametrize(("scheduler", "short_done_by"), [("mlfq", 0.6), ("fcfs", None)])
+def test_a_new_short_job_preempts_a_long_one_at_an_iteration_boundary(scheduler,
+                                                                      short_done_by):
+    """Batch of one: the long job (200 outputs) started first; the short one arrives at
+    0.5 s. MLFQ runs it at once (the long one has been demoted), pausing the long one with
+    its KV kept; FCFS makes it wait for the long one's 2 s."""
+    w = make_workload([0.0, 0.5], [10, 10], [200, 3])
+    rec, _ = _run(w, FastServePlanner(scheduler=scheduler, max_batch_size=1),
+                  ConstantStepModel(0.01))
+    finish = by_id(rec, "finish_s")
+    if short_done_by is not None:
+        assert finish[1] < short_done_by < finish[0]
+    else:
+        assert finish[1] > finish[0] > 2.0
+    assert rec.requests["num_preemptions"].sum() == 0  # paused, never recomputed
+    assert rec.requests["num_recomputed_tokens"].sum() == 0
+
+
+def test_srpt_serves_the_fewest_remaining_outputs_first():
+    w = make_workload([0.0, 0.0, 0.0], [10, 10, 10], [30, 5, 15])
+    rec, _ = _run(w, FastServePlanner(scheduler="srpt", max_batch_size=1),
+                  ConstantStepModel(0.01))
+    finish = by_id(rec, "finish_s")
+    assert finish[1] < finish[2] < finish[0]
