@@ -6,7 +6,18 @@ engine by ``make native``; the policy classes stay interpreted so users can subc
 from __future__ import annotations
 
 from fleetsim.serving.kv_cache import blocks_short
+from fleetsim.serving.request import Request
 from fleetsim.serving.views import ReplicaView
+
+
+def _next_chunk(req: Request, limit: int, bs: int, per_entry: int) -> tuple[int, int]:
+    """A running request's tokens this step (what it needs, at most ``limit``) and the new
+    blocks they take."""
+    num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+    if num_new > limit:
+        num_new = limit
+    needed = blocks_short(req, req.num_computed_tokens + num_new, bs, per_entry)
+    return num_new, (needed if needed > 0 else 0)
 
 
 def serve_running(
@@ -25,13 +36,7 @@ def serve_running(
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     while i < last and budget > 0:
         req = running[i]
-        num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
-        limit = budget if budget < cap else cap
-        if num_new > limit:
-            num_new = limit
-        needed = blocks_short(req, req.num_computed_tokens + num_new, bs, per_entry)
-        if needed < 0:
-            needed = 0
+        num_new, needed = _next_chunk(req, budget if budget < cap else cap, bs, per_entry)
         while needed > available and last > i:
             last -= 1
             victim = running[last]
@@ -68,13 +73,7 @@ def serve_running_swapping(
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     while i < last and budget > 0:
         req = running[i]
-        num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
-        limit = budget if budget < cap else cap
-        if num_new > limit:
-            num_new = limit
-        needed = blocks_short(req, req.num_computed_tokens + num_new, bs, per_entry)
-        if needed < 0:
-            needed = 0
+        num_new, needed = _next_chunk(req, budget if budget < cap else cap, bs, per_entry)
         while needed > available + coming and last > i:
             last -= 1
             victim = running[last]
