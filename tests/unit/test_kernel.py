@@ -67,8 +67,8 @@ sim = Simulator()
 # compiled engine, compiled code only).
 sim.on(1, functools.partial(sim.schedule, 0.0, 1), "spin")
 sim.schedule(0.0, 1)
-threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-try:
+try:  # the timer starts inside: under load its signal may come before sim.run() does
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
     sim.run()
 except KeyboardInterrupt:
     print("interrupted after", sim.num_events or "some", "events")
