@@ -6,7 +6,6 @@ of what has finished so far that controllers read during a run.
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,10 +64,11 @@ class Recorder:
 
     def __init__(self, timeline_origin_s: float = 0.0, timeline_bin_s: float = 0.0,
                  pool_of: list[str] | None = None) -> None:
-        # Flat float64 buffers, one row after another: no Python object per value (a tuple
-        # and its floats cost about 3x the memory over a long run).
-        self._rows = array("d")
-        self._timeline = array("d")
+        # Flat lists, one row after another: no tuple per row (about a third of the memory
+        # a list of tuples takes), and cheaper to fill than an ``array('d')``, which parses
+        # every value it is given.
+        self._rows: list[float] = []
+        self._timeline: list[float] = []
         self.num_steps = 0
         self.busy_s_by_replica: dict[int, float] = {}
         self.kv_block_seconds_by_replica: dict[int, float] = {}
@@ -134,9 +134,10 @@ TIMELINE_COLUMNS = ("end_s", "replica_id", "busy_s", "num_steps", "num_tokens",
                     "num_used_blocks", "num_running", "num_waiting", "kv_block_seconds")
 
 
-def _columns(rows: array, names: tuple[str, ...], int_cols: set[str]) -> dict[str, NDArray]:
+def _columns(rows: list[float], names: tuple[str, ...], int_cols: set[str]
+             ) -> dict[str, NDArray]:
     """Rows of numbers as one array per column: one float64 matrix, then the integer columns
     cast back (exact: every count and id here is far below 2**53)."""
-    table = np.frombuffer(rows, dtype=np.float64).reshape(-1, len(names))
+    table = np.array(rows, dtype=np.float64).reshape(-1, len(names))
     return {name: (table[:, j].astype(np.int64) if name in int_cols else table[:, j].copy())
             for j, name in enumerate(names)}
