@@ -164,7 +164,6 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def _run_server(make_app: Any, args: argparse.Namespace, what: str) -> int:
-    from fleetsim.cli import Terminated
     from fleetsim.live.server import bind, serve
 
     sock = bind(port=args.port)
@@ -178,8 +177,12 @@ def _run_server(make_app: Any, args: argparse.Namespace, what: str) -> int:
 
     try:
         _run_async(main())
-    except (KeyboardInterrupt, Terminated):
-        pass  # uvicorn re-raises the signal it handled once it has shut down
+    except BaseException as err:
+        # uvicorn re-raises the signal it handled once it has shut down: SIGINT as
+        # KeyboardInterrupt, SIGTERM as the CLI's Terminated (by name: under ``python -m``
+        # that class lives in __main__).
+        if type(err).__name__ not in ("KeyboardInterrupt", "Terminated"):
+            raise
     finally:
         sock.close()
     print(f"fleetsim {args.command}: stopped", file=sys.stderr, flush=True)

@@ -227,3 +227,15 @@ class EmulatedBackend(LiveApp):
 
 def _finish_reason(live: LiveRequest) -> str:
     return "stop" if live.sampled_length or live.cancelled else "length"
+
+
+def emulated_backend(config: str | None = None, overrides: tuple[str, ...] | list[str] = (), *,
+                     speed: float = 1.0, max_num_requests: int = 1024,
+                     hash_block_tokens: int = 16, **app_kw: Any) -> EmulatedBackend:
+    """An emulated backend for a config file and ``--set``-style overrides (what
+    ``fleetsim emulate`` builds), e.g. for ``ServerThread(lambda: emulated_backend())``."""
+    from fleetsim.config import load_config
+
+    engine = LiveEngine(load_config(config, list(overrides)), speed=speed,
+                        max_num_requests=max_num_requests, hash_block_tokens=hash_block_tokens)
+    return EmulatedBackend(engine, **app_kw)
