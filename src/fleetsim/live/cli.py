@@ -294,18 +294,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print_json(result)
         return 0
     t = Table(title=f"live ({result['num_live']} requests) vs predicted "
-              f"({result['num_predicted']}), ms")
-    t.add_column("metric")
-    for s in STATS:
-        t.add_column(f"{s} live", justify="right")
-        t.add_column(f"{s} sim", justify="right")
-        t.add_column("diff", justify="right")
+              f"({result['num_predicted']})")
+    for col in ("latency (ms)", "live", "predicted", "diff"):
+        t.add_column(col, justify="left" if col.startswith("latency") else "right")
     for k in ("ttft_s", "tpot_s", "e2e_s"):
-        cells = []
         for s in STATS:
             a, b, e = (result[k]["live"][s], result[k]["predicted"][s], result[k]["error"][s])
-            cells += [_ms(a), _ms(b), f"{100 * e:+.1f}%" if e is not None else "-"]
-        t.add_row(k[:-2].upper(), *cells)
+            t.add_row(f"{k[:-2].upper()} {s}", _ms(a), _ms(b),
+                      f"{100 * e:+.1f}%" if e is not None else "-")
     Console().print(t)
     return 0
 

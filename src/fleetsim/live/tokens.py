@@ -25,7 +25,7 @@ DEFAULT_HASH_BLOCK_TOKENS = 16
 """Tokens per prefix-hash block: vLLM's KV block size."""
 FILLER_WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "on",
                 "with", "be", "at", "by", "this", "had", "not", "are", "but", "from", "or",
-                "have", "an", "they", "which", "one", "you", "were", "all", "we")
+                "have", "an", "they", "its", "one", "you", "were", "all", "we")
 """Output text of the emulated backend: each word (with its leading space) is one token."""
 VOCAB_LOW, VOCAB_HIGH = 1000, 30000
 """Range of synthetic token ids (inside every Llama-family vocabulary)."""
