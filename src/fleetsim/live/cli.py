@@ -1,0 +1,310 @@
+"""``fleetsim emulate``, ``fleetsim gateway``, ``fleetsim load`` and ``fleetsim compare``.
+
+The servers listen on 127.0.0.1 only, print one line with their URL when ready, and stop
+cleanly on SIGINT/SIGTERM (in-flight streams get ``--drain-s`` seconds to finish, then end
+with an error event); exit code 0 after a clean stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import check_number
+
+PORT_HELP = "TCP port on 127.0.0.1 (default: one the system picks, printed when ready)"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register the live commands."""
+    p = subparsers.add_parser("emulate", help="OpenAI-compatible server whose token timing "
+                              "comes from the replica engine, in real time")
+    p.add_argument("config", nargs="?", help="TOML config file (optional; engine, policy, "
+                   "cluster as for fleetsim run)")
+    p.add_argument("--config", dest="config_flag", default=None, help="same as the positional")
+    p.add_argument("--model", default=None, help="model (default: the config's)")
+    p.add_argument("--gpu", default=None, help="GPU (default: the config's)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set engine.max_running=64")
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="simulated seconds per wall second (default 1: real time)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name clients use (default: --model as given)")
+    p.add_argument("--max-num-requests", type=int, default=1024,
+                   help="requests in flight before 429 (default 1024)")
+    p.add_argument("--record", default=None, metavar="FILE.jsonl",
+                   help="write each finished request (engine timing) as a trace row")
+    _server_flags(p)
+    p.set_defaults(handler=cmd_emulate)
+
+    p = subparsers.add_parser("gateway", help="OpenAI-compatible proxy that routes to backends "
+                              "with fleetsim's routers")
+    p.add_argument("--backend", action="append", required=True, metavar="URL",
+                   help="an OpenAI-compatible server, e.g. http://127.0.0.1:8001 (repeat)")
+    p.add_argument("--router", default="least_loaded",
+                   help="round_robin | least_loaded | power_of_two | prefix_affinity | "
+                   "pkg.mod:Class (default least_loaded)")
+    p.add_argument("--max-in-flight", type=int, default=1024,
+                   help="requests in flight before 429 (default 1024)")
+    p.add_argument("--max-attempts", type=int, default=3,
+                   help="backends tried per request before giving up (default 3)")
+    p.add_argument("--record", default=None, metavar="FILE.jsonl",
+                   help="write the traffic served as a trace (fleetsim's JSONL)")
+    p.add_argument("--seed", type=int, default=0, help="seed of random routers")
+    _server_flags(p)
+    p.set_defaults(handler=cmd_gateway)
+
+    p = subparsers.add_parser("load", help="replay a trace's arrivals against a server and "
+                              "report TTFT/TPOT/ITL/E2EL (vLLM benchmark names)")
+    p.add_argument("trace", help="trace file (any format fleetsim run reads) or embedded:NAME")
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="model name (default: the server's first)")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="multiply the arrival rate (default 1)")
+    p.add_argument("--max-requests", type=int, default=None, help="send only the first N")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="most requests in flight (default: unbounded)")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="per request (default 600)")
+    p.add_argument("--hash-block-tokens", type=int, default=16,
+                   help="block of the prefix hashes written with --out (default 16)")
+    p.add_argument("--out", default=None, metavar="FILE.jsonl",
+                   help="write every request with its measured latencies (a trace)")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.set_defaults(handler=cmd_load)
+
+    p = subparsers.add_parser("compare", help="live latency percentiles against fleetsim run's")
+    p.add_argument("live", help="trace with measured latencies (gateway --record, load --out)")
+    p.add_argument("sim_dir", help="results folder of fleetsim run on the same traffic")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_compare)
+
+
+def _server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=0, help=PORT_HELP)
+    p.add_argument("--hash-block-tokens", type=int, default=16,
+                   help="tokens per prefix-hash block (default 16, vLLM's block size)")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 2**20,
+                   help="largest request body (default 8 MiB; larger: 400)")
+    p.add_argument("--request-timeout-s", type=float, default=600.0,
+                   help="longest a request may take (default 600)")
+    p.add_argument("--drain-s", type=float, default=10.0,
+                   help="on SIGINT/SIGTERM, seconds in-flight streams get to finish")
+    p.add_argument("--log-level", default="warning", help="uvicorn's (default warning)")
+
+
+def _check_server_flags(args: argparse.Namespace) -> None:
+    check_number(args.port, "--port", lo=0, hi=65535, integer=True)
+    check_number(args.hash_block_tokens, "--hash-block-tokens", lo=1, hi=2**20, integer=True)
+    check_number(args.max_body_bytes, "--max-body-bytes", lo=1024, hi=2**31, integer=True)
+    check_number(args.request_timeout_s, "--request-timeout-s", lo=0.001, hi=86400.0)
+    check_number(args.drain_s, "--drain-s", lo=0.0, hi=3600.0)
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    from fleetsim.config import load_config
+    from fleetsim.live.emulate import EmulatedBackend
+    from fleetsim.live.engine import LiveEngine
+
+    _check_server_flags(args)
+    check_number(args.speed, "--speed", lo=1e-3, hi=1e4)
+    check_number(args.max_num_requests, "--max-num-requests", lo=1, hi=10**7, integer=True)
+    if args.config and args.config_flag:
+        raise FleetsimInputError("--config", args.config_flag, "give the config file once")
+    overrides = list(args.overrides)
+    for flag, key in (("model", "model"), ("gpu", "hardware.gpu"), ("tp", "hardware.tp")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={value}" if flag == "tp" else f'{key}="{value}"')
+    config = load_config(args.config or args.config_flag, overrides)
+    engine = LiveEngine(config, speed=args.speed, hash_block_tokens=args.hash_block_tokens,
+                        max_num_requests=args.max_num_requests)
+    pools = engine.pool_infos
+    what = ", ".join(f"{p['num_replicas']}x {p['gpu']} tp{p['tp']} ({p['num_kv_blocks']:,} "
+                     f"KV blocks)" for p in pools)
+
+    def make_app() -> Any:
+        return EmulatedBackend(engine, served_model=args.served_model_name or args.model,
+                               max_body_bytes=args.max_body_bytes,
+                               request_timeout_s=args.request_timeout_s, record=args.record)
+
+    return _run_server(make_app, args, f"emulating {engine.model.name} on {what}, speed "
+                       f"{args.speed:g}x")
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from fleetsim.live.gateway import Gateway, check_backends
+
+    _check_server_flags(args)
+    check_number(args.max_in_flight, "--max-in-flight", lo=1, hi=10**7, integer=True)
+    check_number(args.max_attempts, "--max-attempts", lo=1, hi=100, integer=True)
+    backends = check_backends(args.backend)
+    from fleetsim.policies.routing import make_router
+    from fleetsim.registry import PolicySpec
+
+    make_router(PolicySpec(name=args.router), "--router")  # fail now on a bad name
+
+    def make_app() -> Any:
+        return Gateway(backends, router=args.router, max_in_flight=args.max_in_flight,
+                       max_attempts=args.max_attempts, record=args.record,
+                       hash_block_tokens=args.hash_block_tokens,
+                       max_body_bytes=args.max_body_bytes,
+                       request_timeout_s=args.request_timeout_s, seed=args.seed)
+
+    return _run_server(make_app, args, f"routing with {args.router} over {len(backends)} "
+                       f"backend(s)")
+
+
+def _run_server(make_app: Any, args: argparse.Namespace, what: str) -> int:
+    from fleetsim.live.server import bind, serve
+
+    sock = bind(port=args.port)
+
+    def ready(url: str) -> None:
+        print(f"fleetsim {args.command}: {what}; listening on {url}", flush=True)
+
+    async def main() -> None:
+        await serve(make_app(), sock, drain_s=args.drain_s, on_ready=ready,
+                    log_level=args.log_level)
+
+    try:
+        _run_async(main())
+    except BaseException as err:
+        # uvicorn re-raises the signal it handled once it has shut down: SIGINT as
+        # KeyboardInterrupt, SIGTERM as the CLI's Terminated (by name: under ``python -m``
+        # that class lives in __main__).
+        if type(err).__name__ not in ("KeyboardInterrupt", "Terminated"):
+            raise
+    finally:
+        sock.close()
+    print(f"fleetsim {args.command}: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _run_async(coro: Any) -> Any:
+    """Run ``coro`` on uvloop when it is installed (less latency per token), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    import httpx
+
+    from fleetsim.cli import print_json
+    from fleetsim.live.load import report, run_load
+    from fleetsim.live.trace import trace_row
+    from fleetsim.workloads import load_trace
+    from fleetsim.workloads.transforms import head, scale_rate
+
+    check_number(args.rate_scale, "--rate-scale", lo=1e-6, hi=1e6)
+    check_number(args.timeout_s, "--timeout-s", lo=0.001, hi=86400.0)
+    if args.max_requests is not None:
+        check_number(args.max_requests, "--max-requests", lo=1, hi=10**8, integer=True)
+    if args.max_concurrency is not None:
+        check_number(args.max_concurrency, "--max-concurrency", lo=1, hi=10**6, integer=True)
+    workload = scale_rate(load_trace(args.trace), args.rate_scale)
+    if args.max_requests is not None:
+        workload = head(workload, args.max_requests)
+    model = args.model or _first_model(args.url, httpx)
+    out_file = None
+    if args.out:
+        try:
+            out_file = open(args.out, "w", encoding="utf-8")  # noqa: SIM115
+        except OSError as err:
+            raise FleetsimInputError("--out", args.out, f"cannot write it ({err.strerror})") \
+                from None
+    t0 = time.monotonic()
+    outcomes = _run_async(run_load(workload, args.url, model=model, endpoint=args.endpoint,
+                                    max_concurrency=args.max_concurrency,
+                                    timeout_s=args.timeout_s,
+                                    hash_block_tokens=args.hash_block_tokens))
+    result = report(outcomes, time.monotonic() - t0)
+    if out_file is not None:
+        import json
+
+        with out_file:
+            for o in outcomes:
+                row = trace_row(arrival_s=o.arrival_s, num_prompt_tokens=o.num_prompt_tokens,
+                                num_output_tokens=o.num_output_tokens or
+                                o.num_output_tokens_asked, hash_ids=o.hash_ids,
+                                ttft_s=o.ttft_s if o.ok else None,
+                                tpot_s=o.tpot_s if o.ok and o.num_output_tokens > 1 else None,
+                                e2e_s=o.e2e_s if o.ok else None,
+                                status="ok" if o.ok else "error")
+                out_file.write(json.dumps(row, separators=(",", ":")) + "\n")
+    if args.json:
+        print_json(result)
+    else:
+        Console().print(load_table(result, args.url))
+    return 0 if result["failed"] == 0 else 1
+
+
+def _first_model(url: str, httpx: Any) -> str:
+    try:
+        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=10.0)
+        r.raise_for_status()
+        return str(r.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
+        raise FleetsimInputError("--url", url, f"cannot list its models ({err}); check the "
+                                 f"URL or pass --model") from None
+
+
+def load_table(r: dict[str, Any], url: str) -> Table:
+    """The report laid out as vLLM's benchmark_serving prints it."""
+    t = Table(title=f"Serving Benchmark Result ({url})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [("Successful requests", f"{r['completed']}"), ("Failed requests", f"{r['failed']}"),
+            ("Benchmark duration (s)", f"{r['duration']:.2f}"),
+            ("Total input tokens", f"{r['total_input_tokens']}"),
+            ("Total generated tokens", f"{r['total_output_tokens']}"),
+            ("Request throughput (req/s)", f"{r['request_throughput']:.2f}"),
+            ("Output token throughput (tok/s)", f"{r['output_throughput']:.2f}"),
+            ("Total Token throughput (tok/s)", f"{r['total_token_throughput']:.2f}")]
+    names = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
+    for key, name in names.items():
+        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"),
+                            ("p99", "P99")):
+            rows.append((f"{label} {name} (ms)", f"{r[f'{stat}_{key}_ms']:.2f}"))
+    for label, value in rows:
+        t.add_row(label, value)
+    for err in r["errors"]:
+        t.add_row("error", err[:100])
+    return t
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from fleetsim.cli import print_json
+    from fleetsim.live.compare import STATS, compare
+
+    result = compare(args.live, args.sim_dir)
+    if args.json:
+        print_json(result)
+        return 0
+    t = Table(title=f"live ({result['num_live']} requests) vs predicted "
+              f"({result['num_predicted']})")
+    for col in ("latency (ms)", "live", "predicted", "diff"):
+        t.add_column(col, justify="left" if col.startswith("latency") else "right")
+    for k in ("ttft_s", "tpot_s", "e2e_s"):
+        for s in STATS:
+            a, b, e = (result[k]["live"][s], result[k]["predicted"][s], result[k]["error"][s])
+            t.add_row(f"{k[:-2].upper()} {s}", _ms(a), _ms(b),
+                      f"{100 * e:+.1f}%" if e is not None else "-")
+    Console().print(t)
+    return 0
+
+
+def _ms(x: float | None) -> str:
+    return f"{1000 * x:.1f}" if x is not None else "-"

@@ -1,0 +1,241 @@
+"""``fleetsim emulate``: an OpenAI-compatible server whose tokens come from the replica engine.
+
+Each request enters the ``LiveEngine`` (continuous batching, KV capacity, chunked prefill,
+preemption, prefix caching) and its tokens leave when the engine emits them: one server-sent
+event per token when streaming, the whole text at the finish otherwise. Prompt tokens are
+counted by the rule of ``tokens.py`` (or taken as given when the prompt is token ids); the
+output length is ``max_tokens``, or when absent a length sampled from the Azure 2023
+conversation trace (finish reason "stop"). The output text is filler, one token per word.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from fleetsim.live.common import make_starlette, wait_or_disconnect
+from fleetsim.live.engine import EngineStopped, LiveEngine, LiveRequest
+from fleetsim.live.metrics import LiveMetrics
+from fleetsim.live.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    SSE_DONE,
+    ApiError,
+    ParsedRequest,
+    chunk_body,
+    completion_body,
+    error_body,
+    new_id,
+    parse_request,
+    read_json_body,
+    sse,
+    usage_chunk,
+)
+from fleetsim.live.server import LiveApp
+from fleetsim.live.tokens import output_text, prefix_hashes
+from fleetsim.live.trace import TraceWriter, trace_row
+
+GAUGES = {
+    "num_requests_running": "Requests in the engine's running batches",
+    "num_requests_waiting": "Requests waiting for admission",
+    "kv_cache_usage_perc": "Share of KV blocks in use (0-1)",
+    "num_requests_in_flight": "Requests submitted and not yet finished",
+}
+
+
+class EmulatedBackend(LiveApp):
+    """The emulated backend's app around a ``LiveEngine``."""
+
+    def __init__(self, engine: LiveEngine, *, served_model: str | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 request_timeout_s: float = 600.0, record: str | Path | None = None) -> None:
+        self.engine = engine
+        self.served_model = served_model or engine.config.model
+        # Also answer to the catalog's name of the model (``Llama-3.1-8B``).
+        self.model_names = {self.served_model, engine.model.name}
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout_s = request_timeout_s
+        self.draining = False
+        self.created = int(time.time())
+        self.recorder = TraceWriter(record) if record is not None else None
+        self.metrics = LiveMetrics(self._gauges, GAUGES)
+        engine.on_finish = self._on_engine_finish
+        self.asgi = make_starlette([
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics.endpoint, methods=["GET"]),
+        ], self._lifespan)
+
+    @asynccontextmanager
+    async def _lifespan(self, app: Any) -> AsyncIterator[None]:
+        self.engine.start()
+        try:
+            yield
+        finally:
+            await self.engine.stop()
+            if self.recorder is not None:
+                self.recorder.close()
+
+    # ---- LiveApp -------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        self.draining = True
+
+    def abort_in_flight(self, reason: str) -> None:
+        self.engine.fail_all(reason)
+
+    def _gauges(self) -> dict[str, float]:
+        s = self.engine.stats()
+        return {"num_requests_running": s["num_running"], "num_requests_waiting":
+                s["num_waiting"], "kv_cache_usage_perc": s["kv_cache_usage"],
+                "num_requests_in_flight": s["num_active"]}
+
+    # ---- endpoints -----------------------------------------------------------------
+    async def health(self, request: HttpRequest) -> Response:
+        if self.draining or self.engine.failure is not None:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: HttpRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.served_model, "object": "model", "created": self.created,
+            "owned_by": "fleetsim", "max_model_len": self.engine.model.max_context_tokens}]})
+
+    async def completions(self, request: HttpRequest) -> Response:
+        return await self._serve(request, "completions")
+
+    async def chat_completions(self, request: HttpRequest) -> Response:
+        return await self._serve(request, "chat")
+
+    async def _serve(self, request: HttpRequest, kind: str) -> Response:
+        t0 = time.monotonic()
+        try:
+            if self.draining:
+                raise ApiError(503, "the server is shutting down", kind="server_error",
+                               code="unavailable")
+            parsed = parse_request(kind, await read_json_body(request, self.max_body_bytes))
+            if parsed.model not in self.model_names:
+                raise ApiError(404, f"the model {parsed.model!r} does not exist; this server "
+                               f"serves {self.served_model!r}", param="model",
+                               code="model_not_found")
+            hashes = prefix_hashes(parsed.prompt_tokens, self.engine.hash_block_tokens)
+            live = self.engine.submit(parsed.num_prompt_tokens, parsed.max_tokens, hashes)
+        except ApiError as err:
+            self.metrics.requests.labels("rejected", str(err.status)).inc()
+            return err.response()
+        self.metrics.prompt_tokens.inc(parsed.num_prompt_tokens)
+        if parsed.stream:
+            return StreamingResponse(self._stream(parsed, live, t0),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await self._complete(request, parsed, live, t0)
+
+    async def _complete(self, request: HttpRequest, parsed: ParsedRequest, live: LiveRequest,
+                        t0: float) -> Response:
+        try:
+            present = await wait_or_disconnect(request, live.done, self.request_timeout_s)
+        except TimeoutError:
+            self.engine.cancel(live)
+            self.metrics.requests.labels("error", "504").inc()
+            return JSONResponse(error_body("the request timed out", "timeout",
+                                           code="timeout"), status_code=504)
+        if not present:
+            self.engine.cancel(live)
+            self.metrics.requests.labels("cancelled", "499").inc()
+            return Response(status_code=499)
+        if live.error is not None:
+            self.metrics.requests.labels("error", "503").inc()
+            return JSONResponse(error_body(live.error, "server_error", code="unavailable"),
+                                status_code=503)
+        n = live.req.num_output_tokens
+        text = "".join(output_text(i) for i in range(n))
+        self._observe(t0, live, n)
+        self.metrics.requests.labels("ok", "200").inc()
+        return JSONResponse(completion_body(parsed, new_id(parsed.kind), text, n,
+                                            _finish_reason(live)))
+
+    async def _stream(self, parsed: ParsedRequest, live: LiveRequest,
+                      t0: float) -> AsyncIterator[bytes]:
+        rid, created = new_id(parsed.kind), int(time.time())
+        sent = 0
+        deadline = time.monotonic() + self.request_timeout_s
+        outcome = ("cancelled", "499")
+        try:
+            while True:
+                await live.wait(deadline - time.monotonic())
+                n = live.num_emitted
+                while sent < n:
+                    yield sse(chunk_body(parsed, rid, created, output_text(sent),
+                                         first=sent == 0))
+                    sent += 1
+                    self.metrics.generation_tokens.inc()
+                    if sent == 1:
+                        self.metrics.ttft.observe(time.monotonic() - t0)
+                if live.finished:
+                    break
+            yield sse(chunk_body(parsed, rid, created, None, _finish_reason(live),
+                                 first=sent == 0))
+            if parsed.include_usage:
+                yield sse(usage_chunk(parsed, rid, created, sent))
+            yield SSE_DONE
+            self._observe(t0, live, sent, count_tokens=False)
+            outcome = ("ok", "200")
+        except (TimeoutError, EngineStopped) as err:
+            message = "the request timed out" if isinstance(err, TimeoutError) else str(err)
+            outcome = ("error", "504" if isinstance(err, TimeoutError) else "503")
+            yield sse(error_body(message, "server_error", code="unavailable"))
+        finally:
+            self.metrics.requests.labels(*outcome).inc()
+            if not live.finished:
+                self.engine.cancel(live)
+
+    def _observe(self, t0: float, live: LiveRequest, n: int, *,
+                 count_tokens: bool = True) -> None:
+        """Server-side latencies, in wall seconds (TTFT of non-streamed requests is the
+        engine's, scaled to wall time)."""
+        req, m = live.req, self.metrics
+        e2e = time.monotonic() - t0
+        if count_tokens:
+            m.generation_tokens.inc(n)
+            m.ttft.observe((req.first_token_s - req.arrival_s) / self.engine.speed)
+        m.e2e.observe(e2e)
+        if n > 1:
+            m.tpot.observe((req.finish_s - req.first_token_s) / (n - 1) / self.engine.speed)
+
+    def _on_engine_finish(self, live: LiveRequest) -> None:
+        if self.recorder is None:
+            return
+        req = live.req
+        n = req.num_output_tokens
+        tpot = (req.finish_s - req.first_token_s) / (n - 1) if n > 1 else None
+        self.recorder.write(req.id, trace_row(
+            arrival_s=req.arrival_s, num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=n, hash_ids=req.hash_ids,
+            ttft_s=req.first_token_s - req.arrival_s, tpot_s=tpot,
+            e2e_s=req.finish_s - req.arrival_s,
+            status="cancelled" if live.cancelled else "ok",
+            num_prefix_hit_tokens=req.num_prefix_hit_tokens,
+            num_preemptions=req.num_preemptions))
+
+
+def _finish_reason(live: LiveRequest) -> str:
+    return "stop" if live.sampled_length or live.cancelled else "length"
+
+
+def emulated_backend(config: str | None = None, overrides: tuple[str, ...] | list[str] = (), *,
+                     speed: float = 1.0, max_num_requests: int = 1024,
+                     hash_block_tokens: int = 16, **app_kw: Any) -> EmulatedBackend:
+    """An emulated backend for a config file and ``--set``-style overrides (what
+    ``fleetsim emulate`` builds), e.g. for ``ServerThread(lambda: emulated_backend())``."""
+    from fleetsim.config import load_config
+
+    engine = LiveEngine(load_config(config, list(overrides)), speed=speed,
+                        max_num_requests=max_num_requests, hash_block_tokens=hash_block_tokens)
+    return EmulatedBackend(engine, **app_kw)

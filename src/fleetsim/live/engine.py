@@ -1,0 +1,320 @@
+"""The replica engine advanced in real time: the emulated backend's core.
+
+A ``LiveEngine`` holds the cluster a ``SimConfig`` describes (usually one replica) on its own
+simulator, and an asyncio task that keeps simulated time equal to wall-clock time times
+``speed``: it runs the simulator up to now, tells each request's waiter how many tokens the
+engine has emitted, and sleeps until the next event or the next arrival. A request submitted
+now is scheduled at now, before the engine runs on, so the engine sees exactly the arrival
+times it would see in ``fleetsim run`` of the recorded trace (``tests/unit/test_live_emulate``
+checks the two agree to the nanosecond).
+
+Decode fast-forward is off: every step is its own event, so tokens leave at the step that
+emits them (results are identical either way; see docs/engine.md). The engine keeps no
+history: its recorder is replaced every ``RECORDER_RESET_EVERY`` finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fleetsim.config import SimConfig
+from fleetsim.core.simulator import Simulator
+from fleetsim.errors import FleetsimInputError
+from fleetsim.live.protocol import ApiError, overloaded
+from fleetsim.models import get_model
+from fleetsim.policies import make_batch_policy, make_ordering
+from fleetsim.policies.eviction import make_eviction
+from fleetsim.policies.routing import make_router
+from fleetsim.run import build_pools, seed_streams
+from fleetsim.serving.cluster import Cluster
+from fleetsim.serving.recorder import Recorder
+from fleetsim.serving.replica import Replica
+from fleetsim.serving.request import Request
+from fleetsim.workloads.loaders import read_column
+
+RECORDER_RESET_EVERY = 1024
+IDLE_WAKE_S = 1.0
+"""Longest sleep of the driver with nothing scheduled (a wait with a timeout, in case)."""
+OUTPUT_LENGTHS = ("embedded:azure_conv_2023", "GeneratedTokens")
+"""Where output lengths are sampled from when a request gives no max_tokens."""
+
+
+class EngineStopped(Exception):
+    """The engine stopped (shutdown or an engine error) before the request finished."""
+
+
+class LiveRequest:
+    """A request inside the live engine, and what its waiter has been told."""
+
+    __slots__ = ("req", "changed", "done", "num_emitted", "finished", "cancelled", "error",
+                 "sampled_length")
+
+    def __init__(self, req: Request, sampled_length: bool) -> None:
+        self.req = req
+        self.changed = asyncio.Event()
+        self.done = asyncio.Event()
+        """Set once the request finished or failed."""
+        self.num_emitted = 0
+        """Output tokens the engine had emitted at the last advance."""
+        self.finished = False
+        self.cancelled = False
+        self.error: str | None = None
+        self.sampled_length = sampled_length
+        """True when the output length was sampled (finish reason "stop", not "length")."""
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the engine emits, finishes or fails this request (TimeoutError after
+        ``timeout_s``)."""
+        if not self.changed.is_set():
+            async with asyncio.timeout(timeout_s):
+                await self.changed.wait()
+        self.changed.clear()
+        if self.error is not None:
+            raise EngineStopped(self.error)
+
+
+class LiveEngine:
+    """The cluster of ``config`` advanced in real time (``speed`` simulated s per wall s).
+
+    ``submit`` from the event loop's thread only; ``start``/``stop`` the driver task."""
+
+    def __init__(self, config: SimConfig, *, speed: float = 1.0, hash_block_tokens: int = 16,
+                 max_num_requests: int = 1024, clock: Callable[[], float] = time.monotonic,
+                 seed: int | None = None) -> None:
+        eng = config.engine
+        if hash_block_tokens % eng.block_size:
+            raise FleetsimInputError("--hash-block-tokens", hash_block_tokens,
+                                     f"must be a multiple of engine.block_size "
+                                     f"({eng.block_size})")
+        if not (math.isfinite(speed) and speed > 0):
+            raise FleetsimInputError("--speed", speed, "must be a number > 0 (1 = real time)")
+        self.config = config
+        self.model = get_model(config.model)
+        self.speed = speed
+        self.hash_block_tokens = hash_block_tokens
+        self.max_num_requests = max_num_requests
+        self._clock = clock
+        self._t0 = clock()
+        self._init_cluster(config)
+        self._active: dict[int, LiveRequest] = {}
+        self._num_finished = 0
+        self._wake: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.failure: str | None = None
+        self.on_finish: Callable[[LiveRequest], None] | None = None
+        """Told of every request that finished or was cut short (after its waiter)."""
+        self._lengths = read_column(*OUTPUT_LENGTHS)
+        self._rng = np.random.default_rng(config.seed if seed is None else seed)
+
+    def _init_cluster(self, config: SimConfig) -> None:
+        eng, model = config.engine, self.model
+        pools, self.pool_infos = build_pools(config, model)
+        self.sim = sim = Simulator()
+        self._recorder = Recorder()
+        policy, order_key = config.policy, make_ordering(config.policy.ordering)
+
+        def make_replica(**kw: Any) -> Replica:
+            return Replica(sim, batch_policy=make_batch_policy(policy.batching),
+                           order_key=order_key, recorder=self._recorder,
+                           max_batched_tokens=eng.max_batched_tokens,
+                           max_running=eng.max_running, fast_forward=False, debug=eng.debug,
+                           **kw)
+
+        self.cluster = Cluster(
+            sim, pools, router=make_router(config.cluster.router),
+            decode_router=make_router(config.cluster.decode_router, "cluster.decode_router"),
+            rng=seed_streams(config.seed, ("workload", "routing"))["routing"],
+            kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
+            link_latency_s=config.cluster.link.latency_s, make_replica=make_replica,
+            hash_block_tokens=self.hash_block_tokens, block_size=eng.block_size,
+            enable_prefix_caching=eng.enable_prefix_caching, recorder=self._recorder,
+            eviction_key=make_eviction(policy.eviction))
+        self._source = _Source()
+        self.cluster.attach_source(self._source)
+        entry = [r for r in self.cluster.replicas if r.role != "decode"]
+        self.max_request_blocks = max(r.kv.num_blocks for r in entry)
+
+    # ---- time ------------------------------------------------------------------------
+    def now_s(self) -> float:
+        """Simulated now: wall-clock seconds since the engine was built, times ``speed``."""
+        return (self._clock() - self._t0) * self.speed
+
+    # ---- requests --------------------------------------------------------------------
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def sample_output_tokens(self, num_prompt_tokens: int) -> int:
+        """An output length drawn from the Azure 2023 conversation trace's, within the
+        model's context."""
+        room = self.model.max_context_tokens - num_prompt_tokens
+        return max(1, min(room, int(self._rng.choice(self._lengths))))
+
+    def submit(self, num_prompt_tokens: int, max_output_tokens: int | None,
+               hash_ids: tuple[int, ...] = ()) -> LiveRequest:
+        """A request arrives now. Raises ``ApiError`` (400 too long, 429 full, 503 stopped)."""
+        if self.failure is not None or self._task is None:
+            raise ApiError(503, f"the engine is not running ({self.failure or 'stopped'})",
+                           kind="server_error", code="unavailable")
+        if len(self._active) >= self.max_num_requests:
+            raise overloaded(f"the engine ({self.max_num_requests} requests in flight)")
+        sampled = max_output_tokens is None
+        out = self.sample_output_tokens(num_prompt_tokens) if sampled else max_output_tokens
+        assert out is not None
+        self._check_fits(num_prompt_tokens, out)
+        t = max(self.now_s(), self.sim.now_s)
+        req = Request(id=self.cluster.new_request_id(), arrival_s=t,
+                      num_prompt_tokens=num_prompt_tokens, max_output_tokens=out,
+                      hash_ids=hash_ids)
+        self.cluster.submit_at(t, req)
+        live = LiveRequest(req, sampled)
+        self._active[req.id] = live
+        self._kick()
+        return live
+
+    def _check_fits(self, num_prompt: int, num_output: int) -> None:
+        limit = self.model.max_context_tokens
+        if num_prompt + num_output > limit:
+            raise ApiError(400, f"this model's maximum context length is {limit} tokens; the "
+                           f"request has {num_prompt} prompt tokens and asks for {num_output} "
+                           f"output tokens", param="max_tokens", code="context_length_exceeded")
+        bs = self.config.engine.block_size
+        need = -(-(num_prompt + num_output) // bs)
+        if need > self.max_request_blocks:
+            raise ApiError(400, f"the request needs {need} KV blocks of {bs} tokens but a "
+                           f"replica holds {self.max_request_blocks}; shorten it",
+                           param="max_tokens", code="context_length_exceeded")
+
+    def cancel(self, live: LiveRequest) -> None:
+        """Cut ``live`` short: the engine has no abort verb, so the request finishes at its
+        next output token (a waiting request after its prefill), the earliest exit the
+        engine's accounting allows; its waiter is released now."""
+        if live.finished or live.cancelled:
+            return
+        live.cancelled = True
+        req = live.req
+        req.max_output_tokens = max(1, min(req.max_output_tokens, req.num_output_tokens + 1))
+        self._kick()
+
+    # ---- the driver ------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the driver task on the running loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drive())
+
+    async def stop(self, reason: str = "the server is shutting down") -> None:
+        """Stop the driver; requests still in flight fail with ``reason``."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.fail_all(reason)
+
+    def fail_all(self, reason: str) -> None:
+        """Release every waiter with an error (streams end with an error event)."""
+        for live in self._active.values():
+            live.error = reason
+            live.changed.set()
+            live.done.set()
+        self._active.clear()
+
+    def _kick(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self.advance()
+                nxt = self.sim.peek_s()
+                delay = IDLE_WAKE_S if nxt == math.inf else (nxt - self.now_s()) / self.speed
+                self._wake = wake = loop.create_future()
+                handle = loop.call_later(max(0.0, min(delay, IDLE_WAKE_S)), _resolve, wake)
+                try:
+                    await wake
+                finally:
+                    handle.cancel()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # an engine bug: fail every request, refuse new ones
+            self.failure = f"engine error: {type(err).__name__}: {err}"
+            self.fail_all(self.failure)
+            raise
+
+    def advance(self) -> None:
+        """Run the simulator up to now and tell waiters what changed."""
+        self.sim.run(max(self.now_s(), self.sim.now_s))
+        active = self._active
+        for live in active.values():
+            n = live.req.num_output_tokens
+            if n != live.num_emitted:
+                live.num_emitted = n
+                live.changed.set()
+        finished = self._source.finished
+        if finished:
+            for req in finished:
+                live = active.pop(req.id, None)
+                if live is None:
+                    continue  # failed already (the engine was stopped)
+                live.num_emitted = req.num_output_tokens
+                live.finished = True
+                live.changed.set()
+                live.done.set()
+                if self.on_finish is not None:
+                    self.on_finish(live)
+            self._num_finished += len(finished)
+            finished.clear()
+            if self._num_finished >= RECORDER_RESET_EVERY:
+                self._reset_recorder()
+
+    def _reset_recorder(self) -> None:
+        self._num_finished = 0
+        self._recorder = recorder = Recorder(pool_of=self.cluster.pool_of)
+        self.cluster.recorder = recorder
+        for replica in self.cluster.replicas:
+            replica.recorder = recorder
+
+    # ---- what /metrics shows -----------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        reps = self.cluster.replicas
+        used = sum(r.kv.num_used_blocks for r in reps)
+        total = sum(r.kv.num_blocks for r in reps)
+        return {"num_running": sum(len(r.running) for r in reps),
+                "num_waiting": sum(len(r.waiting) for r in reps),
+                "kv_cache_usage": used / total if total else 0.0,
+                "num_active": len(self._active)}
+
+
+class _Source:
+    """The cluster's request source: arrivals come from ``submit``; finishes are kept for
+    the driver to hand out after each advance."""
+
+    wants_finishes = True
+    num_requests = None
+
+    def __init__(self) -> None:
+        self.finished: list[Request] = []
+
+    def start(self, ctx: Any) -> None:
+        return None
+
+    def on_arrival(self, req: Request, ctx: Any) -> None:
+        return None
+
+    def on_finish(self, req: Request, ctx: Any) -> None:
+        self.finished.append(req)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,259 @@
+"""The OpenAI API as both servers speak it: request validation, error objects, responses.
+
+Bad requests get HTTP 400 and OpenAI's error object
+``{"error": {"message", "type", "param", "code"}}``; overload gets 429 with ``Retry-After``.
+A request names one prompt (``n = 1``); fields this emulation does not use (temperature,
+top_p, stop, ...) are checked for their types and otherwise ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse
+
+from fleetsim.live.tokens import tokenize
+
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+"""Largest request body accepted (8 MiB: about two million tokens of text)."""
+ROLES = ("system", "user", "assistant", "tool", "developer")
+# Optional fields and the JSON types they must have (None is allowed for each).
+_NUMBER = (int, float)
+OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
+    "temperature": _NUMBER, "top_p": _NUMBER, "presence_penalty": _NUMBER,
+    "frequency_penalty": _NUMBER, "seed": (int,), "user": (str,), "ignore_eos": (bool,),
+    "min_tokens": (int,), "stop": (str, list), "logprobs": (bool, int), "echo": (bool,),
+}
+
+
+class ApiError(Exception):
+    """An error to send as OpenAI's error object with ``status``."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error",
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def overloaded(what: str, retry_after_s: int = 1) -> ApiError:
+    return ApiError(429, f"{what} is at capacity; retry after {retry_after_s} s",
+                    kind="rate_limit_error", code="overloaded",
+                    headers={"Retry-After": str(retry_after_s)})
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated completion request."""
+
+    kind: str
+    """completions | chat"""
+    body: dict[str, Any]
+    """The JSON object as sent."""
+    model: str
+    prompt_tokens: list[str] | list[int]
+    """The prompt as tokens by the counting rule, or the ids the client sent."""
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_tokens)
+
+
+async def read_json_body(request: HttpRequest, max_bytes: int) -> dict[str, Any]:
+    """The request body as a JSON object, at most ``max_bytes`` (else 400)."""
+    declared = request.headers.get("content-length", "")
+    too_big = ApiError(400, f"request body exceeds {max_bytes} bytes", code="body_too_large")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_big
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise too_big
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"malformed JSON body: {err}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    return data
+
+
+def parse_request(kind: str, data: dict[str, Any]) -> ParsedRequest:
+    """Validate a completions or chat body (400 naming the field on any problem)."""
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise _invalid("model", "is required and must be a non-empty string")
+    for name, types in OPTIONAL_FIELDS.items():
+        value = data.get(name)
+        if value is not None and (not isinstance(value, types) or
+                                  (isinstance(value, bool) and bool not in types)):
+            raise _invalid(name, f"must be of type {' or '.join(_type_name(t) for t in types)}")
+    n = data.get("n")
+    if n is not None and (type(n) is not int or n != 1):
+        raise _invalid("n", "must be 1: one completion per request")
+    tokens = _chat_prompt(data.get("messages")) if kind == "chat" else _prompt(data.get("prompt"))
+    max_tokens = data.get("max_tokens")
+    if kind == "chat" and data.get("max_completion_tokens") is not None:
+        max_tokens = data["max_completion_tokens"]
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise _invalid("max_tokens", "must be an integer >= 1")
+    stream = data.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _invalid("stream", "must be a boolean")
+    options = data.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _invalid("stream_options", "must be an object")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise _invalid("stream_options.include_usage", "must be a boolean")
+    return ParsedRequest(kind, data, model, tokens, max_tokens, stream, include_usage)
+
+
+def _prompt(prompt: Any) -> list[str] | list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _invalid("prompt", "must not be empty")
+        return tokenize(prompt)
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        if any(not 0 <= t < 2**31 for t in prompt):
+            raise _invalid("prompt", "token ids must be in [0, 2**31)")
+        return prompt
+    if prompt is None:
+        raise _invalid("prompt", "is required")
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list)
+                                                            for p in prompt):
+        raise _invalid("prompt", "must be one prompt (a string or token ids); send a batch "
+                       "as separate requests")
+    raise _invalid("prompt", "must be a non-empty string or a non-empty list of token ids")
+
+
+def _chat_prompt(messages: Any) -> list[str]:
+    """The conversation as one prompt: each message as ``<|role|>\\ncontent\\n``, then the
+    assistant's turn (a generic chat template)."""
+    if messages is None:
+        raise _invalid("messages", "is required")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("messages", "must be a non-empty list of messages")
+    parts: list[str] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise _invalid(f"messages[{i}]", "must be an object with role and content")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise _invalid(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
+        parts.append(f"<|{role}|>\n{_content_text(content, i)}\n")
+    parts.append("<|assistant|>\n")
+    return tokenize("".join(parts))
+
+
+def _content_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or \
+                    not isinstance(part.get("text"), str):
+                raise _invalid(f"messages[{i}].content[{j}]",
+                               "must be {\"type\": \"text\", \"text\": string}")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _invalid(f"messages[{i}].content", "must be a string or a list of text parts")
+
+
+def _invalid(param: str, what: str) -> ApiError:
+    return ApiError(400, f"{param} {what}", param=param, code="invalid_value")
+
+
+def _type_name(t: type) -> str:
+    return {int: "integer", float: "number", str: "string", bool: "boolean",
+            list: "array"}.get(t, t.__name__)
+
+
+# ---- responses -------------------------------------------------------------------------
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(num_prompt: int, num_output: int) -> dict[str, int]:
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_output,
+            "total_tokens": num_prompt + num_output}
+
+
+def completion_body(req: ParsedRequest, rid: str, text: str, num_output: int,
+                    finish_reason: str) -> dict[str, Any]:
+    """The non-streaming response."""
+    base = {"id": rid, "created": int(time.time()), "model": req.model,
+            "usage": usage(req.num_prompt_tokens, num_output)}
+    if req.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": finish_reason}
+        return {**base, "object": "chat.completion", "choices": [choice]}
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {**base, "object": "text_completion", "choices": [choice]}
+
+
+def chunk_body(req: ParsedRequest, rid: str, created: int, text: str | None,
+               finish_reason: str | None = None, *, first: bool = False) -> dict[str, Any]:
+    """One streamed chunk (``text`` None: the closing chunk with ``finish_reason``)."""
+    if req.kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None,
+                  "finish_reason": finish_reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": req.model,
+            "choices": [choice]}
+
+
+def usage_chunk(req: ParsedRequest, rid: str, created: int, num_output: int) -> dict[str, Any]:
+    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [],
+            "usage": usage(req.num_prompt_tokens, num_output)}
+
+
+def sse(data: Mapping[str, Any] | str) -> bytes:
+    """One server-sent event."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"
