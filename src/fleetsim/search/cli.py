@@ -18,6 +18,7 @@ from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
+from fleetsim.output import print_table
 
 DEFAULT_PLAN_GPUS = "h100,a100,h200"
 EXIT_NOTHING_FEASIBLE = 1
@@ -96,7 +97,6 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
         return 0
-    console = Console()
     table = Table(title=f"goodput search: {100 * args.target:g}% within TTFT<="
                   f"{config.slo.ttft_s:g}s, TPOT<={config.slo.tpot_s:g}s")
     for col in ("#", "rate (req/s)", "attainment", "TTFT ok", "TPOT ok", "met"):
@@ -105,9 +105,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         table.add_row(str(i), f"{p['rate_per_s']:.3f}", f"{100 * p['attainment']:.1f}%",
                       f"{100 * p['ttft_attainment']:.1f}%", f"{100 * p['tpot_attainment']:.1f}%",
                       "yes" if p["passed"] else "no")
-    console.print(table)
+    print_table(table)
     for line in goodput_lines(result):
-        console.print(line)
+        print(line)
     return 0
 
 
@@ -163,7 +163,7 @@ def cmd_slo_scale(args: argparse.Namespace) -> int:
     table.caption = (f"{result['num_finished']:,} of {result['num_requests']:,} requests "
                      f"finished; median E2E {_fmt(result['e2e_p50_s'])} s vs standalone "
                      f"{_fmt(result['standalone_e2e_p50_s'])} s")
-    Console().print(table)
+    print_table(table)
     return 0
 
 
@@ -215,12 +215,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  f"--max-gpus to at least {tps[0]}")
     err_console = Console(stderr=True)
     show = err_console.is_terminal and not args.json
+    done = [0]
 
     def on_point(point: Any) -> None:
+        done[0] += 1
         if show:
             rate = point.goodput_rate_per_s
-            err_console.print(f"  {point.shape.name}: " + (
+            err_console.print(f"  [{done[0]}/{len(shapes)}] {point.shape.name}: " + (
                 "infeasible" if point.goodput is None else f"{_fmt(rate)} req/s"))
+
+    if show:
+        err_console.print(f"planning {len(shapes)} cluster shapes (one goodput search each)")
 
     points = plan(config, shapes, target=args.target, rel_tol=args.tol,
                   max_runs=args.max_runs, requests_per_gpu=args.requests_per_gpu or None,
@@ -244,6 +249,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from fleetsim.search.plot import plot_plan
 
         plot_plan(result, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     if args.json:
         print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
     else:
@@ -266,13 +272,12 @@ def _print_plan(result: dict[str, Any], config: Any) -> None:
     num_feasible = sum(1 for r in rows if "infeasible" not in r)
     table.caption = (f"{num_feasible} feasible shape(s) searched, "
                      f"{len(result['front'])} on the front")
-    console = Console()
-    console.print(table)
+    print_table(table)
     for r in rows:
         if "infeasible" in r:
-            console.print(f"infeasible: {r['shape']}: {r['infeasible']}")
+            print(f"infeasible: {r['shape']}: {r['infeasible']}")
         elif r["goodput_requests_per_s"] is None:
-            console.print(f"no goodput: {r['shape']} misses the SLO at every rate tried")
+            print(f"no goodput: {r['shape']} misses the SLO at every rate tried")
 
 
 def _json_safe(obj: Any) -> Any:
