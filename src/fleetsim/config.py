@@ -212,11 +212,15 @@ def load_config(
     data: dict[str, Any] = {}
     if path is not None:
         data = resolve_paths(read_toml(path, "config"), Path(path).parent)
+        try:  # vLLM's names become fleetsim's now, so that --set of either name wins
+            data = dict(_vllm_names(data, "config"))
+        except FleetsimInputError as err:
+            raise FleetsimInputError(f"{path}: {err.where}", err.value, err.fix) from None
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise FleetsimInputError("--set", item, "write it as dotted.key=value")
-        apply_override(data, key.strip(), parse_override_value(value.strip()))
+        apply_override(data, _vllm_key(key.strip()), parse_override_value(value.strip()))
     try:
         return config_from_dict(data)
     except FleetsimInputError as err:
@@ -265,6 +269,16 @@ def _vllm_names(data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
         out["policy"] = policy
     out["engine"] = engine
     return out
+
+
+def _vllm_key(key: str) -> str:
+    """A dotted --set key with vLLM's engine names mapped to fleetsim's."""
+    table, _, name = key.partition(".")
+    if table == "engine" and name in VLLM_ENGINE_ALIASES:
+        return f"engine.{VLLM_ENGINE_ALIASES[name]}"
+    if key == "engine.enable_chunked_prefill":
+        return "policy.batching.args.enable_chunked_prefill"
+    return key
 
 
 def resolve_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:

@@ -121,9 +121,16 @@ def test_vllm_engine_names_are_accepted(tmp_path):
 
 
 def test_vllm_name_and_fleetsim_name_together_is_an_error(tmp_path, capsys):
-    code, _, err = cli(capsys, "run", "--out", str(tmp_path / "o"), "--set",
-                       "engine.max_num_seqs=8", "--set", "engine.max_running=9")
-    assert code == 2 and "max_num_seqs" in err and "keep one" in err
+    cfg = tmp_path / "e.toml"
+    cfg.write_text("[engine]\nmax_num_seqs = 8\nmax_running = 9\n")
+    code, _, err = cli(capsys, "run", str(cfg), "--out", str(tmp_path / "o"))
+    assert code == 2 and "max_num_seqs" in err and "keep one" in err and "e.toml" in err
+    # on the command line either name overrides the file's, the last --set winning
+    c = load_config(None,
+                    ["engine.max_num_seqs=8", "engine.max_running=9"])
+    assert c.engine.max_running == 9
+    cfg.write_text("[engine]\nmax_num_seqs = 8\n")
+    assert load_config(cfg, ["engine.max_running=5"]).engine.max_running == 5
 
 
 def test_hugging_face_ids_name_catalog_models():
