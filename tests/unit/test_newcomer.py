@@ -258,3 +258,10 @@ def test_over_long_error_is_still_the_default(tmp_path, capsys):
 def test_summary_names_the_engine_build(tmp_path):
     s = run(load_config(None, ["workload.max_requests=5"])).summary
     assert s["engine_build"].startswith("0.") and not math.isnan(s["kv_cache"]["num_blocks"])
+
+
+def test_goodput_with_an_slo_no_request_can_meet_exits_2(capsys):
+    code, _, err = cli(capsys, "goodput", "--set", "workload.max_requests=200", "--set",
+                       "slo.ttft_s=0.0001")
+    assert code == 2 and "even alone on an idle replica" in err and "TTFT p50" in err
+    assert err.count("\n") == 1

@@ -80,10 +80,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 # ---- goodput ------------------------------------------------------------------------------
 def cmd_goodput(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
-    from fleetsim.search.goodput import check_search_args, goodput_search, goodput_to_dict
+    from fleetsim.search.goodput import (
+        check_search_args,
+        check_slo_reachable,
+        goodput_search,
+        goodput_to_dict,
+    )
 
     check_search_args(args.target, args.min_rate, args.max_rate, args.tol, args.max_runs)
     config = load_config(args.config, args.overrides)
+    check_slo_reachable(config, args.target)
     err_console = Console(stderr=True)
 
     def on_probe(rate_per_s: float, attainment: float) -> None:
@@ -120,7 +126,8 @@ def goodput_lines(r: dict[str, Any]) -> list[str]:
         fail = r["lowest_failing_rate_per_s"]
         fail_text = ("no rate failed" if fail is None
                      else f"lowest failing rate {_fmt(fail)} req/s")
-        lines = [f"goodput: {rate:.3f} req/s (attainment {100 * r['attainment_at_goodput']:.1f}%"
+        lines = [f"goodput (highest rate at which --target of requests meet the SLO, by "
+                 f"search over rates): {rate:.3f} req/s (attainment {100 * r['attainment_at_goodput']:.1f}%"
                  f"; {fail_text}; {r['num_runs']} runs)"]
         lines.append(f"cost: ${r['usd_per_hour']:.2f}/hour for {r['num_gpus']} GPU(s), "
                      f"${_fmt(r['usd_per_million_tokens'])}/M tokens, "

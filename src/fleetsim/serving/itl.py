@@ -18,6 +18,7 @@ times are bit-identical), so every ITL figure equals step by step's exactly.
 from __future__ import annotations
 
 from heapq import heapreplace
+from operator import sub
 
 from fleetsim.serving.recorder import Recorder
 from fleetsim.serving.request import Request, itl_stats
@@ -36,16 +37,9 @@ def first_token(r: Request, t: float) -> None:
     r.itl_top = [0.0] * top_size(r.max_output_tokens)
 
 
-def _gap(r: Request, g: float) -> None:
-    top = r.itl_top
-    if top is not None and g > top[0]:
-        heapreplace(top, g)
-
-
 def on_step(step: Step, now_s: float, rec: Recorder) -> None:
     """Before ``step`` commits at ``now_s``: the gaps of the tokens it emits."""
     start_s = step.start_s
-    regular = 0
     for r, n in step.chunks:
         if r.num_computed_tokens + n == r.num_prompt_tokens + r.num_output_tokens:
             if r.num_output_tokens == 0:
@@ -53,18 +47,22 @@ def on_step(step: Step, now_s: float, rec: Recorder) -> None:
             else:  # a recompute's last chunk: the token after a preemption
                 g = now_s - r.last_token_s
                 r.last_token_s = now_s
-                _gap(r, g)
+                top = r.itl_top
+                if top is not None and g > top[0]:
+                    heapreplace(top, g)
                 rec.itl_gap(g, 1)
     d = now_s - start_s
+    regular = 0
     for r in step.decodes:
         last = r.last_token_s
         r.last_token_s = now_s
+        g = d if last == start_s else now_s - last
+        top = r.itl_top
+        if top is not None and g > top[0]:
+            heapreplace(top, g)
         if last == start_s:
             regular += 1
-            _gap(r, d)
         else:
-            g = now_s - last
-            _gap(r, g)
             rec.itl_gap(g, 1)
     if regular:
         rec.itl_gap(d, regular)
@@ -72,7 +70,10 @@ def on_step(step: Step, now_s: float, rec: Recorder) -> None:
 
 def on_window(step: Step, num_commit: int, rec: Recorder) -> None:
     """Before a window's first ``num_commit`` steps are settled: their gaps. Decoder i
-    emits at steps 0 .. min(left_i, num_commit) - 1 (``Window.lefts``)."""
+    emits at steps 0 .. min(left_i, num_commit) - 1 (``Window.lefts``). Each decoder gets a
+    reference to the window's list of gaps (one list shared by the decoders that emitted at
+    every step), read only when its figures are (``request.itl_stats``): per decoder and
+    window a few operations, not one per token."""
     w = step.window
     assert w is not None
     m = num_commit
@@ -81,37 +82,37 @@ def on_window(step: Step, num_commit: int, rec: Recorder) -> None:
     ends = w.ends
     start_s = step.start_s
     d0 = ends[0] - start_s
+    end_s = ends[m - 1]
     regular = 0
-    # Later steps' gaps, largest first (only when some decoder emits twice or more).
-    order: list[int] | None = None
-    if m > 1:
-        diffs = [ends[j] - ends[j - 1] for j in range(1, m)]  # diffs[j - 1]: gap of step j
-        order = sorted(range(m - 1), key=diffs.__getitem__, reverse=True)
+    # diffs[j - 1]: the gap of step j; a decoder that emitted at the previous step has the
+    # first gap d0 too (``regular``), the others had theirs merged just below.
+    diffs = list(map(sub, ends[1:m], ends[:m - 1])) if m > 1 else []
+    with_d0 = [d0, *diffs]
     finishes: list[int] = []
     for r, left in zip(step.decodes, w.lefts, strict=True):
-        t_i = left if left < m else m
         last = r.last_token_s
-        r.last_token_s = ends[t_i - 1]
-        if last == start_s:
+        is_regular = last == start_s
+        if is_regular:
             regular += 1
-            _gap(r, d0)
         else:
             g = ends[0] - last
-            _gap(r, g)
             rec.itl_gap(g, 1)
-        if left < m:
-            finishes.append(left)
-        if order is not None and t_i > 1:
             top = r.itl_top
-            if top is None:
-                continue
-            for j in order:
-                if j + 1 < t_i:
-                    v = diffs[j]
-                    if v > top[0]:
-                        heapreplace(top, v)
-                    else:
-                        break
+            if top is not None and g > top[0]:
+                heapreplace(top, g)
+        if left < m:
+            r.last_token_s = ends[left - 1]
+            finishes.append(left)
+            gaps = with_d0[:left] if is_regular else diffs[:left - 1]
+        else:
+            r.last_token_s = end_s
+            gaps = with_d0 if is_regular else diffs
+        if gaps:
+            windows = r.itl_windows
+            if windows is None:
+                r.itl_windows = [gaps]
+            else:
+                windows.append(gaps)
     if regular:
         rec.itl_gap(d0, regular)
     if m > 1:

@@ -163,15 +163,15 @@ class Recorder:
             ends = np.frombuffer(self._win_ends, dtype=np.float64)
             offset, steps, num = rows[:, 0], rows[:, 1], rows[:, 2]
             # decoders in step j of each window: num, less those that left at steps <= j
-            delta = np.zeros(ends.size + 1, dtype=np.int64)
-            np.add.at(delta, offset + 1, num)
-            np.add.at(delta, offset + steps, -num)
+            size = ends.size + 1
+            delta = (np.bincount(offset + 1, weights=num, minlength=size)
+                     - np.bincount(offset + steps, weights=num, minlength=size))
             fin = np.frombuffer(self._win_finishes, dtype=np.int64).reshape(-1, 2)
             if fin.size:
                 w, f = fin[:, 0], fin[:, 1]
-                np.add.at(delta, offset[w] + f, -1)
-                np.add.at(delta, offset[w] + steps[w], 1)
-            weight = np.cumsum(delta)[:-1]
+                delta -= np.bincount(offset[w] + f, minlength=size)
+                delta += np.bincount(offset[w] + steps[w], minlength=size)
+            weight = np.rint(np.cumsum(delta)[:-1]).astype(np.int64)
             inner = weight > 0
             inner[0] = False
             idx = np.flatnonzero(inner)
