@@ -126,8 +126,9 @@ def goodput_lines(r: dict[str, Any]) -> list[str]:
         fail = r["lowest_failing_rate_per_s"]
         fail_text = ("no rate failed" if fail is None
                      else f"lowest failing rate {_fmt(fail)} req/s")
+        met = 100 * r["attainment_at_goodput"]
         lines = [f"goodput (highest rate at which --target of requests meet the SLO, by "
-                 f"search over rates): {rate:.3f} req/s (attainment {100 * r['attainment_at_goodput']:.1f}%"
+                 f"search over rates): {rate:.3f} req/s (attainment {met:.1f}%"
                  f"; {fail_text}; {r['num_runs']} runs)"]
         lines.append(f"cost: ${r['usd_per_hour']:.2f}/hour for {r['num_gpus']} GPU(s), "
                      f"${_fmt(r['usd_per_million_tokens'])}/M tokens, "

@@ -70,10 +70,9 @@ def on_step(step: Step, now_s: float, rec: Recorder) -> None:
 
 def on_window(step: Step, num_commit: int, rec: Recorder) -> None:
     """Before a window's first ``num_commit`` steps are settled: their gaps. Decoder i
-    emits at steps 0 .. min(left_i, num_commit) - 1 (``Window.lefts``). Each decoder gets a
-    reference to the window's list of gaps (one list shared by the decoders that emitted at
-    every step), read only when its figures are (``request.itl_stats``): per decoder and
-    window a few operations, not one per token."""
+    emits at steps 0 .. min(left_i, num_commit) - 1 (``Window.lefts``). The window's gaps
+    are sorted once; each decoder's heap takes from the top of the list while they beat its
+    smallest (a few values, not one per token)."""
     w = step.window
     assert w is not None
     m = num_commit
@@ -87,32 +86,34 @@ def on_window(step: Step, num_commit: int, rec: Recorder) -> None:
     # diffs[j - 1]: the gap of step j; a decoder that emitted at the previous step has the
     # first gap d0 too (``regular``), the others had theirs merged just below.
     diffs = list(map(sub, ends[1:m], ends[:m - 1])) if m > 1 else []
-    with_d0 = [d0, *diffs]
+    # each decoder's heap takes the largest of its gaps from these lists, sorted once
+    with_d0 = sorted([d0, *diffs], reverse=True)
+    no_d0 = sorted(diffs, reverse=True)
     finishes: list[int] = []
     for r, left in zip(step.decodes, w.lefts, strict=True):
         last = r.last_token_s
+        top = r.itl_top
         is_regular = last == start_s
         if is_regular:
             regular += 1
         else:
             g = ends[0] - last
             rec.itl_gap(g, 1)
-            top = r.itl_top
             if top is not None and g > top[0]:
                 heapreplace(top, g)
         if left < m:
             r.last_token_s = ends[left - 1]
             finishes.append(left)
-            gaps = with_d0[:left] if is_regular else diffs[:left - 1]
+            gaps = sorted(([d0] if is_regular else []) + diffs[:left - 1], reverse=True)
         else:
             r.last_token_s = end_s
-            gaps = with_d0 if is_regular else diffs
-        if gaps:
-            windows = r.itl_windows
-            if windows is None:
-                r.itl_windows = [gaps]
-            else:
-                windows.append(gaps)
+            gaps = with_d0 if is_regular else no_d0
+        if top is not None:
+            for v in gaps:
+                if v > top[0]:
+                    heapreplace(top, v)
+                else:
+                    break
     if regular:
         rec.itl_gap(d0, regular)
     if m > 1:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Final
 
 # A request's lifecycle (``Request.state``). Plain ints, not an enum: the engine tests them
@@ -85,9 +84,6 @@ class Request:
     """When the latest output token was emitted (``serving/itl.py``)."""
     itl_top: list[float] | None = None
     """The largest gaps between output tokens so far, a min-heap (``serving/itl.py``)."""
-    itl_windows: list[list[float]] | None = None
-    """Its gaps in each fast-forward window it decoded in (lists shared with the window's
-    other decoders), merged with ``itl_top`` when read (``itl_stats``)."""
 
     @property
     def is_running(self) -> bool:
@@ -112,9 +108,7 @@ def itl_stats(r: Request) -> tuple[float, float]:
     top = r.itl_top
     if n < 1 or top is None:
         return (math.nan, math.nan)
-    # the largest gaps, descending (zeros pad short ones); window gaps merged in
-    windows = r.itl_windows
-    vals = sorted(top if not windows else list(chain(top, *windows)), reverse=True)
+    vals = sorted(top, reverse=True)  # the largest gaps, descending (zeros pad short ones)
     pos = (n - 1) * 0.99
     lo = int(pos)
     t = pos - lo
