@@ -127,8 +127,8 @@ def goodput_lines(r: dict[str, Any]) -> list[str]:
         fail_text = ("no rate failed" if fail is None
                      else f"lowest failing rate {_fmt(fail)} req/s")
         met = 100 * r["attainment_at_goodput"]
-        lines = [f"goodput (highest rate at which --target of requests meet the SLO, by "
-                 f"search over rates): {rate:.3f} req/s (attainment {met:.1f}%"
+        lines = [f"goodput: {rate:.3f} req/s, the highest rate at which --target of requests "
+                 f"meet the SLO, by search over rates (attainment {met:.1f}%"
                  f"; {fail_text}; {r['num_runs']} runs)"]
         lines.append(f"cost: ${r['usd_per_hour']:.2f}/hour for {r['num_gpus']} GPU(s), "
                      f"${_fmt(r['usd_per_million_tokens'])}/M tokens, "
