@@ -26,7 +26,7 @@ $(NATIVE): $(STAMP) $(SOURCES) tools/build_native.py
 	FLEETSIM_PURE=1 $(PY) tools/build_native.py
 
 run: setup native
-	$(VENV)/bin/fleetsim run --out results/default
+	$(VENV)/bin/fleetsim run --out results/default --force
 
 # Every test twice: on the pure-Python sources (the reference) and on the compiled engine.
 test: setup native

@@ -22,6 +22,8 @@ from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
+from fleetsim.output import add_format_flag, emit, output_format, print_table
+from fleetsim.workloads.shorthand import add_workload_flags, workload_overrides
 
 EXIT_INPUT_ERROR = 2
 
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fleetsim",
         description="Simulate LLM serving on GPU clusters: latency, goodput and cost.",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run a simulation (defaults: embedded Azure trace, "
@@ -93,7 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set hardware.gpu=h200 (repeatable)")
     p.add_argument("--out", default=None, help="results folder (default: results/<run name>)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--force", action="store_true",
+                   help="replace the earlier results in the folder (else refused)")
+    add_format_flag(p)
+    add_workload_flags(p)
+    p.add_argument("--vllm-json", metavar="FILE", default=None,
+                   help="also write the result as `vllm bench serve` writes it (ms, its keys)")
+    p.add_argument("--percentiles", default="99", metavar="P,P,...",
+                   help="percentiles of the --vllm-json metrics (vLLM's "
+                        "--metric-percentiles; default 99)")
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("perf", help="predicted step time and its per-op breakdown")
@@ -107,24 +118,31 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--decode-batch", type=int, help="a decode step of B requests")
     p.add_argument("--context", type=int, default=None,
                    help="tokens already in KV (prefill: before the chunk; decode: per request)")
-    p.add_argument("--json", action="store_true")
+    add_format_flag(p)
     p.set_defaults(handler=cmd_perf)
 
     p = sub.add_parser("models", help="list the model catalog")
-    p.add_argument("--json", action="store_true")
+    add_format_flag(p)
     p.set_defaults(handler=cmd_models)
 
     p = sub.add_parser("gpus", help="list the GPU catalog")
     p.add_argument("--catalog", default=None, help="TOML file with extra GPUs")
-    p.add_argument("--json", action="store_true")
+    add_format_flag(p)
     p.set_defaults(handler=cmd_gpus)
 
     p = sub.add_parser("trace", help="inspect workload traces")
     tsub = p.add_subparsers(dest="trace_command", required=True)
     q = tsub.add_parser("info", help="describe a trace file (or embedded:azure_conv_2023)")
     q.add_argument("file")
-    q.add_argument("--json", action="store_true")
+    add_format_flag(q)
     q.set_defaults(handler=cmd_trace_info)
+
+    p = sub.add_parser("config", help="the config reference: every key, its default and doc")
+    p.add_argument("--dump", action="store_true",
+                   help="print the full default config as TOML, each key with its doc")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the reference as Markdown (docs/config.md is this output)")
+    p.set_defaults(handler=cmd_config)
 
     _add_optional_commands(sub)
     return parser
@@ -150,22 +168,41 @@ def _add_optional_commands(sub: Any) -> None:
 
 
 # ---- run ------------------------------------------------------------------------------
+def version_line() -> str:
+    from fleetsim.run import engine_build
+
+    return f"fleetsim {engine_build()}"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
-    from fleetsim.results import check_out_dir, write_run
+    from fleetsim.results import check_out_dir, check_out_file, write_run
+    from fleetsim.vllm_json import parse_percentiles, vllm_result
 
-    config = load_config(args.config, args.overrides)
+    fmt = output_format(args)
+    config = load_config(args.config, [*args.overrides, *workload_overrides(args)])
     out = Path(args.out) if args.out else Path("results") / (
         Path(args.config).stem if args.config else "default")
-    check_out_dir(out)
+    check_out_dir(out, force=args.force)
+    percentiles = parse_percentiles(args.percentiles)
+    if args.vllm_json:
+        check_out_file(Path(args.vllm_json), "--vllm-json")
     console = Console(stderr=True)
     result = _run_with_progress(config, console)
-    write_run(out, result.summary, result.config, result.records.requests)
-    if args.json:
-        print_json(result.summary)
-    else:
-        Console().print(summary_table(result.summary))
-        Console().print(f"results written to {out}/ (summary.json, requests.csv, config.json)")
+    write_run(out, result.summary, result.config, result.records.requests, result.unfinished)
+    if args.vllm_json:
+        from fleetsim.inputs import to_json
+        from fleetsim.results import write_file
+
+        write_file(Path(args.vllm_json), to_json(vllm_result(result, percentiles)) + "\n")
+    emit(fmt, result.summary, lambda: summary_table(result.summary))
+    warning = result.summary["overload"].get("warning")
+    if warning:
+        print(f"fleetsim: warning: {warning}", file=sys.stderr)
+    written = f"results written to {out}/ (summary.json, requests.csv, config.json)"
+    if args.vllm_json:
+        written += f"; vLLM-style result in {args.vllm_json}"
+    print(written, file=sys.stderr if fmt != "table" else sys.stdout)
     return 0
 
 
@@ -174,14 +211,31 @@ def _run_with_progress(config: Any, console: Console) -> Any:
 
     if not console.is_terminal:
         return run(config)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.fields[t]}"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+    with Progress(TextColumn("simulating"), BarColumn(), TaskProgressColumn(),
+                  TextColumn("{task.fields[t]}"), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
         task = bar.add_task("sim", total=None, t="")
 
-        def progress(now_s: float) -> None:
-            bar.update(task, t=f"{now_s:,.0f} simulated s")
+        def progress(now_s: float, first_s: float = 0.0, last_s: float = 0.0) -> None:
+            # Arrivals drive the bar: the share of the arrivals' span simulated so far.
+            span = last_s - first_s
+            if span > 0:
+                done = min(max(now_s - first_s, 0.0), span)
+                bar.update(task, total=span, completed=done,
+                           t=f"{now_s:,.0f} of {last_s:,.0f} simulated s of arrivals"
+                           if now_s <= last_s else f"draining, {now_s:,.0f} simulated s")
+            else:
+                bar.update(task, t=f"{now_s:,.0f} simulated s")
 
         return run(config, progress=progress)
 
@@ -192,11 +246,13 @@ def summary_table(s: dict[str, Any]) -> Table:
     table.add_column("metric")
     for col in ("mean", "p50", "p90", "p99"):
         table.add_column(col, justify="right")
-    for key, label in (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_s", "E2E (s)"),
+    for key, label in (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"),
+                       ("itl_s", "ITL, all gaps (s)"), ("e2e_s", "E2E (s)"),
                        ("queueing_s", "queueing (s)")):
         d = s[key]
         table.add_row(label, *(_fmt(d[c]) for c in ("mean", "p50", "p90", "p99")))
     thr, slo = s["throughput"], s["slo"]
+    kv = s["kv_cache"]
     rows = [
         ("requests finished", f"{s['num_finished']:,} / {s['num_requests']:,}"),
         ("throughput (req/s)", _fmt(thr["requests_per_s"])),
@@ -204,16 +260,26 @@ def summary_table(s: dict[str, Any]) -> Table:
         ("throughput (input tok/s)", _fmt(thr["input_tokens_per_s"])),
         (f"SLO attainment (TTFT≤{slo['ttft_s']:g}s, TPOT≤{slo['tpot_s']:g}s)",
          f"{100 * slo['attainment']:.1f}%"),
-        ("goodput (req/s)", _fmt(slo["goodput_requests_per_s"])),
-        ("KV cache used (mean)", f"{100 * s['kv_cache']['mean_used_fraction']:.1f}%"),
-        ("prefix-cache hit rate", f"{100 * s['kv_cache']['prefix_hit_rate']:.1f}%"),
+        ("SLO-meeting rate at this load (req/s)", _fmt(slo["goodput_requests_per_s"])),
+        ("KV blocks (all replicas)", f"{kv['num_blocks']:,}"),
+        ("KV cache used (mean)", f"{100 * kv['mean_used_fraction']:.1f}%"),
+        ("prefix-cache hit rate", f"{100 * kv['prefix_hit_rate']:.1f}%"),
         ("GPU busy (a step running)", f"{100 * s['gpu_busy_fraction']:.1f}%"),
         ("mean batch (requests / tokens per step)",
          f"{s['batch']['mean_running']:.1f} / {s['batch']['mean_tokens_per_step']:,.0f}"),
         ("preemptions", f"{s['num_preemptions']:,}"),
     ]
+    fit = s.get("workload_fit") or {}
+    if fit.get("num_over_long"):
+        rows.append((f"over-long requests ({fit['over_long']}, context "
+                     f"{fit['max_context_tokens']:,})", f"{fit['num_over_long']:,}"))
     for label, value in rows:
         table.add_row(label, value, "", "", "")
+    caption = f"fleetsim {s['engine_build']}" if s.get("engine_build") else ""
+    warning = (s.get("overload") or {}).get("warning")
+    if warning:
+        caption = f"WARNING: {warning}\n{caption}"
+    table.caption = caption or None
     return table
 
 
@@ -250,10 +316,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
     b = predict_breakdown(model, gpu, args.tp, prefill_tokens=args.prefill_tokens,
                           context_tokens=args.context or 0, decode_batch=args.decode_batch,
                           backend=args.backend)
-    if args.json:
-        print_json(breakdown_to_dict(b))
-    else:
-        Console().print(breakdown_table(b))
+    emit(output_format(args), breakdown_to_dict(b), lambda: breakdown_table(b))
     return 0
 
 
@@ -281,26 +344,34 @@ def cmd_models(args: argparse.Namespace) -> int:
     from fleetsim.models import list_models
 
     models = list_models()
-    if args.json:
-        print_json([_model_row(m) for m in models])
+    fmt = output_format(args)
+    if fmt != "table":
+        emit(fmt, [_model_row(m) for m in models], list)
         return 0
     table = Table(title="models")
-    for col in ("name", "params (B)", "layers", "hidden", "heads/kv", "experts (active)",
-                "attention", "context"):
+    for col in ("name", "Hugging Face id", "params (B)", "layers", "hidden", "heads/kv",
+                "experts (active)", "attention", "context"):
         table.add_column(col)
     for m in models:
         r = _model_row(m)
-        table.add_row(r["name"], f"{r['params_b']:.1f}", str(r["num_layers"]),
+        table.add_row(r["name"], r["hf_id"] or "-", f"{r['params_b']:.1f}", str(r["num_layers"]),
                       str(r["hidden_size"]), f"{r['num_attention_heads']}/{r['num_kv_heads']}",
                       f"{r['num_experts']} ({r['num_experts_per_token']})" if r["num_experts"]
                       else "-", r["attention"], f"{r['max_context_tokens']:,}")
-    Console().print(table)
+    print_table(table)
     return 0
+
+
+def hf_id_of(name: str) -> str | None:
+    from fleetsim.models.catalog import HF_IDS
+
+    return next((hf for hf, n in HF_IDS.items() if n == name.lower()), None)
 
 
 def _model_row(m: Any) -> dict[str, Any]:
     return {
-        "name": m.name, "params_b": m.num_params / 1e9, "num_layers": m.num_layers,
+        "name": m.name, "hf_id": hf_id_of(m.name), "params_b": m.num_params / 1e9,
+        "num_layers": m.num_layers,
         "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
         "num_kv_heads": m.num_kv_heads, "num_experts": m.num_experts,
         "num_experts_per_token": m.num_experts_per_token,
@@ -316,8 +387,9 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     from fleetsim.hardware import list_gpus
 
     gpus = list_gpus(args.catalog)
-    if args.json:
-        print_json([asdict(g) for g in gpus])
+    fmt = output_format(args)
+    if fmt != "table":
+        emit(fmt, [asdict(g) for g in gpus], list)
         return 0
     table = Table(title="GPUs")
     for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "NVLink GB/s",
@@ -329,7 +401,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
                       f"{g.nvlink_bw_bytes_per_s / 1e9:,.0f}",
                       f"{g.network_bw_bytes_per_s / 1e9:,.0f}", f"{g.price_per_hour_usd:.2f}",
                       g.aic_system or "none (roofline)")
-    Console().print(table)
+    print_table(table)
     return 0
 
 
@@ -337,15 +409,26 @@ def cmd_trace_info(args: argparse.Namespace) -> int:
     from fleetsim.workloads import trace_info
 
     info = trace_info(args.file)
-    if args.json:
-        print_json(info)
+    fmt = output_format(args)
+    if fmt != "table":
+        emit(fmt, info, list)
         return 0
     table = Table(title=f"trace {args.file}")
     table.add_column("field")
     table.add_column("value", justify="right")
     for key, value in _flatten(info):
         table.add_row(key, _fmt(value) if isinstance(value, float) else str(value))
-    Console().print(table)
+    print_table(table)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from fleetsim.configdoc import config_markdown, dump_toml
+
+    if args.markdown:
+        print(config_markdown(), end="")
+    else:
+        print(dump_toml(), end="")
     return 0
 
 

@@ -228,12 +228,16 @@ def load_config(
     """Read a TOML file (optional), apply ``key=value`` overrides, validate strictly."""
     data: dict[str, Any] = {}
     if path is not None:
-        data = read_toml(path, "config")
+        data = resolve_paths(read_toml(path, "config"), Path(path).parent)
+        try:  # vLLM's names become fleetsim's now, so that --set of either name wins
+            data = dict(_vllm_names(data, "config"))
+        except FleetsimInputError as err:
+            raise FleetsimInputError(f"{path}: {err.where}", err.value, err.fix) from None
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise FleetsimInputError("--set", item, "write it as dotted.key=value")
-        apply_override(data, key.strip(), parse_override_value(value.strip()))
+        apply_override(data, _vllm_key(key.strip()), parse_override_value(value.strip()))
     try:
         return config_from_dict(data)
     except FleetsimInputError as err:
@@ -242,8 +246,84 @@ def load_config(
         raise FleetsimInputError(f"{path}: {err.where}", err.value, err.fix) from None
 
 
+# vLLM's engine argument names, accepted in [engine] as aliases of fleetsim's.
+VLLM_ENGINE_ALIASES = {
+    "max_num_batched_tokens": "max_batched_tokens",
+    "max_num_seqs": "max_running",
+}
+
+
+def _vllm_names(data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """``[engine]`` written with vLLM's names: max_num_batched_tokens, max_num_seqs and
+    enable_chunked_prefill (a batching policy argument here) become fleetsim's."""
+    engine = data.get("engine")
+    if not isinstance(engine, Mapping) or not (
+            set(engine) & {*VLLM_ENGINE_ALIASES, "enable_chunked_prefill"}):
+        return data
+    engine = dict(engine)
+    out = dict(data)
+    for alias, name in VLLM_ENGINE_ALIASES.items():
+        if alias in engine:
+            if name in engine:
+                raise FleetsimInputError(f"{where}.engine.{alias}", engine[alias],
+                                         f"engine.{name} is set too; keep one of the two")
+            engine[name] = engine.pop(alias)
+    if "enable_chunked_prefill" in engine:
+        value = engine.pop("enable_chunked_prefill")
+        policy = dict(out.get("policy") or {})
+        batching = policy.get("batching", {"name": "token_budget"})
+        if isinstance(batching, str):
+            batching = {"name": batching}
+        if not isinstance(batching, Mapping):
+            raise FleetsimInputError(f"{where}.policy.batching", batching, "expected a table")
+        args = dict(batching.get("args") or {})
+        if "enable_chunked_prefill" in args and args["enable_chunked_prefill"] != value:
+            raise FleetsimInputError(
+                f"{where}.engine.enable_chunked_prefill", value,
+                "policy.batching.args.enable_chunked_prefill says otherwise; keep one")
+        args["enable_chunked_prefill"] = value
+        policy["batching"] = {**batching, "args": args}
+        out["policy"] = policy
+    out["engine"] = engine
+    return out
+
+
+def _vllm_key(key: str) -> str:
+    """A dotted --set key with vLLM's engine names mapped to fleetsim's."""
+    table, _, name = key.partition(".")
+    if table == "engine" and name in VLLM_ENGINE_ALIASES:
+        return f"engine.{VLLM_ENGINE_ALIASES[name]}"
+    if key == "engine.enable_chunked_prefill":
+        return "policy.batching.args.enable_chunked_prefill"
+    return key
+
+
+def resolve_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """Relative file paths of a config file (the trace, empirical length files, a GPU
+    catalog) made relative to the file's folder, not the working directory."""
+    def fix(value: Any) -> Any:
+        if (isinstance(value, str) and value and value != "synthetic"
+                and not value.startswith("embedded:") and not Path(value).is_absolute()):
+            return str(base_dir / value)
+        return value
+
+    workload = data.get("workload")
+    if isinstance(workload, dict):
+        if "trace" in workload:
+            workload["trace"] = fix(workload["trace"])
+        for key in ("prompt_tokens", "output_tokens"):
+            length = workload.get(key)
+            if isinstance(length, dict) and "path" in length:
+                length["path"] = fix(length["path"])
+    hardware = data.get("hardware")
+    if isinstance(hardware, dict) and "catalog" in hardware:
+        hardware["catalog"] = fix(hardware["catalog"])
+    return data
+
+
 def config_from_dict(data: Mapping[str, Any], where: str = "config") -> SimConfig:
     """Build a ``SimConfig`` from plain data (unknown keys and bad types fail)."""
+    data = _vllm_names(data, where)
     if isinstance(data.get("workload"), Mapping) and data["workload"].get("trace") == "synthetic":
         data = {**data, "workload": {**data["workload"], "trace": None}}
     return from_dict(SimConfig, data, where)

@@ -40,6 +40,7 @@ NATIVE_MODULES = (
     "serving/sources.py",
     "serving/cluster.py",
     "serving/recorder.py",
+    "serving/itl.py",
     "policies/batch_steps.py",
     "policies/ordering.py",
     "perf/step_model.py",

@@ -18,7 +18,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -37,15 +37,25 @@ RESULT_NAMES = frozenset({
 """Names fleetsim writes in a results folder; a folder holding anything else is not replaced."""
 TMP_PREFIX = ".fleetsim-"
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "ttft_s",
-                   "tpot_s", "e2e_s", "queueing_delay_s", "preemptions", "prefix_hit_tokens",
-                   "replica_id")
+                   "tpot_s", "itl_mean_s", "itl_p99_s", "itl_max_s", "e2e_s",
+                   "queueing_delay_s", "preemptions", "swaps", "prefix_hit_tokens", "replica_id",
+                   "prefill_replica_id", "kv_transfer_s", "finished", "unfinished_reason")
+"""requests.csv: one row per request that arrived, finished or not (``finished`` 0 with the
+state it was left in, e.g. ``running at until_s``); latencies it had not reached are empty."""
 
 
 # ---- checks before the work ---------------------------------------------------------------
-def check_out_dir(out: Path, flag: str = "--out") -> None:
-    """Fail now, not after the simulation, if ``out`` cannot become a results folder."""
+def check_out_dir(out: Path, flag: str = "--out", force: bool | None = None) -> None:
+    """Fail now, not after the simulation, if ``out`` cannot become a results folder.
+
+    ``force`` False: a folder holding earlier results is refused (pass --force to replace
+    them); None: replaced without asking (commands without a --force flag)."""
     if out.exists() and not out.is_dir():
         raise FleetsimInputError(flag, str(out), "it is a file; give a folder path")
+    if out.is_dir() and force is False and any(
+            p.name in RESULT_NAMES for p in out.iterdir()):
+        raise FleetsimInputError(flag, str(out), "holds earlier results; pass --force to "
+                                 "replace them, or give another --out folder")
     if out.is_dir():
         foreign = sorted(p.name for p in out.iterdir()
                          if p.name not in RESULT_NAMES and not p.name.startswith(TMP_PREFIX))
@@ -170,16 +180,49 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(to_json(data) + "\n", encoding="utf-8")
 
 
-def write_requests_csv(path: Path, req: dict[str, Any]) -> None:
-    """One row per finished request, by request id (NaN, e.g. a one-token TPOT, is empty)."""
-    from fleetsim.metrics.summary import per_request_latencies
+def write_requests_csv(path: Path, req: dict[str, Any], unfinished: Sequence[Any] = ()) -> None:
+    """One row per request that arrived, by request id: the finished ones (``req``, the
+    recorder's columns) and the ``unfinished`` ``Request`` objects. NaN (a one-token TPOT,
+    a latency not reached) is empty."""
+    import numpy as np
 
+    from fleetsim.metrics.summary import per_request_latencies
+    from fleetsim.serving.request import STATE_NAMES, itl_stats
+
+    if unfinished:
+        extra: dict[str, list[Any]] = {k: [] for k in req}
+        for r in unfinished:
+            p99, mx = itl_stats(r)
+            values = {
+                "request_id": r.id, "replica_id": -1 if r.replica_id is None else r.replica_id,
+                "arrival_s": r.arrival_s, "num_prompt_tokens": r.num_prompt_tokens,
+                "num_output_tokens": r.num_output_tokens,
+                "first_scheduled_s": r.first_scheduled_s, "first_token_s": r.first_token_s,
+                "finish_s": float("nan"), "num_preemptions": r.num_preemptions,
+                "num_prefix_hit_tokens": r.num_prefix_hit_tokens,
+                "num_computed_tokens": r.num_computed_tokens_total,
+                "num_recomputed_tokens": r.num_recomputed_tokens,
+                "prefill_replica_id": (-1 if r.replica_id is None else r.replica_id)
+                if r.prefill_replica_id is None else r.prefill_replica_id,
+                "kv_transfer_s": r.kv_transfer_s, "num_swaps": r.num_swaps,
+                "last_token_s": r.last_token_s, "itl_p99_s": p99, "itl_max_s": mx}
+            for k in extra:
+                extra[k].append(values[k])
+        req = {k: np.concatenate((v, np.asarray(extra[k], dtype=v.dtype))) for k, v in req.items()}
+        reasons = [""] * (len(req["request_id"]) - len(unfinished)) + [
+            f"{STATE_NAMES[r.state]} at until_s" for r in unfinished]
+    else:
+        reasons = [""] * len(req["request_id"])
+    n_done = len(req["request_id"]) - len(unfinished)
+    finished = np.arange(len(req["request_id"])) < n_done
     lat = per_request_latencies(req)
     order = req["request_id"].argsort(kind="stable")
     cols = (req["request_id"], req["arrival_s"], req["num_prompt_tokens"],
-            req["num_output_tokens"], lat["ttft_s"], lat["tpot_s"], lat["e2e_s"],
-            lat["queueing_s"], req["num_preemptions"], req["num_prefix_hit_tokens"],
-            req["replica_id"])
+            req["num_output_tokens"], lat["ttft_s"], lat["tpot_s"], lat["itl_mean_s"],
+            lat["itl_p99_s"], lat["itl_max_s"], lat["e2e_s"],
+            lat["queueing_s"], req["num_preemptions"], req["num_swaps"],
+            req["num_prefix_hit_tokens"], req["replica_id"], req["prefill_replica_id"],
+            req["kv_transfer_s"], finished.astype(np.int64), np.asarray(reasons, dtype=object))
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(REQUEST_COLUMNS)
@@ -190,15 +233,15 @@ def write_requests_csv(path: Path, req: dict[str, Any]) -> None:
 
 
 def write_run_files(folder: Path, summary: dict[str, Any], config: dict[str, Any],
-                    requests: dict[str, Any]) -> None:
+                    requests: dict[str, Any], unfinished: Sequence[Any] = ()) -> None:
     """``summary.json``, ``config.json`` and ``requests.csv`` of one run into ``folder``."""
     write_json(folder / "summary.json", summary)
     write_json(folder / "config.json", config)
-    write_requests_csv(folder / "requests.csv", requests)
+    write_requests_csv(folder / "requests.csv", requests, unfinished)
 
 
 def write_run(out: Path, summary: dict[str, Any], config: dict[str, Any],
-              requests: dict[str, Any]) -> None:
+              requests: dict[str, Any], unfinished: Sequence[Any] = ()) -> None:
     """A run's results folder, replaced as a set."""
     with StagedFolder(out) as tmp:
-        write_run_files(tmp, summary, config, requests)
+        write_run_files(tmp, summary, config, requests, unfinished)

@@ -6,7 +6,8 @@ Writing files is the CLI's job; this returns everything in memory, config includ
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,9 @@ from fleetsim.policies.routing import make_router
 from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
 from fleetsim.serving.recorder import Records
+from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
 from fleetsim.workloads import Workload, build_workload
+from fleetsim.workloads.transforms import fit_context
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -37,6 +40,8 @@ class RunResult:
     summary: dict[str, Any]
     records: Records
     workload: Workload
+    unfinished: list[Any] = field(default_factory=list)
+    """Requests that arrived but had not finished when the run stopped (``until_s``)."""
 
 
 def seed_streams(seed: int, names: tuple[str, ...]) -> dict[str, np.random.Generator]:
@@ -182,11 +187,20 @@ def _check_link_reachable(config: SimConfig, gpus: dict) -> None:
                     f"cannot share one NVLink node; use placement = \"inter_node\"")
 
 
-def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
-    """Simulate ``config``; ``progress`` (optional) is called with the simulated time."""
+def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunResult:
+    """Simulate ``config``; ``progress`` (optional) is called now and then with the
+    simulated time, the first and the last arrival time (s)."""
     streams = seed_streams(config.seed, ("workload", "routing"))
     workload = build_workload(config.workload, streams["workload"])
     model = get_model(config.model)
+    num_over_long = 0
+    if config.workload.over_long != "error":
+        workload, num_over_long = fit_context(workload, model.max_context_tokens,
+                                              config.workload.over_long)
+        if not len(workload):
+            raise FleetsimInputError("workload.over_long", "drop",
+                                     f"every request exceeds the {model.max_context_tokens:,}"
+                                     f"-token context of {model.name}; use clip")
     eng = config.engine
     pools, pool_infos = build_pools(config, model)
     if workload.hash_ids is not None and workload.hash_block_tokens % eng.block_size:
@@ -200,6 +214,9 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         raise FleetsimInputError("policy.ordering", "priority", "the workload has no priority "
                                  "column; add one to the trace or use fcfs")
     until_s = config.until_s if config.until_s is not None else math.inf
+    source: Any = (ClosedLoopSource(workload, config.workload.max_concurrency)
+                   if config.workload.max_concurrency is not None else WorkloadSource(workload))
+    tracker = TrackingSource(source) if until_s < math.inf else None
     router = make_router(config.cluster.router)
     decode_router = make_router(config.cluster.decode_router, "cluster.decode_router")
     try:
@@ -220,11 +237,12 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
             fast_forward=eng.fast_forward,
             debug=eng.debug,
             until_s=until_s,
-            progress=progress,
+            progress=_progress(progress, workload),
+            source=tracker or source,
         )
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
-    num_arrived = int(np.searchsorted(workload.arrival_s, until_s, side="right"))
+    num_arrived = tracker.num_arrived if tracker is not None else len(workload)
     replica_pool = cluster.pool_of
     summary = summarize(
         records,
@@ -243,6 +261,13 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         "usd_per_million_tokens": _per_million(usd_per_hour, tokens_per_s),
         "usd_per_million_output_tokens": _per_million(usd_per_hour, thr["output_tokens_per_s"]),
     }
+    summary["workload_fit"] = {"over_long": config.workload.over_long,
+                               "num_over_long": num_over_long,
+                               "max_context_tokens": model.max_context_tokens}
+    if config.workload.max_concurrency is not None:
+        summary["max_concurrency"] = config.workload.max_concurrency
+    summary["overload"] = overload_check(summary, records, workload)
+    summary["kv_cache"]["num_kv_blocks"] = int(pools[0].num_kv_blocks)
     summary["kv_cache"]["num_prefix_evictions"] = sum(
         r.kv.prefix.num_evicted for r in cluster.replicas)
     summary["routing"] = _routing_report(config, router, decode_router,
@@ -257,7 +282,59 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         "workload": workload.name, "perf_sources": first["perf_sources"],
         **summary,
     }
-    return RunResult(to_plain(config), summary, records, workload)
+    summary["engine_build"] = engine_build()
+    unfinished = sorted(tracker.in_flight.values(), key=lambda r: r.id) if tracker else []
+    return RunResult(to_plain(config), summary, records, workload, unfinished)
+
+
+def _progress(progress: Callable[..., None] | None, workload: Workload) -> ProgressFn | None:
+    if progress is None:
+        return None
+    first, last = float(workload.arrival_s[0]), float(workload.arrival_s[-1])
+    return lambda now_s: progress(now_s, first, last)
+
+
+def engine_build() -> str:
+    """fleetsim's version and which engine ran: "0.1.0, mypyc" or "0.1.0, python (why)"."""
+    from fleetsim import __version__
+    from fleetsim.native import engine
+
+    return f"{__version__}, {engine()}"
+
+
+def overload_check(summary: dict[str, Any], records: Records,
+                   workload: Workload) -> dict[str, Any]:
+    """Whether the queue grew for the whole run, and the offered load over capacity.
+
+    Offered load is the arrival rate over the arrivals' span; capacity is estimated by the
+    completion rate over the makespan, which an overloaded system drains at. The queue
+    "grew for the whole run" when the waiting queue, averaged over each quarter of the
+    arrivals' span, rose quarter after quarter and the run drained well after the last
+    arrival (more than a quarter of the span)."""
+    tl = summary.get("timeline") or {}
+    waiting = tl.get("mean_waiting") or []
+    n = summary["num_requests"]
+    span = float(workload.arrival_s[-1] - workload.arrival_s[0]) if len(workload) else 0.0
+    makespan = summary["makespan_s"]
+    finished = summary["num_finished"]
+    ratio = None
+    if span > 0 and makespan > 0 and finished:
+        ratio = (n / span) / (finished / makespan)
+    grew = False
+    if span > 0 and len(waiting) >= 8:
+        edges = np.asarray(tl["bin_start_s"]) - float(workload.arrival_s[0])
+        inside = [w for e, w in zip(edges, waiting, strict=True) if e < span]
+        if len(inside) >= 4:
+            q = np.array_split(np.asarray(inside, dtype=float), 4)
+            means = [float(x.mean()) for x in q]
+            grew = (all(b > a for a, b in zip(means, means[1:], strict=False))
+                    and makespan > 1.25 * span and means[-1] >= 2)
+    out: dict[str, Any] = {"queue_grew": grew, "offered_over_capacity": ratio}
+    if grew and ratio is not None:
+        out["warning"] = (f"queue grew for the whole run: offered load is about "
+                          f"{ratio:.1f} x capacity; lower the rate (workload.rate_scale) or "
+                          f"add replicas")
+    return out
 
 
 def _routing_report(config: SimConfig, router: Any, decode_router: Any,

@@ -100,8 +100,11 @@ def test_fast_forward_equals_step_by_step(workload, kv_blocks, ordering, max_run
     slow, _ = simulate(workload, fast_forward=False, batch_policy=_policy(spec), **kw)
     fast, _ = simulate(workload, fast_forward=True, windows_stop_at_arrivals=stop_at_arrivals,
                        batch_policy=_policy(spec), **kw)
-    for col, values in slow.requests.items():
+    for col, values in slow.requests.items():  # ITL columns included (last_token_s, p99, max)
         assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    # every gap between output tokens, pooled
+    assert np.array_equal(slow.itl_gaps_s, fast.itl_gaps_s)
+    assert np.array_equal(slow.itl_counts, fast.itl_counts)
     assert slow.num_steps == fast.num_steps
     assert np.isclose(slow.kv_block_seconds_by_replica[0], fast.kv_block_seconds_by_replica[0],
                       rtol=1e-9)
@@ -152,6 +155,9 @@ def test_fast_forward_is_exact_for_models_with_only_vectorized_decode(
     slow, _ = simulate(workload, fast_forward=False, **kw)
     fast, _ = simulate(workload, fast_forward=True, windows_stop_at_arrivals=stop_at_arrivals,
                        **kw)
-    for col, values in slow.requests.items():
+    for col, values in slow.requests.items():  # ITL columns included (last_token_s, p99, max)
         assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    # every gap between output tokens, pooled
+    assert np.array_equal(slow.itl_gaps_s, fast.itl_gaps_s)
+    assert np.array_equal(slow.itl_counts, fast.itl_counts)
     assert slow.num_steps == fast.num_steps

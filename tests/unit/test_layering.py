@@ -23,12 +23,14 @@ ALLOWED = {
     "metrics": {"serving"},
     "moe": {"hardware", "models", "perf"},
     "config": {"metrics", "moe", "policies", "workloads"},
-    "run": {"config", "hardware", "metrics", "models", "moe", "perf", "policies", "serving",
-            "workloads"},
+    "run": {"config", "hardware", "metrics", "models", "moe", "native", "perf", "policies",
+            "serving", "workloads"},
+    "configdoc": {"config"},
+    "vllm_json": {"metrics"},
     "search": {"config", "hardware", "metrics", "models", "perf", "results", "run", "serving",
                "workloads"},
     "sweep": {"config", "run", "results"},
-    "results": {"metrics"},
+    "results": {"metrics", "serving"},
     "report": {"results"},
     "repro": {"config", "run", "workloads", "metrics", "perf", "models", "hardware",
               "serving"},
@@ -38,7 +40,7 @@ ALLOWED = {
     "__init__": {"native"},
     "cli": None,  # the front end may import anything
 }
-LEAVES = {"errors", "configutil", "formatting", "inputs", "registry"}  # shared helpers
+LEAVES = {"errors", "configutil", "formatting", "inputs", "output", "registry"}  # shared helpers
 
 
 def fleetsim_imports(path: Path) -> set[str]:

@@ -162,7 +162,7 @@ def test_failed_write_keeps_the_old_set_byte_for_byte(tmp_path, capsys, monkeypa
     real = getattr(results, victim)
     calls = []
 
-    def failing(path, data):
+    def failing(path, data, *rest):
         calls.append(path.name)
         if len(calls) == 2 or victim == "write_requests_csv":  # after a file was written
             if fault == "oserror":
@@ -170,10 +170,10 @@ def test_failed_write_keeps_the_old_set_byte_for_byte(tmp_path, capsys, monkeypa
             if fault == "interrupt":
                 raise KeyboardInterrupt
             os.kill(os.getpid(), signal.SIGTERM)
-        real(path, data)
+        real(path, data, *rest)
 
     monkeypatch.setattr(results, victim, failing)
-    code = main(["run", *TINY, "--set", "seed=2", "--out", str(out)])
+    code = main(["run", *TINY, "--set", "seed=2", "--out", str(out), "--force"])
     err = capsys.readouterr()[1]
     assert code == {"oserror": 2, "interrupt": 130, "sigterm": 143}[fault]
     assert "earlier results" in err and "Traceback" not in err
@@ -185,7 +185,8 @@ def test_successful_run_replaces_every_file(tmp_path, old_run):
     out = tmp_path / "res"
     _restore(out, old_run)
     (out / "error.txt").write_text("stale")
-    assert main(["run", *TINY, "--set", "seed=2", "--out", str(out)]) == 0
+    assert main(["run", *TINY, "--set", "seed=2", "--out", str(out)]) == 2  # refused
+    assert main(["run", *TINY, "--set", "seed=2", "--out", str(out), "--force"]) == 0
     new = snapshot(out)
     assert set(new) == {"summary.json", "config.json", "requests.csv"}
     assert new["config.json"] != old_run["config.json"]
@@ -213,10 +214,10 @@ def _spec(tmp_path: Path, values: str) -> Path:
 def test_resweep_leaves_no_stale_points(tmp_path, capsys):
     out = tmp_path / "sw"
     assert main(["sweep", str(_spec(tmp_path, '"h100", "a100"')), "--workers", "1",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--force"]) == 0
     assert sorted(p.name for p in (out / "points").iterdir()) == ["0", "1"]
     assert main(["sweep", str(_spec(tmp_path, '"h100"')), "--workers", "1",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--force"]) == 0
     assert sorted(p.name for p in (out / "points").iterdir()) == ["0"]
     capsys.readouterr()
     no_strays(tmp_path)
@@ -225,10 +226,10 @@ def test_resweep_leaves_no_stale_points(tmp_path, capsys):
 def test_sweep_of_failures_keeps_earlier_good_sweep(tmp_path, capsys):
     out = tmp_path / "sw"
     assert main(["sweep", str(_spec(tmp_path, '"h100"')), "--workers", "1",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--force"]) == 0
     before = snapshot(out)
     assert main(["sweep", str(_spec(tmp_path, '"bogus"')), "--workers", "1",
-                 "--out", str(out)]) == 1
+                 "--out", str(out), "--force"]) == 1
     assert "keeps its earlier results" in capsys.readouterr()[1]
     assert snapshot(out) == before
     no_strays(tmp_path)
@@ -237,7 +238,7 @@ def test_sweep_of_failures_keeps_earlier_good_sweep(tmp_path, capsys):
 def test_interrupted_sweep_keeps_earlier_sweep(tmp_path, capsys, monkeypatch):
     out = tmp_path / "sw"
     assert main(["sweep", str(_spec(tmp_path, '"h100"')), "--workers", "1",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--force"]) == 0
     before = snapshot(out)
 
     def interrupted(*args, **kwargs):
@@ -245,7 +246,7 @@ def test_interrupted_sweep_keeps_earlier_sweep(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr("fleetsim.sweep.driver.write_table", interrupted)
     assert main(["sweep", str(_spec(tmp_path, '"h100", "a100"')), "--workers", "1",
-                 "--out", str(out)]) == 130
+                 "--out", str(out), "--force"]) == 130
     assert snapshot(out) == before
     no_strays(tmp_path)
 

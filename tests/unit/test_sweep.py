@@ -139,6 +139,8 @@ def test_cli_sweep_runs_prints_and_writes(tmp_path, capsys):
     assert "2/4 points ok" in stderr
     assert len(json.loads((out / "sweep.json").read_text())["points"]) == 4
     code = main(["sweep", str(spec), "--workers", "1", "--out", str(out), "--json"])
+    assert code == 2 and "--force" in capsys.readouterr()[1]  # earlier results kept
+    code = main(["sweep", str(spec), "--workers", "1", "--out", str(out), "--json", "--force"])
     rows = json.loads(capsys.readouterr()[0])
     assert code == 0
     assert [r["status"] for r in rows] == ["ok", "ok"]

@@ -50,12 +50,50 @@ def per_request_latencies(req: dict[str, NDArray]) -> dict[str, NDArray]:
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(outputs > 1, (req["finish_s"] - req["first_token_s"]) / (outputs - 1),
                         np.nan)
+        itl_mean = np.where(outputs > 1, (req["last_token_s"] - req["first_token_s"])
+                            / (outputs - 1), np.nan)
     return {
         "ttft_s": req["first_token_s"] - arrival,
         "tpot_s": tpot,
         "e2e_s": req["finish_s"] - arrival,
         "queueing_s": req["first_scheduled_s"] - arrival,
+        "itl_mean_s": itl_mean,
+        "itl_p99_s": req["itl_p99_s"],
+        "itl_max_s": req["itl_max_s"],
     }
+
+
+def weighted_percentiles(values: NDArray, counts: NDArray, pcts: list[float]) -> list[float]:
+    """``np.percentile(np.repeat(values, counts), pcts)`` (linear) without expanding:
+    ``values`` sorted ascending, ``counts`` > 0."""
+    cum = np.cumsum(counts)
+    n = int(cum[-1])
+    out = []
+    for p in pcts:
+        pos = (n - 1) * (p / 100.0)
+        lo = int(math.floor(pos))
+        hi = min(lo + 1, n - 1)
+        a = float(values[np.searchsorted(cum, lo, side="right")])
+        b = float(values[np.searchsorted(cum, hi, side="right")])
+        t = pos - lo
+        diff = b - a
+        out.append(b - diff * (1 - t) if t >= 0.5 else a + diff * t)
+    return out
+
+
+def itl_distribution(records: Records) -> dict[str, float | None]:
+    """Pooled gaps between output tokens of all requests (``vllm bench serve``'s ITL):
+    mean, std, p50/p90/p99, max, and how many gaps."""
+    g, c = records.itl_gaps_s, records.itl_counts
+    if g is None or c is None or g.size == 0:
+        return {"mean": None, "std": None, "p50": None, "p90": None, "p99": None,
+                "max": None, "num_gaps": 0}
+    n = int(c.sum())
+    mean = float((g * c).sum() / n)
+    std = float(math.sqrt(max(float((c * (g - mean) ** 2).sum()) / n, 0.0)))
+    p50, p90, p99 = weighted_percentiles(g, c, [50, 90, 99])
+    return {"mean": mean, "std": std, "p50": p50, "p90": p90, "p99": p99,
+            "max": float(g[-1]), "num_gaps": n}
 
 
 def distribution(values: NDArray) -> dict[str, float | None]:
@@ -100,6 +138,7 @@ def summarize(
         "tpot_s": distribution(lat["tpot_s"]),
         "e2e_s": distribution(lat["e2e_s"]),
         "queueing_s": distribution(lat["queueing_s"]),
+        "itl_s": itl_distribution(records),
         "throughput": {
             "requests_per_s": num_finished / makespan_s,
             "input_tokens_per_s": prompt_tokens / makespan_s,

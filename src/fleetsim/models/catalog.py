@@ -157,6 +157,32 @@ _ALIASES = {
 }
 
 
+HF_IDS = {
+    # Hugging Face repo id -> catalog name (matched case-insensitively); the first id of
+    # each model is the one `fleetsim models` shows.
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Llama-2-7b-hf": "llama-2-7b",
+    "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
+    "meta-llama/Llama-2-70b-hf": "llama-2-70b",
+    "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b",
+    "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b",
+    "Qwen/Qwen2.5-72B": "qwen2.5-72b",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
+    "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b",
+    "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b",
+    "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+    "deepseek-ai/DeepSeek-V3-0324": "deepseek-v3",
+}
+_HF_LOWER = {k.lower(): v for k, v in HF_IDS.items()}
+
+
 def list_models() -> list[ModelSpec]:
     """The built-in catalog."""
     return list(_BUILTIN)
@@ -173,6 +199,8 @@ def get_model(name_or_path: str) -> ModelSpec:
         return by_key[key]
     if key in _ALIASES:
         return by_key[_ALIASES[key].lower()]
+    if key in _HF_LOWER:
+        return by_key[_HF_LOWER[key]]
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"

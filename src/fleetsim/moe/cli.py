@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -120,7 +121,6 @@ def _as_dict(row: CompareRow) -> dict[str, object]:
 
 
 def _print_table(rows: list[CompareRow]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="MoE expert balancing (means over microbatches and layers)")
@@ -158,7 +158,9 @@ def _print_table(rows: list[CompareRow]) -> None:
             r.prefetchable,
             plan,
         )
-    Console(width=200).print(table)
+    from fleetsim.output import print_table
+
+    print_table(table)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,7 +170,10 @@ def run(args: argparse.Namespace) -> int:
 
         check_out_file(Path(args.plot), "--plot")
     rows: list[CompareRow] = []
-    for setup in _setups(args):
+    setups = list(_setups(args))
+    for k, setup in enumerate(setups, 1):
+        if sys.stderr.isatty():
+            print(f"moe compare: setup {k} of {len(setups)}...", file=sys.stderr, flush=True)
         # Planning time is a benchmark figure measured here, outside the simulator.
         rows += run_compare(setup, clock=time.perf_counter)
     if args.json:
@@ -178,4 +183,5 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_imbalance(rows, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0

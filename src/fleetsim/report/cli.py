@@ -19,8 +19,12 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    import sys
+
     from fleetsim.report import write_report
 
+    if sys.stderr.isatty():
+        print(f"reading {args.dir} and drawing the report...", file=sys.stderr, flush=True)
     path = write_report(args.dir, args.out)
     print(f"report written to {path}")
     return 0

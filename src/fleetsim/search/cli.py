@@ -18,6 +18,7 @@ from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
+from fleetsim.output import print_table
 
 DEFAULT_PLAN_GPUS = "h100,a100,h200"
 EXIT_NOTHING_FEASIBLE = 1
@@ -79,10 +80,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 # ---- goodput ------------------------------------------------------------------------------
 def cmd_goodput(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
-    from fleetsim.search.goodput import check_search_args, goodput_search, goodput_to_dict
+    from fleetsim.search.goodput import (
+        check_search_args,
+        check_slo_reachable,
+        goodput_search,
+        goodput_to_dict,
+    )
 
     check_search_args(args.target, args.min_rate, args.max_rate, args.tol, args.max_runs)
     config = load_config(args.config, args.overrides)
+    check_slo_reachable(config, args.target)
     err_console = Console(stderr=True)
 
     def on_probe(rate_per_s: float, attainment: float) -> None:
@@ -96,7 +103,6 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
         return 0
-    console = Console()
     table = Table(title=f"goodput search: {100 * args.target:g}% within TTFT<="
                   f"{config.slo.ttft_s:g}s, TPOT<={config.slo.tpot_s:g}s")
     for col in ("#", "rate (req/s)", "attainment", "TTFT ok", "TPOT ok", "met"):
@@ -105,9 +111,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         table.add_row(str(i), f"{p['rate_per_s']:.3f}", f"{100 * p['attainment']:.1f}%",
                       f"{100 * p['ttft_attainment']:.1f}%", f"{100 * p['tpot_attainment']:.1f}%",
                       "yes" if p["passed"] else "no")
-    console.print(table)
+    print_table(table)
     for line in goodput_lines(result):
-        console.print(line)
+        print(line)
     return 0
 
 
@@ -120,7 +126,9 @@ def goodput_lines(r: dict[str, Any]) -> list[str]:
         fail = r["lowest_failing_rate_per_s"]
         fail_text = ("no rate failed" if fail is None
                      else f"lowest failing rate {_fmt(fail)} req/s")
-        lines = [f"goodput: {rate:.3f} req/s (attainment {100 * r['attainment_at_goodput']:.1f}%"
+        met = 100 * r["attainment_at_goodput"]
+        lines = [f"goodput: {rate:.3f} req/s, the highest rate at which --target of requests "
+                 f"meet the SLO, by search over rates (attainment {met:.1f}%"
                  f"; {fail_text}; {r['num_runs']} runs)"]
         lines.append(f"cost: ${r['usd_per_hour']:.2f}/hour for {r['num_gpus']} GPU(s), "
                      f"${_fmt(r['usd_per_million_tokens'])}/M tokens, "
@@ -163,7 +171,7 @@ def cmd_slo_scale(args: argparse.Namespace) -> int:
     table.caption = (f"{result['num_finished']:,} of {result['num_requests']:,} requests "
                      f"finished; median E2E {_fmt(result['e2e_p50_s'])} s vs standalone "
                      f"{_fmt(result['standalone_e2e_p50_s'])} s")
-    Console().print(table)
+    print_table(table)
     return 0
 
 
@@ -215,12 +223,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  f"--max-gpus to at least {tps[0]}")
     err_console = Console(stderr=True)
     show = err_console.is_terminal and not args.json
+    done = [0]
 
     def on_point(point: Any) -> None:
+        done[0] += 1
         if show:
             rate = point.goodput_rate_per_s
-            err_console.print(f"  {point.shape.name}: " + (
+            err_console.print(f"  [{done[0]}/{len(shapes)}] {point.shape.name}: " + (
                 "infeasible" if point.goodput is None else f"{_fmt(rate)} req/s"))
+
+    if show:
+        err_console.print(f"planning {len(shapes)} cluster shapes (one goodput search each)")
 
     points = plan(config, shapes, target=args.target, rel_tol=args.tol,
                   max_runs=args.max_runs, requests_per_gpu=args.requests_per_gpu or None,
@@ -244,6 +257,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from fleetsim.search.plot import plot_plan
 
         plot_plan(result, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     if args.json:
         print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
     else:
@@ -266,13 +280,12 @@ def _print_plan(result: dict[str, Any], config: Any) -> None:
     num_feasible = sum(1 for r in rows if "infeasible" not in r)
     table.caption = (f"{num_feasible} feasible shape(s) searched, "
                      f"{len(result['front'])} on the front")
-    console = Console()
-    console.print(table)
+    print_table(table)
     for r in rows:
         if "infeasible" in r:
-            console.print(f"infeasible: {r['shape']}: {r['infeasible']}")
+            print(f"infeasible: {r['shape']}: {r['infeasible']}")
         elif r["goodput_requests_per_s"] is None:
-            console.print(f"no goodput: {r['shape']} misses the SLO at every rate tried")
+            print(f"no goodput: {r['shape']} misses the SLO at every rate tried")
 
 
 def _json_safe(obj: Any) -> Any:

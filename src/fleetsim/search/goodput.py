@@ -140,6 +140,53 @@ def goodput_search(
                          cluster_usd_per_hour(config), num_gpus(config))
 
 
+def check_slo_reachable(config: SimConfig, target: float, sample: int = 2000) -> None:
+    """Fail fast (exit 2) when even alone on an idle replica fewer than ``target`` of the
+    requests would meet the SLO: no rate can, and walking the rate down would only say
+    "goodput 0" after many runs. Standalone TTFT is the prompt's chunked prefill, standalone
+    TPOT the mean decode step at batch size 1 (``serving/standalone.py``), on the fastest
+    pool; the first ``sample`` requests are checked."""
+    import numpy as np
+
+    from fleetsim.hardware import get_gpu
+    from fleetsim.models import get_model
+    from fleetsim.perf import build_step_model
+    from fleetsim.run import seed_streams
+    from fleetsim.serving.standalone import decode_time_s, prefill_time_s
+    from fleetsim.workloads import build_workload
+
+    workload = build_workload(config.workload, seed_streams(config.seed, ("workload",))[
+        "workload"])
+    prompt = workload.num_prompt_tokens[:sample].tolist()
+    output = workload.num_output_tokens[:sample].tolist()
+    model = get_model(config.model)
+    budget = config.engine.max_batched_tokens
+    best_ttft = np.full(len(prompt), np.inf)
+    best_tpot = np.full(len(prompt), np.inf)
+    for pool in config.pools:
+        step = build_step_model(model, get_gpu(pool.gpu, config.hardware.catalog), pool.tp,
+                                backend=config.perf_backend)
+        if pool.role != "decode":
+            cache: dict[int, float] = {}
+            ttft = [cache.setdefault(p, prefill_time_s(step, p, budget)) if p not in cache
+                    else cache[p] for p in prompt]
+            best_ttft = np.minimum(best_ttft, ttft)
+        if pool.role != "prefill":
+            tpot = [decode_time_s(step, p, o) / (o - 1) if o > 1 else 0.0
+                    for p, o in zip(prompt, output, strict=True)]
+            best_tpot = np.minimum(best_tpot, tpot)
+    slo = config.slo
+    met = (best_ttft <= slo.ttft_s) & (best_tpot <= slo.tpot_s)
+    share = float(met.mean())
+    if share < target:
+        raise FleetsimInputError(
+            "slo", f"ttft_s={slo.ttft_s:g}, tpot_s={slo.tpot_s:g}",
+            f"even alone on an idle replica only {100 * share:.1f}% of requests would meet it "
+            f"(standalone TTFT p50 {float(np.median(best_ttft)):.4g} s, TPOT p50 "
+            f"{float(np.median(best_tpot)):.4g} s), below --target {target:g}: no rate can; "
+            f"loosen the SLO, lower --target or use faster GPUs")
+
+
 def check_search_args(target: float, min_rate_per_s: float | None,
                       max_rate_per_s: float | None, rel_tol: float, max_runs: int) -> None:
     """One-line input errors naming the CLI flag."""

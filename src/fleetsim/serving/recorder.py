@@ -11,13 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetsim.serving.request import Request
+from fleetsim.serving.request import Request, itl_stats
 
 REQUEST_COLUMNS = (
     "request_id", "replica_id", "arrival_s", "num_prompt_tokens", "num_output_tokens",
     "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions",
     "num_prefix_hit_tokens", "num_computed_tokens", "num_recomputed_tokens",
-    "prefill_replica_id", "kv_transfer_s", "num_swaps",
+    "prefill_replica_id", "kv_transfer_s", "num_swaps", "last_token_s", "itl_p99_s",
+    "itl_max_s",
 )
 
 
@@ -34,6 +35,8 @@ class Records:
     kv_block_seconds_by_replica: dict[int, float]
     timeline_origin_s: float = 0.0  # timeline bins: [origin + m * bin_s, origin + (m+1) * bin_s)
     timeline_bin_s: float = 0.0  # 0: not binned (windows ran past bin edges)
+    itl_gaps_s: NDArray | None = None  # every gap between output tokens, as distinct values
+    itl_counts: NDArray | None = None  # ... with how many times each occurred
 
 
 class OnlineMetrics:
@@ -77,19 +80,40 @@ class Recorder:
         # Online metrics are kept only when asked for (a controller reads them).
         self.online: OnlineMetrics | None = None
         self.pool_of: list[str] = pool_of if pool_of is not None else []  # replica -> pool
+        # Inter-token gaps (serving/itl.py): (gap, count) pairs, and windows' end times
+        # (one row per window: offset into _win_ends, steps, decoders) with the steps at
+        # which decoders left them (window index, step).
+        self._itl_pairs = array("d")
+        self._win_ends = array("d")
+        self._win_rows = array("q")
+        self._win_finishes = array("q")
 
     def keep_online_metrics(self) -> OnlineMetrics:
         if self.online is None:
             self.online = OnlineMetrics()
         return self.online
 
+    def itl_gap(self, gap_s: float, count: int) -> None:
+        self._itl_pairs.extend((gap_s, count))
+
+    def itl_window(self, ends: list[float], num_steps: int, num_decoders: int,
+                   finishes: list[int]) -> None:
+        """Steps 1 .. num_steps - 1 of a window: gap ends[j] - ends[j - 1] for each decoder
+        still in it (decoders leave after their step ``finishes[i]`` - 1)."""
+        w = len(self._win_rows) // 3
+        self._win_rows.extend((len(self._win_ends), num_steps, num_decoders))
+        self._win_ends.extend(ends[:num_steps])
+        for f in finishes:
+            self._win_finishes.extend((w, f))
+
     def on_finish(self, replica_id: int, req: Request) -> None:
+        itl_p99, itl_max = itl_stats(req)
         self._rows.extend((
             req.id, replica_id, req.arrival_s, req.num_prompt_tokens, req.num_output_tokens,
             req.first_scheduled_s, req.first_token_s, req.finish_s, req.num_preemptions,
             req.num_prefix_hit_tokens, req.num_computed_tokens_total, req.num_recomputed_tokens,
             replica_id if req.prefill_replica_id is None else req.prefill_replica_id,
-            req.kv_transfer_s, req.num_swaps,
+            req.kv_transfer_s, req.num_swaps, req.last_token_s, itl_p99, itl_max,
         ))
         online = self.online
         if online is not None:
@@ -125,9 +149,44 @@ class Recorder:
         requests = {name: col[order] for name, col in requests.items()}
         timeline = _columns(self._timeline, TIMELINE_COLUMNS,
                             set(TIMELINE_COLUMNS) - {"end_s", "busy_s", "kv_block_seconds"})
+        gaps, counts = self._itl_arrays()
         return Records(requests, timeline, self.num_steps, dict(self.busy_s_by_replica),
                        dict(self.kv_block_seconds_by_replica), self.timeline_origin_s,
-                       self.timeline_bin_s)
+                       self.timeline_bin_s, gaps, counts)
+
+    def _itl_arrays(self) -> tuple[NDArray, NDArray]:
+        """All gaps between output tokens as (distinct gap, count), sorted by gap."""
+        pairs = np.frombuffer(self._itl_pairs, dtype=np.float64).reshape(-1, 2)
+        gaps, counts = [pairs[:, 0]], [pairs[:, 1]]
+        rows = np.frombuffer(self._win_rows, dtype=np.int64).reshape(-1, 3)
+        if rows.size:
+            ends = np.frombuffer(self._win_ends, dtype=np.float64)
+            offset, steps, num = rows[:, 0], rows[:, 1], rows[:, 2]
+            # decoders in step j of each window: num, less those that left at steps <= j
+            size = ends.size + 1
+            delta = (np.bincount(offset + 1, weights=num, minlength=size)
+                     - np.bincount(offset + steps, weights=num, minlength=size))
+            fin = np.frombuffer(self._win_finishes, dtype=np.int64).reshape(-1, 2)
+            if fin.size:
+                w, f = fin[:, 0], fin[:, 1]
+                delta -= np.bincount(offset[w] + f, minlength=size)
+                delta += np.bincount(offset[w] + steps[w], minlength=size)
+            weight = np.rint(np.cumsum(delta)[:-1]).astype(np.int64)
+            inner = weight > 0
+            inner[0] = False
+            idx = np.flatnonzero(inner)
+            gaps.append(ends[idx] - ends[idx - 1])
+            counts.append(weight[idx].astype(np.float64))
+        g = np.concatenate(gaps)
+        c = np.concatenate(counts)
+        order = np.argsort(g, kind="stable")
+        g, c = g[order], c[order]
+        if g.size:  # merge equal gaps
+            keep = np.concatenate(([True], g[1:] != g[:-1]))
+            starts = np.flatnonzero(keep)
+            c = np.add.reduceat(c, starts)
+            g = g[starts]
+        return g, c.astype(np.int64)
 
 
 TIMELINE_COLUMNS = ("end_s", "replica_id", "busy_s", "num_steps", "num_tokens",

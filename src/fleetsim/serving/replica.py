@@ -30,6 +30,7 @@ from typing import Any, Final
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.serving import itl
 from fleetsim.serving.capabilities import capabilities_of
 from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
 from fleetsim.serving.kv_moves import KVMoves
@@ -291,7 +292,9 @@ class Replica:
         said so), so open a window without planning, if the first step's blocks are free."""
         step = Step(self.sim.now_s)
         step.decodes = self.running.copy()
-        through = self.on_blocks_freed is None and self.until_s == math.inf
+        # A source told of finishes may send a request at a finish: stop there.
+        through = (self.on_blocks_freed is None and self.on_finish is None
+                   and self.until_s == math.inf)
         if self._windows.open(step, self.until_s, through) is None:
             return False
         if self.debug:
@@ -478,6 +481,7 @@ class Replica:
         if self._windows.cut(step, self.sim.now_s):
             self.sim.schedule(step.end_s, STEP_END, (self, step))
         k = step.num_steps
+        itl.on_window(step, k - 1, self.recorder)
         self._windows.settle(step, k - 1, self._finish)
         # Its rows wait for the step in progress, which continues the last stretch: they
         # are written as one when it ends (``_commit_step``), as many rows as a window.
@@ -549,6 +553,7 @@ class Replica:
 
     def _commit_window(self, step: Step, now_s: float) -> list[Request]:
         """A window's end: settle it, finish its last step's requests, record it."""
+        itl.on_window(step, step.num_steps, self.recorder)
         self._windows.settle(step, step.num_steps, self._finish)
         w = step.window
         assert w is not None
@@ -560,6 +565,7 @@ class Replica:
 
     def _commit_step(self, step: Step, now_s: float) -> list[Request]:
         """Commit one step's chunks and decodes; returns the requests it finished."""
+        itl.on_step(step, now_s, self.recorder)
         kv = self.kv
         done: list[Request] = []
         handoff: list[Request] = []

@@ -83,6 +83,10 @@ class Request:
     first_scheduled_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan
+    last_token_s: float = math.nan
+    """When the latest output token was emitted (``serving/itl.py``)."""
+    itl_top: list[float] | None = None
+    """The largest gaps between output tokens so far, a min-heap (``serving/itl.py``)."""
 
     @property
     def is_running(self) -> bool:
@@ -98,3 +102,21 @@ class Request:
     def num_tokens_to_next_output(self) -> int:
         """Tokens to compute before the next output token is emitted (1 while decoding)."""
         return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+
+
+def itl_stats(r: Request) -> tuple[float, float]:
+    """(p99, max) of ``r``'s gaps between output tokens so far (NaN without a gap); the p99
+    as numpy's default (linear) percentile over all its gaps computes it."""
+    n = r.num_output_tokens - 1
+    top = r.itl_top
+    if n < 1 or top is None:
+        return (math.nan, math.nan)
+    vals = sorted(top, reverse=True)  # the largest gaps, descending (zeros pad short ones)
+    pos = (n - 1) * 0.99
+    lo = int(pos)
+    t = pos - lo
+    a = vals[n - 1 - lo]  # ascending index i is descending rank n - 1 - i
+    b = vals[n - 2 - lo] if lo + 1 <= n - 1 else a
+    diff = b - a
+    # numpy's _lerp, for bit-equal results
+    return ((b - diff * (1 - t)) if t >= 0.5 else (a + diff * t), vals[0])

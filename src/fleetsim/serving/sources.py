@@ -84,3 +84,64 @@ class WorkloadSource:
             max_output_tokens=self.output[i],
             hash_ids=self.hash_ids[i] if self.hash_ids is not None else (),
             priority=self.priority[i] if self.priority is not None else 0)
+
+
+class ClosedLoopSource(WorkloadSource):
+    """At most ``max_concurrency`` requests in flight (``vllm bench serve
+    --max-concurrency``): row i is sent at its arrival time or, when every slot is busy then,
+    the moment one frees, in row order. A request's ``arrival_s`` is when it is sent, so its
+    latencies are measured from there, as the benchmark client measures them."""
+
+    wants_finishes = True
+
+    def __init__(self, workload: Workload, max_concurrency: int) -> None:
+        super().__init__(workload)
+        self.max_concurrency = max_concurrency
+
+    def start(self, ctx: SourceContext) -> None:
+        for _ in range(min(self.max_concurrency, len(self.arrival_s))):
+            self._send_next(ctx, 0.0)
+
+    def on_arrival(self, req: Request, ctx: SourceContext) -> None:
+        return None
+
+    def on_finish(self, req: Request, ctx: SourceContext) -> None:
+        self._send_next(ctx, ctx.now_s)
+
+    def _send_next(self, ctx: SourceContext, free_s: float) -> None:
+        i = self._next
+        if i < len(self.arrival_s):
+            self._next = i + 1
+            at_s = max(self.arrival_s[i], free_s)
+            req = self.request(ctx.new_request_id(), i)
+            req.arrival_s = at_s
+            ctx.submit_at(at_s, req)
+
+
+class TrackingSource:
+    """Wraps a source and keeps the requests that arrived and have not finished (a run cut
+    at ``until_s`` reports them), by id."""
+
+    wants_finishes = True
+
+    def __init__(self, inner: RequestSource) -> None:
+        self.inner = inner
+        self.in_flight: dict[int, Request] = {}  # request id -> request
+        self.num_arrived = 0
+
+    @property
+    def num_requests(self) -> int | None:
+        return self.inner.num_requests
+
+    def start(self, ctx: SourceContext) -> None:
+        self.inner.start(ctx)
+
+    def on_arrival(self, req: Request, ctx: SourceContext) -> None:
+        self.in_flight[req.id] = req
+        self.num_arrived += 1
+        self.inner.on_arrival(req, ctx)
+
+    def on_finish(self, req: Request, ctx: SourceContext) -> None:
+        del self.in_flight[req.id]
+        if self.inner.wants_finishes:
+            self.inner.on_finish(req, ctx)

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.output import add_format_flag, output_format, print_csv, print_table
 
 EXIT_ALL_FAILED = 1
 MAX_WORKERS = 1024
@@ -36,7 +37,9 @@ def add_parser(subparsers: Any) -> None:
                    help="run points as Ray tasks: local (start one here), auto (the running "
                    "cluster) or ray://HOST:PORT; needs pip install 'fleetsim[ray]'")
     p.add_argument("--out", default=None, help="sweep folder (default: results/<spec name>)")
-    p.add_argument("--json", action="store_true", help="print the merged rows as JSON")
+    p.add_argument("--force", action="store_true",
+                   help="replace the earlier results in the folder (else refused)")
+    add_format_flag(p)
     p.set_defaults(handler=cmd_sweep)
 
 
@@ -50,7 +53,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise FleetsimInputError("--workers", args.workers, f"must be at most {MAX_WORKERS}")
     spec = load_spec(args.spec, args.overrides, args.grid)
     out = Path(args.out) if args.out else Path("results") / Path(args.spec).stem
-    check_out_dir(out)
+    check_out_dir(out, force=args.force)
     existed = out.exists()
     if args.ray_address is not None:
         backend, workers = "ray", args.workers
@@ -62,13 +65,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     rows = _run_with_progress(spec, out, backend, workers, args.ray_address, console)
     wall_s = time.perf_counter() - started
     num_ok = sum(r["status"] == "ok" for r in rows)
-    if args.json:
+    fmt = output_format(args)
+    if fmt == "json":
         print(json.dumps(rows, indent=2, default=str, allow_nan=False))
+    elif fmt == "csv":
+        print_csv(rows)
     else:
-        stdout = Console()
-        if not stdout.is_terminal:  # piped: rich's 80 columns would truncate every cell
-            stdout = Console(width=160)
-        stdout.print(sweep_table(spec.keys, rows))
+        print_table(sweep_table(spec.keys, rows))
+        stdout = Console(soft_wrap=True)
         for r in rows:
             if r["status"] != "ok":
                 stdout.print(f"[red]point {r['index']} failed[/red]: {escape(r['error'])}",
@@ -116,7 +120,7 @@ def sweep_table(keys: tuple[str, ...], rows: list[dict[str, Any]]) -> Table:
         table.add_column(name if short.count(name) == 1 else key)
     cols = (("TTFT p99 s", "ttft_p99_s"), ("TPOT p99 s", "tpot_p99_s"),
             ("E2E p99 s", "e2e_p99_s"), ("req/s", "throughput_requests_per_s"),
-            ("SLO", "slo_attainment"), ("goodput req/s", "goodput_requests_per_s"))
+            ("SLO", "slo_attainment"), ("SLO-met req/s at load", "goodput_requests_per_s"))
     has_cost = any(r.get("usd_per_hour") is not None for r in rows)
     if has_cost:
         cols += (("$/hour", "usd_per_hour"),)
@@ -132,6 +136,6 @@ def sweep_table(keys: tuple[str, ...], rows: list[dict[str, Any]]) -> Table:
         for _, col in cols:
             v = r.get(col)
             cells.append(f"{100 * v:.1f}%" if col == "slo_attainment" and v is not None
-                         else _fmt(v) if v is None or abs(v) >= 100 else f"{v:.3g}")
+                         else _fmt(v) if v is None or abs(v) >= 100 else f"{v:.4g}")
         table.add_row(*values, "ok", *cells)
     return table

@@ -185,15 +185,17 @@ def _strip_optional(hint: Any) -> Any:
 def _base_data(base: Any, spec_path: Path) -> dict[str, Any]:
     if base is None:
         return {}
+    from fleetsim.config import resolve_paths
+
     if isinstance(base, Mapping):
-        return dict(base)
+        return resolve_paths(copy.deepcopy(dict(base)), spec_path.parent)
     if isinstance(base, str):
         # Relative to the spec file, so a spec and its config can move together.
         path = Path(base) if Path(base).is_absolute() else spec_path.parent / base
         if not path.exists():
             raise FleetsimInputError(f"{spec_path}: base", base,
                                      f"no such file {path} (paths are relative to the spec)")
-        return read_toml(path, "base config")
+        return resolve_paths(read_toml(path, "base config"), path.parent)
     raise FleetsimInputError(f"{spec_path}: base", base,
                              "expected a config file path or an inline [base] table")
 

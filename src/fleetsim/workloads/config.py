@@ -22,7 +22,14 @@ from fleetsim.workloads.distributions import (
     Uniform,
 )
 from fleetsim.workloads.loaders import FORMATS, load_trace
-from fleetsim.workloads.synthetic import ArrivalProcess, Constant, Gamma, Poisson, synthesize
+from fleetsim.workloads.synthetic import (
+    ArrivalProcess,
+    AtOnce,
+    Constant,
+    Gamma,
+    Poisson,
+    synthesize,
+)
 from fleetsim.workloads.transforms import head, scale_rate, time_slice
 from fleetsim.workloads.workload import Workload
 
@@ -33,7 +40,8 @@ LENGTH_KINDS: dict[str, tuple[str, ...]] = {
     "empirical": ("path", "column"),
 }
 """Length distribution kind -> the LengthConfig fields it needs (all others must stay unset)."""
-ARRIVALS = ("poisson", "gamma", "constant")
+ARRIVALS = ("poisson", "gamma", "constant", "at_once")
+OVER_LONG = ("error", "clip", "drop")
 SYNTHETIC_TRACE = "synthetic"
 """``trace`` value that selects a synthetic workload from TOML (which has no null)."""
 
@@ -125,9 +133,10 @@ class WorkloadConfig:
     max_requests: int | None = None
     """Keep at most this many requests (the earliest), after slicing."""
     arrival: str = "poisson"
-    """Synthetic arrival process: poisson | gamma | constant."""
+    """Synthetic arrival process: poisson | gamma | constant | at_once (every request at 0 s,
+    vLLM's --request-rate inf; needs num_requests, no rate_per_s)."""
     rate_per_s: float | None = None
-    """Synthetic: mean arrival rate in requests per second (required)."""
+    """Synthetic: mean arrival rate in requests per second (required unless at_once)."""
     cv: float = 1.0
     """Synthetic gamma arrivals: coefficient of variation of inter-arrival times (>1 bursty)."""
     num_requests: int | None = None
@@ -136,6 +145,13 @@ class WorkloadConfig:
     """Synthetic: prompt length distribution (required)."""
     output_tokens: LengthConfig | None = None
     """Synthetic: output length distribution (required)."""
+    max_concurrency: int | None = None
+    """Closed loop: at most this many requests in flight; a request is sent at its arrival
+    time or, when all slots are busy, as soon as one frees (vLLM bench's --max-concurrency).
+    None: open loop, every request at its arrival time."""
+    over_long: str = "error"
+    """Requests longer than the model's context (prompt + output): error | clip (cut the
+    prompt, then the output, to fit, as Vidur does) | drop. The count is in the summary."""
 
     @property
     def is_synthetic(self) -> bool:
@@ -162,6 +178,12 @@ class WorkloadConfig:
             raise ValueError(
                 f"max_requests must be >= 1 (or unset for all), got {self.max_requests}"
             )
+        if self.over_long not in OVER_LONG:
+            raise ValueError(f"over_long must be one of {', '.join(OVER_LONG)}, got "
+                             f"{self.over_long!r}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1 (or unset for an open loop), got "
+                             f"{self.max_concurrency}")
         if self.is_synthetic:
             self._check_synthetic()
         else:
@@ -188,10 +210,11 @@ class WorkloadConfig:
             )
 
     def _check_synthetic(self) -> None:
+        at_once = self.arrival == "at_once"
         missing = [
             name
             for name in ("rate_per_s", "prompt_tokens", "output_tokens")
-            if getattr(self, name) is None
+            if getattr(self, name) is None and not (at_once and name == "rate_per_s")
         ]
         if missing:
             raise ValueError(
@@ -210,12 +233,19 @@ class WorkloadConfig:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+        if at_once:
+            if self.num_requests is None:
+                raise ValueError("arrival = 'at_once' needs num_requests")
+            if self.rate_per_s is not None:
+                raise ValueError("arrival = 'at_once' sends every request at 0 s; remove "
+                                 "rate_per_s or pick another arrival process")
         if self.arrival != "gamma" and self.cv != 1.0:
             raise ValueError(
                 f"cv is only used with arrival = 'gamma' (arrival is {self.arrival!r}); "
                 f"remove cv or set arrival = 'gamma'"
             )
-        self.arrival_process()  # runs the process's own checks on rate_per_s and cv
+        if not at_once:
+            self.arrival_process()  # runs the process's own checks on rate_per_s and cv
 
     def arrival_process(self) -> ArrivalProcess:
         """The synthetic arrival process (before rate_scale)."""
@@ -240,15 +270,21 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
         until_s = None
         if cfg.duration_s is not None:  # generate up to the window's end, in unscaled time
             until_s = (cfg.start_s + cfg.duration_s) * cfg.rate_scale
-        workload = synthesize(
-            arrival=cfg.arrival_process(),
-            prompt_tokens=_distribution(prompt, "workload.prompt_tokens"),
-            output_tokens=_distribution(output, "workload.output_tokens"),
-            rng=rng,
-            num_requests=cfg.num_requests,
-            until_s=until_s,
-            name=f"synthetic {cfg.arrival} {cfg.rate_per_s:g}/s",
-        )
+        if cfg.arrival == "at_once":
+            workload = synthesize(
+                arrival=AtOnce(), prompt_tokens=_distribution(prompt, "workload.prompt_tokens"),
+                output_tokens=_distribution(output, "workload.output_tokens"), rng=rng,
+                num_requests=cfg.num_requests, name="synthetic, all at 0 s")
+        else:
+            workload = synthesize(
+                arrival=cfg.arrival_process(),
+                prompt_tokens=_distribution(prompt, "workload.prompt_tokens"),
+                output_tokens=_distribution(output, "workload.output_tokens"),
+                rng=rng,
+                num_requests=cfg.num_requests,
+                until_s=until_s,
+                name=f"synthetic {cfg.arrival} {cfg.rate_per_s:g}/s",
+            )
     else:
         assert cfg.trace is not None  # is_synthetic covers None
         workload = load_trace(cfg.trace, cfg.format, hash_block_tokens=cfg.hash_block_tokens)

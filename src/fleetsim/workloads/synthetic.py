@@ -118,6 +118,18 @@ class Constant:
         return np.full(n, 1.0 / self.rate_per_s)
 
 
+class AtOnce:
+    """Every request at 0 s (``vllm bench serve --request-rate inf``): zero inter-arrival
+    times; only with ``num_requests``."""
+
+    rate_per_s = math.inf
+    mean = 0.0
+    second_moment = 0.0
+
+    def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
+        return np.zeros(n)
+
+
 def arrival_times_s(
     process: ArrivalProcess,
     rng: np.random.Generator,

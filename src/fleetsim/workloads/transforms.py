@@ -65,3 +65,41 @@ def _take(workload: Workload, lo: int, hi: int, *, shift_s: float) -> Workload:
         hash_ids=None if workload.hash_ids is None else workload.hash_ids[lo:hi],
         priority=None if workload.priority is None else workload.priority[lo:hi],
     )
+
+
+def fit_context(workload: Workload, max_tokens: int, mode: str) -> tuple[Workload, int]:
+    """Requests longer than ``max_tokens`` (prompt + output) clipped or dropped; returns the
+    new workload and how many requests were changed.
+
+    ``clip`` follows Vidur (``trace_request_length_generator.py``): the excess is taken from
+    the prompt and the output in proportion to their lengths (rounded up), keeping at least
+    one token of each. ``drop`` removes the requests. Prefix hashes of a clipped prompt are
+    cut to the blocks it still covers.
+    """
+    prompt, output = workload.num_prompt_tokens, workload.num_output_tokens
+    total = prompt + output
+    over = total > max_tokens
+    num = int(over.sum())
+    if not num:
+        return workload, 0
+    if mode == "drop":
+        keep = ~over
+        idx = np.flatnonzero(keep)
+        return dataclasses.replace(
+            workload, arrival_s=workload.arrival_s[keep], num_prompt_tokens=prompt[keep],
+            num_output_tokens=output[keep],
+            hash_ids=None if workload.hash_ids is None else tuple(
+                workload.hash_ids[i] for i in idx),
+            priority=None if workload.priority is None else workload.priority[keep]), num
+    excess = np.maximum(total - max_tokens, 0)
+    cut_prompt = np.ceil(excess * prompt / total).astype(np.int64)
+    new_prompt = np.maximum(prompt - cut_prompt, 1)
+    new_output = np.maximum(np.minimum(output, max_tokens - new_prompt), 1)
+    new_prompt = np.minimum(new_prompt, max_tokens - new_output)
+    hash_ids = workload.hash_ids
+    if hash_ids is not None:
+        per = workload.hash_block_tokens
+        hash_ids = tuple(h[:-(-int(p) // per)] if o else h for h, p, o in
+                         zip(hash_ids, new_prompt, over, strict=True))
+    return dataclasses.replace(workload, num_prompt_tokens=new_prompt,
+                               num_output_tokens=new_output, hash_ids=hash_ids), num

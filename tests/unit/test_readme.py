@@ -1,0 +1,90 @@
+"""The README's examples run as written: every `.venv/bin/fleetsim` command of its "Using it"
+block, from a copy of the repository's layout (``examples/``, ``.venv`` and, when present,
+``../shared``), and its TOML example is ``examples/exp.toml`` verbatim and sane.
+
+``make run`` and ``make test`` lines are not executed here (``make test`` runs this test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+def _block(heading: str, lang: str) -> str:
+    section = README[README.index(heading):]
+    m = re.search(rf"```{lang}\n(.*?)```", section, re.S)
+    assert m, f"no {lang} block under {heading}"
+    return m.group(1)
+
+
+COMMANDS = [line for line in _block("## Using it", "sh").splitlines()
+            if line.startswith(".venv/bin/fleetsim")]
+# `report results/sweep` reads what the sweep wrote: run the two as one case.
+CASES = []
+for cmd in COMMANDS:
+    if " report results/sweep" in cmd:
+        CASES[-1] = CASES[-1] + [cmd]
+    else:
+        CASES.append([cmd])
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("examples", ".venv"):
+        (repo / name).symlink_to(ROOT / name)
+    shared = ROOT.parent / "shared"
+    if shared.is_dir():
+        (tmp_path / "shared").symlink_to(shared)
+    return repo
+
+
+def test_the_readme_lists_the_commands():
+    assert len(COMMANDS) >= 14
+    assert any("examples/exp.toml" in c for c in COMMANDS)
+    assert any("examples/sweep.toml" in c for c in COMMANDS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("commands", CASES, ids=[c[0].split("#")[0][18:60] for c in CASES])
+def test_readme_command_runs_as_written(sandbox, commands):
+    if "../shared/" in commands[0] and not (sandbox.parent / "shared").exists():
+        pytest.skip("the shared traces folder (../shared) is not on this machine")
+    for cmd in commands:
+        proc = subprocess.run(["bash", "-c", cmd], cwd=sandbox, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})
+        assert proc.returncode == 0, f"{cmd}\n{proc.stderr[-2000:]}"
+        assert "Traceback" not in proc.stderr
+        if "--json" in cmd:
+            json.loads(proc.stdout)
+    if "--out results/" in commands[0] and " sweep " not in commands[0]:
+        out = sandbox / commands[0].split("--out ")[1].split()[0]
+        assert (out / "summary.json").exists()
+
+
+def test_readme_toml_is_examples_exp_toml():
+    assert _block("A config file sets any field", "toml") == (ROOT / "examples" / "exp.toml"
+                                                              ).read_text()
+
+
+def test_the_example_config_is_sane():
+    """Saved verbatim and run, the README's example is not overloaded: no warning, every
+    request meets the SLO at the trace's own rate."""
+    from fleetsim.config import load_config
+    from fleetsim.run import run
+
+    data = tomllib.loads(_block("A config file sets any field", "toml"))
+    assert data["workload"]["trace"].startswith("embedded:")
+    s = run(load_config(ROOT / "examples" / "exp.toml")).summary
+    assert "warning" not in s["overload"]
+    assert s["slo"]["attainment"] > 0.99 and s["num_preemptions"] == 0
