@@ -52,6 +52,7 @@ def simulate(
     windows_stop_at_arrivals: bool = True,
     batch_policy=None,
     timeline=None,
+    track_itl=True,
 ):
     """One replica with a constant (or given) step model; returns (records, replica)."""
     model = step_model or ConstantStepModel(step_time_s)
@@ -62,6 +63,7 @@ def simulate(
         max_running=max_running, enable_prefix_caching=prefix_caching,
         fast_forward=fast_forward, debug=debug, until_s=until_s,
         windows_stop_at_arrivals=windows_stop_at_arrivals, timeline=timeline,
+        track_itl=track_itl,
     )
 
 

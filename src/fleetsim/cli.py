@@ -180,7 +180,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fleetsim.vllm_json import parse_percentiles, vllm_result
 
     fmt = output_format(args)
-    config = load_config(args.config, [*args.overrides, *workload_overrides(args)])
+    # vLLM's benchmark result reports ITL: record it for --vllm-json.
+    itl = ["engine.track_itl=true"] if args.vllm_json else []
+    config = load_config(args.config, [*itl, *args.overrides, *workload_overrides(args)])
     out = Path(args.out) if args.out else Path("results") / (
         Path(args.config).stem if args.config else "default")
     check_out_dir(out, force=args.force)

@@ -227,6 +227,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
             make_batch_policy=lambda: make_batch_policy(config.policy.batching),
             order_key=make_ordering(config.policy.ordering),
             eviction_key=make_eviction(config.policy.eviction),
+            track_itl=eng.track_itl,
             rng=streams["routing"],
             kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
             link_latency_s=config.cluster.link.latency_s,

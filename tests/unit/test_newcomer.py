@@ -140,7 +140,8 @@ def test_hugging_face_ids_name_catalog_models():
 
 def test_requests_csv_has_every_arrived_request_with_itl_and_pd_columns(tmp_path, capsys):
     out = tmp_path / "o"
-    code, _, err = cli(capsys, "run", "--out", str(out), "--set", "until_s=20.0")
+    code, _, err = cli(capsys, "run", "--out", str(out), "--set", "until_s=20.0",
+                       "--set", "engine.track_itl=true")
     assert code == 0, err
     s = json.loads((out / "summary.json").read_text())
     with open(out / "requests.csv") as f:

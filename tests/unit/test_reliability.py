@@ -488,3 +488,10 @@ def test_moe_plot_under_a_file_fails_before_work(tmp_path, capsys, monkeypatch):
 def test_cli_flags_bounded(capsys, argv):
     code, _, err = run_cli(capsys, *argv)
     assert_one_line_exit_2(code, err, argv[-2])
+
+
+@pytest.fixture(autouse=True)
+def _own_working_folder(tmp_path, monkeypatch):
+    """Runs without --out write results/<name>/ under the working folder: give each test
+    its own, so earlier results there (which a run refuses to replace) cannot interfere."""
+    monkeypatch.chdir(tmp_path)

@@ -314,6 +314,7 @@ def simulate_cluster(
     controllers: Sequence[Controller] = (),
     timeline: tuple[float, float] | None = None,
     eviction_key: EvictionKey | None = None,
+    track_itl: bool = False,
 ) -> tuple[Records, Cluster]:
     """Simulate ``workload`` (or ``source``) on a cluster of ``pools``; returns records and
     the cluster.
@@ -321,7 +322,8 @@ def simulate_cluster(
     ``windows_stop_at_arrivals`` (one replica only) stops fast-forward windows at the next
     arrival instead of cutting them back when it comes: same results, less work.
     ``timeline``: (origin, bin width) of the time series (default: ``default_timeline``).
-    ``eviction_key``: the prefix caches' eviction policy (None: LRU).
+    ``eviction_key``: the prefix caches' eviction policy (None: LRU). ``track_itl``: record
+    inter-token gaps (per request and pooled; ``serving/itl.py``).
     """
     sim = Simulator()
     origin_s, bin_s = timeline or default_timeline(workload, until_s)
@@ -335,7 +337,7 @@ def simulate_cluster(
             fast_forward=fast_forward, debug=debug,
             # A lone replica knows its next input: the next arrival in the heap.
             next_input_hint_s=sim.peek_s if single else None,
-            timeline=(origin_s, bin_s), **kw)
+            timeline=(origin_s, bin_s), track_itl=track_itl, **kw)
         replica.until_s = until_s
         return replica
 

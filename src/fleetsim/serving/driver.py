@@ -35,6 +35,7 @@ def simulate_replica(
     progress: ProgressFn | None = None,
     windows_stop_at_arrivals: bool = True,
     timeline: tuple[float, float] | None = None,
+    track_itl: bool = False,
 ) -> tuple[Records, Replica]:
     """Simulate one replica serving ``workload``; returns the records and the replica.
 
@@ -50,5 +51,5 @@ def simulate_replica(
         block_size=block_size, max_batched_tokens=max_batched_tokens, max_running=max_running,
         enable_prefix_caching=enable_prefix_caching, fast_forward=fast_forward, debug=debug,
         until_s=until_s, progress=progress, windows_stop_at_arrivals=windows_stop_at_arrivals,
-        timeline=timeline)
+        timeline=timeline, track_itl=track_itl)
     return records, cluster.replicas[0]

@@ -87,6 +87,7 @@ class Replica:
         host: HostPool | None = None,
         kv_bytes_per_token: float = 0.0,
         host_latency_s: float = 0.0,
+        track_itl: bool = False,
     ) -> None:
         self.sim = sim
         self.step_model = step_model
@@ -102,6 +103,7 @@ class Replica:
         self.on_blocks_freed = on_blocks_freed  # incoming transfers may fit now
         self.on_finish = on_finish  # a request source wants to know (programs, RL)
         self.moves = KVMoves(self, transfers, host, kv_bytes_per_token, host_latency_s)
+        self.track_itl = track_itl  # inter-token gaps (serving/itl.py), when asked for
         self.host = host
         self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
@@ -481,7 +483,8 @@ class Replica:
         if self._windows.cut(step, self.sim.now_s):
             self.sim.schedule(step.end_s, STEP_END, (self, step))
         k = step.num_steps
-        itl.on_window(step, k - 1, self.recorder)
+        if self.track_itl:
+            itl.on_window(step, k - 1, self.recorder)
         self._windows.settle(step, k - 1, self._finish)
         # Its rows wait for the step in progress, which continues the last stretch: they
         # are written as one when it ends (``_commit_step``), as many rows as a window.
@@ -553,7 +556,8 @@ class Replica:
 
     def _commit_window(self, step: Step, now_s: float) -> list[Request]:
         """A window's end: settle it, finish its last step's requests, record it."""
-        itl.on_window(step, step.num_steps, self.recorder)
+        if self.track_itl:
+            itl.on_window(step, step.num_steps, self.recorder)
         self._windows.settle(step, step.num_steps, self._finish)
         w = step.window
         assert w is not None
@@ -565,7 +569,8 @@ class Replica:
 
     def _commit_step(self, step: Step, now_s: float) -> list[Request]:
         """Commit one step's chunks and decodes; returns the requests it finished."""
-        itl.on_step(step, now_s, self.recorder)
+        if self.track_itl:
+            itl.on_step(step, now_s, self.recorder)
         kv = self.kv
         done: list[Request] = []
         handoff: list[Request] = []
