@@ -30,8 +30,10 @@ ALLOWED = {
     "sweep": {"config", "run", "results"},
     "results": {"metrics"},
     "report": {"results"},
+    "rl": {"core", "serving", "perf", "models", "hardware", "workloads", "config", "run",
+           "metrics", "results", "inputs", "registry"},
     "repro": {"config", "run", "workloads", "metrics", "perf", "models", "hardware",
-              "serving"},
+              "serving", "rl"},
     "native": set(),
     "__init__": {"native"},
     "cli": None,  # the front end may import anything
