@@ -79,9 +79,10 @@ class ForwardModel:
             return PassTimes(0.0, 0.0, 0.0)
         comm = self._comm(num_tokens)
         per_token = sum(f(num_tokens) for f in self._per_token) + comm
-        attention = self.attention_scale * sum(self._attn(s) for s in seq_lens)
+        lens = np.asarray(seq_lens, dtype=np.float64)
+        attention = self.attention_scale * float(self._attn(lens).sum())
         # A value or reward model ends in a hidden -> 1 projection: negligible.
-        head = self._head(num_tokens) if self.lm_head else 0.0
+        head = float(self._head(np.float64(num_tokens))) if self.lm_head else 0.0
         return PassTimes(per_token + attention, attention, head, comm)
 
 
@@ -95,17 +96,16 @@ def _attention_and_head(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: boo
     head = ops.gemm_s(grid, -(-model.vocab_size // tp), model.hidden_size, wbytes=2)
     head[0] = 0.0
     attn, head = np.maximum.accumulate(attn), np.maximum.accumulate(head)
-    xs, a, h = grid.tolist(), attn.tolist(), head.tolist()
-    last = xs[-1]
+    last = float(grid[-1])
 
-    def lookup(ys: list[float], power: float):  # noqa: ANN202
-        def f(x: float) -> float:
-            if x >= last:  # beyond the grid: quadratic (attention) or linear (GEMM) growth
-                return ys[-1] * (x / last) ** power
-            return float(np.interp(x, xs, ys))
+    def lookup(ys: np.ndarray, power: float):  # noqa: ANN202
+        def f(x: np.ndarray) -> np.ndarray:
+            # Beyond the grid: quadratic (attention) or linear (GEMM) growth.
+            inside = np.interp(x, grid, ys)
+            return np.where(x >= last, ys[-1] * (x / last) ** power, inside)
         return f
 
-    return lookup(a, 2.0), lookup(h, 1.0)
+    return lookup(attn, 2.0), lookup(head, 1.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,10 +260,10 @@ class PassModel:
 
 def training_state_bytes_per_gpu(model: ModelSpec, layout: Layout) -> float:
     """bf16 weights and gradients, fp32 master weights and Adam moments (16 bytes per
-    parameter, Rajbhandari et al., ZeRO), sharded over tp x pp and, for the optimizer's 12
-    bytes, over the data-parallel ranks (ZeRO-1)."""
-    per_gpu = model.num_params / (layout.tp * layout.pp)
-    return per_gpu * (4 + 12 / layout.dp)
+    parameter, Rajbhandari et al., ZeRO), sharded over tp x pp and over the data-parallel
+    ranks (ZeRO-3 / FSDP full sharding, verl's default training backend). Activations come on
+    top (``MEMORY_HEADROOM`` of the callers leaves room for them)."""
+    return model.num_params / (layout.tp * layout.pp) * 16 / layout.dp
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
