@@ -44,6 +44,7 @@ from fleetsim.rl.results import RLResult, summarize
 from fleetsim.serving.request import Request
 
 TRAINER_ENDPOINT = -(10**9)  # the transfer service's id for the trainer pool's NICs
+BROADCAST_CHUNK_BYTES = 64 * 2**20  # relay granularity of the weight broadcast (assumption)
 MEMORY_HEADROOM = 0.9  # share of HBM training states may take (activations, fragmentation)
 
 
@@ -332,20 +333,24 @@ class RLJob:
         return self.actor.weight_bytes_per_gpu(1) * (n - 1) / n / bw
 
     def _ship_weights(self, version: int) -> Process:
-        """Disaggregated: the trainer sends the new weights to every generation replica over
-        the network (transfer service, fair-shared); version ``version`` is then ready."""
+        """Disaggregated: the new weights leave the trainer's NICs once and are relayed from
+        generation replica to replica in chunks (a pipelined broadcast chain, as StreamRL's
+        topology-aware broadcast): the first replica's copy crosses the transfer service,
+        each further replica adds one chunk's hop. Version ``version`` is then ready."""
         transfers = self.gen.cluster.transfers
+        train = self.cfg.pool_of("training")
         if TRAINER_ENDPOINT not in transfers.egress_bw:
-            train = self.cfg.pool_of("training")
             bw = self.gpus[train.name].network_bw_bytes_per_s * train.num_gpus
             transfers.add_endpoint(TRAINER_ENDPOINT, bw, bw)
-        done = [self.kernel.event() for _ in range(self.gen.num_replicas)]
         start = self.sim.now_s
         num_bytes = float(self.actor.weight_bytes_per_gpu(1))
-        for r, ev in enumerate(done):
-            transfers.start(TRAINER_ENDPOINT, r, num_bytes, ev.succeed)
-        yield self.kernel.all_of(done)
-        train = self.cfg.pool_of("training")
+        first = self.kernel.event()
+        transfers.start(TRAINER_ENDPOINT, 0, num_bytes, first.succeed)
+        yield first
+        replica_bw = self.gen.setup.link_bw_bytes_per_s
+        hops = (self.gen.num_replicas - 1) * min(num_bytes, BROADCAST_CHUNK_BYTES) / replica_bw
+        if hops > 0:
+            yield Timeout(hops)
         self.rows.append(StageRow(version - 1, "weight_sync", train.name, train.name, start,
                                   self.sim.now_s, train.num_gpus))
         self._weights(version)
