@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 # Packages that own a command expose ``add_parser(subparsers)`` in a ``cli`` module; the
 # parser they register sets ``handler`` to a function taking the parsed args.
 COMMAND_MODULES = ("fleetsim.moe.cli", "fleetsim.search.cli", "fleetsim.sweep.cli",
-                   "fleetsim.report.cli", "fleetsim.repro.cli", "fleetsim.live.cli")
+                   "fleetsim.report.cli", "fleetsim.repro.cli", "fleetsim.live.cli",
+                   "fleetsim.rl.cli")
 
 
 def _add_optional_commands(sub: Any) -> None:

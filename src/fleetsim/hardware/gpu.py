@@ -138,6 +138,27 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         price_per_hour_usd=1.50,
         aic_system=None,
     ),
+    # NVIDIA H800 SXM5 (China SKU of the H100) datasheet: the H100 SXM's compute (989 TF BF16 /
+    # 1,979 TF FP8 dense) and memory (80 GB HBM3 at 3.35 TB/s), NVLink cut to 400 GB/s
+    # bidirectional; HGX H800 nodes carry one 400 Gb/s NIC per GPU (as DGX H100). Same die and
+    # clocks as the H100, so the H100's measured tables are used; their TP all-reduce was
+    # measured over 900 GB/s NVLink, so TP communication is optimistic on an H800 (roughly 2x
+    # too fast at large messages).
+    # Price: StreamRL's relative machine cost, H800 = 2.85x H20 (arXiv:2504.15930), times our
+    # H20 figure below; an assumption like every price here.
+    GPUSpec(
+        name="H800",
+        pcie_bw_bytes_per_s=64e9,  # PCIe Gen5 x16 (as H100 SXM)
+        peak_bf16_flops=989e12,
+        peak_fp8_flops=1979e12,
+        hbm_bytes=81559 * _MIB,  # the H100 SXM's 80 GB HBM3 stacks (driver total as H100)
+        hbm_bw_bytes_per_s=3350 * _GB,
+        nvlink_bw_bytes_per_s=200 * _GB,
+        network_bw_bytes_per_s=50 * _GB,
+        num_gpus_per_node=8,
+        price_per_hour_usd=round(2.85 * 1.50, 2),
+        aic_system="h100_sxm",
+    ),
     # NVIDIA L40S datasheet: 362 TF BF16 / 733 TF FP8 dense, 48 GB GDDR6 at 864 GB/s, no NVLink
     # (PCIe Gen4 x16, 32 GB/s per direction). Price: AWS g6e.xlarge ~$1.86/h for one L40S.
     GPUSpec(
@@ -187,6 +208,8 @@ _ALIASES = {
     "b200-sxm": "B200",
     "b200_sxm": "B200",
     "h20-96gb": "H20",
+    "h800-sxm": "H800",
+    "h800-sxm5": "H800",
 }
 
 

@@ -1,0 +1,286 @@
+"""Training-side costs on the same measured tables as serving: forward passes over packed
+micro-batches, backward (2x forward), activation recomputation, the 1F1B pipeline, the
+data-parallel gradient all-reduce and the optimizer step.
+
+A forward pass of a micro-batch of sequences with lengths ``s_i`` (``T = sum s_i`` tokens) on
+one tensor-parallel group costs what the serving step model charges a prefill of the same
+tokens: the per-token GEMMs, TP all-reduces and elementwise kernels of ``G(T)``, causal
+attention ``sum_i P(s_i)`` (docs/perf_model.md), plus the LM head over *every* token
+(training computes the loss at every position; serving only at the sampled ones). No fixed
+per-step CPU overhead is added: training steps are large and launch-bound costs are hidden.
+
+Backward is 2x the forward (weight and input gradients, the usual 6N FLOPs per token for a
+forward-backward, Kaplan et al. 2020); full recomputation adds one forward, selective
+recomputation (Korthikanti et al., arXiv:2205.05198) re-runs only the attention core. With
+``pp`` pipeline stages each stage runs ``1/pp`` of the layers (the last one also the LM head,
+so it is the slowest) and the 1F1B schedule takes ``sum_j t_j + (pp - 1) max_j t_j`` for
+micro-batches of stage time ``t_j``: for equal micro-batches the bubble is
+``(pp - 1) / (pp - 1 + m)`` of the time (Narayanan et al., SC'21).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from fleetsim.hardware import GPUSpec
+from fleetsim.models import ModelSpec
+from fleetsim.perf import roofline as rl
+from fleetsim.perf.breakdown import build_step_model
+from fleetsim.perf.ops import OpTimes
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+BACKWARD_OVER_FORWARD = 2.0
+"""Backward FLOPs over forward FLOPs (input and weight gradients: 2x; 6N per token in all)."""
+OPTIMIZER_BYTES_PER_PARAM = 34.0
+"""Bytes the mixed-precision Adam step moves per parameter: reads fp32 master, m, v (12) and
+the gradient (4), writes master, m, v (12), the bf16 weight (2) and zeroes the gradient (4)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PassTimes:
+    """Seconds of one forward over a micro-batch on one TP group, split by what recomputation
+    and pipelining need."""
+
+    layers_s: float
+    """All transformer layers (GEMMs, TP all-reduce, elementwise, attention)."""
+    attention_s: float
+    """The attention core alone (part of ``layers_s``; what selective recomputation redoes)."""
+    head_s: float
+    """LM head (or value / reward head) over every token."""
+    comm_s: float = 0.0
+    """The TP all-reduces (part of ``layers_s``): as many in the backward pass as in the
+    forward (Megatron's f and g operators), not twice as many."""
+
+
+class ForwardModel:
+    """Forward-pass times of ``model`` on ``gpu`` at tensor parallelism ``tp``, from the
+    measured tables (roofline where there are none), as in the serving step model."""
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, *, backend: str = "auto",
+                 lm_head: bool = True, attention_scale: float = 1.0) -> None:
+        self.model, self.gpu, self.tp = model, gpu, tp
+        step = build_step_model(model, gpu, tp, backend=backend)
+        self._per_token = [step.op_time_lookup(k) for k in ("gemm", "moe", "other")]
+        self._comm = step.op_time_lookup("communication")
+        self._attn, self._head = _attention_and_head(model, gpu, tp, backend == "auto")
+        self.lm_head = lm_head
+        self.attention_scale = attention_scale  # slower (e.g. bitwise-aligned) kernels: > 1
+        self.sources = dict(getattr(step, "sources", {}))
+
+    def forward(self, seq_lens: Sequence[int]) -> PassTimes:
+        """One packed micro-batch of sequences ``seq_lens`` (tokens each)."""
+        num_tokens = sum(seq_lens)
+        if num_tokens <= 0:
+            return PassTimes(0.0, 0.0, 0.0)
+        comm = self._comm(num_tokens)
+        per_token = sum(f(num_tokens) for f in self._per_token) + comm
+        lens = np.asarray(seq_lens, dtype=np.float64)
+        attention = self.attention_scale * float(self._attn(lens).sum())
+        # A value or reward model ends in a hidden -> 1 projection: negligible.
+        head = float(self._head(np.float64(num_tokens))) if self.lm_head else 0.0
+        return PassTimes(per_token + attention, attention, head, comm)
+
+
+@lru_cache(maxsize=64)
+def _attention_and_head(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool):  # noqa: ANN202
+    ops = OpTimes(model, gpu, tp, use_tables)
+    grid = np.unique(np.concatenate([np.arange(0, 1025, dtype=np.float64),
+                                     np.geomspace(1024, 2**21, 400)]))
+    attn = model.num_layers * ops.prefill_attention_s(grid)
+    attn[0] = 0.0
+    head = ops.gemm_s(grid, -(-model.vocab_size // tp), model.hidden_size, wbytes=2)
+    head[0] = 0.0
+    attn, head = np.maximum.accumulate(attn), np.maximum.accumulate(head)
+    last = float(grid[-1])
+
+    def lookup(ys: np.ndarray, power: float):  # noqa: ANN202
+        def f(x: np.ndarray) -> np.ndarray:
+            # Beyond the grid: quadratic (attention) or linear (GEMM) growth.
+            inside = np.interp(x, grid, ys)
+            return np.where(x >= last, ys[-1] * (x / last) ** power, inside)
+        return f
+
+    return lookup(attn, 2.0), lookup(head, 1.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """How one model is parallelised over a pool: ``dp`` x ``pp`` x ``tp`` GPUs."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch_tokens: int = 16384
+    """Most tokens packed in one micro-batch per data-parallel rank."""
+    recompute: str = "none"
+    """Activation recomputation: none | selective | full."""
+    overlap_grad_reduce: bool = True
+    """The gradient reduction overlaps the last micro-batch's backward pass."""
+    grad_reduce_bytes: int = 4
+    """Bytes per gradient element in the data-parallel reduction (fp32)."""
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(slots=True)
+class PassResult:
+    """Seconds of a forward (inference) or forward-backward (training) pass of a batch."""
+
+    time_s: float
+    compute_s: float
+    """Time the slowest data-parallel rank computes (no bubble, no communication)."""
+    bubble_s: float
+    """Pipeline fill and drain of that rank (1F1B)."""
+    comm_s: float = 0.0
+    """Exposed gradient reduction and pipeline activation transfers."""
+    optimizer_s: float = 0.0
+    num_micro_batches: int = 0
+
+
+def pack(seq_lens: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """First-fit decreasing packing into micro-batches of at most ``max_tokens`` tokens (a
+    longer sequence is a micro-batch of its own), as verl's dynamic batch size does."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for s in sorted(seq_lens, reverse=True):
+        for i, r in enumerate(room):
+            if s <= r:
+                bins[i].append(s)
+                room[i] -= s
+                break
+        else:
+            bins.append([s])
+            room.append(max_tokens - s)
+    return bins
+
+
+def split_ranks(seq_lens: Sequence[int], dp: int) -> list[list[int]]:
+    """Balance sequences over ``dp`` ranks by tokens (longest first onto the lightest rank)."""
+    ranks: list[list[int]] = [[] for _ in range(dp)]
+    load = [0] * dp
+    for s in sorted(seq_lens, reverse=True):
+        i = load.index(min(load))
+        ranks[i].append(s)
+        load[i] += s
+    return ranks
+
+
+class PassModel:
+    """Forward-only and forward-backward passes of a batch of sequences over a ``Layout``."""
+
+    def __init__(self, forward: ForwardModel, layout: Layout, *, train: bool) -> None:
+        self.fwd, self.layout, self.train = forward, layout, train
+        m, gpu, lay = forward.model, forward.gpu, layout
+        self.params_per_gpu = m.num_params / (lay.tp * lay.pp)
+        # Pipeline neighbours and DP rings cross nodes once a model replica spans more than
+        # one node (tp x pp) or the DP group does.
+        per_node = gpu.num_gpus_per_node
+        self._p2p_bw = gpu.nvlink_bw_bytes_per_s if lay.tp * lay.pp <= per_node else (
+            gpu.network_bw_bytes_per_s)
+        self._dp_bw = gpu.nvlink_bw_bytes_per_s if lay.num_gpus <= per_node else (
+            gpu.network_bw_bytes_per_s)
+
+    def _stage_s(self, mb: list[int]) -> tuple[float, float]:
+        """(stage time of the slowest stage, its attention-recompute share) for one
+        micro-batch: forward, plus backward and recomputation when training."""
+        t = self.fwd.forward(mb)
+        pp = self.layout.pp
+        fwd = t.layers_s / pp + t.head_s
+        if not self.train:
+            return fwd, 0.0
+        mode = self.layout.recompute
+        extra = fwd if mode == "full" else (t.attention_s / pp if mode == "selective" else 0.0)
+        comm = t.comm_s / pp
+        bwd = (fwd - comm) * BACKWARD_OVER_FORWARD + comm
+        return fwd + bwd + extra, bwd
+
+    def run(self, seq_lens: Sequence[int], *, optimizer_step: bool = True,
+            reduce_grads: bool = True) -> PassResult:
+        """One pass over ``seq_lens`` spread over the data-parallel ranks; when training, the
+        gradient reduction (``reduce_grads``) and the Adam step (``optimizer_step``) end it
+        (a streamed chunk of a mini-batch accumulates gradients without either)."""
+        lay = self.layout
+        worst = None
+        last_bwd = 0.0
+        num_mb = 0
+        for rank in split_ranks(seq_lens, lay.dp):
+            if not rank:
+                continue
+            stages = [self._stage_s(mb) for mb in pack(rank, lay.micro_batch_tokens)]
+            num_mb = max(num_mb, len(stages))
+            compute = sum(s for s, _ in stages)
+            longest = max(s for s, _ in stages)
+            bubble = (lay.pp - 1) * longest
+            # Activations cross each stage boundary forward (and their gradients back).
+            hops = 0.0
+            if lay.pp > 1:
+                toks = sum(rank)
+                per_hop = toks * self.fwd.model.hidden_size * 2 / lay.tp / self._p2p_bw
+                hops = per_hop * (2 if self.train else 1)
+            candidate = PassResult(compute + bubble + hops, compute, bubble, hops,
+                                   num_micro_batches=len(stages))
+            if worst is None or candidate.time_s > worst.time_s:
+                last_bwd = stages[-1][1]
+                worst = candidate
+        if worst is None:
+            worst = PassResult(0.0, 0.0, 0.0)
+        worst.num_micro_batches = num_mb
+        if self.train and reduce_grads:
+            reduce_s = self.grad_reduce_s()
+            exposed = max(0.0, reduce_s - last_bwd) if lay.overlap_grad_reduce else reduce_s
+            worst.comm_s += exposed
+            worst.time_s += exposed
+        if self.train and optimizer_step:
+            worst.optimizer_s = self.optimizer_s()
+            worst.time_s += worst.optimizer_s
+        return worst
+
+    def grad_reduce_s(self) -> float:
+        """Ring all-reduce of this GPU's gradient shard over the data-parallel group."""
+        dp = self.layout.dp
+        if dp <= 1:
+            return 0.0
+        num_bytes = self.params_per_gpu * self.layout.grad_reduce_bytes
+        return 2 * (dp - 1) / dp * num_bytes / (self._dp_bw * rl.ALLREDUCE_BW_EFF)
+
+    def optimizer_s(self) -> float:
+        """Mixed-precision Adam over this GPU's parameters (memory-bound), the optimizer state
+        sharded over the data-parallel ranks (ZeRO-1 / Megatron's distributed optimizer)."""
+        num_params = self.params_per_gpu / self.layout.dp
+        return num_params * OPTIMIZER_BYTES_PER_PARAM / (
+            self.fwd.gpu.hbm_bw_bytes_per_s * rl.GEMM_MEMORY_EFF)
+
+
+def training_state_bytes_per_gpu(model: ModelSpec, layout: Layout) -> float:
+    """bf16 weights and gradients, fp32 master weights and Adam moments (16 bytes per
+    parameter, Rajbhandari et al., ZeRO), sharded over tp x pp and over the data-parallel
+    ranks (ZeRO-3 / FSDP full sharding, verl's default training backend). Activations come on
+    top (``MEMORY_HEADROOM`` of the callers leaves room for them)."""
+    return model.num_params / (layout.tp * layout.pp) * 16 / layout.dp
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Model FLOPs per trained token, forward and backward, no recomputation, as Megatron-LM
+    counts them (Korthikanti et al., arXiv:2205.05198, appendix: ``72 B s l h^2 (1 + s/6h +
+    V/12hl)`` for GPT): 6 x (non-embedding parameters + LM head) + 12 x layers x attention
+    width x seq_len (full, not causal, attention, as that formula counts it)."""
+    h_attn = model.num_attention_heads * model.head_dim
+    dense = model.num_params - model.embedding_params_per_gpu(1) + (
+        model.vocab_size * model.hidden_size)
+    return 6 * dense + 12 * model.num_layers * h_attn * seq_len
+
+
+def mfu(model: ModelSpec, gpu: GPUSpec, num_gpus: int, tokens: int, seq_len: int,
+        time_s: float) -> float:
+    """Model FLOPs utilisation of a training step of ``tokens`` tokens."""
+    if not time_s > 0 or not math.isfinite(time_s):
+        return float("nan")
+    return model_flops_per_token(model, seq_len) * tokens / (time_s * num_gpus *
+                                                             gpu.peak_bf16_flops)

@@ -1,0 +1,286 @@
+"""The ``[rl]`` config: one RL post-training job (frozen, strict, validated; docs/rl.md).
+
+Stages: ``generation`` (rollouts on serving replicas), ``inference`` (old-policy log-probs,
+reference, reward and critic forward passes) and ``training`` (actor, and critic for PPO).
+Each stage runs in exactly one pool; one pool holding all three is verl's colocated layout,
+separate pools are a disaggregated one (StreamRL), possibly of different GPU types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetsim.config import EngineConfig
+from fleetsim.configutil import apply_override, from_dict, parse_override_value
+from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import read_toml
+
+STAGES = ("generation", "inference", "training")
+ALGORITHMS = ("grpo", "ppo")
+LENGTH_KINDS = ("polytrace", "lognormal", "fixed")
+POLYTRACE_RUNS = ("dapo-qwen2.5-32b", "deepcoder-14b")
+DISPATCH = ("round_robin", "skewness_aware")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LengthsConfig:
+    """Response (and prompt) lengths of each step's rollouts, long-tailed and correlated
+    inside a GRPO group."""
+
+    kind: str = "polytrace"
+    """polytrace (real GRPO groups, resampled) | lognormal (hierarchical fit) | fixed."""
+    run: str = "dapo-qwen2.5-32b"
+    """polytrace: which run's groups: dapo-qwen2.5-32b | deepcoder-14b."""
+    scale: float = 1.0
+    """Multiply every sampled response length (then cap at max_response_tokens)."""
+    mean_log: float = 6.05
+    """lognormal: mean of log(length) (fit to the DAPO groups: 6.05)."""
+    between_sd: float = 0.39
+    """lognormal: s.d. of a group's mean log-length across prompts (DAPO fit: 0.39)."""
+    within_sd: float = 0.89
+    """lognormal: s.d. of log-length inside a group (DAPO fit: 0.89)."""
+    value: int = 1024
+    """fixed: every response's length, tokens."""
+    prompt_tokens: int | None = None
+    """Every prompt's length; None takes the trace's prompts (lognormal, fixed: 152, the
+    DAPO run's median)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in LENGTH_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(LENGTH_KINDS)}, got {self.kind!r}")
+        if self.run not in POLYTRACE_RUNS:
+            raise ValueError(f"run must be one of {', '.join(POLYTRACE_RUNS)}, got {self.run!r}")
+        if not self.scale > 0:
+            raise ValueError(f"scale must be > 0, got {self.scale}")
+        if self.between_sd < 0 or self.within_sd < 0:
+            raise ValueError("between_sd and within_sd must be >= 0")
+        if self.value < 1:
+            raise ValueError(f"value must be >= 1 token, got {self.value}")
+        if self.prompt_tokens is not None and self.prompt_tokens < 1:
+            raise ValueError(f"prompt_tokens must be >= 1, got {self.prompt_tokens}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSpec:
+    """GPUs of one type that run one or more stages."""
+
+    name: str
+    gpu: str = "h100-sxm"
+    """GPU name from ``fleetsim gpus``."""
+    num_gpus: int = 8
+    stages: tuple[str, ...] = STAGES
+    """The stages this pool runs (each stage in exactly one pool)."""
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise ValueError(f"num_gpus must be >= 1, got {self.num_gpus}; give the pool GPUs "
+                             f"or drop it")
+        bad = [s for s in self.stages if s not in STAGES]
+        if bad or not self.stages:
+            raise ValueError(f"stages must be a non-empty list of {', '.join(STAGES)}, got "
+                             f"{list(self.stages)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationConfig:
+    """Rollout replicas: the serving engine (continuous batching, KV limits)."""
+
+    tp: int = 1
+    """GPUs per generation replica (tensor parallel)."""
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(
+        max_running=1024, gpu_memory_utilization=0.5, enable_prefix_caching=False))
+    """vLLM limits; defaults are verl's rollout config (ppo_trainer.yaml: max_num_seqs 1024,
+    max_num_batched_tokens 8192, gpu_memory_utilization 0.5)."""
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    """How the training (or inference) pool parallelises a model: tp x pp x dp GPUs, dp
+    taking the rest of the pool."""
+
+    tp: int = 1
+    pp: int = 1
+    micro_batch_tokens: int = 16384
+    """Tokens packed per micro-batch per data-parallel rank (verl's
+    ppo_max_token_len_per_gpu with use_dynamic_bsz)."""
+    recompute: str = "full"
+    """Activation recomputation: none | selective | full (verl's examples enable gradient
+    checkpointing)."""
+    overlap_grad_reduce: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.pp < 1:
+            raise ValueError(f"tp and pp must be >= 1, got tp={self.tp}, pp={self.pp}")
+        if self.micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
+        if self.recompute not in ("none", "selective", "full"):
+            raise ValueError(f"recompute must be none, selective or full, got "
+                             f"{self.recompute!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SystemConfig:
+    """The RL system's mechanisms (all off: verl's synchronous pipeline)."""
+
+    name: str = "verl"
+    """A label for results."""
+    streaming: bool = False
+    """Finished GRPO groups stream to the trainer as they finish (StreamRL); else training
+    waits for the whole batch."""
+    staleness: int = 0
+    """0: synchronous; 1: one-step asynchronous (generation of step k+1 overlaps training
+    of step k, with weights at most one step old)."""
+    dispatch: str = "round_robin"
+    """round_robin | skewness_aware (StreamRL: ranked long tail on dedicated instances,
+    longest first)."""
+    long_tail_fraction: float = 0.2
+    """skewness_aware: share of prompts the ranker flags as long-tail (StreamRL: 20%)."""
+    ranker_recall: float = 0.87
+    """skewness_aware: share of the true longest long_tail_fraction that the ranker flags
+    (StreamRL's ranker: top-20% recall ~0.87)."""
+    recompute_logprobs: bool = True
+    """Recompute the old policy's log-probs with a training forward pass (verl, AReaL);
+    false reuses the rollout's (AReaL-TIK)."""
+    rollout_decode_attention_slowdown: float = 1.0
+    """Rollout decode attention takes this many times longer (AReaL-TIK's unified kernels:
+    1 / 0.710 on H20, the README's attention_performance.csv)."""
+    rollout_prefill_attention_slowdown: float = 1.0
+    """Rollout prefill attention, and the attention of every training-side forward pass,
+    take this many times longer (AReaL-TIK: 1 / 0.964 on H20)."""
+
+    def __post_init__(self) -> None:
+        if self.staleness < 0 or self.staleness > 1:
+            raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step asynchronous), "
+                             f"got {self.staleness}")
+        if self.dispatch not in DISPATCH:
+            raise ValueError(f"dispatch must be one of {', '.join(DISPATCH)}, got "
+                             f"{self.dispatch!r}")
+        if not 0 < self.long_tail_fraction < 1:
+            raise ValueError(f"long_tail_fraction must be in (0, 1), got "
+                             f"{self.long_tail_fraction}")
+        if not 0 <= self.ranker_recall <= 1:
+            raise ValueError(f"ranker_recall must be in [0, 1], got {self.ranker_recall}")
+        for name in ("rollout_decode_attention_slowdown", "rollout_prefill_attention_slowdown"):
+            if not 1 <= getattr(self, name) <= 10:
+                raise ValueError(f"{name} must be in [1, 10], got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RLConfig:
+    """One RL post-training job."""
+
+    seed: int = 0
+    num_steps: int = 3
+    """Training steps to simulate."""
+    algorithm: str = "grpo"
+    """grpo (actor, reference) | ppo (actor, critic, reference, reward model)."""
+    actor: str = "qwen2.5-7b"
+    """Model name (``fleetsim models``, the RL papers' models, or a config.json path)."""
+    critic: str | None = None
+    """PPO: the critic (default: the actor's shape)."""
+    reference: str | None = None
+    """The reference policy for the KL term (default: the actor's shape)."""
+    reward: str | None = None
+    """PPO: the reward model (default: the critic's shape); GRPO uses rule rewards."""
+    use_reference: bool = True
+    """Run the reference forward pass (verl's use_kl_loss / KL penalty; DAPO drops it)."""
+    num_prompts_per_step: int = 64
+    samples_per_prompt: int = 8
+    """The GRPO group size (PPO: samples per prompt, usually 1)."""
+    max_response_tokens: int = 8192
+    ppo_mini_batches: int = 1
+    """Optimizer steps per RL step (train batch / ppo_mini_batch_size)."""
+    lengths: LengthsConfig = field(default_factory=LengthsConfig)
+    pools: tuple[PoolSpec, ...] = (PoolSpec(name="colocated"),)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    training: ParallelConfig = field(default_factory=ParallelConfig)
+    inference: ParallelConfig | None = None
+    """Layout of the inference passes (default: the training layout)."""
+    system: SystemConfig = field(default_factory=SystemConfig)
+    perf_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be grpo or ppo, got {self.algorithm!r}")
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.num_prompts_per_step < 1:
+            raise ValueError(f"num_prompts_per_step must be >= 1, got "
+                             f"{self.num_prompts_per_step}")
+        if self.samples_per_prompt < 1:
+            raise ValueError(f"samples_per_prompt must be >= 1 (the GRPO group size), got "
+                             f"{self.samples_per_prompt}")
+        if self.max_response_tokens < 1:
+            raise ValueError(f"max_response_tokens must be >= 1, got "
+                             f"{self.max_response_tokens}")
+        if not 1 <= self.ppo_mini_batches <= self.num_prompts_per_step:
+            raise ValueError(f"ppo_mini_batches must be in 1..num_prompts_per_step "
+                             f"({self.num_prompts_per_step}), got {self.ppo_mini_batches}")
+        if self.perf_backend not in ("auto", "roofline"):
+            raise ValueError(f"perf_backend must be auto or roofline, got {self.perf_backend!r}")
+        self._check_pools()
+
+    def _check_pools(self) -> None:
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pools names must be unique, got {names}")
+        for stage in STAGES:
+            holders = [p.name for p in self.pools if stage in p.stages]
+            if len(holders) != 1:
+                raise ValueError(f"stage {stage!r} must run in exactly one pool, got "
+                                 f"{holders or 'none'}; list it in one pool's stages")
+
+    def pool_of(self, stage: str) -> PoolSpec:
+        return next(p for p in self.pools if stage in p.stages)
+
+    @property
+    def colocated(self) -> bool:
+        """All stages time-share one pool (verl's hybrid engine)."""
+        return len(self.pools) == 1
+
+    @property
+    def inference_layout(self) -> ParallelConfig:
+        return self.inference or self.training
+
+    @property
+    def num_samples_per_step(self) -> int:
+        return self.num_prompts_per_step * self.samples_per_prompt
+
+
+def rl_config_from_dict(data: Mapping[str, Any], where: str = "rl") -> RLConfig:
+    """Strict: unknown keys, bad types and bad values name the field."""
+    return from_dict(RLConfig, data, where)
+
+
+def load_rl_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RLConfig:
+    """Read the ``[rl]`` table of a TOML file (or an empty one), apply ``--set rl.x=v`` or
+    ``--set x=v`` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        doc = read_toml(path, "rl config")
+        extra = set(doc) - {"rl"}
+        if extra:
+            key = sorted(extra)[0]
+            raise FleetsimInputError(f"{path}: {key}", doc[key],
+                                     "an RL config holds one [rl] table; put every key under it")
+        data = dict(doc.get("rl", {}))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise FleetsimInputError("--set", item, "write it as dotted.key=value")
+        key = key.removeprefix("rl.")
+        apply_override(data, key, parse_override_value(value.strip()))
+    try:
+        return rl_config_from_dict(data)
+    except FleetsimInputError as err:
+        if path is None:
+            raise
+        raise FleetsimInputError(f"{path}: {err.where}", err.value, err.fix) from None
