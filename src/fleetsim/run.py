@@ -23,10 +23,15 @@ from fleetsim.perf.base import StepTimeModel
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.routing import make_router
+from fleetsim.programs.metrics import program_summary
+from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
 from fleetsim.serving.recorder import Records
 from fleetsim.workloads import Workload, build_workload
+
+PROGRAM_HORIZON_S = 1e15
+"""The end of a program run without ``until_s`` (see ``run``): far beyond any simulation."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -185,10 +190,15 @@ def _check_link_reachable(config: SimConfig, gpus: dict) -> None:
 def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
     """Simulate ``config``; ``progress`` (optional) is called with the simulated time."""
     streams = seed_streams(config.seed, ("workload", "routing"))
-    workload = build_workload(config.workload, streams["workload"])
     model = get_model(config.model)
     eng = config.engine
     pools, pool_infos = build_pools(config, model)
+    source = None
+    if config.programs is not None:  # programs replace the workload (their calls stand in)
+        source, workload = program_source(config.programs, streams["workload"], model, pools,
+                                          eng.max_batched_tokens, config.cluster.link.latency_s)
+    else:
+        workload = build_workload(config.workload, streams["workload"])
     if workload.hash_ids is not None and workload.hash_block_tokens % eng.block_size:
         raise FleetsimInputError(
             "engine.block_size", eng.block_size,
@@ -200,6 +210,11 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         raise FleetsimInputError("policy.ordering", "priority", "the workload has no priority "
                                  "column; add one to the trace or use fcfs")
     until_s = config.until_s if config.until_s is not None else math.inf
+    if source is not None and until_s == math.inf:
+        # A program's next call waits for its parents' finishes, so the source must hear of
+        # each when it happens: the engine's idle windows run past finishes (settling them
+        # later) only in a run without an end, so give program runs a far one.
+        until_s = PROGRAM_HORIZON_S
     router = make_router(config.cluster.router)
     decode_router = make_router(config.cluster.decode_router, "cluster.decode_router")
     try:
@@ -221,10 +236,13 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
             debug=eng.debug,
             until_s=until_s,
             progress=progress,
+            source=source,
         )
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
     num_arrived = int(np.searchsorted(workload.arrival_s, until_s, side="right"))
+    if source is not None:
+        num_arrived = source.num_arrived(until_s)
     replica_pool = cluster.pool_of
     summary = summarize(
         records,
@@ -247,6 +265,8 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         r.kv.prefix.num_evicted for r in cluster.replicas)
     summary["routing"] = _routing_report(config, router, decode_router,
                                          any(p.role == "decode" for p in pools))
+    if source is not None:
+        summary["programs"] = program_summary(source.records())
     if any(p.role == "prefill" for p in pools):
         summary["kv_transfer_s"] = distribution(records.requests["kv_transfer_s"])
         summary["kv_transfer_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_handoff", 0.0)
