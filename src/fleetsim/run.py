@@ -42,6 +42,8 @@ class RunResult:
     summary: dict[str, Any]
     records: Records
     workload: Workload
+    programs: dict[str, Any] | None = None
+    """Program runs: one row per program (``ProgramSource.records``: JCT, T_w, ...)."""
 
 
 def seed_streams(seed: int, names: tuple[str, ...]) -> dict[str, np.random.Generator]:
@@ -265,8 +267,9 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         r.kv.prefix.num_evicted for r in cluster.replicas)
     summary["routing"] = _routing_report(config, router, decode_router,
                                          any(p.role == "decode" for p in pools))
-    if source is not None:
-        summary["programs"] = program_summary(source.records())
+    program_rows = source.records() if source is not None else None
+    if program_rows is not None:
+        summary["programs"] = program_summary(program_rows)
     if any(p.role == "prefill" for p in pools):
         summary["kv_transfer_s"] = distribution(records.requests["kv_transfer_s"])
         summary["kv_transfer_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_handoff", 0.0)
@@ -277,7 +280,7 @@ def run(config: SimConfig, progress: ProgressFn | None = None) -> RunResult:
         "workload": workload.name, "perf_sources": first["perf_sources"],
         **summary,
     }
-    return RunResult(to_plain(config), summary, records, workload)
+    return RunResult(to_plain(config), summary, records, workload, program_rows)
 
 
 def _routing_report(config: SimConfig, router: Any, decode_router: Any,

@@ -3,12 +3,14 @@ table and a run through ``run()`` with program metrics."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
 import numpy as np
 import pytest
 
+from fleetsim.cli import main
 from fleetsim.config import config_from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.programs import Call, Program, dump_jsonl, load_jsonl, slo_scale
@@ -17,7 +19,9 @@ from fleetsim.programs.dag import assign_hash_ids, shared_prefix_tokens
 from fleetsim.programs.formats import weka_program
 from fleetsim.programs.generators import GENERATORS, generate
 from fleetsim.programs.standalone import critical_path_s
+from fleetsim.registry import PolicySpec
 from fleetsim.run import run
+from fleetsim.search.slo_scale import _program_scale, deadline_slo_scale, program_slo_scales
 
 
 def write(tmp_path, lines):
@@ -57,8 +61,6 @@ def test_bad_programs_name_the_field_the_value_and_the_fix(tmp_path, calls, wher
 
 
 def test_bad_input_from_the_cli_is_one_line_and_exit_2(tmp_path, capsys):
-    from fleetsim.cli import main
-
     path = write(tmp_path, [{"calls": [{"prompt_tokens": 5, "output_tokens": 1,
                                         "tool_s": -2.0}]}])
     code = main(["run", "--set", "programs.generator=\"jsonl\"", "--set",
@@ -69,8 +71,6 @@ def test_bad_input_from_the_cli_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_unknown_program_policy_is_one_line_exit_2(tmp_path, capsys):
-    from fleetsim.cli import main
-
     code = main(["run", "--set", "programs.num_programs=2", "--set",
                  "policy.batching.name=\"no_such_program_policy\"", "--out",
                  str(tmp_path / "o")])
@@ -147,3 +147,48 @@ def test_run_reports_program_metrics_with_jct_at_least_standalone():
     assert prog["num_programs"] == prog["num_finished"] == 20
     assert summary["num_requests"] == prog["num_calls"] == summary["num_finished"]
     assert prog["slowdown"]["max"] >= 1.0 and prog["slo_scale"]["req95"] >= 1.0
+
+
+def test_slo_scale_command_reports_programs_and_searches_llf_deadlines(tmp_path, capsys):
+    base = {"hardware": {"num_replicas": 1},
+            "programs": {"generator": "tool_chain", "num_programs": 12, "rate_per_s": 4.0}}
+    fcfs = program_slo_scales(config_from_dict(base), (95.0,))
+    assert fcfs["over"] == "programs" and not fcfs["deadline_searched"]
+    assert fcfs["num_requests"] == 12 and fcfs["slo_scale"]["req95"] >= 1.0
+    llf_cfg = config_from_dict({**base, "policy": {"batching": {"name": "workflow_llf"}}})
+    s = deadline_slo_scale(llf_cfg, 95.0)
+    # At the scale found, run with that deadline, 95% of programs meet it.
+    cfg = dataclasses.replace(llf_cfg, policy=dataclasses.replace(
+        llf_cfg.policy, batching=PolicySpec(name="workflow_llf", args={"slo_scale": s})))
+    assert s >= 1.0 and _program_scale(cfg, 95.0) <= s
+    assert main(["slo-scale", "--set", "programs.num_programs=6", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["over"] == "programs"
+
+
+def test_tau_bench_trajectory_is_a_chain_of_assistant_calls(tmp_path):
+    traj = [{"role": "system", "content": "s" * 400}, {"role": "user", "content": "u" * 40},
+            {"role": "assistant", "content": "a" * 80,
+             "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "content": "t" * 200}, {"role": "assistant", "content": "b" * 8}]
+    path = tmp_path / "tau.json"
+    path.write_text(json.dumps([{"traj": traj}]))
+    cfg = ProgramWorkloadConfig(generator="tau_bench", path=str(path), num_programs=None)
+    (p,) = build_programs(cfg, np.random.default_rng(0), 131072)
+    first, second = p.calls
+    assert (first.num_prompt_tokens, first.parents, second.parents) == (110, (), (0,))
+    tool_chars = len(json.dumps({"name": "f", "arguments": "{}"}))
+    assert first.num_output_tokens == (80 + tool_chars) // 4
+    assert second.num_prompt_tokens == (440 + 80 + tool_chars + 200) // 4
+    assert first.tool_s > 0 and second.tool_s == 0.0
+
+
+def test_weka_loader_reads_a_directory_of_traces(tmp_path):
+    conv = {"requests": [{"type": "n", "in": 128, "out": 4, "hash_ids": [1, 2],
+                          "think_time": 0}, {"type": "n", "in": 192, "out": 4,
+                                             "hash_ids": [1, 2, 3], "think_time": 7}]}
+    (tmp_path / "trace_0001.json").write_text(json.dumps(conv))
+    cfg = ProgramWorkloadConfig(generator="weka", path=str(tmp_path), num_programs=None,
+                                rate_per_s=1.0)
+    (p,) = build_programs(cfg, np.random.default_rng(0), 131072)
+    assert [c.tool_s for c in p.calls] == [7.0, 0.0] and p.kind == "claude_code"
+    assert shared_prefix_tokens(p, 64) == [0, 128]

@@ -18,10 +18,16 @@ import numpy as np
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.programs.dag import Program
-from fleetsim.programs.formats import load_jsonl, load_weka
-from fleetsim.programs.generators import GENERATORS, MIXED, MixedArgs, generate
+from fleetsim.programs.formats import load_jsonl, load_tau_bench, load_weka
+from fleetsim.programs.generators import (
+    GENERATORS,
+    MIXED,
+    SIGMA_TOOL,
+    MixedArgs,
+    generate,
+)
 
-FILE_KINDS = ("jsonl", "weka")
+FILE_KINDS = ("jsonl", "weka", "tau_bench")
 PROGRAM_ARRIVALS = ("poisson", "constant", "trace")
 
 
@@ -31,9 +37,10 @@ class ProgramWorkloadConfig:
 
     generator: str = "mixed"
     """chain | tool_chain | lats | map_reduce | mixed | jsonl (a file of programs) | weka
-    (the WEKA Claude Code traces)."""
+    (the WEKA Claude Code traces) | tau_bench (tau-bench trajectories)."""
     path: str | None = None
-    """jsonl / weka: the file (weka: the .tar.xz or a directory of trace_*.json)."""
+    """jsonl / weka / tau_bench: the file (weka: the .tar.xz or a directory of
+    trace_*.json; tau_bench: a historical_trajectories JSON)."""
     num_programs: int | None = 100
     """Programs (files: the first ones; None: all of the file)."""
     arrival: str = "poisson"
@@ -52,8 +59,9 @@ class ProgramWorkloadConfig:
             raise ValueError(f"programs.generator must be one of {', '.join(known)}, got "
                              f"{self.generator!r}")
         if (self.generator in FILE_KINDS) != (self.path is not None):
-            raise ValueError(f"programs.path is needed by generator = jsonl or weka and only "
-                             f"by them (generator = {self.generator!r}, path = {self.path!r})")
+            raise ValueError(f"programs.path is needed by generator = jsonl, weka or tau_bench "
+                             f"and only by them (generator = {self.generator!r}, "
+                             f"path = {self.path!r})")
         if self.arrival not in PROGRAM_ARRIVALS:
             raise ValueError(f"programs.arrival must be one of {', '.join(PROGRAM_ARRIVALS)}, "
                              f"got {self.arrival!r}")
@@ -111,6 +119,11 @@ def build_programs(cfg: ProgramWorkloadConfig, rng: np.random.Generator,
         assert cfg.path is not None
         if cfg.generator == "jsonl":
             programs = load_jsonl(cfg.path)[:cfg.num_programs]
+        elif cfg.generator == "tau_bench":
+            # No timing in the trace: tool calls take the tool_chain generator's lognormal
+            # latency (median 0.5 s, p90 1.4 s: Heddle), drawn from the run's seed.
+            tools = (float(0.5 * rng.lognormal(0, SIGMA_TOOL)) for _ in iter(int, 1))
+            programs = load_tau_bench(cfg.path, max_programs=cfg.num_programs, tool_s=tools)
         else:
             programs = load_weka(cfg.path, max_programs=cfg.num_programs,
                                  max_context_tokens=max_context_tokens)

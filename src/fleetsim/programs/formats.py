@@ -232,3 +232,58 @@ def load_weka(path: str | os.PathLike[str], *, max_programs: int | None,
         raise FleetsimInputError(os.fspath(path), "no conversation fits",
                                  f"raise the model's context (now {max_context_tokens} tokens)")
     return out
+
+
+# ---- tau-bench trajectories (sierra-research/tau-bench, MIT) ------------------------------
+CHARS_PER_TOKEN = 4  # the traces README's rule of thumb for these character counts
+
+
+def _chars(message: dict[str, Any]) -> int:
+    n = len(message.get("content") or "")
+    for call in message.get("tool_calls") or ():
+        n += len(json.dumps(call.get("function", call)))
+    return n
+
+
+def tau_program(trajectory: list[dict[str, Any]], tool_s: Iterator[float],
+                user_gap_s: float) -> Program | None:
+    """One tau-bench trajectory as a chain: each assistant message is a call whose prompt is
+    every message before it (characters / 4) and whose output is the message itself; the
+    trace has no timing, so a call ending in a tool call waits ``next(tool_s)`` seconds and
+    one answered by the (LLM-simulated) customer ``user_gap_s``."""
+    calls: list[Call] = []
+    context = 0  # characters so far
+    for m in trajectory:
+        chars = _chars(m)
+        if m.get("role") == "assistant":
+            prompt = max(1, context // CHARS_PER_TOKEN)
+            out = max(1, chars // CHARS_PER_TOKEN)
+            gap = next(tool_s) if m.get("tool_calls") else user_gap_s
+            calls.append(Call(prompt, out, (len(calls) - 1,) if calls else (), gap))
+        context += chars
+    if not calls:
+        return None
+    last = calls[-1]
+    calls[-1] = Call(last.num_prompt_tokens, last.num_output_tokens, last.parents, 0.0)
+    return Program(0.0, tuple(calls), "tau_bench")
+
+
+def load_tau_bench(path: str | os.PathLike[str], *, max_programs: int | None,
+                   tool_s: Iterator[float], user_gap_s: float = 0.0) -> list[Program]:
+    """The trajectories of a tau-bench ``historical_trajectories`` JSON file as programs."""
+    data = json.loads(read_text(path, "tau-bench trajectories"))
+    if not isinstance(data, list):
+        raise FleetsimInputError(os.fspath(path), type(data).__name__,
+                                 "give a tau-bench historical_trajectories JSON list")
+    out = []
+    for i, run in enumerate(data):
+        if max_programs is not None and len(out) >= max_programs:
+            break
+        traj = run.get("traj") if isinstance(run, dict) else None
+        if not isinstance(traj, list):
+            raise FleetsimInputError(f"{os.fspath(path)}[{i}].traj", str(traj)[:40],
+                                     "each run needs its traj list of chat messages")
+        p = tau_program(traj, tool_s, user_gap_s)
+        if p is not None:
+            out.append(p)
+    return out

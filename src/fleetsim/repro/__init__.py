@@ -1,7 +1,7 @@
 """Reproductions of research papers' headline comparisons, one module per paper, registered
 by name (``fleetsim repro list``). Importing this package registers them."""
 
-from fleetsim.repro import fastserve  # noqa: E402,F401  (registers the entry)
+from fleetsim.repro import autellix, fastserve, hexagent  # noqa: E402,F401  (register entries)
 from fleetsim.repro.frame import (
     REPRODUCTIONS,
     Comparison,
