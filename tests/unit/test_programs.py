@@ -192,3 +192,30 @@ def test_weka_loader_reads_a_directory_of_traces(tmp_path):
     (p,) = build_programs(cfg, np.random.default_rng(0), 131072)
     assert [c.tool_s for c in p.calls] == [7.0, 0.0] and p.kind == "claude_code"
     assert shared_prefix_tokens(p, 64) == [0, 128]
+
+
+def test_tool_times_resampled_from_measured_tool_calls(tmp_path):
+    from fleetsim.programs.tools import tool_latencies
+
+    events = [
+        {"type": "assistant", "timestamp": "2026-02-07T02:00:00.000Z",
+         "message": {"content": [{"type": "tool_use", "id": "a", "name": "Bash"}]}},
+        {"type": "user", "timestamp": "2026-02-07T02:00:02.500Z",
+         "message": {"content": [{"type": "tool_result", "tool_use_id": "a"}]}},
+        {"type": "assistant", "timestamp": "2026-02-07T02:00:03.000Z",
+         "message": {"content": [{"type": "tool_use", "id": "b", "name": "Read"}]}},
+        {"type": "user", "timestamp": "2026-02-07T02:00:03.040Z",
+         "message": {"content": [{"type": "tool_result", "tool_use_id": "b"}]}}]
+    run_dir = tmp_path / "experiments" / "task" / "attempt_1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "trace.jsonl").write_text("\n".join(json.dumps(e) for e in events))
+    lat = tool_latencies(tmp_path)
+    assert lat == {"Bash": [2.5], "Read": [pytest.approx(0.04)]}
+    cfg = ProgramWorkloadConfig(generator="tool_chain", num_programs=3,
+                                tool_trace=str(tmp_path), tool_names=("Bash",))
+    for p in build_programs(cfg, np.random.default_rng(0), 131072):
+        assert {c.tool_s for c in p.calls[:-1]} <= {2.5} and p.calls[-1].tool_s in (0.0, 2.5)
+    with pytest.raises(FleetsimInputError, match="programs.tool_names"):
+        build_programs(ProgramWorkloadConfig(generator="chain", num_programs=1,
+                                             tool_trace=str(tmp_path), tool_names=("Web",)),
+                       np.random.default_rng(0), 131072)

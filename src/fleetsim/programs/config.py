@@ -26,6 +26,7 @@ from fleetsim.programs.generators import (
     MixedArgs,
     generate,
 )
+from fleetsim.programs.tools import resample_tool_times, tool_latencies
 
 FILE_KINDS = ("jsonl", "weka", "tau_bench")
 PROGRAM_ARRIVALS = ("poisson", "constant", "trace")
@@ -52,6 +53,11 @@ class ProgramWorkloadConfig:
     engine.block_size). Smaller blocks reuse more of a parent's context, at more cost."""
     args: Mapping[str, Any] = field(default_factory=dict)
     """The generator's parameters (its dataclass in fleetsim.programs.generators)."""
+    tool_trace: str | None = None
+    """Resample every tool time from real tool latencies: the agentcgroup_swe traces
+    (``../shared/traces/agentic/agentcgroup_swe/``, GPL-2.0: read in place, never copied)."""
+    tool_names: tuple[str, ...] = ()
+    """With tool_trace: the tool types to draw from (e.g. ["Bash"]; empty: every tool)."""
 
     def __post_init__(self) -> None:
         known = (*GENERATORS, MIXED, *FILE_KINDS)
@@ -81,6 +87,9 @@ class ProgramWorkloadConfig:
                              f"{self.hash_block_tokens}")
         if self.args and self.generator in FILE_KINDS:
             raise ValueError("programs.args is for generators; a file takes none")
+        if self.tool_names and self.tool_trace is None:
+            raise ValueError("programs.tool_names needs programs.tool_trace (the traces to "
+                             "draw the tools' latencies from)")
         generator_args(self)  # unknown or bad parameters fail here
 
 
@@ -130,6 +139,9 @@ def build_programs(cfg: ProgramWorkloadConfig, rng: np.random.Generator,
         if cfg.arrival != "trace":
             times = arrival_times(cfg, len(programs), rng)
             programs = [replace(p, arrival_s=t) for p, t in zip(programs, times, strict=True)]
+    if cfg.tool_trace is not None:
+        programs = resample_tool_times(programs, tool_latencies(cfg.tool_trace),
+                                       cfg.tool_names, rng)
     for i, p in enumerate(programs):
         for j, c in enumerate(p.calls):
             if c.num_prompt_tokens + c.num_output_tokens > max_context_tokens:
