@@ -18,6 +18,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import read_toml
 from fleetsim.metrics.summary import SLOConfig
 from fleetsim.moe.serving import PoolEpConfig
+from fleetsim.programs.config import ProgramWorkloadConfig
 from fleetsim.registry import PolicySpec
 from fleetsim.workloads.config import WorkloadConfig
 
@@ -196,6 +197,9 @@ class SimConfig:
     perf_backend: str = "auto"
     """Performance model: auto (measured tables, roofline where none) | roofline."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    programs: ProgramWorkloadConfig | None = None
+    """Agent programs (DAGs of calls and tool waits) instead of ``workload``
+    (docs/programs.md)."""
     slo: SLOConfig = field(default_factory=SLOConfig)
     until_s: float | None = None
     """Stop simulating at this simulated time (None: run until every request finishes)."""

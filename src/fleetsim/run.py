@@ -24,12 +24,17 @@ from fleetsim.perf.base import StepTimeModel
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.routing import make_router
+from fleetsim.programs.metrics import program_summary
+from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
 from fleetsim.workloads import Workload, build_workload
 from fleetsim.workloads.transforms import fit_context
+
+PROGRAM_HORIZON_S = 1e15
+"""The end of a program run without ``until_s`` (see ``run``): far beyond any simulation."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -42,6 +47,8 @@ class RunResult:
     workload: Workload
     unfinished: list[Any] = field(default_factory=list)
     """Requests that arrived but had not finished when the run stopped (``until_s``)."""
+    programs: dict[str, Any] | None = None
+    """Program runs: one row per program (``ProgramSource.records``: JCT, T_w, ...)."""
 
 
 def seed_streams(seed: int, names: tuple[str, ...]) -> dict[str, np.random.Generator]:
@@ -191,18 +198,23 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     """Simulate ``config``; ``progress`` (optional) is called now and then with the
     simulated time, the first and the last arrival time (s)."""
     streams = seed_streams(config.seed, ("workload", "routing"))
-    workload = build_workload(config.workload, streams["workload"])
     model = get_model(config.model)
+    eng = config.engine
+    pools, pool_infos = build_pools(config, model)
+    source: Any = None
     num_over_long = 0
-    if config.workload.over_long != "error":
+    if config.programs is not None:  # programs replace the workload (their calls stand in)
+        source, workload = program_source(config.programs, streams["workload"], model, pools,
+                                          eng.max_batched_tokens, config.cluster.link.latency_s)
+    else:
+        workload = build_workload(config.workload, streams["workload"])
+    if config.programs is None and config.workload.over_long != "error":
         workload, num_over_long = fit_context(workload, model.max_context_tokens,
                                               config.workload.over_long)
         if not len(workload):
             raise FleetsimInputError("workload.over_long", "drop",
                                      f"every request exceeds the {model.max_context_tokens:,}"
                                      f"-token context of {model.name}; use clip")
-    eng = config.engine
-    pools, pool_infos = build_pools(config, model)
     if workload.hash_ids is not None and workload.hash_block_tokens % eng.block_size:
         raise FleetsimInputError(
             "engine.block_size", eng.block_size,
@@ -214,9 +226,15 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
         raise FleetsimInputError("policy.ordering", "priority", "the workload has no priority "
                                  "column; add one to the trace or use fcfs")
     until_s = config.until_s if config.until_s is not None else math.inf
-    source: Any = (ClosedLoopSource(workload, config.workload.max_concurrency)
-                   if config.workload.max_concurrency is not None else WorkloadSource(workload))
-    tracker = TrackingSource(source) if until_s < math.inf else None
+    if source is not None and until_s == math.inf:
+        # A program's next call waits for its parents' finishes, so the source must hear of
+        # each when it happens: give program runs a far end (the engine's idle windows also
+        # stop at finishes whenever a source listens to them).
+        until_s = PROGRAM_HORIZON_S
+    if source is None:
+        source = (ClosedLoopSource(workload, config.workload.max_concurrency)
+                  if config.workload.max_concurrency is not None else WorkloadSource(workload))
+    tracker = TrackingSource(source) if until_s < math.inf and config.programs is None else None
     router = make_router(config.cluster.router)
     decode_router = make_router(config.cluster.decode_router, "cluster.decode_router")
     try:
@@ -243,7 +261,10 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
         )
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
-    num_arrived = tracker.num_arrived if tracker is not None else len(workload)
+    if config.programs is not None:
+        num_arrived = source.num_arrived(until_s)
+    else:
+        num_arrived = tracker.num_arrived if tracker is not None else len(workload)
     replica_pool = cluster.pool_of
     summary = summarize(
         records,
@@ -273,6 +294,9 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
         r.kv.prefix.num_evicted for r in cluster.replicas)
     summary["routing"] = _routing_report(config, router, decode_router,
                                          any(p.role == "decode" for p in pools))
+    program_rows = source.records() if config.programs is not None else None
+    if program_rows is not None:
+        summary["programs"] = program_summary(program_rows)
     if any(p.role == "prefill" for p in pools):
         summary["kv_transfer_s"] = distribution(records.requests["kv_transfer_s"])
         summary["kv_transfer_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_handoff", 0.0)
@@ -285,7 +309,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     }
     summary["engine_build"] = engine_build()
     unfinished = sorted(tracker.in_flight.values(), key=lambda r: r.id) if tracker else []
-    return RunResult(to_plain(config), summary, records, workload, unfinished)
+    return RunResult(to_plain(config), summary, records, workload, unfinished, program_rows)
 
 
 def _progress(progress: Callable[..., None] | None, workload: Workload) -> ProgressFn | None:

@@ -12,11 +12,27 @@ from fleetsim.policies.batching import (
 from fleetsim.policies.eviction import EVICTION_POLICIES, make_eviction
 from fleetsim.policies.fastserve import FastServePlanner
 from fleetsim.policies.ordering import ORDERING_POLICIES, OrderKey, make_ordering, register_ordering
+from fleetsim.policies.programs import (
+    AutellixATLAS,
+    AutellixLocality,
+    AutellixPLAS,
+    HexAGenTPlacement,
+    HexAGenTPriority,
+    WorkflowFCFS,
+    WorkflowLLF,
+)
 from fleetsim.registry import PolicySpec
 from fleetsim.serving.capabilities import Capabilities, capabilities_of
 from fleetsim.serving.views import KVView, ReplicaView
 
 __all__ = [
+    "AutellixATLAS",
+    "AutellixLocality",
+    "AutellixPLAS",
+    "HexAGenTPlacement",
+    "HexAGenTPriority",
+    "WorkflowFCFS",
+    "WorkflowLLF",
     "BATCH_POLICIES",
     "EVICTION_POLICIES",
     "FastServePlanner",

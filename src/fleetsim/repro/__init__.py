@@ -1,7 +1,13 @@
 """Reproductions of research papers' headline comparisons, one module per paper, registered
 by name (``fleetsim repro list``). Importing this package registers them."""
 
-from fleetsim.repro import areal_tik, fastserve, streamrl  # noqa: E402,F401  (register the entries)
+from fleetsim.repro import (  # noqa: E402,F401  (register the entries)
+    areal_tik,
+    autellix,
+    fastserve,
+    hexagent,
+    streamrl,
+)
 from fleetsim.repro.frame import (
     REPRODUCTIONS,
     Comparison,

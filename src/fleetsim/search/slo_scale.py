@@ -111,9 +111,12 @@ def standalone_for_run(config: SimConfig, requests: dict[str, NDArray]) -> NDArr
 
 
 def slo_scales(config: SimConfig, pcts: tuple[float, ...] = DEFAULT_PCTS) -> dict[str, Any]:
-    """Run ``config`` and report its ReqX SLO scales (keys ``req90`` ...) as a dict."""
+    """Run ``config`` and report its ReqX SLO scales (keys ``req90`` ...) as a dict: over
+    requests, or over programs when ``config.programs`` is set."""
     from fleetsim.run import run
 
+    if config.programs is not None:
+        return program_slo_scales(config, pcts)
     result = run(config)
     req = result.records.requests
     latency = req["finish_s"] - req["arrival_s"]
@@ -135,6 +138,92 @@ def slo_scales(config: SimConfig, pcts: tuple[float, ...] = DEFAULT_PCTS) -> dic
         "e2e_p50_s": float(np.median(latency)) if latency.size else None,
         "model": result.summary.get("model"),
         "workload": result.summary.get("workload"),
+        "pools": [{"name": p.name, "gpu": p.gpu, "tp": p.tp, "num_replicas": p.num_replicas,
+                   "role": p.role} for p in config.pools],
+    }
+
+
+# ---- programs (HexAGenT: a program meets its SLO at scale s when JCT <= s x T_w) ---------
+DEADLINE_ARG = "slo_scale"
+"""A batching policy with this parameter (``workflow_llf``) schedules against deadlines of
+s x its horizon: its ReqX is searched over s, one simulation per s (HexAGenT's method)."""
+
+
+def _program_scale(config: SimConfig, pct: float) -> float:
+    from fleetsim.programs.metrics import slo_scale
+    from fleetsim.run import run
+
+    rows = run(config).programs
+    assert rows is not None
+    done = ~np.isnan(rows["finish_s"])
+    return slo_scale(rows["jct_s"][done], rows["standalone_s"][done], pct,
+                     int((~done).sum()))
+
+
+def deadline_slo_scale(config: SimConfig, pct: float, *, hi: float = 64.0,
+                       rel_tol: float = 0.02) -> float:
+    """ReqX of a deadline-driven policy: the smallest s such that, run with deadline scale s,
+    X% of programs finish within s x T_w (geometric bisection on [1, ``hi``]; inf if even
+    ``hi`` misses)."""
+    import dataclasses
+
+    from fleetsim.registry import PolicySpec
+
+    def met(s: float) -> bool:
+        spec = config.policy.batching
+        batching = PolicySpec(name=spec.name, args={**spec.args, DEADLINE_ARG: s})
+        cfg = dataclasses.replace(config, policy=dataclasses.replace(config.policy,
+                                                                    batching=batching))
+        return _program_scale(cfg, pct) <= s
+
+    if not met(hi):
+        return float("inf")
+    lo = 1.0
+    if met(lo):
+        return lo
+    while hi / lo > 1.0 + rel_tol:
+        mid = (lo * hi) ** 0.5
+        lo, hi = (lo, mid) if met(mid) else (mid, hi)
+    return hi
+
+
+def program_slo_scales(config: SimConfig, pcts: tuple[float, ...] = DEFAULT_PCTS
+                       ) -> dict[str, Any]:
+    """ReqX over programs (keys ``req90`` ...), with the run's program figures; a policy that
+    takes a deadline scale (``slo_scale``) is searched over it per percentile."""
+    from fleetsim.policies import make_batch_policy
+    from fleetsim.run import run
+
+    result = run(config)
+    summary = result.summary
+    prog = summary["programs"]
+    rows = result.programs
+    assert rows is not None
+    done = ~np.isnan(rows["finish_s"])
+    searched = hasattr(make_batch_policy(config.policy.batching), DEADLINE_ARG)
+    scales: dict[str, float | None] = {}
+    for pct in pcts:
+        if searched:
+            s = deadline_slo_scale(config, pct)
+        else:
+            from fleetsim.programs.metrics import slo_scale
+            s = slo_scale(rows["jct_s"][done], rows["standalone_s"][done], pct,
+                          prog["num_unfinished"])
+        scales[f"req{pct:g}"] = s if np.isfinite(s) else None
+    ratio = rows["jct_s"][done] / rows["standalone_s"][done]
+    return {
+        "slo_scale": scales,
+        "over": "programs",
+        "deadline_searched": searched,
+        "num_requests": prog["num_programs"],
+        "num_finished": prog["num_finished"],
+        "num_unfinished": prog["num_unfinished"],
+        "ratio_min": float(ratio.min()) if ratio.size else None,
+        "ratio_mean": float(ratio.mean()) if ratio.size else None,
+        "standalone_e2e_p50_s": prog["standalone_s"]["p50"],
+        "e2e_p50_s": prog["jct_s"]["p50"],
+        "model": summary.get("model"),
+        "workload": summary.get("workload"),
         "pools": [{"name": p.name, "gpu": p.gpu, "tp": p.tp, "num_replicas": p.num_replicas,
                    "role": p.role} for p in config.pools],
     }

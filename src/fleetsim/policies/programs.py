@@ -1,0 +1,235 @@
+"""Program-level scheduling: Workflow-FCFS, Autellix PLAS and ATLAS, Workflow-LLF and
+HexAGenT's risk priority (batching policies that bring their own queue order), Autellix's
+locality-aware balancer and HexAGenT's heterogeneity-aware placement (routers).
+
+Each call submitted by a program source carries a tag in ``Request.policy_state``
+(``fleetsim.programs.ProgramCall``: its program's arrival, attained service and revealed
+horizon, the call's standalone estimate); these policies read it by attribute, so they also
+run on plain requests (no tag: the request is a one-call program that arrived when it did,
+with no service yet). The planner is vLLM's token budget (``TokenBudgetPlanner``) in every
+case; only the order of the engine's queues changes, and a key is computed when a call
+enters a queue (the engine keeps queues sorted by it):
+
+- ``workflow_fcfs``: programs in arrival order (SGLang's FCFS at program granularity,
+  HexAGenT's W-FCFS baseline);
+- ``plas`` / ``atlas`` (Autellix, Luo et al., arXiv 2502.13965): least attained service
+  first, per program (PLAS: the engine seconds of its finished calls) or along the critical
+  path (ATLAS: the most, over the call's parents, of their path service), discretised into
+  queues with boundaries ``base_quantum_s * ratio**k`` (the paper's multi-level queues; the
+  boundaries are our assumption). Anti-starvation: a call that has waited longer than
+  ``starvation_s`` times its program's attained service when it enters a queue goes to the
+  top queue (Autellix promotes by wait/service ratio; applied at enqueue only here, as the
+  keys are static);
+- ``workflow_llf``: least laxity first, deadline ``a_w + slo_scale * H_w`` (H_w the revealed
+  critical path in standalone seconds; T_w itself is unknown online), laxity = deadline minus
+  the revealed work left on the call's path;
+- ``hexagent``: highest projected risk ``R = ((t - a_w) + est) / H_w`` first (HexAGenT,
+  arXiv 2605.16637: the risk is the local queue priority; ``est`` is the call's standalone
+  time, and the queue wait ahead of it is the router's part, below).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetsim.policies.batching import TokenBudgetPlanner, register_batch
+from fleetsim.policies.routing import ClusterView, register_router
+from fleetsim.serving.capabilities import Capabilities
+from fleetsim.serving.request import Request
+
+Key = tuple[float, ...]
+
+
+def _tag(req: Request) -> Any:
+    """The program tag, or None for a plain request (or one whose tag a policy replaced)."""
+    state = req.policy_state
+    return state if hasattr(state, "program") and hasattr(state, "path_s") else None
+
+
+def _level(service_s: float, base_s: float, ratio: float, num_levels: int) -> int:
+    if service_s < base_s:
+        return 0
+    return min(num_levels - 1, 1 + int(math.log(service_s / base_s, ratio)))
+
+
+@dataclass(slots=True)
+class _ProgramOrdered(TokenBudgetPlanner):
+    """A token-budget planner whose queues follow a program-level key."""
+
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+
+    @property
+    def order_key(self) -> Callable[[Request, float], Key]:
+        return self.key
+
+    def key(self, req: Request, now_s: float) -> Key:
+        raise NotImplementedError
+
+
+@register_batch("workflow_fcfs")
+@dataclass(slots=True)
+class WorkflowFCFS(_ProgramOrdered):
+    """Programs in arrival order; within one, calls in the order they became ready."""
+
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+
+    def key(self, req: Request, now_s: float) -> Key:
+        tag = _tag(req)
+        arrival = tag.program.arrival_s if tag is not None else req.arrival_s
+        return (arrival, req.arrival_s, req.id)
+
+
+@register_batch("plas")
+@dataclass(slots=True)
+class AutellixPLAS(_ProgramOrdered):
+    """Autellix PLAS: least attained service of the program first, in discrete queues."""
+
+    base_quantum_s: float = 1.0
+    """Upper bound of the top queue, engine seconds of attained service (our assumption)."""
+    quantum_ratio: float = 2.0
+    """Each queue's bound over the previous one's."""
+    num_levels: int = 8
+    """Queues."""
+    starvation_ratio: float = 3.0
+    """A call that waited this many times its program's attained service (counted when it
+    enters a queue) goes to the top queue (anti-starvation)."""
+
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+
+    def __post_init__(self) -> None:
+        TokenBudgetPlanner.__post_init__(self)
+        if not self.base_quantum_s > 0 or not self.quantum_ratio > 1 or self.num_levels < 1:
+            raise ValueError("base_quantum_s > 0, quantum_ratio > 1 and num_levels >= 1 "
+                             f"required, got {self.base_quantum_s}, {self.quantum_ratio}, "
+                             f"{self.num_levels}")
+        if not self.starvation_ratio > 0:
+            raise ValueError(f"starvation_ratio must be > 0, got {self.starvation_ratio}")
+
+    def service_s(self, tag: Any) -> float:
+        return float(tag.program.service_s)
+
+    def key(self, req: Request, now_s: float) -> Key:
+        tag = _tag(req)
+        if tag is None:
+            return (0, req.arrival_s, req.id)
+        service = self.service_s(tag)
+        waited = now_s - tag.program.arrival_s - service
+        level = _level(service, self.base_quantum_s, self.quantum_ratio, self.num_levels)
+        if service > 0 and waited > self.starvation_ratio * service:
+            level = 0
+        return (level, tag.program.arrival_s, req.arrival_s, req.id)
+
+
+@register_batch("atlas")
+@dataclass(slots=True)
+class AutellixATLAS(AutellixPLAS):
+    """Autellix ATLAS: PLAS along the critical path (the call's parents' path service)."""
+
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+
+    def service_s(self, tag: Any) -> float:
+        return float(tag.path_service_s)
+
+
+@register_batch("workflow_llf")
+@dataclass(slots=True)
+class WorkflowLLF(_ProgramOrdered):
+    """Least laxity first against the deadline ``a_w + slo_scale * H_w``."""
+
+    slo_scale: float = 2.0
+    """s of the deadline s x H_w (HexAGenT's LLF baseline; search it with repro/slo-scale)."""
+
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+
+    def __post_init__(self) -> None:
+        TokenBudgetPlanner.__post_init__(self)
+        if not self.slo_scale >= 1:
+            raise ValueError(f"slo_scale must be >= 1, got {self.slo_scale}")
+
+    def key(self, req: Request, now_s: float) -> Key:
+        tag = _tag(req)
+        if tag is None:
+            return (req.arrival_s, req.id)
+        program = tag.program
+        deadline = program.arrival_s + self.slo_scale * program.horizon_s
+        # Revealed work left from this call's start along its path: the call and what the
+        # horizon holds beyond it (the rest is unknown online).
+        work_left = program.horizon_s - (tag.path_s - tag.est_s)
+        return (deadline - work_left, req.arrival_s, req.id)
+
+
+@register_batch("hexagent")
+@dataclass(slots=True)
+class HexAGenTPriority(_ProgramOrdered):
+    """HexAGenT: the highest projected risk ``((t - a_w) + est) / H_w`` first."""
+
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+
+    def key(self, req: Request, now_s: float) -> Key:
+        tag = _tag(req)
+        if tag is None:
+            return (0.0, req.arrival_s, req.id)
+        program = tag.program
+        risk = ((now_s - program.arrival_s) + tag.est_s) / max(program.horizon_s, 1e-9)
+        return (-risk, program.arrival_s, req.arrival_s, req.id)
+
+
+# ---- routers -------------------------------------------------------------------------
+@register_router("autellix_locality")
+@dataclass(slots=True)
+class AutellixLocality:
+    """Autellix's locality-aware balancer: a program whose attained service passed
+    ``long_program_s`` stays on the replica of its previous call (its context is cached
+    there); other calls go to the least loaded replica."""
+
+    long_program_s: float = 2.0
+    """Attained engine seconds above which a program is pinned (our assumption)."""
+    num_pinned_routes: int = 0
+    _home: dict[int, int] = field(default_factory=dict, repr=False)  # program id -> replica id
+
+    def report(self) -> dict[str, int]:
+        return {"num_pinned_routes": self.num_pinned_routes}
+
+    def route(self, view: ClusterView, req: Request, now_s: float) -> int:
+        reps = view.replicas
+        tag = _tag(req)
+        if tag is not None and tag.program.service_s >= self.long_program_s:
+            home = self._home.get(tag.program.id)
+            for i, r in enumerate(reps):
+                if r.replica_id == home:
+                    self.num_pinned_routes += 1
+                    return i
+        best = min(range(len(reps)), key=lambda i: (reps[i].load_tokens, i))
+        if tag is not None:
+            self._home[tag.program.id] = reps[best].replica_id
+        return best
+
+
+@register_router("hexagent")
+@dataclass(slots=True)
+class HexAGenTPlacement:
+    """HexAGenT's placement on heterogeneous pools: the replica where the call would finish
+    its prefill first, its queue included: (backlog + prompt) tokens at that replica's own
+    prefill speed (its step model: faster GPUs drain faster). Used as the prefill (or mixed)
+    router and as the decode router, where the engine already offers only replicas whose KV
+    can hold the call (decode KV feasibility)."""
+
+    _per_token_s: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+
+    def route(self, view: ClusterView, req: Request, now_s: float) -> int:
+        n = max(req.num_prompt_tokens, 1)
+        best, best_s = 0, math.inf
+        for i, r in enumerate(view.replicas):
+            key = (r.replica_id, n)
+            per = self._per_token_s.get(key)
+            if per is None:
+                step = getattr(r, "step_time_s", None)
+                per = (step([(n, 0)], 0, 0) / n) if step is not None else 1.0
+                self._per_token_s[key] = per
+            finish_s = (r.load_tokens + n) * per
+            if finish_s < best_s:
+                best, best_s = i, finish_s
+        return best

@@ -1,0 +1,78 @@
+"""Standalone times: a call alone on an idle replica, and a program's T_w (HexAGenT's
+standalone completion time) as the critical path of its calls and tool waits.
+
+Computed with the engine's own step model (``serving.standalone``): prefill of the prompt
+tokens the prefix cache cannot supply, in chunks of the step budget, then one decode step per
+output token after the first at batch size 1. Prefix reuse is the best case a program alone
+gets (``dag.shared_prefix_tokens``), so T_w is a lower bound of what the engine can do with
+the program alone: batching with sibling calls only lengthens steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fleetsim.perf.base import StepTimeModel
+from fleetsim.programs.dag import Program, shared_prefix_tokens
+from fleetsim.serving.standalone import decode_time_s
+
+
+@dataclass(slots=True)
+class CallTimer:
+    """Seconds of one call alone: the fastest prefill pool, then (P/D) the KV handoff over
+    an idle link and the fastest decode pool; every pool when the cluster is mixed."""
+
+    prefill_models: Sequence[StepTimeModel]
+    max_batched_tokens: int
+    decode_models: Sequence[StepTimeModel] = ()
+    """Decode pools (P/D); empty when pools are mixed."""
+    handoff_s_per_token: float = 0.0
+    """P/D: seconds per prompt token over the fastest idle link (KV bytes / bandwidth)."""
+    handoff_latency_s: float = 0.0
+    _cache: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
+
+    def call_s(self, num_prompt_tokens: int, num_hit_tokens: int, num_output_tokens: int
+               ) -> float:
+        key = (num_prompt_tokens, num_hit_tokens, num_output_tokens)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        if self.decode_models and num_output_tokens > 1:  # (one token: done at prefill)
+            t = (min(_prefill_s(m, num_prompt_tokens, num_hit_tokens, self.max_batched_tokens)
+                     for m in self.prefill_models)
+                 + self.handoff_latency_s + self.handoff_s_per_token * num_prompt_tokens
+                 + min(decode_time_s(m, num_prompt_tokens, num_output_tokens)
+                       for m in self.decode_models))
+        else:
+            t = min(_prefill_s(m, num_prompt_tokens, num_hit_tokens, self.max_batched_tokens)
+                    + decode_time_s(m, num_prompt_tokens, num_output_tokens)
+                    for m in self.prefill_models)
+        self._cache[key] = t
+        return t
+
+    def calls_s(self, program: Program, block_tokens: int) -> list[float]:
+        """Standalone seconds of each call of ``program``."""
+        hits = shared_prefix_tokens(program, block_tokens)
+        return [self.call_s(c.num_prompt_tokens, h, c.num_output_tokens)
+                for c, h in zip(program.calls, hits, strict=True)]
+
+
+def _prefill_s(model: StepTimeModel, num_prompt_tokens: int, num_hit_tokens: int,
+               max_batched_tokens: int) -> float:
+    total, done = 0.0, num_hit_tokens
+    while done < num_prompt_tokens:
+        chunk = min(max_batched_tokens, num_prompt_tokens - done)
+        total += model.step_time_s([(chunk, done)], 0, 0)
+        done += chunk
+    return total
+
+
+def critical_path_s(program: Program, call_s: Sequence[float]) -> float:
+    """Longest path from the program's arrival to its last call's end: calls take
+    ``call_s``, and a parent's tool time lies on every edge out of it."""
+    end = [0.0] * program.num_calls
+    for i, call in enumerate(program.calls):
+        start = max((end[p] + program.calls[p].tool_s for p in call.parents), default=0.0)
+        end[i] = start + call_s[i]
+    return max(end)

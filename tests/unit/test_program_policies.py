@@ -1,0 +1,110 @@
+"""Program-level policies: their keys on tagged calls and on plain requests, the routers'
+choices, and whole runs through ``run()`` by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetsim.config import config_from_dict
+from fleetsim.policies import make_batch_policy
+from fleetsim.policies.programs import AutellixLocality, HexAGenTPlacement
+from fleetsim.programs import Call, Program
+from fleetsim.programs.source import ProgramCall, ProgramState
+from fleetsim.registry import PolicySpec
+from fleetsim.run import run
+from fleetsim.serving.request import Request
+
+PROGRAM_POLICIES = ("workflow_fcfs", "plas", "atlas", "workflow_llf", "hexagent")
+
+
+def tagged(rid, *, arrival_s, program_arrival_s, service_s=0.0, path_service_s=0.0,
+           horizon_s=10.0, est_s=1.0, path_s=1.0, pid=0):
+    state = ProgramState(pid, Program(program_arrival_s, (Call(1, 1),)), horizon_s)
+    state.service_s, state.horizon_s = service_s, horizon_s
+    tag = ProgramCall(state, 0, est_s, path_s, path_service_s)
+    return Request(id=rid, arrival_s=arrival_s, num_prompt_tokens=10, max_output_tokens=5,
+                   policy_state=tag)
+
+
+def key(name, req, now_s=100.0, **args):
+    return make_batch_policy(PolicySpec(name=name, args=args)).order_key(req, now_s)
+
+
+def test_workflow_fcfs_puts_older_programs_first():
+    old = tagged(1, arrival_s=50.0, program_arrival_s=0.0)
+    new = tagged(2, arrival_s=10.0, program_arrival_s=5.0)
+    assert key("workflow_fcfs", old) < key("workflow_fcfs", new)
+
+
+def test_plas_serves_least_attained_program_first_and_atlas_uses_the_path():
+    hog = tagged(1, arrival_s=90.0, program_arrival_s=80.0, service_s=9.0, path_service_s=0.0)
+    light = tagged(2, arrival_s=95.0, program_arrival_s=90.0, service_s=0.0, path_service_s=9.0)
+    assert key("plas", light) < key("plas", hog)
+    assert key("atlas", hog) < key("atlas", light)
+
+
+def test_plas_anti_starvation_promotes_a_long_waiting_program():
+    starved = tagged(1, arrival_s=99.0, program_arrival_s=0.0, service_s=9.0)
+    fresh = tagged(2, arrival_s=99.0, program_arrival_s=98.0, service_s=0.5)
+    assert key("plas", starved)[0] == 0 and key("plas", fresh)[0] == 0
+    assert key("plas", starved, starvation_ratio=100.0)[0] > 0
+
+
+def test_llf_and_hexagent_prefer_the_program_closest_to_its_deadline():
+    tight = tagged(1, arrival_s=99.0, program_arrival_s=90.0, horizon_s=5.0, path_s=5.0)
+    loose = tagged(2, arrival_s=99.0, program_arrival_s=90.0, horizon_s=50.0, path_s=5.0)
+    for name in ("workflow_llf", "hexagent"):
+        assert key(name, tight) < key(name, loose), name
+
+
+@pytest.mark.parametrize("name", PROGRAM_POLICIES)
+def test_program_policies_order_plain_requests_by_arrival(name):
+    a = Request(id=1, arrival_s=1.0, num_prompt_tokens=5, max_output_tokens=5)
+    b = Request(id=2, arrival_s=2.0, num_prompt_tokens=5, max_output_tokens=5)
+    assert key(name, a) < key(name, b)
+
+
+class _Replica:
+    def __init__(self, rid, load, per_token_s):
+        self.replica_id, self.load_tokens, self._per = rid, load, per_token_s
+        self.running = self.waiting = ()
+
+    def step_time_s(self, chunks, num_decode, kv):
+        return sum(n for n, _ in chunks) * self._per
+
+
+class _View:
+    def __init__(self, replicas):
+        self.replicas = replicas
+
+
+def test_hexagent_placement_weighs_backlog_by_each_replica_speed():
+    slow_idle, fast_busy = _Replica(0, 0, 3e-4), _Replica(1, 1000, 1e-4)
+    req = Request(id=1, arrival_s=0.0, num_prompt_tokens=1000, max_output_tokens=5)
+    assert HexAGenTPlacement().route(_View([slow_idle, fast_busy]), req, 0.0) == 1
+    assert HexAGenTPlacement().route(_View([slow_idle, _Replica(1, 9000, 1e-4)]), req, 0.0) == 0
+
+
+def test_autellix_locality_pins_long_programs_to_their_replica():
+    router = AutellixLocality(long_program_s=1.0)
+    reps = [_Replica(0, 0, 1.0), _Replica(1, 50, 1.0)]
+    first = tagged(1, arrival_s=0.0, program_arrival_s=0.0, pid=7)
+    assert router.route(_View(reps), first, 0.0) == 0
+    reps[0].load_tokens = 500
+    later = tagged(2, arrival_s=1.0, program_arrival_s=0.0, pid=7, service_s=2.0)
+    later.policy_state.program = first.policy_state.program
+    first.policy_state.program.service_s = 2.0
+    assert router.route(_View(reps), later, 1.0) == 0 and router.num_pinned_routes == 1
+    short = tagged(3, arrival_s=1.0, program_arrival_s=1.0, pid=8)
+    assert router.route(_View(reps), short, 1.0) == 1
+
+
+@pytest.mark.parametrize("name", PROGRAM_POLICIES)
+def test_every_program_policy_runs_by_name_and_finishes_everything(name):
+    cfg = config_from_dict({"hardware": {"num_replicas": 2},
+                            "cluster": {"router": {"name": "autellix_locality"}},
+                            "policy": {"batching": {"name": name}},
+                            "programs": {"generator": "mixed", "num_programs": 15,
+                                         "rate_per_s": 4.0}})
+    prog = run(cfg).summary["programs"]
+    assert prog["num_finished"] == 15 and prog["slo_scale"]["req95"] >= 1.0

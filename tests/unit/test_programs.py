@@ -1,0 +1,221 @@
+"""Programs: the DAG checks, the JSONL format, the WEKA loader, the generators, the config
+table and a run through ``run()`` with program metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from fleetsim.cli import main
+from fleetsim.config import config_from_dict
+from fleetsim.errors import FleetsimInputError
+from fleetsim.programs import Call, Program, dump_jsonl, load_jsonl, slo_scale
+from fleetsim.programs.config import ProgramWorkloadConfig, build_programs
+from fleetsim.programs.dag import assign_hash_ids, shared_prefix_tokens
+from fleetsim.programs.formats import weka_program
+from fleetsim.programs.generators import GENERATORS, generate
+from fleetsim.programs.standalone import critical_path_s
+from fleetsim.registry import PolicySpec
+from fleetsim.run import run
+from fleetsim.search.slo_scale import _program_scale, deadline_slo_scale, program_slo_scales
+
+
+def write(tmp_path, lines):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_jsonl_round_trip_and_any_call_order(tmp_path):
+    path = write(tmp_path, [{"arrival_s": 1.5, "kind": "k", "calls": [
+        {"id": "b", "prompt_tokens": 300, "output_tokens": 5, "parents": ["a"]},
+        {"id": "a", "prompt_tokens": 100, "output_tokens": 20, "tool_s": 0.5}]}])
+    (p,) = load_jsonl(path)
+    assert p.calls == (Call(100, 20, (), 0.5), Call(300, 5, (0,), 0.0))
+    assert (p.arrival_s, p.kind) == (1.5, "k")
+    again = tmp_path / "q.jsonl"
+    again.write_text(dump_jsonl([p]))
+    assert load_jsonl(again) == [p]
+
+
+@pytest.mark.parametrize(("calls", "where", "words"), [
+    ([{"id": "a", "prompt_tokens": 1, "output_tokens": 1, "parents": ["b"]},
+      {"id": "b", "prompt_tokens": 1, "output_tokens": 1, "parents": ["a"]}],
+     ".calls", "acyclic"),
+    ([{"prompt_tokens": 1, "output_tokens": 1, "parents": ["7"]}], ".calls[0].parents",
+     "no call has id '7'"),
+    ([{"prompt_tokens": 1, "output_tokens": 1, "tool_s": -1}], ".calls[0].tool_s", ">= 0"),
+    ([{"prompt_tokens": 0, "output_tokens": 1}], ".calls[0].prompt_tokens", "at least 1"),
+    ([{"prompt_tokens": 5, "output_tokens": 1, "speed": 3}], ".calls[0].speed", "known keys"),
+])
+def test_bad_programs_name_the_field_the_value_and_the_fix(tmp_path, calls, where, words):
+    path = write(tmp_path, [{"calls": calls}])
+    with pytest.raises(FleetsimInputError) as err:
+        load_jsonl(path)
+    msg = str(err.value)
+    assert f"{path}:1{where}" in msg and words in msg and "\n" not in msg
+
+
+def test_bad_input_from_the_cli_is_one_line_and_exit_2(tmp_path, capsys):
+    path = write(tmp_path, [{"calls": [{"prompt_tokens": 5, "output_tokens": 1,
+                                        "tool_s": -2.0}]}])
+    code = main(["run", "--set", "programs.generator=\"jsonl\"", "--set",
+                 f"programs.path=\"{path}\"", "--set", "programs.arrival=\"trace\"",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "tool_s" in err[0] and "-2.0" in err[0]
+
+
+def test_unknown_program_policy_is_one_line_exit_2(tmp_path, capsys):
+    code = main(["run", "--set", "programs.num_programs=2", "--set",
+                 "policy.batching.name=\"no_such_program_policy\"", "--out",
+                 str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no_such_program_policy" in err[0]
+
+
+def test_children_share_the_parent_context_blocks_and_siblings_share_its_output():
+    root = Call(200, 100, ())  # context 300 tokens: 4 full blocks of 64
+    a, b = Call(300 + 50, 5, (0,)), Call(300 + 90, 5, (0,))
+    short = Call(100, 5, (0,))  # does not extend the context: nothing shared
+    ids = assign_hash_ids(Program(0.0, (root, a, b, short)), 64, itertools.count())
+    assert len(ids[0]) == 3 and len(ids[1]) == 5 and len(ids[2]) == 6
+    assert ids[1][:4] == ids[2][:4] and ids[1][:3] == ids[0]
+    assert ids[1][4] != ids[2][4] and not set(ids[3]) & set(ids[0] + ids[1] + ids[2])
+    assert shared_prefix_tokens(Program(0.0, (root, a, b, short)), 64) == [0, 256, 256, 0]
+
+
+def test_critical_path_adds_tool_times_on_the_longest_path():
+    p = Program(0.0, (Call(1, 1, (), 2.0), Call(1, 1, (0,), 0.0), Call(1, 1, (0,), 9.0),
+                      Call(1, 1, (1, 2), 0.0)))
+    assert critical_path_s(p, [1.0, 20.0, 1.0, 1.0]) == 1 + 2 + 20 + 1
+    assert critical_path_s(p, [1.0, 1.0, 1.0, 1.0]) == 1 + 2 + 1 + 9 + 1
+
+
+def test_weka_conversation_becomes_a_chain_with_a_sub_agent_fork_join():
+    def r(t, n_in, out, think, kind="n"):
+        return {"t": t, "type": kind, "in": n_in, "out": out, "hash_ids": list(range(n_in // 64)),
+                "input_types": ["tool_result"], "api_time": 1.0, "think_time": think}
+    conv = {"requests": [r(0, 640, 10, 0), r(5, 704, 10, 3),
+                         {"type": "subagent", "requests": [r(0, 128, 5, 0), r(2, 192, 5, 1)]},
+                         r(30, 768, 10, 20), r(60, 10**6, 10, 4)]}
+    p = weka_program(conv, 100_000, "w")
+    assert [c.parents for c in p.calls] == [(), (0,), (1,), (2,), (1, 3)]
+    assert [c.tool_s for c in p.calls] == [3.0, 0.0, 1.0, 0.0, 0.0]  # the last call: too long
+    assert p.calls[2].hash_ids[0] != p.calls[0].hash_ids[0]  # a sub-agent's own id scope
+
+
+@pytest.mark.parametrize("name", [*GENERATORS, "mixed"])
+def test_generators_are_seeded_valid_dags(name):
+    cfg = ProgramWorkloadConfig(generator=name, num_programs=30, rate_per_s=2.0)
+    a = build_programs(cfg, np.random.default_rng(1), 131072)
+    b = build_programs(cfg, np.random.default_rng(1), 131072)
+    assert a == b and len(a) == 30
+    assert all(x.arrival_s <= y.arrival_s for x, y in itertools.pairwise(a))
+    for p in a:
+        for i, c in enumerate(p.calls):
+            assert all(q < i for q in c.parents) and c.tool_s >= 0
+
+
+def test_lats_shape_is_breadth_times_depth_plus_root():
+    from fleetsim.programs.generators import LatsArgs
+
+    (p,) = generate("lats", LatsArgs(breadth=3, depth=2), [0.0], np.random.default_rng(0))
+    assert p.num_calls == 7 and [len(c.parents) for c in p.calls] == [0] + [1] * 6
+
+
+def test_config_rejects_unknown_generator_args():
+    with pytest.raises(FleetsimInputError, match="programs"):
+        config_from_dict({"programs": {"generator": "lats", "args": {"width": 3}}})
+
+
+def test_slo_scale_counts_unfinished_programs_as_never_meeting():
+    jct, tw = np.array([2.0, 3.0, 4.0]), np.array([1.0, 1.0, 1.0])
+    assert slo_scale(jct, tw, 50) == 3.0
+    assert slo_scale(jct, tw, 100, num_unfinished=1) == float("inf")
+
+
+def test_run_reports_program_metrics_with_jct_at_least_standalone():
+    cfg = config_from_dict({"hardware": {"num_replicas": 2}, "programs": {
+        "generator": "mixed", "num_programs": 20, "rate_per_s": 0.5}})
+    summary = run(cfg).summary
+    prog = summary["programs"]
+    assert prog["num_programs"] == prog["num_finished"] == 20
+    assert summary["num_requests"] == prog["num_calls"] == summary["num_finished"]
+    assert prog["slowdown"]["max"] >= 1.0 and prog["slo_scale"]["req95"] >= 1.0
+
+
+def test_slo_scale_command_reports_programs_and_searches_llf_deadlines(tmp_path, capsys):
+    base = {"hardware": {"num_replicas": 1},
+            "programs": {"generator": "tool_chain", "num_programs": 12, "rate_per_s": 4.0}}
+    fcfs = program_slo_scales(config_from_dict(base), (95.0,))
+    assert fcfs["over"] == "programs" and not fcfs["deadline_searched"]
+    assert fcfs["num_requests"] == 12 and fcfs["slo_scale"]["req95"] >= 1.0
+    llf_cfg = config_from_dict({**base, "policy": {"batching": {"name": "workflow_llf"}}})
+    s = deadline_slo_scale(llf_cfg, 95.0)
+    # At the scale found, run with that deadline, 95% of programs meet it.
+    cfg = dataclasses.replace(llf_cfg, policy=dataclasses.replace(
+        llf_cfg.policy, batching=PolicySpec(name="workflow_llf", args={"slo_scale": s})))
+    assert s >= 1.0 and _program_scale(cfg, 95.0) <= s
+    assert main(["slo-scale", "--set", "programs.num_programs=6", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["over"] == "programs"
+
+
+def test_tau_bench_trajectory_is_a_chain_of_assistant_calls(tmp_path):
+    traj = [{"role": "system", "content": "s" * 400}, {"role": "user", "content": "u" * 40},
+            {"role": "assistant", "content": "a" * 80,
+             "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "content": "t" * 200}, {"role": "assistant", "content": "b" * 8}]
+    path = tmp_path / "tau.json"
+    path.write_text(json.dumps([{"traj": traj}]))
+    cfg = ProgramWorkloadConfig(generator="tau_bench", path=str(path), num_programs=None)
+    (p,) = build_programs(cfg, np.random.default_rng(0), 131072)
+    first, second = p.calls
+    assert (first.num_prompt_tokens, first.parents, second.parents) == (110, (), (0,))
+    tool_chars = len(json.dumps({"name": "f", "arguments": "{}"}))
+    assert first.num_output_tokens == (80 + tool_chars) // 4
+    assert second.num_prompt_tokens == (440 + 80 + tool_chars + 200) // 4
+    assert first.tool_s > 0 and second.tool_s == 0.0
+
+
+def test_weka_loader_reads_a_directory_of_traces(tmp_path):
+    conv = {"requests": [{"type": "n", "in": 128, "out": 4, "hash_ids": [1, 2],
+                          "think_time": 0}, {"type": "n", "in": 192, "out": 4,
+                                             "hash_ids": [1, 2, 3], "think_time": 7}]}
+    (tmp_path / "trace_0001.json").write_text(json.dumps(conv))
+    cfg = ProgramWorkloadConfig(generator="weka", path=str(tmp_path), num_programs=None,
+                                rate_per_s=1.0)
+    (p,) = build_programs(cfg, np.random.default_rng(0), 131072)
+    assert [c.tool_s for c in p.calls] == [7.0, 0.0] and p.kind == "claude_code"
+    assert shared_prefix_tokens(p, 64) == [0, 128]
+
+
+def test_tool_times_resampled_from_measured_tool_calls(tmp_path):
+    from fleetsim.programs.tools import tool_latencies
+
+    events = [
+        {"type": "assistant", "timestamp": "2026-02-07T02:00:00.000Z",
+         "message": {"content": [{"type": "tool_use", "id": "a", "name": "Bash"}]}},
+        {"type": "user", "timestamp": "2026-02-07T02:00:02.500Z",
+         "message": {"content": [{"type": "tool_result", "tool_use_id": "a"}]}},
+        {"type": "assistant", "timestamp": "2026-02-07T02:00:03.000Z",
+         "message": {"content": [{"type": "tool_use", "id": "b", "name": "Read"}]}},
+        {"type": "user", "timestamp": "2026-02-07T02:00:03.040Z",
+         "message": {"content": [{"type": "tool_result", "tool_use_id": "b"}]}}]
+    run_dir = tmp_path / "experiments" / "task" / "attempt_1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "trace.jsonl").write_text("\n".join(json.dumps(e) for e in events))
+    lat = tool_latencies(tmp_path)
+    assert lat == {"Bash": [2.5], "Read": [pytest.approx(0.04)]}
+    cfg = ProgramWorkloadConfig(generator="tool_chain", num_programs=3,
+                                tool_trace=str(tmp_path), tool_names=("Bash",))
+    for p in build_programs(cfg, np.random.default_rng(0), 131072):
+        assert {c.tool_s for c in p.calls[:-1]} <= {2.5} and p.calls[-1].tool_s in (0.0, 2.5)
+    with pytest.raises(FleetsimInputError, match="programs.tool_names"):
+        build_programs(ProgramWorkloadConfig(generator="chain", num_programs=1,
+                                             tool_trace=str(tmp_path), tool_names=("Web",)),
+                       np.random.default_rng(0), 131072)
