@@ -158,10 +158,17 @@ class DecodeWindows:
             # End after the first step that ends at or after the next input (stopping early
             # is always exact), or after the first one past until_s, or with the last step
             # that ends by the next bin edge (at least one step).
+            # (A stop at or past the last end changes nothing: skip its search.)
             stop_s = hint() if hint is not None else math.inf
-            steps = 1 + min(k - 1, bisect.bisect_left(ends, stop_s),
-                            bisect.bisect_right(ends, until_s),
-                            max(0, bisect.bisect_right(ends, edge_s) - 1))
+            last_s = ends[-1]
+            cut = k - 1
+            if stop_s < last_s:
+                cut = min(cut, bisect.bisect_left(ends, stop_s))
+            if until_s < last_s:
+                cut = min(cut, bisect.bisect_right(ends, until_s))
+            if edge_s < last_s:
+                cut = min(cut, max(0, bisect.bisect_right(ends, edge_s) - 1))
+            steps = 1 + cut
         step.window = Window(ends, kv.num_used_blocks + first_need, lefts)
         self.set_steps(step, steps)
         return step.end_s
