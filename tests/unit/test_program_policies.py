@@ -23,7 +23,7 @@ def tagged(rid, *, arrival_s, program_arrival_s, service_s=0.0, path_service_s=0
     state.service_s, state.horizon_s = service_s, horizon_s
     tag = ProgramCall(state, 0, est_s, path_s, path_service_s)
     return Request(id=rid, arrival_s=arrival_s, num_prompt_tokens=10, max_output_tokens=5,
-                   policy_state=tag)
+                   program=tag)
 
 
 def key(name, req, now_s=100.0, **args):
@@ -92,8 +92,8 @@ def test_autellix_locality_pins_long_programs_to_their_replica():
     assert router.route(_View(reps), first, 0.0) == 0
     reps[0].load_tokens = 500
     later = tagged(2, arrival_s=1.0, program_arrival_s=0.0, pid=7, service_s=2.0)
-    later.policy_state.program = first.policy_state.program
-    first.policy_state.program.service_s = 2.0
+    later.program.program = first.program.program
+    first.program.program.service_s = 2.0
     assert router.route(_View(reps), later, 1.0) == 0 and router.num_pinned_routes == 1
     short = tagged(3, arrival_s=1.0, program_arrival_s=1.0, pid=8)
     assert router.route(_View(reps), short, 1.0) == 1
@@ -108,3 +108,17 @@ def test_every_program_policy_runs_by_name_and_finishes_everything(name):
                                          "rate_per_s": 4.0}})
     prog = run(cfg).summary["programs"]
     assert prog["num_finished"] == 15 and prog["slo_scale"]["req95"] >= 1.0
+
+
+def test_a_policy_keeping_its_own_state_leaves_the_program_tag_alone():
+    """FastServe keeps its queue levels in ``Request.policy_state``; programs tag their calls
+    in ``Request.program``, so the two can run together and programs keep their metrics."""
+    from fleetsim.config import config_from_dict
+    from fleetsim.run import run
+
+    cfg = {"programs": {"generator": "lats", "num_programs": 6},
+           "policy": {"batching": {"name": "fastserve"}},
+           "engine": {"swap_space_gib": 4.0, "debug": True}}
+    s = run(config_from_dict(cfg)).summary
+    assert s["programs"]["num_programs"] == 6
+    assert s["num_unfinished"] == 0

@@ -2,7 +2,7 @@
 HexAGenT's risk priority (batching policies that bring their own queue order), Autellix's
 locality-aware balancer and HexAGenT's heterogeneity-aware placement (routers).
 
-Each call submitted by a program source carries a tag in ``Request.policy_state``
+Each call submitted by a program source carries a tag in ``Request.program``
 (``fleetsim.programs.ProgramCall``: its program's arrival, attained service and revealed
 horizon, the call's standalone estimate); these policies read it by attribute, so they also
 run on plain requests (no tag: the request is a one-call program that arrived when it did,
@@ -44,9 +44,9 @@ Key = tuple[float, ...]
 
 
 def _tag(req: Request) -> Any:
-    """The program tag, or None for a plain request (or one whose tag a policy replaced)."""
-    state = req.policy_state
-    return state if hasattr(state, "program") and hasattr(state, "path_s") else None
+    """The program tag, or None for a plain request."""
+    tag = req.program
+    return tag if hasattr(tag, "program") and hasattr(tag, "path_s") else None
 
 
 def _level(service_s: float, base_s: float, ratio: float, num_levels: int) -> int:

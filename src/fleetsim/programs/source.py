@@ -6,7 +6,7 @@ finished and every parent's tool call has returned (at the latest parent end + i
 time). The cluster and its policies see a call only once it is submitted, never the
 program's future shape. Request ids come from the simulation.
 
-Each submitted request carries a ``ProgramCall`` in ``Request.policy_state``: which program
+Each submitted request carries a ``ProgramCall`` in ``Request.program``: which program
 it belongs to and what has been revealed of it (arrival, attained service, the revealed
 critical path ``horizon_s`` = HexAGenT's H_w(t), the call's standalone estimate). Program
 policies read it; policies that keep their own per-request state there replace it, which the
@@ -55,7 +55,7 @@ class ProgramState:
 
 
 class ProgramCall:
-    """The tag of a submitted call (``Request.policy_state`` when it is submitted)."""
+    """The tag of a submitted call (``Request.program``)."""
 
     __slots__ = ("est_s", "index", "path_s", "path_service_s", "policy", "program")
 
@@ -75,10 +75,9 @@ class ProgramCall:
 
 
 def program_call(req: Request) -> ProgramCall | None:
-    """The program tag of ``req``, if a program source submitted it and no policy replaced
-    it."""
-    state = req.policy_state
-    return state if isinstance(state, ProgramCall) else None
+    """The program tag of ``req``, if a program source submitted it."""
+    tag = req.program
+    return tag if isinstance(tag, ProgramCall) else None
 
 
 class _Flight:
@@ -180,7 +179,7 @@ class ProgramSource:
                           flight.path_service_s[i])
         req = Request(id=rid, arrival_s=flight.ready_s[i], num_prompt_tokens=call.num_prompt_tokens,
                       max_output_tokens=call.num_output_tokens, hash_ids=flight.hash_ids[i],
-                      policy_state=tag)
+                      program=tag)
         self._calls[rid] = (flight, i)
         self._submitted_s.append(flight.ready_s[i])
         ctx.submit_at(flight.ready_s[i], req)

@@ -73,6 +73,10 @@ class Request:
     policy_state: Any = None
     """A home for per-request state of the policies (e.g. FastServe's queue level); the
     engine never reads it."""
+    program: Any = None
+    """The program (agent DAG) call this request is, set by its source (``programs/``), so
+    that program-level policies can read it whatever else keeps state in ``policy_state``;
+    the engine never reads it."""
     handoff_s: float = math.nan
     """P/D: when the prefill replica finished and handed the request off."""
     kv_transfer_s: float = 0.0
