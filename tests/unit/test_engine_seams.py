@@ -58,7 +58,8 @@ class SwapOnPressure:
         return StepPlan(tokens, swap_out=swap_out, swap_in=swap_in)
 
 
-def _run(workload, policy, *, host_blocks, blocks=40, router=None, replicas=1, **kw):
+def _run(workload, policy, *, host_blocks, blocks=40, router=None, replicas=1, max_running=8,
+         **kw):
     setup = [PoolSetup(name="m", role="mixed", num_replicas=replicas, step_model=PREFILL,
                        num_kv_blocks=blocks, link_bw_bytes_per_s=1e9,
                        num_host_kv_blocks=host_blocks, host_bw_bytes_per_s=PCIE_BYTES_PER_S)]
@@ -67,7 +68,7 @@ def _run(workload, policy, *, host_blocks, blocks=40, router=None, replicas=1, *
         make_batch_policy=lambda: policy() if isinstance(policy, type) else policy,
         order_key=make_ordering("fcfs"), rng=np.random.default_rng(0),
         kv_bytes_per_token=KV_BYTES_PER_TOKEN, link_latency_s=0.0, block_size=16,
-        max_batched_tokens=256, max_running=8, debug=True, **kw)
+        max_batched_tokens=256, max_running=max_running, debug=True, **kw)
 
 
 def test_swapping_keeps_work_instead_of_recomputing_it():
@@ -295,3 +296,37 @@ def test_online_metrics_match_the_final_records():
     assert reader.metrics.mean_e2e_s("m") == pytest.approx(
         float(np.mean(r["finish_s"] - r["arrival_s"])))
     assert math.isnan(reader.metrics.mean_ttft_s("nowhere"))
+
+
+class MoveEverythingAt:
+    """At ``at_s``, a controller moves every request of replica 0 to replica 1."""
+
+    def __init__(self, at_s):
+        self.at_s = at_s
+        self.moved = []
+
+    def start(self, cluster):
+        return self.at_s
+
+    def on_tick(self, cluster, now_s):
+        r0 = cluster.replicas[0]
+        ids = [r.id for r in [*r0.running, *r0.waiting]]
+        self.moved = ids
+        cluster.migrate(ids, 1)
+        return
+
+
+def test_a_controller_migrates_running_and_waiting_requests():
+    """Everything on replica 0 at 0.1 s (two running, four waiting: two slots) moves to
+    replica 1: running requests with their KV at the next step boundary, waiting ones at
+    once; all finish there, KV freed on both."""
+    w = make_workload([0.0] * 6, [40] * 6, [300] * 6)
+    controller = MoveEverythingAt(0.1)
+    rec, cluster = _run(w, TokenBudgetPlanner(), host_blocks=0, blocks=200, replicas=2,
+                        router=ToZero(), controllers=[controller], max_running=2)
+    finished_on = by_id(rec, "replica_id")
+    assert controller.moved and all(finished_on[i] == 1 for i in controller.moved)
+    assert len(finished_on) == 6
+    assert cluster.transfers.num_bytes_by_client.get("kv_handoff", 0) > 0
+    for replica in cluster.replicas:
+        assert replica.kv.num_used_blocks == 0 and replica.load_tokens == 0

@@ -264,6 +264,26 @@ class Cluster:
             self.replicas[i].set_policies(
                 make_batch_policy() if make_batch_policy is not None else None, order_key)
 
+    def migrate(self, request_ids: Sequence[int], dst: int) -> None:
+        """Move these requests (wherever they are queued) to replica ``dst``: a waiting one at
+        once, a running one at its replica's next step boundary, its KV over the transfer
+        service as a plan's ``migrate`` sends it (RLHFuse moves the generation tail this
+        way)."""
+        if not 0 <= dst < len(self.replicas):
+            raise ValueError(f"migrate: no replica {dst} (0 to {len(self.replicas) - 1})")
+        target = self.replicas[dst]
+        for replica in self.replicas:
+            if replica is target:
+                continue
+            for rid in request_ids:
+                if not replica.holds(rid):
+                    continue
+                waiting = replica.take_waiting(rid)  # no KV yet: it just queues there
+                if waiting is not None:
+                    target.submit(waiting)
+                else:
+                    replica.migrate_at_boundary(rid, dst)
+
     @property
     def views(self) -> list[ReplicaView]:
         return [r.view for r in self.replicas]

@@ -127,6 +127,9 @@ class Replica:
         self.until_s = math.inf
         self._pending_kv_seconds = 0.0
         self._carried: list[Row] = []  # rows of a cut window, written with its last step
+        # Migrations asked for from outside (a controller), applied at the next step
+        # boundary: request_id -> destination replica.
+        self._migrations: dict[int, int] = {}
         self.batch_policy: Any = None
         self.order_key = order_key
         self.fast_forward = False
@@ -265,7 +268,39 @@ class Replica:
         """Handler of ``WAKE_UP``: the idle replica starts stepping."""
         self._start_step()
 
+    def holds(self, request_id: int) -> bool:
+        """Is the request queued here (waiting, running, or its KV moving through)?"""
+        return request_id in self._by_id
+
+    def take_waiting(self, request_id: int) -> Request | None:
+        """Take a waiting request out (to queue it elsewhere; it has no KV here), or None."""
+        req = self._by_id.get(request_id)
+        if req is None or req.state != WAITING:
+            return None
+        self.interrupt()
+        self._dequeue(self.waiting, self._waiting_keys, req)
+        self.forget(req)
+        self._load_tokens -= req.num_tokens - req.num_computed_tokens
+        return req
+
+    def migrate_at_boundary(self, request_id: int, dst: int) -> None:
+        """Move a running request and its KV to replica ``dst`` at the next step boundary (a
+        controller's verb; a policy says ``migrate`` in its plan instead). One that has
+        finished or left by then is ignored."""
+        self.interrupt()
+        self._migrations[request_id] = dst
+        self.wake()
+
+    def _apply_migrations(self) -> None:
+        migrations, self._migrations = self._migrations, {}
+        for rid, dst in migrations.items():
+            req = self._by_id.get(rid)
+            if req is not None and req.state == RUNNING:
+                self._migrate(req, dst)
+
     def _start_step(self) -> None:
+        if self._migrations:
+            self._apply_migrations()
         running = self.running
         if not running:
             if not self.waiting and not self.swapped:
@@ -295,8 +330,10 @@ class Replica:
         step = Step(self.sim.now_s)
         step.decodes = self.running.copy()
         # A source told of finishes may send a request at a finish: stop there.
+        # Past finishes only when nobody must hear of them at once: a request source, a
+        # decode pool's transfers, or KV queued to move in here.
         through = (self.on_blocks_freed is None and self.on_finish is None
-                   and self.until_s == math.inf)
+                   and self.until_s == math.inf and not self.moves.incoming)
         if self._windows.open(step, self.until_s, through) is None:
             return False
         if self.debug:
@@ -550,8 +587,11 @@ class Replica:
             done = self._commit_step(step, now_s)
         if self.debug:
             self._check()
-        if done and self.on_blocks_freed is not None:
-            self.on_blocks_freed(self)
+        if done:
+            if self.on_blocks_freed is not None:
+                self.on_blocks_freed(self)
+            elif self.moves.incoming:  # KV migrated here waits for a slot or blocks
+                self.moves.start_incoming()
         self._start_step()
 
     def _commit_window(self, step: Step, now_s: float) -> list[Request]:
