@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetsim.configutil import apply_override, from_dict, parse_override_value
+from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import read_toml
 from fleetsim.metrics.summary import SLOConfig
@@ -242,11 +242,7 @@ def load_config(
             data = dict(_vllm_names(data, "config"))
         except FleetsimInputError as err:
             raise FleetsimInputError(f"{path}: {err.where}", err.value, err.fix) from None
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise FleetsimInputError("--set", item, "write it as dotted.key=value")
-        apply_override(data, _vllm_key(key.strip()), parse_override_value(value.strip()))
+    apply_overrides(data, overrides, _vllm_key)
     try:
         return config_from_dict(data)
     except FleetsimInputError as err:

@@ -15,7 +15,7 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from fleetsim.errors import FleetsimInputError
@@ -136,6 +136,18 @@ def parse_override_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def apply_overrides(data: dict[str, Any], items: Sequence[str],
+                    rename: Callable[[str], str] | None = None) -> None:
+    """Apply ``--set dotted.key=value`` items to ``data`` in place (each value parsed as a
+    TOML value); ``rename`` maps a key first (aliases, a table prefix)."""
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise FleetsimInputError("--set", item, "write it as dotted.key=value")
+        apply_override(data, rename(key) if rename else key, parse_override_value(value.strip()))
 
 
 def apply_override(data: dict[str, Any], dotted_key: str, value: Any) -> None:

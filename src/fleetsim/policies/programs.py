@@ -66,20 +66,19 @@ class _ProgramOrdered(TokenBudgetPlanner):
         return self.key
 
     def key(self, req: Request, now_s: float) -> Key:
-        raise NotImplementedError
+        """Workflow-FCFS, the base order: programs by arrival, then calls by readiness."""
+        tag = _tag(req)
+        arrival = tag.program.arrival_s if tag is not None else req.arrival_s
+        return (arrival, req.arrival_s, req.id)
 
 
 @register_batch("workflow_fcfs")
 @dataclass(slots=True)
 class WorkflowFCFS(_ProgramOrdered):
-    """Programs in arrival order; within one, calls in the order they became ready."""
+    """Programs in arrival order; within one, calls in the order they became ready (the
+    base class's key)."""
 
     capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
-
-    def key(self, req: Request, now_s: float) -> Key:
-        tag = _tag(req)
-        arrival = tag.program.arrival_s if tag is not None else req.arrival_s
-        return (arrival, req.arrival_s, req.id)
 
 
 @register_batch("plas")

@@ -13,13 +13,14 @@ entry (docs/reproductions.md).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetsim.config import SimConfig, config_from_dict
-from fleetsim.configutil import apply_override, parse_override_value
+from fleetsim.configutil import apply_overrides
 from fleetsim.errors import FleetsimInputError
 from fleetsim.registry import make_registry
 from fleetsim.run import RunResult, run
@@ -108,12 +109,8 @@ class ReproContext:
 
     def config(self, base: Mapping[str, Any]) -> SimConfig:
         """``base`` with the user's ``--set key=value`` overrides on top."""
-        data: dict[str, Any] = _deep_copy(base)
-        for item in self.overrides:
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise FleetsimInputError("--set", item, "write it as dotted.key=value")
-            apply_override(data, key.strip(), parse_override_value(value.strip()))
+        data: dict[str, Any] = copy.deepcopy(dict(base))
+        apply_overrides(data, self.overrides)
         return config_from_dict(data)
 
     def run(self, policy: str, load: str, base: Mapping[str, Any]) -> RunResult:
@@ -123,13 +120,6 @@ class ReproContext:
         result = run(self.config(base))
         self.runs[(policy, load)] = result
         return result
-
-
-def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (_deep_copy(v) if isinstance(v, Mapping) else
-                [(_deep_copy(x) if isinstance(x, Mapping) else x) for x in v]
-                if isinstance(v, list) else v)
-            for k, v in data.items()}
 
 
 REPRODUCTIONS, register_reproduction = make_registry("reproduction")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetsim.config import EngineConfig
-from fleetsim.configutil import apply_override, from_dict, parse_override_value
+from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import read_toml
 
@@ -271,13 +271,7 @@ def load_rl_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RL
             raise FleetsimInputError(f"{path}: {key}", doc[key],
                                      "an RL config holds one [rl] table; put every key under it")
         data = dict(doc.get("rl", {}))
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise FleetsimInputError("--set", item, "write it as dotted.key=value")
-        key = key.removeprefix("rl.")
-        apply_override(data, key, parse_override_value(value.strip()))
+    apply_overrides(data, overrides, lambda key: key.removeprefix("rl."))
     try:
         return rl_config_from_dict(data)
     except FleetsimInputError as err:

@@ -9,8 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleetsim.configutil import apply_override, parse_override_value
-from fleetsim.errors import FleetsimInputError
+from fleetsim.configutil import apply_overrides
 from fleetsim.rl.config import rl_config_from_dict
 from fleetsim.rl.job import run_rl
 from fleetsim.rl.results import RLResult
@@ -33,11 +32,7 @@ class RunFiles:
 
 def with_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     out = copy.deepcopy(dict(data))
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise FleetsimInputError("--set", item, "write it as dotted.key=value")
-        apply_override(out, key.strip().removeprefix("rl."), parse_override_value(value.strip()))
+    apply_overrides(out, overrides, lambda key: key.removeprefix("rl."))
     return out
 
 

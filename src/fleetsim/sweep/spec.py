@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetsim.config import SimConfig, config_from_dict
-from fleetsim.configutil import apply_override, parse_override_value
+from fleetsim.configutil import apply_override, apply_overrides, parse_override_value
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import read_toml
 
@@ -98,11 +98,7 @@ def make_spec(
 ) -> SweepSpec:
     """Validate base data, ``--set`` overrides and grid keys; the API form of ``load_spec``."""
     data = copy.deepcopy(dict(base))
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise FleetsimInputError("--set", item, "write it as dotted.key=value")
-        apply_override(data, key.strip(), parse_override_value(value.strip()))
+    apply_overrides(data, overrides)
     config_from_dict(data, where=f"{where}: base")  # the base itself must be a valid config
     if not grid:
         raise FleetsimInputError(f"{where}: grid", {}, 'the grid is empty; add an axis such as '
