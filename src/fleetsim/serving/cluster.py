@@ -133,7 +133,6 @@ class Cluster:
                 replica = make_replica(
                     step_model=pool.step_model, kv=kv, replica_id=rid, role=pool.role,
                     pool=pool.name, on_handoff=self._on_handoff,
-                    on_blocks_freed=self._on_blocks_freed if pool.role == "decode" else None,
                     transfers=self.transfers, host=host, kv_bytes_per_token=kv_bytes_per_token,
                     host_latency_s=pool.host_latency_s)
                 self.replicas.append(replica)
@@ -233,9 +232,6 @@ class Cluster:
             raise PlanError(f"plan migrates request {req.id} to replica {dst}: not another "
                             f"replica of this cluster (0 to {len(self.replicas) - 1})")
         self.replicas[dst].moves.queue_incoming(src, req)
-
-    def _on_blocks_freed(self, replica: Replica) -> None:
-        replica.moves.start_incoming()
 
     # ---- controllers -----------------------------------------------------------------
     def add_controller(self, controller: Controller) -> None:

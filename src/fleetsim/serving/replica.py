@@ -79,7 +79,6 @@ class Replica:
         role: str = "mixed",
         pool: str = "default",
         on_handoff: HandoffFn | None = None,
-        on_blocks_freed: Callable[[Replica], None] | None = None,
         on_finish: Callable[[Request], None] | None = None,
         next_input_hint_s: Callable[[], float] | None = None,
         timeline: tuple[float, float] | None = None,
@@ -100,7 +99,6 @@ class Replica:
         self.role = role
         self.pool = pool
         self.on_handoff = on_handoff  # the cluster routes a handed-off request on
-        self.on_blocks_freed = on_blocks_freed  # incoming transfers may fit now
         self.on_finish = on_finish  # a request source wants to know (programs, RL)
         self.moves = KVMoves(self, transfers, host, kv_bytes_per_token, host_latency_s)
         self.track_itl = track_itl  # inter-token gaps (serving/itl.py), when asked for
@@ -330,10 +328,10 @@ class Replica:
         step = Step(self.sim.now_s)
         step.decodes = self.running.copy()
         # A source told of finishes may send a request at a finish: stop there.
-        # Past finishes only when nobody must hear of them at once: a request source, a
-        # decode pool's transfers, or KV queued to move in here.
-        through = (self.on_blocks_freed is None and self.on_finish is None
-                   and self.until_s == math.inf and not self.moves.incoming)
+        # Past finishes only when nobody must hear of them at once: a request source, or KV
+        # queued to move in here (a finish may make room for it).
+        through = (self.on_finish is None and self.until_s == math.inf
+                   and not self.moves.incoming)
         if self._windows.open(step, self.until_s, through) is None:
             return False
         if self.debug:
@@ -587,11 +585,8 @@ class Replica:
             done = self._commit_step(step, now_s)
         if self.debug:
             self._check()
-        if done:
-            if self.on_blocks_freed is not None:
-                self.on_blocks_freed(self)
-            elif self.moves.incoming:  # KV migrated here waits for a slot or blocks
-                self.moves.start_incoming()
+        if done and self.moves.incoming:  # KV waiting to move in may fit now
+            self.moves.start_incoming()
         self._start_step()
 
     def _commit_window(self, step: Step, now_s: float) -> list[Request]:
