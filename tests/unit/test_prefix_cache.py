@@ -50,3 +50,11 @@ def test_every_eviction_policy_keeps_the_kv_invariants(policy):
     assert s["num_finished"] == 80
     assert 0 < s["kv_cache"]["prefix_hit_rate"] < 1
     assert s["kv_cache"]["num_prefix_evictions"] > 0
+
+
+def test_an_unknown_eviction_policy_is_one_line_and_exit_2(capsys, tmp_path):
+    from fleetsim.cli import main
+
+    assert main(["run", "--out", str(tmp_path / "o"), "--set", "policy.eviction=mru"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "policy.eviction" in err and "lfu" in err and len(err.splitlines()) == 1
