@@ -180,6 +180,17 @@ class ClusterConfig:
     decode_router: PolicySpec = field(default_factory=lambda: PolicySpec(name="least_loaded"))
     """Picks the decode replica for each finished prefill (P/D only)."""
     link: LinkConfig = field(default_factory=LinkConfig)
+    frontend_overhead_s: float = 0.0
+    """Time a request spends between the client and the engine (HTTP both ways, API server),
+    seconds: each request reaches the engine this long after it was sent, so its TTFT and E2E
+    include it (0: the engine's own latencies). Measure it (docs/live.md), don't guess it;
+    ``fleetsim emulate`` ignores it (its front end is real)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.frontend_overhead_s <= 10.0:
+            raise ValueError(f"cluster.frontend_overhead_s must be in [0, 10] seconds (a "
+                             f"measured per-request overhead, e.g. 0.002), got "
+                             f"{self.frontend_overhead_s}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -249,6 +249,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
             rng=streams["routing"],
             kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
             link_latency_s=config.cluster.link.latency_s,
+            frontend_overhead_s=config.cluster.frontend_overhead_s,
             block_size=eng.block_size,
             max_batched_tokens=eng.max_batched_tokens,
             max_running=eng.max_running,

@@ -190,7 +190,10 @@ def test_engine_timing_equals_fleetsim_run_on_the_recorded_trace(tmp_path):
     assert sum(row["num_prefix_hit_tokens"] for row in live) > 0  # shared prefixes were hit
     config = load_config(None, [f'workload.trace="{record}"', "workload.hash_block_tokens=16"])
     sim = run(config).records.requests
-    order = np.argsort(sim["arrival_s"], kind="stable")
+    # Trace rows (so simulated ids) are in the emulator's arrival order; arrivals may tie
+    # (a request is never placed before an earlier one's arrival), and records are in finish
+    # order, so order by (arrival, id).
+    order = np.lexsort((sim["request_id"], sim["arrival_s"]))
     first = sim["first_token_s"][order] - sim["arrival_s"][order]
     e2e = sim["finish_s"][order] - sim["arrival_s"][order]
     for k, row in enumerate(live):

@@ -126,7 +126,8 @@ class EmulatedBackend(LiveApp):
                                f"serves {self.served_model!r}", param="model",
                                code="model_not_found")
             hashes = prefix_hashes(parsed.prompt_tokens, self.engine.hash_block_tokens)
-            live = self.engine.submit(parsed.num_prompt_tokens, parsed.max_tokens, hashes)
+            live = self.engine.submit(parsed.num_prompt_tokens, parsed.max_tokens, hashes,
+                                      received_s=t0)
         except ApiError as err:
             self.metrics.requests.labels("rejected", str(err.status)).inc()
             return err.response()

@@ -3,10 +3,13 @@
 A ``LiveEngine`` holds the cluster a ``SimConfig`` describes (usually one replica) on its own
 simulator, and an asyncio task that keeps simulated time equal to wall-clock time times
 ``speed``: it runs the simulator up to now, tells each request's waiter how many tokens the
-engine has emitted, and sleeps until the next event or the next arrival. A request submitted
-now is scheduled at now, before the engine runs on, so the engine sees exactly the arrival
-times it would see in ``fleetsim run`` of the recorded trace (``tests/unit/test_live_emulate``
-checks the two agree to the nanosecond).
+engine has emitted, and sleeps until the next event or the next arrival, whichever comes
+first (an arrival wakes it at once; the sleep is an ``Alarm``, precise to ~0.1 ms where the
+loop's own timers round to 1 ms). A request is scheduled at the moment the server received it
+(``received_s``, before its body was read and parsed), or at the engine's now if the engine
+has already moved past that (or at the previous request's arrival, so ids keep arrival order), so the engine sees the arrival times it would see in
+``fleetsim run`` of the recorded trace (``tests/unit/test_live_emulate`` checks the two agree
+to the nanosecond).
 
 Decode fast-forward is off: every step is its own event, so tokens leave at the step that
 emits them (results are identical either way; see docs/engine.md). The engine keeps no
@@ -27,6 +30,7 @@ import numpy as np
 from fleetsim.config import SimConfig
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import FleetsimInputError
+from fleetsim.live.alarm import Alarm
 from fleetsim.live.protocol import ApiError, overloaded
 from fleetsim.models import get_model
 from fleetsim.policies import make_batch_policy, make_ordering
@@ -105,6 +109,7 @@ class LiveEngine:
         self._init_cluster(config)
         self._active: dict[int, LiveRequest] = {}
         self._num_finished = 0
+        self._last_arrival_s = 0.0
         self._wake: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self.failure: str | None = None
@@ -157,9 +162,16 @@ class LiveEngine:
         room = self.model.max_context_tokens - num_prompt_tokens
         return max(1, min(room, int(self._rng.choice(self._lengths))))
 
+    def sim_time_of(self, wall_s: float) -> float:
+        """The simulated time of the wall-clock instant ``wall_s`` (of ``clock``)."""
+        return (wall_s - self._t0) * self.speed
+
     def submit(self, num_prompt_tokens: int, max_output_tokens: int | None,
-               hash_ids: tuple[int, ...] = ()) -> LiveRequest:
-        """A request arrives now. Raises ``ApiError`` (400 too long, 429 full, 503 stopped)."""
+               hash_ids: tuple[int, ...] = (), *,
+               received_s: float | None = None) -> LiveRequest:
+        """A request arrives: at wall time ``received_s`` (of ``clock``; default now), or at
+        the engine's now if that is later. Raises ``ApiError`` (400 too long, 429 full, 503
+        stopped)."""
         if self.failure is not None or self._task is None:
             raise ApiError(503, f"the engine is not running ({self.failure or 'stopped'})",
                            kind="server_error", code="unavailable")
@@ -169,7 +181,11 @@ class LiveEngine:
         out = self.sample_output_tokens(num_prompt_tokens) if sampled else max_output_tokens
         assert out is not None
         self._check_fits(num_prompt_tokens, out)
-        t = max(self.now_s(), self.sim.now_s)
+        # Never before an earlier submit's arrival: ids stay in arrival order (the recorded
+        # trace is written in id order and traces are sorted by arrival).
+        t = max(self.now_s() if received_s is None else self.sim_time_of(received_s),
+                self.sim.now_s, self._last_arrival_s)
+        self._last_arrival_s = t
         req = Request(id=self.cluster.new_request_id(), arrival_s=t,
                       num_prompt_tokens=num_prompt_tokens, max_output_tokens=out,
                       hash_ids=hash_ids)
@@ -233,23 +249,25 @@ class LiveEngine:
 
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
+        alarm = Alarm(loop, self._clock)
         try:
             while True:
                 self.advance()
                 nxt = self.sim.peek_s()
-                delay = IDLE_WAKE_S if nxt == math.inf else (nxt - self.now_s()) / self.speed
+                now = self._clock()
+                wake_s = now + IDLE_WAKE_S if nxt == math.inf else min(
+                    now + IDLE_WAKE_S, self._t0 + nxt / self.speed)
                 self._wake = wake = loop.create_future()
-                handle = loop.call_later(max(0.0, min(delay, IDLE_WAKE_S)), _resolve, wake)
-                try:
-                    await wake
-                finally:
-                    handle.cancel()
+                alarm.set(wake_s, wake)
+                await wake
         except asyncio.CancelledError:
             raise
         except Exception as err:  # an engine bug: fail every request, refuse new ones
             self.failure = f"engine error: {type(err).__name__}: {err}"
             self.fail_all(self.failure)
             raise
+        finally:
+            alarm.close()
 
     def advance(self) -> None:
         """Run the simulator up to now and tell waiters what changed."""
@@ -315,6 +333,3 @@ class _Source:
         self.finished.append(req)
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)

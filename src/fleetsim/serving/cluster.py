@@ -102,8 +102,10 @@ class Cluster:
         enable_prefix_caching: bool,
         recorder: Recorder,
         eviction_key: EvictionKey | None = None,
+        frontend_overhead_s: float = 0.0,
     ) -> None:
         self.sim = sim
+        self.frontend_overhead_s = frontend_overhead_s
         self.router = router
         self.decode_router = decode_router
         self.recorder = recorder
@@ -160,8 +162,11 @@ class Cluster:
         return rid
 
     def submit_at(self, at_s: float, req: Request) -> None:
-        """Schedule ``req``'s arrival (the source's verb)."""
-        self.sim.schedule(at_s, ARRIVAL, req)
+        """Schedule ``req``'s arrival (the source's verb): sent at ``at_s``, it reaches the
+        engine ``frontend_overhead_s`` later (``req.arrival_s`` stays the send time, so
+        latencies include the front end; a constant shifts every arrival alike, so TTFT and
+        E2E grow by exactly it on an open-loop workload and TPOT is unchanged)."""
+        self.sim.schedule(at_s + self.frontend_overhead_s, ARRIVAL, req)
 
     def attach_source(self, source: RequestSource) -> None:
         self.source = source
@@ -331,6 +336,7 @@ def simulate_cluster(
     timeline: tuple[float, float] | None = None,
     eviction_key: EvictionKey | None = None,
     track_itl: bool = False,
+    frontend_overhead_s: float = 0.0,
 ) -> tuple[Records, Cluster]:
     """Simulate ``workload`` (or ``source``) on a cluster of ``pools``; returns records and
     the cluster.
@@ -340,6 +346,7 @@ def simulate_cluster(
     ``timeline``: (origin, bin width) of the time series (default: ``default_timeline``).
     ``eviction_key``: the prefix caches' eviction policy (None: LRU). ``track_itl``: record
     inter-token gaps (per request and pooled; ``serving/itl.py``).
+    ``frontend_overhead_s``: client-to-engine time of each request (``Cluster.submit_at``).
     """
     sim = Simulator()
     origin_s, bin_s = timeline or default_timeline(workload, until_s)
@@ -363,7 +370,7 @@ def simulate_cluster(
         make_replica=make_replica,
         hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,
         block_size=block_size, enable_prefix_caching=enable_prefix_caching, recorder=recorder,
-        eviction_key=eviction_key)
+        eviction_key=eviction_key, frontend_overhead_s=frontend_overhead_s)
     src = source if source is not None else WorkloadSource(workload)
     if progress is not None:
         src = _Progress(src, progress, progress_every, sim)
