@@ -4,6 +4,7 @@ receipt, and the simulator's measured front-end overhead."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import numpy as np
@@ -11,7 +12,9 @@ import pytest
 
 from fleetsim.cli import main
 from fleetsim.config import load_config
+from fleetsim.errors import FleetsimInputError
 from fleetsim.live.alarm import Alarm
+from fleetsim.live.compare import frontend_overhead
 from fleetsim.live.engine import LiveEngine
 from fleetsim.run import run
 
@@ -100,3 +103,54 @@ def test_a_bad_frontend_overhead_is_one_line_and_exit_2(capsys, value):
     assert code == 2
     assert "cluster.frontend_overhead_s" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def _write_rows(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_frontend_overhead_matches_requests_in_arrival_order(tmp_path):
+    """Live rows are the client's (send times), engine rows the emulator's (arrival at the
+    server); two sends swapped on the wire still pair by their lengths; a failed request and
+    an unmatched one are left out."""
+    live = _write_rows(tmp_path / "live.jsonl", [
+        {"arrival_s": 0.0, "prompt_tokens": 10, "output_tokens": 5, "ttft_s": 0.030},
+        {"arrival_s": 1.0, "prompt_tokens": 20, "output_tokens": 5, "ttft_s": 0.050},
+        {"arrival_s": 1.0001, "prompt_tokens": 30, "output_tokens": 5, "ttft_s": 0.040},
+        {"arrival_s": 2.0, "prompt_tokens": 40, "output_tokens": 5, "ttft_s": None,
+         "status": "error"},
+        {"arrival_s": 3.0, "prompt_tokens": 99, "output_tokens": 9, "ttft_s": 0.5}])
+    engine = _write_rows(tmp_path / "engine.jsonl", [
+        {"arrival_s": 5.001, "prompt_tokens": 10, "output_tokens": 5, "ttft_s": 0.026},
+        {"arrival_s": 6.002, "prompt_tokens": 30, "output_tokens": 5, "ttft_s": 0.034},
+        {"arrival_s": 6.003, "prompt_tokens": 20, "output_tokens": 5, "ttft_s": 0.048},
+        {"arrival_s": 7.0, "prompt_tokens": 40, "output_tokens": 5, "ttft_s": 0.02}])
+    fe = frontend_overhead(live, engine)
+    assert fe["num_matched"] == 3
+    assert fe["p50"] == pytest.approx(0.004)
+    assert fe["mean"] == pytest.approx((0.004 + 0.002 + 0.006) / 3)
+
+
+def test_frontend_overhead_without_a_match_is_an_input_error(tmp_path):
+    live = _write_rows(tmp_path / "live.jsonl", [
+        {"arrival_s": 0.0, "prompt_tokens": 10, "output_tokens": 5, "ttft_s": 0.03}])
+    engine = _write_rows(tmp_path / "engine.jsonl", [
+        {"arrival_s": 0.0, "prompt_tokens": 11, "output_tokens": 5, "ttft_s": 0.03}])
+    with pytest.raises(FleetsimInputError, match="fleetsim emulate --record"):
+        frontend_overhead(live, engine)
+
+
+def test_compare_prints_the_front_end_and_the_key_to_include_it(tmp_path, capsys):
+    live = _write_rows(tmp_path / "live.jsonl", [
+        {"arrival_s": 0.0, "prompt_tokens": 10, "output_tokens": 5, "ttft_s": 0.03,
+         "tpot_s": 0.01, "e2e_s": 0.07}])
+    engine = _write_rows(tmp_path / "engine.jsonl", [
+        {"arrival_s": 0.0, "prompt_tokens": 10, "output_tokens": 5, "ttft_s": 0.025}])
+    sim = tmp_path / "sim"
+    assert main(["run", "--set", f'workload.trace="{live}"', "--out", str(sim), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["compare", live, str(sim), "--engine", engine]) == 0
+    out = capsys.readouterr().out
+    assert "front end (live TTFT - engine TTFT, 1 requests): mean 5.0 ms" in out
+    assert "--set cluster.frontend_overhead_s=0.0050" in out

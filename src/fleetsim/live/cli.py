@@ -84,6 +84,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p = subparsers.add_parser("compare", help="live latency percentiles against fleetsim run's")
     p.add_argument("live", help="trace with measured latencies (gateway --record, load --out)")
     p.add_argument("sim_dir", help="results folder of fleetsim run on the same traffic")
+    p.add_argument("--engine", default=None, metavar="EMULATED.jsonl",
+                   help="what fleetsim emulate --record wrote for the same traffic: also "
+                   "measure the front end (live TTFT - engine TTFT per request)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_compare)
 
@@ -287,9 +290,11 @@ def load_table(r: dict[str, Any], url: str) -> Table:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from fleetsim.cli import print_json
-    from fleetsim.live.compare import STATS, compare
+    from fleetsim.live.compare import STATS, compare, frontend_overhead
 
     result = compare(args.live, args.sim_dir)
+    if args.engine is not None:
+        result["frontend_overhead_s"] = frontend_overhead(args.live, args.engine)
     if args.json:
         print_json(result)
         return 0
@@ -303,6 +308,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
             t.add_row(f"{k[:-2].upper()} {s}", _ms(a), _ms(b),
                       f"{100 * e:+.1f}%" if e is not None else "-")
     Console().print(t)
+    fe = result.get("frontend_overhead_s")
+    if fe is not None:
+        print(f"front end (live TTFT - engine TTFT, {fe['num_matched']} requests): "
+              + ", ".join(f"{s} {_ms(fe[s])} ms" for s in STATS)
+              + f"; to include it: --set cluster.frontend_overhead_s={fe['mean']:.4f}")
     return 0
 
 

@@ -86,11 +86,10 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
             for k, v in row.items()}
 
 
-def read_latencies(path: str | os.PathLike[str]) -> dict[str, list[float]]:
-    """The measured latencies of a live trace's successful rows: name -> values (s)."""
+def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a live trace (one JSON object per line)."""
     text = read_text(path, "live trace")
-    out: dict[str, list[float]] = {k: [] for k in LATENCIES}
-    num_rows = 0
+    rows: list[dict[str, Any]] = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -101,15 +100,29 @@ def read_latencies(path: str | os.PathLike[str]) -> dict[str, list[float]]:
                                      "expected one JSON object per line") from None
         if not isinstance(row, dict):
             raise FleetsimInputError(f"{path}, line {i}", line[:60], "expected a JSON object")
-        num_rows += 1
-        if row.get("status", "ok") != "ok":
-            continue
+        rows.append(row)
+    return rows
+
+
+def measured(row: dict[str, Any], key: str) -> float | None:
+    """The finite number ``row[key]`` of a successful row, else None."""
+    v = row.get(key)
+    if row.get("status", "ok") != "ok" or isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def read_latencies(path: str | os.PathLike[str]) -> dict[str, list[float]]:
+    """The measured latencies of a live trace's successful rows: name -> values (s)."""
+    rows = read_rows(path)
+    out: dict[str, list[float]] = {k: [] for k in LATENCIES}
+    for row in rows:
         for k in LATENCIES:
-            v = row.get(k)
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-                out[k].append(float(v))
+            v = measured(row, k)
+            if v is not None:
+                out[k].append(v)
     if not out["ttft_s"]:
-        raise FleetsimInputError(str(path), f"{num_rows} rows", "no successful row with "
+        raise FleetsimInputError(str(path), f"{len(rows)} rows", "no successful row with "
                                  "ttft_s: record it with fleetsim gateway --record or fleetsim "
                                  "load --out")
     return out
