@@ -102,6 +102,10 @@ def _server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-s", type=float, default=10.0,
                    help="on SIGINT/SIGTERM, seconds in-flight streams get to finish")
     p.add_argument("--log-level", default="warning", help="uvicorn's (default warning)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="count text prompts with this Hugging Face tokenizer.json (or the "
+                   "model folder holding one; needs the tokenizers package; default: the "
+                   "documented counting rule, docs/live.md)")
 
 
 def _check_server_flags(args: argparse.Namespace) -> None:
@@ -110,6 +114,9 @@ def _check_server_flags(args: argparse.Namespace) -> None:
     check_number(args.max_body_bytes, "--max-body-bytes", lo=1024, hi=2**31, integer=True)
     check_number(args.request_timeout_s, "--request-timeout-s", lo=0.001, hi=86400.0)
     check_number(args.drain_s, "--drain-s", lo=0.0, hi=3600.0)
+    from fleetsim.live.tokens import load_tokenizer
+
+    args.tokenize = load_tokenizer(args.tokenizer)  # fails now on a bad one
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
@@ -137,7 +144,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     def make_app() -> Any:
         return EmulatedBackend(engine, served_model=args.served_model_name or args.model,
                                max_body_bytes=args.max_body_bytes,
-                               request_timeout_s=args.request_timeout_s, record=args.record)
+                               request_timeout_s=args.request_timeout_s, record=args.record,
+                               tokenizer=args.tokenize)
 
     return _run_server(make_app, args, f"emulating {engine.model.name} on {what}, speed "
                        f"{args.speed:g}x")
@@ -160,7 +168,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                        max_attempts=args.max_attempts, record=args.record,
                        hash_block_tokens=args.hash_block_tokens,
                        max_body_bytes=args.max_body_bytes,
-                       request_timeout_s=args.request_timeout_s, seed=args.seed)
+                       request_timeout_s=args.request_timeout_s, seed=args.seed,
+                       tokenizer=args.tokenize)
 
     return _run_server(make_app, args, f"routing with {args.router} over {len(backends)} "
                        f"backend(s)")

@@ -3,7 +3,8 @@
 Each request enters the ``LiveEngine`` (continuous batching, KV capacity, chunked prefill,
 preemption, prefix caching) and its tokens leave when the engine emits them: one server-sent
 event per token when streaming, the whole text at the finish otherwise. Prompt tokens are
-counted by the rule of ``tokens.py`` (or taken as given when the prompt is token ids); the
+counted by a real tokenizer when given (``--tokenizer``), else by the rule of ``tokens.py``
+(or taken as given when the prompt is token ids); the
 output length is ``max_tokens``, or when absent a length sampled from the Azure 2023
 conversation trace (finish reason "stop"). The output text is filler, one token per word.
 """
@@ -38,7 +39,7 @@ from fleetsim.live.protocol import (
     usage_chunk,
 )
 from fleetsim.live.server import LiveApp
-from fleetsim.live.tokens import output_text, prefix_hashes
+from fleetsim.live.tokens import Tokenize, output_text, prefix_hashes, tokenize
 from fleetsim.live.trace import TraceWriter, trace_row
 
 GAUGES = {
@@ -54,8 +55,10 @@ class EmulatedBackend(LiveApp):
 
     def __init__(self, engine: LiveEngine, *, served_model: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 request_timeout_s: float = 600.0, record: str | Path | None = None) -> None:
+                 request_timeout_s: float = 600.0, record: str | Path | None = None,
+                 tokenizer: Tokenize = tokenize) -> None:
         self.engine = engine
+        self.tokenizer = tokenizer
         self.served_model = served_model or engine.config.model
         # Also answer to the catalog's name of the model (``Llama-3.1-8B``).
         self.model_names = {self.served_model, engine.model.name}
@@ -120,7 +123,8 @@ class EmulatedBackend(LiveApp):
             if self.draining:
                 raise ApiError(503, "the server is shutting down", kind="server_error",
                                code="unavailable")
-            parsed = parse_request(kind, await read_json_body(request, self.max_body_bytes))
+            parsed = parse_request(kind, await read_json_body(request, self.max_body_bytes),
+                                   self.tokenizer)
             if parsed.model not in self.model_names:
                 raise ApiError(404, f"the model {parsed.model!r} does not exist; this server "
                                f"serves {self.served_model!r}", param="model",

@@ -42,7 +42,7 @@ from fleetsim.live.protocol import (
     sse,
 )
 from fleetsim.live.server import LiveApp
-from fleetsim.live.tokens import prefix_hashes
+from fleetsim.live.tokens import Tokenize, prefix_hashes, tokenize
 from fleetsim.live.trace import TraceWriter, trace_row
 from fleetsim.policies.routing import make_router
 from fleetsim.registry import PolicySpec
@@ -85,7 +85,8 @@ class Gateway(LiveApp):
                  record: str | Path | None = None, hash_block_tokens: int = 16,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, tokenizer: Tokenize = tokenize) -> None:
+        self.tokenizer = tokenizer
         self.backends = [BackendView(i, url, hash_block_tokens=hash_block_tokens)
                          for i, url in enumerate(check_backends(backends))]
         self.router_name = router
@@ -188,7 +189,8 @@ class Gateway(LiveApp):
                                code="unavailable")
             if self.num_in_flight >= self.max_in_flight:
                 raise overloaded(f"the gateway ({self.max_in_flight} requests in flight)")
-            parsed = parse_request(kind, await read_json_body(request, self.max_body_bytes))
+            parsed = parse_request(kind, await read_json_body(request, self.max_body_bytes),
+                                   self.tokenizer)
         except ApiError as err:
             self.metrics.requests.labels("rejected", str(err.status)).inc()
             return err.response()

@@ -18,7 +18,7 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 
-from fleetsim.live.tokens import tokenize
+from fleetsim.live.tokens import Tokenize, tokenize
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 """Largest request body accepted (8 MiB: about two million tokens of text)."""
@@ -74,7 +74,8 @@ class ParsedRequest:
     """The JSON object as sent."""
     model: str
     prompt_tokens: list[str] | list[int]
-    """The prompt as tokens by the counting rule, or the ids the client sent."""
+    """The prompt as tokens (by the counting rule or the server's tokenizer), or the ids the
+    client sent."""
     max_tokens: int | None
     stream: bool
     include_usage: bool
@@ -104,8 +105,10 @@ async def read_json_body(request: HttpRequest, max_bytes: int) -> dict[str, Any]
     return data
 
 
-def parse_request(kind: str, data: dict[str, Any]) -> ParsedRequest:
-    """Validate a completions or chat body (400 naming the field on any problem)."""
+def parse_request(kind: str, data: dict[str, Any],
+                  tokenizer: Tokenize = tokenize) -> ParsedRequest:
+    """Validate a completions or chat body (400 naming the field on any problem); a text
+    prompt is split by ``tokenizer``."""
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", "is required and must be a non-empty string")
@@ -117,7 +120,8 @@ def parse_request(kind: str, data: dict[str, Any]) -> ParsedRequest:
     n = data.get("n")
     if n is not None and (type(n) is not int or n != 1):
         raise _invalid("n", "must be 1: one completion per request")
-    tokens = _chat_prompt(data.get("messages")) if kind == "chat" else _prompt(data.get("prompt"))
+    tokens = (_chat_prompt(data.get("messages"), tokenizer) if kind == "chat"
+              else _prompt(data.get("prompt"), tokenizer))
     max_tokens = data.get("max_tokens")
     if kind == "chat" and data.get("max_completion_tokens") is not None:
         max_tokens = data["max_completion_tokens"]
@@ -139,13 +143,13 @@ def parse_request(kind: str, data: dict[str, Any]) -> ParsedRequest:
     return ParsedRequest(kind, data, model, tokens, max_tokens, stream, include_usage)
 
 
-def _prompt(prompt: Any) -> list[str] | list[int]:
+def _prompt(prompt: Any, tokenizer: Tokenize) -> list[str] | list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if not prompt:
             raise _invalid("prompt", "must not be empty")
-        return tokenize(prompt)
+        return tokenizer(prompt)
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
         if any(not 0 <= t < 2**31 for t in prompt):
             raise _invalid("prompt", "token ids must be in [0, 2**31)")
@@ -159,7 +163,7 @@ def _prompt(prompt: Any) -> list[str] | list[int]:
     raise _invalid("prompt", "must be a non-empty string or a non-empty list of token ids")
 
 
-def _chat_prompt(messages: Any) -> list[str]:
+def _chat_prompt(messages: Any, tokenizer: Tokenize) -> list[str] | list[int]:
     """The conversation as one prompt: each message as ``<|role|>\\ncontent\\n``, then the
     assistant's turn (a generic chat template)."""
     if messages is None:
@@ -175,7 +179,7 @@ def _chat_prompt(messages: Any) -> list[str]:
             raise _invalid(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
         parts.append(f"<|{role}|>\n{_content_text(content, i)}\n")
     parts.append("<|assistant|>\n")
-    return tokenize("".join(parts))
+    return tokenizer("".join(parts))
 
 
 def _content_text(content: Any, i: int) -> str:

@@ -1,6 +1,10 @@
-"""Prompt tokens without a tokenizer: the counting rule, prefix hashes and synthetic prompts.
+"""Prompt tokens: a real tokenizer when given, else the counting rule; prefix hashes and
+synthetic prompts.
 
-The rule (documented in docs/live.md): a token is a run of one to four word characters, or
+A real tokenizer is a Hugging Face ``tokenizer.json`` on disk (``--tokenizer PATH``, the file
+or the model folder that holds it), read by the ``tokenizers`` library; nothing is downloaded.
+It counts as vLLM does for a completions prompt (special tokens such as BOS included). Without
+one, the rule (documented in docs/live.md): a token is a run of one to four word characters, or
 one other non-space character, each with at most one leading space; any other whitespace run
 is one token. English text averages about four characters per token, close to the BPE
 tokenizers of Llama and GPT models. A prompt given as token ids (``prompt: [int, ...]``, as
@@ -16,7 +20,8 @@ import hashlib
 import re
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -31,6 +36,8 @@ VOCAB_LOW, VOCAB_HIGH = 1000, 30000
 """Range of synthetic token ids (inside every Llama-family vocabulary)."""
 
 Tokens = Sequence[str] | Sequence[int]
+Tokenize = Callable[[str], "list[str] | list[int]"]
+"""Text -> its tokens (strings by the rule, ids by a real tokenizer)."""
 
 
 def tokenize(text: str) -> list[str]:
@@ -40,6 +47,38 @@ def tokenize(text: str) -> list[str]:
 
 def count_tokens(text: str) -> int:
     return len(TOKEN_RE.findall(text))
+
+
+def load_tokenizer(path: str | None) -> Tokenize:
+    """The tokenizer of ``path`` (a ``tokenizer.json`` or a folder holding one), or the rule
+    when ``path`` is None. Bad input: ``FleetsimInputError`` naming ``--tokenizer``."""
+    if path is None:
+        return tokenize
+    from fleetsim.errors import FleetsimInputError
+
+    file = Path(path)
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    if not file.is_file():
+        raise FleetsimInputError("--tokenizer", path, "no such file; give a tokenizer.json "
+                                 "(or the model folder holding one), or leave the flag out "
+                                 "for the documented counting rule")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise FleetsimInputError("--tokenizer", path, "needs the tokenizers package (pip "
+                                 "install tokenizers), or leave the flag out for the "
+                                 "documented counting rule") from None
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as err:  # the library raises a bare Exception on a bad file
+        raise FleetsimInputError("--tokenizer", path, f"not a tokenizer.json the tokenizers "
+                                 f"library reads ({str(err)[:80]})") from None
+
+    def encode(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=True).ids)
+
+    return encode
 
 
 def prefix_hashes(tokens: Tokens, block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS) -> tuple[int, ...]:
