@@ -36,13 +36,13 @@ def pools(*, mixed=0, prefill=0, decode=0, blocks=2000, bw=math.inf, decode_bloc
 
 
 def sim(workload, setup, router=None, *, kv_bytes_per_token=1000.0, latency_s=0.0,
-        fast_forward=True, seed=0, max_running=64):
+        fast_forward=True, seed=0, max_running=64, **kw):
     return simulate_cluster(
         workload, setup, router=router or RoundRobin(), decode_router=LeastLoaded(),
         make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
         rng=np.random.default_rng(seed), kv_bytes_per_token=kv_bytes_per_token,
         link_latency_s=latency_s, block_size=16, max_batched_tokens=512,
-        max_running=max_running, fast_forward=fast_forward, debug=True)
+        max_running=max_running, fast_forward=fast_forward, debug=True, **kw)
 
 
 def random_workload(n=120, seed=0, rate=40.0, hash_ids=False):

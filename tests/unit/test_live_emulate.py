@@ -146,8 +146,11 @@ def test_beyond_the_bounded_queue_429_with_retry_after():
             s.close()
 
 
-def test_a_client_that_disconnects_cancels_its_engine_request():
-    server = ServerThread(lambda: emulated_backend(speed=1.0))
+def test_a_client_that_disconnects_cancels_its_engine_request(tmp_path):
+    """The engine aborts it at once: out of the batch, its KV freed, recorded with the
+    reason (not finished at its next token)."""
+    record = tmp_path / "emu.jsonl"
+    server = ServerThread(lambda: emulated_backend(speed=1.0, record=record))
     with server as url:
         stream = client(url).completions.create(model=MODEL, prompt="go on", max_tokens=5000,
                                                 stream=True)
@@ -160,11 +163,18 @@ def test_a_client_that_disconnects_cancels_its_engine_request():
         while server.call(lambda: engine.num_active) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.call(lambda: engine.num_active) == 0
+        assert server.call(lambda: engine.cluster.replicas[0].kv.num_used_blocks) == 0
+        [aborted] = server.call(lambda: engine._recorder.aborted)
+        assert aborted.reason == "the client disconnected"
+        assert 3 <= aborted.num_output_tokens < 5000
         text = httpx.get(f"{url}/metrics", timeout=TIMEOUT_S).text
         assert 'fleetsim:requests_total{outcome="cancelled",status="499"} 1.0' in text
         # the engine stopped it early: far fewer than 5000 tokens were generated
         tokens = float(text.split("\nfleetsim:generation_tokens_total ")[1].split()[0])
         assert tokens < 1000
+    [row] = [json.loads(line) for line in record.read_text().splitlines()]
+    assert row["status"] == "cancelled" and row["abort_reason"] == "the client disconnected"
+    assert row["output_tokens"] == aborted.num_output_tokens
 
 
 def test_engine_timing_equals_fleetsim_run_on_the_recorded_trace(tmp_path):

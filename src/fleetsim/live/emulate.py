@@ -147,7 +147,7 @@ class EmulatedBackend(LiveApp):
         try:
             present = await wait_or_disconnect(request, live.done, self.request_timeout_s)
         except TimeoutError:
-            self.engine.cancel(live)
+            self.engine.cancel(live, "the request timed out")
             self.metrics.requests.labels("error", "504").inc()
             return JSONResponse(error_body("the request timed out", "timeout",
                                            code="timeout"), status_code=504)
@@ -199,7 +199,8 @@ class EmulatedBackend(LiveApp):
         finally:
             self.metrics.requests.labels(*outcome).inc()
             if not live.finished:
-                self.engine.cancel(live)
+                self.engine.cancel(live, "the request timed out" if outcome[1] == "504"
+                                   else "the client disconnected")
 
     def _observe(self, t0: float, live: LiveRequest, n: int, *,
                  count_tokens: bool = True) -> None:
@@ -226,6 +227,7 @@ class EmulatedBackend(LiveApp):
             ttft_s=req.first_token_s - req.arrival_s, tpot_s=tpot,
             e2e_s=req.finish_s - req.arrival_s,
             status="cancelled" if live.cancelled else "ok",
+            **({"abort_reason": req.abort_reason} if req.abort_reason else {}),
             num_prefix_hit_tokens=req.num_prefix_hit_tokens,
             num_preemptions=req.num_preemptions))
 

@@ -208,15 +208,16 @@ class LiveEngine:
                            f"replica holds {self.max_request_blocks}; shorten it",
                            param="max_tokens", code="context_length_exceeded")
 
-    def cancel(self, live: LiveRequest) -> None:
-        """Cut ``live`` short: the engine has no abort verb, so the request finishes at its
-        next output token (a waiting request after its prefill), the earliest exit the
-        engine's accounting allows; its waiter is released now."""
+    def cancel(self, live: LiveRequest, reason: str = "the client disconnected") -> None:
+        """Abort ``live`` in the engine now (``Cluster.abort``): it leaves the batch, its KV
+        is freed and it is recorded as aborted with ``reason``; its waiter is released."""
         if live.finished or live.cancelled:
             return
         live.cancelled = True
-        req = live.req
-        req.max_output_tokens = max(1, min(req.max_output_tokens, req.num_output_tokens + 1))
+        self.advance()  # the engine at now (the request has arrived by then)
+        if not live.finished:
+            self.cluster.abort(live.req.id, reason)
+            self.advance()  # hands the aborted request out
         self._kick()
 
     # ---- the driver ------------------------------------------------------------------

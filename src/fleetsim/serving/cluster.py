@@ -265,6 +265,16 @@ class Cluster:
             self.replicas[i].set_policies(
                 make_batch_policy() if make_batch_policy is not None else None, order_key)
 
+    def abort(self, request_id: int, reason: str) -> bool:
+        """End a request now wherever it is queued (``Replica.abort``: out of the batch,
+        its KV freed, recorded as aborted with ``reason``). False if no replica holds it
+        (not arrived yet, already finished or aborted)."""
+        held = False
+        for replica in self.replicas:
+            if replica.holds(request_id):
+                held = replica.abort(request_id, reason) or held
+        return held
+
     def migrate(self, request_ids: Sequence[int], dst: int) -> None:
         """Move these requests (wherever they are queued) to replica ``dst``: a waiting one at
         once, a running one at its replica's next step boundary, its KV over the transfer

@@ -24,6 +24,21 @@ REQUEST_COLUMNS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class AbortedRequest:
+    """A request ended before it finished (``Replica.abort``)."""
+
+    request_id: int
+    replica_id: int
+    arrival_s: float
+    abort_s: float
+    num_output_tokens: int
+    """Output tokens emitted before the abort."""
+    num_computed_tokens: int
+    """Tokens computed for it, over all its admissions (as the requests' column)."""
+    reason: str
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Records:
     """Everything a run recorded, as arrays."""
@@ -39,6 +54,7 @@ class Records:
     timeline_bin_s: float = 0.0  # 0: not binned (windows ran past bin edges)
     itl_gaps_s: NDArray | None = None  # every gap between output tokens, as distinct values
     itl_counts: NDArray | None = None  # ... with how many times each occurred
+    aborted: tuple[AbortedRequest, ...] = ()  # requests ended early, in abort order
 
 
 class OnlineMetrics:
@@ -92,6 +108,7 @@ class Recorder:
         self._num_win_ends = 0
         self._win_rows: list[int] = []
         self._win_finishes: list[int] = []
+        self.aborted: list[AbortedRequest] = []
 
     def keep_online_metrics(self) -> OnlineMetrics:
         if self.online is None:
@@ -130,6 +147,12 @@ class Recorder:
             e2e = online.sum_e2e_s_by_pool
             e2e[pool] = e2e.get(pool, 0.0) + (req.finish_s - req.arrival_s)
 
+    def on_abort(self, replica_id: int, req: Request) -> None:
+        assert req.abort_reason is not None
+        self.aborted.append(AbortedRequest(
+            req.id, replica_id, req.arrival_s, req.finish_s, req.num_output_tokens,
+            req.num_computed_tokens_total, req.abort_reason))
+
     def on_step(
         self, replica_id: int, end_s: float, busy_s: float, kv_block_seconds: float,
         num_steps: int, num_tokens: int, num_used_blocks: int, num_running: int,
@@ -158,7 +181,7 @@ class Recorder:
         gaps, counts = self._itl_arrays()
         return Records(requests, timeline, self.num_steps, dict(self.busy_s_by_replica),
                        dict(self.kv_block_seconds_by_replica), self.timeline_origin_s,
-                       self.timeline_bin_s, gaps, counts)
+                       self.timeline_bin_s, gaps, counts, tuple(self.aborted))
 
     def _itl_arrays(self) -> tuple[NDArray, NDArray]:
         """All gaps between output tokens as (distinct gap, count), sorted by gap."""

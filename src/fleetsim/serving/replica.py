@@ -36,6 +36,7 @@ from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
 from fleetsim.serving.kv_moves import KVMoves
 from fleetsim.serving.recorder import Recorder
 from fleetsim.serving.request import (
+    ABORTED,
     FINISHED,
     RUNNING,
     STATE_NAMES,
@@ -240,9 +241,12 @@ class Replica:
 
     def join_running(self, req: Request) -> None:
         """``req``'s KV is in place here (moved or swapped in): it joins the running batch
-        at the next step."""
+        at the next step (or, if it was aborted on the way, leaves now)."""
         self.interrupt()
         req.state = RUNNING
+        if req.abort_reason is not None:
+            self._abort_running(req)
+            return
         self._load_tokens += req.num_tokens - req.num_computed_tokens
         if not self._is_decoding(req):
             self._num_prefilling += 1
@@ -280,6 +284,60 @@ class Replica:
         self.forget(req)
         self._load_tokens -= req.num_tokens - req.num_computed_tokens
         return req
+
+    def abort(self, request_id: int, reason: str) -> bool:
+        """End a request now, before it finishes (its client left): a waiting one leaves the
+        queue; a running one leaves the batch and frees its KV at once, and its tokens in the
+        step in progress are not committed (a cut window first settles the steps before
+        now). It is recorded as aborted with ``reason`` (``Recorder.aborted``) and a source
+        that wants finishes is told (``req.state == ABORTED``). A request whose KV is moving
+        (swap, handoff) is aborted when its KV lands. False if the request is not here."""
+        req = self._by_id.get(request_id)
+        if req is None or req.abort_reason is not None:
+            return False
+        self.interrupt()
+        req.abort_reason = reason
+        if req.state == WAITING:
+            self._dequeue(self.waiting, self._waiting_keys, req)
+            self._load_tokens -= req.num_tokens - req.num_computed_tokens
+            self._end_aborted(req)
+        elif req.state == RUNNING:
+            self.leave_running(req, "aborts")
+            self._drop_from_step(req)
+            self._abort_running(req)
+        return True
+
+    def _drop_from_step(self, req: Request) -> None:
+        """Take running ``req`` out of the step in progress (its work there is lost)."""
+        step = self._step
+        if step is None:
+            return
+        if req in step.decodes:
+            step.decodes.remove(req)
+            step.num_tokens -= 1
+            return
+        for i, (r, n) in enumerate(step.chunks):
+            if r is req:
+                del step.chunks[i]
+                step.num_tokens -= n
+                return
+
+    def _abort_running(self, req: Request) -> None:
+        """``req`` is out of the batch (or never joined it): free its KV and end it."""
+        self._load_tokens -= req.num_tokens - req.num_computed_tokens
+        self.kv.release(req)
+        self._end_aborted(req)
+        if self.moves.incoming:  # KV waiting to move in may fit now
+            self.moves.start_incoming()
+        self.wake()
+
+    def _end_aborted(self, req: Request) -> None:
+        del self._by_id[req.id]
+        req.state = ABORTED
+        req.finish_s = self.sim.now_s
+        self.recorder.on_abort(self.replica_id, req)
+        if self.on_finish is not None:
+            self.on_finish(req)
 
     def migrate_at_boundary(self, request_id: int, dst: int) -> None:
         """Move a running request and its KV to replica ``dst`` at the next step boundary (a

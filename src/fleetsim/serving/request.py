@@ -22,6 +22,8 @@ from typing import Any, Final
 #   RUNNING -> HANDED_OFF (source keeps its KV until the transfer is done)
 #           -> INCOMING (queued at the destination) -> IN_TRANSFER -> RUNNING there
 #                                                      (P/D handoff, migration)
+#   WAITING or RUNNING -> ABORTED                      (``Replica.abort``: a client left; a
+#                        request whose KV is moving is aborted when its KV lands)
 WAITING: Final = 0
 RUNNING: Final = 1
 SWAPPING_OUT: Final = 2
@@ -31,8 +33,9 @@ HANDED_OFF: Final = 5
 INCOMING: Final = 6
 IN_TRANSFER: Final = 7
 FINISHED: Final = 8
+ABORTED: Final = 9
 STATE_NAMES: Final = ("waiting", "running", "swapping_out", "swapped", "swapping_in",
-                      "handed_off", "incoming", "in_transfer", "finished")
+                      "handed_off", "incoming", "in_transfer", "finished", "aborted")
 
 
 @dataclass(slots=True, eq=False)
@@ -91,6 +94,8 @@ class Request:
     """When the latest output token was emitted (``serving/itl.py``)."""
     itl_top: list[float] | None = None
     """The largest gaps between output tokens so far, a min-heap (``serving/itl.py``)."""
+    abort_reason: str | None = None
+    """Why the request was aborted (``Replica.abort``); None while it is not."""
 
     @property
     def is_running(self) -> bool:
