@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.test_cluster import pools, random_workload, sim
 
-from fleetsim.serving.request import ABORTED
+from fleetsim.serving.request import ABORTED, Request
 
 
 class Aborts:
@@ -119,8 +119,7 @@ def test_state_aborted_is_what_sources_are_told():
         num_requests = 2
 
         def start(self, ctx):
-            from fleetsim.serving.request import Request
-            for i in range(2):
+            for _ in range(2):
                 ctx.submit_at(0.0, Request(id=ctx.new_request_id(), arrival_s=0.0,
                                            num_prompt_tokens=30, max_output_tokens=50))
 

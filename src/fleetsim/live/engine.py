@@ -7,9 +7,9 @@ engine has emitted, and sleeps until the next event or the next arrival, whichev
 first (an arrival wakes it at once; the sleep is an ``Alarm``, precise to ~0.1 ms where the
 loop's own timers round to 1 ms). A request is scheduled at the moment the server received it
 (``received_s``, before its body was read and parsed), or at the engine's now if the engine
-has already moved past that (or at the previous request's arrival, so ids keep arrival order), so the engine sees the arrival times it would see in
-``fleetsim run`` of the recorded trace (``tests/unit/test_live_emulate`` checks the two agree
-to the nanosecond).
+has already moved past that, or at the previous request's arrival (so ids keep arrival
+order). The engine thus sees the arrival times it would see in ``fleetsim run`` of the
+recorded trace (``tests/unit/test_live_emulate`` checks the two agree to the nanosecond).
 
 Decode fast-forward is off: every step is its own event, so tokens leave at the step that
 emits them (results are identical either way; see docs/engine.md). The engine keeps no
