@@ -5,10 +5,10 @@ simulator, and an asyncio task that keeps simulated time equal to wall-clock tim
 ``speed``: it runs the simulator up to now, tells each request's waiter how many tokens the
 engine has emitted, and sleeps until the next event or the next arrival, whichever comes
 first (an arrival wakes it at once; the sleep is an ``Alarm``, a timerfd precise to ~0.1 ms
-where the loop's own timers round to 1 ms). A request is scheduled at the moment the server received it
-(``received_s``, before its body was read and parsed), or at the engine's now if the engine
-has already moved past that, or at the previous request's arrival (so ids keep arrival
-order). The engine thus sees the arrival times it would see in ``fleetsim run`` of the
+where the loop's own timers round to 1 ms). A request is scheduled at the moment the server
+received it (``received_s``, before its body was read and parsed), or at the engine's now if
+the engine has already moved past that, or at the previous request's arrival (so ids keep
+arrival order). The engine thus sees the arrival times it would see in ``fleetsim run`` of the
 recorded trace (``tests/unit/test_live_emulate`` checks the two agree to the nanosecond).
 
 Decode fast-forward is off: every step is its own event, so tokens leave at the step that
