@@ -131,3 +131,22 @@ def test_state_aborted_is_what_sources_are_told():
 
     sim(w, pools(mixed=1), max_running=8, source=Source(), controllers=[Aborts([(0.05, 1)])])
     assert sorted(told) == [(0, 8, None), (1, ABORTED, "test 1")]
+
+
+def test_an_abort_while_the_kv_moves_ends_the_request_when_it_lands():
+    """P/D over a slow link: aborted while its KV crosses (0.5 s for 500 tokens at 1 MB/s),
+    the request ends when the KV lands at the decode replica, which frees it at once."""
+    w = random_workload(1, seed=1)
+    w = type(w)(arrival_s=np.array([0.0]), num_prompt_tokens=np.array([500]),
+                num_output_tokens=np.array([50]))
+    setup = pools(prefill=1, decode=1, blocks=2000, bw=1e6)
+    plain, _, _ = run_with_aborts(w, setup, [], True)
+    first_token_s = float(plain.requests["first_token_s"][0])
+    at = round(first_token_s + 0.2, 6)  # the handoff is in flight then
+    rec, cluster, ctl = run_with_aborts(w, setup, [(at, 0)], True)
+    assert [entry[:3] for entry in ctl.log] == [(at, 0, True)]
+    [a] = rec.aborted
+    assert a.abort_s > at and a.replica_id == 1 and a.num_output_tokens == 1
+    assert len(rec.requests["request_id"]) == 0
+    for replica in cluster.replicas:
+        assert replica.kv.num_used_blocks == 0 and replica.load_tokens == 0

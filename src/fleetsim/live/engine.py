@@ -214,6 +214,8 @@ class LiveEngine:
         if live.finished or live.cancelled:
             return
         live.cancelled = True
+        if self._task is None or self.failure is not None:
+            return  # stopped or failed: the engine runs no more (its waiters were released)
         self.advance()  # the engine at now (the request has arrived by then)
         if not live.finished:
             self.cluster.abort(live.req.id, reason)

@@ -245,7 +245,7 @@ class Replica:
         self.interrupt()
         req.state = RUNNING
         if req.abort_reason is not None:
-            self._abort_running(req)
+            self._free_and_end(req)  # (its tokens never entered the load counter here)
             return
         self._load_tokens += req.num_tokens - req.num_computed_tokens
         if not self._is_decoding(req):
@@ -304,7 +304,8 @@ class Replica:
         elif req.state == RUNNING:
             self.leave_running(req, "aborts")
             self._drop_from_step(req)
-            self._abort_running(req)
+            self._load_tokens -= req.num_tokens - req.num_computed_tokens
+            self._free_and_end(req)
         return True
 
     def _drop_from_step(self, req: Request) -> None:
@@ -322,9 +323,8 @@ class Replica:
                 step.num_tokens -= n
                 return
 
-    def _abort_running(self, req: Request) -> None:
-        """``req`` is out of the batch (or never joined it): free its KV and end it."""
-        self._load_tokens -= req.num_tokens - req.num_computed_tokens
+    def _free_and_end(self, req: Request) -> None:
+        """Aborted ``req`` is out of the batch (or never joined it): free its KV, end it."""
         self.kv.release(req)
         self._end_aborted(req)
         if self.moves.incoming:  # KV waiting to move in may fit now
