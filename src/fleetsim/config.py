@@ -316,7 +316,7 @@ def resolve_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     if isinstance(workload, dict):
         if "trace" in workload:
             workload["trace"] = fix(workload["trace"])
-        for key in ("prompt_tokens", "output_tokens"):
+        for key in ("prompt_tokens", "output_tokens", "lengths"):
             length = workload.get(key)
             if isinstance(length, dict) and "path" in length:
                 length["path"] = fix(length["path"])

@@ -56,7 +56,7 @@ def test_overrides_reach_every_run(tmp_path, capsys):
           "--set", "seed=7"])
     other = json.loads(capsys.readouterr().out)["results"]
     assert first != other
-    config = json.loads((tmp_path / "b" / "runs" / "vllm" / "2" / "config.json").read_text())
+    config = json.loads((tmp_path / "b" / "runs" / "vllm" / "1" / "config.json").read_text())
     assert config["seed"] == 7
 
 

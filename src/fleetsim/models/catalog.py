@@ -61,6 +61,21 @@ _BUILTIN: tuple[ModelSpec, ...] = (
         vocab_size=32000,
         max_context_tokens=4096,
     ),
+    # facebook/opt-13b config.json: ffn_dim 20480 (a plain fc1/fc2 MLP with ReLU, not gated),
+    # 2,048 positions, LM head tied to the embedding. FastServe's main evaluation model.
+    ModelSpec(
+        name="OPT-13B",
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_kv_heads=40,
+        head_dim=128,
+        intermediate_size=20480,
+        gated_mlp=False,
+        vocab_size=50272,
+        max_context_tokens=2048,
+        tie_word_embeddings=True,
+    ),
     # Qwen/Qwen2.5-72B-Instruct config.json
     ModelSpec(
         name="Qwen2.5-72B",
@@ -168,6 +183,7 @@ HF_IDS = {
     "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
     "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
     "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
+    "facebook/opt-13b": "opt-13b",
     "meta-llama/Llama-2-7b-hf": "llama-2-7b",
     "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
     "meta-llama/Llama-2-70b-hf": "llama-2-70b",

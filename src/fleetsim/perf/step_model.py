@@ -143,7 +143,8 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
             T, h, heads * m.head_dim
         )
     inter = -(-m.intermediate_size // tp)
-    dense_mlp = ops.gemm_s(T, 2 * inter, h) + ops.gemm_s(T, h, inter)
+    up = (2 if m.gated_mlp else 1) * inter  # SwiGLU fuses gate and up in one GEMM
+    dense_mlp = ops.gemm_s(T, up, h) + ops.gemm_s(T, h, inter)
     gemm = m.num_layers * proj + (m.num_layers - m.num_moe_layers) * dense_mlp
     moe = np.zeros_like(T)
     if m.is_moe:
@@ -156,7 +157,7 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
         moe = m.num_moe_layers * ops.moe_s(T)
     comm = 2 * m.num_layers * ops.allreduce_s(T)
     # norms, RoPE, activation: ~12 hidden-sized bf16 passes + the SwiGLU input/output
-    elem_bytes = T * (12 * h + 3 * inter) * 2.0
+    elem_bytes = T * (12 * h + (up + inter)) * 2.0
     floor = ELEMENTWISE_KERNELS_PER_LAYER * rl.KERNEL_FLOOR_S
     elem = m.num_layers * np.where(
         T > 0, np.maximum(elem_bytes / (gpu.hbm_bw_bytes_per_s * rl.GEMM_MEMORY_EFF), floor), 0.0

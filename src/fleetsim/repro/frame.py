@@ -93,6 +93,8 @@ class Comparison:
     headline: dict[str, float | None] = field(default_factory=dict)
     """policy -> the headline quantity (``Reproduction.headline_metric``), when there is one."""
     notes: list[str] = field(default_factory=list)
+    reference: tuple[str, float] | None = None
+    """A level of ``metric`` drawn across the key figure (e.g. ``("SLO", 0.3)``)."""
 
 
 class ReproContext:
