@@ -179,14 +179,21 @@ def load_moe_table(
     system: str = "h200_sxm",
     framework: str = "sglang",
     moe_dtype: str = "fp8_block",
+    min_routed_tokens: float = 0.0,
 ) -> TableExpertCompute | None:
     """aiconfigurator-core's measured MoE latency for this layer shape, or None if absent.
 
     The table's rows (``moe_perf.parquet``: num_tokens, topk, moe_ep_size, latency in ms) time
-    one EP rank under balanced routing: with attention data parallelism each rank brings
-    ``num_tokens`` tokens, so a rank computes ``num_tokens * topk`` routed tokens over
-    ``num_experts / moe_ep_size`` local experts. We take the EP size closest to ours and
-    keep the curve latency(routed tokens). The newest framework version with rows wins.
+    one EP rank under balanced routing of ``num_tokens`` tokens over all experts: the rank
+    computes its ``num_experts / moe_ep_size`` local experts, i.e. ``num_tokens * topk /
+    moe_ep_size`` routed tokens. (The latencies say so: on GB200 bf16 Qwen3-235B shapes,
+    16,384 tokens take 4.62 ms at ep=1 and 0.205 ms at ep=64; read as per-rank tokens the
+    ep=64 row would run at 24 PFLOP/s, ten times the GPU's peak.) We keep the curve
+    latency(routed tokens per rank) of the EP size closest to ours among those whose curve
+    reaches ``min_routed_tokens`` (the curve reaching furthest if none does): a rank with
+    few experts but many tokens each has as many GEMM rows as one with many experts of
+    fewer tokens, and the measured curve of the small EP sizes is the one that has seen that
+    many rows. The newest framework version with rows wins.
     """
     root = _moe_data_root()
     if root is None:
@@ -214,9 +221,13 @@ def load_moe_table(
         ]
         if rows.empty:
             continue
-        ep = min(rows.moe_ep_size.unique(), key=lambda p: (abs(np.log(p / num_gpus)), -p))
+        reach = {int(ep): float(rows[rows.moe_ep_size == ep].num_tokens.max()) * spec.top_k / ep
+                 for ep in rows.moe_ep_size.unique()}
+        covering = [ep for ep, most in reach.items() if most >= min_routed_tokens]
+        ep = (min(covering, key=lambda p: (abs(np.log(p / num_gpus)), -p)) if covering
+              else max(reach, key=reach.__getitem__))
         curve = rows[rows.moe_ep_size == ep].groupby("num_tokens").latency.min().sort_index()
-        routed = curve.index.to_numpy(dtype=np.float64) * spec.top_k
+        routed = curve.index.to_numpy(dtype=np.float64) * spec.top_k / ep
         source = f"{path.relative_to(root)} (ep={ep}, {rows.kernel_source.iloc[0]})"
         return TableExpertCompute(routed, curve.to_numpy(dtype=np.float64) * 1e-3, source)
     return None
@@ -227,10 +238,13 @@ def _version_key(name: str) -> tuple[int, ...]:
     return tuple(int(piece) if piece.isdigit() else -1 for piece in pieces)
 
 
-def default_compute(spec: MoeLayerSpec, hardware: EpHardware, num_gpus: int) -> ExpertCompute:
-    """The measured table when aiconfigurator-core has this GPU and shape, else the roofline."""
+def default_compute(spec: MoeLayerSpec, hardware: EpHardware, num_gpus: int,
+                    min_routed_tokens: float = 0.0) -> ExpertCompute:
+    """The measured table when aiconfigurator-core has this GPU and shape, else the roofline;
+    ``min_routed_tokens`` per GPU that the table should reach (``load_moe_table``)."""
     table = None
     if hardware.aic_system is not None:
         dtype = "fp8_block" if spec.weight_bytes_per_param <= 1 else "bfloat16"
-        table = load_moe_table(spec, num_gpus, system=hardware.aic_system, moe_dtype=dtype)
+        table = load_moe_table(spec, num_gpus, system=hardware.aic_system, moe_dtype=dtype,
+                               min_routed_tokens=min_routed_tokens)
     return table if table is not None else RooflineExpertCompute(spec, hardware)
