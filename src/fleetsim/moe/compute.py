@@ -184,16 +184,18 @@ def load_moe_table(
     """aiconfigurator-core's measured MoE latency for this layer shape, or None if absent.
 
     The table's rows (``moe_perf.parquet``: num_tokens, topk, moe_ep_size, latency in ms) time
-    one EP rank under balanced routing of ``num_tokens`` tokens over all experts: the rank
-    computes its ``num_experts / moe_ep_size`` local experts, i.e. ``num_tokens * topk /
-    moe_ep_size`` routed tokens. (The latencies say so: on GB200 bf16 Qwen3-235B shapes,
-    16,384 tokens take 4.62 ms at ep=1 and 0.205 ms at ep=64; read as per-rank tokens the
-    ep=64 row would run at 24 PFLOP/s, ten times the GPU's peak.) We keep the curve
-    latency(routed tokens per rank) of the EP size closest to ours among those whose curve
-    reaches ``min_routed_tokens`` (the curve reaching furthest if none does): a rank with
-    few experts but many tokens each has as many GEMM rows as one with many experts of
-    fewer tokens, and the measured curve of the small EP sizes is the one that has seen that
-    many rows. The newest framework version with rows wins.
+    one EP rank under balanced routing. What ``num_tokens`` counts differs between data sets,
+    and the rows tell which: if doubling EP from 1 to 2 leaves the latency unchanged (DeepSeek-V3
+    shapes on H200), the rank computes ``num_tokens * topk`` routed tokens; if it halves it
+    (Qwen3-235B shapes on GB200 and H200: 4.62 -> 2.35 ms at 16,384 tokens on GB200),
+    ``num_tokens`` is the whole EP group's batch and a rank computes its share,
+    ``num_tokens * topk / moe_ep_size`` (read the other way, those ep=64 rows would run at
+    24 PFLOP/s on a 2.5 PFLOP/s GPU). The cut is a ratio of 0.75, midway.
+
+    We keep the curve latency(routed tokens per rank) of the EP size closest to ours among
+    those whose curve reaches ``min_routed_tokens`` (the curve reaching furthest if none
+    does): a rank with few experts but many tokens each has as many GEMM rows as one with
+    many experts of fewer tokens. The newest framework version with rows wins.
     """
     root = _moe_data_root()
     if root is None:
@@ -221,16 +223,36 @@ def load_moe_table(
         ]
         if rows.empty:
             continue
-        reach = {int(ep): float(rows[rows.moe_ep_size == ep].num_tokens.max()) * spec.top_k / ep
-                 for ep in rows.moe_ep_size.unique()}
-        covering = [ep for ep, most in reach.items() if most >= min_routed_tokens]
+        by_ep = {int(ep): rows[rows.moe_ep_size == ep].groupby("num_tokens").latency.min()
+                 .sort_index() for ep in rows.moe_ep_size.unique()}
+        per_group = _batch_is_per_group(by_ep)
+        reading = "num_tokens for the EP group" if per_group else "num_tokens per rank"
+        curves = {}  # ep -> (routed tokens per rank, seconds)
+        for ep, curve in by_ep.items():
+            routed = curve.index.to_numpy(dtype=np.float64) * spec.top_k
+            curves[ep] = (routed / ep if per_group else routed,
+                          curve.to_numpy(dtype=np.float64) * 1e-3)
+        covering = [ep for ep, c in curves.items() if c[0][-1] >= min_routed_tokens]
         ep = (min(covering, key=lambda p: (abs(np.log(p / num_gpus)), -p)) if covering
-              else max(reach, key=reach.__getitem__))
-        curve = rows[rows.moe_ep_size == ep].groupby("num_tokens").latency.min().sort_index()
-        routed = curve.index.to_numpy(dtype=np.float64) * spec.top_k / ep
-        source = f"{path.relative_to(root)} (ep={ep}, {rows.kernel_source.iloc[0]})"
-        return TableExpertCompute(routed, curve.to_numpy(dtype=np.float64) * 1e-3, source)
+              else max(curves, key=lambda p: curves[p][0][-1]))
+        routed, seconds = curves[ep]
+        source = (f"{path.relative_to(root)} (ep={ep}, {rows.kernel_source.iloc[0]}, "
+                  f"{reading})")
+        return TableExpertCompute(routed, seconds, source)
     return None
+
+
+def _batch_is_per_group(by_ep: dict[int, object]) -> bool:
+    """True if the ep=2 rows take about half the ep=1 rows' time at the largest common
+    ``num_tokens`` (the rank's share halves); False without both."""
+    one, two = by_ep.get(1), by_ep.get(2)
+    if one is None or two is None:
+        return False
+    common = one.index.intersection(two.index)  # type: ignore[attr-defined]
+    if common.empty:
+        return False
+    last = common.max()
+    return bool(two[last] / one[last] < 0.75)  # type: ignore[index]
 
 
 def _version_key(name: str) -> tuple[int, ...]:
