@@ -55,6 +55,9 @@ class PassTimes:
     comm_s: float = 0.0
     """The TP all-reduces (part of ``layers_s``): as many in the backward pass as in the
     forward (Megatron's f and g operators), not twice as many."""
+    moe_s: float = 0.0
+    """The routed-expert GEMMs (part of ``layers_s``) as the tables time them for this
+    tensor-parallel group; an expert-parallel model replaces them with its own."""
 
 
 class ForwardModel:
@@ -79,11 +82,12 @@ class ForwardModel:
             return PassTimes(0.0, 0.0, 0.0)
         comm = self._comm(num_tokens)
         per_token = sum(f(num_tokens) for f in self._per_token) + comm
+        moe = float(self._per_token[1](num_tokens))
         lens = np.asarray(seq_lens, dtype=np.float64)
         attention = self.attention_scale * float(self._attn(lens).sum())
         # A value or reward model ends in a hidden -> 1 projection: negligible.
         head = float(self._head(np.float64(num_tokens))) if self.lm_head else 0.0
-        return PassTimes(per_token + attention, attention, head, comm)
+        return PassTimes(per_token + attention, attention, head, comm, moe)
 
 
 @lru_cache(maxsize=64)
