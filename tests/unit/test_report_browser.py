@@ -46,7 +46,7 @@ def chromium_or_skip() -> str:
 
 
 def not_blank(pixels: np.ndarray) -> float:
-    """(H, W, 3) uint8 -> share of pixels that differ from the most common colour (the background)."""
+    """(H, W, 3) uint8 -> the share of pixels unlike the most common colour (the background)."""
     rgb = pixels[..., :3].astype(np.uint32).reshape(-1, 3)
     packed = rgb[:, 0] << 16 | rgb[:, 1] << 8 | rgb[:, 2]
     colours, counts = np.unique(packed, return_counts=True)
