@@ -329,9 +329,10 @@ def engine_build() -> str:
 
 def overload_check(summary: dict[str, Any], records: Records,
                    workload: Workload) -> dict[str, Any]:
-    """Whether the queue grew for the whole run, and the offered load over capacity.
+    """Whether the queue grew for the whole run, the offered load (requests/s) and the
+    offered load over capacity.
 
-    Offered load is the arrival rate over the arrivals' span; capacity is estimated by the
+    Offered load is the arrival count over the arrivals' span; capacity is estimated by the
     completion rate over the makespan, which an overloaded system drains at. The queue
     "grew for the whole run" when the waiting queue, averaged over each quarter of the
     arrivals' span, rose quarter after quarter and the run drained well after the last
@@ -354,7 +355,8 @@ def overload_check(summary: dict[str, Any], records: Records,
             means = [float(x.mean()) for x in q]
             grew = (all(b > a for a, b in zip(means, means[1:], strict=False))
                     and makespan > 1.25 * span and means[-1] >= 2)
-    out: dict[str, Any] = {"queue_grew": grew, "offered_over_capacity": ratio}
+    out: dict[str, Any] = {"queue_grew": grew, "offered_over_capacity": ratio,
+                           "offered_requests_per_s": n / span if span > 0 else None}
     if grew and ratio is not None:
         out["warning"] = (f"queue grew for the whole run: offered load is about "
                           f"{ratio:.1f} x capacity; lower the rate (workload.rate_scale) or "
