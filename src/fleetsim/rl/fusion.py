@@ -3,7 +3,7 @@
 - **Inter-stage** (generation -> inference): once only ``tail_migration_fraction`` of the
   samples is still generating, the fewest instances that can hold them keep generating (the
   ones with the most samples left, so the least KV moves) and the others' samples move there
-  with their KV (``Cluster.migrate``); the freed GPUs run the inference passes of the samples
+  with their KV (``Cluster.migrate``), where decode is no slower than it was for the full batch; the freed GPUs run the inference passes of the samples
   already finished while the tail generates. ``plan_tail_migration`` chooses.
 - **Intra-stage** (actor and critic training): the two models' pipelines fused on shared
   stages, their schedule found by simulated annealing (``fused_pipeline.anneal``).
@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,17 +32,26 @@ class TailPlan:
 
 def plan_tail_migration(unfinished: np.ndarray, replica: np.ndarray, final_tokens: np.ndarray,
                         *, num_replicas: int, max_running: int, num_kv_blocks: int,
-                        block_size: int) -> TailPlan | None:
+                        block_size: int, decode_step_s: Callable[[int, int], float],
+                        reference_step_s: float) -> TailPlan | None:
     """Where the tail goes. ``unfinished``: the samples still generating; ``replica``: each
     sample's replica; ``final_tokens``: each sample's prompt + response tokens (what its KV
-    will grow to). The kept instances must hold every survivor in a batch (``max_running``)
-    and its final KV (RLHFuse sizes them so decode does not slow and memory does not run
-    out; fleetsim knows the lengths, the paper uses its length model). None when no instance
-    would be freed."""
+    will grow to). RLHFuse keeps enough instances that decode does not slow down and the
+    survivors' KV fits: here, the fewest whose batch fits ``max_running``, whose blocks hold
+    the survivors' final KV (fleetsim knows the lengths; the paper uses its length model), and
+    whose decode step (``decode_step_s(batch, kv_tokens)``) is no slower than
+    ``reference_step_s`` (a decode step of the full batch at the start of generation). None
+    when no instance would be freed."""
     if not len(unfinished):
         return None
     blocks = int(np.sum(-(-final_tokens[unfinished] // block_size)))
     need = max(1, math.ceil(len(unfinished) / max_running), math.ceil(blocks / num_kv_blocks))
+    mean_kv = float(final_tokens[unfinished].mean())
+    while need < num_replicas:
+        batch = math.ceil(len(unfinished) / need)
+        if decode_step_s(batch, int(batch * mean_kv)) <= reference_step_s:
+            break
+        need += 1
     if need >= num_replicas:
         return None
     left = np.bincount(replica[unfinished], minlength=num_replicas)

@@ -458,6 +458,17 @@ class RLJob:
             self._weights(k + 1)
             self.step_end_s.append(self.sim.now_s)
 
+    def _decode_step_s(self, batch: int, kv_tokens: int) -> float:
+        return float(self.gen.step_model.step_time_s((), batch, kv_tokens))
+
+    def _full_batch_step_s(self, rec: Samples) -> float:
+        """A decode step of an instance's share of the whole batch, halfway through the mean
+        response (what the tail's instances must not be slower than)."""
+        b = rec.batch
+        batch = math.ceil(b.num_samples / self.gen.num_replicas)
+        mean_kv = float((b.prompt_tokens + b.response_tokens / 2).mean())
+        return self._decode_step_s(batch, int(batch * mean_kv))
+
     def _migrate_tail(self, k: int, rec: Samples) -> Process:
         """RLHFuse's inter-stage fusion (rl/fusion.py): at the tail, move the survivors onto
         few instances and score the finished groups on the freed GPUs, as its own process
@@ -471,7 +482,9 @@ class RLJob:
                                    num_replicas=self.gen.num_replicas,
                                    max_running=eng.max_running,
                                    num_kv_blocks=self.gen.num_kv_blocks,
-                                   block_size=eng.block_size)
+                                   block_size=eng.block_size,
+                                   decode_step_s=self._decode_step_s,
+                                   reference_step_s=self._full_batch_step_s(rec))
         if plan is None:
             return []
         moved = [i for v in plan.moves.values() for i in v]
@@ -481,8 +494,9 @@ class RLJob:
         freed = [r for r in range(self.gen.num_replicas) if r not in plan.keep]
         replicas = self.gen.cluster.replicas
         start = self.sim.now_s
-        while any(replicas[r].holds(int(rec.request_id[i])) for i in moved
-                  for r in freed):
+        # Freed once the survivors have left (a step boundary) and their KV has arrived.
+        while any(replicas[r].holds(int(rec.request_id[i])) for i in moved for r in freed) or any(
+                replicas[d].view.num_incoming for d in plan.moves):
             yield Timeout(TAIL_POLL_S)
         for r in freed:
             rec.lane_end_s[r] = self.sim.now_s
