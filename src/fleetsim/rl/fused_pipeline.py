@@ -176,6 +176,45 @@ def merged_schedule(num_stages: int, models: Sequence[PipelineWork]) -> Schedule
     return schedule if evaluate(schedule, models) is not None else None
 
 
+@dataclass(frozen=True, slots=True)
+class TaskTime:
+    """One pass of a timed schedule (``timeline``)."""
+
+    group: int
+    model: int
+    micro_batch: int
+    backward: bool
+    stage: int
+    start_s: float
+    end_s: float
+
+
+def timeline(schedule: Schedule, models: Sequence[PipelineWork]) -> list[TaskTime] | None:
+    """Every pass of ``schedule`` with its times, in the order placed (None if invalid)."""
+    tl = _Timeline(len(schedule), models)
+    ptr = [0] * len(schedule)
+    out: list[TaskTime] = []
+    remaining = sum(len(s) for s in schedule)
+    while remaining:
+        progress = False
+        for g, order in enumerate(schedule):
+            while ptr[g] < len(order):
+                code = order[ptr[g]]
+                start = tl.start_of(g, code)
+                if start is None:
+                    break
+                mb = tl.counts[g][code]
+                end = tl.place(g, code, start)
+                out.append(TaskTime(g, code >> 1, mb, bool(code & 1),
+                                    stage_on_group(code >> 1, g, len(schedule)), start, end))
+                ptr[g] += 1
+                remaining -= 1
+                progress = True
+        if not progress:
+            return None
+    return out
+
+
 def greedy_schedule(num_stages: int, models: Sequence[PipelineWork]) -> Schedule | None:
     """List scheduling: repeatedly place the task that can start earliest on any group
     (backwards before forwards on ties, as 1F1B does, then the first model). None if it
