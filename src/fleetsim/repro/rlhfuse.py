@@ -15,8 +15,9 @@ body was not readable):
 - our choices (not in our notes): the actor LLaMA-65B with critic LLaMA-33B (the largest of
   the paper's pairs; --quick: 13B/13B), training tp 4 (LLaMA-33B's 52 heads take tp 4) x pp
   4, 8 or 16, whichever is fastest for the system (ReaLHF's layout search, in small), with
-  about one sample per micro-batch, inference tp 4 x pp 1, generation tp 8, response lengths the DAPO GRPO
-  lengths of PolyTrace scaled to the cap (HH-RLHF's are not in our traces), 2 steps.
+  about one sample per micro-batch, inference tp 4 x pp 1, generation tp 8, response
+  lengths the DAPO GRPO lengths of PolyTrace scaled to the cap (HH-RLHF's are not in our
+  traces), prompts of 256 tokens, 2 steps (the second is the steady state measured).
 
 Systems, as fleetsim models them (docs/reproductions.md says what each leaves out):
 - ``deepspeed-chat``: colocated, every stage in turn; generation in static rounds of one

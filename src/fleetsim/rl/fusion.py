@@ -2,8 +2,9 @@
 
 - **Inter-stage** (generation -> inference): once only ``tail_migration_fraction`` of the
   samples is still generating, the fewest instances that can hold them keep generating (the
-  ones with the most samples left, so the least KV moves) and the others' samples move there
-  with their KV (``Cluster.migrate``), where decode is no slower than it was for the full batch; the freed GPUs run the inference passes of the samples
+  ones with the most samples left, so the least KV moves; enough that decode is no slower
+  than it was for the full batch) and the others' samples move there with their KV
+  (``Cluster.migrate``); the freed GPUs run the inference passes of the samples
   already finished while the tail generates. ``plan_tail_migration`` chooses.
 - **Intra-stage** (actor and critic training): the two models' pipelines fused on shared
   stages, their schedule found by simulated annealing (``fused_pipeline.anneal``).

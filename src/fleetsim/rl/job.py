@@ -19,6 +19,7 @@ Every stage is timed by the performance model: generation by the serving engine 
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -340,10 +341,8 @@ class RLJob:
         stage ``overlapped_inference``: they overlap generation, so no step-time share)."""
         seqs = self._seq_lens(rec, groups)
         pool = self.cfg.pool_of("inference")
-        if freed_gpus is None:
-            passes = self.passes.inference
-        else:
-            passes = self._inference_passes(freed_gpus)
+        passes = (self.passes.inference if freed_gpus is None
+                  else self._inference_passes(freed_gpus))
         for name, pm in passes:
             r = pm.run(seqs)
             if freed_gpus is None:
@@ -469,7 +468,7 @@ class RLJob:
         mean_kv = float((b.prompt_tokens + b.response_tokens / 2).mean())
         return self._decode_step_s(batch, int(batch * mean_kv))
 
-    def _migrate_tail(self, k: int, rec: Samples) -> Process:
+    def _migrate_tail(self, k: int, rec: Samples) -> Generator[Any, Any, list[int]]:
         """RLHFuse's inter-stage fusion (rl/fusion.py): at the tail, move the survivors onto
         few instances and score the finished groups on the freed GPUs, as its own process
         so the tail keeps generating. Returns the groups it scores."""
