@@ -20,6 +20,7 @@ micro-batches of stage time ``t_j``: for equal micro-batches the bubble is
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -167,11 +168,11 @@ def pack(seq_lens: Sequence[int], max_tokens: int) -> list[list[int]]:
 def split_ranks(seq_lens: Sequence[int], dp: int) -> list[list[int]]:
     """Balance sequences over ``dp`` ranks by tokens (longest first onto the lightest rank)."""
     ranks: list[list[int]] = [[] for _ in range(dp)]
-    load = [0] * dp
+    heap = [(0, i) for i in range(dp)]  # (load, rank): the lightest, lowest-numbered first
     for s in sorted(seq_lens, reverse=True):
-        i = load.index(min(load))
+        load, i = heap[0]
         ranks[i].append(s)
-        load[i] += s
+        heapq.heapreplace(heap, (load + s, i))
     return ranks
 
 
