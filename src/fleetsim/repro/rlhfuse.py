@@ -6,7 +6,7 @@ simulated annealing), against DeepSpeed-Chat-like and ReaLHF-like schedules.
 Parameters and their sources (``../shared/papers/scheduling.md`` section 6 [S]; the paper's
 body was not readable):
 - PPO with actor, critic, reference (actor's shape) and reward model (critic's shape); the
-  LLaMA models' shapes from their config.json (``rl/models.py``) [S: LLaMA 13B/33B/65B];
+  LLaMA models' shapes from their config.json (the model catalog) [S: LLaMA 13B/33B/65B];
 - global batch 512 prompts, mini-batch 64 (8 optimizer steps per RL step), one sample per
   prompt [S]; maximum generation 512, 1024 and 2048 tokens [S: 512-2048];
 - migration threshold 20% of the batch still generating [S];

@@ -28,7 +28,7 @@ import numpy as np
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec, get_gpu
-from fleetsim.models import ModelSpec
+from fleetsim.models import ModelSpec, get_model
 from fleetsim.perf.training import (
     ForwardModel,
     Layout,
@@ -40,7 +40,6 @@ from fleetsim.rl.config import ParallelConfig, PoolSpec, RLConfig
 from fleetsim.rl.fusion import FusedTraining, plan_tail_migration
 from fleetsim.rl.generation import GenerationPool, round_robin, skewness_aware
 from fleetsim.rl.lengths import StepBatch, sample_step
-from fleetsim.rl.models import resolve_model
 from fleetsim.rl.process import Event, Kernel, Process, Timeout
 from fleetsim.rl.results import RLResult, summarize
 from fleetsim.serving.request import Request
@@ -140,7 +139,7 @@ class RLJob:
     # ---- set-up --------------------------------------------------------------------------
     def _model(self, role: str, name: str) -> ModelSpec:
         try:
-            return resolve_model(name)
+            return get_model(name)
         except FleetsimInputError as err:
             raise FleetsimInputError(f"rl.{role}", name, err.fix) from None
 
