@@ -250,12 +250,8 @@ class FusedResult:
     plain_fused_s: float
     """The search's start: both 1F1B orders on one timeline without a barrier between them."""
     lower_bound_s: float
-    """No bubbles at all: the busiest group's work."""
+    """No schedule is shorter (``lower_bound_s``)."""
     iterations: int
-
-    @property
-    def bubble_fraction(self) -> float:
-        return 1.0 - self.lower_bound_s / self.makespan_s if self.makespan_s > 0 else 0.0
 
 
 def sequential_s(num_stages: int, models: Sequence[PipelineWork]) -> float:
@@ -270,8 +266,13 @@ def sequential_s(num_stages: int, models: Sequence[PipelineWork]) -> float:
 
 
 def lower_bound_s(num_stages: int, models: Sequence[PipelineWork]) -> float:
-    """Every group does every model's work on its stage: sum of all passes (uniform stages)."""
-    return sum(sum(m.fwd_s) + sum(m.bwd_s) for m in models)
+    """The larger of two bounds (two of FlexFusion's four): no bubble at all (every group
+    does both models' work on its stages, the same on every group), and the longest chain of
+    one micro-batch (its forward and backward through every stage)."""
+    work = sum(sum(m.fwd_s) + sum(m.bwd_s) for m in models)
+    chain = max(num_stages * (f + b) for m in models for f, b in zip(m.fwd_s, m.bwd_s,
+                                                                       strict=True))
+    return max(work, chain)
 
 
 def anneal(num_stages: int, models: Sequence[PipelineWork], *, iterations: int = 2000,
