@@ -46,7 +46,8 @@ from fleetsim.repro.frame import (
 )
 from fleetsim.rl.config import rl_config_from_dict
 from fleetsim.rl.job import run_rl
-from fleetsim.rl.runs import run_kept, with_overrides
+from fleetsim.rl.results import RLResult
+from fleetsim.rl.runs import keep, run_kept, with_overrides
 
 GPU = "h800"
 PAIR, QUICK_PAIR = ("llama-65b", "llama-33b"), ("llama-13b", "llama-13b")
@@ -109,12 +110,16 @@ def compare(ctx: ReproContext) -> Comparison:
         summaries = {}
         for policy in names:
             data = runs[policy]
-            if policy != "deepspeed-chat":  # no pipeline parallelism in DeepSpeed-Chat
-                pp = best_pipeline(data, ctx.overrides)
-                data = {**data, "training": {**data["training"], "pp": pp}}
+            if policy == "deepspeed-chat":  # no pipeline parallelism in DeepSpeed-Chat
+                result = run_kept(ctx, policy, label, data)
+            else:
+                if ctx.progress is not None:
+                    ctx.progress(f"{policy} @ {label}")
+                pp, result = best_pipeline(data, ctx.overrides)
+                keep(ctx, policy, label, result)
                 notes.append(f"{label}: {policy} trains with tp 4 x pp {pp} (the fastest of "
                              f"pp {', '.join(map(str, PIPELINE_STAGES))} that fit)")
-            summaries[policy] = run_kept(ctx, policy, label, data).summary
+            summaries[policy] = result.summary
             results[policy][label] = summaries[policy]["steady_samples_per_s"]
         vs_ds.append(better_ratio(results["rlhfuse"][label], results["deepspeed-chat"][label],
                                   "higher"))
@@ -130,19 +135,20 @@ def compare(ctx: ReproContext) -> Comparison:
     return Comparison(results=results, ratio=max(valid) if valid else None, notes=notes)
 
 
-def best_pipeline(data: dict[str, Any], overrides: tuple[str, ...]) -> int:
+def best_pipeline(data: dict[str, Any], overrides: tuple[str, ...]) -> tuple[int, RLResult]:
     """ReaLHF searches each model's parallel layout, and RLHFuse builds on it: the number of
-    pipeline stages (of ``PIPELINE_STAGES``) with which this system runs fastest here."""
-    best: tuple[float, int] | None = None
+    pipeline stages (of ``PIPELINE_STAGES``) with which this system runs fastest here, and
+    that run."""
+    best: tuple[float, int, RLResult] | None = None
     num_gpus = data["pools"][0]["num_gpus"]
     for pp in (p for p in PIPELINE_STAGES if p * data["training"]["tp"] <= num_gpus):
         d = {**data, "training": {**data["training"], "pp": pp}}
-        s = run_rl(rl_config_from_dict(with_overrides(d, overrides))).summary
-        cand = (-s["steady_samples_per_s"], pp)
-        if best is None or cand < best:
-            best = cand
+        result = run_rl(rl_config_from_dict(with_overrides(d, overrides)))
+        speed = result.summary["steady_samples_per_s"]
+        if best is None or (-speed, pp) < (-best[0], best[1]):
+            best = (speed, pp, result)
     assert best is not None
-    return best[1]
+    return best[1], best[2]
 
 
 def _stage_note(plain: dict[str, Any], fused: dict[str, Any]) -> str:
