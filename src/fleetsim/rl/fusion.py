@@ -5,7 +5,8 @@
   ones with the most samples left, so the least KV moves; enough that decode is no slower
   than it was for the full batch) and the others' samples move there with their KV
   (``Cluster.migrate``); the freed GPUs run the inference passes of the samples
-  already finished while the tail generates. ``plan_tail_migration`` chooses.
+  already finished while the tail generates. ``plan_tail_migration`` chooses,
+  ``migrate_tail`` does it.
 - **Intra-stage** (actor and critic training): the two models' pipelines fused on shared
   stages, their schedule found by simulated annealing (``fused_pipeline.anneal``).
   ``FusedTraining`` times a mini-batch so.
@@ -14,13 +15,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from fleetsim.perf.training import PassResult
 from fleetsim.rl.fused_pipeline import PipelineWork, Schedule, anneal, evaluate, plain_schedule
+from fleetsim.rl.process import Timeout
+
+TAIL_POLL_S = 0.005  # how often the job looks whether the migrated tail has left its instances
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,57 @@ def plan_tail_migration(unfinished: np.ndarray, replica: np.ndarray, final_token
         moves[dst].append(int(i))
         load[dst] += 1
     return TailPlan(keep, {r: v for r, v in moves.items() if v})
+
+
+def migrate_tail(job: Any, k: int, rec: Any) -> Generator[Any, Any, list[int]]:
+    """Inter-stage fusion in step ``k`` of an ``RLJob`` (``rec``: the step's samples), run
+    inside its colocated story while the engine keeps generating: wait for the tail, move the
+    survivors onto the kept instances, wait until they have left the others and their KV has
+    arrived, then score the finished groups on the freed GPUs. Returns the groups it scored."""
+    assert rec.tail is not None
+    yield rec.tail
+    gen = job.gen
+    unfinished = np.flatnonzero(np.isnan(rec.finish_s))
+    b = rec.batch
+    eng = job.cfg.generation.engine
+
+    def decode_step_s(batch: int, kv_tokens: int) -> float:
+        return float(gen.step_model.step_time_s((), batch, kv_tokens))
+
+    # A decode step of an instance's share of the whole batch, halfway through the mean
+    # response: what the kept instances must not be slower than.
+    share = math.ceil(b.num_samples / gen.num_replicas)
+    full_batch_step_s = decode_step_s(share, int(share * float(
+        (b.prompt_tokens + b.response_tokens / 2).mean())))
+    plan = plan_tail_migration(unfinished, rec.replica, b.prompt_tokens + b.response_tokens,
+                               num_replicas=gen.num_replicas, max_running=eng.max_running,
+                               num_kv_blocks=gen.num_kv_blocks, block_size=eng.block_size,
+                               decode_step_s=decode_step_s, reference_step_s=full_batch_step_s)
+    if plan is None:
+        return []
+    moved = [i for v in plan.moves.values() for i in v]
+    for dst, samples in plan.moves.items():
+        gen.cluster.migrate([int(rec.request_id[i]) for i in samples], dst)
+        rec.replica[samples] = dst
+    freed = [r for r in range(gen.num_replicas) if r not in plan.keep]
+    replicas = gen.cluster.replicas
+    start = job.sim.now_s
+    # Freed once the survivors have left (a step boundary) and their KV has arrived.
+    while any(replicas[r].holds(int(rec.request_id[i])) for i in moved for r in freed) or any(
+            replicas[d].view.num_incoming for d in plan.moves):
+        yield Timeout(TAIL_POLL_S)
+    for r in freed:
+        rec.lane_end_s[r] = job.sim.now_s
+    freed_gpus = len(freed) * job.cfg.generation.tp
+    job.migrations.append({"step": k, "num_left": len(unfinished), "num_moved": len(moved),
+                           "kept_instances": len(plan.keep), "freed_gpus": freed_gpus,
+                           "migration_s": job.sim.now_s - start})
+    groups = list(rec.group_done)
+    par = job.cfg.inference_layout
+    if groups and freed_gpus >= par.tp * par.pp:
+        yield from job.score(k, rec, groups, freed_gpus=freed_gpus)
+        return groups
+    return []
 
 
 @dataclass(slots=True)

@@ -19,7 +19,6 @@ Every stage is timed by the performance model: generation by the serving engine 
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,14 +36,13 @@ from fleetsim.perf.training import (
     training_state_bytes_per_gpu,
 )
 from fleetsim.rl.config import ParallelConfig, PoolSpec, RLConfig
-from fleetsim.rl.fusion import FusedTraining, plan_tail_migration
+from fleetsim.rl.fusion import FusedTraining, migrate_tail
 from fleetsim.rl.generation import GenerationPool, round_robin, skewness_aware
 from fleetsim.rl.lengths import StepBatch, sample_step
 from fleetsim.rl.process import Event, Kernel, Process, Timeout
 from fleetsim.rl.results import RLResult, summarize
 from fleetsim.serving.request import Request
 
-TAIL_POLL_S = 0.005  # how often the job looks whether the migrated tail has left its instances
 TRAINER_ENDPOINT = -(10**9)  # the transfer service's id for the trainer pool's NICs
 BROADCAST_CHUNK_BYTES = 64 * 2**20  # relay granularity of the weight broadcast (assumption)
 MEMORY_HEADROOM = 0.9  # share of HBM training states may take (activations, fragmentation)
@@ -333,7 +331,7 @@ class RLJob:
         g = self.cfg.samples_per_prompt
         return np.asarray([p * g + j for p in groups for j in range(g)], dtype=np.int64)
 
-    def _score(self, k: int, rec: Samples, groups: list[int], *,
+    def score(self, k: int, rec: Samples, groups: list[int], *,
                freed_gpus: int | None = None) -> Process:
         """The inference passes over ``groups`` of step ``k``, one after another, on the
         inference pool, or on ``freed_gpus`` of it while the tail generates (their rows are
@@ -441,7 +439,7 @@ class RLJob:
             rec = self._start_generation(k)
             scored: list[int] = []
             if cfg.system.tail_migration_fraction is not None:
-                scored = yield from self._migrate_tail(k, rec)
+                scored = yield from migrate_tail(self, k, rec)
             assert rec.done is not None
             yield rec.done
             self._generation_rows(k, rec)
@@ -451,64 +449,10 @@ class RLJob:
                                           self.sim.now_s, pool.num_gpus))
             groups = list(rec.group_done)
             done = set(scored)
-            yield from self._score(k, rec, [p for p in groups if p not in done])
+            yield from self.score(k, rec, [p for p in groups if p not in done])
             yield from self._train_minibatches(k, rec, groups)
             self._weights(k + 1)
             self.step_end_s.append(self.sim.now_s)
-
-    def _decode_step_s(self, batch: int, kv_tokens: int) -> float:
-        return float(self.gen.step_model.step_time_s((), batch, kv_tokens))
-
-    def _full_batch_step_s(self, rec: Samples) -> float:
-        """A decode step of an instance's share of the whole batch, halfway through the mean
-        response (what the tail's instances must not be slower than)."""
-        b = rec.batch
-        batch = math.ceil(b.num_samples / self.gen.num_replicas)
-        mean_kv = float((b.prompt_tokens + b.response_tokens / 2).mean())
-        return self._decode_step_s(batch, int(batch * mean_kv))
-
-    def _migrate_tail(self, k: int, rec: Samples) -> Generator[Any, Any, list[int]]:
-        """RLHFuse's inter-stage fusion (rl/fusion.py): at the tail, move the survivors onto
-        few instances and score the finished groups on the freed GPUs, as its own process
-        so the tail keeps generating. Returns the groups it scores."""
-        assert rec.tail is not None
-        yield rec.tail
-        unfinished = np.flatnonzero(np.isnan(rec.finish_s))
-        b = rec.batch
-        eng = self.cfg.generation.engine
-        plan = plan_tail_migration(unfinished, rec.replica, b.prompt_tokens + b.response_tokens,
-                                   num_replicas=self.gen.num_replicas,
-                                   max_running=eng.max_running,
-                                   num_kv_blocks=self.gen.num_kv_blocks,
-                                   block_size=eng.block_size,
-                                   decode_step_s=self._decode_step_s,
-                                   reference_step_s=self._full_batch_step_s(rec))
-        if plan is None:
-            return []
-        moved = [i for v in plan.moves.values() for i in v]
-        for dst, samples in plan.moves.items():
-            self.gen.cluster.migrate([int(rec.request_id[i]) for i in samples], dst)
-            rec.replica[samples] = dst
-        freed = [r for r in range(self.gen.num_replicas) if r not in plan.keep]
-        replicas = self.gen.cluster.replicas
-        start = self.sim.now_s
-        # Freed once the survivors have left (a step boundary) and their KV has arrived.
-        while any(replicas[r].holds(int(rec.request_id[i])) for i in moved for r in freed) or any(
-                replicas[d].view.num_incoming for d in plan.moves):
-            yield Timeout(TAIL_POLL_S)
-        for r in freed:
-            rec.lane_end_s[r] = self.sim.now_s
-        freed_gpus = len(freed) * self.cfg.generation.tp
-        self.migrations.append({"step": k, "num_left": len(unfinished),
-                                "num_moved": len(moved), "kept_instances": len(plan.keep),
-                                "freed_gpus": freed_gpus,
-                                "migration_s": self.sim.now_s - start})
-        groups = list(rec.group_done)
-        par = self.cfg.inference_layout
-        if groups and freed_gpus >= par.tp * par.pp:
-            yield from self._score(k, rec, groups, freed_gpus=freed_gpus)
-            return groups
-        return []
 
     def _bounds(self) -> list[int]:
         """Mini-batch j holds the groups ``bounds[j]:bounds[j + 1]`` in finish order."""
@@ -543,7 +487,7 @@ class RLJob:
                 assert rec.done is not None
                 yield rec.done
                 groups = list(rec.group_done)
-                yield from self._score(k, rec, groups)
+                yield from self.score(k, rec, groups)
                 yield from self._train_minibatches(k, rec, groups)
             else:
                 taken = 0
@@ -555,7 +499,7 @@ class RLJob:
                             continue
                         groups = rec.group_done[taken:min(len(rec.group_done), end)]
                         taken += len(groups)
-                        yield from self._score(k, rec, groups)
+                        yield from self.score(k, rec, groups)
                         yield from self._train(k, rec, groups, last=taken == end)
             self.step_end_s.append(self.sim.now_s)
             yield from self._ship_weights(k + 1)
