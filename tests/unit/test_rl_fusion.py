@@ -112,3 +112,8 @@ def test_bad_fusion_input_is_one_line_naming_the_field(overrides, field, capsys,
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and field in err and "fleetsim: error:" in err
+
+
+def test_fused_job_is_deterministic(fused):
+    again = ppo(tail_migration_fraction=0.2, fuse_training=True, fusion_iterations=300)
+    assert again.summary == fused.summary
