@@ -8,7 +8,12 @@ from typing import Any
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
-from fleetsim.perf.step_model import OP_CLASSES, STEP_OVERHEAD_S, TableStepModel
+from fleetsim.perf.step_model import (
+    OP_CLASSES,
+    STEP_OVERHEAD_PER_SEQ_S,
+    STEP_OVERHEAD_S,
+    TableStepModel,
+)
 
 BACKENDS = ("auto", "roofline")
 _PER_LAYER_CLASSES = ("gemm", "attention", "moe", "communication")
@@ -38,13 +43,16 @@ def build_step_model(
     backend: str = "auto",
     *,
     step_overhead_s: float = STEP_OVERHEAD_S,
+    step_overhead_per_seq_s: float = STEP_OVERHEAD_PER_SEQ_S,
 ) -> TableStepModel:
     """Step-time model of one replica (``tp`` GPUs) serving ``model`` on ``gpu``.
 
     backend "auto": measured aiconfigurator-core vLLM tables where they cover the GPU and
     shape, roofline elsewhere (per op); "roofline": roofline everywhere. The result's
     ``sources`` says which was used per op class. Grids are cached per (model, gpu, tp, backend).
-    ``step_overhead_s`` is the fixed per-step CPU cost added to every step (default 1.5 ms).
+    ``step_overhead_s`` is the fixed per-step CPU cost added to every step (default 1.5 ms);
+    ``step_overhead_per_seq_s`` is added once per sequence in the step (default 0; vLLM V0's
+    measured value is ``fleetsim.perf.cpu_overhead.vllm_v0_overhead``).
     """
     if backend not in BACKENDS:
         raise FleetsimInputError("backend", backend, f"use one of {', '.join(BACKENDS)}")
@@ -53,7 +61,14 @@ def build_step_model(
         raise FleetsimInputError(
             "step_overhead_s", step_overhead_s, "must be in [0, 1) seconds, e.g. 0.0015"
         )
-    return TableStepModel(model, gpu, tp, backend == "auto", step_overhead_s)
+    if not 0.0 <= step_overhead_per_seq_s < 0.01:
+        raise FleetsimInputError(
+            "step_overhead_per_seq_s", step_overhead_per_seq_s,
+            "must be in [0, 0.01) seconds per sequence, e.g. 0.0001",
+        )
+    return TableStepModel(
+        model, gpu, tp, backend == "auto", step_overhead_s, step_overhead_per_seq_s
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,8 +34,11 @@ OP_CLASSES = ("gemm", "attention", "moe", "communication", "other")
 
 # Default per-step CPU cost of vLLM (scheduler, input preparation, sampler bookkeeping, output
 # processing) not hidden behind the GPU; an assumption, see docs/perf_model.md. Override with
-# build_step_model(..., step_overhead_s=...).
+# build_step_model(..., step_overhead_s=...). The part that grows with the batch
+# (step_overhead_per_seq_s) defaults to 0 for today's vLLM V1, whose per-request work is
+# vectorized and overlapped; vLLM V0's measured cost is in fleetsim.perf.cpu_overhead.
 STEP_OVERHEAD_S = 1.5e-3
+STEP_OVERHEAD_PER_SEQ_S = 0.0
 # Elementwise kernels per layer (2 RMSNorm+residual, RoPE, SiLU-and-mul), each >= one launch.
 ELEMENTWISE_KERNELS_PER_LAYER = 4
 
@@ -216,6 +219,7 @@ class TableStepModel:
         tp: int,
         use_tables: bool,
         step_overhead_s: float = STEP_OVERHEAD_S,
+        step_overhead_per_seq_s: float = STEP_OVERHEAD_PER_SEQ_S,
     ) -> None:
         self.model, self.gpu, self.tp = model, gpu, tp
         key = (model, gpu, tp, use_tables)
@@ -224,10 +228,13 @@ class TableStepModel:
         g = _GRID_CACHE[key]
         self._g = g
         self.step_overhead_s = float(step_overhead_s)
+        self.step_overhead_per_seq_s = float(step_overhead_per_seq_s)
         self.sources: dict[str, str] = dict(g.sources)
+        per_seq = (f" + {self.step_overhead_per_seq_s * 1e6:g} us per sequence"
+                   if self.step_overhead_per_seq_s else "")
         self.sources["other"] = (
             f"roofline (elementwise, sampling) + fixed {self.step_overhead_s * 1e3:g} ms "
-            "per-step overhead"
+            f"per-step overhead{per_seq}"
         )
         # Hot-path bindings: the grids' piecewise-linear curves, and floats.
         self._tok, self._seq = g.total_tokens, g.total_seqs
@@ -252,12 +259,17 @@ class TableStepModel:
         for new, _ in prefill_chunks:
             num_tokens += new
         num_seqs = num_decode + len(prefill_chunks)
-        t = self.step_overhead_s + self._tok.at(num_tokens) + self._seq.at(num_seqs)
+        t = self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs
+        t = t + self._tok.at(num_tokens) + self._seq.at(num_seqs)
         t = t + self._dec_a.at(num_decode)
         t = t + self._dec_c.at(num_decode) * decode_kv_tokens
         if prefill_chunks:
             t += self._prefill_attention_s(prefill_chunks)
         return t
+
+    def per_sequence_s(self, num_seqs: int) -> float:
+        """Seconds of the terms priced per sampled sequence: LM head GEMM and sampling."""
+        return self._seq.at(num_seqs)
 
     def op_time_lookup(self, op_class: str) -> Callable[[float], float]:
         """Seconds of one op class (``gemm``, ``moe``, ``communication``, ``other``) as a
@@ -269,14 +281,16 @@ class TableStepModel:
         self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
     ) -> NDArray[np.float64]:
         """``step_time_s((), num_decode, kv)`` per element, bit for bit (same float ops)."""
-        t = self.step_overhead_s + self._tok.at(num_decode) + self._seq.at(num_decode)
+        t = self.step_overhead_s + self.step_overhead_per_seq_s * num_decode
+        t = t + self._tok.at(num_decode) + self._seq.at(num_decode)
         t = t + self._dec_a.at(num_decode)
         kv = np.asarray(decode_kv_tokens).astype(np.float64)
         return t + self._dec_c.at(num_decode) * kv
 
     def decode_terms_s(self, num_decode: int) -> tuple[float, float, float]:
         """``step_time_s((), n, kv) == (base + per_kv * kv) + extra``, bit for bit."""
-        t = self.step_overhead_s + self._tok.at(num_decode) + self._seq.at(num_decode)
+        t = self.step_overhead_s + self.step_overhead_per_seq_s * num_decode
+        t = t + self._tok.at(num_decode) + self._seq.at(num_decode)
         return t + self._dec_a.at(num_decode), self._dec_c.at(num_decode), 0.0
 
     def breakdown_s(
@@ -294,5 +308,5 @@ class TableStepModel:
                             + self._dec_c.at(num_decode) * decode_kv_tokens)
         if prefill_chunks:
             out["attention"] += self._prefill_attention_s(prefill_chunks)
-        out["other"] += self.step_overhead_s
+        out["other"] += self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs
         return out
