@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 # parser they register sets ``handler`` to a function taking the parsed args.
 COMMAND_MODULES = ("fleetsim.moe.cli", "fleetsim.search.cli", "fleetsim.sweep.cli",
                    "fleetsim.report.cli", "fleetsim.repro.cli", "fleetsim.live.cli",
-                   "fleetsim.rl.cli")
+                   "fleetsim.rl.cli", "fleetsim.calibrate.cli")
 
 
 def _add_optional_commands(sub: Any) -> None:

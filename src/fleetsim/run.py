@@ -120,7 +120,8 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
     eng = config.engine
     return make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
                            backend=config.perf_backend, step_overhead_s=eng.step_overhead_s,
-                           step_overhead_per_seq_s=eng.step_overhead_per_seq_s)
+                           step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
+                           kernel_time_scale=eng.kernel_time_scale)
 
 
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:

@@ -118,3 +118,20 @@ def test_bad_step_model_settings_are_one_line_and_exit_2(tmp_path, capsys, sets,
 def test_build_step_model_rejects_bad_per_sequence_overhead():
     with pytest.raises(FleetsimInputError, match="step_overhead_per_seq_s"):
         build_step_model(LLAMA8, H100, 1, step_overhead_per_seq_s=-1e-6)
+
+
+def test_kernel_time_scale_scales_every_kernel_term_and_not_the_overhead():
+    one = build_step_model(LLAMA8, H100, 1, step_overhead_s=1e-3, step_overhead_per_seq_s=2e-5)
+    two = build_step_model(LLAMA8, H100, 1, step_overhead_s=1e-3, step_overhead_per_seq_s=2e-5,
+                           kernel_time_scale=1.7)
+    for chunk, n, kv in (([(300, 0), (128, 512)], 5, 5000), ((), 48, 48 * 900)):
+        cpu = 1e-3 + 2e-5 * (n + len(chunk))
+        assert two.step_time_s(chunk, n, kv) - cpu == pytest.approx(
+            1.7 * (one.step_time_s(chunk, n, kv) - cpu), rel=1e-9)
+        assert sum(two.breakdown_s(chunk, n, kv).values()) == pytest.approx(
+            two.step_time_s(chunk, n, kv), rel=1e-12)
+    kv = np.array([3, 4000, 77_777], dtype=np.int64)
+    for n in (1, 33):
+        assert two.decode_step_times_s(n, kv).tolist() == [
+            two.step_time_s((), n, int(k)) for k in kv]
+    assert "kernel_time_scale" in two.sources and "kernel_time_scale" not in one.sources

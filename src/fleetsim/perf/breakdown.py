@@ -44,6 +44,7 @@ def build_step_model(
     *,
     step_overhead_s: float = STEP_OVERHEAD_S,
     step_overhead_per_seq_s: float = STEP_OVERHEAD_PER_SEQ_S,
+    kernel_time_scale: float = 1.0,
 ) -> TableStepModel:
     """Step-time model of one replica (``tp`` GPUs) serving ``model`` on ``gpu``.
 
@@ -52,7 +53,8 @@ def build_step_model(
     ``sources`` says which was used per op class. Grids are cached per (model, gpu, tp, backend).
     ``step_overhead_s`` is the fixed per-step CPU cost added to every step (default 1.5 ms);
     ``step_overhead_per_seq_s`` is added once per sequence in the step (default 0; vLLM V0's
-    measured value is ``fleetsim.perf.cpu_overhead.vllm_v0_overhead``).
+    measured value is ``fleetsim.perf.cpu_overhead.vllm_v0_overhead``);
+    ``kernel_time_scale`` multiplies every kernel (GPU) term.
     """
     if backend not in BACKENDS:
         raise FleetsimInputError("backend", backend, f"use one of {', '.join(BACKENDS)}")
@@ -66,8 +68,13 @@ def build_step_model(
             "step_overhead_per_seq_s", step_overhead_per_seq_s,
             "must be in [0, 0.01) seconds per sequence, e.g. 0.0001",
         )
+    if not 0.05 <= kernel_time_scale <= 20:
+        raise FleetsimInputError(
+            "kernel_time_scale", kernel_time_scale, "must be in [0.05, 20], e.g. 1.1"
+        )
     return TableStepModel(
-        model, gpu, tp, backend == "auto", step_overhead_s, step_overhead_per_seq_s
+        model, gpu, tp, backend == "auto", step_overhead_s, step_overhead_per_seq_s,
+        kernel_time_scale,
     )
 
 

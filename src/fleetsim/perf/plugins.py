@@ -33,16 +33,19 @@ def make_step_model(
     backend: str = "auto",
     step_overhead_s: float | None = None,
     step_overhead_per_seq_s: float | None = None,
+    kernel_time_scale: float | None = None,
     where: str = "engine.step_model",
 ) -> StepTimeModel:
-    """The step model ``name`` for one replica; the overheads go to the built-in model only."""
+    """The step model ``name`` for one replica; the overheads and the kernel scale go to the
+    built-in model only."""
     factory = lookup(STEP_MODELS, name, f"{where}.name")
     if factory is build_step_model:
         if args:
             raise FleetsimInputError(f"{where}.args", dict(args), "the table model takes none; "
                                      "set engine.step_overhead_s / step_overhead_per_seq_s")
         overheads = {k: v for k, v in (("step_overhead_s", step_overhead_s),
-                                       ("step_overhead_per_seq_s", step_overhead_per_seq_s))
+                                       ("step_overhead_per_seq_s", step_overhead_per_seq_s),
+                                       ("kernel_time_scale", kernel_time_scale))
                      if v is not None}
         return build_step_model(model, gpu, tp, backend, **overheads)
     try:
