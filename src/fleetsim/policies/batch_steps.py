@@ -10,7 +10,7 @@ from fleetsim.serving.request import Request
 from fleetsim.serving.views import ReplicaView
 
 
-def _next_chunk(req: Request, limit: int, bs: int, per_entry: int) -> tuple[int, int]:
+def next_chunk(req: Request, limit: int, bs: int, per_entry: int) -> tuple[int, int]:
     """A running request's tokens this step (what it needs, at most ``limit``) and the new
     blocks they take."""
     num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
@@ -36,7 +36,7 @@ def serve_running(
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     while i < last and budget > 0:
         req = running[i]
-        num_new, needed = _next_chunk(req, budget if budget < cap else cap, bs, per_entry)
+        num_new, needed = next_chunk(req, budget if budget < cap else cap, bs, per_entry)
         while needed > available and last > i:
             last -= 1
             victim = running[last]
@@ -73,7 +73,7 @@ def serve_running_swapping(
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     while i < last and budget > 0:
         req = running[i]
-        num_new, needed = _next_chunk(req, budget if budget < cap else cap, bs, per_entry)
+        num_new, needed = next_chunk(req, budget if budget < cap else cap, bs, per_entry)
         while needed > available + coming and last > i:
             last -= 1
             victim = running[last]
