@@ -41,6 +41,13 @@ def test_reservation_stops_the_thrash_of_two_long_requests():
     assert mark["num_preemptions"] == 0 and mark["num_recomputed_tokens"] == 0
 
 
+def test_full_input_gate_of_current_vllm_also_stops_it():
+    """token_budget's reserve_full_isl (vLLM's scheduler_reserve_full_isl): the second prompt
+    waits until its whole input fits, though only chunks are taken."""
+    gate = _run(TWO_LONG, "token_budget", "policy.batching.args.reserve_full_isl=true")
+    assert gate["num_finished"] == 2 and gate["num_preemptions"] == 0
+
+
 def test_overloaded_replica_preempts_and_recomputes_less_under_the_watermark():
     chunk = _run(OVERLOADED, "token_budget")
     mark = _run(OVERLOADED, "watermark")
