@@ -94,6 +94,7 @@ def probe_config(config: SimConfig) -> tuple[float, dict[str, Any]]:
         "tpot_attainment": s["slo"]["tpot_attainment"],
         "ttft_p90_s": s["ttft_s"]["p90"],
         "tpot_p90_s": s["tpot_s"]["p90"],
+        "tpot_mean_s": s["tpot_s"]["mean"],
         "tokens_per_request": float(np.mean(wl.num_prompt_tokens + wl.num_output_tokens)),
         "output_tokens_per_request": float(np.mean(wl.num_output_tokens)),
         "usd_per_hour": cluster_usd_per_hour(config, s),
