@@ -31,6 +31,7 @@ import numpy as np
 
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
+from fleetsim.perf.breakdown import build_step_model
 
 # tp -> rows of (batch size, SCHEDULE_MEDIAN, SAMPLER_E2E_MEDIAN, PREPARE_INPUTS_E2E_MEDIAN,
 # PROCESS_MODEL_OUTPUTS_MEDIAN), milliseconds per step, copied (4 decimals) from Vidur's
@@ -80,8 +81,6 @@ def vllm_v0_overhead(tp: int) -> tuple[float, float]:
     tp above 4 uses the tp=4 rows (the largest Vidur measured). Deterministic; ~0.3 s the first
     time (it builds the A100 Llama-2-7B step model to subtract its LM head).
     """
-    from fleetsim.perf.breakdown import build_step_model  # breakdown imports step_model only
-
     measured_tp = min((t for t in VIDUR_A100_LLAMA2_7B_MS if t >= tp), default=4)
     rows = VIDUR_A100_LLAMA2_7B_MS[measured_tp]
     sm = build_step_model(get_model("Llama-2-7B"), get_gpu("a100"), measured_tp)
