@@ -15,12 +15,13 @@ import numpy as np
 from fleetsim.config import SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
-from fleetsim.hardware import get_gpu
+from fleetsim.hardware import GPUSpec, get_gpu
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.moe.serving import EpStepModel
-from fleetsim.perf import build_step_model, kv_capacity_blocks
+from fleetsim.perf import kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.perf.plugins import make_step_model
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.routing import make_router
@@ -113,6 +114,16 @@ def _pool_error(where: str, err: FleetsimInputError) -> FleetsimInputError:
     return FleetsimInputError(f"{where}: {err.where}", err.value, err.fix)
 
 
+def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
+                    ) -> StepTimeModel:
+    """The step model ``config.engine`` names, for one replica of ``tp`` ``gpu``s."""
+    eng = config.engine
+    return make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
+                           backend=config.perf_backend, step_overhead_s=eng.step_overhead_s,
+                           step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
+                           kernel_time_scale=eng.kernel_time_scale)
+
+
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
     """Runtime pools (step model, KV blocks, link bandwidth) and their descriptions."""
     eng, link = config.engine, config.cluster.link
@@ -123,8 +134,7 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         where = f"cluster.pools[{i}] ({pool.name})" if config.cluster.pools else "hardware"
         try:
             gpu = get_gpu(pool.gpu, config.hardware.catalog)
-            step_model: StepTimeModel = build_step_model(model, gpu, pool.tp,
-                                                         backend=config.perf_backend)
+            step_model = pool_step_model(config, model, gpu, pool.tp)
             if pool.ep is not None:
                 step_model = EpStepModel(step_model, model, gpu, pool.tp, pool.ep,
                                          seed=config.seed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fleetsim.hardware import get_gpu
@@ -115,6 +115,11 @@ def check_dependencies(progs, records, source, tags):
        blocks=st.sampled_from([120, 3000]))
 def test_calls_wait_for_parents_and_tools_everyone_finishes_kv_returns(
         progs, shape, replicas, router, ordering, blocks):
+    # A call larger than a replica is an input error (cluster.route), not an invariant: chains
+    # that extend their parents' context can outgrow 120 blocks (e.g. 641 -> 1212 -> 1921
+    # tokens), which hypothesis found.
+    assume(all(-(-(c.num_prompt_tokens + c.num_output_tokens) // 16) <= blocks
+               for p in progs for c in p.calls))
     records, cluster, source, tags = simulate(progs, shape=shape, replicas=replicas,
                                               router=router, ordering=ordering, blocks=blocks)
     check_dependencies(progs, records, source, tags)

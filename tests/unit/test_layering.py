@@ -40,6 +40,8 @@ ALLOWED = {
               "serving", "rl", "programs"},
     "live": {"config", "core", "hardware", "inputs", "metrics", "models", "perf", "policies",
              "results", "run", "serving", "workloads"},
+    "calibrate": {"config", "hardware", "models", "perf", "results", "run", "vllm_json",
+                  "workloads"},
     "native": set(),
     "__init__": {"native"},
     "cli": None,  # the front end may import anything
