@@ -122,3 +122,29 @@ def test_a_policy_keeping_its_own_state_leaves_the_program_tag_alone():
     s = run(config_from_dict(cfg)).summary
     assert s["programs"]["num_programs"] == 6
     assert s["num_unfinished"] == 0
+
+
+@pytest.mark.parametrize("name", ["plas", "atlas"])
+def test_waiting_calls_are_rekeyed_as_their_program_attains_service(tmp_path, name):
+    """One running slot. Program A runs a long call a1 while its sibling a2 and program B's
+    b1 wait, a2 ahead (older program, both without service). When a1 finishes, A has
+    attained ~2.5 s: PLAS re-keys a2 below b1, so b1 runs first. (ATLAS keys a2 by its own
+    path's service, none: a2 stays first.)"""
+    from fleetsim.programs import dump_jsonl
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(dump_jsonl([Program(0.0, (Call(100, 400), Call(100, 5)), kind="a"),
+                                Program(0.1, (Call(100, 5),), kind="b")]))
+    cfg = config_from_dict({
+        "engine": {"max_running": 1, "debug": True},
+        "policy": {"batching": {"name": name}},
+        "programs": {"generator": "jsonl", "path": str(path), "arrival": "trace"}})
+    req = run(cfg).records.requests
+    first = dict(zip(req["request_id"].tolist(), req["first_scheduled_s"].tolist(),
+                     strict=True))
+    a1, a2, b1 = first[0], first[1], first[2]
+    assert a1 == 0.0
+    if name == "plas":
+        assert b1 < a2
+    else:
+        assert a2 < b1

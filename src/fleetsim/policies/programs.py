@@ -16,10 +16,11 @@ enters a queue (the engine keeps queues sorted by it):
   first, per program (PLAS: the engine seconds of its finished calls) or along the critical
   path (ATLAS: the most, over the call's parents, of their path service), discretised into
   queues with boundaries ``base_quantum_s * ratio**k`` (the paper's multi-level queues; the
-  boundaries are our assumption). Anti-starvation: a call that has waited longer than
-  ``starvation_s`` times its program's attained service when it enters a queue goes to the
-  top queue (Autellix promotes by wait/service ratio; applied at enqueue only here, as the
-  keys are static);
+  boundaries are our assumption). Anti-starvation: a call whose program has waited longer
+  than ``starvation_ratio`` times its attained service goes to the top queue (Autellix
+  promotes by wait/service ratio). Keys change as programs attain service and wait: at every
+  plan, waiting calls whose key changed are re-keyed (``StepPlan.rekey``) before anything is
+  admitted, as Autellix's queues are;
 - ``workflow_llf``: least laxity first, deadline ``a_w + slo_scale * H_w`` (H_w the revealed
   critical path in standalone seconds; T_w itself is unknown online), laxity = deadline minus
   the revealed work left on the call's path;
@@ -35,10 +36,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetsim.policies.batching import TokenBudgetPlanner, register_batch
+from fleetsim.policies.batching import StepPlan, TokenBudgetPlanner, register_batch
 from fleetsim.policies.routing import ClusterView, register_router
 from fleetsim.serving.capabilities import Capabilities
 from fleetsim.serving.request import Request
+from fleetsim.serving.views import ReplicaView
 
 Key = tuple[float, ...]
 
@@ -84,7 +86,15 @@ class WorkflowFCFS(_ProgramOrdered):
 @register_batch("plas")
 @dataclass(slots=True)
 class AutellixPLAS(_ProgramOrdered):
-    """Autellix PLAS: least attained service of the program first, in discrete queues."""
+    """Autellix PLAS: least attained service of the program first, in discrete queues.
+
+    A waiting call's key follows its program's attained service (which grows when another of
+    its calls finishes, on any replica) and its wait (anti-starvation): each plan first
+    re-keys the waiting calls whose key changed (a plan of only ``rekey``; the engine then
+    asks again with the queue re-sorted). So the plan can change with time alone while calls
+    wait: not ``fast_forward_safe`` (as FastServe's MLFQ); with nothing waiting every running
+    call decodes.
+    """
 
     base_quantum_s: float = 1.0
     """Upper bound of the top queue, engine seconds of attained service (our assumption)."""
@@ -96,7 +106,7 @@ class AutellixPLAS(_ProgramOrdered):
     """A call that waited this many times its program's attained service (counted when it
     enters a queue) goes to the top queue (anti-starvation)."""
 
-    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+    capabilities = Capabilities(fast_forward_safe=False, decodes_all_when_idle=True)
 
     def __post_init__(self) -> None:
         TokenBudgetPlanner.__post_init__(self)
@@ -110,7 +120,20 @@ class AutellixPLAS(_ProgramOrdered):
     def service_s(self, tag: Any) -> float:
         return float(tag.program.service_s)
 
+    def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
+        # The key each waiting call was queued under is kept in its policy_state.
+        stale = tuple(r.id for r in view.waiting
+                      if r.program is not None and self._key(r, now_s) != r.policy_state)
+        if stale:
+            return StepPlan({}, rekey=stale)
+        return TokenBudgetPlanner.plan(self, view, now_s)
+
     def key(self, req: Request, now_s: float) -> Key:
+        key = self._key(req, now_s)
+        req.policy_state = key
+        return key
+
+    def _key(self, req: Request, now_s: float) -> Key:
         tag = _tag(req)
         if tag is None:
             return (0, req.arrival_s, req.id)
@@ -127,7 +150,7 @@ class AutellixPLAS(_ProgramOrdered):
 class AutellixATLAS(AutellixPLAS):
     """Autellix ATLAS: PLAS along the critical path (the call's parents' path service)."""
 
-    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+    capabilities = Capabilities(fast_forward_safe=False, decodes_all_when_idle=True)
 
     def service_s(self, tag: Any) -> float:
         return float(tag.path_service_s)

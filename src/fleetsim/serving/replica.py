@@ -322,8 +322,9 @@ class Replica:
               and self._open_idle_window()):
             return
         now_s = self.sim.now_s
-        # A plan that only preempts frees blocks for the next one, at once: plan again (at
-        # most once per running request, then it is a policy bug).
+        # A plan that only preempts frees blocks for the next one, at once, and one that only
+        # re-keys re-sorts the queues: plan again (at most once per running request, then it
+        # is a policy bug).
         for _ in range(len(running) + 2):
             plan = self.batch_policy.plan(self.view, now_s)
             step = self._apply(plan, now_s)
@@ -419,7 +420,8 @@ class Replica:
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
         if total == 0:
-            if plan.preempt and self.waiting:
+            if (plan.preempt or plan.rekey) and self.waiting and not (
+                    plan.swap_out or plan.swap_in or plan.migrate):
                 return _REPLAN
             moving = plan.swap_out or plan.swap_in or plan.migrate or moves.swaps_in_flight()
             held = moves.holds_blocks_for_others() or (self.kept is not None
@@ -720,7 +722,7 @@ class Replica:
             assert host.num_free_blocks + on_host == host.num_blocks, "host blocks not conserved"
 
 
-_REPLAN = Step(0.0)  # returned by _apply: the plan only preempted; plan again now
+_REPLAN = Step(0.0)  # returned by _apply: the plan only preempted or re-keyed; plan again now
 
 
 def _state_name(state: int) -> str:
