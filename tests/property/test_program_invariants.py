@@ -187,7 +187,7 @@ def check_nothing_held(cluster):
 @given(progs=programs(), tool_kv=st.sampled_from(["keep", "offload"]),
        ttl_s=st.sampled_from([0.0, 0.2, 5.0]), replicas=st.integers(1, 2),
        router=st.sampled_from(["round_robin", "prefix_affinity", "autellix_locality"]),
-       blocks=st.sampled_from([120, 400, 3000]), host_blocks=st.sampled_from([40, 4000]))
+       blocks=st.sampled_from([120, 200, 400, 3000]), host_blocks=st.sampled_from([40, 4000]))
 def test_kept_kv_conserves_blocks_ends_at_ttl_or_use_and_never_leaks(
         progs, tool_kv, ttl_s, replicas, router, blocks, host_blocks):
     """Blocks are conserved on the GPU and the host tier after every step (debug), calls

@@ -196,7 +196,9 @@ class KeptKV:
             kv.prefix.pin(ids)
             self._hold(req.kv_from, ids, self.replica.sim.now_s + self.retention.ttl_s)  # type: ignore[arg-type]
             return False
-        if num_blocks > kv.num_available_blocks:
+        # Pinning the head takes its blocks out of the available pool too.
+        head = kv.prefix.num_unreferenced(ids[:m]) * kv.blocks_per_entry
+        if num_blocks + head > kv.num_available_blocks:
             host.free(num_host_blocks)
             self.counts["num_reload_skipped"] += 1
             return False
