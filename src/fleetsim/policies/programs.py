@@ -24,9 +24,10 @@ enters a queue (the engine keeps queues sorted by it):
 - ``workflow_llf``: least laxity first, deadline ``a_w + slo_scale * H_w`` (H_w the revealed
   critical path in standalone seconds; T_w itself is unknown online), laxity = deadline minus
   the revealed work left on the call's path;
-- ``hexagent``: highest projected risk ``R = ((t - a_w) + est) / H_w`` first (HexAGenT,
-  arXiv 2605.16637: the risk is the local queue priority; ``est`` is the call's standalone
-  time, and the queue wait ahead of it is the router's part, below).
+- ``hexagent``: highest projected risk ``R = ((t - a_w) + Delta) / H_w`` first (HexAGenT,
+  arXiv 2605.16637: the risk is the local queue priority). Delta is the projected completion
+  of the call under the plan its router chose (``HexAGenTPlacement``: prefill queue and
+  prefill, KV transfer P->D, decode wait and decode), or its standalone time without one.
 """
 
 from __future__ import annotations
@@ -186,7 +187,9 @@ class WorkflowLLF(_ProgramOrdered):
 @register_batch("hexagent")
 @dataclass(slots=True)
 class HexAGenTPriority(_ProgramOrdered):
-    """HexAGenT: the highest projected risk ``((t - a_w) + est) / H_w`` first."""
+    """HexAGenT: the highest projected risk ``((t - a_w) + Delta) / H_w`` first, Delta the
+    call's projected completion under its router's plan (``Plan.delta_s``; the standalone
+    time ``est_s`` when no HexAGenT router planned it)."""
 
     capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
 
@@ -195,7 +198,9 @@ class HexAGenTPriority(_ProgramOrdered):
         if tag is None:
             return (0.0, req.arrival_s, req.id)
         program = tag.program
-        risk = ((now_s - program.arrival_s) + tag.est_s) / max(program.horizon_s, 1e-9)
+        plan = tag.policy
+        delta = plan.delta_s if isinstance(plan, Plan) else tag.est_s
+        risk = ((now_s - program.arrival_s) + delta) / max(program.horizon_s, 1e-9)
         return (-risk, program.arrival_s, req.arrival_s, req.id)
 
 
@@ -230,28 +235,90 @@ class AutellixLocality:
         return best
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """HexAGenT's stage plan for one call (kept in its tag's ``policy``)."""
+
+    decode_replica_id: int | None  # None: prefill and decode on one (mixed) replica
+    delta_s: float  # projected seconds from routing to the call's last token
+
+
 @register_router("hexagent")
 @dataclass(slots=True)
 class HexAGenTPlacement:
-    """HexAGenT's placement on heterogeneous pools: the replica where the call would finish
-    its prefill first, its queue included: (backlog + prompt) tokens at that replica's own
-    prefill speed (its step model: faster GPUs drain faster). Used as the prefill (or mixed)
-    router and as the decode router, where the engine already offers only replicas whose KV
-    can hold the call (decode KV feasibility)."""
+    """HexAGenT's placement on heterogeneous pools: the (prefill, decode) plan whose call
+    would complete first, by greedy enumeration of every pair (the paper's joint choice).
+
+    A plan's completion Delta = the prefill queue and the prefill at that replica's own
+    speed ((backlog + uncached prompt) tokens at its per-token prefill time; a prompt whose
+    prefix is cached there computes less), the KV transfer P->D over the slower of the two
+    links, the decode wait, and the decode (output tokens at the step time of the decode
+    replica's batch plus one). Decode KV feasibility: a decode replica whose free KV cannot
+    hold the call (or that has no free running slot) now waits one such decode first, so it
+    is chosen only when no feasible one is faster. On mixed replicas the plan is one replica
+    (no transfer). The plan goes into the call's tag (``Plan``: the batching policy's Delta);
+    at the handoff, the decode router takes the planned replica if it can still hold the KV,
+    else plans the decode stage again. Output lengths are the generator's (an oracle, as
+    the paper's estimates). The scheduler's own decision time is off the critical path (the
+    paper applies plans asynchronously)."""
 
     _per_token_s: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
-        n = max(req.num_prompt_tokens, 1)
-        best, best_s = 0, math.inf
-        for i, r in enumerate(view.replicas):
-            key = (r.replica_id, n)
-            per = self._per_token_s.get(key)
-            if per is None:
-                step = getattr(r, "step_time_s", None)
-                per = (step([(n, 0)], 0, 0) / n) if step is not None else 1.0
-                self._per_token_s[key] = per
-            finish_s = (r.load_tokens + n) * per
-            if finish_s < best_s:
-                best, best_s = i, finish_s
+        reps = view.replicas
+        if reps and reps[0].role == "decode":
+            return self._route_decode(view, req)
+        tag = _tag(req)
+        best, best_plan = 0, Plan(None, math.inf)
+        decodes = [(d, self._decode_s(d, req)) for d in view.next_stage]
+        for i, p in enumerate(reps):
+            prefill_s = self._prefill_s(p, req)
+            if not decodes:
+                plan = Plan(None, prefill_s + self._decode_s(p, req))
+            else:
+                n_bytes = p.kv_bytes_per_token * req.num_prompt_tokens
+                plan = min((Plan(d.replica_id, prefill_s
+                                 + n_bytes / min(p.link_bw_bytes_per_s, d.link_bw_bytes_per_s)
+                                 + decode_s) for d, decode_s in decodes),
+                           key=lambda pl: pl.delta_s)
+            if plan.delta_s < best_plan.delta_s:
+                best, best_plan = i, plan
+        if tag is not None:
+            tag.policy = best_plan
         return best
+
+    def _route_decode(self, view: ClusterView, req: Request) -> int:
+        tag = _tag(req)
+        plan = tag.policy if tag is not None else None
+        reps = view.replicas
+        if isinstance(plan, Plan):
+            for i, d in enumerate(reps):
+                if d.replica_id == plan.decode_replica_id and self._fits(d, req):
+                    return i
+        return min(range(len(reps)), key=lambda i: (self._decode_s(reps[i], req), i))
+
+    def _prefill_s(self, r: Any, req: Request) -> float:
+        hit = r.num_matched_entries(req) * (r.hash_block_tokens or 0) if req.hash_ids else 0
+        n = max(req.num_prompt_tokens - hit, 1)
+        key = (r.replica_id, n)
+        per = self._per_token_s.get(key)
+        if per is None:
+            per = r.step_time_s([(n, 0)], 0, 0) / n
+            self._per_token_s[key] = per
+        return (r.load_tokens + n) * per
+
+    def _decode_s(self, d: Any, req: Request) -> float:
+        """Decode wait + decode seconds of ``req`` on ``d``: its output tokens at the step
+        time of d's batch plus this call (each at this call's mean context), doubled where
+        d cannot take it now (it waits about one such decode)."""
+        batch = len(d.running) + d.num_incoming + 1
+        context = req.num_prompt_tokens + req.max_output_tokens // 2
+        decode_s = req.max_output_tokens * d.step_time_s([], batch, batch * context)
+        return decode_s if self._fits(d, req) else 2 * decode_s
+
+    @staticmethod
+    def _fits(d: Any, req: Request) -> bool:
+        kv = d.kv
+        need = kv.num_blocks_for(req.num_prompt_tokens + req.max_output_tokens)
+        return bool(need <= kv.num_available_blocks
+                    and len(d.running) + d.num_incoming < d.max_running)

@@ -67,10 +67,13 @@ class OnlyReplica:
 
 @dataclass(slots=True)
 class ClusterView:
-    """What a router reads: the replicas it may choose from, and the routing random stream."""
+    """What a router reads: the replicas it may choose from, and the routing random stream;
+    for the entry router of a P/D cluster, also the decode replicas a call will move to
+    (``next_stage``, for routers that plan both stages, as HexAGenT does)."""
 
     replicas: Sequence[ReplicaView]
     rng: np.random.Generator
+    next_stage: Sequence[ReplicaView] = ()
 
 
 class Controller(Protocol):
@@ -145,7 +148,7 @@ class Cluster:
                 self.pool_of.append(pool.name)
                 (decode if pool.role == "decode" else entry).append(replica.view)
         recorder.pool_of = self.pool_of
-        self.entry_view = ClusterView(entry, rng)
+        self.entry_view = ClusterView(entry, rng, decode)
         self.decode_view = ClusterView(decode, rng)
         self._block_size = block_size
         self._entry_min_blocks = min(v.num_kv_blocks for v in entry)
@@ -223,7 +226,7 @@ class Cluster:
                 f"workload request {req.id}", f"{need} KV blocks",
                 "no replica it can be routed to holds that many; use bigger replicas or "
                 "filter the workload")
-        return ClusterView(capable, view.rng)
+        return ClusterView(capable, view.rng, view.next_stage)
 
     # ---- handoffs: P/D and migration ---------------------------------------------------
     def _on_handoff(self, src: Replica, req: Request, dst: int | None) -> None:
