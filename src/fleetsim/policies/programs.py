@@ -250,8 +250,7 @@ class HexAGenTPlacement:
     would complete first, by greedy enumeration of every pair (the paper's joint choice).
 
     A plan's completion Delta = the prefill queue and the prefill at that replica's own
-    speed ((backlog + uncached prompt) tokens at its per-token prefill time; a prompt whose
-    prefix is cached there computes less), the KV transfer P->D over the slower of the two
+    speed ((backlog + prompt) tokens at its per-token prefill time), the KV transfer P->D over the slower of the two
     links, the decode wait, and the decode (output tokens at the step time of the decode
     replica's batch plus one). Decode KV feasibility: a decode replica whose free KV cannot
     hold the call (or that has no free running slot) now waits one such decode first, so it
@@ -298,8 +297,9 @@ class HexAGenTPlacement:
         return min(range(len(reps)), key=lambda i: (self._decode_s(reps[i], req), i))
 
     def _prefill_s(self, r: Any, req: Request) -> float:
-        hit = r.num_matched_entries(req) * (r.hash_block_tokens or 0) if req.hash_ids else 0
-        n = max(req.num_prompt_tokens - hit, 1)
+        # The whole prompt: with prefix hits in the estimate, calls piled onto the replicas
+        # holding their programs' contexts (docs/programs.md, measured).
+        n = max(req.num_prompt_tokens, 1)
         key = (r.replica_id, n)
         per = self._per_token_s.get(key)
         if per is None:
