@@ -420,8 +420,8 @@ class Replica:
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
         if total == 0:
-            if (plan.preempt or plan.rekey) and self.waiting and not (
-                    plan.swap_out or plan.swap_in or plan.migrate):
+            if (plan.preempt or (plan.rekey and not (
+                    plan.swap_out or plan.swap_in or plan.migrate))) and self.waiting:
                 return _REPLAN
             moving = plan.swap_out or plan.swap_in or plan.migrate or moves.swaps_in_flight()
             held = moves.holds_blocks_for_others() or (self.kept is not None
