@@ -33,7 +33,7 @@ enters a queue (the engine keeps queues sorted by it):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -259,17 +259,18 @@ class HexAGenTPlacement:
     at the handoff, the decode router takes the planned replica if it can still hold the KV,
     else plans the decode stage again. Output lengths are the generator's (an oracle, as
     the paper's estimates). The scheduler's own decision time is off the critical path (the
-    paper applies plans asynchronously)."""
+    paper applies plans asynchronously). Backends without a performance model (the live
+    gateway's) are weighed by backlog plus prompt tokens alone."""
 
     _per_token_s: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
-        reps = view.replicas
-        if reps and reps[0].role == "decode":
-            return self._route_decode(view, req)
+        reps: Sequence[Any] = view.replicas
+        if reps and getattr(reps[0], "role", "mixed") == "decode":
+            return self._route_decode(reps, req)
         tag = _tag(req)
         best, best_plan = 0, Plan(None, math.inf)
-        decodes = [(d, self._decode_s(d, req)) for d in view.next_stage]
+        decodes = [(d, self._decode_s(d, req)) for d in getattr(view, "next_stage", ())]
         for i, p in enumerate(reps):
             prefill_s = self._prefill_s(p, req)
             if not decodes:
@@ -286,10 +287,9 @@ class HexAGenTPlacement:
             tag.policy = best_plan
         return best
 
-    def _route_decode(self, view: ClusterView, req: Request) -> int:
+    def _route_decode(self, reps: Sequence[Any], req: Request) -> int:
         tag = _tag(req)
         plan = tag.policy if tag is not None else None
-        reps = view.replicas
         if isinstance(plan, Plan):
             for i, d in enumerate(reps):
                 if d.replica_id == plan.decode_replica_id and self._fits(d, req):
@@ -303,22 +303,28 @@ class HexAGenTPlacement:
         key = (r.replica_id, n)
         per = self._per_token_s.get(key)
         if per is None:
-            per = r.step_time_s([(n, 0)], 0, 0) / n
+            step = getattr(r, "step_time_s", None)
+            per = float(step([(n, 0)], 0, 0)) / n if step is not None else 1.0
             self._per_token_s[key] = per
-        return (r.load_tokens + n) * per
+        return float(r.load_tokens + n) * per
 
     def _decode_s(self, d: Any, req: Request) -> float:
         """Decode wait + decode seconds of ``req`` on ``d``: its output tokens at the step
         time of d's batch plus this call (each at this call's mean context), doubled where
         d cannot take it now (it waits about one such decode)."""
+        step = getattr(d, "step_time_s", None)
+        if step is None:
+            return 0.0
         batch = len(d.running) + d.num_incoming + 1
         context = req.num_prompt_tokens + req.max_output_tokens // 2
-        decode_s = req.max_output_tokens * d.step_time_s([], batch, batch * context)
+        decode_s = req.max_output_tokens * float(step([], batch, batch * context))
         return decode_s if self._fits(d, req) else 2 * decode_s
 
     @staticmethod
     def _fits(d: Any, req: Request) -> bool:
         kv = d.kv
+        if not hasattr(kv, "num_available_blocks"):
+            return True
         need = kv.num_blocks_for(req.num_prompt_tokens + req.max_output_tokens)
         return bool(need <= kv.num_available_blocks
                     and len(d.running) + d.num_incoming < d.max_running)
