@@ -29,6 +29,7 @@ from fleetsim.programs.metrics import program_summary
 from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
+from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
 from fleetsim.workloads import Workload, build_workload
@@ -180,6 +181,24 @@ def _check_swap_space(config: SimConfig) -> None:
             "swaps out; set engine.swap_space_gib (vLLM's default is 4)")
 
 
+def _kv_retention(config: SimConfig) -> KVRetention | None:
+    """How replicas keep a program call's KV across its tool wait (``programs.tool_kv``)."""
+    programs = config.programs
+    if programs is None or programs.tool_kv == "drop":
+        return None
+    if not config.engine.enable_prefix_caching:
+        raise FleetsimInputError(
+            "programs.tool_kv", programs.tool_kv,
+            "kept KV is reused through the prefix cache; set engine.enable_prefix_caching = "
+            "true or use tool_kv = \"drop\"")
+    if programs.tool_kv == "offload" and config.engine.swap_space_gib <= 0:
+        raise FleetsimInputError(
+            "programs.tool_kv", "offload",
+            "offloaded KV goes to host memory; set engine.swap_space_gib (vLLM's default is "
+            "4) or use tool_kv = \"keep\"")
+    return KVRetention(mode=programs.tool_kv, ttl_s=programs.kv_ttl_s)
+
+
 def host_kv_blocks(model: ModelSpec, tp: int, block_size: int, swap_space_gib: float) -> int:
     """KV blocks of a replica's host tier: ``swap_space_gib`` per GPU, as vLLM sizes its
     swap space (each GPU swaps its own shard of every block)."""
@@ -232,6 +251,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     check_fits(workload, model, _largest_reachable_blocks(pools), eng.block_size)
     _check_budget_covers_prompts(config, workload)
     _check_swap_space(config)
+    kv_retention = _kv_retention(config)
     if config.policy.ordering == "priority" and workload.priority is None:
         raise FleetsimInputError("policy.ordering", "priority", "the workload has no priority "
                                  "column; add one to the trace or use fcfs")
@@ -268,6 +288,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
             until_s=until_s,
             progress=_progress(progress, workload),
             source=tracker or source,
+            kv_retention=kv_retention,
         )
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
@@ -307,6 +328,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     program_rows = source.records() if config.programs is not None else None
     if program_rows is not None:
         summary["programs"] = program_summary(program_rows)
+        summary["programs"]["tool_kv"] = _tool_kv_report(config, cluster)
     if any(p.role == "prefill" for p in pools):
         summary["kv_transfer_s"] = distribution(records.requests["kv_transfer_s"])
         summary["kv_transfer_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_handoff", 0.0)
@@ -320,6 +342,20 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     summary["engine_build"] = engine_build()
     unfinished = sorted(tracker.in_flight.values(), key=lambda r: r.id) if tracker else []
     return RunResult(to_plain(config), summary, records, workload, unfinished, program_rows)
+
+
+def _tool_kv_report(config: SimConfig, cluster: Any) -> dict[str, Any]:
+    """What became of the KV of calls across their tool waits, over all replicas."""
+    assert config.programs is not None
+    report: dict[str, Any] = {"mode": config.programs.tool_kv,
+                              "ttl_s": config.programs.kv_ttl_s}
+    for replica in cluster.replicas:
+        if replica.kept is not None:
+            for key, n in replica.kept.counts.items():
+                report[key] = report.get(key, 0) + n
+    report["kv_offload_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_offload", 0.0)
+    report["kv_reload_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_reload", 0.0)
+    return report
 
 
 def _progress(progress: Callable[..., None] | None, workload: Workload) -> ProgressFn | None:
