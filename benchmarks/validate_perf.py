@@ -17,7 +17,12 @@ max(max_model_len, 2048) without chunked prefill), then runs L - 1 decode steps 
 each request's KV growing from L to 2L - 2. The prediction is the sum of our step times. The
 Llama-3 rows use our Llama-3.1 specs (identical shapes; only RoPE scaling and context differ).
 
-Run: ``python benchmarks/validate_perf.py [--write-docs]``.
+The 2024 rows ran vLLM's V0 engine, whose per-step CPU work grows with the batch; they are
+predicted with ``fleetsim.perf.cpu_overhead.vllm_v0_overhead(tp)`` (fixed + per-sequence cost
+from Vidur's published vLLM profile) in place of the default fixed 1.5 ms. The recent-vLLM TPOT
+points keep the defaults (V1). ``--cpu fixed`` predicts every row with the defaults.
+
+Run: ``python benchmarks/validate_perf.py [--write-docs] [--cpu v0|fixed]``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import numpy as np
 from fleetsim.hardware import GPUSpec, get_gpu
 from fleetsim.models import get_model
 from fleetsim.perf import build_step_model
+from fleetsim.perf.cpu_overhead import vllm_v0_overhead
 
 SRC_BATCH = (
     "LLM-Inference-Bench All_results.csv (github.com/argonne-lcf/LLM-Inference-Bench, "
@@ -194,10 +200,20 @@ def _tpot_rows() -> list[Point]:
 POINTS = _batch_rows() + _ttft_rows() + _tpot_rows()
 
 
-def predict_offline_batch_s(p: Point, backend: str = "auto") -> float:
+V0_SOURCES = (SRC_BATCH, SRC_TTFT)  # measured on 2024 vLLM, the V0 engine
+
+
+def predict_offline_batch_s(p: Point, backend: str = "auto", cpu: str = "v0") -> float:
     """Seconds for vLLM v0 to run ``p.batch`` identical requests to completion; for a "tpot"
-    point, one decode step of ``p.batch`` requests at ``p.context_tokens`` each."""
-    sm = build_step_model(get_model(p.model), _gpu(p.gpu), p.tp, backend)
+    point, one decode step of ``p.batch`` requests at ``p.context_tokens`` each.
+
+    cpu "v0": rows measured on vLLM V0 get its measured per-step CPU cost (fixed + per
+    sequence); "fixed": every row gets the default fixed overhead."""
+    overhead = {}
+    if cpu == "v0" and p.source in V0_SOURCES:
+        fixed_s, per_seq_s = vllm_v0_overhead(p.tp)
+        overhead = {"step_overhead_s": fixed_s, "step_overhead_per_seq_s": per_seq_s}
+    sm = build_step_model(get_model(p.model), _gpu(p.gpu), p.tp, backend, **overhead)
     if p.kind == "tpot":
         return sm.step_time_s((), p.batch, p.batch * p.context_tokens)
     budget = max(p.max_model_len, 2048)
@@ -213,10 +229,10 @@ def predict_offline_batch_s(p: Point, backend: str = "auto") -> float:
     return total
 
 
-def run(backend: str = "auto") -> tuple[list[dict], float]:
+def run(backend: str = "auto", cpu: str = "v0") -> tuple[list[dict], float]:
     rows = []
     for p in POINTS:
-        pred = predict_offline_batch_s(p, backend)
+        pred = predict_offline_batch_s(p, backend, cpu)
         rows.append(
             {
                 "point": p,
@@ -249,28 +265,30 @@ def _bias(rows: list[dict]) -> float:
     return float(np.mean([r["error_pct"] for r in rows]))
 
 
-def markdown(rows: list[dict], mape: float, rows_rl: list[dict], mape_rl: float) -> str:
+def markdown(rows: list[dict], rows_rl: list[dict], rows_fixed: list[dict]) -> str:
     lines = [
         "| source | setup (vLLM) | measured s | predicted s | error % "
-        "| roofline-only s | error % |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| roofline-only s | error % | fixed 1.5 ms only: error % |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r, rr in zip(rows, rows_rl, strict=True):
+    for r, rr, rf in zip(rows, rows_rl, rows_fixed, strict=True):
         p = r["point"]
         src = SHORT[p.source]
         lines.append(
             f"| {src} | {_setup(p)} | {p.measured_s:.3f} | {r['predicted_s']:.3f} | "
             f"{r['error_pct']:+.1f} | {rr['predicted_s']:.3f} | "
-            f"{rr['error_pct']:+.1f} |"
+            f"{rr['error_pct']:+.1f} | {rf['error_pct']:+.1f} |"
         )
-    lines.append(f"| **MAPE** | {len(rows)} points | | | **{mape:.1f}%** | | **{mape_rl:.1f}%** |")
-    lines.append(f"| mean signed error | | | | {_bias(rows):+.1f}% | | {_bias(rows_rl):+.1f}% |")
+    lines.append(f"| **MAPE** | {len(rows)} points | | | **{_mape(rows):.1f}%** | | "
+                 f"**{_mape(rows_rl):.1f}%** | {_mape(rows_fixed):.1f}% |")
+    lines.append(f"| mean signed error | | | | {_bias(rows):+.1f}% | | {_bias(rows_rl):+.1f}% "
+                 f"| {_bias(rows_fixed):+.1f}% |")
     for src, short in SHORT.items():
-        sub = [r for r in rows if r["point"].source == src]
-        sub_rl = [r for r in rows_rl if r["point"].source == src]
+        sub, sub_rl, sub_f = ([r for r in rs if r["point"].source == src]
+                              for rs in (rows, rows_rl, rows_fixed))
         lines.append(
             f"| MAPE, {short} | {len(sub)} points | | | {_mape(sub):.1f}% "
-            f"(signed {_bias(sub):+.1f}%) | | {_mape(sub_rl):.1f}% |"
+            f"(signed {_bias(sub):+.1f}%) | | {_mape(sub_rl):.1f}% | {_mape(sub_f):.1f}% |"
         )
     return "\n".join(lines)
 
@@ -280,9 +298,14 @@ def main() -> None:
     parser.add_argument(
         "--write-docs", action="store_true", help="rewrite the table in docs/validation.md"
     )
+    parser.add_argument(
+        "--cpu", choices=("v0", "fixed"), default="v0",
+        help="per-step CPU cost of the 2024 (V0) rows: measured V0 profile, or the default",
+    )
     args = parser.parse_args()
-    rows, mape = run("auto")
-    rows_rl, mape_rl = run("roofline")
+    rows, mape = run("auto", args.cpu)
+    rows_rl, mape_rl = run("roofline", args.cpu)
+    rows_fixed, _ = run("auto", "fixed")
     print(
         f"{'source':<16} {'setup':<62} {'meas s':>9} {'pred s':>9} {'err %':>7} "
         f"{'roof s':>9} {'err %':>7}"
@@ -307,7 +330,7 @@ def main() -> None:
     if args.write_docs:
         path = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
         text = path.read_text()
-        table = markdown(rows, mape, rows_rl, mape_rl)
+        table = markdown(rows, rows_rl, rows_fixed)
         new = re.sub(
             r"<!-- perf-table-start -->.*<!-- perf-table-end -->",
             lambda _: f"<!-- perf-table-start -->\n{table}\n<!-- perf-table-end -->",

@@ -113,11 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--backend", default="auto", choices=("auto", "roofline"))
     p.add_argument("--gpu-catalog", default=None, help="TOML file with extra GPUs")
-    group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--prefill-tokens", type=int, help="one prefill chunk of N tokens")
-    group.add_argument("--decode-batch", type=int, help="a decode step of B requests")
+    p.add_argument("--prefill-tokens", type=int, help="one prefill chunk of N tokens")
+    p.add_argument("--decode-batch", "--decode-seqs", dest="decode_batch", type=int,
+                   help="a decode step of B requests; with --prefill-tokens, a mixed step")
     p.add_argument("--context", type=int, default=None,
-                   help="tokens already in KV (prefill: before the chunk; decode: per request)")
+                   help="tokens already in KV (prefill alone: before the chunk; decode: per "
+                        "request)")
+    p.add_argument("--prefill-context", type=int, default=None,
+                   help="in a mixed step, tokens cached before the prefill chunk (default 0)")
     add_format_flag(p)
     p.set_defaults(handler=cmd_perf)
 
@@ -152,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 # parser they register sets ``handler`` to a function taking the parsed args.
 COMMAND_MODULES = ("fleetsim.moe.cli", "fleetsim.search.cli", "fleetsim.sweep.cli",
                    "fleetsim.report.cli", "fleetsim.repro.cli", "fleetsim.live.cli",
-                   "fleetsim.rl.cli")
+                   "fleetsim.rl.cli", "fleetsim.calibrate.cli")
 
 
 def _add_optional_commands(sub: Any) -> None:
@@ -297,13 +300,22 @@ def cmd_perf(args: argparse.Namespace) -> int:
         predict_breakdown,
     )
 
+    if args.prefill_tokens is None and args.decode_batch is None:
+        raise FleetsimInputError("--prefill-tokens", None, "give --prefill-tokens N, "
+                                 "--decode-batch B --context C, or both (a mixed step)")
     if args.decode_batch is not None and args.context is None:
         raise FleetsimInputError("--context", None, "a decode step needs --context C "
                                  "(KV tokens per request)")
+    if args.prefill_context is not None and (args.prefill_tokens is None
+                                             or args.decode_batch is None):
+        raise FleetsimInputError("--prefill-context", args.prefill_context,
+                                 "is for mixed steps (--prefill-tokens with --decode-batch); "
+                                 "a prefill alone takes --context")
     from fleetsim.inputs import MAX_TOKENS, check_number
 
     for name, lo, hi in (("prefill_tokens", 1, MAX_TOKENS), ("decode_batch", 1, MAX_TOKENS),
-                         ("context", 0, MAX_TOKENS), ("tp", 1, 1024)):
+                         ("context", 0, MAX_TOKENS), ("prefill_context", 0, MAX_TOKENS),
+                         ("tp", 1, 1024)):
         v = getattr(args, name)
         if v is not None:
             check_number(v, f"--{name.replace('_', '-')}", lo=lo, hi=hi, integer=True)
@@ -318,7 +330,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
     _check_perf_step(args, model.name, model.max_context_tokens, capacity, gpu.name, block_size)
     b = predict_breakdown(model, gpu, args.tp, prefill_tokens=args.prefill_tokens,
                           context_tokens=args.context or 0, decode_batch=args.decode_batch,
-                          backend=args.backend)
+                          prefill_context_tokens=args.prefill_context, backend=args.backend)
     emit(output_format(args), breakdown_to_dict(b), lambda: breakdown_table(b))
     return 0
 
@@ -328,16 +340,26 @@ def _check_perf_step(args: argparse.Namespace, model: str, max_context: int, cap
     """The step must be one the model and the replica's KV memory can hold: the model's
     context window per request, and every request's KV blocks in the replica."""
     context = args.context or 0
-    per_request = context + (args.prefill_tokens or 1)
-    flag = "--prefill-tokens" if args.prefill_tokens is not None else "--context"
-    if per_request > max_context:
-        raise FleetsimInputError(flag, getattr(args, flag[2:].replace("-", "_")),
-                                 f"{context} + {per_request - context} tokens exceed the "
-                                 f"{max_context:,}-token context of {model}; lower it")
-    num = args.decode_batch or 1
-    kv_tokens = num * -(-per_request // block_size) * block_size
+    mixed = args.prefill_tokens is not None and args.decode_batch is not None
+    prefill_ctx = (args.prefill_context or 0) if mixed else context
+    blocks = 0
+    if args.prefill_tokens is not None:
+        per_request = prefill_ctx + args.prefill_tokens
+        flag = "--prefill-tokens"
+        if per_request > max_context:
+            raise FleetsimInputError(flag, args.prefill_tokens,
+                                     f"{prefill_ctx} + {args.prefill_tokens} tokens exceed the "
+                                     f"{max_context:,}-token context of {model}; lower it")
+        blocks += -(-per_request // block_size)
+    if args.decode_batch is not None:
+        if context + 1 > max_context:
+            raise FleetsimInputError("--context", context,
+                                     f"{context} + 1 tokens exceed the {max_context:,}-token "
+                                     f"context of {model}; lower it")
+        blocks += args.decode_batch * -(-(context + 1) // block_size)
+        flag = "--decode-batch"
+    kv_tokens = blocks * block_size
     if kv_tokens > capacity:
-        flag = "--decode-batch" if args.decode_batch is not None else flag
         raise FleetsimInputError(flag, getattr(args, flag[2:].replace("-", "_")),
                                  f"the step holds {kv_tokens:,} KV tokens but {gpu} x{args.tp} "
                                  f"has room for {capacity:,}; lower it or raise --tp")

@@ -77,6 +77,18 @@ class EngineConfig:
     """GPU-host link per GPU, one direction, bytes/s (default: the GPU catalog's PCIe)."""
     host_link_latency_s: float | None = None
     """Setup latency of one GPU-host copy, seconds (default: the GPU catalog's)."""
+    step_overhead_s: float = 0.0015
+    """CPU cost of every step that the GPU waits for (scheduling, input preparation, output
+    processing), seconds: the built-in step model's fixed term (docs/perf_model.md)."""
+    step_overhead_per_seq_s: float = 0.0
+    """Further CPU cost per sequence in the step, seconds: 0 for vLLM V1 (default); vLLM V0
+    measured about 1e-4 (docs/perf_model.md). ``fleetsim calibrate`` fits both to your runs."""
+    kernel_time_scale: float = 1.0
+    """Multiplies every kernel (GPU) time of the built-in step model: 1.1 for a deployment
+    whose kernels run 10% slower than the measured tables (``fleetsim calibrate`` fits it)."""
+    step_model: PolicySpec = field(default_factory=lambda: PolicySpec(name="table"))
+    """Step-time model: {name = "table"} (measured kernel tables, roofline fallback) or a user
+    class {name = "pkg.mod:Name", args = {...}}, built as Name(model=, gpu=, tp=, **args)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.swap_space_gib <= 65536:
@@ -98,6 +110,22 @@ class EngineConfig:
                 f"{self.gpu_memory_utilization}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"engine.num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 <= self.step_overhead_s < 1.0:
+            raise ValueError(f"engine.step_overhead_s must be in [0, 1) seconds, got "
+                             f"{self.step_overhead_s}")
+        if not 0.0 <= self.step_overhead_per_seq_s < 0.01:
+            raise ValueError(f"engine.step_overhead_per_seq_s must be in [0, 0.01) seconds, "
+                             f"got {self.step_overhead_per_seq_s}")
+        if not 0.05 <= self.kernel_time_scale <= 20:
+            raise ValueError(f"engine.kernel_time_scale must be in [0.05, 20], got "
+                             f"{self.kernel_time_scale}")
+        if self.step_model.name != "table" and (
+                self.step_overhead_s != 0.0015 or self.step_overhead_per_seq_s != 0.0
+                or self.kernel_time_scale != 1.0):
+            raise ValueError(
+                f"engine.step_overhead_s, step_overhead_per_seq_s and kernel_time_scale apply "
+                f"to the built-in step model; {self.step_model.name!r} takes its own in "
+                f"engine.step_model.args")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,7 +355,7 @@ def resolve_paths(data: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     if isinstance(workload, dict):
         if "trace" in workload:
             workload["trace"] = fix(workload["trace"])
-        for key in ("prompt_tokens", "output_tokens"):
+        for key in ("prompt_tokens", "output_tokens", "lengths"):
             length = workload.get(key)
             if isinstance(length, dict) and "path" in length:
                 length["path"] = fix(length["path"])

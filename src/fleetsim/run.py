@@ -15,12 +15,13 @@ import numpy as np
 from fleetsim.config import SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
-from fleetsim.hardware import get_gpu
+from fleetsim.hardware import GPUSpec, get_gpu
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.moe.serving import EpStepModel
-from fleetsim.perf import build_step_model, kv_capacity_blocks
+from fleetsim.perf import kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.perf.plugins import make_step_model
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.routing import make_router
@@ -28,6 +29,7 @@ from fleetsim.programs.metrics import program_summary
 from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
+from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
 from fleetsim.workloads import Workload, build_workload
@@ -113,6 +115,16 @@ def _pool_error(where: str, err: FleetsimInputError) -> FleetsimInputError:
     return FleetsimInputError(f"{where}: {err.where}", err.value, err.fix)
 
 
+def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
+                    ) -> StepTimeModel:
+    """The step model ``config.engine`` names, for one replica of ``tp`` ``gpu``s."""
+    eng = config.engine
+    return make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
+                           backend=config.perf_backend, step_overhead_s=eng.step_overhead_s,
+                           step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
+                           kernel_time_scale=eng.kernel_time_scale)
+
+
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
     """Runtime pools (step model, KV blocks, link bandwidth) and their descriptions."""
     eng, link = config.engine, config.cluster.link
@@ -123,8 +135,7 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         where = f"cluster.pools[{i}] ({pool.name})" if config.cluster.pools else "hardware"
         try:
             gpu = get_gpu(pool.gpu, config.hardware.catalog)
-            step_model: StepTimeModel = build_step_model(model, gpu, pool.tp,
-                                                         backend=config.perf_backend)
+            step_model = pool_step_model(config, model, gpu, pool.tp)
             if pool.ep is not None:
                 step_model = EpStepModel(step_model, model, gpu, pool.tp, pool.ep,
                                          seed=config.seed)
@@ -168,6 +179,24 @@ def _check_swap_space(config: SimConfig) -> None:
             "engine.swap_space_gib", config.engine.swap_space_gib,
             "policy.batching.args.preemption_mode = \"swap\" needs host memory for the KV it "
             "swaps out; set engine.swap_space_gib (vLLM's default is 4)")
+
+
+def _kv_retention(config: SimConfig) -> KVRetention | None:
+    """How replicas keep a program call's KV across its tool wait (``programs.tool_kv``)."""
+    programs = config.programs
+    if programs is None or programs.tool_kv == "drop":
+        return None
+    if not config.engine.enable_prefix_caching:
+        raise FleetsimInputError(
+            "programs.tool_kv", programs.tool_kv,
+            "kept KV is reused through the prefix cache; set engine.enable_prefix_caching = "
+            "true or use tool_kv = \"drop\"")
+    if programs.tool_kv == "offload" and config.engine.swap_space_gib <= 0:
+        raise FleetsimInputError(
+            "programs.tool_kv", "offload",
+            "offloaded KV goes to host memory; set engine.swap_space_gib (vLLM's default is "
+            "4) or use tool_kv = \"keep\"")
+    return KVRetention(mode=programs.tool_kv, ttl_s=programs.kv_ttl_s)
 
 
 def host_kv_blocks(model: ModelSpec, tp: int, block_size: int, swap_space_gib: float) -> int:
@@ -222,6 +251,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     check_fits(workload, model, _largest_reachable_blocks(pools), eng.block_size)
     _check_budget_covers_prompts(config, workload)
     _check_swap_space(config)
+    kv_retention = _kv_retention(config)
     if config.policy.ordering == "priority" and workload.priority is None:
         raise FleetsimInputError("policy.ordering", "priority", "the workload has no priority "
                                  "column; add one to the trace or use fcfs")
@@ -259,6 +289,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
             until_s=until_s,
             progress=_progress(progress, workload),
             source=tracker or source,
+            kv_retention=kv_retention,
         )
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
@@ -298,6 +329,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     program_rows = source.records() if config.programs is not None else None
     if program_rows is not None:
         summary["programs"] = program_summary(program_rows)
+        summary["programs"]["tool_kv"] = _tool_kv_report(config, cluster)
     if any(p.role == "prefill" for p in pools):
         summary["kv_transfer_s"] = distribution(records.requests["kv_transfer_s"])
         summary["kv_transfer_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_handoff", 0.0)
@@ -311,6 +343,20 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     summary["engine_build"] = engine_build()
     unfinished = sorted(tracker.in_flight.values(), key=lambda r: r.id) if tracker else []
     return RunResult(to_plain(config), summary, records, workload, unfinished, program_rows)
+
+
+def _tool_kv_report(config: SimConfig, cluster: Any) -> dict[str, Any]:
+    """What became of the KV of calls across their tool waits, over all replicas."""
+    assert config.programs is not None
+    report: dict[str, Any] = {"mode": config.programs.tool_kv,
+                              "ttl_s": config.programs.kv_ttl_s}
+    for replica in cluster.replicas:
+        if replica.kept is not None:
+            for key, n in replica.kept.counts.items():
+                report[key] = report.get(key, 0) + n
+    report["kv_offload_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_offload", 0.0)
+    report["kv_reload_bytes"] = cluster.transfers.num_bytes_by_client.get("kv_reload", 0.0)
+    return report
 
 
 def _progress(progress: Callable[..., None] | None, workload: Workload) -> ProgressFn | None:
@@ -330,9 +376,10 @@ def engine_build() -> str:
 
 def overload_check(summary: dict[str, Any], records: Records,
                    workload: Workload) -> dict[str, Any]:
-    """Whether the queue grew for the whole run, and the offered load over capacity.
+    """Whether the queue grew for the whole run, the offered load (requests/s) and the
+    offered load over capacity.
 
-    Offered load is the arrival rate over the arrivals' span; capacity is estimated by the
+    Offered load is the arrival count over the arrivals' span; capacity is estimated by the
     completion rate over the makespan, which an overloaded system drains at. The queue
     "grew for the whole run" when the waiting queue, averaged over each quarter of the
     arrivals' span, rose quarter after quarter and the run drained well after the last
@@ -355,7 +402,8 @@ def overload_check(summary: dict[str, Any], records: Records,
             means = [float(x.mean()) for x in q]
             grew = (all(b > a for a, b in zip(means, means[1:], strict=False))
                     and makespan > 1.25 * span and means[-1] >= 2)
-    out: dict[str, Any] = {"queue_grew": grew, "offered_over_capacity": ratio}
+    out: dict[str, Any] = {"queue_grew": grew, "offered_over_capacity": ratio,
+                           "offered_requests_per_s": n / span if span > 0 else None}
     if grew and ratio is not None:
         out["warning"] = (f"queue grew for the whole run: offered load is about "
                           f"{ratio:.1f} x capacity; lower the rate (workload.rate_scale) or "

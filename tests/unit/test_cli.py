@@ -147,6 +147,22 @@ def test_perf_json_breakdown(capsys):
     assert "gemm" in text and "attention" in text and "measured" in text
 
 
+def test_perf_mixed_step(capsys):
+    code, out, _ = run_cli(capsys, "perf", "--model", "llama-3.1-8b", "--gpu", "h100",
+                           "--prefill-tokens", "512", "--decode-seqs", "32", "--context", "2000",
+                           "--prefill-context", "1000", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert (d["prefill_tokens"], d["decode_batch"], d["context_tokens"],
+            d["prefill_context_tokens"]) == (512, 32, 2000, 1000)
+    for argv, flag in ((["--prefill-tokens", "8", "--prefill-context", "5"], "--prefill-context"),
+                       ([], "--prefill-tokens"),
+                       (["--prefill-tokens", "8", "--decode-batch", "4", "--context", "9",
+                         "--prefill-context", "-1"], "--prefill-context")):
+        code, _, err = run_cli(capsys, "perf", "--model", "llama-3.1-8b", "--gpu", "h100", *argv)
+        assert code == 2 and flag in err and len(err.strip().splitlines()) == 1
+
+
 def test_perf_decode_needs_context(capsys):
     code, _, err = run_cli(capsys, "perf", "--model", "llama-3.1-8b", "--gpu", "h100",
                            "--decode-batch", "8")

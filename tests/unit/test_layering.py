@@ -36,10 +36,12 @@ ALLOWED = {
     "report": {"results"},
     "rl": {"core", "serving", "perf", "models", "hardware", "workloads", "config", "run",
            "metrics", "results", "inputs", "registry"},
-    "repro": {"config", "run", "workloads", "metrics", "perf", "models", "hardware",
+    "repro": {"config", "run", "moe", "workloads", "metrics", "perf", "models", "hardware",
               "serving", "rl", "programs"},
     "live": {"config", "core", "hardware", "inputs", "metrics", "models", "perf", "policies",
              "results", "run", "serving", "workloads"},
+    "calibrate": {"config", "hardware", "models", "perf", "results", "run", "vllm_json",
+                  "workloads"},
     "native": set(),
     "__init__": {"native"},
     "cli": None,  # the front end may import anything

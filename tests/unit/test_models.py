@@ -34,6 +34,7 @@ def test_catalog_has_required_models():
         ("Mixtral-8x7B", 46.7),
         ("Qwen3-235B-A22B", 235.1),
         ("DeepSeek-V3", 671.0),
+        ("OPT-13B", 12.85),  # facebook/opt-13b: 12.85B with its biases, which we omit
     ],
 )
 def test_param_counts_match_published_sizes(name, billions):
@@ -173,3 +174,21 @@ def test_hf_config_not_json(tmp_path):
     path.write_text("{not json")
     with pytest.raises(FleetsimInputError, match="config.json"):
         get_model(str(path))
+
+
+def test_plain_mlp_has_two_matrices_and_prices_fewer_flops_than_gated():
+    """OPT's fc1/fc2 MLP: two matrices, so the step model's MLP GEMMs and the weights are
+    two thirds of a SwiGLU MLP of the same width."""
+    import dataclasses
+
+    from fleetsim.hardware import get_gpu
+    from fleetsim.perf import build_step_model
+
+    opt = get_model("opt-13b")
+    assert not opt.gated_mlp and opt.dense_mlp_matrices == 2
+    gated = dataclasses.replace(opt, gated_mlp=True)
+    assert opt.mlp_params_per_gpu() * 3 == gated.mlp_params_per_gpu() * 2
+    gpu = get_gpu("a100")
+    plain_s = build_step_model(opt, gpu, 1).step_time_s([(2048, 0)], 0, 0)
+    gated_s = build_step_model(gated, gpu, 1).step_time_s([(2048, 0)], 0, 0)
+    assert plain_s < gated_s

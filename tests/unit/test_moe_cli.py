@@ -134,3 +134,33 @@ def test_hierarchical_baseline_with_one_group_per_node_says_so():
     hier, flat = run_compare(setup, balancers=balancers)
     assert "cannot balance across nodes" in hier.note
     assert flat.note == ""
+
+
+def test_compare_figure_states_its_setup_and_draws_the_tables_numbers():
+    pytest.importorskip("matplotlib")
+    from fleetsim.moe.compare import CompareSetup, run_compare
+    from fleetsim.moe.compare_figure import algorithm, compare_figure
+
+    setups = [CompareSetup(scenario=s, num_gpus=8, gpus_per_node=4, num_experts=32,
+                           num_microbatches=3, num_layers=2, num_tokens_per_gpu=64)
+              for s in ("zipf", "decode")]
+    rows = [r for s in setups for r in run_compare(s)]
+    fig = compare_figure(rows, setups)
+    title = fig.get_suptitle()
+    for text in ("32 experts, top-8", "EP over 8 GPUs (2 nodes of 4)", "1 spare slot(s)/GPU",
+                 "NVLink 450 GB/s", "3 microbatches", "× 2 layers", "seed 0"):
+        assert text in title
+    axes = fig.get_axes()
+    assert len(axes) == 4  # per scenario: imbalance over time, throughput bars
+    for ax, scenario in ((axes[1], "zipf"), (axes[3], "decode")):
+        mine = [r for r in rows if r.scenario == scenario]
+        assert [round(p.get_width(), 9) for p in ax.patches] == [
+            round(100 * r.relative_throughput, 9) for r in mine]
+        assert [t.get_text() for t in ax.get_yticklabels()] == [r.balancer for r in mine]
+    lines = {line.get_label(): line for line in axes[0].get_lines()}
+    assert list(lines["eplb_stale k=4"].get_ydata()) == list(
+        next(r for r in rows if r.balancer == "eplb_stale k=4").imbalance_by_microbatch)
+    assert lines["eplb_stale k=4"].get_color() == lines["eplb"].get_color()
+    assert lines["eplb_stale k=4"].get_linestyle() == "--"
+    assert lines["eplb"].get_linestyle() == "-"
+    assert algorithm("eplb_hier_stale k=1") == "eplb_hier"

@@ -147,7 +147,20 @@ def test_predict_breakdown_prefill_and_errors():
     with pytest.raises(FleetsimInputError):
         predict_breakdown(LLAMA8, H100, 1)
     with pytest.raises(FleetsimInputError):
-        predict_breakdown(LLAMA8, H100, 1, prefill_tokens=8, decode_batch=8)
+        predict_breakdown(LLAMA8, H100, 1, prefill_tokens=8, prefill_context_tokens=-1)
+
+
+def test_predict_breakdown_prices_a_mixed_step_as_the_engine_does(sm):
+    """A chunk and a decode batch in one step: the engine's step time, not the sum of two."""
+    b = predict_breakdown(LLAMA8, H100, 1, prefill_tokens=512, decode_batch=32,
+                          context_tokens=2000, prefill_context_tokens=1000)
+    assert b.total_s == sm.step_time_s([(512, 1000)], 32, 32 * 2000)
+    assert sum(b.by_class_s.values()) == pytest.approx(b.total_s, rel=1e-9)
+    alone = (predict_breakdown(LLAMA8, H100, 1, prefill_tokens=512, context_tokens=1000).total_s
+             + predict_breakdown(LLAMA8, H100, 1, decode_batch=32, context_tokens=2000).total_s)
+    assert b.total_s < alone  # one overhead and one weight read, not two
+    assert "decode batch 32" in breakdown_table(b).title and "512 tokens over 1000" in (
+        breakdown_table(b).title)
 
 
 def test_build_is_cached(sm):

@@ -8,6 +8,7 @@ import pytest
 
 from fleetsim.config import load_config
 from fleetsim.errors import FleetsimInputError
+from fleetsim.search.deploy import hf_repo_id, per_user_front, vllm_serve_commands
 from fleetsim.search.plan import enumerate_shapes, pareto_front, plan, plan_to_dict
 
 
@@ -90,3 +91,33 @@ def test_plan_skips_shapes_that_do_not_fit():
 def test_plan_empty_shape_space_is_an_input_error():
     with pytest.raises(FleetsimInputError, match="empty"):
         plan(load_config(), [])
+
+
+def test_per_user_front_matches_brute_force():
+    pts = [(u, g) for u in (10.0, 20.0, 30.0, 40.0) for g in (100.0, 300.0, 200.0)][::2]
+    pts += [(25.0, 250.0), (25.0, 250.0), (5.0, 1000.0)]
+
+    def dominated(i):
+        ui, gi = pts[i]
+        return any(u >= ui and g >= gi and (u > ui or g > gi) for j, (u, g) in enumerate(pts)
+                   if j != i)
+    front = per_user_front(pts)
+    assert {pts[i] for i in front} == {pts[i] for i in range(len(pts)) if not dominated(i)}
+    assert [pts[i][0] for i in front] == sorted(pts[i][0] for i in front)
+
+
+def test_vllm_serve_commands_for_mixed_and_pd_shapes():
+    assert hf_repo_id("llama-3.1-70b") == "meta-llama/Llama-3.1-70B-Instruct"
+    assert hf_repo_id("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+    config = load_config(None, ["model=llama-3.1-70b", "engine.max_running=128",
+                                "engine.enable_prefix_caching=false",
+                                "policy.batching.args.enable_chunked_prefill=false"])
+    (mixed,) = vllm_serve_commands(config, enumerate_shapes(["h100"], [4], 8)[1].pools)
+    assert mixed == ("vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 "
+                     "--data-parallel-size 2 --max-num-seqs 128 --max-num-batched-tokens 8192 "
+                     "--gpu-memory-utilization 0.9 --block-size 16 --no-enable-prefix-caching "
+                     "--no-enable-chunked-prefill")
+    pd = next(s for s in enumerate_shapes(["h100"], [1], 2, pd=True) if s.is_pd)
+    pre, dec = vllm_serve_commands(config, pd.pools)
+    assert pre.startswith("# prefill: vllm serve") and dec.startswith("# decode: vllm serve")
+    assert "NixlConnector" in pre and "--kv-transfer-config" in dec

@@ -64,18 +64,37 @@ def test_program_policies_order_plain_requests_by_arrival(name):
     assert key(name, a) < key(name, b)
 
 
+class _KV:
+    def __init__(self, free_blocks):
+        self.num_available_blocks = free_blocks
+
+    def num_blocks_for(self, num_tokens):
+        return -(-num_tokens // 16)
+
+
 class _Replica:
-    def __init__(self, rid, load, per_token_s):
+    """A replica as routers read it: prefill at ``per_token_s`` a token, decode steps of
+    ``decode_step_s``, ``free_blocks`` of KV free."""
+
+    def __init__(self, rid, load, per_token_s, *, role="mixed", decode_step_s=0.01,
+                 free_blocks=10**6, link_bw=1e11):
         self.replica_id, self.load_tokens, self._per = rid, load, per_token_s
+        self.role, self._decode_step_s, self.kv = role, decode_step_s, _KV(free_blocks)
         self.running = self.waiting = ()
+        self.num_incoming, self.max_running, self.hash_block_tokens = 0, 256, None
+        self.link_bw_bytes_per_s, self.kv_bytes_per_token = link_bw, 1e5
 
     def step_time_s(self, chunks, num_decode, kv):
-        return sum(n for n, _ in chunks) * self._per
+        return sum(n for n, _ in chunks) * self._per + (self._decode_step_s if num_decode
+                                                        else 0.0)
+
+    def num_matched_entries(self, req):
+        return 0
 
 
 class _View:
-    def __init__(self, replicas):
-        self.replicas = replicas
+    def __init__(self, replicas, next_stage=()):
+        self.replicas, self.next_stage = replicas, next_stage
 
 
 def test_hexagent_placement_weighs_backlog_by_each_replica_speed():
@@ -83,6 +102,33 @@ def test_hexagent_placement_weighs_backlog_by_each_replica_speed():
     req = Request(id=1, arrival_s=0.0, num_prompt_tokens=1000, max_output_tokens=5)
     assert HexAGenTPlacement().route(_View([slow_idle, fast_busy]), req, 0.0) == 1
     assert HexAGenTPlacement().route(_View([slow_idle, _Replica(1, 9000, 1e-4)]), req, 0.0) == 0
+
+
+def test_hexagent_plans_prefill_and_decode_jointly_with_transfer_and_decode_waits():
+    """Two prefill replicas (one faster) and two decode replicas: the plan is the pair with
+    the earliest projected completion, the decode replica without KV room loses even when
+    faster, a slow link counts, and the plan's Delta is what the priority then reads."""
+    prefill = [_Replica(0, 0, 2e-4, role="prefill"), _Replica(1, 0, 1e-4, role="prefill")]
+    fast_full = _Replica(2, 0, 1e-4, role="decode", decode_step_s=0.005, free_blocks=0)
+    slow_free = _Replica(3, 0, 1e-4, role="decode", decode_step_s=0.008)
+    req = tagged(1, arrival_s=0.0, program_arrival_s=0.0)
+    req.num_prompt_tokens, req.max_output_tokens = 1000, 100
+    router = HexAGenTPlacement()
+    assert router.route(_View(prefill, [fast_full, slow_free]), req, 0.0) == 1
+    plan = req.program.policy
+    transfer_s = 1e5 * 1000 / 1e11
+    assert plan.decode_replica_id == 3
+    assert plan.delta_s == pytest.approx(1000 * 1e-4 + transfer_s + 100 * 0.008)
+    # the decode router takes the planned replica while it can hold the call
+    assert HexAGenTPlacement().route(_View([fast_full, slow_free]), req, 0.1) == 1
+    # a slow link to the fast prefill replica moves the plan to the other one
+    prefill[1].link_bw_bytes_per_s = 1e8
+    router.route(_View(prefill, [fast_full, slow_free]), req, 0.0)
+    assert req.program.policy.delta_s == pytest.approx(
+        1000 * 2e-4 + transfer_s + 100 * 0.008)
+    # the batching policy's risk uses the plan's Delta
+    assert key("hexagent", req, now_s=1.0)[0] == pytest.approx(
+        -(1.0 + req.program.policy.delta_s) / 10.0)
 
 
 def test_autellix_locality_pins_long_programs_to_their_replica():
@@ -122,3 +168,29 @@ def test_a_policy_keeping_its_own_state_leaves_the_program_tag_alone():
     s = run(config_from_dict(cfg)).summary
     assert s["programs"]["num_programs"] == 6
     assert s["num_unfinished"] == 0
+
+
+@pytest.mark.parametrize("name", ["plas", "atlas"])
+def test_waiting_calls_are_rekeyed_as_their_program_attains_service(tmp_path, name):
+    """One running slot. Program A runs a long call a1 while its sibling a2 and program B's
+    b1 wait, a2 ahead (older program, both without service). When a1 finishes, A has
+    attained ~2.5 s: PLAS re-keys a2 below b1, so b1 runs first. (ATLAS keys a2 by its own
+    path's service, none: a2 stays first.)"""
+    from fleetsim.programs import dump_jsonl
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(dump_jsonl([Program(0.0, (Call(100, 400), Call(100, 5)), kind="a"),
+                                Program(0.1, (Call(100, 5),), kind="b")]))
+    cfg = config_from_dict({
+        "engine": {"max_running": 1, "debug": True},
+        "policy": {"batching": {"name": name}},
+        "programs": {"generator": "jsonl", "path": str(path), "arrival": "trace"}})
+    req = run(cfg).records.requests
+    first = dict(zip(req["request_id"].tolist(), req["first_scheduled_s"].tolist(),
+                     strict=True))
+    a1, a2, b1 = first[0], first[1], first[2]
+    assert a1 == 0.0
+    if name == "plas":
+        assert b1 < a2
+    else:
+        assert a2 < b1

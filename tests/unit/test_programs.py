@@ -18,6 +18,7 @@ from fleetsim.programs.config import ProgramWorkloadConfig, build_programs
 from fleetsim.programs.dag import assign_hash_ids, shared_prefix_tokens
 from fleetsim.programs.formats import weka_program
 from fleetsim.programs.generators import GENERATORS, generate
+from fleetsim.programs.source import kv_links
 from fleetsim.programs.standalone import critical_path_s
 from fleetsim.registry import PolicySpec
 from fleetsim.run import run
@@ -76,6 +77,22 @@ def test_unknown_program_policy_is_one_line_exit_2(tmp_path, capsys):
                  str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "no_such_program_policy" in err[0]
+
+
+@pytest.mark.parametrize(("sets", "words"), [
+    (["programs.tool_kv=\"pin\""], "programs.tool_kv"),
+    (["programs.tool_kv=\"keep\"", "programs.kv_ttl_s=-1"], "programs.kv_ttl_s"),
+    (["programs.tool_kv=\"offload\""], "engine.swap_space_gib"),
+    (["programs.tool_kv=\"keep\"", "engine.enable_prefix_caching=false"],
+     "engine.enable_prefix_caching"),
+])
+def test_bad_tool_kv_is_one_line_exit_2(tmp_path, capsys, sets, words):
+    args = ["run", "--set", "programs.num_programs=2", "--out", str(tmp_path / "o")]
+    for s in sets:
+        args += ["--set", s]
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and words in err[0], err
 
 
 def test_children_share_the_parent_context_blocks_and_siblings_share_its_output():
@@ -219,3 +236,14 @@ def test_tool_times_resampled_from_measured_tool_calls(tmp_path):
         build_programs(ProgramWorkloadConfig(generator="chain", num_programs=1,
                                              tool_trace=str(tmp_path), tool_names=("Web",)),
                        np.random.default_rng(0), 131072)
+
+
+def test_kv_links_mark_the_parent_a_child_extends():
+    """Only a parent whose whole sequence a child's prompt starts with is worth keeping."""
+    root = Call(200, 100, ())  # context 300 tokens: 4 full blocks of 64
+    extend, short = Call(300 + 50, 5, (0,)), Call(100, 5, (0,))
+    program = Program(0.0, (root, extend, short))
+    ids = assign_hash_ids(program, 64, itertools.count())
+    context, extends = kv_links(program, ids, 64)
+    assert context[0] == ids[1][:4] and extends == [False, True, False]
+    assert context[1] == () and context[2] == ()

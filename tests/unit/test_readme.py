@@ -28,10 +28,11 @@ def _block(heading: str, lang: str) -> str:
 
 COMMANDS = [line for line in _block("## Using it", "sh").splitlines()
             if line.startswith(".venv/bin/fleetsim")]
-# `report results/sweep` reads what the sweep wrote: run the two as one case.
+# `report results/sweep` reads what the sweep wrote, `calibrate results/bench.json` what the
+# benchmark-style run wrote: run each pair as one case.
 CASES = []
 for cmd in COMMANDS:
-    if " report results/sweep" in cmd:
+    if " report results/sweep" in cmd or " calibrate results/bench.json" in cmd:
         CASES[-1] = CASES[-1] + [cmd]
     else:
         CASES.append([cmd])

@@ -18,8 +18,8 @@ from fleetsim.sweep import make_spec, run_sweep
 pytest.importorskip("matplotlib")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TITLES = ("Latency CDFs", "SLO attainment vs rate", "Utilization over time",
-          "Pareto front: cost vs goodput")
+TITLES = ("Latency CDFs", "SLO attainment vs offered load",
+          "Queue length and batch size over time", "Pareto front: cost vs goodput")
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +57,11 @@ def test_report_of_a_run_folder(run_dir, capsys):
     assert "report.html" in capsys.readouterr()[0]
     page = (run_dir / "report.html").read_text()
     assert_self_contained(page)
-    assert len(images(page)) == 2  # latency CDFs, utilization
+    assert len(images(page)) == 2  # latency CDFs, queue and batch over time
     for title in TITLES:
         assert f"<h2>{title}</h2>" in page
     assert 'alt="Latency CDFs"' in page
-    assert 'alt="Utilization over time"' in page
+    assert 'alt="Queue length and batch size over time"' in page
     assert "Not shown: needs a sweep over workload.rate_scale" in page
     assert "TTFT p99 (s)" in page
     assert "res" in page
@@ -73,9 +73,9 @@ def test_report_of_a_sweep_folder_keeps_failed_points(sweep_dir, tmp_path):
     page = out.read_text()
     assert_self_contained(page)
     has_cost = "cost" in json.loads((sweep_dir / "points" / "0" / "summary.json").read_text())
-    # CDFs, SLO vs rate, utilization, and the Pareto front once summaries report cost
+    # CDFs, SLO vs load, queue over time, and the Pareto front once summaries report cost
     assert len(images(page)) == 3 + has_cost
-    assert 'alt="SLO attainment vs rate"' in page
+    assert 'alt="SLO attainment vs offered load"' in page
     assert "sweep of 4 points over workload.rate_scale × hardware.gpu (2 ok, 2 failed)" in page
     assert page.count("<tr class=failed>") == 2
     assert "bogus" in page
@@ -114,7 +114,7 @@ def test_plan_search_pools_and_cost_are_used_when_present(run_dir, tmp_path):
             {"rate_per_s": 6.0, "attainment": 0.92, "passed": True, "ttft_attainment": 0.95,
              "tpot_attainment": 0.97}]}))
     page = write_report(folder).read_text()
-    assert len(images(page)) == 4  # CDFs, SLO vs rate (search), utilization per pool, Pareto
+    assert len(images(page)) == 4  # CDFs, SLO vs load (search), queue over time, Pareto
     for title in TITLES:
         assert f'alt="{title}"' in page
     assert "prefill-pool" in page

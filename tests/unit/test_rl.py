@@ -209,3 +209,17 @@ def test_cli_writes_summary_timeline_and_gantt(tmp_path, capsys):
                                                "gantt.png"}
     text = capsys.readouterr().out
     assert "samples/s" in text and "GPU utilisation" in text
+
+
+def test_the_rl_papers_models_are_in_the_catalog(capsys):
+    from fleetsim.models import get_model
+
+    assert main(["models", "--json"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("Qwen2.5-7B", "Qwen2.5-14B", "Qwen2.5-32B", "LLaMA-13B", "LLaMA-33B",
+                 "LLaMA-65B"):
+        assert name in listed
+    # huggyllama/llama-30b config.json: 60 layers, 6656 hidden, 52 heads (the paper's 33B)
+    spec = get_model("huggyllama/llama-30b")
+    assert (spec.num_layers, spec.hidden_size, spec.num_attention_heads) == (60, 6656, 52)
+    assert get_model("qwen2.5-7b") is get_model("Qwen/Qwen2.5-7B")

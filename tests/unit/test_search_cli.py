@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -67,6 +68,32 @@ def test_plan_json_writes_plan_and_plot(tmp_path, capsys):
     assert all(r["points"][i]["usd_per_hour"] > 0 for i in r["front"])
 
 
+def test_plan_in_aiconfigurator_terms(capsys):
+    """tokens/s per GPU and per user at goodput, a GPU budget, a target rate, and the
+    vllm serve line of every point."""
+    code, out, err = run_cli(capsys, "plan", "--gpus", "h100,a100", "--max-gpus", "1",
+                             "--requests-per-gpu", "40", "--max-runs", "4", "--json",
+                             "--total-gpus", "4", "--target-rate", "10")
+    assert code == 0, err
+    r = json.loads(out)
+    assert (r["total_gpus"], r["target_rate_per_s"]) == (4, 10)
+    assert r["per_user_front"]
+    for p in r["points"]:
+        rate = p["goodput_requests_per_s"]
+        assert p["output_tokens_per_s_per_gpu"] > 0 and p["tokens_per_s_per_user"] > 0
+        assert p["copies_in_total_gpus"] == 4
+        assert p["total_goodput_requests_per_s"] == pytest.approx(4 * rate)
+        assert p["gpus_for_target_rate"] == math.ceil(10 / rate) * p["num_gpus"]
+        assert p["target_rate_fits_total_gpus"] == (p["gpus_for_target_rate"] <= 4)
+        (line,) = p["vllm_serve"]
+        assert line.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct "
+                               "--tensor-parallel-size 1 ")
+    # The table form shows the per-user front and the commands.
+    code, out, _ = run_cli(capsys, "plan", "--gpus", "h100", "--max-gpus", "1",
+                           "--requests-per-gpu", "40", "--max-runs", "3", "--total-gpus", "2")
+    assert code == 0 and "tok/s/user" in out and "vllm serve" in out
+
+
 @pytest.mark.parametrize(("argv", "flag"), [
     (["goodput", "--target", "1.5"], "--target"),
     (["goodput", "--target", "0"], "--target"),
@@ -78,6 +105,10 @@ def test_plan_json_writes_plan_and_plot(tmp_path, capsys):
     (["plan", "--tp", "2", "--max-gpus", "1"], "--max-gpus"),
     (["plan", "--tp", "x"], "--tp"),
     (["plan", "--target", "2"], "--target"),
+    (["plan", "--total-gpus", "2", "--max-gpus", "4"], "--max-gpus"),
+    (["plan", "--total-gpus", "0"], "--total-gpus"),
+    (["plan", "--target-rate", "-1"], "--target-rate"),
+    (["plan", "--target-rate", "nan"], "--target-rate"),
     (["goodput", "--set", "workload.max_requests=1"], "workload"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, flag):

@@ -209,3 +209,59 @@ def test_trace_info_real_mooncake() -> None:
     assert info["num_distinct_hash_blocks"] == 182_790
     assert info["prefix_hit_block_share"] == pytest.approx(0.366, abs=0.001)
     assert info["iat_cv"] == pytest.approx(3.0, abs=0.05)
+
+
+PAIRED = {"trace": "synthetic", "rate_per_s": 5.0, "num_requests": 3000,
+          "lengths": {"path": "embedded:sharegpt_lengths", "max_prompt_tokens": 1024,
+                      "max_total_tokens": 2048}}
+
+
+def test_paired_lengths_keep_rows_together_and_apply_both_limits(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.csv"
+    # Four rows; a row is (prompt, output): the output is always 1000 + the prompt, so any
+    # mixing of rows would show. (50, 2000) passes the prompt limit but not the total one.
+    rows.write_text("p,o\n10,1010\n20,1020\n50,2000\n3000,4000\n")
+    w = build({"trace": "synthetic", "rate_per_s": 5.0, "num_requests": 500,
+               "lengths": {"path": str(rows), "prompt_column": "p", "output_column": "o",
+                           "max_prompt_tokens": 1024, "max_total_tokens": 2048}})
+    assert set(w.num_prompt_tokens.tolist()) == {10, 20}
+    assert (w.num_output_tokens == w.num_prompt_tokens + 1000).all()
+
+
+def test_paired_sharegpt_as_vllm_benchmark_samples_it() -> None:
+    w = build(PAIRED)
+    p, o = w.num_prompt_tokens, w.num_output_tokens
+    assert p.max() <= 1024 and (p + o).max() <= 2048
+    assert len(w) == 3000
+    # deterministic per seed, and a different seed draws other rows
+    again = build(PAIRED)
+    assert (again.num_output_tokens == o).all()
+    assert not (build(PAIRED, seed=1).num_output_tokens == o).all()
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    ({**PAIRED, "prompt_tokens": {"kind": "fixed", "value": 3}},
+     "remove prompt_tokens or remove lengths"),
+    ({**PAIRED, "lengths": {"path": "embedded:sharegpt_lengths", "max_total_tokens": 0}},
+     "max_total_tokens must be >= 1"),
+    ({**PAIRED, "lengths": {"path": ""}}, "lengths.path must name a file"),
+    ({"trace": "embedded:azure_conv_2023", "lengths": {"path": "x.csv"}},
+     "lengths is only used by synthetic"),
+])
+def test_paired_lengths_validation(data: dict[str, object], needle: str) -> None:
+    with pytest.raises(FleetsimInputError) as info:
+        cfg(**data)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_paired_lengths_with_no_row_left_names_the_field() -> None:
+    data = {**PAIRED, "lengths": {"path": "embedded:sharegpt_lengths", "max_prompt_tokens": 1,
+                                  "max_total_tokens": 2}}
+    with pytest.raises(FleetsimInputError, match=r"workload\.lengths.*no row passes"):
+        build(data)
+
+
+def test_paired_lengths_missing_column_names_the_table() -> None:
+    data = {**PAIRED, "lengths": {"path": "embedded:sharegpt_lengths", "prompt_column": "nope"}}
+    with pytest.raises(FleetsimInputError, match=r"workload\.lengths\.path.*nope"):
+        build(data)

@@ -190,6 +190,26 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         price_per_hour_usd=4.99,
         aic_system="b200_sxm",
     ),
+    # NVIDIA GB200 NVL72 (rack-scale: 72 Blackwell GPUs in one NVLink domain). Per GPU, from
+    # NVIDIA's Blackwell datasheet as aiconfigurator-core's systems/gb200.yaml records it
+    # (NVIDIA, Apache-2.0): 2.5 PF BF16 / 5 PF FP8 dense, 8 TB/s HBM3e, 189,471 MiB reported
+    # by nvidia-smi, NVLink 5 at 900 GB/s per direction to every GPU of the rack (the NVL72
+    # datasheet's 130 TB/s over 72 GPUs = 1.8 TB/s bidirectional each), ConnectX-8 800 Gb/s
+    # (100 GB/s) per GPU between racks, PCIe Gen5 to the host. The NVLink domain is the rack,
+    # so num_gpus_per_node is 72. Price: an assumption (~2x a B200), not a quote.
+    GPUSpec(
+        name="GB200-NVL72",
+        pcie_bw_bytes_per_s=64e9,
+        peak_bf16_flops=2500e12,
+        peak_fp8_flops=5000e12,
+        hbm_bytes=189471 * _MIB,
+        hbm_bw_bytes_per_s=8000 * _GB,
+        nvlink_bw_bytes_per_s=900 * _GB,
+        network_bw_bytes_per_s=100 * _GB,
+        num_gpus_per_node=72,
+        price_per_hour_usd=10.00,
+        aic_system="gb200",
+    ),
 )
 
 _ALIASES = {
@@ -207,6 +227,9 @@ _ALIASES = {
     "l40s-48gb": "L40S",
     "b200-sxm": "B200",
     "b200_sxm": "B200",
+    "gb200": "GB200-NVL72",
+    "gb200-nvl72": "GB200-NVL72",
+    "nvl72": "GB200-NVL72",
     "h20-96gb": "H20",
     "h800-sxm": "H800",
     "h800-sxm5": "H800",

@@ -61,6 +61,21 @@ _BUILTIN: tuple[ModelSpec, ...] = (
         vocab_size=32000,
         max_context_tokens=4096,
     ),
+    # facebook/opt-13b config.json: ffn_dim 20480 (a plain fc1/fc2 MLP with ReLU, not gated),
+    # 2,048 positions, LM head tied to the embedding. FastServe's main evaluation model.
+    ModelSpec(
+        name="OPT-13B",
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_kv_heads=40,
+        head_dim=128,
+        intermediate_size=20480,
+        gated_mlp=False,
+        vocab_size=50272,
+        max_context_tokens=2048,
+        tie_word_embeddings=True,
+    ),
     # Qwen/Qwen2.5-72B-Instruct config.json
     ModelSpec(
         name="Qwen2.5-72B",
@@ -127,6 +142,33 @@ _BUILTIN: tuple[ModelSpec, ...] = (
         qk_rope_head_dim=64,
         v_head_dim=128,
     ),
+    # ---- the RL papers' models ----------------------------------------------------------
+    # Qwen/Qwen2.5-7B config.json (StreamRL's smallest model; verl's GRPO examples)
+    ModelSpec(name="Qwen2.5-7B", num_layers=28, hidden_size=3584, num_attention_heads=28,
+              num_kv_heads=4, head_dim=128, intermediate_size=18944, vocab_size=152064,
+              max_context_tokens=131072),
+    # Qwen/Qwen2.5-14B config.json (DeepCoder-14B's base, DeepSeek-R1-Distill-Qwen-14B)
+    ModelSpec(name="Qwen2.5-14B", num_layers=48, hidden_size=5120, num_attention_heads=40,
+              num_kv_heads=8, head_dim=128, intermediate_size=13824, vocab_size=152064,
+              max_context_tokens=131072),
+    # Qwen/Qwen2.5-32B config.json (DAPO's model; StreamRL)
+    ModelSpec(name="Qwen2.5-32B", num_layers=64, hidden_size=5120, num_attention_heads=40,
+              num_kv_heads=8, head_dim=128, intermediate_size=27648, vocab_size=152064,
+              max_context_tokens=131072),
+    # huggyllama/llama-13b config.json (LLaMA-1; RLHFuse's models). LLaMA-1 was trained at
+    # 2,048 tokens; RLHFuse generates up to 2,048 after the prompt, so the context is that of
+    # the RLHF runs, not of the base config: 4,096 (as LLaMA-2 of the same shapes).
+    ModelSpec(name="LLaMA-13B", num_layers=40, hidden_size=5120, num_attention_heads=40,
+              num_kv_heads=40, head_dim=128, intermediate_size=13824, vocab_size=32000,
+              max_context_tokens=4096),
+    # huggyllama/llama-30b config.json (the paper's "33B")
+    ModelSpec(name="LLaMA-33B", num_layers=60, hidden_size=6656, num_attention_heads=52,
+              num_kv_heads=52, head_dim=128, intermediate_size=17920, vocab_size=32000,
+              max_context_tokens=4096),
+    # huggyllama/llama-65b config.json
+    ModelSpec(name="LLaMA-65B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+              num_kv_heads=64, head_dim=128, intermediate_size=22016, vocab_size=32000,
+              max_context_tokens=4096),
 )
 
 _ALIASES = {
@@ -168,6 +210,7 @@ HF_IDS = {
     "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
     "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
     "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
+    "facebook/opt-13b": "opt-13b",
     "meta-llama/Llama-2-7b-hf": "llama-2-7b",
     "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
     "meta-llama/Llama-2-70b-hf": "llama-2-70b",
@@ -176,6 +219,12 @@ HF_IDS = {
     "Qwen/Qwen2.5-72B": "qwen2.5-72b",
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b",
     "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b",
+    "Qwen/Qwen2.5-7B": "qwen2.5-7b",
+    "Qwen/Qwen2.5-14B": "qwen2.5-14b",
+    "Qwen/Qwen2.5-32B": "qwen2.5-32b",
+    "huggyllama/llama-13b": "llama-13b",
+    "huggyllama/llama-30b": "llama-33b",
+    "huggyllama/llama-65b": "llama-65b",
     "Qwen/Qwen3-235B-A22B": "qwen3-235b-a22b",
     "deepseek-ai/DeepSeek-V3": "deepseek-v3",
     "deepseek-ai/DeepSeek-V3-0324": "deepseek-v3",

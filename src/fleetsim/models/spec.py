@@ -32,6 +32,9 @@ class ModelSpec:
     """Query/key head width (for MLA: qk_nope_head_dim + qk_rope_head_dim)."""
     intermediate_size: int
     """Dense MLP width (SwiGLU, three matrices); for MoE models the dense layers' width."""
+    gated_mlp: bool = True
+    """The dense MLP is gated (SwiGLU: gate, up and down matrices, as Llama and Qwen); False
+    for a plain two-matrix MLP (fc1, activation, fc2, as OPT and GPT-2)."""
     vocab_size: int
     """Vocabulary size (embedding and LM head rows)."""
     max_context_tokens: int
@@ -95,6 +98,11 @@ class ModelSpec:
             )
 
     @property
+    def dense_mlp_matrices(self) -> int:
+        """Weight matrices of one dense MLP: 3 gated (SwiGLU), 2 plain."""
+        return 3 if self.gated_mlp else 2
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -130,7 +138,7 @@ class ModelSpec:
     def mlp_params_per_gpu(self, tp: int = 1) -> int:
         """MLP (dense) or expert weights of all layers held by one TP rank (elements)."""
         h = self.hidden_size
-        dense = 3 * h * _ceil_div(self.intermediate_size, tp)
+        dense = self.dense_mlp_matrices * h * _ceil_div(self.intermediate_size, tp)
         if not self.is_moe:
             return self.num_layers * dense
         experts = self.num_experts + self.num_shared_experts

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from fleetsim.errors import FleetsimInputError
-from fleetsim.moe.compare import CompareRow, CompareSetup, plot_imbalance, run_compare
+from fleetsim.moe.compare import CompareRow, CompareSetup, run_compare
 from fleetsim.moe.loads import SCENARIOS
 
 
@@ -44,7 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     cmp.add_argument("--seed", type=int, default=0, help="seed of the load traces")
     cmp.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    cmp.add_argument("--plot", metavar="PATH", default=None, help="write imbalance-over-time PNG")
+    cmp.add_argument(
+        "--plot", metavar="PATH", default=None,
+        help="write a PNG: imbalance per microbatch next to throughput, setup in the title",
+    )
     cmp.set_defaults(handler=run, func=run)
     return moe
 
@@ -181,7 +184,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(rows)
     if args.plot:
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        plot_imbalance(rows, args.plot)
+        _write_plot(rows, setups, Path(args.plot))
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
+
+
+def _write_plot(rows: list[CompareRow], setups: list[CompareSetup], path: Path) -> None:
+    import io
+
+    from fleetsim.moe.compare_figure import compare_figure
+    from fleetsim.results import write_file
+
+    buf = io.BytesIO()
+    compare_figure(rows, setups).savefig(buf, format="png", dpi=110)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_file(path, buf.getvalue())

@@ -241,27 +241,3 @@ def _run_one(
         imbalance_by_microbatch=tuple(imbalance_by_mb),
     )
 
-
-def plot_imbalance(rows: Sequence[CompareRow], path: str) -> None:
-    """One panel per scenario: mean max/mean imbalance per microbatch for every balancer."""
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    scenarios = list(dict.fromkeys(r.scenario for r in rows))
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 3.6), squeeze=False)
-    for ax, scenario in zip(axes[0], scenarios, strict=True):
-        for row in (r for r in rows if r.scenario == scenario):
-            ax.plot(row.imbalance_by_microbatch, label=row.balancer, marker=".")
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
-        ax.set_title(scenario)
-        ax.set_xlabel("microbatch")
-        ax.set_ylabel("max / mean GPU load")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

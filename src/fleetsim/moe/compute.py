@@ -179,14 +179,23 @@ def load_moe_table(
     system: str = "h200_sxm",
     framework: str = "sglang",
     moe_dtype: str = "fp8_block",
+    min_routed_tokens: float = 0.0,
 ) -> TableExpertCompute | None:
     """aiconfigurator-core's measured MoE latency for this layer shape, or None if absent.
 
     The table's rows (``moe_perf.parquet``: num_tokens, topk, moe_ep_size, latency in ms) time
-    one EP rank under balanced routing: with attention data parallelism each rank brings
-    ``num_tokens`` tokens, so a rank computes ``num_tokens * topk`` routed tokens over
-    ``num_experts / moe_ep_size`` local experts. We take the EP size closest to ours and
-    keep the curve latency(routed tokens). The newest framework version with rows wins.
+    one EP rank under balanced routing. What ``num_tokens`` counts differs between data sets,
+    and the rows tell which: if doubling EP from 1 to 2 leaves the latency unchanged (DeepSeek-V3
+    shapes on H200), the rank computes ``num_tokens * topk`` routed tokens; if it halves it
+    (Qwen3-235B shapes on GB200 and H200: 4.62 -> 2.35 ms at 16,384 tokens on GB200),
+    ``num_tokens`` is the whole EP group's batch and a rank computes its share,
+    ``num_tokens * topk / moe_ep_size`` (read the other way, those ep=64 rows would run at
+    24 PFLOP/s on a 2.5 PFLOP/s GPU). The cut is a ratio of 0.75, midway.
+
+    We keep the curve latency(routed tokens per rank) of the EP size closest to ours among
+    those whose curve reaches ``min_routed_tokens`` (the curve reaching furthest if none
+    does): a rank with few experts but many tokens each has as many GEMM rows as one with
+    many experts of fewer tokens. The newest framework version with rows wins.
     """
     root = _moe_data_root()
     if root is None:
@@ -214,12 +223,36 @@ def load_moe_table(
         ]
         if rows.empty:
             continue
-        ep = min(rows.moe_ep_size.unique(), key=lambda p: (abs(np.log(p / num_gpus)), -p))
-        curve = rows[rows.moe_ep_size == ep].groupby("num_tokens").latency.min().sort_index()
-        routed = curve.index.to_numpy(dtype=np.float64) * spec.top_k
-        source = f"{path.relative_to(root)} (ep={ep}, {rows.kernel_source.iloc[0]})"
-        return TableExpertCompute(routed, curve.to_numpy(dtype=np.float64) * 1e-3, source)
+        by_ep = {int(ep): rows[rows.moe_ep_size == ep].groupby("num_tokens").latency.min()
+                 .sort_index() for ep in rows.moe_ep_size.unique()}
+        per_group = _batch_is_per_group(by_ep)
+        reading = "num_tokens for the EP group" if per_group else "num_tokens per rank"
+        curves = {}  # ep -> (routed tokens per rank, seconds)
+        for ep, curve in by_ep.items():
+            routed = curve.index.to_numpy(dtype=np.float64) * spec.top_k
+            curves[ep] = (routed / ep if per_group else routed,
+                          curve.to_numpy(dtype=np.float64) * 1e-3)
+        covering = [ep for ep, c in curves.items() if c[0][-1] >= min_routed_tokens]
+        ep = (min(covering, key=lambda p: (abs(np.log(p / num_gpus)), -p)) if covering
+              else max(curves, key=lambda p: curves[p][0][-1]))
+        routed, seconds = curves[ep]
+        source = (f"{path.relative_to(root)} (ep={ep}, {rows.kernel_source.iloc[0]}, "
+                  f"{reading})")
+        return TableExpertCompute(routed, seconds, source)
     return None
+
+
+def _batch_is_per_group(by_ep: dict[int, object]) -> bool:
+    """True if the ep=2 rows take about half the ep=1 rows' time at the largest common
+    ``num_tokens`` (the rank's share halves); False without both."""
+    one, two = by_ep.get(1), by_ep.get(2)
+    if one is None or two is None:
+        return False
+    common = one.index.intersection(two.index)  # type: ignore[attr-defined]
+    if common.empty:
+        return False
+    last = common.max()
+    return bool(two[last] / one[last] < 0.75)  # type: ignore[index]
 
 
 def _version_key(name: str) -> tuple[int, ...]:
@@ -227,10 +260,13 @@ def _version_key(name: str) -> tuple[int, ...]:
     return tuple(int(piece) if piece.isdigit() else -1 for piece in pieces)
 
 
-def default_compute(spec: MoeLayerSpec, hardware: EpHardware, num_gpus: int) -> ExpertCompute:
-    """The measured table when aiconfigurator-core has this GPU and shape, else the roofline."""
+def default_compute(spec: MoeLayerSpec, hardware: EpHardware, num_gpus: int,
+                    min_routed_tokens: float = 0.0) -> ExpertCompute:
+    """The measured table when aiconfigurator-core has this GPU and shape, else the roofline;
+    ``min_routed_tokens`` per GPU that the table should reach (``load_moe_table``)."""
     table = None
     if hardware.aic_system is not None:
         dtype = "fp8_block" if spec.weight_bytes_per_param <= 1 else "bfloat16"
-        table = load_moe_table(spec, num_gpus, system=hardware.aic_system, moe_dtype=dtype)
+        table = load_moe_table(spec, num_gpus, system=hardware.aic_system, moe_dtype=dtype,
+                               min_routed_tokens=min_routed_tokens)
     return table if table is not None else RooflineExpertCompute(spec, hardware)

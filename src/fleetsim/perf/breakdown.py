@@ -8,7 +8,12 @@ from typing import Any
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
-from fleetsim.perf.step_model import OP_CLASSES, STEP_OVERHEAD_S, TableStepModel
+from fleetsim.perf.step_model import (
+    OP_CLASSES,
+    STEP_OVERHEAD_PER_SEQ_S,
+    STEP_OVERHEAD_S,
+    TableStepModel,
+)
 
 BACKENDS = ("auto", "roofline")
 _PER_LAYER_CLASSES = ("gemm", "attention", "moe", "communication")
@@ -38,13 +43,18 @@ def build_step_model(
     backend: str = "auto",
     *,
     step_overhead_s: float = STEP_OVERHEAD_S,
+    step_overhead_per_seq_s: float = STEP_OVERHEAD_PER_SEQ_S,
+    kernel_time_scale: float = 1.0,
 ) -> TableStepModel:
     """Step-time model of one replica (``tp`` GPUs) serving ``model`` on ``gpu``.
 
     backend "auto": measured aiconfigurator-core vLLM tables where they cover the GPU and
     shape, roofline elsewhere (per op); "roofline": roofline everywhere. The result's
     ``sources`` says which was used per op class. Grids are cached per (model, gpu, tp, backend).
-    ``step_overhead_s`` is the fixed per-step CPU cost added to every step (default 1.5 ms).
+    ``step_overhead_s`` is the fixed per-step CPU cost added to every step (default 1.5 ms);
+    ``step_overhead_per_seq_s`` is added once per sequence in the step (default 0; vLLM V0's
+    measured value is ``fleetsim.perf.cpu_overhead.vllm_v0_overhead``);
+    ``kernel_time_scale`` multiplies every kernel (GPU) term.
     """
     if backend not in BACKENDS:
         raise FleetsimInputError("backend", backend, f"use one of {', '.join(BACKENDS)}")
@@ -53,7 +63,19 @@ def build_step_model(
         raise FleetsimInputError(
             "step_overhead_s", step_overhead_s, "must be in [0, 1) seconds, e.g. 0.0015"
         )
-    return TableStepModel(model, gpu, tp, backend == "auto", step_overhead_s)
+    if not 0.0 <= step_overhead_per_seq_s < 0.01:
+        raise FleetsimInputError(
+            "step_overhead_per_seq_s", step_overhead_per_seq_s,
+            "must be in [0, 0.01) seconds per sequence, e.g. 0.0001",
+        )
+    if not 0.05 <= kernel_time_scale <= 20:
+        raise FleetsimInputError(
+            "kernel_time_scale", kernel_time_scale, "must be in [0.05, 20], e.g. 1.1"
+        )
+    return TableStepModel(
+        model, gpu, tp, backend == "auto", step_overhead_s, step_overhead_per_seq_s,
+        kernel_time_scale,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +86,9 @@ class StepBreakdown:
     gpu: str
     tp: int
     prefill_tokens: int
-    context_tokens: int
+    context_tokens: int  # per decode request; a prefill-only step: the chunk's cached tokens
     decode_batch: int
+    prefill_context_tokens: int  # tokens cached before the prefill chunk
     total_s: float
     by_class_s: dict[str, float]  # op class -> seconds for the whole step
     per_layer_s: dict[str, float]  # op class -> seconds in one (average) layer
@@ -80,26 +103,35 @@ def predict_breakdown(
     prefill_tokens: int | None = None,
     context_tokens: int = 0,
     decode_batch: int | None = None,
+    prefill_context_tokens: int | None = None,
     backend: str = "auto",
 ) -> StepBreakdown:
-    """One prefill chunk (``prefill_tokens`` new over ``context_tokens`` cached) or one decode
-    step of ``decode_batch`` requests, each with ``context_tokens`` of KV."""
-    if (prefill_tokens is None) == (decode_batch is None):
+    """One step: a prefill chunk of ``prefill_tokens`` new tokens, a decode batch of
+    ``decode_batch`` requests with ``context_tokens`` of KV each, or both at once (a mixed
+    step, as chunked prefill schedules them).
+
+    The chunk's cached tokens are ``prefill_context_tokens``; for a prefill-only step they
+    default to ``context_tokens`` (so ``prefill_tokens=N, context_tokens=C`` is a chunk over C),
+    for a mixed step to 0."""
+    if prefill_tokens is None and decode_batch is None:
         raise FleetsimInputError(
             "step",
             {"prefill_tokens": prefill_tokens, "decode_batch": decode_batch},
-            "give exactly one of prefill_tokens or decode_batch",
+            "give prefill_tokens, decode_batch, or both (a mixed step)",
         )
     for name, value in (("prefill_tokens", prefill_tokens), ("decode_batch", decode_batch)):
         if value is not None and value < 1:
             raise FleetsimInputError(name, value, "must be >= 1")
     if context_tokens < 0:
         raise FleetsimInputError("context_tokens", context_tokens, "must be >= 0")
+    if prefill_context_tokens is None:
+        prefill_context_tokens = context_tokens if decode_batch is None else 0
+    if prefill_context_tokens < 0:
+        raise FleetsimInputError("prefill_context_tokens", prefill_context_tokens, "must be >= 0")
     sm = build_step_model(model, gpu, tp, backend)
-    if prefill_tokens is not None:
-        chunks, n, kv = [(prefill_tokens, context_tokens)], 0, 0
-    else:
-        chunks, n, kv = [], int(decode_batch or 0), int(decode_batch or 0) * context_tokens
+    chunks = [(prefill_tokens, prefill_context_tokens)] if prefill_tokens is not None else []
+    n = int(decode_batch or 0)
+    kv = n * context_tokens
     by_class = sm.breakdown_s(chunks, n, kv)
     layers = {"moe": max(model.num_moe_layers, 1)}
     per_layer = {k: by_class[k] / layers.get(k, model.num_layers) for k in _PER_LAYER_CLASSES}
@@ -109,7 +141,8 @@ def predict_breakdown(
         tp=tp,
         prefill_tokens=prefill_tokens or 0,
         context_tokens=context_tokens,
-        decode_batch=decode_batch or 0,
+        decode_batch=n,
+        prefill_context_tokens=prefill_context_tokens if prefill_tokens is not None else 0,
         total_s=sm.step_time_s(chunks, n, kv),
         by_class_s=by_class,
         per_layer_s=per_layer,
@@ -126,6 +159,7 @@ def breakdown_to_dict(b: StepBreakdown) -> dict[str, Any]:
         "prefill_tokens": b.prefill_tokens,
         "context_tokens": b.context_tokens,
         "decode_batch": b.decode_batch,
+        "prefill_context_tokens": b.prefill_context_tokens,
         "total_s": b.total_s,
         "ops": {
             k: {
@@ -142,11 +176,12 @@ def breakdown_table(b: StepBreakdown):  # -> rich.table.Table (rich imported laz
     """A rich table: op class, per-layer ms, total ms, share, source."""
     from rich.table import Table
 
-    what = (
-        f"prefill {b.prefill_tokens} tokens over {b.context_tokens} cached"
-        if b.prefill_tokens
-        else f"decode batch {b.decode_batch} at context {b.context_tokens}"
-    )
+    parts = []
+    if b.prefill_tokens:
+        parts.append(f"prefill {b.prefill_tokens} tokens over {b.prefill_context_tokens} cached")
+    if b.decode_batch:
+        parts.append(f"decode batch {b.decode_batch} at context {b.context_tokens}")
+    what = " + ".join(parts)
     table = Table(title=f"{b.model} on {b.gpu} x{b.tp}: {what} = {b.total_s * 1e3:.3f} ms")
     for col, justify in (
         ("op", "left"),

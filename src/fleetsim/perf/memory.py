@@ -22,7 +22,7 @@ def activation_reserve_bytes(model: ModelSpec, tp: int, max_batched_tokens: int 
     """Peak activation bytes of vLLM's profiling forward pass, per GPU.
 
     The largest live tensors of one layer are the fused gate/up output (2 * intermediate / tp
-    per token) and its activated half, next to the residual and QKV buffers; the sampler adds
+    per token; intermediate / tp for a plain MLP) and its activated half, next to the residual and QKV buffers; the sampler adds
     float32 logits for ``MAX_NUM_SEQS`` sequences. Activations are bf16.
     """
     inter = -(
@@ -35,7 +35,8 @@ def activation_reserve_bytes(model: ModelSpec, tp: int, max_batched_tokens: int 
     )
     heads = -(-model.num_attention_heads // tp)
     qkv = (heads + 2 * -(-model.num_kv_heads // tp)) * model.head_dim
-    per_token = (3 * inter + 4 * model.hidden_size + qkv) * 2
+    mlp = 3 if model.is_moe or model.gated_mlp else 2  # gate/up output + activated half
+    per_token = (mlp * inter + 4 * model.hidden_size + qkv) * 2
     logits = MAX_NUM_SEQS * model.vocab_size * 4
     return max_batched_tokens * per_token + logits + NON_TORCH_BYTES
 

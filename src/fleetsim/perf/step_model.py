@@ -34,8 +34,11 @@ OP_CLASSES = ("gemm", "attention", "moe", "communication", "other")
 
 # Default per-step CPU cost of vLLM (scheduler, input preparation, sampler bookkeeping, output
 # processing) not hidden behind the GPU; an assumption, see docs/perf_model.md. Override with
-# build_step_model(..., step_overhead_s=...).
+# build_step_model(..., step_overhead_s=...). The part that grows with the batch
+# (step_overhead_per_seq_s) defaults to 0 for today's vLLM V1, whose per-request work is
+# vectorized and overlapped; vLLM V0's measured cost is in fleetsim.perf.cpu_overhead.
 STEP_OVERHEAD_S = 1.5e-3
+STEP_OVERHEAD_PER_SEQ_S = 0.0
 # Elementwise kernels per layer (2 RMSNorm+residual, RoPE, SiLU-and-mul), each >= one launch.
 ELEMENTWISE_KERNELS_PER_LAYER = 4
 
@@ -91,6 +94,13 @@ class _Piecewise:
             i = 0
         return self.ys[i] + self.slopes[i] * (x - xs[i])
 
+    def scaled(self, factor: float) -> _Piecewise:
+        """``factor * y(x)``; the same object when ``factor == 1`` (bit-identical results)."""
+        if factor == 1.0:
+            return self
+        return _Piecewise(self.xs, [y * factor for y in self.ys],
+                          [d * factor for d in self.slopes])
+
     def lookup(self) -> Callable[[float], float]:
         xs, ys, sl = self.xs, self.ys, self.slopes
         num_dense = 0
@@ -143,7 +153,8 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
             T, h, heads * m.head_dim
         )
     inter = -(-m.intermediate_size // tp)
-    dense_mlp = ops.gemm_s(T, 2 * inter, h) + ops.gemm_s(T, h, inter)
+    up = (2 if m.gated_mlp else 1) * inter  # SwiGLU fuses gate and up in one GEMM
+    dense_mlp = ops.gemm_s(T, up, h) + ops.gemm_s(T, h, inter)
     gemm = m.num_layers * proj + (m.num_layers - m.num_moe_layers) * dense_mlp
     moe = np.zeros_like(T)
     if m.is_moe:
@@ -156,7 +167,7 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
         moe = m.num_moe_layers * ops.moe_s(T)
     comm = 2 * m.num_layers * ops.allreduce_s(T)
     # norms, RoPE, activation: ~12 hidden-sized bf16 passes + the SwiGLU input/output
-    elem_bytes = T * (12 * h + 3 * inter) * 2.0
+    elem_bytes = T * (12 * h + (up + inter)) * 2.0
     floor = ELEMENTWISE_KERNELS_PER_LAYER * rl.KERNEL_FLOOR_S
     elem = m.num_layers * np.where(
         T > 0, np.maximum(elem_bytes / (gpu.hbm_bw_bytes_per_s * rl.GEMM_MEMORY_EFF), floor), 0.0
@@ -216,6 +227,8 @@ class TableStepModel:
         tp: int,
         use_tables: bool,
         step_overhead_s: float = STEP_OVERHEAD_S,
+        step_overhead_per_seq_s: float = STEP_OVERHEAD_PER_SEQ_S,
+        kernel_time_scale: float = 1.0,
     ) -> None:
         self.model, self.gpu, self.tp = model, gpu, tp
         key = (model, gpu, tp, use_tables)
@@ -224,17 +237,25 @@ class TableStepModel:
         g = _GRID_CACHE[key]
         self._g = g
         self.step_overhead_s = float(step_overhead_s)
+        self.step_overhead_per_seq_s = float(step_overhead_per_seq_s)
+        # Every GPU term (kernels, not the CPU overhead) times this factor: a deployment's
+        # kernels slower or faster than the tables' (``fleetsim calibrate`` fits it).
+        self.kernel_time_scale = k = float(kernel_time_scale)
         self.sources: dict[str, str] = dict(g.sources)
+        if k != 1.0:
+            self.sources["kernel_time_scale"] = f"every kernel term x{k:g}"
+        per_seq = (f" + {self.step_overhead_per_seq_s * 1e6:g} us per sequence"
+                   if self.step_overhead_per_seq_s else "")
         self.sources["other"] = (
             f"roofline (elementwise, sampling) + fixed {self.step_overhead_s * 1e3:g} ms "
-            "per-step overhead"
+            f"per-step overhead{per_seq}"
         )
         # Hot-path bindings: the grids' piecewise-linear curves, and floats.
-        self._tok, self._seq = g.total_tokens, g.total_seqs
-        self._dec_a, self._dec_c = g.dec_a, g.dec_c
-        self._prefill = g.prefill
-        self._floor = g.prefill_floor_s
-        self._kv_read = g.kv_read_s_per_token
+        self._tok, self._seq = g.total_tokens.scaled(k), g.total_seqs.scaled(k)
+        self._dec_a, self._dec_c = g.dec_a.scaled(k), g.dec_c.scaled(k)
+        self._prefill = g.prefill.scaled(k)
+        self._floor = g.prefill_floor_s * k
+        self._kv_read = g.kv_read_s_per_token * k
 
     def _prefill_attention_s(self, prefill_chunks: Sequence[tuple[int, int]]) -> float:
         att, floor, kv_read, prefill = 0.0, self._floor, self._kv_read, self._prefill
@@ -252,31 +273,38 @@ class TableStepModel:
         for new, _ in prefill_chunks:
             num_tokens += new
         num_seqs = num_decode + len(prefill_chunks)
-        t = self.step_overhead_s + self._tok.at(num_tokens) + self._seq.at(num_seqs)
+        t = self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs
+        t = t + self._tok.at(num_tokens) + self._seq.at(num_seqs)
         t = t + self._dec_a.at(num_decode)
         t = t + self._dec_c.at(num_decode) * decode_kv_tokens
         if prefill_chunks:
             t += self._prefill_attention_s(prefill_chunks)
         return t
 
+    def per_sequence_s(self, num_seqs: int) -> float:
+        """Seconds of the terms priced per sampled sequence: LM head GEMM and sampling."""
+        return self._seq.at(num_seqs)
+
     def op_time_lookup(self, op_class: str) -> Callable[[float], float]:
         """Seconds of one op class (``gemm``, ``moe``, ``communication``, ``other``) as a
         function of the step's token count, for models that replace a part (expert
         parallelism replaces ``moe``)."""
-        return self._g.by_tokens[op_class].lookup()
+        return self._g.by_tokens[op_class].scaled(self.kernel_time_scale).lookup()
 
     def decode_step_times_s(
         self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
     ) -> NDArray[np.float64]:
         """``step_time_s((), num_decode, kv)`` per element, bit for bit (same float ops)."""
-        t = self.step_overhead_s + self._tok.at(num_decode) + self._seq.at(num_decode)
+        t = self.step_overhead_s + self.step_overhead_per_seq_s * num_decode
+        t = t + self._tok.at(num_decode) + self._seq.at(num_decode)
         t = t + self._dec_a.at(num_decode)
         kv = np.asarray(decode_kv_tokens).astype(np.float64)
         return t + self._dec_c.at(num_decode) * kv
 
     def decode_terms_s(self, num_decode: int) -> tuple[float, float, float]:
         """``step_time_s((), n, kv) == (base + per_kv * kv) + extra``, bit for bit."""
-        t = self.step_overhead_s + self._tok.at(num_decode) + self._seq.at(num_decode)
+        t = self.step_overhead_s + self.step_overhead_per_seq_s * num_decode
+        t = t + self._tok.at(num_decode) + self._seq.at(num_decode)
         return t + self._dec_a.at(num_decode), self._dec_c.at(num_decode), 0.0
 
     def breakdown_s(
@@ -287,12 +315,14 @@ class TableStepModel:
         g = self._g
         num_tokens = num_decode + sum(n for n, _ in prefill_chunks)
         num_seqs = num_decode + len(prefill_chunks)
-        out = {k: g.by_tokens[k](num_tokens) if k in g.by_tokens else 0.0 for k in OP_CLASSES}
+        scale = self.kernel_time_scale
+        out = {k: g.by_tokens[k](num_tokens) * scale if k in g.by_tokens else 0.0
+               for k in OP_CLASSES}
         for k, f in g.by_seqs.items():
-            out[k] += f(num_seqs)
+            out[k] += f(num_seqs) * scale
         out["attention"] = (self._dec_a.at(num_decode)
                             + self._dec_c.at(num_decode) * decode_kv_tokens)
         if prefill_chunks:
             out["attention"] += self._prefill_attention_s(prefill_chunks)
-        out["other"] += self.step_overhead_s
+        out["other"] += self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs
         return out

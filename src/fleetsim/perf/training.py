@@ -20,6 +20,7 @@ micro-batches of stage time ``t_j``: for equal micro-batches the bubble is
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ class PassTimes:
     comm_s: float = 0.0
     """The TP all-reduces (part of ``layers_s``): as many in the backward pass as in the
     forward (Megatron's f and g operators), not twice as many."""
+    moe_s: float = 0.0
+    """The routed-expert GEMMs (part of ``layers_s``) as the tables time them for this
+    tensor-parallel group; an expert-parallel model replaces them with its own."""
 
 
 class ForwardModel:
@@ -79,11 +83,12 @@ class ForwardModel:
             return PassTimes(0.0, 0.0, 0.0)
         comm = self._comm(num_tokens)
         per_token = sum(f(num_tokens) for f in self._per_token) + comm
+        moe = float(self._per_token[1](num_tokens))
         lens = np.asarray(seq_lens, dtype=np.float64)
         attention = self.attention_scale * float(self._attn(lens).sum())
         # A value or reward model ends in a hidden -> 1 projection: negligible.
         head = float(self._head(np.float64(num_tokens))) if self.lm_head else 0.0
-        return PassTimes(per_token + attention, attention, head, comm)
+        return PassTimes(per_token + attention, attention, head, comm, moe)
 
 
 @lru_cache(maxsize=64)
@@ -142,6 +147,9 @@ class PassResult:
     """Exposed gradient reduction and pipeline activation transfers."""
     optimizer_s: float = 0.0
     num_micro_batches: int = 0
+    micro_batches_s: tuple[tuple[float, float], ...] = ()
+    """That rank's micro-batches: (forward, backward with recomputation) seconds of one
+    pipeline stage each (what a fused pipeline schedule interleaves)."""
 
 
 def pack(seq_lens: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -164,11 +172,11 @@ def pack(seq_lens: Sequence[int], max_tokens: int) -> list[list[int]]:
 def split_ranks(seq_lens: Sequence[int], dp: int) -> list[list[int]]:
     """Balance sequences over ``dp`` ranks by tokens (longest first onto the lightest rank)."""
     ranks: list[list[int]] = [[] for _ in range(dp)]
-    load = [0] * dp
+    heap = [(0, i) for i in range(dp)]  # (load, rank): the lightest, lowest-numbered first
     for s in sorted(seq_lens, reverse=True):
-        i = load.index(min(load))
+        load, i = heap[0]
         ranks[i].append(s)
-        load[i] += s
+        heapq.heapreplace(heap, (load + s, i))
     return ranks
 
 
@@ -187,19 +195,19 @@ class PassModel:
         self._dp_bw = gpu.nvlink_bw_bytes_per_s if lay.num_gpus <= per_node else (
             gpu.network_bw_bytes_per_s)
 
-    def _stage_s(self, mb: list[int]) -> tuple[float, float]:
-        """(stage time of the slowest stage, its attention-recompute share) for one
-        micro-batch: forward, plus backward and recomputation when training."""
+    def _stage_s(self, mb: list[int]) -> tuple[float, float, float]:
+        """(forward, backward with recomputation, backward alone) seconds of the slowest
+        stage for one micro-batch (the backward parts are 0 unless training)."""
         t = self.fwd.forward(mb)
         pp = self.layout.pp
         fwd = t.layers_s / pp + t.head_s
         if not self.train:
-            return fwd, 0.0
+            return fwd, 0.0, 0.0
         mode = self.layout.recompute
         extra = fwd if mode == "full" else (t.attention_s / pp if mode == "selective" else 0.0)
         comm = t.comm_s / pp
         bwd = (fwd - comm) * BACKWARD_OVER_FORWARD + comm
-        return fwd + bwd + extra, bwd
+        return fwd, bwd + extra, bwd
 
     def run(self, seq_lens: Sequence[int], *, optimizer_step: bool = True,
             reduce_grads: bool = True) -> PassResult:
@@ -215,8 +223,8 @@ class PassModel:
                 continue
             stages = [self._stage_s(mb) for mb in pack(rank, lay.micro_batch_tokens)]
             num_mb = max(num_mb, len(stages))
-            compute = sum(s for s, _ in stages)
-            longest = max(s for s, _ in stages)
+            compute = sum(f + b for f, b, _ in stages)
+            longest = max(f + b for f, b, _ in stages)
             bubble = (lay.pp - 1) * longest
             # Activations cross each stage boundary forward (and their gradients back).
             hops = 0.0
@@ -225,9 +233,10 @@ class PassModel:
                 per_hop = toks * self.fwd.model.hidden_size * 2 / lay.tp / self._p2p_bw
                 hops = per_hop * (2 if self.train else 1)
             candidate = PassResult(compute + bubble + hops, compute, bubble, hops,
-                                   num_micro_batches=len(stages))
+                                   num_micro_batches=len(stages),
+                                   micro_batches_s=tuple((f, b) for f, b, _ in stages))
             if worst is None or candidate.time_s > worst.time_s:
-                last_bwd = stages[-1][1]
+                last_bwd = stages[-1][2]
                 worst = candidate
         if worst is None:
             worst = PassResult(0.0, 0.0, 0.0)

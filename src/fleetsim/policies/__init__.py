@@ -21,6 +21,7 @@ from fleetsim.policies.programs import (
     WorkflowFCFS,
     WorkflowLLF,
 )
+from fleetsim.policies.watermark import WatermarkPlanner
 from fleetsim.registry import PolicySpec
 from fleetsim.serving.capabilities import Capabilities, capabilities_of
 from fleetsim.serving.views import KVView, ReplicaView
@@ -46,6 +47,7 @@ __all__ = [
     "ReplicaView",
     "StepPlan",
     "TokenBudgetPlanner",
+    "WatermarkPlanner",
     "capabilities_of",
     "make_batch_policy",
     "make_eviction",

@@ -10,7 +10,7 @@ from fleetsim.serving.request import Request
 from fleetsim.serving.views import ReplicaView
 
 
-def _next_chunk(req: Request, limit: int, bs: int, per_entry: int) -> tuple[int, int]:
+def next_chunk(req: Request, limit: int, bs: int, per_entry: int) -> tuple[int, int]:
     """A running request's tokens this step (what it needs, at most ``limit``) and the new
     blocks they take."""
     num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
@@ -36,7 +36,7 @@ def serve_running(
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     while i < last and budget > 0:
         req = running[i]
-        num_new, needed = _next_chunk(req, budget if budget < cap else cap, bs, per_entry)
+        num_new, needed = next_chunk(req, budget if budget < cap else cap, bs, per_entry)
         while needed > available and last > i:
             last -= 1
             victim = running[last]
@@ -73,7 +73,7 @@ def serve_running_swapping(
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     while i < last and budget > 0:
         req = running[i]
-        num_new, needed = _next_chunk(req, budget if budget < cap else cap, bs, per_entry)
+        num_new, needed = next_chunk(req, budget if budget < cap else cap, bs, per_entry)
         while needed > available + coming and last > i:
             last -= 1
             victim = running[last]
@@ -112,11 +112,13 @@ def swap_in_in_order(view: ReplicaView, available: int) -> tuple[tuple[int, ...]
 
 def admit_waiting(
     view: ReplicaView, tokens: dict[int, int], budget: int, available: int, cap: int,
-    chunked: bool,
+    chunked: bool, full_input: bool = False,
 ) -> None:
     """Admit waiting requests in order while the budget, ``max_running`` and KV allow; the
     first that does not fit stops admission (no overtaking). Without ``chunked``, a prompt
-    is admitted whole or not at all. Fills ``tokens``."""
+    is admitted whole or not at all. With ``full_input``, the blocks of the whole input must
+    fit the available ones, though only the chunk's are taken (current vLLM v1's
+    ``scheduler_reserve_full_isl``). Fills ``tokens``."""
     kv = view.kv
     num_running = len(view.running) + view.num_swapping_in  # swaps in take slots when done
     for req in view.waiting:
@@ -127,7 +129,8 @@ def admit_waiting(
         if num_new < todo and not chunked:
             return
         needed = kv.admission_blocks(req, num_new)
-        if needed > available:
+        if needed > available or (full_input and num_new < todo
+                                  and kv.admission_blocks(req, todo) > available):
             return
         tokens[req.id] = num_new
         budget -= num_new

@@ -73,6 +73,10 @@ class TokenBudgetPlanner:
     """Split long prefills across steps (vLLM's chunked prefill); else a prompt goes whole."""
     long_prefill_token_threshold: int | None = None
     """Cap on one request's prefill chunk per step (vLLM's long_prefill_token_threshold)."""
+    reserve_full_isl: bool = False
+    """Admit a prompt only if the blocks of its whole input fit the free ones, though only the
+    chunk's are taken (vLLM v1's ``scheduler_reserve_full_isl``, on in its recent releases;
+    off here by default, as in v0.8-v0.13: admission by the chunk)."""
     preemption_mode: str = "recompute"
     """recompute (drop a victim's KV, compute it again later) | swap (copy it to host memory,
     engine.swap_space_gib, and back; vLLM v0's preemption_mode). Swapped requests come back
@@ -104,7 +108,8 @@ class TokenBudgetPlanner:
         budget, available, preempt = serve_running(
             view, tokens, budget, view.kv.num_available_blocks, cap)
         if not preempt:
-            admit_waiting(view, tokens, budget, available, cap, self.enable_chunked_prefill)
+            admit_waiting(view, tokens, budget, available, cap, self.enable_chunked_prefill,
+                          self.reserve_full_isl)
         return StepPlan(tokens, tuple(preempt))
 
     def _plan_swapping(self, view: ReplicaView, tokens: dict[int, int], budget: int,
@@ -117,7 +122,7 @@ class TokenBudgetPlanner:
                 swap_in, available = swap_in_in_order(view, available)
             else:
                 admit_waiting(view, tokens, budget, available, cap,
-                              self.enable_chunked_prefill)
+                              self.enable_chunked_prefill, self.reserve_full_isl)
         return StepPlan(tokens, tuple(preempt), swap_out=tuple(swap_out), swap_in=swap_in)
 
 

@@ -16,29 +16,32 @@ enters a queue (the engine keeps queues sorted by it):
   first, per program (PLAS: the engine seconds of its finished calls) or along the critical
   path (ATLAS: the most, over the call's parents, of their path service), discretised into
   queues with boundaries ``base_quantum_s * ratio**k`` (the paper's multi-level queues; the
-  boundaries are our assumption). Anti-starvation: a call that has waited longer than
-  ``starvation_s`` times its program's attained service when it enters a queue goes to the
-  top queue (Autellix promotes by wait/service ratio; applied at enqueue only here, as the
-  keys are static);
+  boundaries are our assumption). Anti-starvation: a call whose program has waited longer
+  than ``starvation_ratio`` times its attained service goes to the top queue (Autellix
+  promotes by wait/service ratio). Keys change as programs attain service and wait: at every
+  plan, waiting calls whose key changed are re-keyed (``StepPlan.rekey``) before anything is
+  admitted, as Autellix's queues are;
 - ``workflow_llf``: least laxity first, deadline ``a_w + slo_scale * H_w`` (H_w the revealed
   critical path in standalone seconds; T_w itself is unknown online), laxity = deadline minus
   the revealed work left on the call's path;
-- ``hexagent``: highest projected risk ``R = ((t - a_w) + est) / H_w`` first (HexAGenT,
-  arXiv 2605.16637: the risk is the local queue priority; ``est`` is the call's standalone
-  time, and the queue wait ahead of it is the router's part, below).
+- ``hexagent``: highest projected risk ``R = ((t - a_w) + Delta) / H_w`` first (HexAGenT,
+  arXiv 2605.16637: the risk is the local queue priority). Delta is the projected completion
+  of the call under the plan its router chose (``HexAGenTPlacement``: prefill queue and
+  prefill, KV transfer P->D, decode wait and decode), or its standalone time without one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetsim.policies.batching import TokenBudgetPlanner, register_batch
+from fleetsim.policies.batching import StepPlan, TokenBudgetPlanner, register_batch
 from fleetsim.policies.routing import ClusterView, register_router
 from fleetsim.serving.capabilities import Capabilities
 from fleetsim.serving.request import Request
+from fleetsim.serving.views import ReplicaView
 
 Key = tuple[float, ...]
 
@@ -84,7 +87,15 @@ class WorkflowFCFS(_ProgramOrdered):
 @register_batch("plas")
 @dataclass(slots=True)
 class AutellixPLAS(_ProgramOrdered):
-    """Autellix PLAS: least attained service of the program first, in discrete queues."""
+    """Autellix PLAS: least attained service of the program first, in discrete queues.
+
+    A waiting call's key follows its program's attained service (which grows when another of
+    its calls finishes, on any replica) and its wait (anti-starvation): each plan first
+    re-keys the waiting calls whose key changed (a plan of only ``rekey``; the engine then
+    asks again with the queue re-sorted). So the plan can change with time alone while calls
+    wait: not ``fast_forward_safe`` (as FastServe's MLFQ); with nothing waiting every running
+    call decodes.
+    """
 
     base_quantum_s: float = 1.0
     """Upper bound of the top queue, engine seconds of attained service (our assumption)."""
@@ -96,7 +107,7 @@ class AutellixPLAS(_ProgramOrdered):
     """A call that waited this many times its program's attained service (counted when it
     enters a queue) goes to the top queue (anti-starvation)."""
 
-    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+    capabilities = Capabilities(fast_forward_safe=False, decodes_all_when_idle=True)
 
     def __post_init__(self) -> None:
         TokenBudgetPlanner.__post_init__(self)
@@ -110,7 +121,20 @@ class AutellixPLAS(_ProgramOrdered):
     def service_s(self, tag: Any) -> float:
         return float(tag.program.service_s)
 
+    def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
+        # The key each waiting call was queued under is kept in its policy_state.
+        stale = tuple(r.id for r in view.waiting
+                      if r.program is not None and self._key(r, now_s) != r.policy_state)
+        if stale:
+            return StepPlan({}, rekey=stale)
+        return TokenBudgetPlanner.plan(self, view, now_s)
+
     def key(self, req: Request, now_s: float) -> Key:
+        key = self._key(req, now_s)
+        req.policy_state = key
+        return key
+
+    def _key(self, req: Request, now_s: float) -> Key:
         tag = _tag(req)
         if tag is None:
             return (0, req.arrival_s, req.id)
@@ -127,7 +151,7 @@ class AutellixPLAS(_ProgramOrdered):
 class AutellixATLAS(AutellixPLAS):
     """Autellix ATLAS: PLAS along the critical path (the call's parents' path service)."""
 
-    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+    capabilities = Capabilities(fast_forward_safe=False, decodes_all_when_idle=True)
 
     def service_s(self, tag: Any) -> float:
         return float(tag.path_service_s)
@@ -163,7 +187,9 @@ class WorkflowLLF(_ProgramOrdered):
 @register_batch("hexagent")
 @dataclass(slots=True)
 class HexAGenTPriority(_ProgramOrdered):
-    """HexAGenT: the highest projected risk ``((t - a_w) + est) / H_w`` first."""
+    """HexAGenT: the highest projected risk ``((t - a_w) + Delta) / H_w`` first, Delta the
+    call's projected completion under its router's plan (``Plan.delta_s``; the standalone
+    time ``est_s`` when no HexAGenT router planned it)."""
 
     capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
 
@@ -172,7 +198,9 @@ class HexAGenTPriority(_ProgramOrdered):
         if tag is None:
             return (0.0, req.arrival_s, req.id)
         program = tag.program
-        risk = ((now_s - program.arrival_s) + tag.est_s) / max(program.horizon_s, 1e-9)
+        plan = tag.policy
+        delta = plan.delta_s if isinstance(plan, Plan) else tag.est_s
+        risk = ((now_s - program.arrival_s) + delta) / max(program.horizon_s, 1e-9)
         return (-risk, program.arrival_s, req.arrival_s, req.id)
 
 
@@ -207,28 +235,96 @@ class AutellixLocality:
         return best
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """HexAGenT's stage plan for one call (kept in its tag's ``policy``)."""
+
+    decode_replica_id: int | None  # None: prefill and decode on one (mixed) replica
+    delta_s: float  # projected seconds from routing to the call's last token
+
+
 @register_router("hexagent")
 @dataclass(slots=True)
 class HexAGenTPlacement:
-    """HexAGenT's placement on heterogeneous pools: the replica where the call would finish
-    its prefill first, its queue included: (backlog + prompt) tokens at that replica's own
-    prefill speed (its step model: faster GPUs drain faster). Used as the prefill (or mixed)
-    router and as the decode router, where the engine already offers only replicas whose KV
-    can hold the call (decode KV feasibility)."""
+    """HexAGenT's placement on heterogeneous pools: the (prefill, decode) plan whose call
+    would complete first, by greedy enumeration of every pair (the paper's joint choice).
+
+    A plan's completion Delta = the prefill queue and the prefill at that replica's own
+    speed ((backlog + prompt) tokens at its per-token prefill time), the KV transfer P->D over the slower of the two
+    links, the decode wait, and the decode (output tokens at the step time of the decode
+    replica's batch plus one). Decode KV feasibility: a decode replica whose free KV cannot
+    hold the call (or that has no free running slot) now waits one such decode first, so it
+    is chosen only when no feasible one is faster. On mixed replicas the plan is one replica
+    (no transfer). The plan goes into the call's tag (``Plan``: the batching policy's Delta);
+    at the handoff, the decode router takes the planned replica if it can still hold the KV,
+    else plans the decode stage again. Output lengths are the generator's (an oracle, as
+    the paper's estimates). The scheduler's own decision time is off the critical path (the
+    paper applies plans asynchronously). Backends without a performance model (the live
+    gateway's) are weighed by backlog plus prompt tokens alone."""
 
     _per_token_s: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
-        n = max(req.num_prompt_tokens, 1)
-        best, best_s = 0, math.inf
-        for i, r in enumerate(view.replicas):
-            key = (r.replica_id, n)
-            per = self._per_token_s.get(key)
-            if per is None:
-                step = getattr(r, "step_time_s", None)
-                per = (step([(n, 0)], 0, 0) / n) if step is not None else 1.0
-                self._per_token_s[key] = per
-            finish_s = (r.load_tokens + n) * per
-            if finish_s < best_s:
-                best, best_s = i, finish_s
+        reps: Sequence[Any] = view.replicas
+        if reps and getattr(reps[0], "role", "mixed") == "decode":
+            return self._route_decode(reps, req)
+        tag = _tag(req)
+        best, best_plan = 0, Plan(None, math.inf)
+        decodes = [(d, self._decode_s(d, req)) for d in getattr(view, "next_stage", ())]
+        for i, p in enumerate(reps):
+            prefill_s = self._prefill_s(p, req)
+            if not decodes:
+                plan = Plan(None, prefill_s + self._decode_s(p, req))
+            else:
+                n_bytes = p.kv_bytes_per_token * req.num_prompt_tokens
+                plan = min((Plan(d.replica_id, prefill_s
+                                 + n_bytes / min(p.link_bw_bytes_per_s, d.link_bw_bytes_per_s)
+                                 + decode_s) for d, decode_s in decodes),
+                           key=lambda pl: pl.delta_s)
+            if plan.delta_s < best_plan.delta_s:
+                best, best_plan = i, plan
+        if tag is not None:
+            tag.policy = best_plan
         return best
+
+    def _route_decode(self, reps: Sequence[Any], req: Request) -> int:
+        tag = _tag(req)
+        plan = tag.policy if tag is not None else None
+        if isinstance(plan, Plan):
+            for i, d in enumerate(reps):
+                if d.replica_id == plan.decode_replica_id and self._fits(d, req):
+                    return i
+        return min(range(len(reps)), key=lambda i: (self._decode_s(reps[i], req), i))
+
+    def _prefill_s(self, r: Any, req: Request) -> float:
+        # The whole prompt: with prefix hits in the estimate, calls piled onto the replicas
+        # holding their programs' contexts (docs/programs.md, measured).
+        n = max(req.num_prompt_tokens, 1)
+        key = (r.replica_id, n)
+        per = self._per_token_s.get(key)
+        if per is None:
+            step = getattr(r, "step_time_s", None)
+            per = float(step([(n, 0)], 0, 0)) / n if step is not None else 1.0
+            self._per_token_s[key] = per
+        return float(r.load_tokens + n) * per
+
+    def _decode_s(self, d: Any, req: Request) -> float:
+        """Decode wait + decode seconds of ``req`` on ``d``: its output tokens at the step
+        time of d's batch plus this call (each at this call's mean context), doubled where
+        d cannot take it now (it waits about one such decode)."""
+        step = getattr(d, "step_time_s", None)
+        if step is None:
+            return 0.0
+        batch = len(d.running) + d.num_incoming + 1
+        context = req.num_prompt_tokens + req.max_output_tokens // 2
+        decode_s = req.max_output_tokens * float(step([], batch, batch * context))
+        return decode_s if self._fits(d, req) else 2 * decode_s
+
+    @staticmethod
+    def _fits(d: Any, req: Request) -> bool:
+        kv = d.kv
+        if not hasattr(kv, "num_available_blocks"):
+            return True
+        need = kv.num_blocks_for(req.num_prompt_tokens + req.max_output_tokens)
+        return bool(need <= kv.num_available_blocks
+                    and len(d.running) + d.num_incoming < d.max_running)

@@ -30,6 +30,7 @@ class RoutableReplica(Protocol):
 class ClusterView(Protocol):
     replicas: Sequence[RoutableReplica]
     rng: np.random.Generator
+    next_stage: Sequence[RoutableReplica]  # P/D entry routing: the decode replicas
 
 
 class Router(Protocol):

@@ -30,6 +30,7 @@ from fleetsim.programs.tools import resample_tool_times, tool_latencies
 
 FILE_KINDS = ("jsonl", "weka", "tau_bench")
 PROGRAM_ARRIVALS = ("poisson", "constant", "trace")
+TOOL_KV = ("drop", "keep", "offload")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +59,14 @@ class ProgramWorkloadConfig:
     (``../shared/traces/agentic/agentcgroup_swe/``, GPL-2.0: read in place, never copied)."""
     tool_names: tuple[str, ...] = ()
     """With tool_trace: the tool types to draw from (e.g. ["Bash"]; empty: every tool)."""
+    tool_kv: str = "drop"
+    """A finished call's KV while its program waits on the tool before the next call: drop
+    (the engines' default: prompt blocks stay as evictable prefix cache) | keep (pinned on
+    the GPU for kv_ttl_s, Continuum) | offload (copied to host memory for kv_ttl_s and
+    reloaded when the next call arrives; needs engine.swap_space_gib)."""
+    kv_ttl_s: float = 2.0
+    """Time-to-live of kept or offloaded KV, seconds (our choice: above the tool_chain
+    generator's p90 tool latency, 1.4 s)."""
 
     def __post_init__(self) -> None:
         known = (*GENERATORS, MIXED, *FILE_KINDS)
@@ -90,6 +99,11 @@ class ProgramWorkloadConfig:
         if self.tool_names and self.tool_trace is None:
             raise ValueError("programs.tool_names needs programs.tool_trace (the traces to "
                              "draw the tools' latencies from)")
+        if self.tool_kv not in TOOL_KV:
+            raise ValueError(f"programs.tool_kv must be one of {', '.join(TOOL_KV)}, got "
+                             f"{self.tool_kv!r}")
+        if not 0.0 <= self.kv_ttl_s <= 1e6:
+            raise ValueError(f"programs.kv_ttl_s must be in [0, 1e6] s, got {self.kv_ttl_s}")
         generator_args(self)  # unknown or bad parameters fail here
 
 

@@ -48,5 +48,5 @@ def program_source(cfg: ProgramWorkloadConfig, rng: np.random.Generator, model: 
     programs = build_programs(cfg, rng, model.max_context_tokens)
     timer = call_timer(pools, model, max_batched_tokens, link_latency_s)
     name = f"programs:{cfg.generator}" + (f":{cfg.path}" if cfg.path else "")
-    return (ProgramSource(programs, timer, cfg.hash_block_tokens),
+    return (ProgramSource(programs, timer, cfg.hash_block_tokens, cfg.tool_kv != "drop"),
             calls_workload(programs, cfg.hash_block_tokens, name))

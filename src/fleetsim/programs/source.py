@@ -83,8 +83,8 @@ def program_call(req: Request) -> ProgramCall | None:
 class _Flight:
     """A program's per-call bookkeeping while it runs."""
 
-    __slots__ = ("call_s", "children", "hash_ids", "path_end_s", "path_service_s",
-                 "pending", "ready_s", "state")
+    __slots__ = ("call_s", "children", "context_ids", "extends", "hash_ids", "path_end_s",
+                 "path_service_s", "pending", "ready_s", "request_ids", "state")
 
     def __init__(self, program: Program, state: ProgramState, call_s: list[float],
                  hash_ids: list[tuple[int, ...]]) -> None:
@@ -96,6 +96,31 @@ class _Flight:
         self.ready_s = [program.arrival_s] * program.num_calls
         self.path_end_s = [0.0] * program.num_calls
         self.path_service_s = [0.0] * program.num_calls
+        self.request_ids = [0] * program.num_calls
+        # KV kept across tool waits (``keep_kv``): per call, the hash ids of its whole
+        # sequence when a child extends it, and whether it extends its first parent's.
+        self.context_ids: list[tuple[int, ...]] = [()] * program.num_calls
+        self.extends = [False] * program.num_calls
+
+
+def kv_links(program: Program, hash_ids: list[tuple[int, ...]], block_tokens: int
+             ) -> tuple[list[tuple[int, ...]], list[bool]]:
+    """Which calls' KV a child reuses: per call, the ids of its whole sequence's full blocks
+    if some child's prompt starts with all of them (else empty), and per call whether its
+    prompt extends its first parent's sequence so (that parent's KV is worth keeping)."""
+    context: list[tuple[int, ...]] = [()] * program.num_calls
+    extends = [False] * program.num_calls
+    for c, call in enumerate(program.calls):
+        if not call.parents:
+            continue
+        p = call.parents[0]
+        parent = program.calls[p]
+        n = (parent.num_prompt_tokens + parent.num_output_tokens) // block_tokens
+        ids = hash_ids[c][:n]
+        if n and len(ids) == n and ids[:len(hash_ids[p])] == hash_ids[p]:
+            context[p] = ids
+            extends[c] = True
+    return context, extends
 
 
 class ProgramSource:
@@ -105,12 +130,13 @@ class ProgramSource:
 
     wants_finishes = True
 
-    def __init__(self, programs: Sequence[Program], timer: CallTimer, block_tokens: int
-                 ) -> None:
+    def __init__(self, programs: Sequence[Program], timer: CallTimer, block_tokens: int,
+                 keep_kv: bool = False) -> None:
         order = sorted(range(len(programs)), key=lambda i: programs[i].arrival_s)
         self.programs = [programs[i] for i in order]
         self.timer = timer
         self.block_tokens = block_tokens
+        self.keep_kv = keep_kv  # mark calls whose KV a child reuses (``Request.kv_from``)
         self.states: list[ProgramState | None] = [None] * len(self.programs)
         self._fresh = itertools.count(1)  # hash ids, per simulation
         self._next = 0
@@ -158,6 +184,9 @@ class ProgramSource:
         state = ProgramState(k, program, critical_path_s(program, call_s))
         self.states[k] = state
         flight = _Flight(program, state, call_s, self._hash_ids(program))
+        if self.keep_kv:
+            flight.context_ids, flight.extends = kv_links(program, flight.hash_ids,
+                                                          self.block_tokens)
         first = True
         for i, call in enumerate(program.calls):
             if not call.parents:
@@ -179,7 +208,10 @@ class ProgramSource:
                           flight.path_service_s[i])
         req = Request(id=rid, arrival_s=flight.ready_s[i], num_prompt_tokens=call.num_prompt_tokens,
                       max_output_tokens=call.num_output_tokens, hash_ids=flight.hash_ids[i],
-                      program=tag)
+                      program=tag, context_hash_ids=flight.context_ids[i],
+                      kv_from=(flight.request_ids[call.parents[0]] if flight.extends[i]
+                               else None))
+        flight.request_ids[i] = rid
         self._calls[rid] = (flight, i)
         self._submitted_s.append(flight.ready_s[i])
         ctx.submit_at(flight.ready_s[i], req)

@@ -1,5 +1,6 @@
-"""HTML reports of result folders: latency CDFs, SLO attainment vs rate, utilization over
-time, Pareto front (matplotlib, an optional dependency imported only when a report is made)."""
+"""HTML reports of result folders: latency CDFs, SLO attainment vs offered load, queue length
+and batch size over time, Pareto front (matplotlib, an optional dependency imported only when
+a report is made)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from fleetsim.errors import FleetsimInputError
 DEFAULT_NAME = "report.html"
 
 
-def write_report(path: str | Path, out: str | Path | None = None) -> Path:
+def write_report(path: str | Path, out: str | Path | None = None,
+                 made_on: str | None = None) -> Path:
     """Read whatever ``path`` holds (see ``fleetsim.report.load``), write one self-contained
-    HTML page to ``out`` (default: ``<path>/report.html``) and return its path."""
+    HTML page to ``out`` (default: ``<path>/report.html``) and return its path. ``made_on``
+    (e.g. "2026-12-01 16:05 UTC", read from the clock by the caller) dates the page."""
     from fleetsim.report.load import load_inputs
 
     inputs = load_inputs(path)  # input errors first: they do not need matplotlib
@@ -30,7 +33,7 @@ def write_report(path: str | Path, out: str | Path | None = None) -> Path:
     if target.is_dir():
         raise FleetsimInputError("--out", str(target), "it is a folder; give an .html file path")
     check_out_file(target, "--out")
-    write_file(target, render(inputs))
+    write_file(target, render(inputs, made_on))
     return target
 
 

@@ -12,7 +12,8 @@ def add_parser(subparsers: Any) -> None:
         description="Read a run folder (summary.json, requests.csv), a sweep folder "
         "(sweep.json, points/), a capacity plan (plan.json) or a goodput-search JSON, or a "
         "folder of those, and write one self-contained HTML page with latency CDFs, SLO "
-        "attainment vs rate, utilization over time, the Pareto front and summary tables.")
+        "attainment vs offered load, queue length and batch size over time, the Pareto front and "
+        "summary tables, under a header naming the model, trace, SLO and fleetsim version.")
     p.add_argument("dir", help="results folder (or one JSON file)")
     p.add_argument("--out", default=None, help="HTML file (default: DIR/report.html)")
     p.set_defaults(handler=cmd_report)
@@ -20,11 +21,14 @@ def add_parser(subparsers: Any) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     import sys
+    from datetime import UTC, datetime
 
     from fleetsim.report import write_report
 
     if sys.stderr.isatty():
         print(f"reading {args.dir} and drawing the report...", file=sys.stderr, flush=True)
-    path = write_report(args.dir, args.out)
+    # The front end reads the clock, so that the package below it never does.
+    made_on = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    path = write_report(args.dir, args.out, made_on)
     print(f"report written to {path}")
     return 0

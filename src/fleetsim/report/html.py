@@ -1,20 +1,23 @@
 """One self-contained HTML page: figures as base64 PNG data URIs, tables, no external links.
 
-Sections: summary table, latency CDFs, SLO attainment vs rate, utilization over time,
-Pareto front. A section with nothing to draw says why instead of a figure.
+A header (model, hardware, trace, SLO, fleetsim versions, dates), then sections: summary
+tables, latency CDFs, SLO attainment vs offered load, queue length and batch size over
+time, Pareto front. A section with nothing to draw says why instead of a figure.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from html import escape
 from typing import Any
 
 from matplotlib.figure import Figure
 
+from fleetsim import __version__
 from fleetsim.report import figures as F
+from fleetsim.report.layout import Layout, fit, layout, workload_mix
 from fleetsim.report.load import ReportInputs, RunData
 
 CSS = """
@@ -24,6 +27,9 @@ h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom:
      margin-top: 1.8em; }
 p.src { color: #666; margin-top: 0; }
 p.note { color: #777; font-style: italic; }
+p.warn { color: #8a4b00; background: #fff6e5; padding: 0.5em 0.8em;
+         border-left: 4px solid #e69500; }
+table.meta { font-size: 0.95em; } table.meta th { width: 9em; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9em; }
 div.scroll { overflow-x: auto; }
@@ -49,28 +55,78 @@ def img(fig: Figure, alt: str, caption: str = "") -> str:
             f"{cap}</figure>")
 
 
-def render(inputs: ReportInputs) -> str:
-    """The whole page for what ``load_inputs`` found."""
-    runs = inputs.all_runs()
+def render(inputs: ReportInputs, made_on: str | None = None) -> str:
+    """The whole page for what ``load_inputs`` found; ``made_on`` (a date the caller read
+    from the clock) goes in the header."""
     parts = [f"<h1>fleetsim report</h1><p class=src>{escape(str(inputs.path))}: "
-             f"{escape(describe(inputs))}</p>"]
+             f"{escape(describe(inputs))}</p>", header(inputs, made_on)]
     parts.append(section("Summary", summary_tables(inputs)))
-    cdf = F.latency_cdfs(runs)
-    parts.append(section(F.TITLE_CDF, [img(cdf, F.TITLE_CDF, _thinned(runs, F.MAX_CURVES))]
-                         if cdf else [], "no requests.csv with TTFT/TPOT/E2E columns found"))
+    parts.append(section(F.TITLE_CDF, list(_per_source(inputs, F.latency_cdfs, F.TITLE_CDF)),
+                         "no requests.csv with TTFT/TPOT/E2E columns found"))
     parts.append(section(F.TITLE_SLO, list(_slo_figures(inputs)),
                          "needs a sweep over workload.rate_scale or workload.rate_per_s, or a "
                          "goodput search"))
-    util = F.utilization(runs)
-    parts.append(section(F.TITLE_UTIL, [img(util, F.TITLE_UTIL, _thinned(runs, F.MAX_PANELS))]
-                         if util else [], "no timeline in the summaries"))
-    parts.append(section(F.TITLE_PARETO, list(_pareto_figures(inputs)),
+    parts.append(section(F.TITLE_QUEUE,
+                         list(_per_source(inputs, F.queue_over_time, F.TITLE_QUEUE)),
+                         "no timeline with queue columns (mean_waiting, mean_running) in the "
+                         "summaries"))
+    parts.append(section(F.TITLE_PARETO, list(pareto_figures(inputs)),
                          "needs a capacity plan (plan.json), or sweep points or several runs "
                          "whose summaries report cost"))
     body = "\n".join(parts)
     return (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
             f"<title>fleetsim report: {escape(inputs.path.name or str(inputs.path))}</title>"
             f"<style>{CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
+
+
+def header(inputs: ReportInputs, made_on: str | None) -> str:
+    """What the figures are of: model, hardware, trace, SLO, the fleetsim that produced the
+    results and the one that drew them, and when."""
+    runs = inputs.all_runs()
+
+    def distinct(values: Iterable[Any]) -> str:
+        seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "")))
+        if not seen:
+            return "not recorded"
+        more = f" and {len(seen) - 4} more" if len(seen) > 4 else ""
+        return ", ".join(seen[:4]) + more
+
+    slos = [r.summary.get("slo") or {} for r in runs]
+    rows = [
+        ("model", distinct(r.summary.get("model") or (r.config or {}).get("model")
+                           for r in runs)),
+        ("hardware", distinct(_hardware(r) for r in runs)),
+        ("trace", distinct(r.summary.get("workload") for r in runs)),
+        ("SLO", distinct(f"TTFT ≤ {s['ttft_s']:g} s, TPOT ≤ {s['tpot_s']:g} s"
+                         for s in slos if "ttft_s" in s and "tpot_s" in s)),
+        ("results by", distinct(f"fleetsim {r.summary['engine_build']}" for r in runs
+                                if r.summary.get("engine_build"))),
+        ("results written", distinct([_written_on(inputs)])),
+        ("report by", f"fleetsim {__version__}" + (f", {made_on}" if made_on else "")),
+    ]
+    cells = "".join(f"<tr><th class=l>{escape(k)}</th><td class=l>{escape(v)}</td></tr>"
+                    for k, v in rows)
+    return f"<table class=meta>{cells}</table>"
+
+
+def _hardware(run: RunData) -> str | None:
+    s = run.summary
+    if not s.get("gpu"):
+        return None
+    return f"{s.get('num_replicas', '?')}x {s['gpu']}, TP {s.get('tp', '?')}"
+
+
+def _written_on(inputs: ReportInputs) -> str | None:
+    """The newest results file's modification date (UTC): when the results were made."""
+    from datetime import UTC, datetime
+
+    files = ([r.path / "summary.json" for r in inputs.all_runs()]
+             + [s.path / "sweep.json" for s in inputs.sweeps]
+             + [p.path for p in inputs.plans] + [s.path for s in inputs.searches])
+    stamps = [f.stat().st_mtime for f in files if f.is_file()]
+    if not stamps:
+        return None
+    return datetime.fromtimestamp(max(stamps), UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def describe(inputs: ReportInputs) -> str:
@@ -92,41 +148,88 @@ def section(title: str, items: list[str], missing: str = "") -> str:
     return f"<section><h2>{escape(title)}</h2>\n{content}\n</section>"
 
 
-def _thinned(items: list[Any], limit: int) -> str:
-    return f"Showing {limit} of {len(items)}, evenly spaced." if len(items) > limit else ""
+def sources(inputs: ReportInputs) -> list[tuple[str, list[RunData], tuple[str, ...]]]:
+    """(name, runs, grid keys): the plain runs together, then each sweep on its own (a
+    sweep's points share a grid; plain runs are told apart by their labels)."""
+    out: list[tuple[str, list[RunData], tuple[str, ...]]] = (
+        [("runs", inputs.runs, ())] if inputs.runs else [])
+    out += [(f"sweep {s.path.name}", s.runs, s.keys) for s in inputs.sweeps if s.runs]
+    return out
+
+
+def _per_source(inputs: ReportInputs, draw: Callable[[Layout], Figure | None],
+                title: str) -> Iterable[str]:
+    many = len(sources(inputs)) > 1
+    for name, runs, keys in sources(inputs):
+        lay, note = fit(layout(runs, keys), F.MAX_FACETS, F.MAX_CURVES)
+        fig = draw(lay)
+        if fig:
+            yield img(fig, title, " ".join(
+                b for b in ((f"{name}." if many else ""), _layout_caption(lay), note) if b))
+
+
+def _layout_caption(lay: Layout) -> str:
+    if lay.colour_key is None:
+        return ""
+    panels = {f.split("=", 1)[0] for label, _ in lay.facets for f in label.split(", ") if f}
+    split = f"; panels by {', '.join(sorted(panels))}" if panels else ""
+    return f"Colour: {lay.colour_key}{split}."
 
 
 def _slo_figures(inputs: ReportInputs) -> Iterable[str]:
     for sweep in inputs.sweeps:
-        fig = F.slo_vs_rate_sweep(sweep)
+        key = F.rate_key(sweep)
+        if key is None:
+            continue
+        lay, note = fit(layout(sweep.runs, sweep.keys, x_key=key), F.MAX_FACETS, F.MAX_CURVES)
+        fig = F.slo_vs_rate_sweep(sweep, lay)
         if fig:
-            yield img(fig, F.TITLE_SLO)
+            x = ("x: offered load, arrivals over their span (the sweep's "
+                 f"{key} sets it); dashed line: the {100 * F.DEFAULT_TARGET:g}% attainment "
+                 "target that fleetsim goodput and plan use by default.")
+            yield img(fig, F.TITLE_SLO, " ".join(b for b in (x, _layout_caption(lay), note)
+                                                  if b))
     for search in inputs.searches:
         fig = F.slo_vs_rate_search(search)
         if fig:
             yield img(fig, F.TITLE_SLO, f"from {search.path.name}")
 
 
-MEASURED_GOODPUT = ("Goodput as measured at the load each run was given, not searched for; "
-                    "fleetsim plan searches each shape's highest rate that meets the SLO.")
+MEASURED_GOODPUT = ("SLO-meeting rate as measured at the load each run was given, not "
+                    "searched for; fleetsim plan searches each shape's highest rate that "
+                    "meets the SLO.")
 
 
-def _pareto_figures(inputs: ReportInputs) -> Iterable[str]:
+def pareto_figures(inputs: ReportInputs) -> Iterable[str]:
     for plan in inputs.plans:
         fig = F.pareto_of_plan(plan)
         if fig:
             yield img(fig, F.TITLE_PARETO)
     for sweep in inputs.sweeps:
         key = F.rate_key(sweep)
-        note = (f"each configuration at its best goodput over the swept {key}" if key else
-                "each point's goodput at the load it was given")
+        mixed = workload_mix(sweep.runs, ignore=[key] if key else [])
+        if mixed:
+            yield _refusal(f"sweep {sweep.path.name}", mixed)
+            continue
+        note = (f"each configuration at its best SLO-meeting rate over the swept {key}" if key
+                else "each point's SLO-meeting rate at the load it was given")
         fig = F.pareto(F.pareto_points(sweep.runs, key), f"sweep {sweep.path.name}: {note}")
         if fig:
             yield img(fig, F.TITLE_PARETO, MEASURED_GOODPUT)
     if len(inputs.runs) > 1:
+        mixed = workload_mix(inputs.runs)
+        if mixed:
+            yield _refusal(f"{len(inputs.runs)} runs", mixed)
+            return
         fig = F.pareto(F.pareto_points(inputs.runs), f"{len(inputs.runs)} runs")
         if fig:
             yield img(fig, F.TITLE_PARETO, MEASURED_GOODPUT)
+
+
+def _refusal(what: str, why: str) -> str:
+    return (f"<p class=warn>No Pareto front for {escape(what)}: {escape(why)}. Compare "
+            "configurations on one workload and SLO (sweep the configuration with the "
+            "workload fixed).</p>")
 
 
 # ---- tables ---------------------------------------------------------------------------

@@ -43,6 +43,8 @@ class RunData:
     """ttft_s / tpot_s / e2e_s per finished request (from requests.csv), None if absent."""
     values: dict[str, Any] = field(default_factory=dict)
     """Grid values of a sweep point (dotted key -> value); empty for a plain run."""
+    config: dict[str, Any] | None = None
+    """The resolved config (config.json), None if absent or unreadable."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -152,7 +154,19 @@ def load_run(folder: Path, label: str, values: Mapping[str, Any] | None = None) 
     csv_path = folder / "requests.csv"
     latencies = read_latencies(csv_path) if csv_path.is_file() else None
     return RunData(label=label, path=folder, summary=summary, latencies=latencies,
-                   values=dict(values or {}))
+                   values=dict(values or {}), config=_optional_config(folder / "config.json"))
+
+
+def _optional_config(path: Path) -> dict[str, Any] | None:
+    # Only the header and the workload check use it: a missing or broken one leaves them
+    # to the summary's fields.
+    if not path.is_file():
+        return None
+    try:
+        config = _read_json(path)
+    except FleetsimInputError:
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def load_sweep(folder: Path) -> SweepData:

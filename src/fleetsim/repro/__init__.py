@@ -6,7 +6,9 @@ from fleetsim.repro import (  # noqa: E402,F401  (register the entries)
     autellix,
     fastserve,
     hexagent,
+    rlhfuse,
     streamrl,
+    ultraep,
 )
 from fleetsim.repro.frame import (
     REPRODUCTIONS,

@@ -118,8 +118,10 @@ def _result_table(repro: Any, doc: dict[str, Any]) -> Table:
     table = Table(title=f"{repro.paper.title} — {metric['name']} ({metric['unit']}, "
                         f"{metric['direction']} is better)")
     table.add_column("policy", overflow="fold")
-    for value in loads["values"]:
-        table.add_column(f"{fmt_number(value)} {loads['unit']}", justify="right")
+    for i, value in enumerate(loads["values"]):
+        label = (loads["labels"][i] if loads.get("labels")
+                 else f"{fmt_number(value)} {loads['unit']}")
+        table.add_column(label, justify="right")
     for policy, by_load in doc["results"].items():
         table.add_row(policy, *(fmt_number(v) if v is not None else "—"
                                 for v in by_load.values()))
@@ -142,7 +144,11 @@ def _write(out: Path, repro: Any, comparison: Any, ctx: Any, doc: dict[str, Any]
         for (policy, load), result in ctx.runs.items():
             folder = tmp / "runs" / _safe(policy) / _safe(load)
             folder.mkdir(parents=True)
-            write_run_files(folder, result.summary, result.config, result.records.requests)
+            if result.records is None:  # a run without requests (an MoE pass model)
+                write_json(folder / "summary.json", result.summary)
+                write_json(folder / "config.json", result.config)
+            else:
+                write_run_files(folder, result.summary, result.config, result.records.requests)
         write_json(tmp / "repro.json", doc)
         try:
             from fleetsim.repro.plot import key_figure

@@ -54,6 +54,9 @@ class Loads:
     unit: str
     values: tuple[float, ...]
     quick_values: tuple[float, ...]
+    labels: tuple[str, ...] = ()
+    """Names of the levels when they are categories (e.g. phase and hardware), not numbers:
+    the table's columns and the figure's x ticks; ``values`` are then their positions."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +96,8 @@ class Comparison:
     headline: dict[str, float | None] = field(default_factory=dict)
     """policy -> the headline quantity (``Reproduction.headline_metric``), when there is one."""
     notes: list[str] = field(default_factory=list)
+    reference: tuple[str, float] | None = None
+    """A level of ``metric`` drawn across the key figure (e.g. ``("SLO", 0.3)``)."""
 
 
 class ReproContext:
@@ -170,7 +175,8 @@ def to_document(repro: Reproduction, comparison: Comparison, *, quick: bool) -> 
         "paper_ratio": repro.paper_ratio,
         "ratio": comparison.ratio,
         "loads": {"name": loads.name, "unit": loads.unit,
-                  "values": list(loads.quick_values if quick else loads.values)},
+                  "values": list(loads.quick_values if quick else loads.values),
+                  "labels": list(loads.labels)},
         "results": comparison.results,
         "quick": quick,
         "notes": comparison.notes,

@@ -22,7 +22,14 @@ def key_figure(repro: Any, comparison: Any, doc: dict[str, Any], path: Path) -> 
         ys = [v for v in by_load.values() if v is not None]
         style = "-o" if policy == repro.system else "--s"
         ax.plot(xs, ys, style, label=policy, markersize=4)
-    ax.set_xlabel(f"{loads['name']} ({loads['unit']})")
+    if getattr(comparison, "reference", None) is not None:
+        label, level = comparison.reference
+        ax.axhline(level, linestyle=":", color="gray", label=f"{label} ({level:g} {metric.unit})")
+    if loads.get("labels"):
+        ax.set_xticks(loads["values"], loads["labels"], fontsize=8)
+        ax.set_xlabel(loads["name"])
+    else:
+        ax.set_xlabel(f"{loads['name']} ({loads['unit']})")
     ax.set_ylabel(f"{metric.name} ({metric.unit})")
     ratio = doc["ratio"]
     ours = f"{ratio:.2f}x" if ratio is not None else "n/a"

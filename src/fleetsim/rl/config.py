@@ -155,7 +155,32 @@ class SystemConfig:
     """Rollout prefill attention, and the attention of every training-side forward pass,
     take this many times longer (AReaL-TIK: 1 / 0.964 on H20)."""
 
+    generation_rounds: int = 1
+    """Generate the batch in this many static rounds, each starting when the previous one has
+    wholly finished (DeepSpeed-Chat's hybrid engine generates a batch at a time); 1: the
+    whole batch at once with continuous batching."""
+    tail_migration_fraction: float | None = None
+    """RLHFuse's inter-stage fusion: when this share of the samples is still generating,
+    move them (with their KV) onto as few generation instances as hold them and run the
+    inference passes of the finished samples on the freed GPUs meanwhile (paper: 0.2);
+    None: off. Colocated jobs only."""
+    fuse_training: bool = False
+    """RLHFuse's intra-stage fusion (PPO): actor and critic training in one fused pipeline
+    schedule on the same stages, found by simulated annealing (rl/fused_pipeline.py)."""
+    fusion_iterations: int = 2000
+    """Simulated-annealing moves per fused schedule searched (one search per distinct pair
+    of micro-batch counts; seeded by the job's seed)."""
+
     def __post_init__(self) -> None:
+        if self.generation_rounds < 1:
+            raise ValueError(f"generation_rounds must be >= 1, got {self.generation_rounds}")
+        if self.tail_migration_fraction is not None and not (
+                0 < self.tail_migration_fraction < 1):
+            raise ValueError(f"tail_migration_fraction must be in (0, 1) (RLHFuse: 0.2) or "
+                             f"absent, got {self.tail_migration_fraction}")
+        if self.fusion_iterations < 0 or self.fusion_iterations > 10**6:
+            raise ValueError(f"fusion_iterations must be in 0..1000000, got "
+                             f"{self.fusion_iterations}")
         if self.staleness < 0 or self.staleness > 1:
             raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step asynchronous), "
                              f"got {self.staleness}")
@@ -223,6 +248,16 @@ class RLConfig:
         if not 1 <= self.ppo_mini_batches <= self.num_prompts_per_step:
             raise ValueError(f"ppo_mini_batches must be in 1..num_prompts_per_step "
                              f"({self.num_prompts_per_step}), got {self.ppo_mini_batches}")
+        sysc = self.system
+        if sysc.fuse_training and self.algorithm != "ppo":
+            raise ValueError("system.fuse_training fuses the actor's and the critic's training "
+                             "pipelines: it needs algorithm = \"ppo\"")
+        if sysc.tail_migration_fraction is not None and len(self.pools) != 1:
+            raise ValueError("system.tail_migration_fraction frees generation GPUs for the "
+                             "inference passes: it needs a colocated job (one pool)")
+        if sysc.generation_rounds > self.num_prompts_per_step:
+            raise ValueError(f"system.generation_rounds must be <= num_prompts_per_step "
+                             f"({self.num_prompts_per_step}), got {sysc.generation_rounds}")
         if self.perf_backend not in ("auto", "roofline"):
             raise ValueError(f"perf_backend must be auto or roofline, got {self.perf_backend!r}")
         self._check_pools()

@@ -27,7 +27,7 @@ import numpy as np
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec, get_gpu
-from fleetsim.models import ModelSpec
+from fleetsim.models import ModelSpec, get_model
 from fleetsim.perf.training import (
     ForwardModel,
     Layout,
@@ -36,9 +36,9 @@ from fleetsim.perf.training import (
     training_state_bytes_per_gpu,
 )
 from fleetsim.rl.config import ParallelConfig, PoolSpec, RLConfig
+from fleetsim.rl.fusion import FusedTraining, migrate_tail
 from fleetsim.rl.generation import GenerationPool, round_robin, skewness_aware
 from fleetsim.rl.lengths import StepBatch, sample_step
-from fleetsim.rl.models import resolve_model
 from fleetsim.rl.process import Event, Kernel, Process, Timeout
 from fleetsim.rl.results import RLResult, summarize
 from fleetsim.serving.request import Request
@@ -83,6 +83,15 @@ class Samples:
     """Fires when every sample has finished."""
     wake: Event | None = None
     """Fires at the next group finish (a streaming trainer waits on it)."""
+    request_id: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    lane_end_s: dict[int, float] = field(default_factory=dict)
+    """Generation replicas freed before the batch ended (tail migration) -> when."""
+    tail: Event | None = None
+    """Fires when only ``tail_at`` samples are left (RLHFuse's tail migration)."""
+    tail_at: int = -1
+    rounds: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    """Static generation rounds still to submit: (samples, replica of each)."""
+    round_left: int = 0
 
 
 @dataclass(slots=True)
@@ -116,6 +125,10 @@ class RLJob:
             raise FleetsimInputError(f"rl.pools[{i}] ({self.gen_pool.name}) generation",
                                      err.value, err.fix) from None
         self.passes = self._build_passes()
+        sysc = cfg.system
+        self.fused = FusedTraining(cfg.training.pp, sysc.fusion_iterations, cfg.seed) if (
+            sysc.fuse_training) else None
+        self.migrations: list[dict[str, Any]] = []
         self.weight_version = 0
         self.weights_ready: dict[int, Event] = {0: self.kernel.event()}
         self.weights_ready[0].succeed()
@@ -124,7 +137,7 @@ class RLJob:
     # ---- set-up --------------------------------------------------------------------------
     def _model(self, role: str, name: str) -> ModelSpec:
         try:
-            return resolve_model(name)
+            return get_model(name)
         except FleetsimInputError as err:
             raise FleetsimInputError(f"rl.{role}", name, err.fix) from None
 
@@ -134,9 +147,9 @@ class RLJob:
         except FleetsimInputError as err:
             raise FleetsimInputError(f"rl.pools[{i}].gpu", pool.gpu, err.fix) from None
 
-    def _layout(self, stage: str, par: ParallelConfig) -> Layout:
-        pool = self.cfg.pool_of(stage)
-        return Layout(tp=par.tp, pp=par.pp, dp=max(1, pool.num_gpus // (par.tp * par.pp)),
+    def _layout(self, stage: str, par: ParallelConfig, num_gpus: int | None = None) -> Layout:
+        gpus = self.cfg.pool_of(stage).num_gpus if num_gpus is None else num_gpus
+        return Layout(tp=par.tp, pp=par.pp, dp=max(1, gpus // (par.tp * par.pp)),
                       micro_batch_tokens=par.micro_batch_tokens, recompute=par.recompute,
                       overlap_grad_reduce=par.overlap_grad_reduce)
 
@@ -186,36 +199,48 @@ class RLJob:
                 f"{lay.tp} x pp {lay.pp} x dp {lay.dp}, more than {MEMORY_HEADROOM:.0%} of a "
                 f"{gpu.name}'s {gpu.hbm_bytes / 1e9:.0f} GB; add GPUs or raise rl.training.tp/pp")
 
-    def _build_passes(self) -> _Passes:
-        cfg, sysc = self.cfg, self.cfg.system
-        attn = sysc.rollout_prefill_attention_slowdown  # unified kernels in training too
+    def _pass_model(self, stage: str, par: ParallelConfig, model: ModelSpec, *, head: bool,
+                    train: bool, num_gpus: int | None = None) -> PassModel:
+        cfg = self.cfg
+        gpu = self.gpus[cfg.pool_of(stage).name]
+        # AReaL-TIK's unified kernels slow the attention of training-side passes too.
+        fwd = ForwardModel(model, gpu, par.tp, backend=cfg.perf_backend, lm_head=head,
+                           attention_scale=cfg.system.rollout_prefill_attention_slowdown)
+        return PassModel(fwd, self._layout(stage, par, num_gpus), train=train)
 
-        def pm(stage: str, par: ParallelConfig, model: ModelSpec, *, head: bool,
-               train: bool) -> PassModel:
-            gpu = self.gpus[cfg.pool_of(stage).name]
-            fwd = ForwardModel(model, gpu, par.tp, backend=cfg.perf_backend, lm_head=head,
-                               attention_scale=attn)
-            return PassModel(fwd, self._layout(stage, par), train=train)
+    def _inference_passes(self, num_gpus: int | None = None) -> list[tuple[str, PassModel]]:
+        """The forward-only passes, over the inference pool or over ``num_gpus`` of it."""
+        cfg = self.cfg
+        inf = cfg.inference_layout
 
-        inf, tr = cfg.inference_layout, cfg.training
+        def pm(model: ModelSpec, head: bool) -> PassModel:
+            return self._pass_model("inference", inf, model, head=head, train=False,
+                                    num_gpus=num_gpus)
+
         inference: list[tuple[str, PassModel]] = []
-        training: list[tuple[str, PassModel]] = []
-        if sysc.recompute_logprobs:
-            inference.append(("old_logprob", pm("inference", inf, self.actor, head=True,
-                                                train=False)))
+        if cfg.system.recompute_logprobs:
+            inference.append(("old_logprob", pm(self.actor, True)))
         if cfg.use_reference:
-            ref = self._model("reference", cfg.reference or cfg.actor)
-            inference.append(("reference", pm("inference", inf, ref, head=True, train=False)))
+            inference.append(("reference", pm(self._model("reference",
+                                                          cfg.reference or cfg.actor), True)))
+        if cfg.algorithm == "ppo":
+            reward = self._model("reward", cfg.reward or cfg.critic or cfg.actor)
+            inference.append(("reward", pm(reward, False)))
+            inference.append(("critic_values", pm(self._model("critic", cfg.critic or cfg.actor),
+                                                  False)))
+        return inference
+
+    def _build_passes(self) -> _Passes:
+        cfg = self.cfg
+        tr = cfg.training
+        training: list[tuple[str, PassModel]] = []
         if cfg.algorithm == "ppo":
             critic = self._model("critic", cfg.critic or cfg.actor)
-            reward = self._model("reward", cfg.reward or cfg.critic or cfg.actor)
-            inference.append(("reward", pm("inference", inf, reward, head=False, train=False)))
-            inference.append(("critic_values", pm("inference", inf, critic, head=False,
-                                                  train=False)))
-            training.append(("critic_train", pm("training", tr, critic, head=False,
-                                                train=True)))
-        training.append(("actor_train", pm("training", tr, self.actor, head=True, train=True)))
-        return _Passes(inference, training)
+            training.append(("critic_train", self._pass_model("training", tr, critic,
+                                                              head=False, train=True)))
+        training.append(("actor_train", self._pass_model("training", tr, self.actor, head=True,
+                                                         train=True)))
+        return _Passes(self._inference_passes(), training)
 
     # ---- generation ----------------------------------------------------------------------
     def _start_generation(self, k: int) -> Samples:
@@ -238,15 +263,31 @@ class RLJob:
             self.dispatch_info.append(info)
         else:
             order, replica = round_robin(n, self.gen.num_replicas)
+        rec.replica[order] = replica
+        rec.request_id = np.full(n, -1, dtype=np.int64)
+        if cfg.system.tail_migration_fraction is not None:
+            rec.tail = self.kernel.event()
+            rec.tail_at = math.ceil(cfg.system.tail_migration_fraction * n)
+        # Static rounds (DeepSpeed-Chat): whole groups per round, in dispatch order.
+        rounds = cfg.system.generation_rounds
+        g = cfg.samples_per_prompt
+        bounds = [round(j * cfg.num_prompts_per_step / rounds) * g for j in range(rounds + 1)]
+        rec.rounds = [(order[a:b], replica[a:b]) for a, b in zip(bounds, bounds[1:],
+                                                                   strict=False)][::-1]
+        self._submit_round(k, rec)
+        return rec
+
+    def _submit_round(self, k: int, rec: Samples) -> None:
+        order, replica = rec.rounds.pop()
         reqs = []
         for i in order:
-            req = self.gen.new_request(int(batch.prompt_tokens[i]),
-                                       int(batch.response_tokens[i]))
+            req = self.gen.new_request(int(rec.batch.prompt_tokens[i]),
+                                       int(rec.batch.response_tokens[i]))
             self._req_sample[req.id] = (k, i)
+            rec.request_id[i] = req.id
             reqs.append(req)
-        rec.replica[order] = replica
+        rec.round_left = len(reqs)
         self.gen.submit(reqs, replica)
-        return rec
 
     def _on_sample_done(self, req: Request) -> None:
         k, i = self._req_sample.pop(req.id)
@@ -261,6 +302,11 @@ class RLJob:
             if wake is not None and not wake.fired:
                 wake.succeed()
         rec.num_left -= 1
+        rec.round_left -= 1
+        if rec.round_left == 0 and rec.rounds:
+            self._submit_round(k, rec)
+        if rec.tail is not None and rec.num_left <= rec.tail_at and not rec.tail.fired:
+            rec.tail.succeed()
         if rec.num_left == 0:
             assert rec.done is not None
             rec.done.succeed()
@@ -269,10 +315,10 @@ class RLJob:
         gpus = self.cfg.generation.tp
         for r in range(self.gen.num_replicas):
             mask = rec.replica == r
-            if mask.any():
+            end = rec.lane_end_s.get(r, float(rec.finish_s[mask].max()) if mask.any() else None)
+            if end is not None:
                 self.rows.append(StageRow(k, "generation", self.gen_pool.name, f"gen-{r}",
-                                          rec.gen_start_s, float(rec.finish_s[mask].max()),
-                                          gpus))
+                                          rec.gen_start_s, end, gpus))
 
     # ---- scoring and training ------------------------------------------------------------
     def _seq_lens(self, rec: Samples, groups: list[int]) -> list[int]:
@@ -285,13 +331,24 @@ class RLJob:
         g = self.cfg.samples_per_prompt
         return np.asarray([p * g + j for p in groups for j in range(g)], dtype=np.int64)
 
-    def _score(self, k: int, rec: Samples, groups: list[int]) -> Process:
-        """The inference passes over ``groups`` of step ``k``, one after another."""
+    def score(self, k: int, rec: Samples, groups: list[int], *,
+               freed_gpus: int | None = None) -> Process:
+        """The inference passes over ``groups`` of step ``k``, one after another, on the
+        inference pool, or on ``freed_gpus`` of it while the tail generates (their rows are
+        stage ``overlapped_inference``: they overlap generation, so no step-time share)."""
         seqs = self._seq_lens(rec, groups)
         pool = self.cfg.pool_of("inference")
-        for name, pm in self.passes.inference:
+        passes = (self.passes.inference if freed_gpus is None
+                  else self._inference_passes(freed_gpus))
+        for name, pm in passes:
             r = pm.run(seqs)
-            yield from self._stage(k, name, pool, r.time_s, r)
+            if freed_gpus is None:
+                yield from self._stage(k, name, pool, r.time_s, r)
+            else:
+                start = self.sim.now_s
+                yield Timeout(r.time_s)
+                self.rows.append(StageRow(k, "overlapped_inference", pool.name,
+                                          f"freed:{name}", start, self.sim.now_s, freed_gpus))
         rec.num_scored[self._sample_idx(groups)] += 1
 
     def _train(self, k: int, rec: Samples, groups: list[int], *, last: bool) -> Process:
@@ -299,10 +356,18 @@ class RLJob:
         step when ``last``."""
         seqs = self._seq_lens(rec, groups)
         pool = self.cfg.pool_of("training")
-        for name, pm in self.passes.training:
-            # Gradients are reduced and applied once the mini-batch is complete.
-            r = pm.run(seqs, optimizer_step=last, reduce_grads=last)
-            yield from self._stage(k, name, pool, r.time_s, r)
+        # Gradients are reduced and applied once the mini-batch is complete.
+        results = [(name, pm.run(seqs, optimizer_step=last, reduce_grads=last))
+                   for name, pm in self.passes.training]
+        if self.fused is not None:
+            (_, critic), (_, actor) = results
+            time_s, idle_s = self.fused.time_s(actor, critic)
+            yield from self._stage(k, "actor_critic_train", pool, time_s)
+            self.bubble_s += idle_s
+            self.bubble_gpu_s += idle_s * pool.num_gpus
+        else:
+            for name, r in results:
+                yield from self._stage(k, name, pool, r.time_s, r)
         idx = self._sample_idx(groups)
         rec.num_trained[idx] += 1
         rec.trained_version[idx] = k
@@ -372,11 +437,19 @@ class RLJob:
         for k in range(cfg.num_steps):
             yield from self._stage(k, "weight_sync", pool, self.colocated_sync_s())
             rec = self._start_generation(k)
+            scored: list[int] = []
+            if cfg.system.tail_migration_fraction is not None:
+                scored = yield from migrate_tail(self, k, rec)
             assert rec.done is not None
             yield rec.done
             self._generation_rows(k, rec)
+            gen_end = float(rec.finish_s.max())
+            if self.sim.now_s > gen_end:  # the overlapped passes outlasted the tail
+                self.rows.append(StageRow(k, "fusion_wait", pool.name, pool.name, gen_end,
+                                          self.sim.now_s, pool.num_gpus))
             groups = list(rec.group_done)
-            yield from self._score(k, rec, groups)
+            done = set(scored)
+            yield from self.score(k, rec, [p for p in groups if p not in done])
             yield from self._train_minibatches(k, rec, groups)
             self._weights(k + 1)
             self.step_end_s.append(self.sim.now_s)
@@ -414,7 +487,7 @@ class RLJob:
                 assert rec.done is not None
                 yield rec.done
                 groups = list(rec.group_done)
-                yield from self._score(k, rec, groups)
+                yield from self.score(k, rec, groups)
                 yield from self._train_minibatches(k, rec, groups)
             else:
                 taken = 0
@@ -426,7 +499,7 @@ class RLJob:
                             continue
                         groups = rec.group_done[taken:min(len(rec.group_done), end)]
                         taken += len(groups)
-                        yield from self._score(k, rec, groups)
+                        yield from self.score(k, rec, groups)
                         yield from self._train(k, rec, groups, last=taken == end)
             self.step_end_s.append(self.sim.now_s)
             yield from self._ship_weights(k + 1)

@@ -14,8 +14,11 @@ import numpy as np
 from fleetsim.configutil import to_plain
 
 TIMELINE_COLUMNS = ("step", "stage", "pool", "lane", "start_s", "end_s", "num_gpus")
-STAGE_ORDER = ("weight_sync", "generation", "old_logprob", "reference", "reward",
-               "critic_values", "critic_train", "actor_train")
+STAGE_ORDER = ("weight_sync", "generation", "fusion_wait", "old_logprob", "reference",
+               "reward", "critic_values", "critic_train", "actor_train", "actor_critic_train")
+"""The stages that take a share of the step time (they add up to it). Rows of stage
+``overlapped_inference`` (RLHFuse's passes on GPUs freed during the generation tail) overlap
+generation and are reported apart (``overlapped_inference_s``)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -51,8 +54,10 @@ def summarize(job: Any) -> dict[str, Any]:
                 stages[stage] = _span(part) if stage == "generation" else sum(
                     r.end_s - r.start_s for r in part)
         start = min((r.start_s for r in mine), default=0.0)
+        overlapped = sum(r.end_s - r.start_s for r in mine if r.stage == "overlapped_inference")
         by_step.append({"step": k, "start_s": start, "end_s": ends[k],
-                        "time_s": ends[k] - (ends[k - 1] if k else start), "stages_s": stages})
+                        "time_s": ends[k] - (ends[k - 1] if k else start), "stages_s": stages,
+                        "overlapped_inference_s": overlapped})
     samples = cfg.num_samples_per_step
     tokens = sum(int((s.batch.prompt_tokens + s.batch.response_tokens).sum()) for s in job.steps)
     response = sum(int(s.batch.response_tokens.sum()) for s in job.steps)
@@ -99,6 +104,10 @@ def summarize(job: Any) -> dict[str, Any]:
             "pipeline_s": job.bubble_s,
             "pipeline_gpu_s": job.bubble_gpu_s,
             "generation_tail_idle_gpu_s": tail_idle,
+        },
+        "fusion": {
+            "tail_migrations": job.migrations,
+            "fused_training_searches": job.fused.searches if job.fused is not None else [],
         },
         "generation": {
             "num_replicas": job.gen.num_replicas, "tp": cfg.generation.tp,

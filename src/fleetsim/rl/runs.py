@@ -41,10 +41,15 @@ def run_kept(ctx: Any, policy: str, load: str, data: Mapping[str, Any]) -> RLRes
     if ctx.progress is not None:
         ctx.progress(f"{policy} @ {load}")
     result = run_rl(rl_config_from_dict(with_overrides(data, ctx.overrides)))
+    keep(ctx, policy, load, result)
+    return result
+
+
+def keep(ctx: Any, policy: str, load: str, result: RLResult) -> None:
+    """Keep ``result`` in ``ctx`` as the run of (``policy``, ``load``)."""
     requests = result.job.gen.recorder.records().requests
     ctx.runs[(policy, load)] = RunFiles(result.summary, result.summary["config"],
                                         _Records(requests))
-    return result
 
 
 def balance_split(data: Mapping[str, Any], total_gpus: int, candidates: Sequence[int],

@@ -65,7 +65,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     _search_flags(p, tol=0.1, max_runs=8)
     p.add_argument("--gpus", default=DEFAULT_PLAN_GPUS,
                    help=f"comma-separated GPU types (default {DEFAULT_PLAN_GPUS})")
-    p.add_argument("--max-gpus", type=int, default=4, help="most GPUs per shape (default 4)")
+    p.add_argument("--max-gpus", type=int, default=None,
+                   help="most GPUs per shape (default 4, or --total-gpus)")
+    p.add_argument("--total-gpus", type=int, default=None,
+                   help="GPU budget (AIConfigurator's --total_gpus): shapes up to it, and how "
+                        "many copies of each it holds")
+    p.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
+                   help="request rate to serve: GPUs each shape needs for it")
     p.add_argument("--tp", default="1", help="comma-separated TP degrees (default 1)")
     p.add_argument("--pd", action="store_true",
                    help="also try prefill/decode pools (1P1D, 1P2D, 2P1D, across GPU types)")
@@ -197,6 +203,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not gpus:
         raise FleetsimInputError("--gpus", args.gpus, "name at least one GPU, e.g. h100,a100")
     tps = _int_list("--tp", args.tp)
+    if args.total_gpus is not None and not 1 <= args.total_gpus <= MAX_PLAN_GPUS:
+        raise FleetsimInputError("--total-gpus", args.total_gpus,
+                                 f"must be in [1, {MAX_PLAN_GPUS}]")
+    if args.target_rate is not None and not (math.isfinite(args.target_rate)
+                                             and args.target_rate > 0):
+        raise FleetsimInputError("--target-rate", args.target_rate, "requests per second > 0")
+    if args.max_gpus is None:
+        args.max_gpus = args.total_gpus or 4
+    elif args.total_gpus is not None and args.max_gpus > args.total_gpus:
+        raise FleetsimInputError("--max-gpus", args.max_gpus, f"exceeds --total-gpus "
+                                 f"{args.total_gpus}; lower it or drop it")
     if args.max_gpus < 1:
         raise FleetsimInputError("--max-gpus", args.max_gpus, "must be >= 1")
     if args.max_gpus > MAX_PLAN_GPUS:
@@ -239,7 +256,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   max_runs=args.max_runs, requests_per_gpu=args.requests_per_gpu or None,
                   on_point=on_point)
     result = plan_to_dict(points, target=args.target,
-                          requests_per_gpu=args.requests_per_gpu or None)
+                          requests_per_gpu=args.requests_per_gpu or None, config=config,
+                          total_gpus=args.total_gpus, target_rate_per_s=args.target_rate)
     if not result["front"]:  # nothing to plan with: say so, and keep earlier results
         if args.json:
             print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
@@ -281,11 +299,47 @@ def _print_plan(result: dict[str, Any], config: Any) -> None:
     table.caption = (f"{num_feasible} feasible shape(s) searched, "
                      f"{len(result['front'])} on the front")
     print_table(table)
+    _print_per_user_front(result)
     for r in rows:
         if "infeasible" in r:
             print(f"infeasible: {r['shape']}: {r['infeasible']}")
         elif r["goodput_requests_per_s"] is None:
             print(f"no goodput: {r['shape']} misses the SLO at every rate tried")
+
+
+def _print_per_user_front(result: dict[str, Any]) -> None:
+    """AIConfigurator's view: tokens/s per GPU against tokens/s per user, with the budget,
+    the target rate and the vllm serve lines."""
+    rows, front = result["points"], result["per_user_front"]
+    if not front:
+        return
+    total, rate = result["total_gpus"], result["target_rate_per_s"]
+    table = Table(title="tokens/s per GPU vs tokens/s per user at goodput (AIConfigurator's "
+                  "Pareto front)")
+    cols = ["shape", "GPUs", "output tok/s/GPU", "tok/s/user", "goodput (req/s)"]
+    if total is not None:
+        cols += [f"copies in {total} GPUs", "total req/s"]
+    if rate is not None:
+        cols += [f"GPUs for {_fmt(rate)} req/s"]
+    for i, col in enumerate(cols):
+        table.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for i in front:
+        r = rows[i]
+        cells = [r["shape"], str(r["num_gpus"]), _fmt(r["output_tokens_per_s_per_gpu"]),
+                 _fmt(r["tokens_per_s_per_user"]), _fmt(r["goodput_requests_per_s"])]
+        if total is not None:
+            cells += [str(r["copies_in_total_gpus"]), _fmt(r["total_goodput_requests_per_s"])]
+        if rate is not None:
+            need = r["gpus_for_target_rate"]
+            fits = r.get("target_rate_fits_total_gpus")
+            cells += [("-" if need is None else str(need)) + (" (over budget)" if fits is False
+                                                               else "")]
+        table.add_row(*cells)
+    print_table(table)
+    for i in front:
+        print(f"{rows[i]['shape']}:")
+        for line in rows[i].get("vllm_serve", []):
+            print(f"  {line}")
 
 
 def _json_safe(obj: Any) -> Any:

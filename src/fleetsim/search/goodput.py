@@ -94,6 +94,7 @@ def probe_config(config: SimConfig) -> tuple[float, dict[str, Any]]:
         "tpot_attainment": s["slo"]["tpot_attainment"],
         "ttft_p90_s": s["ttft_s"]["p90"],
         "tpot_p90_s": s["tpot_s"]["p90"],
+        "tpot_mean_s": s["tpot_s"]["mean"],
         "tokens_per_request": float(np.mean(wl.num_prompt_tokens + wl.num_output_tokens)),
         "output_tokens_per_request": float(np.mean(wl.num_output_tokens)),
         "usd_per_hour": cluster_usd_per_hour(config, s),
@@ -150,8 +151,7 @@ def check_slo_reachable(config: SimConfig, target: float, sample: int = 2000) ->
 
     from fleetsim.hardware import get_gpu
     from fleetsim.models import get_model
-    from fleetsim.perf import build_step_model
-    from fleetsim.run import seed_streams
+    from fleetsim.run import pool_step_model, seed_streams
     from fleetsim.serving.standalone import decode_time_s, prefill_time_s
     from fleetsim.workloads import build_workload
 
@@ -164,8 +164,8 @@ def check_slo_reachable(config: SimConfig, target: float, sample: int = 2000) ->
     best_ttft = np.full(len(prompt), np.inf)
     best_tpot = np.full(len(prompt), np.inf)
     for pool in config.pools:
-        step = build_step_model(model, get_gpu(pool.gpu, config.hardware.catalog), pool.tp,
-                                backend=config.perf_backend)
+        step = pool_step_model(config, model, get_gpu(pool.gpu, config.hardware.catalog),
+                               pool.tp)
         if pool.role != "decode":
             cache: dict[int, float] = {}
             ttft = [cache.setdefault(p, prefill_time_s(step, p, budget)) if p not in cache

@@ -17,6 +17,7 @@ from typing import Any
 from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
+from fleetsim.search.deploy import deployment_row, per_user_front, vllm_serve_commands
 from fleetsim.search.goodput import GoodputResult, goodput_search, goodput_to_dict
 
 DEFAULT_PD_RATIOS = ((1, 1), (1, 2), (2, 1))
@@ -198,8 +199,13 @@ def _cut(config: SimConfig, shape: Shape, requests_per_gpu: int | None) -> SimCo
 
 
 def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
-                 requests_per_gpu: int | None = None) -> dict[str, Any]:
-    """JSON-ready plan: every shape (feasible or not) and the Pareto front's indices."""
+                 requests_per_gpu: int | None = None, config: SimConfig | None = None,
+                 total_gpus: int | None = None,
+                 target_rate_per_s: float | None = None) -> dict[str, Any]:
+    """JSON-ready plan: every shape (feasible or not), the cost-vs-goodput Pareto front's
+    indices, and AIConfigurator's view (``fleetsim.search.deploy``): tokens/s per GPU and per
+    user at goodput, the front over those two, what ``total_gpus`` and ``target_rate_per_s``
+    imply, and with ``config`` the ``vllm serve`` lines of each shape."""
     rows = []
     for p in points:
         row: dict[str, Any] = {
@@ -219,15 +225,29 @@ def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
             row["usd_per_hour_per_request_per_s"] = (
                 p.goodput.usd_per_hour / g["goodput_requests_per_s"]
                 if g["goodput_requests_per_s"] else None)
+            if g["goodput_requests_per_s"]:
+                best = next(q for q in g["probes"]
+                            if q["rate_per_s"] == g["goodput_requests_per_s"])
+                row.update(deployment_row(row, best["output_tokens_per_request"],
+                                          best.get("tpot_mean_s"), total_gpus,
+                                          target_rate_per_s))
+            if config is not None:
+                row["vllm_serve"] = vllm_serve_commands(config, p.shape.pools)
         rows.append(row)
     feasible = [i for i, p in enumerate(points) if p.goodput is not None]
     front = pareto_front([(points[i].usd_per_hour or 0.0, points[i].goodput_rate_per_s or 0.0)
                           for i in feasible])
+    served = [i for i, r in enumerate(rows) if r.get("tokens_per_s_per_user")]
+    user_front = per_user_front([(rows[i]["tokens_per_s_per_user"],
+                                  rows[i]["output_tokens_per_s_per_gpu"]) for i in served])
     return {
         "target": target,
         "requests_per_gpu": requests_per_gpu,
+        "total_gpus": total_gpus,
+        "target_rate_per_s": target_rate_per_s,
         "points": rows,
         "front": [feasible[i] for i in front],
+        "per_user_front": [served[i] for i in user_front],
         "infeasible": [rows[i]["shape"] for i, p in enumerate(points) if p.goodput is None],
     }
 

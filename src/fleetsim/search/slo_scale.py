@@ -16,7 +16,8 @@ from numpy.typing import NDArray
 from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
-from fleetsim.perf import StepTimeModel, build_step_model
+from fleetsim.perf import StepTimeModel
+from fleetsim.run import pool_step_model
 from fleetsim.serving.standalone import standalone_latency_s
 
 DEFAULT_PCTS = (90.0, 95.0, 99.0)
@@ -51,7 +52,7 @@ def req_slo_scale(latency_s: NDArray[np.float64], standalone_s: NDArray[np.float
 def _step_model(config: SimConfig, pool: PoolConfig) -> StepTimeModel:
     model = get_model(config.model)
     gpu = get_gpu(pool.gpu, config.hardware.catalog)
-    return build_step_model(model, gpu, pool.tp, backend=config.perf_backend)
+    return pool_step_model(config, model, gpu, pool.tp)
 
 
 def _pool_of_replica(replica_ids: NDArray[np.int64],

@@ -27,6 +27,7 @@ from fleetsim.core.simulator import Simulator
 from fleetsim.errors import FleetsimInputError, PlanError
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.kv_cache import HostPool, KVCache
+from fleetsim.serving.kv_keep import KV_EXPIRE, KVRetention, on_expire
 from fleetsim.serving.prefix_cache import EvictionKey, PrefixCache
 from fleetsim.serving.recorder import OnlineMetrics, Recorder, Records
 from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
@@ -66,10 +67,13 @@ class OnlyReplica:
 
 @dataclass(slots=True)
 class ClusterView:
-    """What a router reads: the replicas it may choose from, and the routing random stream."""
+    """What a router reads: the replicas it may choose from, and the routing random stream;
+    for the entry router of a P/D cluster, also the decode replicas a call will move to
+    (``next_stage``, for routers that plan both stages, as HexAGenT does)."""
 
     replicas: Sequence[ReplicaView]
     rng: np.random.Generator
+    next_stage: Sequence[ReplicaView] = ()
 
 
 class Controller(Protocol):
@@ -102,6 +106,7 @@ class Cluster:
         enable_prefix_caching: bool,
         recorder: Recorder,
         eviction_key: EvictionKey | None = None,
+        kv_retention: KVRetention | None = None,
         frontend_overhead_s: float = 0.0,
     ) -> None:
         self.sim = sim
@@ -136,12 +141,16 @@ class Cluster:
                     step_model=pool.step_model, kv=kv, replica_id=rid, role=pool.role,
                     pool=pool.name, on_handoff=self._on_handoff,
                     transfers=self.transfers, host=host, kv_bytes_per_token=kv_bytes_per_token,
-                    host_latency_s=pool.host_latency_s)
+                    host_latency_s=pool.host_latency_s,
+                    # Only a mixed replica takes the follow-up that would reuse kept KV (in
+                    # P/D a call's KV ends on a decode replica, its follow-up prefills
+                    # elsewhere).
+                    retention=kv_retention if pool.role == "mixed" else None)
                 self.replicas.append(replica)
                 self.pool_of.append(pool.name)
                 (decode if pool.role == "decode" else entry).append(replica.view)
         recorder.pool_of = self.pool_of
-        self.entry_view = ClusterView(entry, rng)
+        self.entry_view = ClusterView(entry, rng, decode)
         self.decode_view = ClusterView(decode, rng)
         self._block_size = block_size
         self._entry_min_blocks = min(v.num_kv_blocks for v in entry)
@@ -150,6 +159,7 @@ class Cluster:
         sim.on(STEP_END, _on_step_end, "step_end")
         sim.on(WAKE_UP, Replica.wake_up, "wake_up")
         sim.on(CONTROLLER_TICK, self._on_tick, "controller_tick")
+        sim.on(KV_EXPIRE, on_expire, "kv_expire")
 
     # ---- the source ------------------------------------------------------------------
     @property
@@ -221,7 +231,7 @@ class Cluster:
                 f"workload request {req.id}", f"{need} KV blocks",
                 "no replica it can be routed to holds that many; use bigger replicas or "
                 "filter the workload")
-        return ClusterView(capable, view.rng)
+        return ClusterView(capable, view.rng, view.next_stage)
 
     # ---- handoffs: P/D and migration ---------------------------------------------------
     def _on_handoff(self, src: Replica, req: Request, dst: int | None) -> None:
@@ -346,6 +356,7 @@ def simulate_cluster(
     timeline: tuple[float, float] | None = None,
     eviction_key: EvictionKey | None = None,
     track_itl: bool = False,
+    kv_retention: KVRetention | None = None,
     frontend_overhead_s: float = 0.0,
 ) -> tuple[Records, Cluster]:
     """Simulate ``workload`` (or ``source``) on a cluster of ``pools``; returns records and
@@ -355,8 +366,10 @@ def simulate_cluster(
     arrival instead of cutting them back when it comes: same results, less work.
     ``timeline``: (origin, bin width) of the time series (default: ``default_timeline``).
     ``eviction_key``: the prefix caches' eviction policy (None: LRU). ``track_itl``: record
-    inter-token gaps (per request and pooled; ``serving/itl.py``).
-    ``frontend_overhead_s``: client-to-engine time of each request (``Cluster.submit_at``).
+    inter-token gaps (per request and pooled; ``serving/itl.py``). ``kv_retention``: how
+    mixed replicas keep the KV of finished requests that expect a follow-up (None: they
+    don't; ``serving/kv_keep.py``). ``frontend_overhead_s``: client-to-engine time of each
+    request (``Cluster.submit_at``).
     """
     sim = Simulator()
     origin_s, bin_s = timeline or default_timeline(workload, until_s)
@@ -380,7 +393,8 @@ def simulate_cluster(
         make_replica=make_replica,
         hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,
         block_size=block_size, enable_prefix_caching=enable_prefix_caching, recorder=recorder,
-        eviction_key=eviction_key, frontend_overhead_s=frontend_overhead_s)
+        eviction_key=eviction_key, kv_retention=kv_retention,
+        frontend_overhead_s=frontend_overhead_s)
     src = source if source is not None else WorkloadSource(workload)
     if progress is not None:
         src = _Progress(src, progress, progress_every, sim)

@@ -10,7 +10,9 @@ prefix caching. Entries no request references stay cached and are evicted when b
 short, in the order of the cache's eviction policy (least recently released first unless
 another is given).
 
-Invariant (checked by ``check``): free + evictable + private + pinned == total blocks.
+Invariant (checked by ``check``): free + evictable + private + pinned == total blocks, where
+the holders of private blocks and pinned entries are the requests and the KV kept or
+reloading for them (``kv_keep.py``).
 """
 
 from __future__ import annotations
@@ -161,6 +163,15 @@ class KVCache:
         self.num_free_blocks -= num_blocks
         req.num_private_blocks += num_blocks
 
+    def take_blocks(self, num_blocks: int) -> None:
+        """Take ``num_blocks`` from the available pool for a holder that is not a request
+        (KV reloaded from host memory), evicting cached entries if needed."""
+        if num_blocks > self.num_available_blocks:
+            raise RuntimeError(f"KV over-commit: {num_blocks} blocks wanted, "
+                               f"{self.num_available_blocks} available")
+        self._evict_until_free(num_blocks)
+        self.num_free_blocks -= num_blocks
+
     def _evict_until_free(self, num_blocks: int) -> None:
         prefix = self.prefix
         while self.num_free_blocks < num_blocks:
@@ -176,9 +187,20 @@ class KVCache:
         if not self.prefix_caching or not req.hash_ids:
             return
         upto = min(self._num_cacheable(req), req.num_computed_tokens // self.hash_block_tokens)  # type: ignore[operator]
+        self._cache_run(req, req.hash_ids, upto)
+
+    def promote_context(self, req: Request, ids: tuple[int, ...]) -> int:
+        """``promote`` along ``ids``, the hash ids of ``req``'s whole sequence (prompt, then
+        outputs: ``Request.context_hash_ids``), so its output blocks become entries too (KV
+        kept for a follow-up). Returns the entries ``req`` then holds (its leading ids)."""
+        upto = min(len(ids), req.num_computed_tokens // self.hash_block_tokens)  # type: ignore[operator]
+        self._cache_run(req, ids, upto)
+        return req.num_cached_entries
+
+    def _cache_run(self, req: Request, ids: tuple[int, ...], upto: int) -> None:
         prefix, per = self.prefix, self.blocks_per_entry
         for j in range(req.num_cached_entries, upto):
-            if not prefix.add(req.hash_ids[j], j):
+            if not prefix.add(ids[j], j):
                 self.num_free_blocks += per  # already cached: share it, free the duplicate
             req.num_private_blocks -= per
         if upto > req.num_cached_entries:

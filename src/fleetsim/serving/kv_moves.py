@@ -199,6 +199,12 @@ class KVMoves:
                         self.kv_bytes_per_token * req.num_computed_tokens, done,
                         client="swap_in", latency_s=self.host_latency_s)
 
+    def num_host_blocks(self) -> int:
+        """Host blocks the swaps hold (swapped requests and copies in flight)."""
+        kv = self.replica.kv
+        return sum(kv.num_blocks_for(r.num_computed_tokens)
+                   for r in [*self.swapped, *self.swapping.values()])
+
     def swaps_in_flight(self) -> bool:
         return bool(self.swapping)
 

@@ -33,6 +33,7 @@ from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving import itl
 from fleetsim.serving.capabilities import capabilities_of
 from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
+from fleetsim.serving.kv_keep import KeptKV, KVRetention
 from fleetsim.serving.kv_moves import KVMoves
 from fleetsim.serving.recorder import Recorder
 from fleetsim.serving.request import (
@@ -88,6 +89,7 @@ class Replica:
         kv_bytes_per_token: float = 0.0,
         host_latency_s: float = 0.0,
         track_itl: bool = False,
+        retention: KVRetention | None = None,
     ) -> None:
         self.sim = sim
         self.step_model = step_model
@@ -104,6 +106,9 @@ class Replica:
         self.moves = KVMoves(self, transfers, host, kv_bytes_per_token, host_latency_s)
         self.track_itl = track_itl  # inter-token gaps (serving/itl.py), when asked for
         self.host = host
+        # KV kept for follow-ups of finished requests (agents' tool waits), if asked for.
+        self.kept = (KeptKV(self, retention, host, transfers, kv_bytes_per_token,
+                            host_latency_s) if retention is not None else None)
         self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
         self._timeline = timeline
@@ -178,9 +183,21 @@ class Replica:
 
     # ---- inputs ----------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        """A request arrives now: queue it and start a step if the replica is idle."""
+        """A request arrives now: queue it and start a step if the replica is idle (once the
+        KV it extends is back from host memory, if it must be reloaded first)."""
         self.interrupt()
         req.replica_id = self.replica_id
+        kept = self.kept
+        if kept is not None and req.kv_from is not None and kept.reload(req):
+            return
+        self.queue_arrived(req)
+
+    def queue_arrived(self, req: Request) -> None:
+        """Arrived ``req`` joins the waiting queue (or, aborted while its parent's KV was
+        reloaded, ends now)."""
+        if req.abort_reason is not None:
+            self._end_aborted(req)
+            return
         req.state = WAITING
         self._by_id[req.id] = req
         self._load_tokens += req.num_tokens - req.num_computed_tokens
@@ -291,7 +308,8 @@ class Replica:
         step in progress are not committed (a cut window first settles the steps before
         now). It is recorded as aborted with ``reason`` (``Recorder.aborted``) and a source
         that wants finishes is told (``req.state == ABORTED``). A request whose KV is moving
-        (swap, handoff) is aborted when its KV lands. False if the request is not here."""
+        (swap, handoff, a reload from host) is aborted when its KV lands. False if the request
+        is not here."""
         req = self._by_id.get(request_id)
         if req is None or req.abort_reason is not None:
             return False
@@ -367,8 +385,9 @@ class Replica:
               and self._open_idle_window()):
             return
         now_s = self.sim.now_s
-        # A plan that only preempts frees blocks for the next one, at once: plan again (at
-        # most once per running request, then it is a policy bug).
+        # A plan that only preempts frees blocks for the next one, at once, and one that only
+        # re-keys re-sorts the queues: plan again (at most once per running request, then it
+        # is a policy bug).
         for _ in range(len(running) + 2):
             plan = self.batch_policy.plan(self.view, now_s)
             step = self._apply(plan, now_s)
@@ -464,12 +483,16 @@ class Replica:
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
         if total == 0:
-            if plan.preempt and self.waiting:
+            if (plan.preempt or (plan.rekey and not (
+                    plan.swap_out or plan.swap_in or plan.migrate))) and self.waiting:
                 return _REPLAN
             moving = plan.swap_out or plan.swap_in or plan.migrate or moves.swaps_in_flight()
-            if moving or (moves.holds_blocks_for_others() and not self.running):
+            held = moves.holds_blocks_for_others() or (self.kept is not None
+                                                       and self.kept.holds_blocks())
+            if moving or (held and not self.running):
                 # The plan waits for blocks that transfers still hold (outgoing KV, incoming
-                # KV, swaps): sleep until one finishes (its callback wakes us).
+                # KV, swaps) or that are kept for follow-ups: sleep until one finishes or a
+                # time-to-live ends (its callback wakes us).
                 self.busy = False
                 self._step = None
                 return None
@@ -503,6 +526,8 @@ class Replica:
     def _admit(self, req: Request) -> None:
         self._dequeue(self.waiting, self._waiting_keys, req)
         self.kv.admit(req)
+        if req.kv_from is not None and self.kept is not None:
+            self.kept.on_admit(req)
         self._load_tokens -= req.num_prefix_hit_tokens
         req.state = RUNNING
         self._num_prefilling += 1
@@ -717,7 +742,10 @@ class Replica:
 
     def _finish(self, r: Request, t: float) -> None:
         self._dequeue(self.running, self._running_keys, r)
-        self.kv.release(r)
+        if r.context_hash_ids and self.kept is not None:
+            self.kept.on_finish(r, t)
+        else:
+            self.kv.release(r)
         del self._by_id[r.id]
         r.finish_s = t
         r.state = FINISHED
@@ -741,14 +769,23 @@ class Replica:
         assert all(r.state == RUNNING for r in self.running)
         assert all(r.state == WAITING for r in self.waiting)
         self.moves.check_states()
+        kept_held = []
+        if self.kept is not None:
+            self.kept.check_states()
+            kept_held = self.kept.holdings()
         queued = self.running + self.waiting
         expected = sum(r.num_tokens - r.num_computed_tokens for r in queued)
         assert self._load_tokens == expected, (self._load_tokens, expected)
         held = [(r.num_private_blocks, r.hash_ids, r.num_cached_entries) for r in self.running]
-        self.kv.check(held + self.moves.check_holdings())
+        self.kv.check(held + self.moves.check_holdings() + kept_held)
+        host = self.host
+        if host is not None:
+            on_host = self.moves.num_host_blocks() + (
+                self.kept.num_host_blocks() if self.kept is not None else 0)
+            assert host.num_free_blocks + on_host == host.num_blocks, "host blocks not conserved"
 
 
-_REPLAN = Step(0.0)  # returned by _apply: the plan only preempted; plan again now
+_REPLAN = Step(0.0)  # returned by _apply: the plan only preempted or re-keyed; plan again now
 
 
 def _state_name(state: int) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Final
 #   RUNNING -> HANDED_OFF (source keeps its KV until the transfer is done)
 #           -> INCOMING (queued at the destination) -> IN_TRANSFER -> RUNNING there
 #                                                      (P/D handoff, migration)
+#   (arrival) -> RELOADING -> WAITING   (its parent's KV comes back from host memory first)
 #   WAITING or RUNNING -> ABORTED                      (``Replica.abort``: a client left; a
 #                        request whose KV is moving is aborted when its KV lands)
 WAITING: Final = 0
@@ -33,9 +34,11 @@ HANDED_OFF: Final = 5
 INCOMING: Final = 6
 IN_TRANSFER: Final = 7
 FINISHED: Final = 8
-ABORTED: Final = 9
+RELOADING: Final = 9
+ABORTED: Final = 10
 STATE_NAMES: Final = ("waiting", "running", "swapping_out", "swapped", "swapping_in",
-                      "handed_off", "incoming", "in_transfer", "finished", "aborted")
+                      "handed_off", "incoming", "in_transfer", "finished", "reloading",
+                      "aborted")
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +83,14 @@ class Request:
     """The program (agent DAG) call this request is, set by its source (``programs/``), so
     that program-level policies can read it whatever else keeps state in ``policy_state``;
     the engine never reads it."""
+    context_hash_ids: tuple[int, ...] = ()
+    """Hash ids of the full blocks of the whole sequence (prompt, then outputs), set by a
+    source that expects a follow-up to extend it (an agent's next call after a tool wait): a
+    replica with KV retention (``serving/kv_keep.py``) then keeps this KV when it finishes.
+    Empty: released at the finish as usual."""
+    kv_from: int | None = None
+    """The request whose kept KV this one extends (its prompt starts with that request's
+    whole sequence), so the replica can reload it or let it go once used; None if none."""
     handoff_s: float = math.nan
     """P/D: when the prefill replica finished and handed the request off."""
     kv_transfer_s: float = 0.0

@@ -95,6 +95,18 @@ class ReplicaView:
         return self._replica.kv.num_matched_entries(req)
 
     @property
+    def link_bw_bytes_per_s(self) -> float:
+        """The replica's KV link, one direction (bytes/s; inf outside a cluster)."""
+        moves = self._replica.moves
+        bw = moves.transfers.egress_bw if moves.transfers is not None else {}
+        return bw.get(self._replica.replica_id, float("inf"))
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes of one token, all layers and heads (what a handoff moves per token)."""
+        return self._replica.moves.kv_bytes_per_token
+
+    @property
     def num_incoming(self) -> int:
         """Requests whose KV is queued to move here or on its way in."""
         moves = self._replica.moves

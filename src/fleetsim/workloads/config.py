@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,9 +20,10 @@ from fleetsim.workloads.distributions import (
     Fixed,
     LengthDistribution,
     LogNormal,
+    PairedEmpirical,
     Uniform,
 )
-from fleetsim.workloads.loaders import FORMATS, load_trace
+from fleetsim.workloads.loaders import FORMATS, load_trace, read_column
 from fleetsim.workloads.synthetic import (
     ArrivalProcess,
     AtOnce,
@@ -115,6 +117,49 @@ class LengthConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PairedLengthsConfig:
+    """(prompt, output) lengths resampled together, row by row, from one file: what
+    ``vllm bench serve --dataset-name sharegpt`` does, keeping each conversation's prompt with
+    its own output. Rows failing a limit are dropped before resampling, never clipped."""
+
+    path: str
+    """CSV/JSONL file or embedded:<name> (e.g. embedded:sharegpt_lengths)."""
+    prompt_column: str = "num_prefill_tokens"
+    """CSV header name or JSONL key of the prompt token counts."""
+    output_column: str = "num_decode_tokens"
+    """CSV header name or JSONL key of the output token counts."""
+    max_prompt_tokens: int | None = None
+    """Drop rows whose prompt is longer (vLLM's ShareGPT benchmark: 1024)."""
+    max_total_tokens: int | None = None
+    """Drop rows whose prompt + output is longer (vLLM's ShareGPT benchmark: 2048)."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("lengths.path must name a file or embedded:<name>, got \"\"")
+        for name in ("max_prompt_tokens", "max_total_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or unset for no limit), got {value}")
+
+    def distribution(self) -> PairedEmpirical:
+        """The rows that pass the limits; reads the file here."""
+        prompts = read_column(self.path, self.prompt_column)
+        outputs = read_column(self.path, self.output_column)
+        keep = np.ones(len(prompts), dtype=bool)
+        if self.max_prompt_tokens is not None:
+            keep &= prompts <= self.max_prompt_tokens
+        if self.max_total_tokens is not None:
+            keep &= prompts + outputs <= self.max_total_tokens
+        if not keep.any():
+            raise FleetsimInputError(
+                "workload.lengths", self.path,
+                f"no row passes max_prompt_tokens = {self.max_prompt_tokens} and "
+                f"max_total_tokens = {self.max_total_tokens}; raise or remove them")
+        return PairedEmpirical(prompts=prompts[keep], outputs=outputs[keep],
+                               source=f"{self.path}:{self.prompt_column},{self.output_column}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadConfig:
     """Where requests come from (trace or synthetic) and how they are scaled and cut."""
 
@@ -145,6 +190,10 @@ class WorkloadConfig:
     """Synthetic: prompt length distribution (required)."""
     output_tokens: LengthConfig | None = None
     """Synthetic: output length distribution (required)."""
+    lengths: PairedLengthsConfig | None = None
+    """Synthetic, instead of prompt_tokens and output_tokens: (prompt, output) rows of one
+    file resampled together, e.g. {path = "embedded:sharegpt_lengths", max_prompt_tokens =
+    1024, max_total_tokens = 2048} as vLLM's ShareGPT benchmark."""
     max_concurrency: int | None = None
     """Closed loop: at most this many requests in flight; a request is sent at its arrival
     time or, when all slots are busy, as soon as one frees (vLLM bench's --max-concurrency).
@@ -194,7 +243,8 @@ class WorkloadConfig:
             raise ValueError('trace must be a file path, embedded:<name> or "synthetic", got ""')
         unused = [
             name
-            for name in ("rate_per_s", "num_requests", "prompt_tokens", "output_tokens")
+            for name in ("rate_per_s", "num_requests", "prompt_tokens", "output_tokens",
+                         "lengths")
             if getattr(self, name) is not None
         ]
         unused += [
@@ -211,9 +261,16 @@ class WorkloadConfig:
 
     def _check_synthetic(self) -> None:
         at_once = self.arrival == "at_once"
+        if self.lengths is not None:
+            both = [n for n in ("prompt_tokens", "output_tokens") if getattr(self, n) is not None]
+            if both:
+                raise ValueError(f"lengths draws prompt and output together; remove "
+                                 f"{' and '.join(both)} or remove lengths")
+        needed = ("rate_per_s",) if self.lengths else ("rate_per_s", "prompt_tokens",
+                                                        "output_tokens")
         missing = [
             name
-            for name in ("rate_per_s", "prompt_tokens", "output_tokens")
+            for name in needed
             if getattr(self, name) is None and not (at_once and name == "rate_per_s")
         ]
         if missing:
@@ -264,22 +321,18 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     trace files and when no request is left after slicing.
     """
     if cfg.is_synthetic:
-        prompt, output = cfg.prompt_tokens, cfg.output_tokens
-        assert prompt is not None  # checked by WorkloadConfig
-        assert output is not None
         until_s = None
         if cfg.duration_s is not None:  # generate up to the window's end, in unscaled time
             until_s = (cfg.start_s + cfg.duration_s) * cfg.rate_scale
+        lengths = _lengths(cfg)
         if cfg.arrival == "at_once":
             workload = synthesize(
-                arrival=AtOnce(), prompt_tokens=_distribution(prompt, "workload.prompt_tokens"),
-                output_tokens=_distribution(output, "workload.output_tokens"), rng=rng,
+                arrival=AtOnce(), **lengths, rng=rng,
                 num_requests=cfg.num_requests, name="synthetic, all at 0 s")
         else:
             workload = synthesize(
                 arrival=cfg.arrival_process(),
-                prompt_tokens=_distribution(prompt, "workload.prompt_tokens"),
-                output_tokens=_distribution(output, "workload.output_tokens"),
+                **lengths,
                 rng=rng,
                 num_requests=cfg.num_requests,
                 until_s=until_s,
@@ -305,6 +358,23 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
             f"duration_s={cfg.duration_s}); lower start_s or widen duration_s",
         )
     return workload
+
+
+def _lengths(cfg: WorkloadConfig) -> dict[str, Any]:
+    """synthesize()'s length arguments: paired rows, or one distribution per side."""
+    if cfg.lengths is not None:
+        try:
+            return {"lengths": cfg.lengths.distribution()}
+        except FleetsimInputError as err:
+            if err.where == "workload.lengths":
+                raise
+            raise FleetsimInputError(f"workload.lengths.path: {err.where}", err.value,
+                                     err.fix) from None
+    prompt, output = cfg.prompt_tokens, cfg.output_tokens
+    assert prompt is not None  # checked by WorkloadConfig
+    assert output is not None
+    return {"prompt_tokens": _distribution(prompt, "workload.prompt_tokens"),
+            "output_tokens": _distribution(output, "workload.output_tokens")}
 
 
 def _distribution(cfg: LengthConfig, where: str) -> LengthDistribution:

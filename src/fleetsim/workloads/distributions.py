@@ -165,3 +165,31 @@ class Empirical:
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
         values = np.asarray(self.values, dtype=np.int64)
         return values[rng.integers(0, len(values), size=n)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class PairedEmpirical:
+    """(prompt, output) token counts resampled together, one observed row per request.
+
+    Keeps what independent columns lose: the correlation of a row's prompt and output, and
+    filters on both at once, as ``vllm bench serve --dataset-name sharegpt`` samples ShareGPT
+    (prompts over 1,024 tokens or rows over 2,048 in all are dropped).
+    """
+
+    prompts: NDArray[np.int64]
+    outputs: NDArray[np.int64]
+    """Observed counts, row-aligned with ``prompts``, each >= 1 (at least one row)."""
+    source: str = "rows"
+
+    def __post_init__(self) -> None:
+        if len(self.prompts) != len(self.outputs):
+            raise ValueError(f"paired lengths from {self.source}: {len(self.prompts)} prompts "
+                             f"but {len(self.outputs)} outputs")
+        if len(self.prompts) == 0:
+            raise ValueError(f"paired lengths from {self.source} need at least one row")
+
+    def sample(self, rng: np.random.Generator, n: int
+               ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        rows = rng.integers(0, len(self.prompts), size=n)
+        return (np.asarray(self.prompts, dtype=np.int64)[rows],
+                np.asarray(self.outputs, dtype=np.int64)[rows])

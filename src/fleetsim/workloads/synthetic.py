@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetsim.workloads.distributions import LengthDistribution
+from fleetsim.workloads.distributions import LengthDistribution, PairedEmpirical
 from fleetsim.workloads.workload import Workload
 
 
@@ -164,19 +164,22 @@ def arrival_times_s(
 def synthesize(
     *,
     arrival: ArrivalProcess,
-    prompt_tokens: LengthDistribution,
-    output_tokens: LengthDistribution,
+    prompt_tokens: LengthDistribution | None = None,
+    output_tokens: LengthDistribution | None = None,
+    lengths: PairedEmpirical | None = None,
     rng: np.random.Generator,
     num_requests: int | None = None,
     until_s: float | None = None,
     name: str = "synthetic",
 ) -> Workload:
-    """A synthetic workload: arrival times, then prompt lengths, then output lengths."""
+    """A synthetic workload: arrival times, then prompt lengths, then output lengths (or,
+    with ``lengths``, (prompt, output) rows drawn together)."""
     times = arrival_times_s(arrival, rng, num_requests=num_requests, until_s=until_s)
     n = len(times)
-    return Workload(
-        arrival_s=times,
-        num_prompt_tokens=prompt_tokens.sample(rng, n),
-        num_output_tokens=output_tokens.sample(rng, n),
-        name=name,
-    )
+    if lengths is not None:
+        prompts, outputs = lengths.sample(rng, n)
+    else:
+        assert prompt_tokens is not None and output_tokens is not None
+        prompts, outputs = prompt_tokens.sample(rng, n), output_tokens.sample(rng, n)
+    return Workload(arrival_s=times, num_prompt_tokens=prompts, num_output_tokens=outputs,
+                    name=name)

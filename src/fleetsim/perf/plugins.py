@@ -1,0 +1,62 @@
+"""Step-time models by name: the built-in ``table`` model or a user class ``"pkg.mod:Name"``.
+
+A user class is built as ``Name(model=ModelSpec, gpu=GPUSpec, tp=int, **args)`` and must follow
+``fleetsim.perf.base.StepTimeModel`` (``step_time_s`` and ``decode_step_times_s``), the way a
+vLLM deployment swaps its ``scheduler_cls``. Its ``sources`` attribute, if any, is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.hardware import GPUSpec
+from fleetsim.models import ModelSpec
+from fleetsim.perf.base import StepTimeModel
+from fleetsim.perf.breakdown import build_step_model
+from fleetsim.registry import lookup, make_registry
+
+STEP_MODELS, register_step_model = make_registry("step model")
+register_step_model("table")(build_step_model)
+
+_REQUIRED = ("step_time_s", "decode_step_times_s")
+
+
+def make_step_model(
+    name: str,
+    args: Mapping[str, Any],
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int,
+    *,
+    backend: str = "auto",
+    step_overhead_s: float | None = None,
+    step_overhead_per_seq_s: float | None = None,
+    kernel_time_scale: float | None = None,
+    where: str = "engine.step_model",
+) -> StepTimeModel:
+    """The step model ``name`` for one replica; the overheads and the kernel scale go to the
+    built-in model only."""
+    factory = lookup(STEP_MODELS, name, f"{where}.name")
+    if factory is build_step_model:
+        if args:
+            raise FleetsimInputError(f"{where}.args", dict(args), "the table model takes none; "
+                                     "set engine.step_overhead_s / step_overhead_per_seq_s")
+        overheads = {k: v for k, v in (("step_overhead_s", step_overhead_s),
+                                       ("step_overhead_per_seq_s", step_overhead_per_seq_s),
+                                       ("kernel_time_scale", kernel_time_scale))
+                     if v is not None}
+        return build_step_model(model, gpu, tp, backend, **overheads)
+    try:
+        step_model = factory(model=model, gpu=gpu, tp=tp, **dict(args))
+    except FleetsimInputError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a plug-in's constructor failing is bad input
+        raise FleetsimInputError(where, name, f"building it raised {type(err).__name__}: "
+                                 f"{err}; fix the class or engine.step_model.args") from None
+    missing = [m for m in _REQUIRED if not callable(getattr(step_model, m, None))]
+    if missing:
+        raise FleetsimInputError(where, name, f"it has no {', '.join(missing)}; a step model "
+                                 "follows fleetsim.perf.base.StepTimeModel")
+    return step_model
