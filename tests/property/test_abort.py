@@ -150,3 +150,27 @@ def test_an_abort_while_the_kv_moves_ends_the_request_when_it_lands():
     assert len(rec.requests["request_id"]) == 0
     for replica in cluster.replicas:
         assert replica.kv.num_used_blocks == 0 and replica.load_tokens == 0
+
+
+def test_an_abort_while_the_parents_kv_reloads_ends_the_call_when_it_is_back():
+    """A program's follow-up call arrives and its parent's KV comes back from the host tier
+    (state RELOADING); aborted meanwhile, it ends when the reload is done, never queued."""
+    from tests.property.test_program_invariants import CHILD, check_nothing_held, simulate
+
+    from fleetsim.programs import Call, Program
+
+    progs = [Program(0.0, (Call(1000, 100, (), 1.0), CHILD)), Program(1.2, (Call(1800, 10, ()),))]
+    kw = {"tool_kv": "offload", "blocks": 140, "host_blocks": 4000}
+    plain, _, _, _ = simulate(progs, **kw)
+    req = plain.requests
+    child = int(np.argmax(req["num_prompt_tokens"] == 1300))
+    assert req["first_scheduled_s"][child] > req["arrival_s"][child]  # the reload took time
+    at = float(req["arrival_s"][child])
+    ctl = Aborts([(at + 1e-6, int(req["request_id"][child]))])  # just after it arrived
+    records, cluster, _, _ = simulate(progs, controllers=[ctl], **kw)
+    [(_, rid, held, _)] = ctl.log
+    assert held
+    [a] = records.aborted
+    assert a.request_id == rid and at + 1e-6 < a.abort_s <= float(req["first_scheduled_s"][child])
+    assert a.num_computed_tokens == 0 and rid not in records.requests["request_id"].tolist()
+    check_nothing_held(cluster)

@@ -69,7 +69,7 @@ class Spy:
 
 def simulate(progs, *, shape="mixed", replicas=1, router="round_robin", batching="token_budget",
              ordering="fcfs", blocks=3000, fast_forward=True, tool_kv="drop", ttl_s=2.0,
-             host_blocks=0):
+             host_blocks=0, controllers=()):
     if shape == "mixed":
         setup = [PoolSetup(name="m", role="mixed", num_replicas=replicas, step_model=STEP,
                            num_kv_blocks=blocks, link_bw_bytes_per_s=1e11,
@@ -91,7 +91,7 @@ def simulate(progs, *, shape="mixed", replicas=1, router="round_robin", batching
         rng=np.random.default_rng(0), kv_bytes_per_token=float(MODEL.kv_bytes_per_token_per_gpu(1)),
         link_latency_s=0.0, block_size=16, max_batched_tokens=BUDGET, max_running=16,
         fast_forward=fast_forward, debug=True, until_s=HORIZON_S, source=spy,
-        kv_retention=retention)
+        kv_retention=retention, controllers=controllers)
     return records, cluster, source, spy.tags
 
 
