@@ -22,8 +22,9 @@ def activation_reserve_bytes(model: ModelSpec, tp: int, max_batched_tokens: int 
     """Peak activation bytes of vLLM's profiling forward pass, per GPU.
 
     The largest live tensors of one layer are the fused gate/up output (2 * intermediate / tp
-    per token; intermediate / tp for a plain MLP) and its activated half, next to the residual and QKV buffers; the sampler adds
-    float32 logits for ``MAX_NUM_SEQS`` sequences. Activations are bf16.
+    per token; intermediate / tp for a plain MLP) and its activated half, next to the
+    residual and QKV buffers; the sampler adds float32 logits for ``MAX_NUM_SEQS``
+    sequences. Activations are bf16.
     """
     inter = -(
         -(

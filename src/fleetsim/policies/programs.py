@@ -249,18 +249,18 @@ class HexAGenTPlacement:
     """HexAGenT's placement on heterogeneous pools: the (prefill, decode) plan whose call
     would complete first, by greedy enumeration of every pair (the paper's joint choice).
 
-    A plan's completion Delta = the prefill queue and the prefill at that replica's own
-    speed ((backlog + prompt) tokens at its per-token prefill time), the KV transfer P->D over the slower of the two
-    links, the decode wait, and the decode (output tokens at the step time of the decode
-    replica's batch plus one). Decode KV feasibility: a decode replica whose free KV cannot
-    hold the call (or that has no free running slot) now waits one such decode first, so it
-    is chosen only when no feasible one is faster. On mixed replicas the plan is one replica
-    (no transfer). The plan goes into the call's tag (``Plan``: the batching policy's Delta);
-    at the handoff, the decode router takes the planned replica if it can still hold the KV,
-    else plans the decode stage again. Output lengths are the generator's (an oracle, as
-    the paper's estimates). The scheduler's own decision time is off the critical path (the
-    paper applies plans asynchronously). Backends without a performance model (the live
-    gateway's) are weighed by backlog plus prompt tokens alone."""
+    A plan's completion Delta = the prefill queue and the prefill at that replica's own speed
+    ((backlog + prompt) tokens at its per-token prefill time), the KV transfer P->D over the slower
+    of the two links, the decode wait, and the decode (output tokens at the step time of the decode
+    replica's batch plus one). Decode KV feasibility: a decode replica whose free KV cannot hold the
+    call (or that has no free running slot) now waits one such decode first, so it is chosen only
+    when no feasible one is faster. On mixed replicas the plan is one replica (no transfer). The
+    plan goes into the call's tag (``Plan``: the batching policy's Delta); at the handoff, the
+    decode router takes the planned replica if it can still hold the KV, else plans the decode stage
+    again. Output lengths are the generator's (an oracle, as the paper's estimates). The scheduler's
+    own decision time is off the critical path (the paper applies plans asynchronously). Backends
+    without a performance model (the live gateway's) are weighed by backlog plus prompt tokens
+    alone."""
 
     _per_token_s: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 

@@ -105,13 +105,14 @@ def compare(ctx: ReproContext) -> Comparison:
     tail_at_slo = {p: crossing_rate(rates, list(v.values()), SLO_S_PER_TOKEN)
                    for p, v in p95.items()}
     ratio = better_ratio(at_slo["fastserve"], at_slo["vllm"], "higher")
+    tail_ratio = better_ratio(tail_at_slo["fastserve"], tail_at_slo["vllm"], "higher")
     last = rates[-1]
     notes = [f"throughput at the SLO (mean latency per output token <= {SLO_S_PER_TOKEN} s), "
              "req/s: " + ", ".join(f"{p} {_fmt_rate(v, last)}" for p, v in at_slo.items()),
              f"throughput at the tail SLO (p95 latency per output token <= "
              f"{SLO_S_PER_TOKEN} s, Figure 12), req/s: "
              + ", ".join(f"{p} {_fmt_rate(v, last)}" for p, v in tail_at_slo.items())
-             + f"; fastserve vs vllm {_fmt(better_ratio(tail_at_slo['fastserve'], tail_at_slo['vllm'], 'higher'))}x",
+             + f"; fastserve vs vllm {_fmt(tail_ratio)}x",
              "p95 latency per output token, s, per rate: " + "; ".join(
                  f"{p} " + "/".join(_fmt(x) for x in v.values()) for p, v in p95.items())]
     for policy in ("vllm-chunked", "fcfs", "srpt"):
