@@ -194,3 +194,27 @@ def test_waiting_calls_are_rekeyed_as_their_program_attains_service(tmp_path, na
         assert b1 < a2
     else:
         assert a2 < b1
+
+
+def test_hexagent_reevaluates_risk_as_time_passes(tmp_path):
+    """One running slot, held by program A's long call. Program P's long call x (horizon
+    ~2 s) queues just before program Q's 5-token call y (horizon ~0.05 s): when y queues,
+    x's risk 1 + 0.05/H_P is the higher, but y's grows at 1/H_Q, 40x faster, so by the time
+    A's call ends y is far riskier and runs first. Keys fixed at queueing would run x
+    first."""
+    from fleetsim.programs import dump_jsonl
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(dump_jsonl([Program(0.0, (Call(100, 400),), kind="a"),
+                                Program(0.05, (Call(100, 300),), kind="p"),
+                                Program(0.1, (Call(100, 5),), kind="q")]))
+    cfg = config_from_dict({
+        "engine": {"max_running": 1, "debug": True},
+        "policy": {"batching": {"name": "hexagent"}},
+        "programs": {"generator": "jsonl", "path": str(path), "arrival": "trace"}})
+    req = run(cfg).records.requests
+    first = dict(zip(req["request_id"].tolist(), req["first_scheduled_s"].tolist(),
+                     strict=True))
+    a, x, y = first[0], first[1], first[2]
+    assert a == 0.0
+    assert y < x

@@ -28,6 +28,8 @@ enters a queue (the engine keeps queues sorted by it):
   arXiv 2605.16637: the risk is the local queue priority). Delta is the projected completion
   of the call under the plan its router chose (``HexAGenTPlacement``: prefill queue and
   prefill, KV transfer P->D, decode wait and decode), or its standalone time without one.
+  The risk grows with t, so each plan re-evaluates the waiting calls' risks at t and
+  re-keys them when the queue's order no longer follows it.
 """
 
 from __future__ import annotations
@@ -189,9 +191,25 @@ class WorkflowLLF(_ProgramOrdered):
 class HexAGenTPriority(_ProgramOrdered):
     """HexAGenT: the highest projected risk ``((t - a_w) + Delta) / H_w`` first, Delta the
     call's projected completion under its router's plan (``Plan.delta_s``; the standalone
-    time ``est_s`` when no HexAGenT router planned it)."""
+    time ``est_s`` when no HexAGenT router planned it).
 
-    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+    The risk is a function of time: it grows at 1 / H_w, so a program with a short horizon
+    overtakes a longer one that was ahead when both were queued, and H_w itself grows as a
+    program reveals calls. Each plan therefore evaluates the waiting calls' risks at ``t``
+    and, when their queue order no longer follows it, re-keys them all (a plan of only
+    ``rekey``; the engine re-sorts and asks again). The plan can change with time alone
+    while calls wait: not ``fast_forward_safe``; with nothing waiting every running call
+    decodes."""
+
+    capabilities = Capabilities(fast_forward_safe=False, decodes_all_when_idle=True)
+
+    def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
+        waiting = view.waiting
+        if len(waiting) > 1:
+            keys = [self.key(r, now_s) for r in waiting]
+            if any(a > b for a, b in zip(keys, keys[1:])):
+                return StepPlan({}, rekey=tuple(r.id for r in waiting))
+        return TokenBudgetPlanner.plan(self, view, now_s)
 
     def key(self, req: Request, now_s: float) -> Key:
         tag = _tag(req)
