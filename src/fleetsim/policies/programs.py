@@ -207,7 +207,7 @@ class HexAGenTPriority(_ProgramOrdered):
         waiting = view.waiting
         if len(waiting) > 1:
             keys = [self.key(r, now_s) for r in waiting]
-            if any(a > b for a, b in zip(keys, keys[1:])):
+            if any(keys[i] > keys[i + 1] for i in range(len(keys) - 1)):
                 return StepPlan({}, rekey=tuple(r.id for r in waiting))
         return TokenBudgetPlanner.plan(self, view, now_s)
 
