@@ -85,6 +85,9 @@ def test_unknown_program_policy_is_one_line_exit_2(tmp_path, capsys):
     (["programs.tool_kv=\"offload\""], "engine.swap_space_gib"),
     (["programs.tool_kv=\"keep\"", "engine.enable_prefix_caching=false"],
      "engine.enable_prefix_caching"),
+    # every tool-step generator checks the lengths and tool times it shares
+    (["programs.generator=\"lats\"", "programs.args.tool_median_s=-1"], "tool_median_s"),
+    (["programs.generator=\"map_reduce\"", "programs.args.length_sigma=-1"], "length_sigma"),
 ])
 def test_bad_tool_kv_is_one_line_exit_2(tmp_path, capsys, sets, words):
     args = ["run", "--set", "programs.num_programs=2", "--out", str(tmp_path / "o")]

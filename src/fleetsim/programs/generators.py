@@ -57,13 +57,10 @@ class ChainArgs:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ToolChainArgs:
-    """Tool-use chains (BFCL multi-turn / tau-bench-like): call, tool, call, ..."""
+class StepArgs:
+    """The lengths and tool times of tool-use steps, shared by tool chains, LATS trees and
+    map-reduce (tau-bench-like; each generator adds its shape)."""
 
-    mean_calls: float = 11.0
-    """Mean LLM calls per chain, geometric (tau-bench airline: p50 11)."""
-    max_calls: int = 30
-    """Cap (tau-bench airline: at most 30)."""
     system_tokens: int = 1539
     """First prompt: the system prompt and tool schemas (tau-bench: 6,155 characters)."""
     step_tokens_median: float = 167.0
@@ -78,53 +75,57 @@ class ToolChainArgs:
     """Lognormal sigma of tool latency (p90 1.4 s)."""
 
     def __post_init__(self) -> None:
-        if not self.mean_calls >= 1 or self.max_calls < 1 or self.system_tokens < 1:
-            raise ValueError("mean_calls >= 1, max_calls >= 1 and system_tokens >= 1 required")
+        if self.system_tokens < 1:
+            raise ValueError(f"system_tokens must be >= 1, got {self.system_tokens}")
         for name in ("step_tokens_median", "output_tokens_median", "tool_median_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.length_sigma < 0 or self.tool_sigma < 0:
+        if not (self.length_sigma >= 0 and self.tool_sigma >= 0):
             raise ValueError("length_sigma and tool_sigma must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LatsArgs:
+class ToolChainArgs(StepArgs):
+    """Tool-use chains (BFCL multi-turn / tau-bench-like): call, tool, call, ..."""
+
+    mean_calls: float = 11.0
+    """Mean LLM calls per chain, geometric (tau-bench airline: p50 11)."""
+    max_calls: int = 30
+    """Cap (tau-bench airline: at most 30)."""
+
+    def __post_init__(self) -> None:
+        StepArgs.__post_init__(self)
+        if not self.mean_calls >= 1 or self.max_calls < 1:
+            raise ValueError("mean_calls >= 1 and max_calls >= 1 required")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LatsArgs(StepArgs):
     """LATS tree search: from the selected node, ``breadth`` children in parallel, each
     followed by an environment step; the next level expands one of them (chosen at run
-    time, here at random), ``depth`` levels."""
+    time, here at random), ``depth`` levels. Lengths and tools as the tool-use chain's."""
 
     breadth: int = 5
     """Children per expansion (LATS: n = 5)."""
     depth: int = 3
     """Expansion levels (our choice: 1 + 5 x 3 = 16 calls)."""
-    system_tokens: int = 1539
-    """Root prompt (as the tool-use chain's)."""
-    step_tokens_median: float = 167.0
-    output_tokens_median: float = 53.0
-    length_sigma: float = 0.8
-    tool_median_s: float = 0.5
-    tool_sigma: float = SIGMA_TOOL
 
     def __post_init__(self) -> None:
+        StepArgs.__post_init__(self)
         if self.breadth < 1 or self.depth < 1:
             raise ValueError(f"breadth and depth must be >= 1, got {self.breadth}, {self.depth}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MapReduceArgs:
+class MapReduceArgs(StepArgs):
     """Fan-out/fan-in: a planner call, ``fan_out`` workers on its context (each with a tool
-    call), one reducer over all of them."""
+    call), one reducer over all of them. Lengths and tools as the tool-use chain's."""
 
     fan_out: int = 8
     """Workers (Copilot card: 7.83 LLM calls per turn)."""
-    system_tokens: int = 1539
-    step_tokens_median: float = 167.0
-    output_tokens_median: float = 53.0
-    length_sigma: float = 0.8
-    tool_median_s: float = 0.5
-    tool_sigma: float = SIGMA_TOOL
 
     def __post_init__(self) -> None:
+        StepArgs.__post_init__(self)
         if self.fan_out < 1:
             raise ValueError(f"fan_out must be >= 1, got {self.fan_out}")
 
@@ -145,8 +146,7 @@ class MixedArgs:
 class _Lengths:
     """Lognormal lengths and tool times of one generator."""
 
-    def __init__(self, args: ToolChainArgs | LatsArgs | MapReduceArgs,
-                 rng: np.random.Generator) -> None:
+    def __init__(self, args: StepArgs, rng: np.random.Generator) -> None:
         self.a, self.rng = args, rng
 
     def step(self) -> int:
