@@ -176,19 +176,9 @@ def test_waiting_calls_are_rekeyed_as_their_program_attains_service(tmp_path, na
     b1 wait, a2 ahead (older program, both without service). When a1 finishes, A has
     attained ~2.5 s: PLAS re-keys a2 below b1, so b1 runs first. (ATLAS keys a2 by its own
     path's service, none: a2 stays first.)"""
-    from fleetsim.programs import dump_jsonl
-
-    path = tmp_path / "p.jsonl"
-    path.write_text(dump_jsonl([Program(0.0, (Call(100, 400), Call(100, 5)), kind="a"),
-                                Program(0.1, (Call(100, 5),), kind="b")]))
-    cfg = config_from_dict({
-        "engine": {"max_running": 1, "debug": True},
-        "policy": {"batching": {"name": name}},
-        "programs": {"generator": "jsonl", "path": str(path), "arrival": "trace"}})
-    req = run(cfg).records.requests
-    first = dict(zip(req["request_id"].tolist(), req["first_scheduled_s"].tolist(),
-                     strict=True))
-    a1, a2, b1 = first[0], first[1], first[2]
+    a1, a2, b1 = _first_scheduled_on_one_slot(
+        tmp_path, name, [Program(0.0, (Call(100, 400), Call(100, 5)), kind="a"),
+                         Program(0.1, (Call(100, 5),), kind="b")])
     assert a1 == 0.0
     if name == "plas":
         assert b1 < a2
@@ -202,19 +192,25 @@ def test_hexagent_reevaluates_risk_as_time_passes(tmp_path):
     x's risk 1 + 0.05/H_P is the higher, but y's grows at 1/H_Q, 40x faster, so by the time
     A's call ends y is far riskier and runs first. Keys fixed at queueing would run x
     first."""
+    a, x, y = _first_scheduled_on_one_slot(
+        tmp_path, "hexagent", [Program(0.0, (Call(100, 400),), kind="a"),
+                               Program(0.05, (Call(100, 300),), kind="p"),
+                               Program(0.1, (Call(100, 5),), kind="q")])
+    assert a == 0.0
+    assert y < x
+
+
+def _first_scheduled_on_one_slot(tmp_path, policy, programs):
+    """When each call (in id order) was first scheduled, with one running slot."""
     from fleetsim.programs import dump_jsonl
 
     path = tmp_path / "p.jsonl"
-    path.write_text(dump_jsonl([Program(0.0, (Call(100, 400),), kind="a"),
-                                Program(0.05, (Call(100, 300),), kind="p"),
-                                Program(0.1, (Call(100, 5),), kind="q")]))
+    path.write_text(dump_jsonl(programs))
     cfg = config_from_dict({
         "engine": {"max_running": 1, "debug": True},
-        "policy": {"batching": {"name": "hexagent"}},
+        "policy": {"batching": {"name": policy}},
         "programs": {"generator": "jsonl", "path": str(path), "arrival": "trace"}})
     req = run(cfg).records.requests
     first = dict(zip(req["request_id"].tolist(), req["first_scheduled_s"].tolist(),
                      strict=True))
-    a, x, y = first[0], first[1], first[2]
-    assert a == 0.0
-    assert y < x
+    return [first[i] for i in sorted(first)]
