@@ -33,6 +33,7 @@ from fleetsim.repro.frame import (
     Reproduction,
     add,
     better_ratio,
+    fmt_ratios,
 )
 from fleetsim.rl.runs import run_kept
 
@@ -87,8 +88,8 @@ def compare(ctx: ReproContext) -> Comparison:
                                    "higher"))
     valid = [r for r in ratios if r is not None]
     ratio = sum(valid) / len(valid) if valid else None
-    notes.insert(0, "areal-tik / areal per length: " + ", ".join(
-        f"{r:.3f}x" if r else "n/a" for r in ratios) + " (paper: 1.10x on average)")
+    notes.insert(0, f"areal-tik / areal per length: {fmt_ratios(ratios, 3)} "
+                    f"(paper: 1.10x on average)")
     return Comparison(results=results, ratio=ratio, notes=notes)
 
 

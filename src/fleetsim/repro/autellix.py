@@ -32,6 +32,7 @@ from fleetsim.repro.frame import (
     Reproduction,
     add,
     better_ratio,
+    fmt,
 )
 
 NUM_PROGRAMS, QUICK_PROGRAMS = 200, 24
@@ -87,10 +88,9 @@ def compare(ctx: ReproContext) -> Comparison:
     for workload in workloads:
         r = better_ratio(jct["atlas"][(workload, top)], jct["vllm"][(workload, top)], "lower")
         notes.append(f"{workload}: mean JCT per rate, s: " + "; ".join(
-            f"{p} " + "/".join("n/a" if jct[p][(workload, f'{x:g}')] is None
-                               else f"{jct[p][(workload, f'{x:g}')]:.2f}" for x in rates)
+            f"{p} " + "/".join(fmt(jct[p][(workload, f'{x:g}')]) for x in rates)
             for p in POLICIES) + f"; vllm/atlas at {top}: "
-            + ("n/a" if r is None else f"{r:.2f}x"))
+            + fmt(r, "x"))
         if r is not None:
             ratios.append(r)
     ratio = sum(ratios) / len(ratios) if ratios else None

@@ -39,6 +39,7 @@ from fleetsim.repro.frame import (
     Reproduction,
     add,
     better_ratio,
+    fmt,
 )
 
 MODEL, GPU = "opt-13b", "a100"
@@ -112,12 +113,12 @@ def compare(ctx: ReproContext) -> Comparison:
              f"throughput at the tail SLO (p95 latency per output token <= "
              f"{SLO_S_PER_TOKEN} s, Figure 12), req/s: "
              + ", ".join(f"{p} {_fmt_rate(v, last)}" for p, v in tail_at_slo.items())
-             + f"; fastserve vs vllm {_fmt(tail_ratio)}x",
+             + f"; fastserve vs vllm {fmt(tail_ratio, 'x')}",
              "p95 latency per output token, s, per rate: " + "; ".join(
-                 f"{p} " + "/".join(_fmt(x) for x in v.values()) for p, v in p95.items())]
+                 f"{p} " + "/".join(fmt(x) for x in v.values()) for p, v in p95.items())]
     for policy in ("vllm-chunked", "fcfs", "srpt"):
         r = better_ratio(at_slo["fastserve"], at_slo[policy], "higher")
-        notes.append(f"fastserve vs {policy}: {_fmt(r)}x")
+        notes.append(f"fastserve vs {policy}: {fmt(r, 'x')}")
     if any(v is not None and v >= last for v in at_slo.values()):
         notes.append(f"a rate shown as >= {last:g} never crossed the SLO in the sweep: the "
                      f"ratios involving it are bounds")
@@ -151,14 +152,10 @@ def crossing_rate(rates: tuple[float, ...], values: list[float | None], slo: flo
     return best
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
 def _fmt_rate(value: float | None, last: float) -> str:
     if value is not None and value >= last:
         return f">= {last:g}"
-    return _fmt(value)
+    return fmt(value)
 
 
 FASTSERVE = add(Reproduction(

@@ -183,6 +183,16 @@ def to_document(repro: Reproduction, comparison: Comparison, *, quick: bool) -> 
     }
 
 
+def fmt(value: float | None, suffix: str = "", digits: int = 2) -> str:
+    """A figure for a note: ``"n/a"`` where it was not measured."""
+    return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def fmt_ratios(ratios: Sequence[float | None], digits: int = 2) -> str:
+    """Ratios per load for a note, e.g. ``"1.31x, 1.28x, n/a"``."""
+    return ", ".join(fmt(r, "x", digits) for r in ratios)
+
+
 def better_ratio(system: float | None, baseline: float | None, direction: str) -> float | None:
     """System over baseline in the better direction (> 1: the system is better)."""
     if system is None or baseline is None or not math.isfinite(system) or not math.isfinite(

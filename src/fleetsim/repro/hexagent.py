@@ -36,6 +36,7 @@ from fleetsim.repro.frame import (
     Reproduction,
     add,
     better_ratio,
+    fmt,
 )
 
 NUM_PROGRAMS, QUICK_PROGRAMS = 200, 20
@@ -128,10 +129,10 @@ def compare(ctx: ReproContext) -> Comparison:
     ratio = sum(ratios95) / len(ratios95) if ratios95 else None
     mean99 = sum(ratios99) / len(ratios99) if ratios99 else None
     notes = [f"mean Req99 ratio, baselines over hexagent: "
-             f"{'n/a' if mean99 is None else f'{mean99:.2f}x'} (paper: 1.49x, i.e. -33.0%)",
+             f"{fmt(mean99, 'x')} (paper: 1.49x, i.e. -33.0%)",
              f"W-LLF: the best ReqX over deadline scales s in {scales} per setting"]
     notes.extend(f"{k[0]} {k[1]} @{k[2]}/s Req95/Req99: " + ", ".join(
-        f"{p} " + "/".join("n/a" if v is None else f"{v:.2f}" for v in got[(p, *k)])
+        f"{p} " + "/".join(fmt(v) for v in got[(p, *k)])
         for p in names) for k in sorted({k[1:] for k in got}))
     return Comparison(results=results, ratio=ratio, notes=notes)
 

@@ -43,6 +43,7 @@ from fleetsim.repro.frame import (
     Reproduction,
     add,
     better_ratio,
+    fmt_ratios,
 )
 from fleetsim.rl.config import rl_config_from_dict
 from fleetsim.rl.job import run_rl
@@ -127,11 +128,9 @@ def compare(ctx: ReproContext) -> Comparison:
                                       "higher"))
         notes.append(f"{label}: " + _stage_note(summaries["realhf"], summaries["rlhfuse"]))
     valid = [r for r in vs_ds if r is not None]
-    notes.append("rlhfuse / deepspeed-chat per length: " + ", ".join(
-        f"{r:.2f}x" if r else "n/a" for r in vs_ds) + " (paper: 2.5-3.7x)")
-    notes.append("rlhfuse / realhf per length: " + ", ".join(
-        f"{r:.2f}x" if r else "n/a" for r in vs_realhf) + " (paper: 1.4-2.4x vs ReaLHF, "
-        "1.2-1.4x vs RLHFuse-Base)")
+    notes.append(f"rlhfuse / deepspeed-chat per length: {fmt_ratios(vs_ds)} (paper: 2.5-3.7x)")
+    notes.append(f"rlhfuse / realhf per length: {fmt_ratios(vs_realhf)} (paper: 1.4-2.4x vs "
+                 f"ReaLHF, 1.2-1.4x vs RLHFuse-Base)")
     return Comparison(results=results, ratio=max(valid) if valid else None, notes=notes)
 
 

@@ -37,6 +37,7 @@ from fleetsim.repro.frame import (
     Reproduction,
     add,
     better_ratio,
+    fmt_ratios,
 )
 from fleetsim.rl.runs import balance_split, run_kept
 
@@ -113,10 +114,10 @@ def compare(ctx: ReproContext) -> Comparison:
                                         results["verl"][label], "higher"))
     valid = [r for r in ratios_async if r is not None]
     ratio = max(valid) if valid else None
-    notes.append("streamrl-async / verl per length: " + ", ".join(
-        f"{r:.2f}x" if r else "n/a" for r in ratios_async) + " (paper: up to 2.66x)")
-    notes.append("streamrl-sync / verl per length: " + ", ".join(
-        f"{r:.2f}x" if r else "n/a" for r in ratios_sync) + " (paper: 1.12-2.12x)")
+    notes.append(f"streamrl-async / verl per length: {fmt_ratios(ratios_async)} "
+                 f"(paper: up to 2.66x)")
+    notes.append(f"streamrl-sync / verl per length: {fmt_ratios(ratios_sync)} "
+                 f"(paper: 1.12-2.12x)")
     return Comparison(results=results, ratio=ratio, notes=notes)
 
 
