@@ -184,6 +184,15 @@ def test_pack_respects_the_token_budget():
     (["training.tp=4", "training.pp=4", "pools=[{name=\"p\",gpu=\"h100\",num_gpus=8}]"],
      "rl.training.pp"),
     (["pools=[{name=\"p\",gpu=\"h100\",num_gpus=0}]"], "num_gpus"),
+    # RLHFuse's fusions (tests/unit/test_rl_fusion.py)
+    (["system.tail_migration_fraction=1.5"], "tail_migration_fraction"),
+    (["system.fuse_training=true"], "fuse_training"),
+    (["system.generation_rounds=0"], "generation_rounds"),
+    (["system.fusion_iterations=-1"], "fusion_iterations"),
+    (["system.tail_migration_fraction=0.2",
+      "pools=[{name=\"g\",num_gpus=2,stages=[\"generation\"]},"
+      "{name=\"t\",num_gpus=2,stages=[\"inference\",\"training\"]}]"],
+     "tail_migration_fraction"),
 ])
 def test_bad_input_is_one_line_naming_the_field(overrides, field, capsys, tmp_path):
     argv = ["rl", "run", "--out", str(tmp_path / "out")]

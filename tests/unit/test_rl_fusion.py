@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fleetsim.cli import main
 from fleetsim.rl import rl_config_from_dict, run_rl
 from fleetsim.rl.results import samples_table
 
@@ -93,25 +92,6 @@ def test_static_rounds_start_when_the_previous_round_has_finished():
         ids = np.sort(result.job.steps[k].request_id)
         first, second = ids[:32], ids[32:]
         assert arrival[second].min() == pytest.approx(finish[first].max())
-
-
-@pytest.mark.parametrize(("overrides", "field"), [
-    (["system.tail_migration_fraction=1.5"], "tail_migration_fraction"),
-    (["system.fuse_training=true"], "fuse_training"),
-    (["system.generation_rounds=0"], "generation_rounds"),
-    (["system.fusion_iterations=-1"], "fusion_iterations"),
-    (["system.tail_migration_fraction=0.2",
-      "pools=[{name=\"g\",num_gpus=2,stages=[\"generation\"]},"
-      "{name=\"t\",num_gpus=2,stages=[\"inference\",\"training\"]}]"],
-     "tail_migration_fraction"),
-])
-def test_bad_fusion_input_is_one_line_naming_the_field(overrides, field, capsys, tmp_path):
-    argv = ["rl", "run", "--out", str(tmp_path / "out")]
-    for o in overrides:
-        argv += ["--set", o]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and field in err and "fleetsim: error:" in err
 
 
 def test_fused_job_is_deterministic(fused):
