@@ -201,18 +201,24 @@ POINTS = _batch_rows() + _ttft_rows() + _tpot_rows()
 
 
 V0_SOURCES = (SRC_BATCH, SRC_TTFT)  # measured on 2024 vLLM, the V0 engine
+# measured on vLLM 0.21 / 0.23, whose V1 engine schedules asynchronously by default (since 0.14)
+ASYNC_SOURCES = (SRC_IBENCH, SRC_MUSGRAVE)
 
 
 def predict_offline_batch_s(p: Point, backend: str = "auto", cpu: str = "v0") -> float:
     """Seconds for vLLM v0 to run ``p.batch`` identical requests to completion; for a "tpot"
     point, one decode step of ``p.batch`` requests at ``p.context_tokens`` each.
 
-    cpu "v0": rows measured on vLLM V0 get its measured per-step CPU cost (fixed + per
-    sequence); "fixed": every row gets the default fixed overhead."""
-    overhead = {}
+    cpu "v0": each row gets the CPU model of the engine it was measured on: rows measured on
+    vLLM V0 its measured per-step CPU cost (fixed + per sequence), rows measured on vLLM >= 0.14
+    async scheduling (the default CPU cost, overlapped with the GPU); "fixed": every row gets
+    the default fixed overhead, synchronous."""
+    overhead: dict = {}
     if cpu == "v0" and p.source in V0_SOURCES:
         fixed_s, per_seq_s = vllm_v0_overhead(p.tp)
         overhead = {"step_overhead_s": fixed_s, "step_overhead_per_seq_s": per_seq_s}
+    elif cpu == "v0" and p.source in ASYNC_SOURCES:
+        overhead = {"async_scheduling": True}
     sm = build_step_model(get_model(p.model), _gpu(p.gpu), p.tp, backend, **overhead)
     if p.kind == "tpot":
         return sm.step_time_s((), p.batch, p.batch * p.context_tokens)
@@ -257,6 +263,11 @@ def _setup(p: Point) -> str:
     )
 
 
+def _secs(x: float) -> str:
+    """Three decimals, or five for a decode step (milliseconds), so the error is readable."""
+    return f"{x:.3f}" if x >= 0.1 else f"{x:.5f}"
+
+
 def _mape(rows: list[dict]) -> float:
     return float(np.mean([abs(r["error_pct"]) for r in rows]))
 
@@ -275,8 +286,8 @@ def markdown(rows: list[dict], rows_rl: list[dict], rows_fixed: list[dict]) -> s
         p = r["point"]
         src = SHORT[p.source]
         lines.append(
-            f"| {src} | {_setup(p)} | {p.measured_s:.3f} | {r['predicted_s']:.3f} | "
-            f"{r['error_pct']:+.1f} | {rr['predicted_s']:.3f} | "
+            f"| {src} | {_setup(p)} | {_secs(p.measured_s)} | {_secs(r['predicted_s'])} | "
+            f"{r['error_pct']:+.1f} | {_secs(rr['predicted_s'])} | "
             f"{rr['error_pct']:+.1f} | {rf['error_pct']:+.1f} |"
         )
     lines.append(f"| **MAPE** | {len(rows)} points | | | **{_mape(rows):.1f}%** | | "

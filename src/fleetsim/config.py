@@ -86,6 +86,14 @@ class EngineConfig:
     kernel_time_scale: float = 1.0
     """Multiplies every kernel (GPU) time of the built-in step model: 1.1 for a deployment
     whose kernels run 10% slower than the measured tables (``fleetsim calibrate`` fits it)."""
+    async_scheduling: bool = False
+    """Overlap that CPU cost with the GPU's work, as vLLM's async scheduling does (its default
+    since v0.14, January 2026; ``--async-scheduling``): a step then costs its kernels plus
+    ``async_step_gap_s``, or the CPU cost where that is longer. Off by default, which models
+    a synchronous engine (vLLM before 0.14, or ``--no-async-scheduling``; docs/perf_model.md)."""
+    async_step_gap_s: float = 0.00016
+    """GPU idle time left between steps under async scheduling, seconds (150-170 us measured
+    with CUDA graphs in vLLM PR #11133; docs/perf_model.md)."""
     step_model: PolicySpec = field(default_factory=lambda: PolicySpec(name="table"))
     """Step-time model: {name = "table"} (measured kernel tables, roofline fallback) or a user
     class {name = "pkg.mod:Name", args = {...}}, built as Name(model=, gpu=, tp=, **args)."""
@@ -119,11 +127,16 @@ class EngineConfig:
         if not 0.05 <= self.kernel_time_scale <= 20:
             raise ValueError(f"engine.kernel_time_scale must be in [0.05, 20], got "
                              f"{self.kernel_time_scale}")
+        if not 0.0 <= self.async_step_gap_s < 0.1:
+            raise ValueError(f"engine.async_step_gap_s must be in [0, 0.1) seconds, got "
+                             f"{self.async_step_gap_s}")
         if self.step_model.name != "table" and (
                 self.step_overhead_s != 0.0015 or self.step_overhead_per_seq_s != 0.0
-                or self.kernel_time_scale != 1.0):
+                or self.kernel_time_scale != 1.0 or self.async_scheduling
+                or self.async_step_gap_s != 0.00016):
             raise ValueError(
-                f"engine.step_overhead_s, step_overhead_per_seq_s and kernel_time_scale apply "
+                f"engine.step_overhead_s, step_overhead_per_seq_s, kernel_time_scale and "
+                f"async_scheduling apply "
                 f"to the built-in step model; {self.step_model.name!r} takes its own in "
                 f"engine.step_model.args")
 

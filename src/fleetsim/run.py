@@ -122,7 +122,9 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
     return make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
                            backend=config.perf_backend, step_overhead_s=eng.step_overhead_s,
                            step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
-                           kernel_time_scale=eng.kernel_time_scale)
+                           kernel_time_scale=eng.kernel_time_scale,
+                           async_scheduling=eng.async_scheduling,
+                           async_step_gap_s=eng.async_step_gap_s)
 
 
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:

@@ -1,7 +1,9 @@
 """The step model against the 33 published vLLM points of docs/validation.md (issue 13 §4).
 
-Keeps the figures the docs report: with vLLM V0's measured per-step CPU cost (Vidur's
-profile, not fitted to these points) the 2024 rows are unbiased and MAPE stays near 10.6%."""
+Keeps the figures the docs report: each point is predicted with the CPU model of the engine
+it was measured on, none fitted to these points: vLLM V0's measured per-step CPU cost (Vidur's
+profile) for the 2024 rows, which removes their bias, and async scheduling (vLLM >= 0.14's
+default) for the recent-vLLM ones; MAPE 9.2%, within the issue's goal of 10%."""
 
 from __future__ import annotations
 
@@ -34,11 +36,13 @@ def test_v0_cpu_model_removes_the_batched_bias():
                      if r["point"].source == vp.SRC_BATCH and r["point"].batch >= 16]
     assert np.mean(batched_fixed) < -15  # the issue's symptom, with a fixed overhead
     assert abs(np.mean(batched)) < 8  # gone with the per-sequence cost
-    assert mape < 11.5 and mape < fixed_mape - 4
-    # The recent-vLLM (V1) points are predicted with the defaults either way.
+    assert mape <= 10.0 and mape < fixed_mape - 4
+    # The recent-vLLM points: async scheduling hides the CPU cost behind the GPU, so each
+    # decode step is shorter by about that cost less the gap, and lands within 10%.
     for r, f in zip(rows, fixed_rows, strict=True):
-        if r["point"].source not in vp.V0_SOURCES:
-            assert r["predicted_s"] == f["predicted_s"]
+        if r["point"].source in vp.ASYNC_SOURCES:
+            assert 0.9e-3 < f["predicted_s"] - r["predicted_s"] < 1.5e-3
+            assert abs(r["error_pct"]) < 10
 
 
 def test_docs_table_is_current():

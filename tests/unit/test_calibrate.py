@@ -106,7 +106,8 @@ def test_bad_step_csv_and_flags_are_one_line_and_exit_2(tmp_path, capsys):
     bad = tmp_path / "steps.csv"
     bad.write_text("num_decode,step_time_s\n1,0.01\n")
     cases = [[str(bad)], [str(bad), "--fit", "nonsense"], [str(bad), str(bad)],
-             [str(tmp_path / "a.json"), "--holdout", "1"]]
+             [str(tmp_path / "a.json"), "--holdout", "1"],
+             [str(tmp_path / "a.json"), "--set", "engine.async_scheduling=true"]]
     (tmp_path / "a.json").write_text('{"completed": 3, "total_input_tokens": 9, '
                                      '"total_output_tokens": 9, "mean_ttft_ms": 1, '
                                      '"mean_tpot_ms": 1}')
@@ -114,3 +115,4 @@ def test_bad_step_csv_and_flags_are_one_line_and_exit_2(tmp_path, capsys):
         assert main(["calibrate", *argv, "--out", str(tmp_path / "c.toml")]) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert "engine.async_scheduling" in err or "async" not in " ".join(argv)

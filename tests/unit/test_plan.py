@@ -116,7 +116,10 @@ def test_vllm_serve_commands_for_mixed_and_pd_shapes():
     assert mixed == ("vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 "
                      "--data-parallel-size 2 --max-num-seqs 128 --max-num-batched-tokens 8192 "
                      "--gpu-memory-utilization 0.9 --block-size 16 --no-enable-prefix-caching "
-                     "--no-enable-chunked-prefill")
+                     "--no-enable-chunked-prefill --no-async-scheduling")
+    asynced = load_config(None, ["engine.async_scheduling=true"])
+    (line,) = vllm_serve_commands(asynced, enumerate_shapes(["h100"], [1], 1)[0].pools)
+    assert line.endswith(" --async-scheduling")
     pd = next(s for s in enumerate_shapes(["h100"], [1], 2, pd=True) if s.is_pd)
     pre, dec = vllm_serve_commands(config, pd.pools)
     assert pre.startswith("# prefill: vllm serve") and dec.startswith("# decode: vllm serve")

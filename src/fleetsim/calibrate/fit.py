@@ -239,7 +239,13 @@ def base_config(config_path: str | None, overrides: Sequence[str]
     def build(sets: list[str]) -> SimConfig:
         return load_config(config_path, [*overrides, *sets])
 
-    build([])  # fail early, once, on a bad base config
+    if build([]).engine.async_scheduling:  # also fails early, once, on a bad base config
+        # The fit is linear in the overheads because a synchronous step adds them to the
+        # kernels; under async scheduling they hide behind the GPU and barely move a result.
+        raise FleetsimInputError(
+            "engine.async_scheduling", True, "calibrate fits the CPU cost the GPU waits for, "
+            "which async scheduling hides; calibrate on results of vllm serve "
+            "--no-async-scheduling, then add engine.async_scheduling = true to the snippet")
     return build
 
 

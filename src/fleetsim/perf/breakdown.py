@@ -9,6 +9,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
 from fleetsim.perf.step_model import (
+    ASYNC_STEP_GAP_S,
     OP_CLASSES,
     STEP_OVERHEAD_PER_SEQ_S,
     STEP_OVERHEAD_S,
@@ -45,6 +46,8 @@ def build_step_model(
     step_overhead_s: float = STEP_OVERHEAD_S,
     step_overhead_per_seq_s: float = STEP_OVERHEAD_PER_SEQ_S,
     kernel_time_scale: float = 1.0,
+    async_scheduling: bool = False,
+    async_step_gap_s: float = ASYNC_STEP_GAP_S,
 ) -> TableStepModel:
     """Step-time model of one replica (``tp`` GPUs) serving ``model`` on ``gpu``.
 
@@ -54,7 +57,9 @@ def build_step_model(
     ``step_overhead_s`` is the fixed per-step CPU cost added to every step (default 1.5 ms);
     ``step_overhead_per_seq_s`` is added once per sequence in the step (default 0; vLLM V0's
     measured value is ``fleetsim.perf.cpu_overhead.vllm_v0_overhead``);
-    ``kernel_time_scale`` multiplies every kernel (GPU) term.
+    ``kernel_time_scale`` multiplies every kernel (GPU) term. ``async_scheduling`` overlaps
+    that CPU cost with the GPU's work (vLLM >= 0.14's default), leaving ``async_step_gap_s``
+    between steps unless the CPU is the slower of the two.
     """
     if backend not in BACKENDS:
         raise FleetsimInputError("backend", backend, f"use one of {', '.join(BACKENDS)}")
@@ -72,9 +77,13 @@ def build_step_model(
         raise FleetsimInputError(
             "kernel_time_scale", kernel_time_scale, "must be in [0.05, 20], e.g. 1.1"
         )
+    if not 0.0 <= async_step_gap_s < 0.1:
+        raise FleetsimInputError(
+            "async_step_gap_s", async_step_gap_s, "must be in [0, 0.1) seconds, e.g. 0.00016"
+        )
     return TableStepModel(
         model, gpu, tp, backend == "auto", step_overhead_s, step_overhead_per_seq_s,
-        kernel_time_scale,
+        kernel_time_scale, async_scheduling, async_step_gap_s,
     )
 
 

@@ -34,6 +34,8 @@ def make_step_model(
     step_overhead_s: float | None = None,
     step_overhead_per_seq_s: float | None = None,
     kernel_time_scale: float | None = None,
+    async_scheduling: bool | None = None,
+    async_step_gap_s: float | None = None,
     where: str = "engine.step_model",
 ) -> StepTimeModel:
     """The step model ``name`` for one replica; the overheads and the kernel scale go to the
@@ -45,7 +47,9 @@ def make_step_model(
                                      "set engine.step_overhead_s / step_overhead_per_seq_s")
         overheads = {k: v for k, v in (("step_overhead_s", step_overhead_s),
                                        ("step_overhead_per_seq_s", step_overhead_per_seq_s),
-                                       ("kernel_time_scale", kernel_time_scale))
+                                       ("kernel_time_scale", kernel_time_scale),
+                                       ("async_scheduling", async_scheduling),
+                                       ("async_step_gap_s", async_step_gap_s))
                      if v is not None}
         return build_step_model(model, gpu, tp, backend, **overheads)
     try:

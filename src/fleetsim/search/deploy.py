@@ -54,6 +54,8 @@ def vllm_serve_commands(config: SimConfig, pools: Sequence[PoolConfig]) -> list[
             cmd.append("--no-enable-prefix-caching")
         if args.get("enable_chunked_prefill") is False:
             cmd.append("--no-enable-chunked-prefill")
+        # vLLM >= 0.14 schedules asynchronously unless told not to; deploy what was simulated.
+        cmd.append("--async-scheduling" if eng.async_scheduling else "--no-async-scheduling")
         if pool.role != "mixed":
             cmd += ["--kv-transfer-config",
                     json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"},
