@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "request)")
     p.add_argument("--prefill-context", type=int, default=None,
                    help="in a mixed step, tokens cached before the prefill chunk (default 0)")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="price the step as vLLM >= 0.14 runs it by default: the CPU cost "
+                        "overlapped with the GPU (engine.async_scheduling)")
     add_format_flag(p)
     p.set_defaults(handler=cmd_perf)
 
@@ -330,7 +333,8 @@ def cmd_perf(args: argparse.Namespace) -> int:
     _check_perf_step(args, model.name, model.max_context_tokens, capacity, gpu.name, block_size)
     b = predict_breakdown(model, gpu, args.tp, prefill_tokens=args.prefill_tokens,
                           context_tokens=args.context or 0, decode_batch=args.decode_batch,
-                          prefill_context_tokens=args.prefill_context, backend=args.backend)
+                          prefill_context_tokens=args.prefill_context, backend=args.backend,
+                          async_scheduling=args.async_scheduling)
     emit(output_format(args), breakdown_to_dict(b), lambda: breakdown_table(b))
     return 0
 

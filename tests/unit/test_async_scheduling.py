@@ -97,3 +97,17 @@ def test_bad_async_settings_are_one_line_and_exit_2(tmp_path, capsys, sets, need
     err = capsys.readouterr().err.strip()
     assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_perf_cli_prices_a_step_with_async_scheduling(capsys):
+    import json
+
+    argv = ["perf", "--model", "llama-3.1-8b", "--gpu", "h100", "--decode-batch", "4",
+            "--context", "512", "--format", "json"]
+    assert main(argv) == 0
+    sync = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--async-scheduling"]) == 0
+    asyn = json.loads(capsys.readouterr().out)
+    assert sync["total_s"] - asyn["total_s"] == pytest.approx(1.5e-3 - ASYNC_STEP_GAP_S,
+                                                              rel=1e-9)
+    assert "async scheduling" in asyn["ops"]["other"]["source"]

@@ -114,6 +114,7 @@ def predict_breakdown(
     decode_batch: int | None = None,
     prefill_context_tokens: int | None = None,
     backend: str = "auto",
+    async_scheduling: bool = False,
 ) -> StepBreakdown:
     """One step: a prefill chunk of ``prefill_tokens`` new tokens, a decode batch of
     ``decode_batch`` requests with ``context_tokens`` of KV each, or both at once (a mixed
@@ -121,7 +122,8 @@ def predict_breakdown(
 
     The chunk's cached tokens are ``prefill_context_tokens``; for a prefill-only step they
     default to ``context_tokens`` (so ``prefill_tokens=N, context_tokens=C`` is a chunk over C),
-    for a mixed step to 0."""
+    for a mixed step to 0. ``async_scheduling`` prices the step as vLLM >= 0.14 runs it (the
+    CPU cost overlapped with the GPU's work)."""
     if prefill_tokens is None and decode_batch is None:
         raise FleetsimInputError(
             "step",
@@ -137,7 +139,7 @@ def predict_breakdown(
         prefill_context_tokens = context_tokens if decode_batch is None else 0
     if prefill_context_tokens < 0:
         raise FleetsimInputError("prefill_context_tokens", prefill_context_tokens, "must be >= 0")
-    sm = build_step_model(model, gpu, tp, backend)
+    sm = build_step_model(model, gpu, tp, backend, async_scheduling=async_scheduling)
     chunks = [(prefill_tokens, prefill_context_tokens)] if prefill_tokens is not None else []
     n = int(decode_batch or 0)
     kv = n * context_tokens
