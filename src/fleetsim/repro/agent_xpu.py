@@ -175,6 +175,7 @@ def compare(ctx: ReproContext) -> Comparison:
     comparison = _comparison(setup, cost, rates, results, summaries)
     if not ctx.quick:
         comparison.notes.extend(chunk_sweep(setup, cost, ctx))
+        comparison.notes.extend(sensitivity(setup, cost, ctx))
     return comparison
 
 
@@ -246,6 +247,44 @@ def chunk_sweep(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> lis
                      f"TTFT {fmt(s['reactive_ttft_mean_s'])} s, proactive "
                      f"{fmt(s['proactive_per_min'])} req/min, prefill on "
                      f"{scheduler.prefill_accelerator}")
+    return notes
+
+
+def _cut_and_gain(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    ratio = better_ratio(ours["reactive_latency_mean_s"], theirs["reactive_latency_mean_s"],
+                         "lower")
+    thr = better_ratio(ours["proactive_per_min"], theirs["proactive_per_min"], "higher")
+    cut = None if ratio is None else (1.0 - 1.0 / ratio) * 100
+    return (f"reactive mean {fmt(ours['reactive_latency_mean_s'])} vs "
+            f"{fmt(theirs['reactive_latency_mean_s'])} s ({fmt(cut, '%', 0)} lower), "
+            f"proactive {fmt(thr, 'x')}")
+
+
+def sensitivity(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> list[str]:
+    """At 2 requests/min: how the comparison moves with the background load (the number of
+    proactive flows; the paper's is not in its abstracts), against an iGPU engine that batches
+    (continuous batching, 8 slots), and the reactive latency with no background at all."""
+    notes = []
+    soc = lunar_lake()
+
+    def go(label: str, run_setup: AgentXpuSetup, scheduler: Scheduler) -> dict[str, Any]:
+        if ctx.progress is not None:
+            ctx.progress(label)
+        return summarize(simulate(run_setup, 2.0, scheduler, cost))
+
+    def xpu() -> AgentXpu:
+        return AgentXpu(soc, cost, chunk_tokens=setup.chunk_tokens,
+                        reactive_slack=setup.reactive_slack)
+
+    for flows in (0, 2, 8):
+        run_setup = dataclasses.replace(setup, num_proactive_flows=flows)
+        ours = go(f"agent-xpu, {flows} flows", run_setup, xpu())
+        theirs = go(f"igpu-only, {flows} flows", run_setup, IgpuOnly(setup.max_running))
+        notes.append(f"{flows} proactive flows vs igpu-only: {_cut_and_gain(ours, theirs)}")
+    ours = go("agent-xpu", setup, xpu())
+    batching = go("igpu-only, 8 slots", setup, IgpuOnly(max_running=8))
+    notes.append(f"vs an iGPU engine batching 8 requests (continuous batching, FCFS): "
+                 f"{_cut_and_gain(ours, batching)}")
     return notes
 
 

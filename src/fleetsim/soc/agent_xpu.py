@@ -23,15 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetsim.soc.cost import ModelCost, op_s
+from fleetsim.soc.cost import ModelCost, OpCost, op_s
 from fleetsim.soc.device import SoCSpec
 from fleetsim.soc.engine import Job, Part, Request, SoCView, part_rates
 
 
-def fastest(soc: SoCSpec, cost_of: object) -> str:
-    """The accelerator on which ``cost_of`` (an ``OpCost``) runs sooner, alone."""
-    best = min(soc.accelerators, key=lambda a: (op_s(
-        a, cost_of, a.max_draw_bytes_per_s(soc.ddr_bw_bytes_per_s)), a.name))  # type: ignore
+def fastest(soc: SoCSpec, cost: OpCost) -> str:
+    """The accelerator on which ``cost`` runs sooner, alone (ties: by name)."""
+    best = min(soc.accelerators, key=lambda a: (
+        op_s(a, cost, a.max_draw_bytes_per_s(soc.ddr_bw_bytes_per_s)), a.name))
     return best.name
 
 

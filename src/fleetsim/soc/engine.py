@@ -161,8 +161,10 @@ class SoCEngine:
                  scheduler: Scheduler) -> None:
         self.soc, self.cost, self.traffic, self.scheduler = soc, cost, traffic, scheduler
         arrivals_rng, reactive_rng, proactive_rng = streams(traffic.seed)
-        self._reactive_lengths = LengthSampler(reactive_rng, traffic.max_prompt_tokens)
-        self._proactive_lengths = LengthSampler(proactive_rng, traffic.max_prompt_tokens)
+        self._reactive_lengths = LengthSampler(reactive_rng, traffic.max_prompt_tokens,
+                                               traffic.reactive_lengths)
+        self._proactive_lengths = LengthSampler(proactive_rng, traffic.max_prompt_tokens,
+                                                traffic.proactive_lengths)
         self._arrivals = reactive_arrivals(traffic, arrivals_rng)
         self.now_s = 0.0
         self.requests: list[Request] = []
