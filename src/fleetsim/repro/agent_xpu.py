@@ -14,7 +14,7 @@ abstracts of the paper could be read, so the mechanisms are theirs and the numbe
 - workload [our choice, the paper's is not in the abstracts]: reactive requests Poisson at
   1, 2 and 4 per minute; 4 proactive flows, each issuing its next request when the last ends;
   (prompt, output) lengths from the Azure LLM 2023 conversation trace, prompts capped at 2,048;
-  10 minutes of arrivals (3 with --quick);
+  30 minutes of arrivals (3 with --quick);
 - Agent.xpu: 256-token prefill chunks, 10% slack for piggybacking and DDR sharing [ours]; the
   replication plan's chunk sweep (8/16/32/64/256) runs at 2 per minute in the full run.
 
@@ -64,7 +64,8 @@ PAPER_THROUGHPUT = (1.2, 4.9)  # v2: "1.2-4.9x proactive throughput"
 class AgentXpuSetup:
     """What ``--set`` may change (``fleetsim repro agent-xpu --set chunk_tokens=64``)."""
 
-    duration_s: float = 600.0
+    duration_s: float = 1800.0
+    """Seconds of arrivals (30 min: about 30 reactive requests at the lowest rate)."""
     num_proactive_flows: int = 4
     chunk_tokens: int = 256
     reactive_slack: float = 0.10
@@ -296,7 +297,7 @@ AGENT_XPU = add(Reproduction(
           "an industrial iGPU-only engine and static NPU-iGPU tensor partitioning (v2).",
     setup="Core Ultra 7 258V (NPU 24 + iGPU 32 FP16 TFLOP/s, one 136.5 GB/s LPDDR5X), "
           "Llama-3.2-3B at 4.5-bit weights; reactive requests Poisson at 1/2/4 per min plus 4 "
-          "proactive flows, Azure-conversation lengths, 10 min (3 with --quick)",
+          "proactive flows, Azure-conversation lengths, 30 min (3 with --quick)",
     system="agent-xpu",
     baselines=("igpu-only", "static-partition"),
     baseline="igpu-only",

@@ -168,6 +168,7 @@ class SoCEngine:
         self._arrivals = reactive_arrivals(traffic, arrivals_rng)
         self.now_s = 0.0
         self.requests: list[Request] = []
+        self._live: list[Request] = []  # issued and unfinished, in arrival order
         self._running: list[tuple[Job, list[float]]] = []  # job, work left per part
         self._started: dict[int, float] = {}  # id(job) -> start time
         self.jobs: list[JobRecord] = []
@@ -176,9 +177,10 @@ class SoCEngine:
     def _issue(self, reactive: bool, flow: int | None) -> None:
         sampler = self._reactive_lengths if reactive else self._proactive_lengths
         prompt, output = sampler.draw()
-        self.requests.append(Request(id=len(self.requests), reactive=reactive,
-                                     arrival_s=self.now_s, num_prompt_tokens=prompt,
-                                     num_output_tokens=output, flow=flow))
+        request = Request(id=len(self.requests), reactive=reactive, arrival_s=self.now_s,
+                          num_prompt_tokens=prompt, num_output_tokens=output, flow=flow)
+        self.requests.append(request)
+        self._live.append(request)
 
     def run(self) -> SoCResult:
         for flow in range(self.traffic.num_proactive_flows):
@@ -211,7 +213,7 @@ class SoCEngine:
         idle = frozenset(a.name for a in self.soc.accelerators) - busy
         if not idle:
             return
-        ready = tuple(r for r in self.requests if not r.done and not r.busy)
+        ready = tuple(r for r in self._live if not r.busy)
         if not ready:
             return
         view = SoCView(now_s=self.now_s, soc=self.soc, cost=self.cost, idle=idle,
@@ -273,5 +275,6 @@ class SoCEngine:
         for r in job.requests:
             if r.num_generated >= r.num_output_tokens and not r.needs_prefill:
                 r.finish_s = now
+                self._live.remove(r)
                 if r.flow is not None and now < self.traffic.duration_s:
                     self._issue(False, r.flow)
