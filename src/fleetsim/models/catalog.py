@@ -169,6 +169,11 @@ _BUILTIN: tuple[ModelSpec, ...] = (
     ModelSpec(name="LLaMA-65B", num_layers=80, hidden_size=8192, num_attention_heads=64,
               num_kv_heads=64, head_dim=128, intermediate_size=22016, vocab_size=32000,
               max_context_tokens=4096),
+    # ---- laptop-class models (Agent.xpu's personal-agent SoC) ----------------------------
+    # meta-llama/Llama-3.2-3B config.json (24 heads of 128, 8 KV heads, tied embeddings)
+    ModelSpec(name="Llama-3.2-3B", num_layers=28, hidden_size=3072, num_attention_heads=24,
+              num_kv_heads=8, head_dim=128, intermediate_size=8192, vocab_size=128256,
+              max_context_tokens=131072, tie_word_embeddings=True),
 )
 
 _ALIASES = {
@@ -204,6 +209,8 @@ HF_IDS = {
     # each model is the one `fleetsim models` shows.
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
     "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Llama-3.2-3B-Instruct": "llama-3.2-3b",
+    "meta-llama/Llama-3.2-3B": "llama-3.2-3b",
     "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
     "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
     "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",

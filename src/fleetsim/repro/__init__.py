@@ -2,6 +2,7 @@
 by name (``fleetsim repro list``). Importing this package registers them."""
 
 from fleetsim.repro import (  # noqa: E402,F401  (register the entries)
+    agent_xpu,
     areal_tik,
     autellix,
     fastserve,
