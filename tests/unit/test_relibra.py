@@ -249,3 +249,23 @@ def test_bad_input_is_one_line_and_exit_2(setting, needle, capsys, tmp_path):
                  "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+def test_fixed_owners_make_every_other_holder_a_replica_and_current_copies_are_free():
+    # Expert 0 (owner GPU 0) is placed on GPU 2 only (the other node): with owners fixed its
+    # optimizer state stays; GPU 2 gets the weights and sends the gradient back.
+    owner0 = static_owners(1, 4, 4)
+    phy2log = np.array([[1, 1, 0, 3]])  # GPU 0 now holds expert 1, GPU 2 expert 0
+    kwargs = {"slots_per_gpu": 1, "gpus_per_node": 2, "params_per_expert": PARAMS,
+              "state": STATE, "intra_bytes_per_s": INTRA, "inter_bytes_per_s": INTER,
+              "link_latency_s": 0.0}
+    owner, moves = batch_transfers(phy2log, owner0, fixed_owners=True, **kwargs)
+    assert owner.tolist() == owner0.tolist()
+    assert moves.optimizer_s[0] == 0.0
+    assert moves.weights_s[0] == pytest.approx(2 * PARAMS / INTER)  # expert 0 to GPU 2
+    assert moves.grads_s[0] == pytest.approx(4 * PARAMS / INTER)  # and its gradient back
+    assert moves.intra_bytes == pytest.approx(6 * PARAMS)  # expert 1 to GPU 0, in-node
+    # the same placement again inside the batch: its copies are current, nothing moves
+    _, again = batch_transfers(phy2log, owner0, fixed_owners=True, held=phy2log, **kwargs)
+    assert again.weights_s[0] == again.grads_s[0] == 0.0
+    assert again.intra_bytes == again.inter_bytes == 0.0

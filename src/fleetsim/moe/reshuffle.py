@@ -112,22 +112,32 @@ def _link_s(recv: FloatArray, sent: FloatArray, bytes_per_s: float, latency_s: f
 def batch_transfers(
     phy2log: IntArray, previous_owner: IntArray, *, slots_per_gpu: int, gpus_per_node: int,
     params_per_expert: float, state: TrainingStateBytes, intra_bytes_per_s: float,
-    inter_bytes_per_s: float, link_latency_s: float,
+    inter_bytes_per_s: float, link_latency_s: float, fixed_owners: bool = False,
+    held: IntArray | None = None,
 ) -> tuple[IntArray, BatchTransfers]:
     """The new owners and the transfers of a batch whose placement is ``phy2log`` (num_layers,
     num_slots), when ``previous_owner`` (num_layers, num_experts) owned the experts during the
     last optimizer step. Every GPU that holds an expert and is not its previous owner receives
     its weights from the previous owner; a new owner also receives the optimizer state; a GPU
     holding an expert it does not own sends its gradient to the owner at the end. Links run in
-    parallel: a layer's time is its slower link's."""
+    parallel: a layer's time is its slower link's.
+
+    ``fixed_owners`` keeps every owner (and its optimizer state) where it is, so every other
+    holder is a replica; ``held`` (num_layers, num_slots), the slots of an earlier micro-batch
+    of the same batch, marks copies that are still current (no new copy, and their gradient is
+    already counted): a placement re-planned inside a batch."""
     num_layers, num_slots = phy2log.shape
     num_experts = previous_owner.shape[1]
     num_gpus = num_slots // slots_per_gpu
-    owner = choose_owners(phy2log, previous_owner, slots_per_gpu)
+    owner = (previous_owner if fixed_owners
+             else choose_owners(phy2log, previous_owner, slots_per_gpu))
     # Unique (layer, gpu, expert) holdings: two slots of one expert on one GPU are one copy.
     gpu = np.broadcast_to(np.arange(num_slots) // slots_per_gpu, phy2log.shape)
     layer = np.broadcast_to(np.arange(num_layers)[:, None], phy2log.shape)
     key = np.unique((layer * num_gpus + gpu) * num_experts + phy2log)
+    current = np.zeros(key.shape, dtype=bool)
+    if held is not None:
+        current = np.isin(key, (layer * num_gpus + gpu) * num_experts + held)
     lay, rest = np.divmod(key, num_gpus * num_experts)
     dst, expert = np.divmod(rest, num_experts)
     src, own = previous_owner[lay, expert], owner[lay, expert]
@@ -154,11 +164,12 @@ def batch_transfers(
         return np.maximum(links["intra"], links["inter"])
 
     weights = state.weight_bytes_per_param * params_per_expert
-    totals["weights"] = add(dst != src, src, dst, weights)
+    totals["weights"] = add((dst != src) & ~current, src, dst, weights)
     new_owner = (dst == own) & (own != src)
     totals["optimizer"] = add(new_owner, src, dst,
                               state.optimizer_bytes_per_param * params_per_expert)
-    totals["grads"] = add(dst != own, dst, own, state.grad_bytes_per_param * params_per_expert)
+    totals["grads"] = add((dst != own) & ~current, dst, own,
+                          state.grad_bytes_per_param * params_per_expert)
     return owner, BatchTransfers(totals["weights"], totals["optimizer"], totals["grads"],
                                  moved["intra"], moved["inter"])
 
