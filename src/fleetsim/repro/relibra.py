@@ -28,11 +28,12 @@ Our choices where the abstract is silent (each a field of ``RelibraSetup``):
   (``moe/two_timescale.py``);
 - EPLB (deepseek-ai/EPLB, global policy, fleetsim's ``rebalance_experts``) re-planned at
   every batch start on the batch's summed true loads, even split over replicas;
-- costs (``moe/reshuffle.py``): a moved owner carries bf16 weights (before the layer's first
-  forward) and fp32 optimizer state (before the step); batch replicas are refreshed every
-  batch and reduce their gradients at its end; ReLibra's per-micro-batch replicas are copied
-  over NVLink with UltraEP's relay tree and, being known ahead (routing replay), hidden behind
-  the layer's attention; plan and reroute are computed ahead, off the critical path;
+- costs (``moe/reshuffle.py``; each policy's batches run by ``moe/batch_pass.py``): a moved
+  owner carries bf16 weights (before the layer's first forward) and fp32 optimizer state
+  (before the step); batch replicas are refreshed every batch and reduce their gradients at
+  its end; ReLibra's per-micro-batch replicas are copied over NVLink with UltraEP's relay
+  tree and, being known ahead (routing replay), hidden behind the layer's attention; plan and
+  reroute are computed ahead, off the critical path;
 - expert load: fleetsim's generators (``moe/loads.py``), Zipf 0.6 popularity per layer:
   ``rl`` (4 hot experts per layer redrawn every micro-batch: the abstract's "hot experts can
   shift frequently across micro-batches"), ``rl_switch`` (hot experts held for 20
@@ -43,8 +44,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,22 +54,18 @@ from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
-from fleetsim.moe.balancers import EplbFresh, NoBalancing
-from fleetsim.moe.ep_pass import EpPassModel, PassBreakdown
-from fleetsim.moe.loads import LoadSpec, make_loads
-from fleetsim.moe.overheads import exposed_s
-from fleetsim.moe.placement import BalanceView, FloatArray, IntArray, Placement
-from fleetsim.moe.reshuffle import (
-    BatchTransfers,
-    TrainingStateBytes,
-    batch_exposed_s,
-    batch_transfers,
-    new_replicas,
-    replica_sync_s,
-    static_owners,
+from fleetsim.moe.batch_pass import (
+    BatchResult,
+    Runner,
+    TrainingBatches,
+    run_eplb_per_batch,
+    run_eplb_per_microbatch,
+    run_force_balanced,
+    run_static,
+    run_two_timescale,
 )
-from fleetsim.moe.two_timescale import TwoTimescalePlanner
-from fleetsim.perf.training import BACKWARD_OVER_FORWARD
+from fleetsim.moe.ep_pass import EpPassModel
+from fleetsim.moe.loads import LoadSpec, make_loads
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
@@ -133,22 +130,6 @@ class RelibraSetup:
 QUICK = {"num_batches": 1, "microbatches_per_batch": 4, "num_layers": 16}
 
 
-@dataclass(slots=True)
-class BatchResult:
-    """One batch of one policy: its micro-batches priced by the pass model plus the exposed
-    seconds of its balancing transfers."""
-
-    passes: list[PassBreakdown]
-    exposed_by_kind: dict[str, float] = field(default_factory=dict)
-    node_imbalance: float = 1.0
-    """Mean over micro-batches and layers of max/mean routed tokens per node."""
-    intra_bytes: float = 0.0
-    inter_bytes: float = 0.0
-
-    @property
-    def total_s(self) -> float:
-        return sum(p.total_s for p in self.passes) + sum(self.exposed_by_kind.values())
-
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RunFiles:
@@ -165,187 +146,24 @@ def setup_from(ctx: ReproContext) -> RelibraSetup:
     return from_dict(RelibraSetup, copy.deepcopy(data), "relibra")
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Workload:
-    """A pass model and the per-batch loads every policy runs on."""
-
-    pass_model: EpPassModel
-    batches: list[FloatArray]
-    """(microbatches, layers, experts) routed tokens per batch, warm-up batches first."""
-    setup: RelibraSetup
-    state: TrainingStateBytes = TrainingStateBytes()
-
-    @property
-    def params_per_expert(self) -> float:
-        spec = self.pass_model.spec
-        return spec.expert_bytes / spec.weight_bytes_per_param
-
-    def view(self, load: FloatArray, *, batch_load: FloatArray | None = None, index: int = 0,
-             in_batch: int = 0, previous: Placement | None = None) -> BalanceView:
-        ep = self.pass_model.ep
-        return BalanceView(expert_load=load, num_gpus=ep.num_gpus,
-                           gpus_per_node=ep.gpus_per_node,
-                           slots_per_gpu=self.pass_model.slots_per_gpu, batch_load=batch_load,
-                           microbatch_index=index, microbatch_in_batch=in_batch,
-                           previous=previous, expert_bytes=self.pass_model.spec.expert_bytes)
-
-    def transfers(self, phy2log: IntArray, owner: IntArray, slots_per_gpu: int, *,
-                  fixed_owners: bool = False, held: IntArray | None = None
-                  ) -> tuple[IntArray, BatchTransfers]:
-        """New owners and the transfers of a batch start whose placement is ``phy2log``
-        (``fixed_owners`` and ``held``: see ``batch_transfers``)."""
-        hw = self.pass_model.hw
-        return batch_transfers(
-            phy2log, owner, slots_per_gpu=slots_per_gpu,
-            gpus_per_node=self.pass_model.ep.gpus_per_node,
-            params_per_expert=self.params_per_expert, state=self.state,
-            intra_bytes_per_s=hw.intra_node_bytes_per_s,
-            inter_bytes_per_s=hw.inter_node_bytes_per_s,
-            link_latency_s=self.pass_model.overheads.link_latency_s,
-            fixed_owners=fixed_owners, held=held)
-
-    def batch_costs(self, moves: BatchTransfers, passes: list[PassBreakdown]
-                    ) -> dict[str, float]:
-        """Exposed seconds of a batch start's transfers; the hiding windows come from
-        ``passes``, the micro-batches they overlap."""
-        passes_per_mb = self.pass_model.passes
-        compute = [p.dense_s + p.expert_s for p in passes]
-        forward = compute[0] / passes_per_mb
-        backward = compute[-1] * BACKWARD_OVER_FORWARD / passes_per_mb
-        exposed = batch_exposed_s(moves, forward_compute_s=forward,
-                                  backward_compute_s=backward, batch_compute_s=sum(compute))
-        return {f"batch_{k}": v for k, v in exposed.items()}
-
-
-Runner = Callable[[Workload], list[BatchResult]]
-"""A policy: every batch of a workload, warm-up first."""
-
-
-def node_imbalance(placement: Placement, load: FloatArray, gpus_per_node: int) -> float:
-    gpu_load = placement.gpu_load(load)
-    node = gpu_load.reshape(gpu_load.shape[0], -1, gpus_per_node).sum(-1)
-    return float((node.max(-1) / node.mean(-1)).mean())
-
-
-def run_megatron(w: Workload) -> list[BatchResult]:
-    """Static placement, no balancing, no transfers."""
-    placement = NoBalancing().plan(w.view(w.batches[0][0]))
-    gpn = w.pass_model.ep.gpus_per_node
-    return [BatchResult([w.pass_model.placed(placement, load, ultraep=False) for load in b],
-                        node_imbalance=float(np.mean([node_imbalance(placement, x, gpn)
-                                                      for x in b])))
-            for b in w.batches]
-
-
-def run_ideal(w: Workload) -> list[BatchResult]:
-    return [BatchResult([w.pass_model.ideal(load) for load in b]) for b in w.batches]
-
-
-def run_eplb_oracle(w: Workload) -> list[BatchResult]:
-    """EPLB re-planned at each batch start from the batch's true summed load; the placement
-    holds for the batch; its moves and replicas charged like ReLibra's."""
-    pm, gpn = w.pass_model, w.pass_model.ep.gpus_per_node
-    owner = static_owners(w.setup.num_layers, pm.spec.num_experts, pm.ep.num_gpus)
-    out = []
-    for batch in w.batches:
-        placement = EplbFresh().plan(w.view(batch.sum(0)))
-        owner, moves = w.transfers(placement.phy2log, owner, pm.slots_per_gpu)
-        passes = [pm.placed(placement, load, ultraep=False) for load in batch]
-        out.append(BatchResult(passes, w.batch_costs(moves, passes),
-                               float(np.mean([node_imbalance(placement, x, gpn)
-                                              for x in batch])),
-                               moves.intra_bytes, moves.inter_bytes))
-    return out
-
-
-def run_eplb_per_microbatch(w: Workload) -> list[BatchResult]:
-    """EPLB re-planned on every micro-batch's exact load (an oracle no deployed EPLB has).
-    Optimizer state stays with Megatron's owners (moving it per micro-batch would be absurd),
-    so every other holder is a replica: weights copied when it appears (again after each step),
-    its gradient reduced to the owner; each micro-batch's copies hide behind its own compute."""
-    pm, gpn = w.pass_model, w.pass_model.ep.gpus_per_node
-    owner = static_owners(w.setup.num_layers, pm.spec.num_experts, pm.ep.num_gpus)
-    out = []
-    for batch in w.batches:
-        passes, intra, inter, held = [], 0.0, 0.0, None
-        costs: dict[str, float] = {}
-        node_imb = []
-        for load in batch:
-            placement = EplbFresh().plan(w.view(load))
-            _, moves = w.transfers(placement.phy2log, owner, pm.slots_per_gpu,
-                                   fixed_owners=True, held=held)
-            passes.append(pm.placed(placement, load, ultraep=False))
-            for kind, value in w.batch_costs(moves, passes[-1:]).items():
-                costs[kind] = costs.get(kind, 0.0) + value
-            intra, inter = intra + moves.intra_bytes, inter + moves.inter_bytes
-            node_imb.append(node_imbalance(placement, load, gpn))
-            held = placement.phy2log
-        out.append(BatchResult(passes, costs, float(np.mean(node_imb)), intra, inter))
-    return out
-
-
-def run_relibra(w: Workload, *, reorder: bool = True) -> list[BatchResult]:
-    """Per batch: reorder masters across nodes on the batch's replayed load; per micro-batch:
-    replicate inside the node on its exact load. ``reorder=False`` keeps Megatron's masters
-    (the intra-batch timescale alone, an ablation)."""
-    pm, setup = w.pass_model, w.setup
-    gpn, spg, masters = pm.ep.gpus_per_node, pm.slots_per_gpu, pm.num_masters
-    planner = TwoTimescalePlanner(max_swaps_per_batch=setup.max_swaps_per_batch)
-    owner = static_owners(setup.num_layers, pm.spec.num_experts, pm.ep.num_gpus)
-    master_cols = np.flatnonzero(np.arange(pm.ep.num_gpus * spg) % spg < masters)
-    previous: Placement | None = None
-    out = []
-    for b, batch in enumerate(w.batches):
-        batch_load = batch.sum(0)
-        passes, resident, exposed = [], None, {"replica_fwd": 0.0, "replica_bwd": 0.0}
-        moves, intra, inter, node_imb = None, 0.0, 0.0, []
-        for m, load in enumerate(batch):
-            view = w.view(load, batch_load=batch_load if reorder else None,
-                          index=b * len(batch) + m, in_batch=m if reorder else 1,
-                          previous=previous)
-            if previous is None and not reorder:
-                view = dataclasses.replace(view, previous=NoBalancing().plan(view))
-            placement = planner.plan(view)
-            if m == 0:
-                owner, moves = w.transfers(placement.phy2log[:, master_cols], owner, masters)
-                intra, inter = moves.intra_bytes, moves.inter_bytes
-            used = placement.tokens_by_slot(load) > 0
-            copies = new_replicas(placement.phy2log, resident, used, spg, masters)
-            sync = replica_sync_s(placement.phy2log, copies, num_gpus=pm.ep.num_gpus,
-                                  num_masters=masters, expert_bytes=pm.spec.expert_bytes,
-                                  link_bytes_per_s=pm.hw.intra_node_bytes_per_s,
-                                  overheads=pm.overheads)
-            # Known ahead (routing replay): copies run during the layer's attention; the
-            # gradients go back during its attention backward.
-            dense = pm.dense_layer_s
-            exposed["replica_fwd"] += sum(exposed_s(s, dense) for s in sync)
-            exposed["replica_bwd"] += sum(exposed_s(s, dense * BACKWARD_OVER_FORWARD)
-                                          for s in sync)
-            intra += float(copies.sum()) * pm.spec.expert_bytes * 2  # weights out, grads back
-            is_master = (np.arange(placement.phy2log.shape[1]) % spg) < masters
-            keep = is_master[None, :] | used
-            if resident is not None:
-                keep |= placement.phy2log == resident
-            resident = np.where(keep, placement.phy2log, -1)
-            passes.append(pm.placed(placement, load, ultraep=False))
-            node_imb.append(node_imbalance(placement, load, gpn))
-            previous = placement
-        assert moves is not None  # set by the batch's first micro-batch
-        costs = w.batch_costs(moves, passes) | exposed
-        out.append(BatchResult(passes, costs, float(np.mean(node_imb)), intra, inter))
-    return out
-
-
 RUNNERS: dict[str, Runner] = {
-    "relibra": run_relibra, "megatron": run_megatron, "eplb_oracle": run_eplb_oracle,
-    "force_balanced": run_ideal}
+    "relibra": run_two_timescale, "megatron": run_static, "eplb_oracle": run_eplb_per_batch,
+    "force_balanced": run_force_balanced}
 
 
-def make_workload(setup: RelibraSetup, scenario: str) -> Workload:
+def pass_model_for(setup: RelibraSetup, num_spare_slots_per_gpu: int | None = None
+                   ) -> EpPassModel:
+    """Training micro-batches of Qwen3-235B-A22B on the setup's EP group."""
+    spare = setup.num_spare_slots_per_gpu if num_spare_slots_per_gpu is None else (
+        num_spare_slots_per_gpu)
+    return EpPassModel(get_model("qwen3-235b"), get_gpu(setup.gpu), ep=setup.ep,
+                       domain=setup.gpus_per_node, seq_lens=[setup.tokens_per_gpu], train=True,
+                       num_spare_slots_per_gpu=spare)
+
+
+def make_workload(setup: RelibraSetup, scenario: str) -> TrainingBatches:
+    pass_model = pass_model_for(setup)
     model = get_model("qwen3-235b")
-    pass_model = EpPassModel(model, get_gpu(setup.gpu), ep=setup.ep, domain=setup.gpus_per_node,
-                             seq_lens=[setup.tokens_per_gpu], train=True,
-                             num_spare_slots_per_gpu=setup.num_spare_slots_per_gpu)
     num_batches = setup.num_warmup_batches + setup.num_batches
     spec = LoadSpec(num_microbatches=num_batches * setup.microbatches_per_batch,
                     num_layers=setup.num_layers, num_experts=model.num_experts,
@@ -353,7 +171,7 @@ def make_workload(setup: RelibraSetup, scenario: str) -> Workload:
                     top_k=model.num_experts_per_token, zipf_alpha=setup.zipf_alpha)
     loads = make_loads(scenario, spec, setup.seed)
     batches = list(loads.reshape(num_batches, setup.microbatches_per_batch, *loads.shape[1:]))
-    return Workload(pass_model, batches, setup)
+    return TrainingBatches(pass_model, batches, max_swaps_per_batch=setup.max_swaps_per_batch)
 
 
 def run_workload(setup: RelibraSetup, scenario: str,
@@ -451,15 +269,19 @@ def _comparison(results: dict[str, dict[str, float | None]],
 
 
 def ablations(setup: RelibraSetup, ctx: ReproContext) -> list[str]:
-    """Each timescale alone, and EPLB with its moves free, on every workload."""
+    """Each timescale alone, EPLB with its moves free and EPLB re-planned every micro-batch,
+    on every workload."""
     notes = []
     for scenario in WORKLOADS:
         if ctx.progress is not None:
             ctx.progress(f"{scenario} ablations")
-        runners = {"replicate_only": lambda w: run_relibra(w, reorder=False),
-                   "reorder_only": _reorder_only, "force_balanced": run_ideal,
-                   "eplb_oracle": run_eplb_oracle,
-                   "eplb_per_microbatch": run_eplb_per_microbatch}
+        runners: dict[str, Runner] = {
+            "replicate_only": lambda w: run_two_timescale(w, reorder=False),
+            # the inter-batch reorder alone: no spare slots, so no replicas
+            "reorder_only": lambda w: run_two_timescale(
+                dataclasses.replace(w, pass_model=pass_model_for(setup, 0))),
+            "force_balanced": run_force_balanced,
+            "eplb_oracle": run_eplb_per_batch, "eplb_per_microbatch": run_eplb_per_microbatch}
         runs = run_workload(setup, scenario, runners)
         ideal = sum(r.total_s for r in runs["force_balanced"])
         free = sum(sum(p.total_s for p in r.passes) for r in runs["eplb_oracle"])
@@ -499,15 +321,6 @@ def skew_sweep(setup: RelibraSetup, ctx: ReproContext) -> list[str]:
                 f"eplb_oracle {total['eplb_oracle'] / total['relibra']:.2f}x, relibra share of "
                 f"ideal {total['force_balanced'] / total['relibra']:.1%}")
     return notes
-
-
-def _reorder_only(w: Workload) -> list[BatchResult]:
-    """The inter-batch reorder alone: no spare slots, so no replicas."""
-    setup, pm = w.setup, w.pass_model
-    bare = EpPassModel(get_model("qwen3-235b"), get_gpu(setup.gpu), ep=setup.ep,
-                       domain=setup.gpus_per_node, seq_lens=[setup.tokens_per_gpu], train=True,
-                       num_spare_slots_per_gpu=0, overheads=pm.overheads)
-    return run_relibra(dataclasses.replace(w, pass_model=bare))
 
 
 RELIBRA = add(Reproduction(
