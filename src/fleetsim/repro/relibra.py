@@ -1,0 +1,349 @@
+"""ReLibra (arXiv:2605.08639): MoE load balancing for RL training with routing replay, against
+Megatron-LM (no balancing), EPLB given the batch's true loads (an oracle) and force-balanced.
+
+Sources: the paper's abstract (the body was not readable here; ``../shared/papers/moe.md``
+section 4.2), R3 (arXiv:2510.11370: rollout routing replay records the rollout's expert
+choices and replays them in training, so a batch's token-to-expert routing is known before
+the step) and the project's MoE notes (sections 1, 3 and 7). What the abstract states:
+- two timescales matched to the network's hierarchy: per batch (inter-batch), *reorder*
+  experts across nodes for batch-level cross-node balance (scale-out network, amortised over
+  the batch); per micro-batch (intra-batch), *replicate* experts inside a node (NVLink) to
+  absorb micro-batch fluctuation; both from the replayed, exact loads;
+- baselines: Megatron-LM, EPLB "even when given oracle loads", an idealized balanced run;
+- claims: up to 1.6x training throughput over Megatron-LM, up to 1.2x over EPLB with oracle
+  loads, within 6-10% of the ideal.
+
+Our choices where the abstract is silent (each a field of ``RelibraSetup``):
+- Qwen3-235B-A22B (its config.json, in the catalog; R3 and the MoE-RL frameworks train the
+  Qwen3 MoE family), bf16 training forward + backward per micro-batch (Megatron-LM);
+- EP32 over 4 nodes of 8 H200 (NVLink 450 GB/s, one 400 Gb/s NIC per GPU: datasheets in
+  the GPU catalog): multi-node EP, where a node's NVLink is 9x its network;
+- 4,096 tokens per GPU per micro-batch (one packed 4K sequence), 8 micro-batches per batch
+  (one RL training step of 1M tokens), 4 scored batches after 1 warm-up batch;
+- 2 spare slots per GPU for ReLibra's in-node replicas and the same slots for EPLB's redundant
+  experts (UltraEP's setting; ReLibra's is not in the abstract);
+- ReLibra's reorder: at most ``max_swaps_per_batch`` = 8 expert pairs swapped between the most
+  and the least loaded node per layer and batch (``two_timescale``'s default), masters
+  re-packed inside each node, then the quota planner confined to the node
+  (``moe/two_timescale.py``);
+- EPLB (deepseek-ai/EPLB, global policy, fleetsim's ``rebalance_experts``) re-planned at
+  every batch start on the batch's summed true loads, even split over replicas;
+- costs (``moe/reshuffle.py``; each policy's batches run by ``moe/batch_pass.py``): a moved
+  owner carries bf16 weights (before the layer's first forward) and fp32 optimizer state
+  (before the step); batch replicas are refreshed every batch and reduce their gradients at
+  its end; ReLibra's per-micro-batch replicas are copied over NVLink with UltraEP's relay
+  tree and, being known ahead (routing replay), hidden behind the layer's attention; plan and
+  reroute are computed ahead, off the critical path;
+- expert load: fleetsim's generators (``moe/loads.py``), Zipf 0.6 popularity per layer:
+  ``rl`` (4 hot experts per layer redrawn every micro-batch: the abstract's "hot experts can
+  shift frequently across micro-batches"), ``rl_switch`` (hot experts held for 20
+  micro-batches) and ``drift`` (log-popularity random walk).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fleetsim.configutil import apply_overrides, from_dict
+from fleetsim.errors import FleetsimInputError
+from fleetsim.hardware import get_gpu
+from fleetsim.models import get_model
+from fleetsim.moe.batch_pass import (
+    BatchResult,
+    Runner,
+    TrainingBatches,
+    run_eplb_per_batch,
+    run_eplb_per_microbatch,
+    run_force_balanced,
+    run_static,
+    run_two_timescale,
+)
+from fleetsim.moe.ep_pass import EpPassModel
+from fleetsim.moe.loads import LoadSpec, make_loads
+from fleetsim.repro.frame import (
+    Comparison,
+    Loads,
+    Metric,
+    Paper,
+    ReproContext,
+    Reproduction,
+    add,
+    better_ratio,
+    fmt_ratios,
+)
+
+POLICIES = ("relibra", "megatron", "eplb_oracle", "force_balanced")
+WORKLOADS = ("rl", "rl_switch", "drift")
+PAPER_VS_MEGATRON, PAPER_VS_EPLB = 1.6, 1.2
+PAPER_IDEAL_GAP = (0.06, 0.10)
+"""The abstract's "up to 1.6x", "up to 1.2x" and "within 6%-10%" of the ideal."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelibraSetup:
+    """What ``--set key=value`` may change (defaults: the module docstring's choices)."""
+
+    num_batches: int = 4
+    """Scored batches (RL training steps) per workload."""
+    num_warmup_batches: int = 1
+    """Batches before them that only set the planners' starting placement."""
+    microbatches_per_batch: int = 8
+    num_layers: int = 94
+    """MoE layers simulated (times are scaled to the model's 94)."""
+    ep: int = 32
+    gpus_per_node: int = 8
+    gpu: str = "h200"
+    num_spare_slots_per_gpu: int = 2
+    tokens_per_gpu: int = 4096
+    max_swaps_per_batch: int = 8
+    zipf_alpha: float = 0.6
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_batches", "num_warmup_batches", "microbatches_per_batch",
+                     "num_layers", "ep", "gpus_per_node", "tokens_per_gpu"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise FleetsimInputError(name, value, "must be an integer >= 1")
+        if 128 % self.ep:
+            raise FleetsimInputError("ep", self.ep, "must divide Qwen3-235B's 128 experts "
+                                     "(8, 16, 32, 64 or 128)")
+        if self.ep % self.gpus_per_node or self.ep // self.gpus_per_node < 2:
+            raise FleetsimInputError("gpus_per_node", self.gpus_per_node,
+                                     f"must divide ep={self.ep} into 2 or more nodes")
+        if not 1 <= self.num_spare_slots_per_gpu <= 16:
+            raise FleetsimInputError("num_spare_slots_per_gpu", self.num_spare_slots_per_gpu,
+                                     "must be in 1..16 (ReLibra replicates into spare slots)")
+        if self.max_swaps_per_batch < 0:
+            raise FleetsimInputError("max_swaps_per_batch", self.max_swaps_per_batch,
+                                     "must be >= 0")
+        if not 0 <= self.zipf_alpha <= 3:
+            raise FleetsimInputError("zipf_alpha", self.zipf_alpha, "must be in [0, 3]")
+
+
+QUICK = {"num_batches": 1, "microbatches_per_batch": 4, "num_layers": 16}
+
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RunFiles:
+    """One (policy, workload): written as summary.json and config.json (no requests)."""
+
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    records: None = None
+
+
+def setup_from(ctx: ReproContext) -> RelibraSetup:
+    data: dict[str, Any] = dict(QUICK) if ctx.quick else {}
+    apply_overrides(data, ctx.overrides)
+    return from_dict(RelibraSetup, copy.deepcopy(data), "relibra")
+
+
+RUNNERS: dict[str, Runner] = {
+    "relibra": run_two_timescale, "megatron": run_static, "eplb_oracle": run_eplb_per_batch,
+    "force_balanced": run_force_balanced}
+
+
+def pass_model_for(setup: RelibraSetup, num_spare_slots_per_gpu: int | None = None
+                   ) -> EpPassModel:
+    """Training micro-batches of Qwen3-235B-A22B on the setup's EP group."""
+    spare = setup.num_spare_slots_per_gpu if num_spare_slots_per_gpu is None else (
+        num_spare_slots_per_gpu)
+    return EpPassModel(get_model("qwen3-235b"), get_gpu(setup.gpu), ep=setup.ep,
+                       domain=setup.gpus_per_node, seq_lens=[setup.tokens_per_gpu], train=True,
+                       num_spare_slots_per_gpu=spare)
+
+
+def make_workload(setup: RelibraSetup, scenario: str) -> TrainingBatches:
+    pass_model = pass_model_for(setup)
+    model = get_model("qwen3-235b")
+    num_batches = setup.num_warmup_batches + setup.num_batches
+    spec = LoadSpec(num_microbatches=num_batches * setup.microbatches_per_batch,
+                    num_layers=setup.num_layers, num_experts=model.num_experts,
+                    num_tokens=setup.tokens_per_gpu * setup.ep,
+                    top_k=model.num_experts_per_token, zipf_alpha=setup.zipf_alpha)
+    loads = make_loads(scenario, spec, setup.seed)
+    batches = list(loads.reshape(num_batches, setup.microbatches_per_batch, *loads.shape[1:]))
+    return TrainingBatches(pass_model, batches, max_swaps_per_batch=setup.max_swaps_per_batch)
+
+
+def run_workload(setup: RelibraSetup, scenario: str,
+                 runners: Mapping[str, Runner] | None = None
+                 ) -> dict[str, list[BatchResult]]:
+    """Every policy on the same batches; warm-up batches dropped."""
+    w = make_workload(setup, scenario)
+    return {name: run(w)[setup.num_warmup_batches:]
+            for name, run in (runners or RUNNERS).items()}
+
+
+def summarize(rows: list[BatchResult], ideal_s: float, setup: RelibraSetup) -> dict[str, Any]:
+    scale = 94 / setup.num_layers  # every part is per layer, so shares are unscaled
+    total = sum(r.total_s for r in rows)
+    passes = [p for r in rows for p in r.passes]
+    kinds = sorted({k for r in rows for k in r.exposed_by_kind})
+    return {
+        "share_of_ideal": ideal_s / total,
+        "batch_s": total / len(rows) * scale,
+        "tokens_per_s_per_gpu": setup.tokens_per_gpu * len(passes) / (total * scale),
+        "imbalance": float(np.mean([p.imbalance for p in passes])),
+        "node_imbalance": float(np.mean([r.node_imbalance for r in rows])),
+        "exposed_ms_per_batch": {k: float(np.mean([r.exposed_by_kind.get(k, 0.0)
+                                                   for r in rows])) * scale * 1e3
+                                 for k in kinds},
+        "moved_gb_per_batch": {
+            "nvlink": float(np.mean([r.intra_bytes for r in rows])) * scale / 1e9,
+            "network": float(np.mean([r.inter_bytes for r in rows])) * scale / 1e9},
+        "breakdown_s_per_batch": {
+            k: float(np.mean([sum(getattr(p, k) for p in r.passes) for r in rows])) * scale
+            for k in ("dense_s", "expert_s", "all_to_all_s")},
+    }
+
+
+def compare(ctx: ReproContext) -> Comparison:
+    setup = setup_from(ctx)
+    results: dict[str, dict[str, float | None]] = {p: {} for p in POLICIES}
+    summaries: dict[tuple[str, str], dict[str, Any]] = {}
+    for scenario in WORKLOADS:
+        if ctx.progress is not None:
+            ctx.progress(scenario)
+        runs = run_workload(setup, scenario)
+        ideal_s = sum(r.total_s for r in runs["force_balanced"])
+        for policy, rows in runs.items():
+            s = summarize(rows, ideal_s, setup)
+            summaries[(policy, scenario)] = s
+            results[policy][scenario] = s["share_of_ideal"]
+            ctx.runs[(policy, scenario)] = RunFiles(  # type: ignore[assignment]
+                s, {"workload": scenario, "policy": policy, "model": "Qwen3-235B-A22B",
+                    **dataclasses.asdict(setup)})
+    comparison = _comparison(results, summaries)
+    if not ctx.quick:
+        comparison.notes.extend(ablations(setup, ctx))
+        comparison.notes.extend(skew_sweep(setup, ctx))
+    return comparison
+
+
+def _ratios(results: dict[str, dict[str, float | None]], baseline: str) -> list[float | None]:
+    return [better_ratio(results["relibra"][k], results[baseline][k], "higher")
+            for k in WORKLOADS]
+
+
+def _comparison(results: dict[str, dict[str, float | None]],
+                summaries: dict[tuple[str, str], dict[str, Any]]) -> Comparison:
+    vs_megatron, vs_eplb = _ratios(results, "megatron"), _ratios(results, "eplb_oracle")
+    best = max((r for r in vs_megatron if r is not None), default=None)
+    gap = [1 - (results["relibra"][k] or 0.0) for k in WORKLOADS]
+    headline: dict[str, float | None] = {
+        p: float(np.mean([results[p][k] or 0.0 for k in WORKLOADS])) for p in POLICIES}
+    lo, hi = PAPER_IDEAL_GAP
+    notes = [
+        f"ReLibra over Megatron-LM per workload ({', '.join(WORKLOADS)}): "
+        f"{fmt_ratios(vs_megatron)} (paper: up to {PAPER_VS_MEGATRON}x)",
+        f"ReLibra over EPLB with oracle batch loads: {fmt_ratios(vs_eplb)} (paper: up to "
+        f"{PAPER_VS_EPLB}x)",
+        "ReLibra below force-balanced: " + ", ".join(f"{g:.1%}" for g in gap)
+        + f" (paper: within {lo:.0%}-{hi:.0%})",
+    ]
+    for k in WORKLOADS:
+        s = {p: summaries[(p, k)] for p in POLICIES}
+        notes.append(
+            f"{k}: max/mean GPU load megatron {s['megatron']['imbalance']:.2f}, eplb_oracle "
+            f"{s['eplb_oracle']['imbalance']:.2f}, relibra {s['relibra']['imbalance']:.3f}; "
+            f"max/mean node load megatron {s['megatron']['node_imbalance']:.3f}, eplb_oracle "
+            f"{s['eplb_oracle']['node_imbalance']:.3f}, relibra "
+            f"{s['relibra']['node_imbalance']:.3f}")
+        for p in ("relibra", "eplb_oracle"):
+            exp = s[p]["exposed_ms_per_batch"]
+            moved = s[p]["moved_gb_per_batch"]
+            notes.append(
+                f"{k} {p}: per batch of {s[p]['batch_s']:.2f} s, moved "
+                f"{moved['network']:.1f} GB over the network and {moved['nvlink']:.1f} GB over "
+                f"NVLink; exposed " + ", ".join(f"{n} {v:.1f} ms" for n, v in exp.items()))
+    return Comparison(results=results, ratio=best, headline=headline, notes=notes)
+
+
+def ablations(setup: RelibraSetup, ctx: ReproContext) -> list[str]:
+    """Each timescale alone, EPLB with its moves free and EPLB re-planned every micro-batch,
+    on every workload."""
+    notes = []
+    for scenario in WORKLOADS:
+        if ctx.progress is not None:
+            ctx.progress(f"{scenario} ablations")
+        runners: dict[str, Runner] = {
+            "replicate_only": lambda w: run_two_timescale(w, reorder=False),
+            # the inter-batch reorder alone: no spare slots, so no replicas
+            "reorder_only": lambda w: run_two_timescale(
+                dataclasses.replace(w, pass_model=pass_model_for(setup, 0))),
+            "force_balanced": run_force_balanced,
+            "eplb_oracle": run_eplb_per_batch, "eplb_per_microbatch": run_eplb_per_microbatch}
+        runs = run_workload(setup, scenario, runners)
+        ideal = sum(r.total_s for r in runs["force_balanced"])
+        free = sum(sum(p.total_s for p in r.passes) for r in runs["eplb_oracle"])
+        share = {p: ideal / sum(r.total_s for r in rows) for p, rows in runs.items()}
+        notes.append(
+            f"ablation {scenario}: share of force-balanced with only the intra-batch replication "
+            f"(Megatron's masters) {share['replicate_only']:.1%}, only the inter-batch reorder "
+            f"(no spare slots) {share['reorder_only']:.1%}; EPLB oracle with its moves free "
+            f"{ideal / free:.1%} (charged {share['eplb_oracle']:.1%}); EPLB re-planned on every "
+            f"micro-batch's exact load {share['eplb_per_microbatch']:.1%} (exposed "
+            f"{_exposed_ms(runs['eplb_per_microbatch'], setup):.0f} ms per batch)")
+    return notes
+
+
+def _exposed_ms(rows: list[BatchResult], setup: RelibraSetup) -> float:
+    per_batch = np.mean([sum(r.exposed_by_kind.values()) for r in rows])
+    return float(per_batch) * 94 / setup.num_layers * 1e3
+
+
+SWEEP_ALPHAS = (0.0, 0.3)
+
+
+def skew_sweep(setup: RelibraSetup, ctx: ReproContext) -> list[str]:
+    """The gain over Megatron-LM follows the imbalance Megatron-LM suffers: the same runs at
+    milder base skews (the hot experts of ``rl`` and the walk of ``drift`` stay)."""
+    notes = []
+    for alpha in SWEEP_ALPHAS:
+        for scenario in ("rl", "drift"):
+            if ctx.progress is not None:
+                ctx.progress(f"{scenario}, zipf_alpha={alpha}")
+            runs = run_workload(dataclasses.replace(setup, zipf_alpha=alpha), scenario)
+            total = {p: sum(r.total_s for r in rows) for p, rows in runs.items()}
+            imb = float(np.mean([p.imbalance for r in runs["megatron"] for p in r.passes]))
+            notes.append(
+                f"skew sweep, {scenario}, zipf_alpha={alpha}: megatron max/mean {imb:.2f}; "
+                f"relibra / megatron {total['megatron'] / total['relibra']:.2f}x, relibra / "
+                f"eplb_oracle {total['eplb_oracle'] / total['relibra']:.2f}x, relibra share of "
+                f"ideal {total['force_balanced'] / total['relibra']:.1%}")
+    return notes
+
+
+RELIBRA = add(Reproduction(
+    key="relibra",
+    paper=Paper(title="ReLibra: Routing-Replay-Guided Load Balancing for MoE Training in "
+                      "Reinforcement Learning", id="arXiv:2605.08639"),
+    claim="Training throughput up to 1.6x over Megatron-LM and up to 1.2x over EPLB even when "
+          "EPLB is given oracle loads; within 6-10% of an idealized balanced baseline.",
+    setup="Qwen3-235B-A22B bf16 RL training (forward + backward), EP32 over 4 nodes of 8 "
+          "H200, 4,096 tokens per GPU per micro-batch, 8 micro-batches per batch, 2 spare "
+          "slots per GPU; expert loads from fleetsim's rl, rl_switch and drift generators "
+          "(Zipf 0.6); 4 scored batches x 94 layers after 1 warm-up batch (--quick: 1 batch "
+          "of 4 micro-batches x 16 layers)",
+    system="relibra",
+    baselines=("megatron", "eplb_oracle", "force_balanced"),
+    baseline="megatron",
+    metric=Metric(name="throughput / force-balanced", unit="fraction", direction="higher"),
+    ratio_definition="relibra / megatron training throughput, best workload (the paper's "
+                     "'up to')",
+    paper_ratio=PAPER_VS_MEGATRON,
+    loads=Loads(name="expert-load workload", unit="generator", values=(1.0, 2.0, 3.0),
+                quick_values=(1.0, 2.0, 3.0), labels=WORKLOADS),
+    compare=compare,
+    headline_metric=Metric(name="share of force-balanced throughput, mean over workloads",
+                           unit="fraction", direction="higher"),
+))
