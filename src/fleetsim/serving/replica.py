@@ -109,6 +109,10 @@ class Replica:
         # KV kept for follow-ups of finished requests (agents' tool waits), if asked for.
         self.kept = (KeptKV(self, retention, host, transfers, kv_bytes_per_token,
                             host_latency_s) if retention is not None else None)
+        # A cluster-wide prefix pool may take an arriving request first, fetch the prefix
+        # segments other replicas hold into this one's cache, and queue it itself
+        # (``queue_arrived``) once they land; it returns False to let the request queue now.
+        self.prefix_fetch: Callable[[Replica, Request], bool] | None = None
         self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
         self._timeline = timeline
@@ -184,11 +188,15 @@ class Replica:
     # ---- inputs ----------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         """A request arrives now: queue it and start a step if the replica is idle (once the
-        KV it extends is back from host memory, if it must be reloaded first)."""
+        KV it extends is back from host memory, or the prefix a pool fetches for it has
+        landed, if either must come first)."""
         self.interrupt()
         req.replica_id = self.replica_id
         kept = self.kept
         if kept is not None and req.kv_from is not None and kept.reload(req):
+            return
+        fetch = self.prefix_fetch
+        if fetch is not None and fetch(self, req):
             return
         self.queue_arrived(req)
 
