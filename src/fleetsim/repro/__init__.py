@@ -8,6 +8,7 @@ from fleetsim.repro import (  # noqa: E402,F401  (register the entries)
     hexagent,
     rlhfuse,
     streamrl,
+    tokenlake,
     ultraep,
 )
 from fleetsim.repro.frame import (
