@@ -413,10 +413,11 @@ class Replica:
         step = Step(self.sim.now_s)
         step.decodes = self.running.copy()
         # A source told of finishes may send a request at a finish: stop there.
-        # Past finishes only when nobody must hear of them at once: a request source, or KV
-        # queued to move in here (a finish may make room for it).
+        # Past finishes only when nobody must hear of them at once: a request source, KV
+        # queued to move in here (a finish may make room for it), or the other members of a
+        # prefix pool (a finish gives back the blocks it borrowed from them).
         through = (self.on_finish is None and self.until_s == math.inf
-                   and not self.moves.incoming)
+                   and not self.moves.incoming and self.kv.prefix.peers is None)
         if self._windows.open(step, self.until_s, through) is None:
             return False
         if self.debug:
@@ -495,12 +496,14 @@ class Replica:
                     plan.swap_out or plan.swap_in or plan.migrate))) and self.waiting:
                 return _REPLAN
             moving = plan.swap_out or plan.swap_in or plan.migrate or moves.swaps_in_flight()
-            held = moves.holds_blocks_for_others() or (self.kept is not None
-                                                       and self.kept.holds_blocks())
+            held = (moves.holds_blocks_for_others()
+                    or (self.kept is not None and self.kept.holds_blocks())
+                    or bool(self.kv.prefix.lent))
             if moving or (held and not self.running):
                 # The plan waits for blocks that transfers still hold (outgoing KV, incoming
-                # KV, swaps) or that are kept for follow-ups: sleep until one finishes or a
-                # time-to-live ends (its callback wakes us).
+                # KV, swaps), that are kept for follow-ups or that other replicas' requests
+                # borrowed from a prefix pool: sleep until one finishes, a time-to-live ends
+                # or a borrower gives them back (its callback wakes us).
                 self.busy = False
                 self._step = None
                 return None
@@ -567,7 +570,12 @@ class Replica:
     # ---- step phase 3: execute -------------------------------------------------------
     def _execute(self, step: Step, now_s: float) -> None:
         self.busy = True
-        if step.is_all_decode and self.fast_forward:
+        # A prefix-pool member with requests waiting plans every step: what they cost to
+        # admit moves with the whole pool (another member's cache, or a local eviction of a
+        # block the pool still holds elsewhere, which makes it cheaper), so its plan need not
+        # repeat.
+        if step.is_all_decode and self.fast_forward and not (
+                self.waiting and self.kv.prefix.peers is not None):
             end_s = self._windows.open(step, self.until_s)
             assert end_s is not None  # the plan took the first step's blocks
             self._note_finishes(step)
