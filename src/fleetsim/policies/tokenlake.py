@@ -1,30 +1,32 @@
 """TokenLake (Wu et al., arXiv 2508.17219): one prefix-cache pool over every replica, kept in
 fixed-size segments, with a scheduler that balances load and ignores where caches live.
 
-The pool is the replicas' own prefix caches (``serving/prefix_cache.py``), seen together: a
-segment is one prefix hash block (Mooncake's ``hash_ids``, 512 tokens), held by whichever
-replica computed or fetched it, in that replica's KV memory (so each replica's share of the
-pool is bounded by its KV blocks, shared with its running requests, exactly as a per-replica
-cache is). What the pool adds, and what this module models:
+The pool is the replicas' own prefix caches joined (``PrefixCache.join_pool``): a segment is
+one prefix hash block (Mooncake's ``hash_ids``, 512 tokens), cached in the KV memory of the
+replica that computed it, so each replica's share of the pool is bounded by its KV blocks,
+shared with its running requests, as a per-replica cache is. What the pool changes:
 
-- **cluster-wide hits**: an arriving request's leading segments count as cached if *any*
-  replica holds them. Those its own replica lacks are fetched from their holders over the
-  replicas' KV links (the cluster's ``TransferService``: NIC bandwidth, fair-shared, with
-  latency) before it is queued; bytes = segments x 512 x KV bytes per token. A segment its
-  replica has no room for is not fetched (the request computes it);
-- **deduplication**: after a fetch the source copy of a cold segment is put first in its
-  replica's eviction order (it goes before any other unused entry), so one copy survives;
+- **cluster-wide hits, no copies**: a request's leading segments count as cached if any
+  replica holds them; admitted, it *borrows* the remote ones (they stay pinned where they
+  live, in that replica's blocks, until it finishes; it takes no blocks for them where it
+  runs), as TokenLake ships the query to the cache instead of the cache to the query;
+- **deduplication**: a replica that computes a segment the pool already holds shares that
+  copy and frees its own (``PrefixCache.add``), so each segment lives once;
 - **heavy hitters**: a segment used at least ``heavy_hitter_min_uses`` times within
-  ``heavy_hitter_window_s`` keeps up to ``max_replicas`` copies (spread over the replicas that
-  use it) instead of one, so no single replica's link serves all its fetches;
-- **load-balanced scheduling**: each request goes to the replica with the fewest outstanding
-  tokens (its pending fetches included), whatever it caches.
+  ``heavy_hitter_window_s`` is copied to the replicas that use it, up to ``max_replicas``
+  copies (one replica would otherwise serve every request's queries for it);
+- **the transfer**: before a request is queued, what it reads from each other replica moves
+  over the KV links (the cluster's ``TransferService``: NIC bandwidth, fair-shared, with
+  latency): per holder, the smaller of the KV of the segments it holds and the request's new
+  tokens' query and attention output (``query_bytes_per_token`` per token; TokenLake's
+  dispatch picks the smaller volume); a heavy hitter being copied moves as KV;
+- **load-balanced scheduling**: each request goes to the replica with the fewest
+  outstanding tokens (its pending transfers included), whatever it caches.
 
-Simplifications (docs/reproductions.md lists them with their direction): TokenLake can ship a
-request's query to the segments' holders instead of their KV (its dispatch optimiser picks the
-smaller volume); we always move the KV, the larger volume for long hits. New segments stay on
-the replica that computed them (TokenLake may ``put`` them elsewhere). A source copy is read
-when its transfer starts (not pinned while in flight).
+Simplifications (docs/reproductions.md lists them with their direction): the transfer is
+paid once, before the request is queued (TokenLake overlaps it with the prefill, layer by
+layer, and sends a decode step's query too); attention over borrowed segments is computed on
+the request's replica (TokenLake computes it where they live).
 """
 
 from __future__ import annotations
@@ -36,37 +38,42 @@ from fleetsim.policies.routing import ClusterView, register_router
 from fleetsim.serving.request import RELOADING, Request
 
 if TYPE_CHECKING:
+    from fleetsim.serving.prefix_cache import PrefixCache
     from fleetsim.serving.replica import Replica
 
 
 @register_router("tokenlake")
 @dataclass(slots=True)
 class TokenLake:
-    """The pool's control plane: the router that balances load, and the fetch hook every
+    """The pool's control plane: the router that balances load, and the hook every pooled
     replica calls on arrival (installed by ``attach``)."""
 
+    query_bytes_per_token: float | None = None
+    """Bytes of one token's query plus attention output, all layers (what shipping the query
+    to a segment's replica moves per new token); None: always move the KV."""
     heavy_hitter_min_uses: int = 4
     """Uses within the window from which a segment is a heavy hitter (assumption: the paper's
     threshold is not public)."""
     heavy_hitter_window_s: float = 60.0
     """Length of the window heavy-hitter uses are counted over, seconds (assumption)."""
     max_replicas: int = 2
-    """Copies a heavy-hitter segment may keep across replicas; cold segments keep one."""
+    """Copies a heavy-hitter segment may have across replicas; others have one."""
     counts: dict[str, float] = field(default_factory=dict)
-    """Counters for the run's summary (fetches, segments, bytes, dedups, replicas kept)."""
+    """Counters for the run's summary (reads, segments, bytes, copies, transfer wait)."""
     _replicas: list[Replica] = field(default_factory=list, repr=False)
     _transfers: Any = field(default=None, repr=False)
     _kv_bytes_per_token: float = field(default=0.0, repr=False)
     _uses: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
     # hash id -> (window start s, uses in it)
     _pending_tokens: dict[int, int] = field(default_factory=dict, repr=False)
-    # replica id -> prompt tokens of requests whose fetch is in flight to it
-    _outgoing: dict[int, int] = field(default_factory=dict, repr=False)
-    # replica id -> fetches in flight from it
-    _fetch_start_s: dict[int, float] = field(default_factory=dict, repr=False)
-    # request id -> when its fetch started
+    # replica id -> prompt tokens of requests whose transfers are in flight to it
+    _start_s: dict[int, float] = field(default_factory=dict, repr=False)
+    # request id -> when its transfers started
 
     def __post_init__(self) -> None:
+        if self.query_bytes_per_token is not None and not self.query_bytes_per_token > 0:
+            raise ValueError(f"query_bytes_per_token must be > 0 (or None: move the KV), got "
+                             f"{self.query_bytes_per_token}")
         if self.heavy_hitter_min_uses < 1:
             raise ValueError(f"heavy_hitter_min_uses must be >= 1, got "
                              f"{self.heavy_hitter_min_uses}")
@@ -74,32 +81,35 @@ class TokenLake:
             raise ValueError(f"heavy_hitter_window_s must be > 0, got "
                              f"{self.heavy_hitter_window_s}")
         if self.max_replicas < 1:
-            raise ValueError(f"max_replicas must be >= 1 (1: no replication), got "
+            raise ValueError(f"max_replicas must be >= 1 (1: no copies), got "
                              f"{self.max_replicas}")
-        self.counts = {"num_fetches": 0, "num_fetched_segments": 0, "fetched_bytes": 0.0,
-                       "num_unfetched_segments": 0, "num_dedup": 0,
-                       "num_heavy_hitter_copies": 0, "fetch_wait_s": 0.0}
+        self.counts = {"num_remote_reads": 0, "num_remote_segments": 0, "transfer_bytes": 0.0,
+                       "num_query_shipped": 0, "num_heavy_hitter_copies": 0,
+                       "num_copies_without_room": 0, "transfer_wait_s": 0.0}
 
     # ---- wiring ----------------------------------------------------------------------
     def attach(self, cluster: Any) -> None:
-        """Take the cluster's prompt-computing replicas and its transfer service, and hook
-        their arrivals."""
-        # The replicas that compute prompts (mixed or prefill) hold the pool; decode replicas
-        # receive whole KV by handoff and cache nothing.
+        """Join the prompt-computing replicas' caches into one pool, take the transfer
+        service, and hook their arrivals (decode replicas receive whole KV by handoff and
+        cache nothing)."""
         self._replicas = [r for r in cluster.replicas if r.role != "decode"]
         self._transfers = cluster.transfers
         self._kv_bytes_per_token = self._replicas[0].moves.kv_bytes_per_token
+        caches = [r.kv.prefix for r in self._replicas]
         for replica in self._replicas:
+            replica.kv.prefix.join_pool(caches, _Waker(replica, False), _Waker(replica, True))
             replica.prefix_fetch = self.fetch
 
     def report(self) -> dict[str, float]:
-        """The counters, and the mean time a fetching request waited for its segments."""
-        n = self.counts["num_fetches"]
-        return {**self.counts, "mean_fetch_wait_s": self.counts["fetch_wait_s"] / n if n else 0.0}
+        """The counters, blocks deduplicated, and the mean wait of a remote read."""
+        n = self.counts["num_remote_reads"]
+        return {**self.counts,
+                "num_deduplicated": sum(r.kv.prefix.num_deduplicated for r in self._replicas),
+                "mean_transfer_wait_s": self.counts["transfer_wait_s"] / n if n else 0.0}
 
     # ---- scheduling: load only -------------------------------------------------------
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
-        """The replica with the fewest outstanding tokens, pending fetches included."""
+        """The replica with the fewest outstanding tokens, pending transfers included."""
         pending = self._pending_tokens
         best, best_load = 0, None
         for i, r in enumerate(view.replicas):
@@ -108,30 +118,7 @@ class TokenLake:
                 best, best_load = i, load
         return best
 
-    # ---- the pool --------------------------------------------------------------------
-    def holders(self, hash_id: int) -> list[Replica]:
-        """Replicas whose cache holds segment ``hash_id`` now."""
-        return [r for r in self._replicas if hash_id in r.kv.prefix.entries]
-
-    def pool_hit(self, req: Request) -> int:
-        """Leading segments of ``req`` held anywhere in the pool (at least one prompt token is
-        always computed, as a per-replica cache does)."""
-        kv = self._replicas[0].kv
-        if not kv.prefix_caching or not req.hash_ids:
-            return 0
-        hbt = kv.hash_block_tokens
-        assert hbt is not None
-        limit = min(len(req.hash_ids), req.num_prompt_tokens // hbt)
-        m = 0
-        while m < limit and self._held_anywhere(req.hash_ids[m]):
-            m += 1
-        if m and m * hbt >= req.num_prompt_tokens:
-            m -= 1
-        return m
-
-    def _held_anywhere(self, hash_id: int) -> bool:
-        return any(hash_id in r.kv.prefix.entries for r in self._replicas)
-
+    # ---- heavy hitters ---------------------------------------------------------------
     def is_heavy_hitter(self, hash_id: int, now_s: float) -> bool:
         start, uses = self._uses.get(hash_id, (now_s, 0))
         return now_s - start <= self.heavy_hitter_window_s and uses >= self.heavy_hitter_min_uses
@@ -142,110 +129,122 @@ class TokenLake:
             start, uses = now_s, 0
         self._uses[hash_id] = (start, uses + 1)
 
+    def num_copies(self, hash_id: int) -> int:
+        return sum(hash_id in r.kv.prefix.entries for r in self._replicas)
+
+    # ---- a request arrives -----------------------------------------------------------
     def fetch(self, replica: Replica, req: Request) -> bool:
-        """``req`` arrives at ``replica``: fetch the pool segments of its prefix that the
-        replica lacks, from their holders; it is queued when the last lands (returns True),
-        or at once when nothing must move (False)."""
-        m = self.pool_hit(req)
+        """``req`` arrives at ``replica``: move what it reads from other replicas' segments
+        (query or KV, heavy-hitter copies as KV); it is queued when the last transfer lands
+        (returns True), or at once when it reads nothing remote (False)."""
+        kv = replica.kv
+        m = kv.num_matched_entries(req)
         if not m:
             return False
         now_s = replica.sim.now_s
-        ids = req.hash_ids[:m]
-        for h in ids:
+        cache = kv.prefix
+        hbt = kv.hash_block_tokens or 0
+        reads: dict[int, int] = {}  # holder replica id -> segments read there
+        copies: dict[int, list[tuple[int, int]]] = {}  # holder id -> (position, hash id)
+        for j, h in enumerate(req.hash_ids[:m]):
             self._note_use(h, now_s)
-        rid = replica.replica_id
-        by_source: dict[int, list[int]] = {}  # source replica id -> hash ids it sends
-        for h in ids:
-            held_by = self.holders(h)
-            if any(r.replica_id == rid for r in held_by):
-                keep = rid
+            holder = cache.holder(h)
+            assert holder is not None
+            if holder is cache:
+                continue
+            src = self._replica_of(holder)
+            if (h not in cache.borrowed and self.is_heavy_hitter(h, now_s)
+                    and self.num_copies(h) < self.max_replicas):
+                copies.setdefault(src, []).append((j, h))
             else:
-                keep = min(held_by, key=lambda r: (self._outgoing.get(r.replica_id, 0),
-                                                   r.replica_id)).replica_id
-                by_source.setdefault(keep, []).append(h)
-            if len(held_by) > 1:
-                self._dedup(h, held_by, keep, now_s)
-        if not by_source:
+                reads[src] = reads.get(src, 0) + 1
+        if not reads and not copies:
             return False
-        hbt = replica.kv.hash_block_tokens or 0
+        new_tokens = req.num_prompt_tokens - m * hbt
+        moves: dict[int, float] = {}  # source replica id -> bytes
+        for src, n in reads.items():
+            kv_bytes = n * hbt * self._kv_bytes_per_token
+            q = self.query_bytes_per_token
+            q_bytes = new_tokens * q if q is not None else kv_bytes
+            moves[src] = min(kv_bytes, q_bytes)
+            self.counts["num_query_shipped"] += q_bytes < kv_bytes
+            self.counts["num_remote_segments"] += n
+        for src, hs in copies.items():
+            moves[src] = moves.get(src, 0.0) + len(hs) * hbt * self._kv_bytes_per_token
+            self.counts["num_remote_segments"] += len(hs)
         req.state = RELOADING
         replica.adopt(req)
+        rid = replica.replica_id
         self._pending_tokens[rid] = self._pending_tokens.get(rid, 0) + req.num_prompt_tokens
-        left = [len(by_source)]
-        for src_id, hs in by_source.items():
-            num_bytes = len(hs) * hbt * self._kv_bytes_per_token
-            self._outgoing[src_id] = self._outgoing.get(src_id, 0) + 1
-            self.counts["fetched_bytes"] += num_bytes
-            self._transfers.start(src_id, rid, num_bytes,
-                                  _Landing(self, replica, req, src_id, left),
-                                  client="pool_fetch")
-        self.counts["num_fetches"] += 1
-        self._fetch_start_s[req.id] = now_s
+        self._start_s[req.id] = now_s
+        landing = _Landing(self, replica, req, [h for hs in copies.values() for h in hs],
+                           len(moves))
+        for src, num_bytes in moves.items():
+            self.counts["transfer_bytes"] += num_bytes
+            self._transfers.start(src, rid, num_bytes, landing, client="pool_read")
+        self.counts["num_remote_reads"] += 1
         return True
 
-    def land(self, replica: Replica, req: Request) -> None:
-        """Every fetch for ``req`` has arrived: its segments become entries of ``replica``'s
-        cache (as many as fit), source copies of cold segments go first in their eviction
-        order, and ``req`` is queued."""
-        replica.interrupt()
-        kv = replica.kv
-        prefix, per = kv.prefix, kv.blocks_per_entry
+    def _replica_of(self, cache: PrefixCache) -> int:
+        for r in self._replicas:
+            if r.kv.prefix is cache:
+                return r.replica_id
+        raise AssertionError("a pooled cache without its replica")
+
+    def land(self, replica: Replica, req: Request, copies: list[tuple[int, int]]) -> None:
+        """Every transfer for ``req`` is done: heavy-hitter copies that still have room
+        become entries here, and ``req`` is queued."""
         rid = replica.replica_id
         self._pending_tokens[rid] -= req.num_prompt_tokens
-        self.counts["fetch_wait_s"] += replica.sim.now_s - self._fetch_start_s.pop(req.id)
-        ids = req.hash_ids[: self._leading_wanted(req)]
-        # Hold what is here (it must survive the evictions that make room), then fill the
-        # missing segments in prompt order while blocks last.
-        present = tuple(h for h in ids if h in prefix.entries)
-        if present:
-            prefix.pin(present)
-        missing = [(j, h) for j, h in enumerate(ids) if h not in prefix.entries]
-        room = kv.num_available_blocks // per
-        placed = missing[:room]
-        self.counts["num_unfetched_segments"] += len(missing) - len(placed)
-        self.counts["num_fetched_segments"] += len(placed)
-        if placed:
-            kv.take_blocks(len(placed) * per)
-            for j, h in placed:
-                prefix.add(h, j)
-        held = tuple(h for h in ids if h in prefix.entries)
-        prefix.unref(held, len(held))  # evictable again, tail first, most recently used
+        self.counts["transfer_wait_s"] += replica.sim.now_s - self._start_s.pop(req.id)
+        # An arrival cuts the window in flight (as ``Replica.submit`` does); so do the blocks
+        # a copy takes.
+        replica.interrupt()
+        kv = replica.kv
+        cache, per = kv.prefix, kv.blocks_per_entry
+        for j, h in copies:
+            if h in cache.entries or h in cache.borrowed or cache.holder(h) is None:
+                continue  # cached or borrowed here meanwhile, or gone from the pool
+            if kv.num_available_blocks < per:
+                self.counts["num_copies_without_room"] += 1
+                continue
+            kv.take_blocks(per)
+            cache.add_copy(h, j)
+            self.counts["num_heavy_hitter_copies"] += 1
         replica.queue_arrived(req)
-
-    def _leading_wanted(self, req: Request) -> int:
-        hbt = self._replicas[0].kv.hash_block_tokens or 1
-        m = min(len(req.hash_ids), req.num_prompt_tokens // hbt)
-        return m - 1 if m and m * hbt >= req.num_prompt_tokens else m
-
-    def _dedup(self, hash_id: int, held_by: list[Replica], keep: int, now_s: float) -> None:
-        """A segment found on several replicas keeps one copy, the one ``keep`` holds or
-        receives (a heavy hitter keeps ``max_replicas``, those with the least fetch traffic
-        next): the others, if unused, are evicted before any other unused entry of their
-        replica."""
-        others = sorted((r for r in held_by if r.replica_id != keep),
-                        key=lambda r: (self._outgoing.get(r.replica_id, 0), r.replica_id))
-        extra = self.max_replicas - 1 if self.is_heavy_hitter(hash_id, now_s) else 0
-        if extra and others:
-            self.counts["num_heavy_hitter_copies"] += min(extra, len(others))
-        for r in others[extra:]:
-            evictable = r.kv.prefix.evictable
-            if hash_id in evictable:
-                evictable.move_to_end(hash_id, last=False)
-                self.counts["num_dedup"] += 1
 
 
 class _Landing:
-    """Callback of one fetch transfer; the last one of a request lands it."""
+    """Callback of a request's transfers; the last one lands it."""
 
-    __slots__ = ("left", "pool", "replica", "req", "src_id")
+    __slots__ = ("copies", "left", "pool", "replica", "req")
 
-    def __init__(self, pool: TokenLake, replica: Replica, req: Request, src_id: int,
-                 left: list[int]) -> None:
-        self.pool, self.replica, self.req, self.src_id, self.left = (pool, replica, req,
-                                                                     src_id, left)
+    def __init__(self, pool: TokenLake, replica: Replica, req: Request,
+                 copies: list[tuple[int, int]], left: int) -> None:
+        self.pool, self.replica, self.req, self.copies, self.left = (pool, replica, req,
+                                                                     copies, left)
 
     def __call__(self) -> None:
-        self.pool._outgoing[self.src_id] -= 1
-        self.left[0] -= 1
-        if self.left[0] == 0:
-            self.pool.land(self.replica, self.req)
+        self.left -= 1
+        if self.left == 0:
+            self.pool.land(self.replica, self.req, self.copies)
+
+
+class _Waker:
+    """Told when a borrower gives back a replica's entry (its blocks may now be available)
+    or when another replica cached or evicted a segment (what its waiting requests match has
+    changed, so only then): the replica's window in flight is cut and it plans again, as it
+    would after every step without fast-forward."""
+
+    __slots__ = ("only_if_waiting", "replica")
+
+    def __init__(self, replica: Replica, only_if_waiting: bool) -> None:
+        self.replica = replica
+        self.only_if_waiting = only_if_waiting
+
+    def __call__(self) -> None:
+        replica = self.replica
+        if self.only_if_waiting and not replica.waiting:
+            return
+        replica.interrupt()
+        replica.wake()
