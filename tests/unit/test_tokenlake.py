@@ -17,6 +17,7 @@ from fleetsim.policies.routing import LeastLoaded
 from fleetsim.policies.tokenlake import TokenLake
 from fleetsim.repro.tokenlake import config
 from fleetsim.run import run
+from fleetsim.serving.kv_cache import KVCache
 from fleetsim.serving.request import Request
 
 SEG = 64  # tokens per segment (the workload's hash block)
@@ -41,51 +42,63 @@ def simulate(router, workload):
                kv_bytes_per_token=KV_BYTES_PER_TOKEN, latency_s=LATENCY_S)
 
 
-def test_a_request_hits_segments_another_replica_holds_and_pays_the_transfer():
+def test_a_request_reads_segments_another_replica_holds_and_pays_the_transfer():
     pool = TokenLake()
     rec, cluster = simulate(pool, shared_prefix_workload())
     replica, hits = by_id(rec, "replica_id"), by_id(rec, "num_prefix_hit_tokens")
     assert (replica[0], replica[1], replica[2]) == (0, 0, 1)
     assert hits[2] == 3 * SEG  # segments 1-3 from replica 0's cache; 9 is new
-    num_bytes = 3 * SEG * KV_BYTES_PER_TOKEN
-    assert pool.counts["num_fetched_segments"] == 3
-    assert pool.counts["fetched_bytes"] == num_bytes
-    assert cluster.transfers.num_bytes_by_client["pool_fetch"] == num_bytes
+    num_bytes = 3 * SEG * KV_BYTES_PER_TOKEN  # no query size given: the KV moves
+    assert pool.counts["num_remote_segments"] == 3
+    assert pool.counts["transfer_bytes"] == num_bytes
+    assert cluster.transfers.num_bytes_by_client["pool_read"] == num_bytes
     wait_s = by_id(rec, "first_scheduled_s")[2] - by_id(rec, "arrival_s")[2]
     assert wait_s == pytest.approx(LATENCY_S + num_bytes / LINK_BW)
-    assert pool.report()["mean_fetch_wait_s"] == pytest.approx(wait_s)
+    assert pool.report()["mean_transfer_wait_s"] == pytest.approx(wait_s)
+    # Borrowed, not copied: segments 1-3 are cached once, on replica 0.
+    assert all(pool.num_copies(h) == 1 for h in (1, 2, 3))
+    assert 1 not in cluster.replicas[1].kv.prefix.entries
     # Per-replica caches under the same load-only routing: B misses.
     rec, _ = simulate(LeastLoaded(), shared_prefix_workload())
     assert by_id(rec, "replica_id")[2] == 1 and by_id(rec, "num_prefix_hit_tokens")[2] == 0
 
 
-def test_pool_hit_counts_segments_held_by_any_replica():
-    pool = TokenLake()
+def test_the_smaller_of_query_and_kv_moves():
+    """B computes 250 - 3 x 64 = 58 new tokens against 3 remote segments (192 tokens)."""
+    pool = TokenLake(query_bytes_per_token=2 * KV_BYTES_PER_TOKEN)
     simulate(pool, shared_prefix_workload())
-    # After the run replica 0 holds 1-4 (A) and replica 1 holds 1-3 and 9's full blocks.
-    req = Request(id=99, arrival_s=0.0, num_prompt_tokens=400, max_output_tokens=1,
-                  hash_ids=(1, 2, 3, 4, 5, 6, 7))
-    assert pool.pool_hit(req) == 4
-    assert [r.replica_id for r in pool.holders(4)] == [0]
-    assert [r.replica_id for r in pool.holders(1)] == [0, 1]
+    assert pool.counts["transfer_bytes"] == 58 * 2 * KV_BYTES_PER_TOKEN
+    assert pool.counts["num_query_shipped"] == 1
+    pool = TokenLake(query_bytes_per_token=4 * KV_BYTES_PER_TOKEN)  # 232 > 192 tokens' KV
+    simulate(pool, shared_prefix_workload())
+    assert pool.counts["transfer_bytes"] == 3 * SEG * KV_BYTES_PER_TOKEN
+    assert pool.counts["num_query_shipped"] == 0
 
 
-def test_a_duplicate_cold_segment_is_evicted_first():
+def test_a_segment_computed_twice_is_cached_once():
+    """X and Y arrive together with the same new prompt: each replica computes it, and the
+    one that finishes second shares the first one's blocks and frees its own."""
+    w = make_workload(np.array([0.0, 0.0]), np.array([200, 200]), np.array([2, 2]),
+                      hash_ids=[[50, 51, 52, 53], [50, 51, 52, 53]], hash_block_tokens=SEG)
     pool = TokenLake()
-    rec, _ = simulate(pool, shared_prefix_workload(with_followup=True))
-    d = by_id(rec, "replica_id")[3]
-    assert by_id(rec, "num_prefix_hit_tokens")[3] == 3 * SEG
-    other = pool._replicas[1 - d].kv.prefix.evictable
-    assert set(list(other)[:3]) == {1, 2, 3}  # first in line for eviction there
-    assert pool.counts["num_dedup"] == 3 and pool.counts["num_heavy_hitter_copies"] == 0
+    rec, _ = simulate(pool, w)
+    assert sorted(by_id(rec, "replica_id")) == [0, 1]
+    assert pool.report()["num_deduplicated"] == 3  # 200 // 64 full blocks
+    assert all(pool.num_copies(h) == 1 for h in (50, 51, 52))
+    rec, cluster = simulate(LeastLoaded(), w)
+    assert all(sum(h in r.kv.prefix.entries for r in cluster.replicas) == 2 for h in (50, 51))
 
 
-def test_a_heavy_hitter_keeps_a_second_copy():
+def test_a_heavy_hitter_is_copied_to_the_replica_that_reads_it():
     pool = TokenLake(heavy_hitter_min_uses=1, max_replicas=2)
-    simulate(pool, shared_prefix_workload(with_followup=True))
-    assert pool.counts["num_dedup"] == 0 and pool.counts["num_heavy_hitter_copies"] == 3
-    for h in (1, 2, 3):
-        assert len(pool.holders(h)) == 2
+    rec, _ = simulate(pool, shared_prefix_workload())
+    assert by_id(rec, "num_prefix_hit_tokens")[2] == 3 * SEG
+    assert pool.counts["num_heavy_hitter_copies"] == 3
+    assert all(pool.num_copies(h) == 2 for h in (1, 2, 3))
+    pool = TokenLake(heavy_hitter_min_uses=1, max_replicas=1)  # one copy at most: borrowed
+    simulate(pool, shared_prefix_workload())
+    assert pool.counts["num_heavy_hitter_copies"] == 0
+    assert all(pool.num_copies(h) == 1 for h in (1, 2, 3))
 
 
 def test_heavy_hitters_are_counted_in_a_window():
@@ -99,26 +112,39 @@ def test_heavy_hitters_are_counted_in_a_window():
     assert not pool.is_heavy_hitter(7, 12.0)
 
 
-def test_a_segment_that_does_not_fit_is_not_fetched():
-    """Replica 1 is nearly full with a long request when B's segments land: what does not fit
-    is computed instead (each replica's share of the pool is bounded by its KV blocks)."""
-    w = make_workload(np.array([0.0, 0.0001, 0.05, 0.0501]), np.array([256, 560, 300, 250]),
-                      np.array([2, 150, 100, 2]),
-                      hash_ids=[[1, 2, 3, 4], list(range(200, 209)), list(range(100, 105)),
-                                [1, 2, 3, 9]], hash_block_tokens=SEG)
-    pool = TokenLake()
-    rec, _ = sim(w, pools(mixed=2, bw=LINK_BW, blocks=48), pool,
-                 kv_bytes_per_token=KV_BYTES_PER_TOKEN, latency_s=LATENCY_S)
-    assert by_id(rec, "replica_id")[3] == 1
-    fetched, unfetched = pool.counts["num_fetched_segments"], pool.counts["num_unfetched_segments"]
-    assert fetched + unfetched == 3 and unfetched > 0
-    # What was placed is an ordinary evictable entry: B, waiting for E's blocks, may lose it
-    # too (as with any per-replica cache), never gain more than was placed.
-    assert by_id(rec, "num_prefix_hit_tokens")[3] <= fetched * SEG
+def test_a_borrowed_segment_pins_its_owners_blocks_not_the_borrowers():
+    """The pool's capacity is each replica's own KV: a borrower takes no blocks for what it
+    reads, the owner's stay pinned until it gives them back (and the owner is told)."""
+    owner, borrower = KVCache(40, 16, SEG), KVCache(40, 16, SEG)
+    told: list[str] = []
+    caches = [owner.prefix, borrower.prefix]
+    owner.prefix.join_pool(caches, lambda: told.append("owner"))
+    borrower.prefix.join_pool(caches, lambda: told.append("borrower"))
+    x = Request(id=0, arrival_s=0.0, num_prompt_tokens=200, max_output_tokens=1,
+                hash_ids=(1, 2, 3, 4))
+    owner.admit(x)
+    owner.allocate(x, owner.blocks_needed(x, 200))
+    x.num_computed_tokens = 200
+    owner.promote(x)
+    owner.release(x)  # blocks 1-3 stay cached, unused: 12 evictable blocks
+    assert owner.num_available_blocks == 40
+    y = Request(id=1, arrival_s=0.0, num_prompt_tokens=200, max_output_tokens=1,
+                hash_ids=(1, 2, 3, 5))
+    assert borrower.num_matched_entries(y) == 3
+    assert borrower.admission_blocks(y, 8) == 1  # only the 8 new tokens' block
+    borrower.admit(y)
+    assert y.num_computed_tokens == 3 * SEG
+    assert owner.num_available_blocks == 40 - 12 and borrower.num_available_blocks == 40
+    owner.check([])
+    borrower.check([(y.num_private_blocks, y.hash_ids, y.num_cached_entries)])
+    borrower.release(y)
+    assert owner.num_available_blocks == 40 and told == ["owner"] * 3
+    owner.check([])
+    borrower.check([])
 
 
 def test_same_config_same_results():
-    cfg = config_from_dict(config("tokenlake", 3.0, 120))
+    cfg = config_from_dict(config("tokenlake", 3.0, 60))
     a, b = run(cfg), run(cfg)
     for col, values in a.records.requests.items():
         assert np.array_equal(values, b.records.requests[col], equal_nan=True), col
@@ -198,3 +224,17 @@ def test_cache_aware_trees_forget_least_recent_tails_at_the_eviction_interval():
     router.route(_Cluster(0), _req(1, (8,), 64), 10.0)
     assert list(router._trees[0]) == [3, 2, 1, 8]  # trimmed to 3, then 8 was inserted
     assert isinstance(router._trees[0], OrderedDict)
+
+
+def test_fast_forward_equals_stepping_with_the_pool():
+    """Borrowers give back blocks from other replicas' steps: the owners' windows are cut
+    then, so skipping decode steps changes nothing."""
+    results = []
+    for fast_forward in (True, False):
+        cfg = config("tokenlake", 3.0, 60)
+        cfg["engine"] = {"fast_forward": fast_forward, "debug": True}
+        results.append(run(config_from_dict(cfg)))
+    fast, slow = results
+    assert fast.summary["routing"]["num_remote_reads"] > 0
+    for col, values in slow.records.requests.items():
+        assert np.array_equal(values, fast.records.requests[col], equal_nan=True), col
