@@ -122,7 +122,8 @@ def test_embedded_trace() -> None:
     readme = data.joinpath("README.md").read_text()
     assert "b469a113cedca53ddc3bdea71a143dc4b7d8700c" in readme
     assert "Splitwise" in readme
-    assert set(EMBEDDED_TRACES) == {"azure_conv_2023", "sharegpt_lengths"}
+    assert set(EMBEDDED_TRACES) == {"azure_conv_2023", "sharegpt_lengths",
+                                    "mooncake_conversation_10min"}
 
 
 def test_embedded_sharegpt_lengths_are_a_length_source_not_a_trace() -> None:

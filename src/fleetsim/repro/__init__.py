@@ -10,6 +10,7 @@ from fleetsim.repro import (  # noqa: E402,F401  (register the entries)
     relibra,
     rlhfuse,
     streamrl,
+    tokenlake,
     ultraep,
 )
 from fleetsim.repro.frame import (

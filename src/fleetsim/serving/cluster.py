@@ -155,6 +155,11 @@ class Cluster:
         self._block_size = block_size
         self._entry_min_blocks = min(v.num_kv_blocks for v in entry)
         self._decode_min_blocks = min((v.num_kv_blocks for v in decode), default=0)
+        # A router that manages more than the choice (a cluster-wide prefix pool) is given
+        # the cluster once, before any arrival.
+        attach = getattr(router, "attach", None)
+        if attach is not None:
+            attach(self)
         sim.on(ARRIVAL, self._on_arrival, "arrival")
         sim.on(STEP_END, _on_step_end, "step_end")
         sim.on(WAKE_UP, Replica.wake_up, "wake_up")

@@ -109,6 +109,10 @@ class Replica:
         # KV kept for follow-ups of finished requests (agents' tool waits), if asked for.
         self.kept = (KeptKV(self, retention, host, transfers, kv_bytes_per_token,
                             host_latency_s) if retention is not None else None)
+        # A cluster-wide prefix pool may take an arriving request first, fetch the prefix
+        # segments other replicas hold into this one's cache, and queue it itself
+        # (``queue_arrived``) once they land; it returns False to let the request queue now.
+        self.prefix_fetch: Callable[[Replica, Request], bool] | None = None
         self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
         self._timeline = timeline
@@ -184,11 +188,15 @@ class Replica:
     # ---- inputs ----------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         """A request arrives now: queue it and start a step if the replica is idle (once the
-        KV it extends is back from host memory, if it must be reloaded first)."""
+        KV it extends is back from host memory, or the prefix a pool fetches for it has
+        landed, if either must come first)."""
         self.interrupt()
         req.replica_id = self.replica_id
         kept = self.kept
         if kept is not None and req.kv_from is not None and kept.reload(req):
+            return
+        fetch = self.prefix_fetch
+        if fetch is not None and fetch(self, req):
             return
         self.queue_arrived(req)
 
@@ -405,10 +413,11 @@ class Replica:
         step = Step(self.sim.now_s)
         step.decodes = self.running.copy()
         # A source told of finishes may send a request at a finish: stop there.
-        # Past finishes only when nobody must hear of them at once: a request source, or KV
-        # queued to move in here (a finish may make room for it).
+        # Past finishes only when nobody must hear of them at once: a request source, KV
+        # queued to move in here (a finish may make room for it), or the other members of a
+        # prefix pool (a finish gives back the blocks it borrowed from them).
         through = (self.on_finish is None and self.until_s == math.inf
-                   and not self.moves.incoming)
+                   and not self.moves.incoming and self.kv.prefix.peers is None)
         if self._windows.open(step, self.until_s, through) is None:
             return False
         if self.debug:
@@ -487,12 +496,14 @@ class Replica:
                     plan.swap_out or plan.swap_in or plan.migrate))) and self.waiting:
                 return _REPLAN
             moving = plan.swap_out or plan.swap_in or plan.migrate or moves.swaps_in_flight()
-            held = moves.holds_blocks_for_others() or (self.kept is not None
-                                                       and self.kept.holds_blocks())
+            held = (moves.holds_blocks_for_others()
+                    or (self.kept is not None and self.kept.holds_blocks())
+                    or bool(self.kv.prefix.lent))
             if moving or (held and not self.running):
                 # The plan waits for blocks that transfers still hold (outgoing KV, incoming
-                # KV, swaps) or that are kept for follow-ups: sleep until one finishes or a
-                # time-to-live ends (its callback wakes us).
+                # KV, swaps), that are kept for follow-ups or that other replicas' requests
+                # borrowed from a prefix pool: sleep until one finishes, a time-to-live ends
+                # or a borrower gives them back (its callback wakes us).
                 self.busy = False
                 self._step = None
                 return None
@@ -559,7 +570,12 @@ class Replica:
     # ---- step phase 3: execute -------------------------------------------------------
     def _execute(self, step: Step, now_s: float) -> None:
         self.busy = True
-        if step.is_all_decode and self.fast_forward:
+        # A prefix-pool member with requests waiting plans every step: what they cost to
+        # admit moves with the whole pool (another member's cache, or a local eviction of a
+        # block the pool still holds elsewhere, which makes it cheaper), so its plan need not
+        # repeat.
+        if step.is_all_decode and self.fast_forward and not (
+                self.waiting and self.kv.prefix.peers is not None):
             end_s = self._windows.open(step, self.until_s)
             assert end_s is not None  # the plan took the first step's blocks
             self._note_finishes(step)

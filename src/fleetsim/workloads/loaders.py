@@ -39,6 +39,7 @@ from fleetsim.workloads.workload import Workload
 EMBEDDED_TRACES: dict[str, tuple[str, str]] = {
     "azure_conv_2023": ("azure_conv_2023_slice.csv", "azure"),
     "sharegpt_lengths": ("sharegpt_lengths.csv", "lengths"),
+    "mooncake_conversation_10min": ("mooncake_conversation_10min.jsonl", "mooncake"),
 }
 """Embedded data name -> (file in ``fleetsim/data``, format). Format ``lengths``: token
 counts only (an empirical length source, not a trace)."""
