@@ -1,0 +1,510 @@
+"""LoongServe's serving loop on one node: a gang of instances that prefill together with a
+degree of parallelism chosen per batch, then decode with their KV spread over instances.
+
+The loop follows ``router/manager.py::_step`` of the public code:
+
+1. when nothing runs, or after ``max_wait_steps`` decode iterations, new requests are taken
+   FCFS while their KV reservation fits (LightLLM's rule: at every future step the running
+   requests' KV plus their remaining outputs fit the gang), the batch's input stays under
+   ``batch_max_tokens``, and the predicted prefill on all instances stays under
+   ``max_prefill_s`` (``req_queue.generate_new_req_list``);
+2. a prefill iteration (``_schedule_new_req_list_with_decoding``): migrate KV to free whole
+   instances where the prefill gains more than the move costs; pause decode batches, first
+   those needed for room, then each whose instances speed the prefill up more than pausing
+   slows the batch down (``rules.should_pause``); plan prefill batches and their DoP with the DP
+   (``dp.plan_prefill``) over the idle and lent instances; run them, while unpaused decode
+   batches keep stepping and each prefill batch, once done, decodes until the longest ends;
+   keep each batch's KV on as few instances as possible (``rules.place_scaled_down``) and
+   release the rest; paused batches merge into the new batch that shares their instances;
+3. otherwise a decode iteration: every batch steps once, in lock step; a batch whose instances
+   are full scales up onto an idle instance, else merges with a batch that has room, else the
+   latest request is paused (its KV dropped, recomputed later: ``pause_strategy.Fcfs``).
+
+The analytical model (``cost.AnalyticalModel``) is what the scheduler predicts with; the time
+that passes is the cost model's (``cost.EspCostModel``), as on real hardware.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fleetsim.esp.cost import AnalyticalModel, DecodeShard, EspCostModel
+from fleetsim.esp.dp import plan_prefill
+from fleetsim.esp.rules import (
+    migration_pays,
+    num_masters,
+    place_scaled_down,
+    should_pause,
+)
+from fleetsim.esp.state import DecodeBatch, EspRequest, Gang
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EspConfig:
+    """LoongServe's server flags in the artifact (``test/longserve/5-start-api-server.py``)."""
+
+    num_instances: int = 4
+    """Instances (``--sp_world_size 4``)."""
+    max_tokens_per_instance: int = 210_000
+    """KV tokens per instance (``--max_total_token_num`` for TP 2)."""
+    max_running: int = 1024
+    """``--running_max_req_size`` (1,024 for ShareGPT and Mixed, 256 for L-Eval, LV-Eval)."""
+    max_wait_steps: int = 10
+    """Decode iterations between admissions while requests run (``--max_wait_tokens``)."""
+    max_prefill_s: float = 5.0
+    """Predicted prefill time a multi-request batch may take (``--max_prefill_time`` 5000 ms)."""
+    batch_max_tokens: int = 500_000
+    """Input tokens of one prefill iteration (``--batch_max_tokens``)."""
+    max_out_of_order: int = 4
+    """Admissions in a row that may skip a request (``--max_num_ooe``: Mixed 4, L-Eval and
+    LV-Eval 8, ShareGPT 1)."""
+    avg_decoding_s: float = 0.022
+    """Decode iteration time the admission's wait estimate assumes (``--avg_decoding_time``
+    22 ms)."""
+    min_compute_bound_batch: int = 128
+    """Requests per decode master (``--min_comp_bound_decoding_batch_size``)."""
+    elastic: bool = True
+    """False: LoongServe without ESP (every prefill on all instances, no pausing rule)."""
+    debug: bool = False
+    """Check the KV ledger after every iteration."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_instances", "max_tokens_per_instance", "max_running",
+                     "batch_max_tokens", "min_compute_bound_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_wait_steps < 0 or self.max_out_of_order < 0:
+            raise ValueError(f"max_wait_steps and max_out_of_order must be >= 0, got "
+                             f"{self.max_wait_steps} and {self.max_out_of_order}")
+        if self.max_prefill_s <= 0 or self.avg_decoding_s <= 0:
+            raise ValueError(f"max_prefill_s and avg_decoding_s must be > 0, got "
+                             f"{self.max_prefill_s} and {self.avg_decoding_s}")
+
+
+@dataclass(slots=True)
+class EspStats:
+    num_prefill_iterations: int = 0
+    num_prefill_batches: int = 0
+    dop_sum: int = 0
+    num_paused_by_rule: int = 0
+    num_paused_for_room: int = 0
+    num_scale_ups: int = 0
+    num_preempted: int = 0
+    num_migrated_tokens: int = 0
+    migration_s: float = 0.0
+    dop_histogram: dict[int, int] = field(default_factory=dict)
+
+
+class EspEngine:
+    def __init__(self, config: EspConfig, cost: EspCostModel, predictor: AnalyticalModel
+                 ) -> None:
+        self.cfg, self.cost, self.predict = config, cost, predictor.predict_s
+        self.gang = Gang(config.num_instances, config.max_tokens_per_instance)
+        self.waiting: deque[EspRequest] = deque()
+        self.now = 0.0
+        self.stats = EspStats()
+        self._wait_steps = 0
+        self._num_ooe = 0
+        self._num_finished = 0
+        self._sum_finished_output = 0
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self, requests: list[EspRequest]) -> list[EspRequest]:
+        cap = self.cfg.num_instances * self.cfg.max_tokens_per_instance
+        for r in requests:
+            if r.num_prompt_tokens + r.num_output_tokens > cap:
+                raise ValueError(f"request {r.id}: {r.num_prompt_tokens} + "
+                                 f"{r.num_output_tokens} tokens exceed the gang's {cap}")
+        pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
+        while pending or self.waiting or self.gang.batches:
+            while pending and pending[0].arrival_s <= self.now:
+                self.waiting.append(pending.popleft())
+            if not self.gang.batches and not self.waiting:
+                self.now = max(self.now, pending[0].arrival_s)
+                continue
+            if not self.gang.batches or self._wait_steps >= self.cfg.max_wait_steps:
+                new = self._take_new()
+                if new:
+                    self._wait_steps = 0
+                    self._prefill_iteration(new)
+                    self._check()
+                    continue
+                if not self.gang.batches:
+                    raise AssertionError("an idle gang admits nothing")
+            self._decode_iteration()
+            self._wait_steps += 1
+            self._check()
+        return requests
+
+    def _check(self) -> None:
+        if self.cfg.debug:
+            self.gang.check()
+
+    # -- admission -----------------------------------------------------------------------
+    def _take_new(self) -> list[EspRequest]:
+        """``req_queue.generate_new_req_list``: walk the queue in order. A request joins when
+        its KV reservation fits and, on the instances that could be idle, its prefill would
+        be slower than on all of them by no more than the running decodes' expected wait
+        (else the prefill waits for instances rather than running narrow), or when
+        preempting every decode for it costs the decodes less per token than waiting costs
+        it ("undecided" requests). Up to ``max_out_of_order`` admissions in a row may skip
+        a request that cannot go yet."""
+        cfg, gang, predict = self.cfg, self.gang, self.predict
+        if not cfg.elastic:
+            return self._take_new_fixed()
+        k_all, cap = cfg.num_instances, gang.capacity
+        running = gang.running()
+        entries = [(r.kv_tokens, r.num_remaining) for r in running]
+        total = k_all * cap
+        used = sum(gang.used)
+        budget = min(cfg.batch_max_tokens, total - used)
+        max_idle = k_all - math.ceil(used / cap)
+        wait_s = self._expected_wait_s(running)
+        inv_decode = sum(1.0 / max(1, r.num_emitted) for r in running)
+        allow_ooe = self._num_ooe < cfg.max_out_of_order
+        new: list[EspRequest] = []
+        undecided: list[EspRequest] = []
+        take_undecided, may_undecide = 0, True
+        s1 = s2 = u1 = u2 = 0
+        u_inv = 0.0
+        skipped_before: int | None = None
+        for req in self.waiting:
+            length = req.prefill_tokens
+            entry = (length, req.num_remaining - 1)
+            if (len(running) + len(new) + len(undecided) < cfg.max_running
+                    and s1 + length <= budget
+                    and _reservation_fits(entries + [entry], total)):
+                if (not undecided or allow_ooe) and s1 + length <= max_idle * cap:
+                    t_now = predict(max_idle, s1 + length, s2 + length * length)
+                    t_best = predict(k_all, s1 + length, s2 + length * length)
+                    if t_now - t_best <= wait_s and (not new or t_now <= cfg.max_prefill_s):
+                        if undecided and skipped_before is None:
+                            skipped_before = len(new)
+                        new.append(req)
+                        entries.append(entry)
+                        s1, s2 = s1 + length, s2 + length * length
+                        continue
+                if may_undecide and s1 + u1 + length <= budget:
+                    undecided.append(req)
+                    entries.append(entry)
+                    u1, u2, u_inv = u1 + length, u2 + length * length, u_inv + 1.0 / length
+                    t_preempt = predict(k_all, s1 + u1, s2 + u2)
+                    if (t_preempt * inv_decode <= wait_s * u_inv
+                            and (len(new) + len(undecided) == 1
+                                 or t_preempt <= cfg.max_prefill_s)):
+                        take_undecided = len(undecided)
+                    continue
+                may_undecide = False
+            if not allow_ooe:
+                break
+            if skipped_before is None:
+                skipped_before = len(new)
+        chosen = new + undecided[:take_undecided]
+        if chosen:
+            out_of_order = skipped_before is not None and skipped_before < len(chosen)
+            self._num_ooe = self._num_ooe + 1 if out_of_order else 0
+            taken = {r.id for r in chosen}
+            self.waiting = deque(r for r in self.waiting if r.id not in taken)
+        return chosen
+
+    def _take_new_fixed(self) -> list[EspRequest]:
+        """Without ESP (``generate_new_req_list_fixed_sp``): FCFS while the reservation and
+        the running limit allow."""
+        cfg, gang = self.cfg, self.gang
+        running = gang.running()
+        entries = [(r.kv_tokens, r.num_remaining) for r in running]
+        total = cfg.num_instances * gang.capacity
+        budget = min(cfg.batch_max_tokens, total - sum(gang.used))
+        new: list[EspRequest] = []
+        s1 = 0
+        for req in self.waiting:
+            entry = (req.prefill_tokens, req.num_remaining - 1)
+            if (len(running) + len(new) >= cfg.max_running or s1 + req.prefill_tokens > budget
+                    or not _reservation_fits(entries + [entry], total)):
+                break
+            new.append(req)
+            entries.append(entry)
+            s1 += req.prefill_tokens
+        for _ in new:
+            self.waiting.popleft()
+        return new
+
+    def _expected_wait_s(self, running: list[EspRequest]) -> float:
+        """How long the running decodes are expected to keep their instances: iterations
+        left (at least 10; the finished requests' mean output less what each has emitted;
+        a tenth of what each has emitted) times ``avg_decoding_s``."""
+        mean_out = self._sum_finished_output / self._num_finished if self._num_finished else 0
+        iterations = 10.0
+        for r in running:
+            iterations = max(iterations, mean_out - r.num_emitted, 0.1 * r.num_emitted)
+        return iterations * self.cfg.avg_decoding_s
+
+    # -- prefill -------------------------------------------------------------------------
+    def _prefill_iteration(self, new: list[EspRequest]) -> None:
+        gang, cfg, st = self.gang, self.cfg, self.stats
+        new.sort(key=lambda r: (-r.prefill_tokens, r.id))  # longest first, as the DP wants
+        lengths = [r.prefill_tokens for r in new]
+        s1, s2 = float(sum(lengths)), float(sum(x * x for x in lengths))
+        inv = sum(1.0 / x for x in lengths)
+        for r in new:
+            if r.first_scheduled_s is None:
+                r.first_scheduled_s = self.now
+        start = self.now + (self._consolidate(s1, s2) if cfg.elastic else 0.0)
+        idle = gang.idle()
+        paused: list[DecodeBatch] = []
+        kept = sorted(gang.batches, key=gang.batch_room)  # most room last
+        need = s1 - sum(gang.room(i) for i in idle)
+        while need > 0 or (not cfg.elastic and kept):
+            b = kept.pop()
+            need -= gang.batch_room(b)
+            paused.append(b)
+            st.num_paused_for_room += 1
+        lent = len(idle) + sum(len(b.instances) for b in paused)
+        decoding: list[DecodeBatch] = []
+        for b in kept:
+            t_idle = self.predict(lent, s1, s2)
+            t_lent = self.predict(lent + len(b.instances), s1, s2)
+            if should_pause(t_idle, t_lent, inv, len(b.requests),
+                            sum(r.num_emitted for r in b.requests)):
+                paused.append(b)
+                lent += len(b.instances)
+                st.num_paused_by_rule += 1
+            else:
+                decoding.append(b)
+        available = idle + [i for b in paused for i in b.instances]
+        available.sort(key=lambda i: (gang.used[i], i))
+        free = [gang.room(i) for i in available]
+        if cfg.elastic:
+            plan = plan_prefill(lengths, free, self.predict)
+            assert plan is not None, "admitted requests must fit the lent instances"
+            groups = [([new[x] for x in b.requests], [available[x] for x in b.instances])
+                      for b in plan.batches]
+        else:
+            groups = [(new, available)]
+        durations = [self.cost.prefill_s([r.prefill_tokens for r in reqs], len(insts))
+                     for reqs, insts in groups]
+        end = start + max(durations)
+        st.num_prefill_iterations += 1
+        new_batches = []
+        for (reqs, insts), dur in zip(groups, durations, strict=True):
+            st.num_prefill_batches += 1
+            st.dop_sum += len(insts)
+            st.dop_histogram[len(insts)] = st.dop_histogram.get(len(insts), 0) + 1
+            batch = self._land_prefill(reqs, insts, start + dur)
+            if batch.requests:
+                new_batches.append((batch, start + dur))
+        gang.batches = decoding + [b for b, _ in new_batches] + paused
+        # Unpaused decode batches, and each prefill batch once done, decode until the
+        # iteration's longest prefill ends (``_run_independent_batch_list``).
+        finish = end
+        for b in decoding:
+            finish = max(finish, self._decode_until(b, self.now, end))
+        for b, done_s in new_batches:
+            finish = max(finish, self._decode_until(b, done_s, end))
+        gang.batches = [b for b in gang.batches if b.requests]
+        self._merge_paused(paused, [b for b, _ in new_batches])
+        self.now = finish
+
+    def _land_prefill(self, reqs: list[EspRequest], insts: list[int], done_s: float
+                      ) -> DecodeBatch:
+        """Keep the batch's KV on as few of its instances as possible; emit first tokens."""
+        gang = self.gang
+        placement = place_scaled_down([r.prefill_tokens for r in reqs],
+                                      [gang.used[i] for i in insts], gang.capacity)
+        batch = DecodeBatch(requests=[], instances=list(insts))
+        for req, where in zip(reqs, placement, strict=True):
+            for local, n in where.items():
+                gang.add_kv(req, insts[local], n)
+            req.home = max(req.kv, key=lambda i: (req.kv[i], -i))
+            req.num_emitted += 1
+            if req.first_token_s is None:
+                req.first_token_s = done_s
+            if req.num_emitted >= req.num_output_tokens:
+                self._finish(req, done_s)
+            else:
+                batch.requests.append(req)
+        gang.scale_down(batch)
+        return batch
+
+    def _merge_paused(self, paused: list[DecodeBatch], new_batches: list[DecodeBatch]) -> None:
+        gang = self.gang
+        for nb in new_batches:
+            for pb in list(paused):
+                if pb in gang.batches and nb in gang.batches and set(pb.instances) & set(
+                        nb.instances):
+                    nb.requests.extend(pb.requests)
+                    nb.instances.extend(i for i in pb.instances if i not in nb.instances)
+                    gang.batches.remove(pb)
+                    paused.remove(pb)
+
+    def _consolidate(self, s1: float, s2: float) -> float:
+        """Migrate KV off lightly used instances while one more idle instance speeds the
+        prefill up by more than the move costs (``_minimize_decoding_occupied_instances``).
+        Returns the seconds spent migrating."""
+        gang, cap = self.gang, self.gang.capacity
+        spent = 0.0
+        while True:
+            busy = [i for i in range(gang.num_instances) if gang.used[i] > 0]
+            num_idle = len(gang.idle())
+            if len(busy) <= math.ceil(sum(gang.used) / cap) or len(busy) < 2:
+                return spent
+            src = min(busy, key=lambda i: (gang.used[i], i))
+            room_elsewhere = sum(gang.room(i) for i in busy if i != src)
+            if room_elsewhere < gang.used[src]:
+                return spent
+            if s1 <= num_idle * cap:
+                gain = self.predict(num_idle, s1, s2) - self.predict(num_idle + 1, s1, s2)
+                if not migration_pays(gain, self.cost.migration_s(gang.used[src])):
+                    return spent
+            spent += self._empty_instance(src, [i for i in busy if i != src])
+
+    def _empty_instance(self, src: int, targets: list[int]) -> float:
+        gang = self.gang
+        moved = 0
+        src_batch = next(b for b in gang.batches if src in b.instances)
+        for dst in sorted(targets, key=lambda i: (-gang.used[i], i)):
+            dst_batch = next(b for b in gang.batches if dst in b.instances)
+            for req in [r for b in gang.batches for r in b.requests if src in r.kv]:
+                take = min(req.kv[src], gang.room(dst))
+                if take > 0:
+                    gang.move_kv(req, src, dst, take)
+                    moved += take
+            if dst_batch is not src_batch and any(src in r.kv or dst in r.kv
+                                                  for r in src_batch.requests):
+                dst_batch.requests.extend(src_batch.requests)
+                dst_batch.instances.extend(i for i in src_batch.instances
+                                           if i not in dst_batch.instances)
+                gang.batches.remove(src_batch)
+                src_batch = dst_batch
+            if gang.used[src] == 0:
+                break
+        for b in gang.batches:
+            gang.scale_down(b)
+        self.stats.num_migrated_tokens += moved
+        t = self.cost.migration_s(moved)
+        self.stats.migration_s += t
+        return t
+
+    # -- decode --------------------------------------------------------------------------
+    def _decode_iteration(self) -> None:
+        for b in list(self.gang.batches):
+            self._make_room(b)
+        batches = [b for b in self.gang.batches if b.requests]
+        if not batches:
+            return
+        step = max(self._decode_step_s(b) for b in batches)
+        self.now += step
+        for b in batches:
+            self._emit(b, self.now)
+        self.gang.batches = [b for b in self.gang.batches if b.requests]
+
+    def _decode_until(self, batch: DecodeBatch, t: float, end: float) -> float:
+        """Step ``batch`` alone from ``t`` while it has not reached ``end``."""
+        while batch.requests and t < end:
+            if not self._make_room(batch, may_pause=False):
+                break
+            t += self._decode_step_s(batch)
+            self._emit(batch, t)
+        return t
+
+    def _decode_step_s(self, batch: DecodeBatch) -> float:
+        counts: dict[int, list[int]] = {}
+        for r in batch.requests:
+            for i, n in r.kv.items():
+                c = counts.setdefault(i, [0, 0])
+                c[0] += 1
+                c[1] += n
+        shards = [DecodeShard(c[0], c[1]) for c in counts.values()]
+        masters = num_masters(len(batch.requests), len(batch.instances),
+                              self.cfg.min_compute_bound_batch)
+        return self.cost.decode_s(len(batch.requests), shards, masters)
+
+    def _make_room(self, batch: DecodeBatch, may_pause: bool = True) -> bool:
+        """Give every request of ``batch`` a home with a free slot for its next token:
+        re-home over the batch's instances, scale up onto idle instances, merge with a batch
+        that has room, or pause the latest request. False if it could not (``may_pause``
+        False and no room)."""
+        gang = self.gang
+        while batch.requests:
+            if gang.batch_room(batch) >= len(batch.requests):
+                self._assign_homes(batch)
+                return True
+            idle = gang.idle()
+            if idle:
+                batch.instances.append(idle[0])
+                self.stats.num_scale_ups += 1
+                continue
+            others = [b for b in gang.batches if b is not batch and gang.batch_room(b)
+                      >= len(b.requests) + 1]
+            if others:
+                other = max(others, key=lambda b: (gang.batch_room(b) - len(b.requests)))
+                batch.requests.extend(other.requests)
+                batch.instances.extend(i for i in other.instances if i not in batch.instances)
+                gang.batches.remove(other)
+                continue
+            if not may_pause:
+                return False
+            self._preempt_latest()
+        return False
+
+    def _assign_homes(self, batch: DecodeBatch) -> None:
+        """A request keeps its home while the home has a free slot; the others move to the
+        batch's instance with the most room left (the batch has a slot for each)."""
+        left = {i: self.gang.room(i) for i in batch.instances}
+        for r in batch.requests:
+            if r.home in left and left[r.home] > 0:
+                left[r.home] -= 1
+                continue
+            r.home = max(left, key=lambda i: (left[i], -i))
+            left[r.home] -= 1
+
+    def _emit(self, batch: DecodeBatch, t: float) -> None:
+        gang = self.gang
+        keep = []
+        for r in batch.requests:
+            home = r.home
+            assert home is not None
+            gang.add_kv(r, home, 1)
+            r.num_emitted += 1
+            if r.num_emitted >= r.num_output_tokens:
+                self._finish(r, t)
+            else:
+                keep.append(r)
+        batch.requests = keep
+        gang.scale_down(batch)
+
+    def _finish(self, req: EspRequest, t: float) -> None:
+        req.finish_s = t
+        self.gang.free_kv(req)
+        self._num_finished += 1
+        self._sum_finished_output += req.num_output_tokens
+
+    def _preempt_latest(self) -> None:
+        """Pause the latest-arrived running request: drop its KV, queue it first."""
+        gang = self.gang
+        victim_batch, victim = max(((b, r) for b in gang.batches for r in b.requests),
+                                   key=lambda br: br[1].id)
+        victim_batch.requests.remove(victim)
+        gang.free_kv(victim)
+        gang.scale_down(victim_batch)
+        victim.num_paused += 1
+        self.stats.num_preempted += 1
+        self.waiting.appendleft(victim)
+        gang.batches = [b for b in gang.batches if b.requests]
+
+
+def _reservation_fits(entries: list[tuple[int, int]], capacity: int) -> bool:
+    """LightLLM's admission: sorting requests by remaining output (most first), at the moment
+    the i-th finishes the batch holds ``rem_i * (i + 1) + sum(used of the first i + 1)`` tokens
+    at most; the peak must fit."""
+    if not entries:
+        return True
+    arr = np.asarray(entries, dtype=np.int64)
+    order = np.argsort(-arr[:, 1], kind="stable")
+    rem, used = arr[order, 1], arr[order, 0]
+    need = rem * np.arange(1, len(arr) + 1) + np.cumsum(used)
+    return bool(need.max() <= capacity)
