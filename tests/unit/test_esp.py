@@ -86,9 +86,9 @@ def test_prefill_dp_is_optimal_against_brute_force(seed, analytical):
         assert plan is None
         return
     assert plan is not None
-    assert plan.objective_s == pytest.approx(best, rel=1e-9)
+    assert plan.objective_s == pytest.approx(best, rel=1e-6)
     assert plan_objective(lengths, plan.batches, analytical.predict_s) == pytest.approx(
-        plan.objective_s, rel=1e-9)
+        plan.objective_s, rel=1e-6)
     served = [r for b in plan.batches for r in b.requests]
     assert served == list(range(n))  # every request once, in order
     used = [i for b in plan.batches for i in b.instances]
