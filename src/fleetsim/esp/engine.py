@@ -258,7 +258,7 @@ class EspEngine:
         paused: list[DecodeBatch] = []
         kept = sorted(gang.batches, key=gang.batch_room)  # most room last
         need = s1 - sum(gang.room(i) for i in idle)
-        while need > 0 or (not cfg.elastic and kept):
+        while kept and (need > 0 or not cfg.elastic):
             b = kept.pop()
             need -= gang.batch_room(b)
             paused.append(b)
@@ -302,7 +302,7 @@ class EspEngine:
         # iteration's longest prefill ends (``_run_independent_batch_list``).
         finish = end
         for b in decoding:
-            finish = max(finish, self._decode_until(b, self.now, end))
+            finish = max(finish, self._decode_until(b, start, end))
         for b, done_s in new_batches:
             finish = max(finish, self._decode_until(b, done_s, end))
         gang.batches = [b for b in gang.batches if b.requests]
