@@ -280,3 +280,38 @@ def test_a_request_larger_than_the_gang_is_refused(cost, analytical):
     with pytest.raises(ValueError, match="exceed the gang's 4000"):
         engine.run([EspRequest(id=0, arrival_s=0.0, num_prompt_tokens=3990,
                                num_output_tokens=20)])
+
+
+# -- the Zipf mixes and the ablation's metric (repro loongserve) -------------------------
+def test_zipf_mix_picks_the_nearest_pooled_length():
+    from fleetsim.repro.loongserve_workload import lengths
+    rng = np.random.default_rng(0)
+    pool_rng = np.random.default_rng(0)
+    prompt, out = lengths("zipf1.2", 2000, rng)
+    pooled = np.concatenate([lengths(d, 6000, pool_rng)[0]
+                             for d in ("sharegpt", "leval", "lv-eval")])
+    assert set(prompt.tolist()) <= set(pooled.tolist())  # real pooled requests only
+    assert np.median(prompt) < 1000 < np.percentile(prompt, 99)  # Zipf: short, long tail
+    steeper, _ = lengths("zipf1.4", 2000, np.random.default_rng(0))
+    assert np.mean(steeper) < np.mean(prompt)
+    with pytest.raises(ValueError, match="unknown dataset 'alpaca'"):
+        lengths("alpaca", 10, rng)
+
+
+def test_ablation_attainment_and_its_crossing():
+    from fleetsim.repro.loongserve_ablation import attainment, max_rate_at_attainment
+
+    class Flat:  # standalone prefill of 1 s whatever the prompt
+        @staticmethod
+        def predict_s(k, s1, s2):
+            return 1.0
+
+    def req(ttft, tpot, out=11):
+        return EspRequest(id=0, arrival_s=0.0, num_prompt_tokens=100, num_output_tokens=out,
+                          first_token_s=ttft, finish_s=ttft + tpot * (out - 1))
+    # TTFT bound max(25 x 1 s, 15 s) = 25 s; TPOT bound 50 ms
+    reqs = [req(24.0, 0.04), req(26.0, 0.04), req(1.0, 0.06), req(1.0, 0.0, out=1)]
+    assert attainment(reqs, Flat()) == 0.5
+    assert max_rate_at_attainment((1, 2, 3), (1.0, 0.95, 0.85)) == pytest.approx(2.5)
+    assert max_rate_at_attainment((1, 2), (0.95, 0.92)) == 2  # a lower bound
+    assert max_rate_at_attainment((1, 2), (0.5, 0.4)) is None

@@ -30,8 +30,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from fleetsim.esp.admission import Admission
+from fleetsim.esp.config import EspConfig
 from fleetsim.esp.cost import AnalyticalModel, DecodeShard, EspCostModel
 from fleetsim.esp.dp import plan_prefill
 from fleetsim.esp.rules import (
@@ -41,48 +41,6 @@ from fleetsim.esp.rules import (
     should_pause,
 )
 from fleetsim.esp.state import DecodeBatch, EspRequest, Gang
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EspConfig:
-    """LoongServe's server flags in the artifact (``test/longserve/5-start-api-server.py``)."""
-
-    num_instances: int = 4
-    """Instances (``--sp_world_size 4``)."""
-    max_tokens_per_instance: int = 210_000
-    """KV tokens per instance (``--max_total_token_num`` for TP 2)."""
-    max_running: int = 1024
-    """``--running_max_req_size`` (1,024 for ShareGPT and Mixed, 256 for L-Eval, LV-Eval)."""
-    max_wait_steps: int = 10
-    """Decode iterations between admissions while requests run (``--max_wait_tokens``)."""
-    max_prefill_s: float = 5.0
-    """Predicted prefill time a multi-request batch may take (``--max_prefill_time`` 5000 ms)."""
-    batch_max_tokens: int = 500_000
-    """Input tokens of one prefill iteration (``--batch_max_tokens``)."""
-    max_out_of_order: int = 4
-    """Admissions in a row that may skip a request (``--max_num_ooe``: Mixed 4, L-Eval and
-    LV-Eval 8, ShareGPT 1)."""
-    avg_decoding_s: float = 0.022
-    """Decode iteration time the admission's wait estimate assumes (``--avg_decoding_time``
-    22 ms)."""
-    min_compute_bound_batch: int = 128
-    """Requests per decode master (``--min_comp_bound_decoding_batch_size``)."""
-    elastic: bool = True
-    """False: LoongServe without ESP (every prefill on all instances, no pausing rule)."""
-    debug: bool = False
-    """Check the KV ledger after every iteration."""
-
-    def __post_init__(self) -> None:
-        for name in ("num_instances", "max_tokens_per_instance", "max_running",
-                     "batch_max_tokens", "min_compute_bound_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_wait_steps < 0 or self.max_out_of_order < 0:
-            raise ValueError(f"max_wait_steps and max_out_of_order must be >= 0, got "
-                             f"{self.max_wait_steps} and {self.max_out_of_order}")
-        if self.max_prefill_s <= 0 or self.avg_decoding_s <= 0:
-            raise ValueError(f"max_prefill_s and avg_decoding_s must be > 0, got "
-                             f"{self.max_prefill_s} and {self.avg_decoding_s}")
 
 
 @dataclass(slots=True)
@@ -108,9 +66,7 @@ class EspEngine:
         self.now = 0.0
         self.stats = EspStats()
         self._wait_steps = 0
-        self._num_ooe = 0
-        self._num_finished = 0
-        self._sum_finished_output = 0
+        self.admission = Admission(config)
 
     # -- the loop ------------------------------------------------------------------------
     def run(self, requests: list[EspRequest]) -> list[EspRequest]:
@@ -146,102 +102,11 @@ class EspEngine:
 
     # -- admission -----------------------------------------------------------------------
     def _take_new(self) -> list[EspRequest]:
-        """``req_queue.generate_new_req_list``: walk the queue in order. A request joins when
-        its KV reservation fits and, on the instances that could be idle, its prefill would
-        be slower than on all of them by no more than the running decodes' expected wait
-        (else the prefill waits for instances rather than running narrow), or when
-        preempting every decode for it costs the decodes less per token than waiting costs
-        it ("undecided" requests). Up to ``max_out_of_order`` admissions in a row may skip
-        a request that cannot go yet."""
-        cfg, gang, predict = self.cfg, self.gang, self.predict
-        if not cfg.elastic:
-            return self._take_new_fixed()
-        k_all, cap = cfg.num_instances, gang.capacity
-        running = gang.running()
-        entries = [(r.kv_tokens, r.num_remaining) for r in running]
-        total = k_all * cap
-        used = sum(gang.used)
-        budget = min(cfg.batch_max_tokens, total - used)
-        max_idle = k_all - math.ceil(used / cap)
-        wait_s = self._expected_wait_s(running)
-        inv_decode = sum(1.0 / max(1, r.num_emitted) for r in running)
-        allow_ooe = self._num_ooe < cfg.max_out_of_order
-        new: list[EspRequest] = []
-        undecided: list[EspRequest] = []
-        take_undecided, may_undecide = 0, True
-        s1 = s2 = u1 = u2 = 0
-        u_inv = 0.0
-        skipped_before: int | None = None
-        for req in self.waiting:
-            length = req.prefill_tokens
-            entry = (length, req.num_remaining - 1)
-            if (len(running) + len(new) + len(undecided) < cfg.max_running
-                    and s1 + length <= budget
-                    and _reservation_fits(entries + [entry], total)):
-                if (not undecided or allow_ooe) and s1 + length <= max_idle * cap:
-                    t_now = predict(max_idle, s1 + length, s2 + length * length)
-                    t_best = predict(k_all, s1 + length, s2 + length * length)
-                    if t_now - t_best <= wait_s and (not new or t_now <= cfg.max_prefill_s):
-                        if undecided and skipped_before is None:
-                            skipped_before = len(new)
-                        new.append(req)
-                        entries.append(entry)
-                        s1, s2 = s1 + length, s2 + length * length
-                        continue
-                if may_undecide and s1 + u1 + length <= budget:
-                    undecided.append(req)
-                    entries.append(entry)
-                    u1, u2, u_inv = u1 + length, u2 + length * length, u_inv + 1.0 / length
-                    t_preempt = predict(k_all, s1 + u1, s2 + u2)
-                    if (t_preempt * inv_decode <= wait_s * u_inv
-                            and (len(new) + len(undecided) == 1
-                                 or t_preempt <= cfg.max_prefill_s)):
-                        take_undecided = len(undecided)
-                    continue
-                may_undecide = False
-            if not allow_ooe:
-                break
-            if skipped_before is None:
-                skipped_before = len(new)
-        chosen = new + undecided[:take_undecided]
+        chosen = self.admission.take(list(self.waiting), self.gang, self.predict)
         if chosen:
-            out_of_order = skipped_before is not None and skipped_before < len(chosen)
-            self._num_ooe = self._num_ooe + 1 if out_of_order else 0
             taken = {r.id for r in chosen}
             self.waiting = deque(r for r in self.waiting if r.id not in taken)
         return chosen
-
-    def _take_new_fixed(self) -> list[EspRequest]:
-        """Without ESP (``generate_new_req_list_fixed_sp``): FCFS while the reservation and
-        the running limit allow."""
-        cfg, gang = self.cfg, self.gang
-        running = gang.running()
-        entries = [(r.kv_tokens, r.num_remaining) for r in running]
-        total = cfg.num_instances * gang.capacity
-        budget = min(cfg.batch_max_tokens, total - sum(gang.used))
-        new: list[EspRequest] = []
-        s1 = 0
-        for req in self.waiting:
-            entry = (req.prefill_tokens, req.num_remaining - 1)
-            if (len(running) + len(new) >= cfg.max_running or s1 + req.prefill_tokens > budget
-                    or not _reservation_fits(entries + [entry], total)):
-                break
-            new.append(req)
-            entries.append(entry)
-            s1 += req.prefill_tokens
-        for _ in new:
-            self.waiting.popleft()
-        return new
-
-    def _expected_wait_s(self, running: list[EspRequest]) -> float:
-        """How long the running decodes are expected to keep their instances: iterations
-        left (at least 10; the finished requests' mean output less what each has emitted;
-        a tenth of what each has emitted) times ``avg_decoding_s``."""
-        mean_out = self._sum_finished_output / self._num_finished if self._num_finished else 0
-        iterations = 10.0
-        for r in running:
-            iterations = max(iterations, mean_out - r.num_emitted, 0.1 * r.num_emitted)
-        return iterations * self.cfg.avg_decoding_s
 
     # -- prefill -------------------------------------------------------------------------
     def _prefill_iteration(self, new: list[EspRequest]) -> None:
@@ -480,8 +345,7 @@ class EspEngine:
     def _finish(self, req: EspRequest, t: float) -> None:
         req.finish_s = t
         self.gang.free_kv(req)
-        self._num_finished += 1
-        self._sum_finished_output += req.num_output_tokens
+        self.admission.finished(req)
 
     def _preempt_latest(self) -> None:
         """Pause the latest-arrived running request: drop its KV, queue it first."""
@@ -496,15 +360,3 @@ class EspEngine:
         self.waiting.appendleft(victim)
         gang.batches = [b for b in gang.batches if b.requests]
 
-
-def _reservation_fits(entries: list[tuple[int, int]], capacity: int) -> bool:
-    """LightLLM's admission: sorting requests by remaining output (most first), at the moment
-    the i-th finishes the batch holds ``rem_i * (i + 1) + sum(used of the first i + 1)`` tokens
-    at most; the peak must fit."""
-    if not entries:
-        return True
-    arr = np.asarray(entries, dtype=np.int64)
-    order = np.argsort(-arr[:, 1], kind="stable")
-    rem, used = arr[order, 1], arr[order, 0]
-    need = rem * np.arange(1, len(arr) + 1) + np.cumsum(used)
-    return bool(need.max() <= capacity)

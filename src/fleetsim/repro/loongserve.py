@@ -65,6 +65,7 @@ from fleetsim.repro.frame import (
     better_ratio,
     fmt,
 )
+from fleetsim.repro.loongserve_ablation import Layouts, ablation, ablation_notes
 from fleetsim.repro.loongserve_workload import workload
 from fleetsim.workloads import Workload, save_generic_csv
 
@@ -85,6 +86,7 @@ ARRIVALS_S = {"mixed": 1200.0, "leval": 300.0}
 MIN_REQUESTS = 60
 QUICK_RATES: dict[str, tuple[float, ...]] = {"mixed": (0.05, 0.3)}
 QUICK_REQUESTS = 30
+ABLATION_ALPHAS = (1.0, 1.2)  # 1.4 too (fleetsim.repro.loongserve_ablation): ~2x the CPU
 PAPER_VS_PD = 5.81
 # The artifact guide's toy example (docs/artifact-eval/README.md, "Run a Toy Example"): one
 # request of 100 input tokens, 16 outputs, sp 4 x tp 2 on A800: "Prefill time usage: avg
@@ -118,6 +120,9 @@ def compare(ctx: ReproContext) -> Comparison:
               for s in main}
     ratio = better_ratio(at_slo["loongserve"], at_slo["lightllm-sf"], "higher")
     notes = _notes(curves, rates_by, esp)
+    if not ctx.quick:  # Figure 12's ablation on the Zipf mixes (CPU time: alpha 1.0, 1.2)
+        notes += ablation_notes(ablation(Layouts(MODEL, GPU), seed, ctx.progress,
+                                         ABLATION_ALPHAS))
     return Comparison(results=results, ratio=ratio, headline=at_slo, notes=notes,
                       reference=("SLO", SLO_MS["mixed"][0] / 1e3))
 

@@ -30,7 +30,8 @@ from numpy.typing import NDArray
 from fleetsim.workloads import Workload
 from fleetsim.workloads.loaders import read_column
 
-DATASETS = ("sharegpt", "leval", "lv-eval", "mixed")
+DATASETS = ("sharegpt", "leval", "lv-eval", "mixed", "zipf<alpha>")
+ZIPF_TARGETS = (10, 200_000)  # 4-mix-dataset-zipf.py: lens = range(10, 200000)
 MAX_REQUEST_TOKENS = 500_000  # --max_req_total_len of the artifact's servers
 LEVAL_INPUT = (3_000, 200_000)
 LEVAL_OUTPUT = (4, 512)
@@ -62,6 +63,8 @@ def lengths(dataset: str, n: int, rng: np.random.Generator
         out = np.concatenate([o for _, o in parts])
         order = rng.permutation(n)
         return prompt[order], out[order]
+    if dataset.startswith("zipf"):
+        return _zipf(float(dataset.removeprefix("zipf")), n, rng)
     raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
 
 
@@ -79,6 +82,33 @@ def workload(dataset: str, n: int, rate_per_s: float, seed: int) -> Workload:
     arrival = np.cumsum(gaps)
     return Workload(arrival_s=arrival - arrival[0], num_prompt_tokens=prompt[:n],
                     num_output_tokens=out[:n], name=f"loongserve {dataset} @ {rate_per_s:g}/s")
+
+
+def _zipf(alpha: float, n: int, rng: np.random.Generator
+          ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The artifact's Zipf mixes (``4-mix-dataset-zipf.py``): a target prompt length drawn
+    with weight ``1 / x^alpha`` over 10..199,999 tokens, then a request of the pooled
+    ShareGPT, L-Eval and LV-Eval sets whose prompt length is nearest (the last shorter one
+    on a tie), one of those of that length at random."""
+    parts = [lengths(d, POOL_SIZE, rng) for d in ("sharegpt", "leval", "lv-eval")]
+    pool_p = np.concatenate([p for p, _ in parts])
+    pool_o = np.concatenate([o for _, o in parts])
+    order = np.argsort(pool_p, kind="stable")
+    pool_p, pool_o = pool_p[order], pool_o[order]
+    x = np.arange(*ZIPF_TARGETS, dtype=np.float64)
+    cdf = np.cumsum(x ** -alpha)
+    targets = x[np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"),
+                           len(x) - 1)]
+    avail = np.unique(pool_p)
+    hi = np.minimum(np.searchsorted(avail, targets, side="left"), len(avail) - 1)
+    lo = np.maximum(hi - 1, 0)
+    shorter = (targets - avail[lo]) <= (avail[hi] - targets)
+    nearest = np.where((avail[hi] >= targets) & shorter & (avail[lo] < targets),
+                       avail[lo], avail[hi])
+    left = np.searchsorted(pool_p, nearest, side="left")
+    right = np.searchsorted(pool_p, nearest, side="right")
+    pick = left + (rng.random(n) * (right - left)).astype(np.int64)
+    return pool_p[pick], pool_o[pick]
 
 
 def _loguniform(bounds: tuple[int, int], n: int, rng: np.random.Generator
