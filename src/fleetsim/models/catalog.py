@@ -49,6 +49,19 @@ _BUILTIN: tuple[ModelSpec, ...] = (
         vocab_size=32000,
         max_context_tokens=4096,
     ),
+    # LargeWorldModel/LWM-Text-1M: the Llama-2-7B architecture trained to a 1M-token context
+    # (LoongServe's evaluation model; max_position_embeddings 1,048,576 [M: not re-read]).
+    ModelSpec(
+        name="LWM-Text-1M",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        intermediate_size=11008,
+        vocab_size=32000,
+        max_context_tokens=1048576,
+    ),
     # meta-llama/Llama-2-70b-hf config.json
     ModelSpec(
         name="Llama-2-70B",
@@ -221,6 +234,7 @@ HF_IDS = {
     "meta-llama/Llama-2-7b-hf": "llama-2-7b",
     "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
     "meta-llama/Llama-2-70b-hf": "llama-2-70b",
+    "LargeWorldModel/LWM-Text-1M": "lwm-text-1m",
     "meta-llama/Llama-2-70b-chat-hf": "llama-2-70b",
     "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b",
     "Qwen/Qwen2.5-72B": "qwen2.5-72b",

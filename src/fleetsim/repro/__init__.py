@@ -7,6 +7,7 @@ from fleetsim.repro import (  # noqa: E402,F401  (register the entries)
     autellix,
     fastserve,
     hexagent,
+    loongserve,
     relibra,
     rlhfuse,
     streamrl,

@@ -1,0 +1,47 @@
+"""LoongServe's server flags, as the gang engine takes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EspConfig:
+    """LoongServe's server flags in the artifact (``test/longserve/5-start-api-server.py``)."""
+
+    num_instances: int = 4
+    """Instances (``--sp_world_size 4``)."""
+    max_tokens_per_instance: int = 210_000
+    """KV tokens per instance (``--max_total_token_num`` for TP 2)."""
+    max_running: int = 1024
+    """``--running_max_req_size`` (1,024 for ShareGPT and Mixed, 256 for L-Eval, LV-Eval)."""
+    max_wait_steps: int = 10
+    """Decode iterations between admissions while requests run (``--max_wait_tokens``)."""
+    max_prefill_s: float = 5.0
+    """Predicted prefill time a multi-request batch may take (``--max_prefill_time`` 5000 ms)."""
+    batch_max_tokens: int = 500_000
+    """Input tokens of one prefill iteration (``--batch_max_tokens``)."""
+    max_out_of_order: int = 4
+    """Admissions in a row that may skip a request (``--max_num_ooe``: Mixed 4, L-Eval and
+    LV-Eval 8, ShareGPT 1)."""
+    avg_decoding_s: float = 0.022
+    """Decode iteration time the admission's wait estimate assumes (``--avg_decoding_time``
+    22 ms)."""
+    min_compute_bound_batch: int = 128
+    """Requests per decode master (``--min_comp_bound_decoding_batch_size``)."""
+    elastic: bool = True
+    """False: LoongServe without ESP (every prefill on all instances, no pausing rule)."""
+    debug: bool = False
+    """Check the KV ledger after every iteration."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_instances", "max_tokens_per_instance", "max_running",
+                     "batch_max_tokens", "min_compute_bound_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_wait_steps < 0 or self.max_out_of_order < 0:
+            raise ValueError(f"max_wait_steps and max_out_of_order must be >= 0, got "
+                             f"{self.max_wait_steps} and {self.max_out_of_order}")
+        if self.max_prefill_s <= 0 or self.avg_decoding_s <= 0:
+            raise ValueError(f"max_prefill_s and avg_decoding_s must be > 0, got "
+                             f"{self.max_prefill_s} and {self.avg_decoding_s}")

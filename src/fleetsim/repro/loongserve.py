@@ -1,0 +1,352 @@
+"""LoongServe (SOSP'24, arXiv:2404.09526): elastic sequence parallelism (ESP) for long-context
+serving, against vLLM, chunked prefill (LightLLM with SplitFuse) and P/D disaggregation
+(DistServe) on one node of eight A100-80GB.
+
+Setup from the paper's public artifact (``LoongServe/LoongServe``, ``docs/artifact-eval/
+README.md`` and ``test/longserve/5-start-api-server.py``), except where marked:
+
+- LWM-Text-1M (the Llama-2-7B shape, 1M context), 8 A800/A100-80GB SXM in one node; we use the
+  catalog's A100 (its NVLink 300 GB/s per direction; the A800's is 200 GB/s);
+- ``loongserve``: 4 instances of TP 2 (``-tp 2 -sp 4``), 210,000 KV tokens per instance, 10
+  decode iterations between admissions, a 5 s prefill limit, 128 requests per decode master
+  (``fleetsim.esp``, whose engine follows ``router/manager.py``); the scheduler predicts with
+  ``T_k = A_k + B_k sum(l) + C_k sum(l^2)`` fitted, like the artifact, to profiled prefills,
+  and here the profile is fleetsim's ESP cost model;
+- ``vllm``: one TP 8 replica, no chunked prefill (v0's prefill-first scheduler), 600,000
+  batched tokens, 1,024 sequences, ``--gpu-memory-utilization 0.98``;
+- ``lightllm-sf``: one TP 8 replica with SplitFuse chunks of the dataset's
+  ``--splitfuse_block_size`` (Mixed 2,048, L-Eval 2,048), 900,000 KV tokens
+  (``--max_total_token_num``), admission gated on the whole input;
+- ``distserve``: a TP 4 prefill instance and a decode instance on the other 4 GPUs (the
+  artifact's decode PP 2 x TP 2; fleetsim has no pipeline parallelism, so TP 4), batches of
+  128, ``--gpu-memory-utilization 0.82``, KV over NVLink. The artifact runs DistServe on
+  ShareGPT and L-Eval only; we run it on both datasets we sweep and say which one the paper
+  has;
+- ``loongserve-no-esp``: the same 4 x TP 2 gang with a fixed degree of parallelism (every
+  prefill on all instances, decode batches always lent): the artifact's "w/o ESP (TP=2, SP=4)";
+- workloads: see ``loongserve_workload`` (ShareGPT lengths embedded; L-Eval and LV-Eval from
+  their stated length ranges, since their texts are not reachable offline);
+- metric: the artifact's Figure 10 (``ae-plot-fig-10-11-12.py``, ``lib_benchmark_serving/
+  metrics.py``): mean per-token latency ``latency / (prompt + output)``, mean input-token
+  latency ``ttft / prompt`` and mean output-token latency (tpot), each against the dataset's
+  absolute SLO (Mixed 70 / 90 / 360 ms, L-Eval 3.5 / 1.8 / 320 ms); the max throughput of a
+  system is the rate where its curve first crosses the SLO, interpolated between swept rates
+  (``get_intersection_point``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fleetsim.esp import (
+    DecodeShard,
+    EspConfig,
+    EspCostModel,
+    EspEngine,
+    EspRequest,
+    fit_analytical,
+)
+from fleetsim.hardware import get_gpu
+from fleetsim.models import get_model
+from fleetsim.repro.frame import (
+    Comparison,
+    Loads,
+    Metric,
+    Paper,
+    ReproContext,
+    Reproduction,
+    add,
+    better_ratio,
+    fmt,
+)
+from fleetsim.repro.loongserve_ablation import Layouts, ablation, ablation_notes
+from fleetsim.repro.loongserve_workload import workload
+from fleetsim.workloads import Workload, save_generic_csv
+
+MODEL, GPU = "lwm-text-1m", "a100"
+INSTANCE_TP, NUM_INSTANCES = 2, 4
+SYSTEMS = ("loongserve", "vllm", "lightllm-sf", "distserve", "loongserve-no-esp")
+# dataset -> per-token, input-token, output-token SLO (ms): Figure 10's ``slos`` rows.
+SLO_MS = {"mixed": (70.0, 90.0, 360.0), "leval": (3.5, 1.8, 320.0)}
+SPLITFUSE_CHUNK = {"mixed": 2048, "leval": 2048}  # --splitfuse_block_size
+MAX_RUNNING = {"mixed": 1024, "leval": 256}  # --running_max_req_size (LightLLM, LoongServe)
+MAX_OOE = {"mixed": 4, "leval": 8}  # --max_num_ooe
+RATES: dict[str, tuple[float, ...]] = {"mixed": (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6),
+         "leval": (0.2, 0.4, 0.6, 0.8, 1.2, 1.6, 2.0)}
+# Requests per rate: the artifact's (num prompts, rate) pairs keep each run near 20 minutes of
+# arrivals on Mixed (100 @ 0.1 ... 800 @ 0.6); a fixed count would hide overload (a short
+# burst drains and its mean latency stays bounded). L-Eval runs shorter here (CPU time).
+ARRIVALS_S = {"mixed": 1200.0, "leval": 300.0}
+MIN_REQUESTS = 60
+QUICK_RATES: dict[str, tuple[float, ...]] = {"mixed": (0.05, 0.3)}
+QUICK_REQUESTS = 30
+ABLATION_ALPHAS = (1.0, 1.2)  # 1.4 too (fleetsim.repro.loongserve_ablation): ~2x the CPU
+PAPER_VS_PD = 5.81
+# The artifact guide's toy example (docs/artifact-eval/README.md, "Run a Toy Example"): one
+# request of 100 input tokens, 16 outputs, sp 4 x tp 2 on A800: "Prefill time usage: avg
+# 32.83 ms", "Decoding time usage: avg 12.40 ms".
+TOY_INPUT, TOY_PREFILL_MS, TOY_DECODE_MS = 100, 32.8, 12.4
+DISTSERVE_DATASETS = ("sharegpt", "leval")
+
+
+def compare(ctx: ReproContext) -> Comparison:
+    datasets = ("mixed",) if ctx.quick else ("mixed", "leval")
+    rates_by: dict[str, tuple[float, ...]] = QUICK_RATES if ctx.quick else RATES
+    esp = _esp_models()
+    seed = ctx.config({"seed": 0}).seed  # ``--set seed=N`` reseeds the workloads too
+    curves: dict[str, dict[str, dict[str, tuple[float, float, float]]]] = {}
+    for dataset in datasets:
+        curves[dataset] = {s: {} for s in systems_for(dataset)}
+        for rate in rates_by[dataset]:
+            n = QUICK_REQUESTS if ctx.quick else max(MIN_REQUESTS,
+                                                     round(rate * ARRIVALS_S[dataset]))
+            wl = workload(dataset, n, rate, seed=seed)
+            for system in systems_for(dataset):
+                label = f"{rate:g}"
+                if ctx.progress is not None:
+                    ctx.progress(f"{system} {dataset} @ {label} req/s")
+                curves[dataset][system][label] = _run(ctx, system, dataset, rate, seed, wl, esp)
+    main = curves["mixed"]
+    results: dict[str, dict[str, float | None]] = {
+        s: {label: v[0] for label, v in main[s].items()} for s in main}
+    rates = rates_by["mixed"]
+    at_slo = {s: _max_rate(rates, [v[0] for v in main[s].values()], SLO_MS["mixed"][0] / 1e3)
+              for s in main}
+    ratio = better_ratio(at_slo["loongserve"], at_slo["lightllm-sf"], "higher")
+    notes = _notes(curves, rates_by, esp)
+    if not ctx.quick:  # Figure 12's ablation on the Zipf mixes (CPU time: alpha 1.0, 1.2)
+        notes += ablation_notes(ablation(Layouts(MODEL, GPU), seed, ctx.progress,
+                                         ABLATION_ALPHAS))
+    return Comparison(results=results, ratio=ratio, headline=at_slo, notes=notes,
+                      reference=("SLO", SLO_MS["mixed"][0] / 1e3))
+
+
+# -- one run ---------------------------------------------------------------------------
+def _esp_models() -> tuple[EspCostModel, Any]:
+    cost = EspCostModel(get_model(MODEL), get_gpu(GPU), INSTANCE_TP)
+    return cost, fit_analytical(cost, NUM_INSTANCES, EspConfig().max_tokens_per_instance)
+
+
+def systems_for(dataset: str) -> tuple[str, ...]:
+    """DistServe's 4-GPU instances cannot hold LV-Eval's longest prompts (nor could the
+    artifact's: it runs DistServe on ShareGPT and L-Eval only)."""
+    return SYSTEMS if dataset in DISTSERVE_DATASETS else tuple(
+        s for s in SYSTEMS if s != "distserve")
+
+
+def _run(ctx: ReproContext, system: str, dataset: str, rate: float, seed: int, wl: Workload,
+         esp: tuple[EspCostModel, Any]) -> tuple[float, float, float]:
+    if system.startswith("loongserve"):
+        cfg = EspConfig(max_running=MAX_RUNNING[dataset], max_out_of_order=MAX_OOE[dataset],
+                        elastic=system == "loongserve")
+        reqs = [EspRequest(id=i, arrival_s=float(a), num_prompt_tokens=int(p),
+                           num_output_tokens=int(o))
+                for i, (a, p, o) in enumerate(zip(wl.arrival_s, wl.num_prompt_tokens,
+                                                   wl.num_output_tokens, strict=True))]
+        engine = EspEngine(cfg, *esp)
+        engine.run(reqs)
+        columns = esp_request_columns(reqs)
+        metrics = latency_metrics(columns["arrival_s"], columns["first_token_s"],
+                                  columns["finish_s"], columns["num_prompt_tokens"],
+                                  columns["num_output_tokens"])
+        runs: dict[tuple[str, str], Any] = ctx.runs  # the writer reads RunResult's shape
+        runs[(system, f"{dataset} {rate:g}")] = EspRun(
+            summary={"system": system, "dataset": dataset, "rate_per_s": rate,
+                     "num_requests": len(reqs), "per_token_latency_s": metrics[0],
+                     "input_token_latency_s": metrics[1],
+                     "output_token_latency_s": metrics[2],
+                     "analytical_model_mean_rel_error": esp[1].mean_rel_error,
+                     "esp": asdict(engine.stats)},
+            config={"model": MODEL, "gpu": GPU, "instance_tp": INSTANCE_TP,
+                    "esp": asdict(cfg), "workload": wl.name, "seed": seed,
+                    "step_model": dict(esp[0].step.sources)},
+            records=_Requests(columns))
+        return metrics
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "workload.csv"
+        save_generic_csv(wl, path)
+        result = ctx.run(system, f"{dataset} {rate:g}", baseline_config(system, dataset,
+                                                                        str(path)))
+    req = result.records.requests
+    return latency_metrics(req["arrival_s"], req["first_token_s"], req["finish_s"],
+                           req["num_prompt_tokens"], req["num_output_tokens"])
+
+
+def baseline_config(system: str, dataset: str, trace: str) -> dict[str, Any]:
+    """The fleetsim config of a baseline (its layout from the artifact's server flags)."""
+    base: dict[str, Any] = {
+        "model": MODEL,
+        "hardware": {"gpu": GPU, "tp": 8},
+        "workload": {"trace": trace, "format": "generic"},
+        "slo": {"ttft_s": 1e6, "tpot_s": 1e6},  # the per-token SLOs are applied here
+        "seed": 0,
+    }
+    if system == "vllm":
+        base["engine"] = {"max_batched_tokens": 600_000, "max_running": 1024,
+                          "gpu_memory_utilization": 0.98, "swap_space_gib": 0.0}
+        base["policy"] = {"batching": {"name": "prefill_first"}}
+    elif system == "lightllm-sf":
+        base["engine"] = {"max_batched_tokens": SPLITFUSE_CHUNK[dataset],
+                          "max_running": MAX_RUNNING[dataset],
+                          "num_kv_blocks": 900_000 // 16, "swap_space_gib": 0.0}
+        base["policy"] = {"batching": {"name": "token_budget",
+                                       "args": {"reserve_full_isl": True}}}
+    elif system == "distserve":
+        base["engine"] = {"max_batched_tokens": 550_000, "max_running": 128,
+                          "gpu_memory_utilization": 0.82, "swap_space_gib": 0.0}
+        base["policy"] = {"batching": {"name": "prefill_first"}}
+        base["cluster"] = {
+            "pools": [{"name": "prefill", "gpu": GPU, "num_replicas": 1, "tp": 4,
+                       "role": "prefill"},
+                      {"name": "decode", "gpu": GPU, "num_replicas": 1, "tp": 4,
+                       "role": "decode"}],
+            "link": {"placement": "intra_node"}}
+    else:
+        raise ValueError(f"unknown baseline {system!r}")
+    return base
+
+
+@dataclass(frozen=True, slots=True)
+class _Requests:
+    requests: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EspRun:
+    """An ESP run shaped as a serving ``RunResult`` for ``fleetsim repro``'s writer."""
+
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    records: _Requests
+
+
+def esp_request_columns(reqs: Sequence[EspRequest]) -> dict[str, Any]:
+    """The ESP engine's requests as ``requests.csv`` columns (one gang: replica 0; no
+    per-token intervals kept, no swaps, prefix hits or P/D transfers)."""
+    n = len(reqs)
+    finish = np.array([r.finish_s for r in reqs], dtype=np.float64)
+    return {
+        "replica_id": np.zeros(n, dtype=np.int64),
+        "prefill_replica_id": np.zeros(n, dtype=np.int64),
+        "first_scheduled_s": np.array([r.first_scheduled_s for r in reqs], dtype=np.float64),
+        "last_token_s": finish,
+        "itl_p99_s": np.full(n, np.nan),
+        "itl_max_s": np.full(n, np.nan),
+        "num_swaps": np.zeros(n, dtype=np.int64),
+        "num_prefix_hit_tokens": np.zeros(n, dtype=np.int64),
+        "kv_transfer_s": np.zeros(n),
+        "request_id": np.array([r.id for r in reqs], dtype=np.int64),
+        "arrival_s": np.array([r.arrival_s for r in reqs]),
+        "num_prompt_tokens": np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64),
+        "num_output_tokens": np.array([r.num_output_tokens for r in reqs], dtype=np.int64),
+        "first_token_s": np.array([r.first_token_s for r in reqs], dtype=np.float64),
+        "finish_s": finish,
+        "num_preemptions": np.array([r.num_paused for r in reqs], dtype=np.int64),
+    }
+
+
+# -- metrics -----------------------------------------------------------------------------
+def latency_metrics(arrival_s: Any, first_token_s: Any, finish_s: Any, prompt: Any,
+                    output: Any) -> tuple[float, float, float]:
+    """The artifact's three means (s/token): per-token ``latency / (prompt + output)``,
+    input-token ``ttft / prompt``, output-token ``(latency - ttft) / (output - 1)`` over
+    requests with more than one output token."""
+    arrival, first, finish = (np.asarray(x, dtype=np.float64)
+                              for x in (arrival_s, first_token_s, finish_s))
+    p, o = np.asarray(prompt, dtype=np.float64), np.asarray(output, dtype=np.float64)
+    latency, ttft = finish - arrival, first - arrival
+    multi = o > 1
+    tpot = (latency[multi] - ttft[multi]) / (o[multi] - 1) if multi.any() else np.zeros(1)
+    return (float(np.mean(latency / (p + o))), float(np.mean(ttft / p)), float(np.mean(tpot)))
+
+
+def _max_rate(rates: Sequence[float], values: Sequence[float], slo: float) -> float | None:
+    """The artifact's ``get_intersection_point``: the first rate where the curve crosses the
+    SLO, linearly interpolated; the last rate if it never does (a lower bound), None if even
+    the first rate misses it."""
+    if values[0] > slo:
+        return None
+    for i in range(len(rates) - 1):
+        if (values[i] >= slo) != (values[i + 1] >= slo):
+            return rates[i] + (rates[i + 1] - rates[i]) * (slo - values[i]) / (
+                values[i + 1] - values[i])
+    return rates[-1]
+
+
+def _notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...]],
+           esp: tuple[EspCostModel, Any]) -> list[str]:
+    cost = esp[0]
+    prefill_ms = cost.prefill_s([TOY_INPUT], NUM_INSTANCES) * 1e3
+    # no context migration in the toy run: the KV stays striped over the four instances
+    decode_ms = cost.decode_s(1, [DecodeShard(1, TOY_INPUT // NUM_INSTANCES)] * NUM_INSTANCES,
+                              1) * 1e3
+    notes = [f"cost model vs the artifact's only published profile (its AE toy example: one "
+             f"{TOY_INPUT}-token request on sp 4 x tp 2, A800): prefill {prefill_ms:.1f} ms vs "
+             f"{TOY_PREFILL_MS} ms ({prefill_ms / TOY_PREFILL_MS - 1:+.0%}), decode step "
+             f"{decode_ms:.1f} ms vs {TOY_DECODE_MS} ms ({decode_ms / TOY_DECODE_MS - 1:+.0%})",
+             f"scheduler's analytical model (A_k + B_k sum(l) + C_k sum(l^2)) vs the ESP cost "
+             f"model on the artifact's profiling grid: mean relative error "
+             f"{esp[1].mean_rel_error:.1%} (the artifact asks < 10%)"]
+    for dataset, by_system in curves.items():
+        rates = rates_by[dataset]
+        for col, name in enumerate(("per-token", "input-token", "output-token")):
+            slo = SLO_MS[dataset][col] / 1e3
+            best = {s: _max_rate(rates, [v[col] for v in by_system[s].values()], slo)
+                    for s in by_system}
+            rows = ", ".join(f"{s} {_fmt_rate(best[s], rates[-1])}" for s in by_system)
+            ls = best["loongserve"]
+            vs = ", ".join(f"vs {s} {fmt(better_ratio(ls, best[s], 'higher'), 'x')}"
+                           for s in by_system if s != "loongserve")
+            notes.append(f"{dataset}, max req/s at the {name} SLO ({SLO_MS[dataset][col]:g} "
+                         f"ms): {rows}; loongserve {vs}")
+    notes.append(f"published: 3.85x vs chunked prefill, {PAPER_VS_PD}x vs P/D disaggregation "
+                 "(max throughput over the datasets; the artifact has DistServe on ShareGPT "
+                 "and L-Eval only)")
+    for dataset, by_system in curves.items():
+        notes.append(f"{dataset} per-token latency (ms) per rate "
+                     f"{'/'.join(f'{r:g}' for r in rates_by[dataset])}: " + "; ".join(
+                         f"{s} " + "/".join(f"{v[0] * 1e3:.1f}" for v in by_system[s].values())
+                         for s in by_system))
+    return notes
+
+
+def _fmt_rate(value: float | None, last: float) -> str:
+    if value is None:
+        return "< first rate"
+    return f">= {last:g}" if value >= last else f"{value:.3f}"
+
+
+LOONGSERVE = add(Reproduction(
+    key="loongserve",
+    paper=Paper(title="LoongServe: Efficiently Serving Long-Context Large Language Models "
+                      "with Elastic Sequence Parallelism", id="arXiv:2404.09526",
+                venue="SOSP'24"),
+    claim="Up to 3.85x max throughput vs chunked prefill and 5.81x vs prefill-decode "
+          "disaggregation (SOSP'24 abstract).",
+    setup="LWM-Text-1M on 8 A100-80GB in one node: LoongServe as 4 ESP instances of TP 2; "
+          "vLLM and LightLLM-SplitFuse as TP 8; DistServe as TP 4 prefill + 4-GPU decode; "
+          "the Mixed dataset (ShareGPT + L-Eval + LV-Eval lengths) and L-Eval, "
+          "Poisson arrivals, 20 minutes' worth per rate on Mixed (5 on L-Eval): the "
+          "artifact's server flags and SLOs",
+    system="loongserve",
+    # DistServe cannot hold Mixed's LV-Eval prompts (nor could the artifact's), so it is
+    # compared on L-Eval, in the notes, not in the Mixed table
+    baselines=tuple(s for s in SYSTEMS[1:] if s != "distserve"),
+    baseline="lightllm-sf",
+    metric=Metric(name="mean per-token latency (latency / (prompt + output))", unit="s/token",
+                  direction="lower"),
+    headline_metric=Metric(name="max throughput within the per-token SLO", unit="req/s",
+                           direction="higher"),
+    ratio_definition="on Mixed, the rate where mean per-token latency crosses 70 ms "
+                     "(interpolated), loongserve over lightllm-sf (chunked prefill)",
+    paper_ratio=3.85,
+    loads=Loads(name="arrival rate", unit="req/s", values=RATES["mixed"],
+                quick_values=QUICK_RATES["mixed"]),
+    compare=compare,
+))

@@ -1,0 +1,145 @@
+"""LoongServe's ablation (the artifact's Figure 12): ESP against fixed parallel layouts of the
+same 8 GPUs, on the Zipf mixes, by SLO attainment.
+
+From ``test/longserve/ae-plot-fig-10-11-12.py`` (``draw_fig_12``) and
+``5-start-api-server.py``:
+
+- variants: LoongServe (4 instances of TP 2, ESP); "w/o ESP (TP=2, SP=4)" (the same gang, a
+  fixed degree of parallelism); "w/o ESP (TP=8)" (one TP 8 instance, 900,000 KV tokens);
+  "w/o ESP (TP=2) x 4" (four TP 2 instances of 210,000 tokens behind a round-robin proxy);
+  ``--max_num_ooe 64`` for the Zipf sets;
+- SLO: a request attains it when its TTFT is at most ``max(25 x standalone, 15 s)``, the
+  standalone time being the analytical model's prefill of its prompt alone on sp 4 x tp 2
+  (``Profiler.predict_time_consumption_one_req``), and its TPOT at most 50 ms; the curve is
+  the share of requests attaining it; a variant's max throughput is where it first falls
+  below 90%, interpolated;
+- the Zipf mixes at alpha 1.0, 1.2 and 1.4, swept up to the figure's x limits (1.5, 3.7 and
+  11 req/s), two minutes of Poisson arrivals per rate here (CPU time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fleetsim.esp import (
+    AnalyticalModel,
+    EspConfig,
+    EspCostModel,
+    EspEngine,
+    EspRequest,
+    fit_analytical,
+)
+from fleetsim.hardware import get_gpu
+from fleetsim.models import get_model
+from fleetsim.repro.loongserve_workload import workload
+
+ALPHAS = (1.0, 1.2, 1.4)
+RATES: dict[float, tuple[float, ...]] = {1.0: (0.25, 0.5, 0.75, 1.0, 1.25, 1.5),
+                                         1.2: (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.7),
+                                         1.4: (2.0, 4.0, 6.0, 8.0, 10.0, 12.0)}
+ARRIVALS_S, MIN_REQUESTS = 120.0, 60
+TTFT_TOL, TTFT_FLOOR_S, TPOT_SLO_S, ATTAINMENT = 25.0, 15.0, 0.050, 0.90
+MAX_OOE, MAX_RUNNING = 64, 1024
+VARIANTS = ("loongserve", "no-esp tp2 sp4", "no-esp tp8", "no-esp tp2 x4")
+CAPACITY = {2: 210_000, 8: 900_000}  # --max_total_token_num by TP (get_lightllm_params)
+
+
+class Layouts:
+    """The cost models and fitted predictors of the TP 2 and TP 8 instances."""
+
+    def __init__(self, model: str, gpu: str) -> None:
+        m, g = get_model(model), get_gpu(gpu)
+        self.cost = {tp: EspCostModel(m, g, tp) for tp in (2, 8)}
+        self.fit: dict[int, AnalyticalModel] = {
+            2: fit_analytical(self.cost[2], 4, CAPACITY[2]),
+            8: fit_analytical(self.cost[8], 1, CAPACITY[8])}
+
+
+def run_variant(variant: str, reqs: list[EspRequest], layouts: Layouts) -> None:
+    """Serve ``reqs`` (in place) on the variant's layout of the 8 GPUs."""
+    def engine(tp: int, instances: int, elastic: bool) -> EspEngine:
+        cfg = EspConfig(num_instances=instances, max_tokens_per_instance=CAPACITY[tp],
+                        max_running=MAX_RUNNING, max_out_of_order=MAX_OOE, elastic=elastic)
+        return EspEngine(cfg, layouts.cost[tp], layouts.fit[tp])
+    if variant == "loongserve":
+        engine(2, 4, True).run(reqs)
+    elif variant == "no-esp tp2 sp4":
+        engine(2, 4, False).run(reqs)
+    elif variant == "no-esp tp8":
+        engine(8, 1, False).run(reqs)
+    elif variant == "no-esp tp2 x4":
+        for k in range(4):  # the proxy's round robin, in arrival order
+            engine(2, 1, False).run(reqs[k::4])
+    else:
+        raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+
+
+def attainment(reqs: Sequence[EspRequest], fit: AnalyticalModel) -> float:
+    """Share of requests within both SLOs (``get_both_slo_attainment``, per request)."""
+    ok = 0
+    for r in reqs:
+        assert r.first_token_s is not None and r.finish_s is not None
+        n = r.num_prompt_tokens
+        ttft_slo = max(TTFT_TOL * fit.predict_s(4, n, n * n), TTFT_FLOOR_S)
+        tpot = ((r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
+                if r.num_output_tokens > 1 else 0.0)
+        ok += r.first_token_s - r.arrival_s <= ttft_slo and tpot <= TPOT_SLO_S
+    return ok / len(reqs)
+
+
+def max_rate_at_attainment(rates: Sequence[float], values: Sequence[float]) -> float | None:
+    """Where attainment first falls below 90%, interpolated; the last rate if never (a
+    lower bound); None if even the first rate misses."""
+    if values[0] < ATTAINMENT:
+        return None
+    for i in range(len(rates) - 1):
+        if values[i + 1] < ATTAINMENT:
+            return rates[i] + (rates[i + 1] - rates[i]) * (values[i] - ATTAINMENT) / (
+                values[i] - values[i + 1])
+    return rates[-1]
+
+
+def ablation(layouts: Layouts, seed: int, progress: Any = None,
+             alphas: Sequence[float] = ALPHAS) -> dict[float, dict[str, list[float]]]:
+    """alpha -> variant -> attainment per rate of ``RATES[alpha]``."""
+    out: dict[float, dict[str, list[float]]] = {}
+    for alpha in alphas:
+        out[alpha] = {v: [] for v in VARIANTS}
+        for rate in RATES[alpha]:
+            n = max(MIN_REQUESTS, round(rate * ARRIVALS_S))
+            wl = workload(f"zipf{alpha:g}", n, rate, seed)
+            for variant in VARIANTS:
+                if progress is not None:
+                    progress(f"{variant} zipf{alpha:g} @ {rate:g} req/s")
+                reqs = [EspRequest(id=i, arrival_s=float(a), num_prompt_tokens=int(p),
+                                   num_output_tokens=int(o))
+                        for i, (a, p, o) in enumerate(zip(
+                            wl.arrival_s, wl.num_prompt_tokens, wl.num_output_tokens,
+                            strict=True))]
+                run_variant(variant, reqs, layouts)
+                out[alpha][variant].append(attainment(reqs, layouts.fit[2]))
+    return out
+
+
+def ablation_notes(curves: dict[float, dict[str, list[float]]]) -> list[str]:
+    notes = []
+    for alpha, by_variant in curves.items():
+        rates = RATES[alpha]
+        best = {v: max_rate_at_attainment(rates, a) for v, a in by_variant.items()}
+        ls = best["loongserve"]
+        parts = []
+        for v, b in best.items():
+            shown = ("< first rate" if b is None else
+                     f">= {rates[-1]:g}" if b >= rates[-1] else f"{b:.2f}")
+            ratio = ("" if v == "loongserve" or b is None or ls is None or b <= 0
+                     else f" ({ls / b:.2f}x)")
+            parts.append(f"{v} {shown}{ratio}")
+        notes.append(f"ablation (Figure 12), zipf {alpha:g}: max req/s at 90% attainment of "
+                     f"TTFT <= max(25 x standalone, 15 s) and TPOT <= 50 ms: "
+                     + ", ".join(parts) + "; attainment per rate "
+                     + "/".join(f"{r:g}" for r in rates) + ": " + "; ".join(
+                         f"{v} " + "/".join(f"{x:.0%}" for x in a)
+                         for v, a in by_variant.items()))
+    return notes
+
