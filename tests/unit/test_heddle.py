@@ -71,18 +71,28 @@ def test_dp_isolates_the_longest_and_spreads_the_rest():
 
 def test_placement_bands_and_moves():
     """Worker bands follow the sorted predictions; a trajectory revealed longer moves to the
-    band of its new prediction while that worker has room, never to a shorter band."""
+    band of its new prediction only when that shortens the two workers' predicted finish,
+    never to a shorter band."""
     predicted = [100.0, 10.0, 9.0, 8.0, 7.0, 6.0]
     p = Placement(predicted, 3, T)
     assert p.sizes == [1, 2, 3]
     assert [p.worker_of[i] for i in range(6)] == [0, 1, 1, 2, 2, 2]
     assert p.worker_for(100.0) == 0 and p.worker_for(50.0) == 1 and p.worker_for(1.0) == 2
-    assert p.move_for(2, 9.5) is None  # band 1 is full (2 of 2)
-    p.finished(1)
-    assert p.move_for(2, 9.5) == 1
-    assert p.move_for(1, 1.0) is None  # overestimated: stays
-    p.moved(2, 1)
-    assert p.num_assigned == [1, 2, 2]
+    left = dict(enumerate(predicted))
+    # Trajectory 5 turns out to need 9.5 more: worker 1 (2 with 10 and 9 left) would finish
+    # at max(9.5, 10) x T(3) = 12 against max(9.5 x T(3), 10 x T(2)) = 11.4 now: stays.
+    left[5] = 9.5
+    assert p.move_for(5, 9.5, left.__getitem__) is None
+    # Worker 1's trajectories nearly done: before max(9.5 x T(3), 1 x T(2)) = 11.4, after
+    # max(9.5, 1) x T(3) = 11.4: not shorter, stays; with one of them finished, after is
+    # 9.5 x T(2) = 10.45: it moves.
+    left[1], left[2] = 1.0, 1.0
+    assert p.move_for(5, 9.5, left.__getitem__) is None
+    p.finished(2)
+    assert p.move_for(5, 9.5, left.__getitem__) == 1
+    assert p.move_for(1, 1.0, left.__getitem__) is None  # overestimated: stays
+    p.moved(5, 1)
+    assert p.worker_of[5] == 1 and p.members == [{0}, {1, 5}, {3, 4}]
 
 
 def test_predictor_quality_and_refinement():
@@ -206,7 +216,7 @@ def test_every_trajectory_finishes_under_every_system():
 
 class _View:
     def __init__(self, loads):
-        self.replicas = [type("R", (), {"running": [0] * n, "waiting": [], "swapped": []})()
+        self.replicas = [type("R", (), {"running": [0] * n, "waiting": []})()
                          for n in loads]
 
 

@@ -58,7 +58,8 @@ def trajectory_of(req: Request) -> tuple[int, TrajectoryPlan | None] | None:
 
 
 def num_in_flight(replica: Any) -> int:
-    return len(replica.running) + len(replica.waiting) + len(replica.swapped)
+    """Calls a replica holds (running plus waiting: what a router's request counter sees)."""
+    return len(replica.running) + len(replica.waiting)
 
 
 def least_requests(view: ClusterView) -> int:

@@ -75,9 +75,13 @@ class AgenticRolloutConfig:
     skew_threshold: float = 1.5
     """sticky_skew: load over mean above which a step leaves its sticky worker."""
     trajectories: TrajectoryArgs = field(default_factory=TrajectoryArgs)
+    """The batch: prompts, samples per prompt, turn and length laws, tools."""
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    """The length predictor's quality per step."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    """Every worker's serving engine (vLLM's limits and defaults)."""
     seed: int = 0
+    """Seeds the batch, the predictor's errors and routing (one stream each)."""
 
     def __post_init__(self) -> None:
         if self.scheduling not in SCHEDULINGS:
@@ -228,18 +232,22 @@ class RolloutDriver:
         plan = self.plans[traj]
         if self.num_steps_done[traj] == self.batch.programs[traj].num_calls:
             self.finish_s[traj] = req.finish_s
-            if self.placement is not None and plan.worker is not None:
-                self.placement.finished(plan.worker)
+            if self.placement is not None:
+                self.placement.finished(traj)
         else:
             plan.predicted_tokens = self.predictor.predict(
                 traj, self.num_steps_done[traj], self.num_tokens_done[traj])
-            if self.migration and self.placement is not None and plan.worker is not None:
-                dst = self.placement.move_for(plan.worker, plan.predicted_tokens)
+            if self.migration and self.placement is not None:
+                dst = self.placement.move_for(traj, plan.predicted_tokens, self._remaining)
                 if dst is not None:
                     self._moving[traj] = (self.worker_of_last[traj], dst, req.finish_s)
-                    self.placement.moved(plan.worker, dst)
+                    self.placement.moved(traj, dst)
                     plan.worker = dst
         self.inner.on_finish(req, self)
+
+    def _remaining(self, traj: int) -> float:
+        """Predicted tokens ``traj`` has left to generate."""
+        return max(0.0, self.plans[traj].predicted_tokens - self.num_tokens_done[traj])
 
     # ---- the context the program source sees ------------------------------------------
     @property

@@ -129,7 +129,11 @@ class Placement:
         order = sorted(range(len(predicted)), key=lambda x: (-predicted[x], x))
         sizes, self.cost = dp_group_sizes([predicted[x] for x in order], num_workers,
                                           per_token_s, max_live)
+        self.per_token_s = per_token_s
+        self.max_live = max_live
         self.worker_of: list[int] = [0] * len(predicted)
+        self.members: list[set[int]] = [set() for _ in range(num_workers)]
+        """Unfinished trajectories placed on each worker (moves and finishes update it)."""
         # (shortest predicted length in the group, worker), longest groups first
         self.bands: list[tuple[float, int]] = []
         start = 0
@@ -137,15 +141,13 @@ class Placement:
             group = order[start:start + size]
             for x in group:
                 self.worker_of[x] = w
+                self.members[w].add(x)
             if group:
                 self.bands.append((predicted[group[-1]], w))
             start += size
         self.sizes = sizes
-
         self.rank_of_worker = {w: r for r, (_, w) in enumerate(self.bands)}
         """worker -> its band's rank (0: the longest trajectories)."""
-        self.num_assigned = list(sizes)
-        """Unfinished trajectories placed on each worker (moves and finishes update it)."""
 
     def worker_for(self, predicted: float) -> int:
         """The worker whose band holds a trajectory predicted at ``predicted`` tokens: the
@@ -155,22 +157,39 @@ class Placement:
                 return w
         return self.bands[-1][1]
 
-    def move_for(self, worker: int, predicted: float) -> int | None:
-        """Where a trajectory on ``worker`` should move now that it is predicted at
-        ``predicted`` tokens, or None. Only a trajectory that was underestimated (its band is
-        now a longer one than its worker's) moves, to the worker of that band, and only while
-        that worker holds fewer unfinished trajectories than the DP gave it: the long-tail
-        workers keep the small batches the DP planned (a migrant beyond that would slow
-        their own long trajectories). An overestimated one stays: it finishes soon anyway."""
+    def move_for(self, trajectory: int, predicted: float,
+                 remaining: Callable[[int], float]) -> int | None:
+        """Where ``trajectory`` should move now that it is predicted at ``predicted`` tokens
+        (``remaining(x)``: predicted tokens trajectory ``x`` has left), or None.
+
+        Only a trajectory that was underestimated moves (its band is now a longer one than
+        its worker's: a long-tail trajectory in a crowded group), to the worker of that band,
+        and only if that shortens the two workers' predicted finish, the DP's cost applied
+        locally: ``max(r_x T(n_src), r_y T(n_dst))`` before against ``max(r_x, r_y)
+        T(n_dst + 1)`` after, with ``r_y`` the most any trajectory on the destination has
+        left. Otherwise a migrant would refill a long-tail worker and slow the long
+        trajectories already there. An overestimated trajectory stays: it finishes soon."""
+        src = self.worker_of[trajectory]
         dst = self.worker_for(predicted)
-        if (self.rank_of_worker[dst] < self.rank_of_worker[worker]
-                and self.num_assigned[dst] < self.sizes[dst]):
-            return dst
-        return None
+        if self.rank_of_worker[dst] >= self.rank_of_worker.get(src, len(self.bands)):
+            return None
+        r_x = remaining(trajectory)
+        r_y = max((remaining(y) for y in self.members[dst]), default=0.0)
+        t = self._per_token_s
+        before = max(r_x * t(len(self.members[src])), r_y * t(len(self.members[dst])))
+        after = max(r_x, r_y) * t(len(self.members[dst]) + 1)
+        return dst if after < before else None
 
-    def moved(self, src: int, dst: int) -> None:
-        self.num_assigned[src] -= 1
-        self.num_assigned[dst] += 1
+    def _per_token_s(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        live = n if self.max_live is None else min(n, self.max_live)
+        return self.per_token_s(live) * max(1.0, n / live)
 
-    def finished(self, worker: int) -> None:
-        self.num_assigned[worker] -= 1
+    def moved(self, trajectory: int, dst: int) -> None:
+        self.members[self.worker_of[trajectory]].discard(trajectory)
+        self.members[dst].add(trajectory)
+        self.worker_of[trajectory] = dst
+
+    def finished(self, trajectory: int) -> None:
+        self.members[self.worker_of[trajectory]].discard(trajectory)
