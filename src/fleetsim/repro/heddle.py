@@ -130,11 +130,12 @@ def compare(ctx: ReproContext) -> Comparison:
     ratios = {b: [better_ratio(results["heddle"][x], results[b][x], "higher") for x in labels]
               for b in PAPER_RANGES}
     valid = [r for rs in ratios.values() for r in rs if r is not None]
-    notes = [f"heddle / {b} per model ({', '.join(x + 'B' for x in labels)}): {fmt_ratios(rs)} (paper: "
+    sizes = ", ".join(x + "B" for x in labels)
+    notes = [f"heddle / {b} per model ({sizes}): {fmt_ratios(rs)} (paper: "
              f"{PAPER_RANGES[b][0]}-{PAPER_RANGES[b][1]}x)" for b, rs in ratios.items()]
-    for ablation in ABLATIONS:
-        notes.append(f"ablation {ablation} / verl ({labels[0]}B): " + fmt_ratios(
-            [better_ratio(results[ablation][labels[0]], results["verl"][labels[0]], "higher")]))
+    small = labels[0]
+    notes.extend(f"ablation {a} / verl ({small}B): " + fmt_ratios(
+        [better_ratio(results[a][small], results["verl"][small], "higher")]) for a in ABLATIONS)
     notes.extend(_mechanism_notes(summaries, labels))
     return Comparison(results=results, ratio=max(valid) if valid else None, notes=notes)
 
@@ -154,8 +155,9 @@ def _mechanism_notes(summaries: dict[tuple[str, str], dict[str, Any]], labels: l
         mig = h["migration"]
         notes.append(
             f"{x}B: rollout s heddle {fmt(h['rollout_s'], digits=0)} / verl "
-            f"{fmt(v['rollout_s'], digits=0)}; longest trajectory ({h['longest_trajectory']['tokens']} "
-            f"tokens) done at {fmt(h['longest_trajectory']['finish_s'], digits=0)} / "
+            f"{fmt(v['rollout_s'], digits=0)}; longest trajectory "
+            f"({h['longest_trajectory']['tokens']} tokens) done at "
+            f"{fmt(h['longest_trajectory']['finish_s'], digits=0)} / "
             f"{fmt(v['longest_trajectory']['finish_s'], digits=0)} s, its queueing "
             f"{fmt(h['queueing']['longest_trajectory_wait_s'])} / "
             f"{fmt(v['queueing']['longest_trajectory_wait_s'])} s; DP groups "

@@ -30,9 +30,11 @@ from fleetsim.config import ClusterConfig, EngineConfig, PoolConfig, SimConfig
 from fleetsim.configutil import from_dict, to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.models import get_model
+from fleetsim.policies.routing import make_router
 from fleetsim.policies.trajectories import TrajectoryPlan
 from fleetsim.programs.runtime import call_timer
 from fleetsim.programs.source import ProgramSource
+from fleetsim.registry import PolicySpec
 from fleetsim.rl.trajectories import TrajectoryArgs, TrajectoryBatch, sample_batch
 from fleetsim.rl.trajectory_placement import Placement
 from fleetsim.rl.trajectory_predictor import (
@@ -41,8 +43,6 @@ from fleetsim.rl.trajectory_predictor import (
     quality_at_step,
 )
 from fleetsim.run import build_pools, make_batch_policy, make_ordering
-from fleetsim.policies.routing import make_router
-from fleetsim.registry import PolicySpec
 from fleetsim.serving.cluster import Cluster, simulate_cluster
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.request import Request

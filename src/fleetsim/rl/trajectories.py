@@ -63,8 +63,9 @@ class TrajectoryArgs:
             raise ValueError(f"length_scale must be > 0, got {self.length_scale}")
         if not self.turn_shares or any(not s >= 0 for s in self.turn_shares) or not math.isclose(
                 sum(self.turn_shares), 1.0, abs_tol=0.01):
-            raise ValueError(f"turn_shares must be >= 0 and sum to 1 (within 0.01: published shares are "
-                             f"rounded; they are normalised), got {self.turn_shares}")
+            raise ValueError(f"turn_shares must be >= 0 and sum to 1 (within 0.01: published "
+                             f"shares are rounded; they are normalised), got "
+                             f"{self.turn_shares}")
         if not self.tool_median_s >= 0 or not self.tool_sigma >= 0:
             raise ValueError("tool_median_s and tool_sigma must be >= 0")
         if self.max_context_tokens < 2:

@@ -17,8 +17,8 @@ onto one worker. With the notes' cost alone, contiguous groups of the sorted ord
 nothing (a longer trajectory swapped into a shorter group never lowers either cost); with
 the work term the problem holds a partition problem and contiguity is a restriction, the
 one Heddle's presorted DP makes: the DP is then optimal among contiguous groupings (tests
-check both against brute force). Among the groupings of least cost (only the bottleneck group sets it) the most even one is
-taken (least sum of squared sizes). O(N^2 W) in numpy.
+check both against brute force). Among the groupings of least cost (only the bottleneck
+group sets it) the most even one is taken (least sum of squared sizes). O(N^2 W) in numpy.
 """
 
 from __future__ import annotations
