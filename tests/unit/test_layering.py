@@ -36,7 +36,7 @@ ALLOWED = {
     "results": {"metrics", "serving"},
     "report": {"results"},
     "rl": {"core", "serving", "perf", "models", "hardware", "workloads", "config", "run",
-           "metrics", "results", "inputs", "registry"},
+           "metrics", "results", "inputs", "registry", "policies", "programs"},
     "repro": {"config", "run", "moe", "workloads", "metrics", "perf", "models", "hardware",
               "serving", "rl", "programs", "soc", "esp"},
     "soc": {"models", "workloads"},

@@ -168,6 +168,17 @@ _BUILTIN: tuple[ModelSpec, ...] = (
     ModelSpec(name="Qwen2.5-32B", num_layers=64, hidden_size=5120, num_attention_heads=40,
               num_kv_heads=8, head_dim=128, intermediate_size=27648, vocab_size=152064,
               max_context_tokens=131072),
+    # Qwen/Qwen3-8B, Qwen3-14B and Qwen3-32B config.json (dense; Heddle's models); the 14B and
+    # 32B shapes checked against copies of their config.json quoted in public code
+    ModelSpec(name="Qwen3-8B", num_layers=36, hidden_size=4096, num_attention_heads=32,
+              num_kv_heads=8, head_dim=128, intermediate_size=12288, vocab_size=151936,
+              max_context_tokens=40960),
+    ModelSpec(name="Qwen3-14B", num_layers=40, hidden_size=5120, num_attention_heads=40,
+              num_kv_heads=8, head_dim=128, intermediate_size=17408, vocab_size=151936,
+              max_context_tokens=40960),
+    ModelSpec(name="Qwen3-32B", num_layers=64, hidden_size=5120, num_attention_heads=64,
+              num_kv_heads=8, head_dim=128, intermediate_size=25600, vocab_size=151936,
+              max_context_tokens=40960),
     # huggyllama/llama-13b config.json (LLaMA-1; RLHFuse's models). LLaMA-1 was trained at
     # 2,048 tokens; RLHFuse generates up to 2,048 after the prompt, so the context is that of
     # the RLHF runs, not of the base config: 4,096 (as LLaMA-2 of the same shapes).
@@ -243,6 +254,9 @@ HF_IDS = {
     "Qwen/Qwen2.5-7B": "qwen2.5-7b",
     "Qwen/Qwen2.5-14B": "qwen2.5-14b",
     "Qwen/Qwen2.5-32B": "qwen2.5-32b",
+    "Qwen/Qwen3-8B": "qwen3-8b",
+    "Qwen/Qwen3-14B": "qwen3-14b",
+    "Qwen/Qwen3-32B": "qwen3-32b",
     "huggyllama/llama-13b": "llama-13b",
     "huggyllama/llama-30b": "llama-33b",
     "huggyllama/llama-65b": "llama-65b",

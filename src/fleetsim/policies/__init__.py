@@ -22,6 +22,10 @@ from fleetsim.policies.programs import (
     WorkflowFCFS,
     WorkflowLLF,
 )
+from fleetsim.policies.trajectories import (  # noqa: F401  (register the policies)
+    ProgressivePriority,
+    TrajectoryPlan,
+)
 from fleetsim.policies.watermark import WatermarkPlanner
 from fleetsim.registry import PolicySpec
 from fleetsim.serving.capabilities import Capabilities, capabilities_of

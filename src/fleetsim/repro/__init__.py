@@ -6,6 +6,7 @@ from fleetsim.repro import (  # noqa: E402,F401  (register the entries)
     areal_tik,
     autellix,
     fastserve,
+    heddle,
     hexagent,
     loongserve,
     relibra,

@@ -172,6 +172,25 @@ class KVCache:
         self._evict_until_free(num_blocks)
         self.num_free_blocks -= num_blocks
 
+    def install(self, hash_ids: tuple[int, ...]) -> int:
+        """Cache KV that arrived from another replica (a trajectory's context migrated during
+        its tool wait) as unreferenced entries along the prefix run ``hash_ids``: as many
+        leading ones as the available blocks hold (evicting others' unreferenced entries,
+        never the run's own head). Returns how many leading ids are cached now. The caller
+        cuts the replica's fast-forward window first (``Replica.interrupt``)."""
+        if not self.prefix_caching:
+            return 0
+        prefix, per = self.prefix, self.blocks_per_entry
+        n = prefix.num_leading(hash_ids, len(hash_ids))
+        prefix.pin(hash_ids[:n])  # the head the new entries extend must outlive evictions
+        while n < len(hash_ids) and self.num_available_blocks >= per:
+            self.take_blocks(per)
+            if not prefix.add(hash_ids[n], n):
+                self.num_free_blocks += per  # cached already (not in the leading run): share
+            n += 1
+        self.release_blocks(0, hash_ids, n)
+        return n
+
     def _evict_until_free(self, num_blocks: int) -> None:
         prefix = self.prefix
         while self.num_free_blocks < num_blocks:

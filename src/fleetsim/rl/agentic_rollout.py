@@ -1,0 +1,377 @@
+"""One rollout of a GRPO batch of agentic trajectories on a pool of workers, on the serving
+engine: the batch's trajectories are programs (``rl.trajectories``) submitted step by step
+(``ProgramSource``), the workers are replicas of one pool, and a driver between the two
+keeps each trajectory's length prediction (``rl.trajectory_predictor``), refined after every
+step, and, for Heddle, its placement (``rl.trajectory_placement``) and the migrations of its
+KV during tool waits.
+
+Systems (Heddle, arXiv 2603.28101, and its baselines) are combinations of three choices:
+``scheduling`` (``fcfs`` or Heddle's ``progressive_priority``), ``placement``
+(``least_requests``: slime; ``sticky``: verl; ``sticky_skew``: verl*; ``heddle``: presorted
+DP grouping on the initial predictions) and ``migration`` (Heddle: after each step, a
+trajectory whose refined prediction now falls in another worker's band moves there during
+its tool wait: the KV its worker still caches crosses the KV link as the tool runs, is cached
+at the destination when it lands, and the next step is submitted there once both the tool
+and the copy are done).
+
+The metric is rollout throughput: generated tokens over the time the last trajectory
+finishes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fleetsim.config import ClusterConfig, EngineConfig, PoolConfig, SimConfig
+from fleetsim.configutil import from_dict, to_plain
+from fleetsim.errors import FleetsimInputError
+from fleetsim.models import get_model
+from fleetsim.policies.routing import make_router
+from fleetsim.policies.trajectories import TrajectoryPlan
+from fleetsim.programs.runtime import call_timer
+from fleetsim.programs.source import ProgramSource
+from fleetsim.registry import PolicySpec
+from fleetsim.rl.trajectories import TrajectoryArgs, TrajectoryBatch, sample_batch
+from fleetsim.rl.trajectory_placement import Placement
+from fleetsim.rl.trajectory_predictor import (
+    PredictorConfig,
+    TrajectoryPredictor,
+    quality_at_step,
+)
+from fleetsim.run import build_pools, make_batch_policy, make_ordering
+from fleetsim.serving.cluster import Cluster, simulate_cluster
+from fleetsim.serving.recorder import Records
+from fleetsim.serving.request import Request
+
+SCHEDULINGS = ("fcfs", "progressive_priority")
+PLACEMENTS = {"least_requests": "least_requests", "sticky": "sticky",
+              "sticky_skew": "sticky_skew", "heddle": "trajectory_plan"}  # -> router
+HASH_BLOCK_TOKENS = 64  # prefix-hash block of the program source (docs/programs.md)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgenticRolloutConfig:
+    """One rollout: the batch, the workers and the system."""
+
+    model: str = "qwen3-8b"
+    """Catalog model (Heddle: Qwen3 8B, 14B, 32B)."""
+    gpu: str = "h100-sxm"
+    """GPU of every worker (Heddle: Hopper GPUs)."""
+    num_gpus: int = 64
+    """GPUs of the rollout pool (Heddle: 64)."""
+    tp: int = 1
+    """Tensor parallelism of every worker (homogeneous model parallelism)."""
+    scheduling: str = "fcfs"
+    """fcfs | progressive_priority: the order a worker serves queued steps in."""
+    placement: str = "least_requests"
+    """least_requests (slime) | sticky (verl) | sticky_skew (verl*) | heddle (presorted DP)."""
+    migration: bool = False
+    """Move a mispredicted trajectory's KV to its new worker during its tool wait (needs
+    placement heddle)."""
+    skew_threshold: float = 1.5
+    """sticky_skew: load over mean above which a step leaves its sticky worker."""
+    trajectories: TrajectoryArgs = field(default_factory=TrajectoryArgs)
+    """The batch: prompts, samples per prompt, turn and length laws, tools."""
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    """The length predictor's quality per step."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Every worker's serving engine (vLLM's limits and defaults)."""
+    seed: int = 0
+    """Seeds the batch, the predictor's errors and routing (one stream each)."""
+
+    def __post_init__(self) -> None:
+        if self.scheduling not in SCHEDULINGS:
+            raise ValueError(f"scheduling must be one of {', '.join(SCHEDULINGS)}, got "
+                             f"{self.scheduling!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got "
+                             f"{self.placement!r}")
+        if self.migration and self.placement != "heddle":
+            raise ValueError(f"migration needs placement heddle (its bands say where a "
+                             f"trajectory belongs), got placement {self.placement!r}")
+        if self.tp < 1 or self.num_gpus < self.tp or self.num_gpus % self.tp:
+            raise ValueError(f"num_gpus must be a positive multiple of tp, got num_gpus "
+                             f"{self.num_gpus} and tp {self.tp}")
+
+
+def agentic_config_from_dict(data: dict[str, Any], where: str = "rollout"
+                             ) -> AgenticRolloutConfig:
+    """Strict: unknown keys, bad types and bad values name the field."""
+    return from_dict(AgenticRolloutConfig, data, where)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AgenticRolloutResult:
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    records: Records
+    driver: RolloutDriver
+    """What happened per trajectory: its steps' request ids, the prediction each step was
+    queued with, its migrations."""
+
+
+def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
+    """Simulate one rollout of ``cfg``'s batch; summary: throughput and what the mechanisms
+    did."""
+    model = get_model(cfg.model)
+    if cfg.trajectories.max_context_tokens > model.max_context_tokens:
+        raise FleetsimInputError("trajectories.max_context_tokens",
+                                 cfg.trajectories.max_context_tokens,
+                                 f"at most {cfg.model}'s context, {model.max_context_tokens}")
+    scfg = SimConfig(seed=cfg.seed, model=cfg.model, engine=cfg.engine, cluster=ClusterConfig(
+        pools=(PoolConfig(name="rollout", gpu=cfg.gpu, num_replicas=cfg.num_gpus // cfg.tp,
+                          tp=cfg.tp),)))
+    pools, infos = build_pools(scfg, model)
+    batch_ss, predictor_ss, routing_ss = np.random.SeedSequence(cfg.seed).spawn(3)
+    batch = sample_batch(cfg.trajectories, np.random.default_rng(batch_ss))
+    predictor = TrajectoryPredictor(batch.output_tokens, cfg.predictor,
+                                    np.random.default_rng(predictor_ss))
+    num_workers = pools[0].num_replicas
+    initial = [predictor.predict(i, 0, 0) for i in range(len(batch.programs))]
+    placement = (Placement(initial, num_workers, *_per_token_s(pools[0], batch, initial,
+                                                               cfg.engine))
+                 if cfg.placement == "heddle" else None)
+    eng = cfg.engine
+    timer = call_timer(pools, model, eng.max_batched_tokens, scfg.cluster.link.latency_s)
+    driver = RolloutDriver(ProgramSource(batch.programs, timer, HASH_BLOCK_TOKENS), batch,
+                           predictor, placement, cfg.migration,
+                           float(model.kv_bytes_per_token_per_gpu(1)))
+    router_args = {"skew_threshold": cfg.skew_threshold} if cfg.placement == "sticky_skew" else {}
+    router = make_router(PolicySpec(name=PLACEMENTS[cfg.placement], args=router_args))
+    batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget")
+    records, cluster = simulate_cluster(
+        driver.calls_workload(), pools, router=router, decode_router=None,
+        make_batch_policy=lambda: make_batch_policy(batching),
+        order_key=make_ordering("fcfs"), rng=np.random.default_rng(routing_ss),
+        kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
+        link_latency_s=scfg.cluster.link.latency_s, block_size=eng.block_size,
+        max_batched_tokens=eng.max_batched_tokens, max_running=eng.max_running,
+        enable_prefix_caching=eng.enable_prefix_caching, fast_forward=eng.fast_forward,
+        debug=eng.debug, source=driver, until_s=1e15, timeline=(0.0, 60.0))
+    summary = _summary(cfg, batch, predictor, driver, records, cluster, router, infos,
+                       placement)
+    return AgenticRolloutResult(summary, to_plain(cfg), records, driver)
+
+
+def _per_token_s(pool: Any, batch: TrajectoryBatch, predicted: list[float],
+                 eng: EngineConfig) -> tuple[Any, int]:
+    """T(b) for the placement DP, seconds per decoded token with ``b`` trajectories
+    decoding on a worker, each at the batch's mean mid-rollout context (first prompt plus
+    about its predicted tokens: half its outputs and the tool results between them); and how
+    many such contexts a worker holds at once (its KV blocks, ``max_running``)."""
+    prompt = float(np.mean([p.calls[0].num_prompt_tokens for p in batch.programs]))
+    ctx = prompt + float(np.mean(predicted))
+    per_seq_blocks = max(1, math.ceil(ctx / eng.block_size))
+    fits = max(1, min(eng.max_running, pool.num_kv_blocks // per_seq_blocks))
+
+    def per_token_s(b: int) -> float:
+        return float(pool.step_model.step_time_s((), b, int(b * ctx)))
+
+    return per_token_s, fits
+
+
+class RolloutDriver:
+    """A ``RequestSource`` around the program source: keeps each trajectory's prediction and
+    worker in its program's ``policy`` slot (``TrajectoryPlan``), refines the prediction
+    after every step, and migrates KV during tool waits (Heddle)."""
+
+    wants_finishes = True
+
+    def __init__(self, inner: ProgramSource, batch: TrajectoryBatch,
+                 predictor: TrajectoryPredictor, placement: Placement | None, migration: bool,
+                 kv_bytes_per_token: float) -> None:
+        self.inner = inner
+        self.batch = batch
+        self.predictor = predictor
+        self.placement = placement
+        self.migration = migration
+        self.kv_bytes_per_token = kv_bytes_per_token
+        n = len(batch.programs)
+        self.plans = [TrajectoryPlan(predictor.predict(i, 0, 0),
+                                     placement.worker_of[i] if placement is not None else None)
+                      for i in range(n)]
+        self.num_steps_done = [0] * n
+        self.num_tokens_done = [0] * n
+        self.worker_of_last = [-1] * n  # where each trajectory's last step ran
+        self.request_ids: list[list[int]] = [[] for _ in range(n)]
+        self.predicted_by_step: list[list[float]] = [[] for _ in range(n)]
+        """The prediction each of a trajectory's steps was queued with."""
+        self._moving: dict[int, tuple[int, int, float]] = {}  # trajectory -> (src, dst, t0)
+        self._held: dict[int, tuple[float, Request]] = {}  # trajectory -> its next step
+        self.cluster: Cluster | None = None
+        self.finish_s = [math.nan] * n
+        self.migrations: list[dict[str, float]] = []
+        self.num_migrations_skipped = 0  # no KV cached at the source: nothing to move
+
+    @property
+    def num_requests(self) -> int | None:
+        return self.inner.num_requests
+
+    def calls_workload(self) -> Any:
+        from fleetsim.programs.runtime import calls_workload
+
+        return calls_workload(self.batch.programs, HASH_BLOCK_TOKENS, "agentic-rollout")
+
+    # ---- the source protocol ---------------------------------------------------------
+    def start(self, ctx: Any) -> None:
+        self.cluster = ctx
+        self.inner.start(self)
+
+    def on_arrival(self, req: Request, ctx: Any) -> None:
+        self.inner.on_arrival(req, self)
+
+    def on_finish(self, req: Request, ctx: Any) -> None:
+        traj = req.program.program.id
+        self.num_steps_done[traj] += 1
+        self.num_tokens_done[traj] += req.num_output_tokens
+        self.worker_of_last[traj] = self._replica_of(req)
+        plan = self.plans[traj]
+        if self.num_steps_done[traj] == self.batch.programs[traj].num_calls:
+            self.finish_s[traj] = req.finish_s
+            if self.placement is not None:
+                self.placement.finished(traj)
+        else:
+            plan.predicted_tokens = self.predictor.predict(
+                traj, self.num_steps_done[traj], self.num_tokens_done[traj])
+            if self.migration and self.placement is not None:
+                dst = self.placement.move_for(traj, plan.predicted_tokens, self._remaining)
+                if dst is not None:
+                    self._moving[traj] = (self.worker_of_last[traj], dst, req.finish_s)
+                    self.placement.moved(traj, dst)
+                    plan.worker = dst
+        self.inner.on_finish(req, self)
+
+    def _remaining(self, traj: int) -> float:
+        """Predicted tokens ``traj`` has left to generate."""
+        return max(0.0, self.plans[traj].predicted_tokens - self.num_tokens_done[traj])
+
+    # ---- the context the program source sees ------------------------------------------
+    @property
+    def now_s(self) -> float:
+        assert self.cluster is not None
+        return self.cluster.now_s
+
+    def new_request_id(self) -> int:
+        assert self.cluster is not None
+        return self.cluster.new_request_id()
+
+    def submit_at(self, at_s: float, req: Request) -> None:
+        """A step is ready at ``at_s`` (its tool's end): hold it while its KV moves."""
+        assert self.cluster is not None
+        traj = req.program.program.id
+        req.program.program.policy = self.plans[traj]
+        self.request_ids[traj].append(req.id)
+        self.predicted_by_step[traj].append(self.plans[traj].predicted_tokens)
+        move = self._moving.pop(traj, None)
+        if move is None:
+            self.cluster.submit_at(at_s, req)
+            return
+        self._start_migration(traj, move, at_s, req)
+
+    # ---- migration -------------------------------------------------------------------
+    def _start_migration(self, traj: int, move: tuple[int, int, float], at_s: float,
+                         req: Request) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        src, dst, t0 = move
+        kv = cluster.replicas[src].kv
+        ids = req.hash_ids
+        m = kv.prefix.num_leading(ids, len(ids))
+        if m == 0:  # nothing cached at the source: the step just goes to its new worker
+            self.num_migrations_skipped += 1
+            cluster.submit_at(at_s, req)
+            return
+        num_bytes = self.kv_bytes_per_token * m * HASH_BLOCK_TOKENS
+        self._held[traj] = (at_s, req)
+        cluster.transfers.start(src, dst, num_bytes,
+                                lambda: self._landed(traj, src, dst, ids[:m], num_bytes, t0),
+                                client="kv_migrate")
+
+    def _landed(self, traj: int, src: int, dst: int, ids: tuple[int, ...], num_bytes: float,
+                t0: float) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        replica = cluster.replicas[dst]
+        replica.interrupt()
+        installed = replica.kv.install(ids)
+        replica.wake()
+        at_s, req = self._held.pop(traj)
+        now = cluster.now_s
+        self.migrations.append({"trajectory": traj, "src": src, "dst": dst, "start_s": t0,
+                                "bytes": num_bytes, "transfer_s": now - t0,
+                                "tool_s": at_s - t0, "num_entries": len(ids),
+                                "num_installed": installed, "request_id": req.id})
+        cluster.submit_at(max(at_s, now), req)
+
+    @staticmethod
+    def _replica_of(req: Request) -> int:
+        assert req.replica_id is not None
+        return req.replica_id
+
+
+def _trajectory_wait_s(req: dict[str, Any], driver: RolloutDriver, traj: int) -> float:
+    """Seconds the steps of trajectory ``traj`` waited in queues before first being
+    scheduled (the paper's longest-trajectory queueing delay)."""
+    ids = set(driver.request_ids[traj])
+    mask = np.fromiter((int(r) in ids for r in req["request_id"]), dtype=bool,
+                       count=len(req["request_id"]))
+    return float(np.sum(req["first_scheduled_s"][mask] - req["arrival_s"][mask]))
+
+
+def _summary(cfg: AgenticRolloutConfig, batch: TrajectoryBatch, predictor: TrajectoryPredictor,
+             driver: RolloutDriver, records: Records, cluster: Cluster, router: Any,
+             infos: list[dict], placement: Placement | None) -> dict[str, Any]:
+    finish = np.asarray(driver.finish_s, dtype=np.float64)
+    if np.isnan(finish).any():
+        raise RuntimeError(f"{int(np.isnan(finish).sum())} trajectories did not finish")
+    makespan = float(finish.max())
+    tokens = int(batch.output_tokens.sum())
+    req = records.requests
+    waits = req["first_scheduled_s"] - req["arrival_s"]
+    longest = int(np.argmax(batch.output_tokens))
+    moved = driver.migrations
+    pearson0, recall0 = quality_at_step(predictor, 0)
+    pearson2, recall2 = quality_at_step(predictor, 2)
+    out: dict[str, Any] = {
+        "system": {"scheduling": cfg.scheduling, "placement": cfg.placement,
+                   "migration": cfg.migration},
+        "pools": infos,
+        "num_trajectories": len(batch.programs),
+        "num_steps": int(sum(p.num_calls for p in batch.programs)),
+        "num_generated_tokens": tokens,
+        "rollout_s": makespan,
+        "tokens_per_s": tokens / makespan,
+        "trajectory_tokens": {"mean": float(batch.output_tokens.mean()),
+                              "p50": float(np.median(batch.output_tokens)),
+                              "max": int(batch.output_tokens.max())},
+        "longest_trajectory": {"tokens": int(batch.output_tokens[longest]),
+                               "finish_s": float(finish[longest])},
+        # No order or placement finishes the batch before its slowest trajectory alone on an
+        # idle worker (standalone critical path, docs/programs.md): the bound of every
+        # system with this model parallelism.
+        "critical_path_s": max(st.standalone_s for st in driver.inner.states
+                               if st is not None),
+        "num_preemptions": int(req["num_preemptions"].sum()),
+        "num_recomputed_tokens": int(req["num_recomputed_tokens"].sum()),
+        "num_prefix_hit_tokens": int(req["num_prefix_hit_tokens"].sum()),
+        "predictor": {"correlation_by_step": list(cfg.predictor.correlation_by_step),
+                      "step0": {"pearson": pearson0, "tail20_recall": recall0},
+                      "step2": {"pearson": pearson2, "tail20_recall": recall2}},
+        "migration": {"num_migrations": len(moved),
+                      "num_skipped_nothing_cached": driver.num_migrations_skipped,
+                      "bytes": float(sum(m["bytes"] for m in moved)),
+                      "num_hidden": sum(1 for m in moved if m["transfer_s"] <= m["tool_s"]),
+                      "max_transfer_s": max((m["transfer_s"] for m in moved), default=0.0)},
+    }
+    out["queueing"] = {"mean_wait_s": float(np.mean(waits)),
+                       "longest_trajectory_wait_s": _trajectory_wait_s(req, driver, longest)}
+    if placement is not None:
+        out["placement"] = {"group_sizes": placement.sizes, "dp_cost_s": placement.cost}
+    report = getattr(router, "report", None)
+    if report is not None:
+        out["router"] = report()
+    return out

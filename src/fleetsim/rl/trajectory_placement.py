@@ -1,0 +1,195 @@
+"""Heddle's trajectory-aware placement: sort trajectories by predicted length, then group
+them onto workers by dynamic programming so that the slowest worker finishes first
+(arXiv 2603.28101, "presorted dynamic programming"; the recurrence is our reconstruction
+from ``../shared/papers/scheduling.md`` section 3 [R]).
+
+With trajectories sorted longest first (``L[0] >= L[1] >= ...``) and contiguous groups,
+``f[k][i] = min over j <= i of max(f[k-1][j], C(j, i))`` places the first ``i`` on ``k``
+workers (``j == i``: worker ``k`` gets none). The notes' group cost is ``L[j] * T(size)``:
+the group's longest trajectory's tokens times the per-token time at that batch size
+(interference: a bigger batch decodes each token slower). A worker decodes at most ``B``
+trajectories at once (its KV, its ``max_running``), so fleetsim's cost adds the group's
+total work: ``C(j, i) = T(b) * max(L[j], S(j, i) / b)`` with ``b = min(size, B)`` and ``S``
+the group's summed tokens (the makespan bound of a machine with ``b`` slots; for
+``size <= B`` it is the notes' cost, since a mean never exceeds the maximum). Without it a
+group of many short trajectories looks as cheap as its longest one and the DP piles them
+onto one worker. With the notes' cost alone, contiguous groups of the sorted order lose
+nothing (a longer trajectory swapped into a shorter group never lowers either cost); with
+the work term the problem holds a partition problem and contiguity is a restriction, the
+one Heddle's presorted DP makes: the DP is then optimal among contiguous groupings (tests
+check both against brute force). Among the groupings of least cost (only the bottleneck
+group sets it) the most even one is taken (least sum of squared sizes). O(N^2 W) in numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+def dp_group_sizes(lengths_desc: Sequence[float], num_workers: int,
+                   per_token_s: Callable[[int], float], max_live: int | None = None
+                   ) -> tuple[list[int], float]:
+    """Group sizes per worker (contiguous, longest first; some may be 0) minimising the
+    largest group cost (module docstring), and that cost. ``per_token_s(b)``: seconds per
+    token with ``b`` trajectories decoding (non-decreasing in ``b``); ``max_live``: most
+    trajectories a worker decodes at once (None: no limit)."""
+    lengths = np.asarray(lengths_desc, dtype=np.float64)
+    n = len(lengths)
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if max_live is not None and max_live < 1:
+        raise ValueError(f"max_live must be >= 1 or None, got {max_live}")
+    if n and np.any(np.diff(lengths) > 0):
+        raise ValueError("lengths must be sorted longest first")
+    if n == 0:
+        return [0] * num_workers, 0.0
+    live = n if max_live is None else min(n, max_live)
+    t = np.array([0.0] + [per_token_s(b) for b in range(1, live + 1)], dtype=np.float64)
+    cost = _group_costs(lengths, t, live)
+    _, best = _min_max(cost, num_workers)
+    j = np.arange(n + 1)[:, None]
+    i = np.arange(n + 1)[None, :]
+    squares = np.where(cost <= best * (1 + 1e-12), ((i - j) ** 2).astype(np.float64), math.inf)
+    return _min_sum(squares, num_workers), best
+
+
+def group_cost(lengths: Sequence[float], per_token_s: Callable[[int], float],
+               max_live: int | None = None) -> float:
+    """One group's cost in any order (0 when empty): ``T(b) * max(longest, total / b)``."""
+    if not lengths:
+        return 0.0
+    b = len(lengths) if max_live is None else min(len(lengths), max_live)
+    return per_token_s(b) * max(max(lengths), sum(lengths) / b)
+
+
+def _min_sum(cost: NDArray[np.float64], num_workers: int) -> list[int]:
+    """Contiguous split minimising the sum of ``cost[j, i]`` over the groups."""
+    n = cost.shape[0] - 1
+    f = np.full(n + 1, math.inf)
+    f[0] = 0.0
+    choices: list[NDArray[np.int64]] = []
+    for _ in range(num_workers):
+        m = f[:, None] + cost
+        choices.append(np.argmin(m, axis=0))
+        f = m[choices[-1], np.arange(n + 1)]
+    return _sizes(choices, n)
+
+
+def _min_max(cost: NDArray[np.float64], num_workers: int) -> tuple[list[int], float]:
+    """Contiguous split of ``n`` items into ``num_workers`` groups minimising the largest
+    ``cost[j, i]`` (group ``j..i-1``)."""
+    n = cost.shape[0] - 1
+    f = np.full(n + 1, math.inf)
+    f[0] = 0.0
+    choices: list[NDArray[np.int64]] = []
+    for _ in range(num_workers):
+        m = np.maximum(f[:, None], cost)  # m[j, i]: first j on k-1 workers, j..i-1 on this one
+        choices.append(np.argmin(m, axis=0))
+        f = m[choices[-1], np.arange(n + 1)]
+    return _sizes(choices, n), float(f[n])
+
+
+def _sizes(choices: list[NDArray[np.int64]], n: int) -> list[int]:
+    """Group sizes from the DP's choices (worker k's group starts at ``choices[k][end]``)."""
+    sizes = []
+    i = n
+    for arg in reversed(choices):
+        j = int(arg[i])
+        sizes.append(i - j)
+        i = j
+    assert i == 0
+    return sizes[::-1]
+
+
+def _group_costs(lengths: NDArray[np.float64], t: NDArray[np.float64], live: int
+                 ) -> NDArray[np.float64]:
+    """``c[j, i]`` = cost of the group ``j..i-1`` (0 when empty, inf when ``i < j``)."""
+    n = len(lengths)
+    j = np.arange(n + 1)[:, None]
+    i = np.arange(n + 1)[None, :]
+    size = i - j
+    b = np.clip(size, 1, live)
+    prefix = np.concatenate(([0.0], np.cumsum(lengths)))
+    total = prefix[i] - prefix[j]
+    first = np.append(lengths, 0.0)[np.minimum(j, n)]
+    c = np.where(size > 0, t[b] * np.maximum(first, total / b), 0.0)
+    return np.where(size < 0, math.inf, c)
+
+
+class Placement:
+    """Which worker each trajectory is on, and the predicted-length band each worker covers
+    (used to re-place a trajectory whose prediction changed)."""
+
+    def __init__(self, predicted: Sequence[float], num_workers: int,
+                 per_token_s: Callable[[int], float], max_live: int | None = None) -> None:
+        order = sorted(range(len(predicted)), key=lambda x: (-predicted[x], x))
+        sizes, self.cost = dp_group_sizes([predicted[x] for x in order], num_workers,
+                                          per_token_s, max_live)
+        self.per_token_s = per_token_s
+        self.max_live = max_live
+        self.worker_of: list[int] = [0] * len(predicted)
+        self.members: list[set[int]] = [set() for _ in range(num_workers)]
+        """Unfinished trajectories placed on each worker (moves and finishes update it)."""
+        # (shortest predicted length in the group, worker), longest groups first
+        self.bands: list[tuple[float, int]] = []
+        start = 0
+        for w, size in enumerate(sizes):
+            group = order[start:start + size]
+            for x in group:
+                self.worker_of[x] = w
+                self.members[w].add(x)
+            if group:
+                self.bands.append((predicted[group[-1]], w))
+            start += size
+        self.sizes = sizes
+        self.rank_of_worker = {w: r for r, (_, w) in enumerate(self.bands)}
+        """worker -> its band's rank (0: the longest trajectories)."""
+
+    def worker_for(self, predicted: float) -> int:
+        """The worker whose band holds a trajectory predicted at ``predicted`` tokens: the
+        first (longest) band whose shortest member is not longer."""
+        for low, w in self.bands:
+            if predicted >= low:
+                return w
+        return self.bands[-1][1]
+
+    def move_for(self, trajectory: int, predicted: float,
+                 remaining: Callable[[int], float]) -> int | None:
+        """Where ``trajectory`` should move now that it is predicted at ``predicted`` tokens
+        (``remaining(x)``: predicted tokens trajectory ``x`` has left), or None.
+
+        Only a trajectory that was underestimated moves (its band is now a longer one than
+        its worker's: a long-tail trajectory in a crowded group), to the worker of that band,
+        and only if that shortens the two workers' predicted finish, the DP's cost applied
+        locally: ``max(r_x T(n_src), r_y T(n_dst))`` before against ``max(r_x, r_y)
+        T(n_dst + 1)`` after, with ``r_y`` the most any trajectory on the destination has
+        left. Otherwise a migrant would refill a long-tail worker and slow the long
+        trajectories already there. An overestimated trajectory stays: it finishes soon."""
+        src = self.worker_of[trajectory]
+        dst = self.worker_for(predicted)
+        if self.rank_of_worker[dst] >= self.rank_of_worker.get(src, len(self.bands)):
+            return None
+        r_x = remaining(trajectory)
+        r_y = max((remaining(y) for y in self.members[dst]), default=0.0)
+        t = self._per_token_s
+        before = max(r_x * t(len(self.members[src])), r_y * t(len(self.members[dst])))
+        after = max(r_x, r_y) * t(len(self.members[dst]) + 1)
+        return dst if after < before else None
+
+    def _per_token_s(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        live = n if self.max_live is None else min(n, self.max_live)
+        return self.per_token_s(live) * max(1.0, n / live)
+
+    def moved(self, trajectory: int, dst: int) -> None:
+        self.members[self.worker_of[trajectory]].discard(trajectory)
+        self.members[dst].add(trajectory)
+        self.worker_of[trajectory] = dst
+
+    def finished(self, trajectory: int) -> None:
+        self.members[self.worker_of[trajectory]].discard(trajectory)
