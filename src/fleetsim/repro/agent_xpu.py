@@ -24,14 +24,12 @@ proactive throughput (proactive requests finished per minute within the arrival 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.models import get_model
 from fleetsim.repro.frame import (
@@ -41,9 +39,11 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
+    RunFiles,
     add,
     better_ratio,
     fmt,
+    setup_from,
 )
 from fleetsim.soc.agent_xpu import AgentXpu
 from fleetsim.soc.baselines import IgpuOnly, StaticPartition
@@ -95,12 +95,6 @@ class AgentXpuSetup:
 QUICK = {"duration_s": 180.0}
 
 
-def setup_from(ctx: ReproContext) -> AgentXpuSetup:
-    data: dict[str, Any] = dict(QUICK) if ctx.quick else {}
-    apply_overrides(data, ctx.overrides)
-    return from_dict(AgentXpuSetup, copy.deepcopy(data), "agent-xpu")
-
-
 def schedulers(setup: AgentXpuSetup, cost: ModelCost) -> dict[str, Scheduler]:
     soc = lunar_lake()
     return {
@@ -148,17 +142,8 @@ def summarize(result: SoCResult) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class RunFiles:
-    """One (policy, rate): written as summary.json and config.json (no requests.csv)."""
-
-    summary: dict[str, Any]
-    config: dict[str, Any]
-    records: None = None
-
-
 def compare(ctx: ReproContext) -> Comparison:
-    setup = setup_from(ctx)
+    setup = setup_from(ctx, AgentXpuSetup, QUICK, "agent-xpu")
     cost = ModelCost(get_model(setup.model), setup.bits_per_weight)
     rates = QUICK_RATES if ctx.quick else RATES
     results: dict[str, dict[str, float | None]] = {p: {} for p in POLICIES}

@@ -17,10 +17,10 @@ import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fleetsim.config import SimConfig, config_from_dict
-from fleetsim.configutil import apply_overrides
+from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.registry import make_registry
 from fleetsim.run import RunResult, run
@@ -100,6 +100,36 @@ class Comparison:
     """A level of ``metric`` drawn across the key figure (e.g. ``("SLO", 0.3)``)."""
 
 
+_Setup = TypeVar("_Setup")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRows:
+    """The per-request columns of a run that is not a serving simulation (``requests.csv``)."""
+
+    requests: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RunFiles:
+    """A run that is not a serving simulation (an MoE pass model, an RL rollout, a SoC run),
+    kept in ``ReproContext.runs`` and written like one: ``summary.json``, ``config.json``,
+    and ``requests.csv`` when ``records`` holds request rows."""
+
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    records: RequestRows | None = None
+
+
+def setup_from(ctx: ReproContext, cls: type[_Setup], quick: Mapping[str, Any],
+               name: str) -> _Setup:
+    """A reproduction's own setup dataclass ``cls``: ``quick``'s settings under ``--quick``,
+    then the user's ``--set key=value`` overrides (errors name ``name.key``)."""
+    data: dict[str, Any] = copy.deepcopy(dict(quick)) if ctx.quick else {}
+    apply_overrides(data, ctx.overrides)
+    return from_dict(cls, data, name)
+
+
 class ReproContext:
     """Given to ``compare``: whether the run is ``quick``, the user's ``--set`` overrides, and
     ``run`` (every simulation goes through it: overrides applied, progress reported, the run
@@ -110,7 +140,8 @@ class ReproContext:
         self.quick = quick
         self.overrides = tuple(overrides)
         self.progress = progress
-        self.runs: dict[tuple[str, str], RunResult] = {}  # (policy, load label) -> run
+        # (policy, load label) -> run
+        self.runs: dict[tuple[str, str], RunResult | RunFiles] = {}
 
     def config(self, base: Mapping[str, Any]) -> SimConfig:
         """``base`` with the user's ``--set key=value`` overrides on top."""

@@ -30,7 +30,6 @@ finishes. The headline ratio is the largest Heddle / baseline over models and ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from fleetsim.configutil import apply_overrides
@@ -41,6 +40,8 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
+    RequestRows,
+    RunFiles,
     add,
     better_ratio,
     fmt,
@@ -73,21 +74,6 @@ ABLATIONS: dict[str, tuple[str, str, bool]] = {
 PAPER_RANGES = {"verl": (1.4, 2.3), "verl-star": (1.1, 2.4), "slime": (1.2, 2.5)}  # [S]
 
 
-@dataclass(frozen=True, slots=True)
-class _Records:
-    requests: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _RunFiles:
-    """A run as the repro command writes it (``summary.json``, ``config.json``,
-    ``requests.csv``)."""
-
-    summary: dict[str, Any]
-    config: dict[str, Any]
-    records: _Records
-
-
 def rollout(model: str, tp: int, gpus: int, prompts: int,
             system: tuple[str, str, bool]) -> dict[str, Any]:
     scheduling, placement, migration = system
@@ -104,8 +90,8 @@ def run_kept(ctx: ReproContext, policy: str, label: str, data: dict[str, Any]
         ctx.progress(f"{policy} @ {label}")
     apply_overrides(data, ctx.overrides)
     result = run_agentic_rollout(agentic_config_from_dict(data))
-    ctx.runs[(policy, label)] = _RunFiles(result.summary, result.config,  # type: ignore[assignment]
-                                          _Records(result.records.requests))
+    ctx.runs[(policy, label)] = RunFiles(result.summary, result.config,
+                                         RequestRows(result.records.requests))
     return result
 
 

@@ -42,7 +42,6 @@ Our choices where the abstract is silent (each a field of ``RelibraSetup``):
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,7 +49,6 @@ from typing import Any
 
 import numpy as np
 
-from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
@@ -73,9 +71,11 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
+    RunFiles,
     add,
     better_ratio,
     fmt_ratios,
+    setup_from,
 )
 
 POLICIES = ("relibra", "megatron", "eplb_oracle", "force_balanced")
@@ -128,22 +128,6 @@ class RelibraSetup:
 
 
 QUICK = {"num_batches": 1, "microbatches_per_batch": 4, "num_layers": 16}
-
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class RunFiles:
-    """One (policy, workload): written as summary.json and config.json (no requests)."""
-
-    summary: dict[str, Any]
-    config: dict[str, Any]
-    records: None = None
-
-
-def setup_from(ctx: ReproContext) -> RelibraSetup:
-    data: dict[str, Any] = dict(QUICK) if ctx.quick else {}
-    apply_overrides(data, ctx.overrides)
-    return from_dict(RelibraSetup, copy.deepcopy(data), "relibra")
 
 
 RUNNERS: dict[str, Runner] = {
@@ -207,7 +191,7 @@ def summarize(rows: list[BatchResult], ideal_s: float, setup: RelibraSetup) -> d
 
 
 def compare(ctx: ReproContext) -> Comparison:
-    setup = setup_from(ctx)
+    setup = setup_from(ctx, RelibraSetup, QUICK, "relibra")
     results: dict[str, dict[str, float | None]] = {p: {} for p in POLICIES}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
     for scenario in WORKLOADS:
@@ -219,7 +203,7 @@ def compare(ctx: ReproContext) -> Comparison:
             s = summarize(rows, ideal_s, setup)
             summaries[(policy, scenario)] = s
             results[policy][scenario] = s["share_of_ideal"]
-            ctx.runs[(policy, scenario)] = RunFiles(  # type: ignore[assignment]
+            ctx.runs[(policy, scenario)] = RunFiles(
                 s, {"workload": scenario, "policy": policy, "model": "Qwen3-235B-A22B",
                     **dataclasses.asdict(setup)})
     comparison = _comparison(results, summaries)

@@ -34,14 +34,12 @@ same micro-batches with every GPU at the mean load and no balancing cost).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
@@ -57,8 +55,10 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
+    RunFiles,
     add,
     better_ratio,
+    setup_from,
 )
 
 POLICIES = ("ultraep", "megatron", "eplb", "force_balanced")
@@ -107,21 +107,6 @@ class UltraEpSetup:
 
 
 QUICK = {"num_microbatches": 4, "num_warmup": 4, "num_layers": 16, "eplb_window": 4}
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class RunFiles:
-    """One (policy, setting): written as summary.json and config.json (no requests)."""
-
-    summary: dict[str, Any]
-    config: dict[str, Any]
-    records: None = None
-
-
-def setup_from(ctx: ReproContext) -> UltraEpSetup:
-    data: dict[str, Any] = dict(QUICK) if ctx.quick else {}
-    apply_overrides(data, ctx.overrides)
-    return from_dict(UltraEpSetup, copy.deepcopy(data), "ultraep")
 
 
 def ultraep_planner(within_domain: bool) -> Planner:
@@ -174,7 +159,7 @@ def summarize(runs: list[PassBreakdown], ideal_s: float, scale: float, num_token
 
 
 def compare(ctx: ReproContext) -> Comparison:
-    setup = setup_from(ctx)
+    setup = setup_from(ctx, UltraEpSetup, QUICK, "ultraep")
     results: dict[str, dict[str, float | None]] = {p: {} for p in POLICIES}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
     scale = 94 / setup.num_layers  # the dense part is per layer too, so ratios are unscaled
