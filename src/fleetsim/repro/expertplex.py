@@ -65,6 +65,8 @@ QUICK_RATES_PER_GPU = (1.0, 2.0, 4.0, 6.0)
 class ExpertPlexSetup:
     """What ``--set key=value`` may change (defaults: the module docstring's setting)."""
 
+    model: str = "qwen3-235b"
+    """A catalog MoE model (``fleetsim models``)."""
     gpu_budget: int = 32
     instance_gpus: int = 8
     pool_sizes: tuple[int, ...] = (4, 8, 16)
@@ -93,9 +95,10 @@ class ExpertPlexSetup:
             raise FleetsimInputError("gpu_budget", self.gpu_budget,
                                      f"must be a multiple of instance_gpus "
                                      f"({self.instance_gpus}), at least two instances")
-        if not self.pool_sizes or any(p < 1 or 128 % p for p in self.pool_sizes):
+        if not self.pool_sizes or any(isinstance(p, bool) or not isinstance(p, int) or p < 1
+                                      for p in self.pool_sizes):
             raise FleetsimInputError("pool_sizes", self.pool_sizes,
-                                     "give pool sizes that divide the 128 experts, e.g. 4,8")
+                                     "give pool sizes in GPUs, e.g. [4, 8]")
         for name in ("ttft_slo_s", "tpot_slo_s", "duration_s"):
             if not getattr(self, name) > 0:
                 raise FleetsimInputError(name, getattr(self, name), "must be > 0 seconds")
@@ -127,6 +130,10 @@ def layouts(setup: ExpertPlexSetup, cost: CostModel) -> dict[str, list[SystemLay
                                      decode_gpus=(setup.instance_gpus,) * (n_inst - p))
                         for p in range(1, n_inst)],
         "expertplex": []}
+    bad = [p for p in setup.pool_sizes if cost.spec.num_experts % p]
+    if bad:
+        raise FleetsimInputError("pool_sizes", list(setup.pool_sizes),
+                                 f"pool sizes must divide the {cost.spec.num_experts} experts")
     for pool in setup.pool_sizes:
         if expert_bytes > hbm * pool:
             continue  # the shared pool must hold one full copy of the experts
@@ -236,7 +243,10 @@ class _Sweep:
 
 def compare(ctx: ReproContext) -> Comparison:
     setup = setup_from(ctx, ExpertPlexSetup, QUICK, "expertplex")
-    cost = CostModel(get_model("qwen3-235b"), get_gpu("H200"), setup.tile_m,
+    model = get_model(setup.model)
+    if not model.is_moe:
+        raise FleetsimInputError("model", setup.model, "must be an MoE model (fleetsim models)")
+    cost = CostModel(model, get_gpu("H200"), setup.tile_m,
                      nvlink_domain=setup.nvlink_domain)
     rates = QUICK_RATES_PER_GPU if ctx.quick else RATES_PER_GPU
     sweep = _Sweep(setup, cost, rates)
