@@ -17,8 +17,8 @@ lacks):
   from the MoE table priced in tiles, ``moe/tile_model.py``; all-to-alls:
   ``moe/step_model.all_to_all_s``), the same for all three systems (``expertplex_cost.py``);
 - M_t = 64 (Hopper's wgmma instruction computes 64-row tiles), 132 SMs (H200 datasheet),
-  clusters of c = 2 SMs, Q_max = 7/8 of the SMs; decode's reference allocation is all SMs at the
-  tile count of its largest batch, so decode's expert latency stays what it is at full load;
+  clusters of c = 2 SMs, Q_max = 7/8 of the SMs; decode's reference allocation: x*_moe the
+  tiles of its largest batch, q the fewest SMs with which that step meets 90% of the TPOT SLO;
 - vLLM-style continuous batching, 2,048 prompt tokens per GPU per step, at most 128 decoding
   requests per GPU; instances of 8 GPUs (a full bf16 copy of the model fits with room for KV);
 - ShareGPT rows (``embedded:sharegpt_lengths``, vLLM's benchmark filter: prompt <= 1,024,
