@@ -62,7 +62,7 @@ def test_overrides_reach_every_run(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
-    (["repro", "nosuchpaper"], "known reproductions: agent-xpu, areal-tik, autellix, fastserve"),
+    (["repro", "nosuchpaper"], "known reproductions: agent-xpu, areal-tik, autellix"),
     (["repro", "fastserve", "--quick", "--set", "seed"], "dotted.key=value"),
     (["run", "--set", "policy.batching.name=fastserve",
       "--set", "policy.batching.args.base_quantum_s=0"], "base_quantum_s must be > 0"),

@@ -1,0 +1,317 @@
+"""ExpertPlex: prefill and decode share one pool of expert (MoE) servers while attention is
+disaggregated per phase; adaptive persistent kernels (APK) switch the pool's SMs between the
+phases' expert work at GEMM tile boundaries. Against PD colocation and instance-level PD
+disaggregation, by goodput (the highest request rate at which 90% of requests meet both the
+TTFT and the TPOT SLO).
+
+What we know of the paper is a summary (``../shared/papers/moe.md`` section 4.3; PAPERS.md MoE
+section); the paper's text was not found by our search. Taken from it [paper]: the mechanism,
+the tile latency model x_moe = sum_{e: m_e>0} ceil(m_e/M_t), the SM re-allocation
+q' = min(Q_max, ceil_c(q * x_moe / x*_moe)), APK's measured cost (decode +8%, prefill 1.12x vs
+exclusive runs), the metric and the headlines (goodput 2.01x vs instance-level PD, 1.66x vs
+colocation). Our choices (the summary names MiniMax-M2.7 / GLM-5.1, which fleetsim's catalog
+lacks):
+- Qwen3-235B-A22B (catalog; 128 experts, top-8, 94 layers) in bf16 on HGX H200 nodes (8 GPUs
+  on NVLink, 50 GB/s network per GPU), 32 GPUs for every system (--quick: 16);
+- step times from fleetsim's measured H200 tables (dense part per GPU: ``perf``; expert GEMMs
+  from the MoE table priced in tiles, ``moe/tile_model.py``; all-to-alls:
+  ``moe/step_model.all_to_all_s``), the same for all three systems (``expertplex_cost.py``);
+- M_t = 64 (Hopper's wgmma instruction computes 64-row tiles), 132 SMs (H200 datasheet),
+  clusters of c = 2 SMs, Q_max = 7/8 of the SMs; decode's reference allocation: x*_moe the
+  tiles of its largest batch, q the fewest SMs with which that step meets 90% of the TPOT SLO;
+- vLLM-style continuous batching, 2,048 prompt tokens per GPU per step, at most 128 decoding
+  requests per GPU; instances of 8 GPUs (a full bf16 copy of the model fits with room for KV);
+- ShareGPT rows (``embedded:sharegpt_lengths``, vLLM's benchmark filter: prompt <= 1,024,
+  prompt + output <= 2,048), Poisson arrivals; SLOs TTFT <= 2 s and TPOT <= 100 ms, 90% of
+  requests meeting both (the paper's SLO values are not in our notes);
+- every system gets its best split of the budget (PD: prefill vs decode instances; ExpertPlex:
+  pool size and attention GPUs per phase), found by the same rate sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from fleetsim.errors import FleetsimInputError
+from fleetsim.hardware import get_gpu
+from fleetsim.models import get_model
+from fleetsim.moe.tile_model import ceil_to
+from fleetsim.repro.expertplex_cost import CostModel, SmPolicy
+from fleetsim.repro.expertplex_sim import Limits, SystemLayout, attainment, simulate
+from fleetsim.repro.frame import (
+    Comparison,
+    Loads,
+    Metric,
+    Paper,
+    ReproContext,
+    Reproduction,
+    RunFiles,
+    add,
+    better_ratio,
+    setup_from,
+)
+from fleetsim.workloads.loaders import read_column
+
+SYSTEMS = ("expertplex", "pd_instance", "pd_colocated")
+PAPER_VS = {"pd_instance": 2.01, "pd_colocated": 1.66}
+RATES_PER_GPU = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0)
+QUICK_RATES_PER_GPU = (1.0, 2.0, 4.0, 6.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertPlexSetup:
+    """What ``--set key=value`` may change (defaults: the module docstring's setting)."""
+
+    model: str = "qwen3-235b"
+    """A catalog MoE model (``fleetsim models``)."""
+    gpu_budget: int = 32
+    instance_gpus: int = 8
+    pool_sizes: tuple[int, ...] = (4, 8, 16)
+    attention_step: int = 8
+    """ExpertPlex's prefill attention GPUs are tried in steps of this many."""
+    duration_s: float = 30.0
+    """Seconds of Poisson arrivals per run (the requests: rate x duration)."""
+    ttft_slo_s: float = 2.0
+    tpot_slo_s: float = 0.1
+    target: float = 0.9
+    tile_m: int = 64
+    sm_cluster: int = 2
+    token_budget_per_gpu: int = 2048
+    max_decode_per_gpu: int = 128
+    nvlink_domain: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_budget", "instance_gpus", "attention_step", "tile_m",
+                     "sm_cluster", "token_budget_per_gpu", "max_decode_per_gpu",
+                     "nvlink_domain"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise FleetsimInputError(name, value, "must be an integer >= 1")
+        if self.gpu_budget % self.instance_gpus or self.gpu_budget < 2 * self.instance_gpus:
+            raise FleetsimInputError("gpu_budget", self.gpu_budget,
+                                     f"must be a multiple of instance_gpus "
+                                     f"({self.instance_gpus}), at least two instances")
+        if not self.pool_sizes or any(isinstance(p, bool) or not isinstance(p, int) or p < 1
+                                      for p in self.pool_sizes):
+            raise FleetsimInputError("pool_sizes", self.pool_sizes,
+                                     "give pool sizes in GPUs, e.g. [4, 8]")
+        for name in ("ttft_slo_s", "tpot_slo_s", "duration_s"):
+            if not getattr(self, name) > 0:
+                raise FleetsimInputError(name, getattr(self, name), "must be > 0 seconds")
+        if not 0 < self.target <= 1:
+            raise FleetsimInputError("target", self.target, "must be in (0, 1]")
+        if self.token_budget_per_gpu < 1024:
+            raise FleetsimInputError("token_budget_per_gpu", self.token_budget_per_gpu,
+                                     "must be >= 1024 (the longest ShareGPT prompt kept)")
+
+
+QUICK = {"gpu_budget": 16, "duration_s": 10.0, "pool_sizes": [8], "attention_step": 4}
+HBM_USE = 0.9
+"""Share of HBM weights may take (the rest: activations; KV on attention GPUs is extra)."""
+
+
+def layouts(setup: ExpertPlexSetup, cost: CostModel) -> dict[str, list[SystemLayout]]:
+    """Every system's candidate splits of the same GPU budget."""
+    n_inst = setup.gpu_budget // setup.instance_gpus
+    hbm = cost.gpu.hbm_bytes * HBM_USE
+    model_bytes = cost.model.num_params * cost.model.weight_dtype_bytes
+    if model_bytes > hbm * setup.instance_gpus:
+        raise FleetsimInputError("instance_gpus", setup.instance_gpus,
+                                 f"{model_bytes / 1e9:.0f} GB of weights do not fit; use more")
+    expert_bytes = cost.spec.expert_bytes * cost.spec.num_experts * cost.layers
+    out: dict[str, list[SystemLayout]] = {
+        "pd_colocated": [SystemLayout(kind="colocated",
+                                      prefill_gpus=(setup.instance_gpus,) * n_inst)],
+        "pd_instance": [SystemLayout(kind="pd", prefill_gpus=(setup.instance_gpus,) * p,
+                                     decode_gpus=(setup.instance_gpus,) * (n_inst - p))
+                        for p in range(1, n_inst)],
+        "expertplex": []}
+    bad = [p for p in setup.pool_sizes if cost.spec.num_experts % p]
+    if bad:
+        raise FleetsimInputError("pool_sizes", list(setup.pool_sizes),
+                                 f"pool sizes must divide the {cost.spec.num_experts} experts")
+    for pool in setup.pool_sizes:
+        if expert_bytes > hbm * pool:
+            continue  # the shared pool must hold one full copy of the experts
+        attn = setup.gpu_budget - pool
+        for a_p in range(setup.attention_step, attn, setup.attention_step):
+            out["expertplex"].append(SystemLayout(kind="expertplex", prefill_gpus=(a_p,),
+                                                  decode_gpus=(attn - a_p,), pool=pool))
+    if not out["expertplex"]:
+        raise FleetsimInputError("pool_sizes", setup.pool_sizes,
+                                 f"no pool holds the {expert_bytes / 1e9:.0f} GB of experts "
+                                 f"within the budget; use larger pools")
+    return out
+
+
+TPOT_HEADROOM = 0.9
+"""Decode's SMs are sized for a step of 90% of the TPOT SLO (our choice: room for the steps a
+prefill-heavy moment slows)."""
+
+
+def sm_policy(setup: ExpertPlexSetup, cost: CostModel, layout: SystemLayout,
+              mean_context: float) -> SmPolicy:
+    """Decode's reference allocation x*_moe -> q: the fewest SMs (whole clusters, at most
+    Q_max) with which a step of decode's largest batch, at the workload's mean context, meets
+    90% of the TPOT SLO; x*_moe is that batch's tile count. Online, q' scales with the tiles
+    of the batch decode actually runs (``reallocate_sms``)."""
+    q_max = min(ceil_to(cost.num_sms * 7 / 8, setup.sm_cluster), cost.num_sms)
+    if layout.kind != "expertplex":
+        return SmPolicy(q_ref=q_max, x_ref=1.0, q_max=q_max, cluster=setup.sm_cluster)
+    gpus = sum(layout.decode_gpus)
+    largest = setup.max_decode_per_gpu * gpus
+    kv = int(largest * mean_context)
+    span = layout.total_gpus
+    q_ref = q_max
+    for q in range(setup.sm_cluster, q_max + 1, setup.sm_cluster):
+        step, _ = cost.plex_decode_s(largest, kv, gpus, layout.pool, span, q)
+        if step <= TPOT_HEADROOM * setup.tpot_slo_s:
+            q_ref = q
+            break
+    return SmPolicy(q_ref=q_ref, x_ref=cost.tiles_per_gpu(largest, layout.pool), q_max=q_max,
+                    cluster=setup.sm_cluster)
+
+
+def workload(setup: ExpertPlexSetup, num_requests: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(unit-rate Poisson arrival times, prompts, outputs): the same requests for every system,
+    arrivals divided by the rate (a lower rate runs a prefix of the same sequence)."""
+    prompts = read_column("embedded:sharegpt_lengths", "num_prefill_tokens")
+    outputs = read_column("embedded:sharegpt_lengths", "num_decode_tokens")
+    keep = (prompts <= 1024) & (prompts + outputs <= 2048) & (prompts >= 1) & (outputs >= 1)
+    prompts, outputs = prompts[keep], outputs[keep]
+    rng = np.random.default_rng(setup.seed)
+    rows = rng.integers(0, len(prompts), size=num_requests)
+    gaps = rng.exponential(1.0, size=num_requests)
+    return np.cumsum(gaps), prompts[rows], outputs[rows]
+
+
+def goodput(rates: tuple[float, ...], scores: list[float], target: float) -> float:
+    """Highest rate meeting ``target``, interpolated to where the score crosses it after the
+    last passing rate (0 when even the lowest rate fails)."""
+    best = 0.0
+    for i, (rate, score) in enumerate(zip(rates, scores, strict=True)):
+        if score < target:
+            if i == 0:
+                return 0.0
+            lo, s_lo = rates[i - 1], scores[i - 1]
+            return lo + (rate - lo) * (s_lo - target) / (s_lo - score)
+        best = rate
+    return best
+
+
+class _Sweep:
+    def __init__(self, setup: ExpertPlexSetup, cost: CostModel, rates: tuple[float, ...]):
+        self.setup, self.cost, self.rates = setup, cost, rates
+        most = int(np.ceil(max(rates) * setup.gpu_budget * setup.duration_s))
+        self.unit, self.prompts, self.outputs = workload(setup, most)
+        # A decoding request's mean context: its prompt plus half its output.
+        self.mean_context = float(np.mean(self.prompts + self.outputs / 2))
+        self.limits = Limits(token_budget_per_gpu=setup.token_budget_per_gpu,
+                             max_decode_per_gpu=setup.max_decode_per_gpu)
+
+    def scores(self, layout: SystemLayout) -> list[tuple[float, dict[str, Any]]]:
+        """(SLO attainment, summary) per rate; after two failing rates the sweep stops (NaN:
+        not run, nothing claimed)."""
+        out: list[tuple[float, dict[str, Any]]] = []
+        policy = sm_policy(self.setup, self.cost, layout, self.mean_context)
+        fails = 0
+        for rate in self.rates:
+            if fails >= 2:
+                out.append((float("nan"), {"skipped": "two lower rates already missed the "
+                                                      "SLO target"}))
+                continue
+            total = rate * self.setup.gpu_budget
+            n = max(1, int(np.ceil(total * self.setup.duration_s)))
+            arrivals = self.unit[:n] / total
+            res = simulate(layout, self.cost, self.limits, policy, arrivals, self.prompts[:n],
+                           self.outputs[:n])
+            score = attainment(res, self.setup.ttft_slo_s, self.setup.tpot_slo_s)
+            fails += score < self.setup.target
+            out.append((score, {
+                "slo_attainment": score, "requests": n, "rate_req_s": total,
+                "ttft_p50_s": float(np.nanpercentile(res.ttft, 50)),
+                "ttft_p90_s": float(np.nanpercentile(res.ttft, 90)),
+                "tpot_p50_s": float(np.nanpercentile(res.tpot, 50)),
+                "tpot_p90_s": float(np.nanpercentile(res.tpot, 90))}))
+        return out
+
+
+def compare(ctx: ReproContext) -> Comparison:
+    setup = setup_from(ctx, ExpertPlexSetup, QUICK, "expertplex")
+    model = get_model(setup.model)
+    if not model.is_moe:
+        raise FleetsimInputError("model", setup.model, "must be an MoE model (fleetsim models)")
+    cost = CostModel(model, get_gpu("H200"), setup.tile_m,
+                     nvlink_domain=setup.nvlink_domain)
+    rates = QUICK_RATES_PER_GPU if ctx.quick else RATES_PER_GPU
+    sweep = _Sweep(setup, cost, rates)
+    results: dict[str, dict[str, float | None]] = {}
+    headline: dict[str, float | None] = {}
+    notes: list[str] = []
+    for system, candidates in layouts(setup, cost).items():
+        best: tuple[float, SystemLayout, list[tuple[float, dict[str, Any]]]] | None = None
+        tried = []
+        for layout in candidates:
+            if ctx.progress is not None:
+                ctx.progress(f"{system} {layout.label}")
+            runs = sweep.scores(layout)
+            gp = goodput(rates, [score for score, _ in runs], setup.target)
+            tried.append(f"{layout.label} {gp:.2f}")
+            if best is None or gp > best[0]:
+                best = (gp, layout, runs)
+        assert best is not None
+        gp, layout, runs = best
+        headline[system] = gp * setup.gpu_budget
+        results[system] = {}
+        for rate, (score, summary) in zip(rates, runs, strict=True):
+            label = f"{rate:g}"
+            results[system][label] = None if np.isnan(score) else score
+            ctx.runs[(system, label)] = RunFiles(
+                {"layout": layout.label, **summary},
+                {"system": system, "rate_req_s_per_gpu": rate,
+                 "prefill_gpus": list(layout.prefill_gpus),
+                 "decode_gpus": list(layout.decode_gpus), "pool": layout.pool,
+                 **asdict(setup)})
+        top = " (at least: the sweep's top rate met the SLOs)" if gp >= rates[-1] else ""
+        notes.append(f"{system}: best split {layout.label} ({layout.total_gpus} GPUs), goodput "
+                     f"{gp * setup.gpu_budget:.1f} req/s{top}; req/s per GPU of every split "
+                     f"tried: {'; '.join(tried)}")
+    ratio = better_ratio(headline["expertplex"], headline["pd_instance"], "higher")
+    for base, paper in PAPER_VS.items():
+        r = better_ratio(headline["expertplex"], headline[base], "higher")
+        notes.insert(0, f"goodput expertplex / {base}: "
+                        f"{'n/a' if r is None else f'{r:.2f}x'} (paper {paper:.2f}x)")
+    for pool in setup.pool_sizes:
+        lat = cost.tile_latency(pool)
+        notes.append(f"tile model on a pool of {pool}: {lat.fixed_s * 1e6:.0f} us + "
+                     f"{lat.per_tile_s * 1e6:.2f} us per tile, largest error on the measured "
+                     f"table's calibration points {lat.fit_error:.1%}")
+    return Comparison(results=results, ratio=ratio, headline=headline, notes=notes)
+
+
+EXPERTPLEX = add(Reproduction(
+    key="expertplex",
+    paper=Paper(title="ExpertPlex: MoE serving with prefill and decode sharing one expert pool "
+                      "through adaptive persistent kernels", id="moe.md section 4.3 (summary)"),
+    claim="Goodput up to 2.01x over instance-level PD disaggregation and 1.66x over PD "
+          "colocation; APK costs decode +8% and prefill 1.12x vs exclusive runs.",
+    setup="Qwen3-235B-A22B bf16 on HGX H200 (8 GPUs per NVLink node), 32 GPUs per system "
+          "(--quick: 16); ShareGPT rows, Poisson arrivals, 0.1-1.0 req/s per GPU (--quick: "
+          "0.2-0.8); SLOs TTFT 2 s and TPOT 100 ms for 90% of requests; each system at its "
+          "best split of the budget",
+    system="expertplex",
+    baselines=("pd_instance", "pd_colocated"),
+    baseline="pd_instance",
+    metric=Metric(name="SLO attainment", unit="fraction", direction="higher"),
+    ratio_definition="expertplex / pd_instance goodput (req/s at 90% SLO attainment)",
+    paper_ratio=2.01,
+    loads=Loads(name="request rate", unit="req/s per GPU", values=RATES_PER_GPU,
+                quick_values=QUICK_RATES_PER_GPU),
+    compare=compare,
+    headline_metric=Metric(name="goodput", unit="req/s", direction="higher"),
+))

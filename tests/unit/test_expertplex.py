@@ -1,0 +1,186 @@
+"""ExpertPlex's mechanisms on hand-made cases (tile model, SM re-allocation, the shared pool, the
+APK overheads), the same GPU budget for every system, determinism, and ``fleetsim repro
+expertplex``'s bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fleetsim.cli import main
+from fleetsim.hardware import get_gpu
+from fleetsim.models import get_model
+from fleetsim.moe.tile_model import (
+    TileLatency,
+    ceil_to,
+    expected_tiles_per_expert,
+    reallocate_sms,
+    tiles,
+)
+from fleetsim.repro.expertplex import ExpertPlexSetup, _Sweep, goodput, layouts, sm_policy
+from fleetsim.repro.expertplex_cost import (
+    APK_DECODE_SLOWDOWN,
+    APK_PREFILL_SLOWDOWN,
+    CostModel,
+    SmPolicy,
+)
+from fleetsim.repro.expertplex_sim import Limits, SystemLayout, simulate
+
+
+@pytest.fixture(scope="module")
+def cost() -> CostModel:
+    return CostModel(get_model("qwen3-235b"), get_gpu("H200"), 64)
+
+
+@pytest.mark.parametrize(("counts", "tile", "want"), [
+    ([0, 1, 64, 65, 128], 64, 0 + 1 + 1 + 2 + 2),  # empty experts run no tile
+    ([200], 64, 4), ([3, 3, 3], 1, 9), ([0, 0], 64, 0)])
+def test_tile_count_is_the_papers_formula(counts, tile, want):
+    assert tiles(counts, tile) == want
+
+
+def test_expected_tiles_of_poisson_load():
+    # mean far below a tile: E[ceil(X/M)] = P(X > 0) = 1 - e^-mean
+    assert expected_tiles_per_expert(0.5, 64) == pytest.approx(1 - math.exp(-0.5), rel=1e-9)
+    # large mean: close to mean / M + 1/2 on average (a partly filled last tile)
+    assert expected_tiles_per_expert(6400.0, 64) == pytest.approx(100.5, abs=0.1)
+    assert expected_tiles_per_expert(0.0, 64) == 0.0
+
+
+@pytest.mark.parametrize(("q", "x", "x_ref", "want"), [
+    (66, 10, 10, 66),  # at the reference load: the reference share
+    (66, 5, 10, 34),  # half the tiles: 33 SMs, rounded up to whole 2-SM clusters
+    (66, 40, 10, 116),  # capped at Q_max
+    (66, 0.01, 10, 2),  # never below one cluster
+])
+def test_sm_reallocation(q, x, x_ref, want):
+    assert reallocate_sms(q, x, x_ref, q_max=116, cluster=2) == want
+
+
+def test_ceil_to_cluster():
+    assert [ceil_to(v, 4) for v in (1, 4, 4.0001, 8)] == [4, 4, 8, 8]
+
+
+class _Linear:
+    """A made-up measured table: 100 us + 1 us per routed token on each expert."""
+
+    def gpu_time_s(self, tokens_by_slot):
+        return 100e-6 + 1e-6 * np.asarray(tokens_by_slot).sum(-1)
+
+
+def test_tile_latency_fits_a_linear_table_exactly_and_scales_with_sms():
+    lat = TileLatency.fit(_Linear(), experts_per_gpu=16, tile_m=64, num_sms=132)
+    assert lat.fixed_s == pytest.approx(100e-6) and lat.per_tile_s == pytest.approx(64e-6)
+    assert lat.fit_error < 1e-9
+    assert lat.seconds(10) == pytest.approx(100e-6 + 640e-6)
+    assert lat.seconds(10, 66) == pytest.approx(100e-6 + 2 * 640e-6)  # half the SMs
+    assert lat.seconds(0) == 0.0
+
+
+def test_fewer_sms_on_the_shared_pool_slow_a_phase(cost):
+    full = cost.plex_decode_s(256, 256 * 500, 8, 8, 24, cost.num_sms)[1]
+    half = cost.plex_decode_s(256, 256 * 500, 8, 8, 24, cost.num_sms // 2)[1]
+    lat = cost.tile_latency(8)
+    x = cost.tiles_per_gpu(256, 8)
+    assert half - full == pytest.approx(cost.layers * lat.per_tile_s * x * APK_DECODE_SLOWDOWN)
+
+
+def test_apk_overheads_are_applied_to_expert_gemms(cost):
+    lat = cost.tile_latency(8)
+    _, expert = cost.plex_decode_s(256, 0, 8, 8, 24, cost.num_sms)
+    assert expert == pytest.approx(cost.layers * cost.expert_s(256, 8) * 1.08)
+    assert APK_DECODE_SLOWDOWN == 1.08 and APK_PREFILL_SLOWDOWN == 1.12
+    chunks = [1000] * 4
+    plain = cost.dense_s(chunks, 0, 0, 8) + cost.layers * (
+        cost.a2a_s(4000, 8, 24) + cost.expert_s(4000, 8))
+    plex = cost.plex_prefill_s(chunks, 8, 8, 24, cost.num_sms)
+    extra = cost.layers * (lat.fixed_s + lat.per_tile_s * cost.tiles_per_gpu(4000, 8)) * 0.12
+    assert plex - plain == pytest.approx(extra)
+
+
+def test_every_system_gets_the_same_gpu_budget(cost):
+    setup = ExpertPlexSetup()
+    found = layouts(setup, cost)
+    assert set(found) == {"expertplex", "pd_instance", "pd_colocated"}
+    for candidates in found.values():
+        assert candidates and all(c.total_gpus == setup.gpu_budget for c in candidates)
+    # ExpertPlex holds one copy of the experts: pools of 4, 8 and 16 GPUs all hold 454 GB
+    assert {c.pool for c in found["expertplex"]} == {4, 8, 16}
+
+
+def _requests(n: int, rate: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return (np.cumsum(rng.exponential(1 / rate, n)), rng.integers(100, 900, n),
+            rng.integers(20, 200, n))
+
+
+def test_shared_pool_couples_the_phases(cost):
+    """Decode steps run slower while prefill uses the pool: decode alone vs with prompts."""
+    layout = SystemLayout(kind="expertplex", prefill_gpus=(4,), decode_gpus=(4,), pool=8)
+    limits = Limits(token_budget_per_gpu=2048, max_decode_per_gpu=128)
+    policy = SmPolicy(q_ref=66, x_ref=cost.tiles_per_gpu(512, 8), q_max=116, cluster=2)
+    arrivals, prompts, outputs = _requests(200, 20.0)
+    busy = simulate(layout, cost, limits, policy, arrivals, prompts, outputs)
+    # the same requests spread 100x apart never overlap: decode has the pool to itself
+    alone = simulate(layout, cost, limits, policy, arrivals * 100, prompts, outputs)
+    assert np.nanmedian(busy.tpot) > np.nanmedian(alone.tpot)
+    assert np.all(np.isfinite(busy.ttft)) and np.all(busy.ttft > 0)
+
+
+def test_colocation_interferes_and_pd_does_not(cost):
+    limits = Limits(token_budget_per_gpu=2048, max_decode_per_gpu=128)
+    policy = SmPolicy(q_ref=116, x_ref=1.0, q_max=116, cluster=2)
+    arrivals, prompts, outputs = _requests(300, 30.0)
+    coloc = simulate(SystemLayout(kind="colocated", prefill_gpus=(8, 8)), cost, limits, policy,
+                     arrivals, prompts, outputs)
+    pd = simulate(SystemLayout(kind="pd", prefill_gpus=(8,), decode_gpus=(8,)), cost, limits,
+                  policy, arrivals, prompts, outputs)
+    # colocated decode steps carry prompts: a slower tail of TPOT than PD's decode-only steps
+    assert np.nanpercentile(coloc.tpot, 99) > np.nanpercentile(pd.tpot, 99)
+
+
+def test_decode_sm_reference_meets_the_tpot_slo(cost):
+    setup = ExpertPlexSetup()
+    layout = SystemLayout(kind="expertplex", prefill_gpus=(8,), decode_gpus=(16,), pool=8)
+    policy = sm_policy(setup, cost, layout, 600.0)
+    largest = setup.max_decode_per_gpu * 16
+    step, _ = cost.plex_decode_s(largest, largest * 600, 16, 8, 32, policy.q_ref)
+    assert step <= 0.9 * setup.tpot_slo_s or policy.q_ref == policy.q_max
+    if policy.q_ref > policy.cluster:
+        slower, _ = cost.plex_decode_s(largest, largest * 600, 16, 8, 32,
+                                       policy.q_ref - policy.cluster)
+        assert slower > 0.9 * setup.tpot_slo_s  # the fewest SMs that do
+
+
+@pytest.mark.parametrize(("scores", "want"), [
+    ([1.0, 0.95, 0.85, 0.5], 2.5),  # crosses 0.9 halfway between rates 2 and 3
+    ([1.0, 1.0, 1.0, 1.0], 4.0),  # never fails: the top rate (a lower bound)
+    ([0.5, 1.0, 1.0, 1.0], 0.0),
+])
+def test_goodput_interpolates_the_crossing(scores, want):
+    assert goodput((1.0, 2.0, 3.0, 4.0), scores, 0.9) == pytest.approx(want)
+
+
+def test_same_seed_same_result(cost):
+    setup = ExpertPlexSetup(gpu_budget=16, duration_s=5.0)
+    layout = SystemLayout(kind="expertplex", prefill_gpus=(4,), decode_gpus=(4,), pool=8)
+    a = _Sweep(setup, cost, (2.0, 4.0)).scores(layout)
+    b = _Sweep(setup, cost, (2.0, 4.0)).scores(layout)
+    assert a == b
+
+
+@pytest.mark.parametrize(("setting", "needle"), [
+    ("gpu_budget=12", "gpu_budget: got 12"),
+    ("pool_sizes=[3]", "pool_sizes: got"),
+    ("pool_sizes=[2]", "no pool holds"),
+    ("tpot_slo_s=0", "tpot_slo_s: got 0"),
+    ("target=1.5", "target: got 1.5"),
+    ("nosuchkey=1", "nosuchkey"),
+    ("model=llama-3.1-8b", "must be an MoE model"),
+])
+def test_bad_input_is_one_line_and_exit_2(setting, needle, capsys):
+    assert main(["repro", "expertplex", "--quick", "--set", setting]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
