@@ -118,6 +118,9 @@ class AgenticRolloutConfig:
             raise ValueError(f"resource_manager needs placement heddle (its DP assigns the "
                              f"trajectories to the workers), got placement "
                              f"{self.placement!r}")
+        if self.tp < 1 or self.num_gpus < self.tp or self.num_gpus % self.tp:
+            raise ValueError(f"num_gpus must be a positive multiple of tp, got num_gpus "
+                             f"{self.num_gpus} and tp {self.tp}")
         if self.resource_manager and self.tp not in TP_CHOICES:
             raise ValueError(f"tp must be one of {list(TP_CHOICES)} with resource_manager "
                              f"(the annealing starts from every worker at tp), got {self.tp}")
@@ -126,9 +129,6 @@ class AgenticRolloutConfig:
                              f"within a node), got {list(self.tp_choices)}")
         if self.anneal_steps < 0:
             raise ValueError(f"anneal_steps must be >= 0, got {self.anneal_steps}")
-        if self.tp < 1 or self.num_gpus < self.tp or self.num_gpus % self.tp:
-            raise ValueError(f"num_gpus must be a positive multiple of tp, got num_gpus "
-                             f"{self.num_gpus} and tp {self.tp}")
 
 
 def agentic_config_from_dict(data: dict[str, Any], where: str = "rollout"
