@@ -14,7 +14,8 @@ recurrence and the migration rule are our reconstruction [R]):
 - baselines, all FCFS with homogeneous MP [S]: slime (per-step least-load routing), verl
   (sticky: a trajectory's steps follow its first, least-loaded worker), verl* (sticky until
   the worker's load passes 1.5x the mean: our threshold, the paper's is not in our notes);
-- Qwen3-8B, 14B and 32B (the paper's) at TP 1, 2 and 4 (our choice: homogeneous MP) on H100
+- Qwen3-8B, 14B and 32B (the paper's) at TP 1, 2 and 4 (our choice: the baselines'
+  homogeneous MP and the resource manager's start) on H100
   (the paper: Hopper GPUs); 16 GPUs and 128 prompts x 16 samples per batch (the paper: 64
   GPUs; 16 samples per prompt [S]; DAPO's 512 prompts x 16 per step, scaled with the GPUs so
   each GPU holds the same 128 trajectories); --quick: Qwen3-8B on 4 GPUs, 16 prompts;
@@ -241,8 +242,9 @@ HEDDLE = add(Reproduction(
     claim="Up to 2.5x higher end-to-end rollout throughput than slime, verl and verl* "
           "(1.4-2.3x vs verl, 1.1-2.4x vs verl*, 1.2-2.5x vs slime); the gain grows with model "
           "size.",
-    setup=f"Qwen3-8B/14B/32B at TP 1/2/4 on {NUM_GPUS} H100 ({QUICK_GPUS} and 8B only with "
-          f"--quick), GRPO batch of {PROMPTS} prompts x {SAMPLES_PER_PROMPT} multi-turn tool "
+    setup=f"Qwen3-8B/14B/32B on {NUM_GPUS} H100 ({QUICK_GPUS} and 8B only with --quick): "
+          f"baselines at TP 1/2/4, Heddle on workers of TP 1/2/4/8 that its resource manager "
+          f"splits the same GPUs into; GRPO batch of {PROMPTS} prompts x {SAMPLES_PER_PROMPT} multi-turn tool "
           f"trajectories ({QUICK_PROMPTS} prompts with --quick): turns from PolyTrace "
           f"Search-R1, turn lengths from PolyTrace DAPO groups scaled to a 40K cap, tools "
           f"0.4-1.4 s; predictor correlation 0.6/0.8/0.97 after 0/1/2 steps",
