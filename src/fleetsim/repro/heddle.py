@@ -244,10 +244,11 @@ HEDDLE = add(Reproduction(
           "size.",
     setup=f"Qwen3-8B/14B/32B on {NUM_GPUS} H100 ({QUICK_GPUS} and 8B only with --quick): "
           f"baselines at TP 1/2/4, Heddle on workers of TP 1/2/4/8 that its resource manager "
-          f"splits the same GPUs into; GRPO batch of {PROMPTS} prompts x {SAMPLES_PER_PROMPT} multi-turn tool "
-          f"trajectories ({QUICK_PROMPTS} prompts with --quick): turns from PolyTrace "
-          f"Search-R1, turn lengths from PolyTrace DAPO groups scaled to a 40K cap, tools "
-          f"0.4-1.4 s; predictor correlation 0.6/0.8/0.97 after 0/1/2 steps",
+          f"splits the same GPUs into; GRPO batch of {PROMPTS} prompts x "
+          f"{SAMPLES_PER_PROMPT} multi-turn tool trajectories ({QUICK_PROMPTS} prompts with "
+          f"--quick): turns from PolyTrace Search-R1, turn lengths from PolyTrace DAPO "
+          f"groups scaled to a 40K cap, tools 0.4-1.4 s; predictor correlation 0.6/0.8/0.97 "
+          f"after 0/1/2 steps",
     system="heddle",
     baselines=("verl", "verl-star", "slime", *MP_ABLATIONS, *ABLATIONS),
     baseline="verl",
