@@ -96,7 +96,9 @@ PAPER_RANGES = {"verl": (1.4, 2.3), "verl-star": (1.1, 2.4), "slime": (1.2, 2.5)
 
 def rollout(model: str, tp: int, gpus: int, prompts: int, system: System) -> dict[str, Any]:
     scheduling, placement, migration, manager, fixed_tp = system
-    return {"model": model, "tp": fixed_tp or tp, "num_gpus": gpus, "gpu": "h100-sxm",
+    # Fix-8 on a budget under 8 GPUs (--quick's 4): the largest TP the budget holds.
+    return {"model": model, "tp": min(fixed_tp, gpus) if fixed_tp else tp, "num_gpus": gpus,
+            "gpu": "h100-sxm",
             "scheduling": scheduling, "placement": placement, "migration": migration,
             "resource_manager": manager,
             "trajectories": {"num_prompts": prompts, "samples_per_prompt": SAMPLES_PER_PROMPT},
@@ -131,7 +133,7 @@ def compare(ctx: ReproContext) -> Comparison:
         # The first two mechanisms' ablations run on the first (smallest) model only: they
         # explain those mechanisms, and a 32B run costs as much as three of the 8B.
         for policy, system in (policies if k == 0 else every_model).items():
-            if system[4] is not None and not _fits(model, system[4], gpus):
+            if system[4] is not None and not _fits(model, min(system[4], gpus), gpus):
                 continue
             data = rollout(model, tp, gpus, prompts, system)
             same = next((p for p in policies if (p, label) in summaries
