@@ -17,8 +17,22 @@ from fleetsim.cli import main
 from fleetsim.config import EngineConfig
 from fleetsim.policies.trajectories import StickySkew, TrajectoryPlan
 from fleetsim.rl.agentic_rollout import AgenticRolloutConfig, run_agentic_rollout
+from fleetsim.rl.resource_manager import (
+    NODE_GPUS,
+    SplitScorer,
+    WorkerKind,
+    allocate,
+    check_split,
+    gpu_ids,
+    neighbours,
+)
 from fleetsim.rl.trajectories import TrajectoryArgs, sample_batch
-from fleetsim.rl.trajectory_placement import Placement, dp_group_sizes, group_cost
+from fleetsim.rl.trajectory_placement import (
+    Placement,
+    dp_group_sizes,
+    dp_group_sizes_per_worker,
+    group_cost,
+)
 from fleetsim.rl.trajectory_predictor import (
     PredictorConfig,
     TrajectoryPredictor,
@@ -256,6 +270,146 @@ def test_kv_install_caches_a_leading_run_within_free_blocks():
     ("trajectories.turn_shares=[0.5]", "turn_shares"),
 ])
 def test_bad_input_is_one_line_and_exit_2(override, needle, capsys, tmp_path):
+    assert main(["repro", "heddle", "--quick", "--set", override,
+                 "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+# ---- the trajectory-adaptive resource manager (per-worker TP) ----------------------------
+
+def _kinds():
+    """Worker kinds where a higher TP decodes faster per token but holds fewer workers."""
+    return {tp: WorkerKind(tp, (lambda b, tp=tp: (1.0 + 0.05 * (b - 1)) / tp ** 0.7), 64)
+            for tp in (1, 2, 4, 8)}
+
+
+def _tail(n, seed):
+    rng = np.random.default_rng(seed)
+    return sorted((float(x) for x in rng.lognormal(7.5, 0.8, n)), reverse=True)
+
+
+def test_annealing_never_worse_than_its_start_and_deterministic():
+    """From the sorted assignment at every fixed TP, over seeds: the split returned is never
+    scored worse than the start, is a valid split of the budget, and the same seed returns the
+    same split."""
+    lengths = _tail(200, 3)
+    kinds = _kinds()
+    for start_tp in (1, 2, 4, 8):
+        for seed in range(4):
+            a = allocate(lengths, kinds, 16, start_tp, np.random.default_rng(seed), 60)
+            assert a.start == (start_tp,) * (16 // start_tp)
+            assert a.cost_s <= a.start_cost_s
+            scorer = SplitScorer(lengths, kinds)
+            assert math.isclose(scorer(a.split), a.cost_s)
+            assert math.isclose(scorer(a.start), a.start_cost_s)
+            check_split(a.split, 16, (1, 2, 4, 8))
+            b = allocate(lengths, kinds, 16, start_tp, np.random.default_rng(seed), 60)
+            assert a == b
+    # A long tail makes a high-TP worker worth it here; zero steps return the start.
+    a = allocate(lengths, kinds, 16, 1, np.random.default_rng(0), 200)
+    assert a.cost_s < a.start_cost_s and max(a.split) > 1
+    z = allocate(lengths, kinds, 16, 1, np.random.default_rng(0), 0)
+    assert z.split == z.start and z.cost_s == z.start_cost_s
+
+
+def test_every_gpu_used_once_and_workers_stay_in_a_node():
+    """Every split the search can reach uses each GPU of the budget exactly once, and no
+    worker spans two nodes."""
+    seen, frontier = set(), [(1,) * 16]
+    while frontier:
+        split = frontier.pop()
+        if split in seen:
+            continue
+        seen.add(split)
+        frontier.extend(neighbours(split, (1, 2, 4, 8)))
+    assert (8, 8) in seen and (1,) * 16 in seen and (8, 4, 2, 1, 1) in seen
+    for split in seen:
+        check_split(split, 16, (1, 2, 4, 8))
+        ids = gpu_ids(split)
+        assert sorted(g for w in ids for g in w) == list(range(16))
+        assert all(len({g // NODE_GPUS for g in w}) == 1 for w in ids)
+    with pytest.raises(ValueError, match="uses 15 GPUs"):
+        check_split((8, 4, 2, 1), 16, (1, 2, 4, 8))
+
+
+def test_groups_go_to_workers_in_length_order():
+    """On a heterogeneous split, every trajectory on a higher-TP worker is predicted at least
+    as long as every one on a lower-TP worker, and the DP is optimal over contiguous
+    groupings with each worker's own cost."""
+    kinds = _kinds()
+    split = (8, 4, 2, 1, 1)
+    predicted = [float(x) for x in np.random.default_rng(5).permutation(_tail(60, 5))]
+    workers = [(kinds[tp].per_token_s, kinds[tp].max_live) for tp in split]
+    p = Placement(predicted, len(split), workers[0][0], workers[0][1], workers=workers)
+    for hi in range(len(split)):
+        for lo in range(len(split)):
+            if split[hi] > split[lo]:
+                on_hi = [predicted[x] for x in range(60) if p.worker_of[x] == hi]
+                on_lo = [predicted[x] for x in range(60) if p.worker_of[x] == lo]
+                if on_hi and on_lo:
+                    assert min(on_hi) >= max(on_lo)
+    rng = random.Random(11)
+    for _ in range(60):
+        n = rng.randint(1, 6)
+        ws = [workers[k] for k in sorted(rng.sample(range(5), rng.randint(1, 3)))]
+        lengths = sorted((rng.randint(1, 60) for _ in range(n)), reverse=True)
+        sizes, cost = dp_group_sizes_per_worker(lengths, ws)
+        assert sum(sizes) == n
+
+        def worst(sz, ws=ws, lengths=lengths):
+            start, out = 0, 0.0
+            for (t, live), size in zip(ws, sz, strict=True):
+                out = max(out, group_cost(lengths[start:start + size], t, live))
+                start += size
+            return out
+        assert math.isclose(worst(sizes), cost)
+        assert math.isclose(min(worst(s) for s in _contiguous(n, len(ws))), cost)
+
+
+def _four(**kw) -> AgenticRolloutConfig:
+    return replace(AgenticRolloutConfig(num_gpus=4, trajectories=TrajectoryArgs(
+        num_prompts=4, samples_per_prompt=16)), **kw)
+
+
+def test_without_the_resource_manager_the_rollout_is_unchanged():
+    """The fixed-MP path gives the figures it gave before the resource manager existed
+    (recorded from the previous version of this entry, 4 prompts x 16 on 4 GPUs)."""
+    heddle = run_agentic_rollout(_four(placement="heddle", scheduling="progressive_priority",
+                                       migration=True)).summary
+    verl = run_agentic_rollout(_four(placement="sticky")).summary
+    assert heddle["rollout_s"] == pytest.approx(83.5616134032929, rel=1e-12)
+    assert verl["rollout_s"] == pytest.approx(83.25470226793337, rel=1e-12)
+    assert "resource_manager" not in heddle
+
+
+def test_resource_manager_rollout_runs_its_split():
+    """With the manager on: the pools are its split (highest TP first), every GPU of the
+    budget used, the longest-predicted group on the highest-TP worker, the same seed the same
+    rollout."""
+    cfg = _four(placement="heddle", scheduling="progressive_priority", migration=True,
+                resource_manager=True)
+    a = run_agentic_rollout(cfg)
+    s = a.summary
+    rm = s["resource_manager"]
+    assert rm["cost_s"] <= rm["start_cost_s"] and sum(rm["split"]) == 4
+    assert sum(p["tp"] * p["num_replicas"] for p in s["pools"]) == 4
+    assert [p["tp"] for p in s["pools"]] == sorted({*rm["split"]}, reverse=True)
+    plans = a.driver.predicted_by_step
+    first = [plans[x][0] for x in range(len(plans))]
+    longest = max(range(len(first)), key=lambda x: first[x])
+    assert a.driver.plans[longest].worker == 0  # worker 0: the highest TP's first replica
+    assert a.driver.worker_of_last[longest] == 0  # and it ran there (nothing longer to join)
+    assert s["rollout_s"] >= s["critical_path_s"] > 0
+    assert run_agentic_rollout(cfg).summary == s
+
+
+@pytest.mark.parametrize(("override", "needle"), [
+    ("tp_choices=[3]", "tp_choices must be some of [1, 2, 4, 8]"),
+    ("anneal_steps=-1", "anneal_steps must be >= 0"),
+    ("placement=\"sticky\"", "needs placement heddle"),
+])
+def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_path):
     assert main(["repro", "heddle", "--quick", "--set", override,
                  "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()

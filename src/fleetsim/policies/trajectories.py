@@ -141,10 +141,18 @@ class TrajectoryPlanRouter:
         if traj is None or traj[1] is None or traj[1].worker is None:
             return least_requests(view)
         w = traj[1].worker
-        if not 0 <= w < len(view.replicas):
+        reps = view.replicas
+        if 0 <= w < len(reps) and reps[w].replica_id == w:
+            return w
+        # The cluster hides replicas too small to hold a step alone (a low-TP worker of
+        # heterogeneous pools, a long context): the view's index is not the worker's id.
+        for i, r in enumerate(reps):
+            if r.replica_id == w:
+                return i
+        if w < 0:
             raise ValueError(f"trajectory_plan: worker {w} of trajectory {traj[0]} is not a "
-                             f"replica (0 to {len(view.replicas) - 1})")
-        return w
+                             f"replica (0 to {len(reps) - 1})")
+        return least_requests(view)  # its worker cannot hold this step: the least loaded
 
 
 Key = tuple[float, ...]

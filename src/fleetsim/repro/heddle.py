@@ -6,12 +6,16 @@ was not readable, so the mechanisms come from its abstract and secondary notes [
 recurrence and the migration rule are our reconstruction [R]):
 - Heddle: progressive priority (the trajectory predicted longest first, refined after every
   step, preemptive), presorted-DP placement, migration of a mispredicted trajectory's KV in
-  its tool wait (``fleetsim.rl.agentic_rollout``); per-worker model parallelism is not built
-  (every system runs homogeneous MP, as the paper's baselines do);
+  its tool wait (``fleetsim.rl.agentic_rollout``), and the trajectory-adaptive resource
+  manager: the same 16 GPUs split into workers of TP 1/2/4/8 by simulated annealing from the
+  homogeneous split, scored by the placement DP (``fleetsim.rl.resource_manager``); the
+  baselines run homogeneous MP, as the paper's do; ablations: Heddle at fixed MP (the
+  entry's TP, Fix-1, Fix-8: the paper's fixed-MP ablation);
 - baselines, all FCFS with homogeneous MP [S]: slime (per-step least-load routing), verl
   (sticky: a trajectory's steps follow its first, least-loaded worker), verl* (sticky until
   the worker's load passes 1.5x the mean: our threshold, the paper's is not in our notes);
-- Qwen3-8B, 14B and 32B (the paper's) at TP 1, 2 and 4 (our choice: homogeneous MP) on H100
+- Qwen3-8B, 14B and 32B (the paper's) at TP 1, 2 and 4 (our choice: the baselines'
+  homogeneous MP and the resource manager's start) on H100
   (the paper: Hopper GPUs); 16 GPUs and 128 prompts x 16 samples per batch (the paper: 64
   GPUs; 16 samples per prompt [S]; DAPO's 512 prompts x 16 per step, scaled with the GPUs so
   each GPU holds the same 128 trajectories); --quick: Qwen3-8B on 4 GPUs, 16 prompts;
@@ -32,7 +36,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetsim.config import EngineConfig
 from fleetsim.configutil import apply_overrides
+from fleetsim.errors import FleetsimInputError
+from fleetsim.hardware import get_gpu
+from fleetsim.models import get_model
+from fleetsim.perf.memory import kv_capacity_blocks
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
@@ -59,26 +68,39 @@ NUM_GPUS, QUICK_GPUS = 16, 4
 PROMPTS, QUICK_PROMPTS = 128, 16
 SAMPLES_PER_PROMPT = 16  # Heddle: GRPO with 16 samples per prompt [S]
 
-# policy -> its system: (scheduling, placement, migration)
-SYSTEMS: dict[str, tuple[str, str, bool]] = {
-    "heddle": ("progressive_priority", "heddle", True),
-    "verl": ("fcfs", "sticky", False),
-    "verl-star": ("fcfs", "sticky_skew", False),  # the paper's verl*
-    "slime": ("fcfs", "least_requests", False),
+# policy -> its system: (scheduling, placement, migration, resource manager, TP or None for
+# the model's TP in MODELS)
+System = tuple[str, str, bool, bool, int | None]
+SYSTEMS: dict[str, System] = {
+    "heddle": ("progressive_priority", "heddle", True, True, None),
+    "verl": ("fcfs", "sticky", False, False, None),
+    "verl-star": ("fcfs", "sticky_skew", False, False, None),  # the paper's verl*
+    "slime": ("fcfs", "least_requests", False, False, None),
 }
-ABLATIONS: dict[str, tuple[str, str, bool]] = {
-    "heddle-no-migration": ("progressive_priority", "heddle", False),
-    "heddle-placement-only": ("fcfs", "heddle", False),
-    "verl-priority": ("progressive_priority", "sticky", False),
+# Heddle without its resource manager, at fixed MP: the model's TP (the entry before the
+# resource manager), and the paper's Fix-1 and Fix-8; run on every model (where it fits).
+MP_ABLATIONS: dict[str, System] = {
+    "heddle-fixed-mp": ("progressive_priority", "heddle", True, False, None),
+    "heddle-fix-1": ("progressive_priority", "heddle", True, False, 1),
+    "heddle-fix-8": ("progressive_priority", "heddle", True, False, 8),
 }
+# The first two mechanisms' ablations, at the model's fixed TP, on the first model only.
+ABLATIONS: dict[str, System] = {
+    "heddle-no-migration": ("progressive_priority", "heddle", False, False, None),
+    "heddle-placement-only": ("fcfs", "heddle", False, False, None),
+    "verl-priority": ("progressive_priority", "sticky", False, False, None),
+}
+RESOURCE_MANAGER_S = 5.0  # the paper's resource manager time, "runs periodically" [S]
 PAPER_RANGES = {"verl": (1.4, 2.3), "verl-star": (1.1, 2.4), "slime": (1.2, 2.5)}  # [S]
 
 
-def rollout(model: str, tp: int, gpus: int, prompts: int,
-            system: tuple[str, str, bool]) -> dict[str, Any]:
-    scheduling, placement, migration = system
-    return {"model": model, "tp": tp, "num_gpus": gpus, "gpu": "h100-sxm",
+def rollout(model: str, tp: int, gpus: int, prompts: int, system: System) -> dict[str, Any]:
+    scheduling, placement, migration, manager, fixed_tp = system
+    # Fix-8 on a budget under 8 GPUs (--quick's 4): the largest TP the budget holds.
+    return {"model": model, "tp": min(fixed_tp, gpus) if fixed_tp else tp, "num_gpus": gpus,
+            "gpu": "h100-sxm",
             "scheduling": scheduling, "placement": placement, "migration": migration,
+            "resource_manager": manager,
             "trajectories": {"num_prompts": prompts, "samples_per_prompt": SAMPLES_PER_PROMPT},
             "seed": 0}
 
@@ -99,17 +121,28 @@ def compare(ctx: ReproContext) -> Comparison:
     models = QUICK_MODELS if ctx.quick else MODELS
     gpus = QUICK_GPUS if ctx.quick else NUM_GPUS
     prompts = QUICK_PROMPTS if ctx.quick else PROMPTS
-    policies = {**SYSTEMS, **ABLATIONS}
-    # policy -> model -> tokens/s (None: not run there, the ablations beyond the first model)
+    every_model = {**SYSTEMS, **MP_ABLATIONS}
+    policies = {**every_model, **ABLATIONS}
+    # policy -> model -> tokens/s (None: not run there: the first two mechanisms' ablations
+    # beyond the first model, a fixed TP the model or the budget does not allow)
     results: dict[str, dict[str, float | None]] = {
         p: {_label(m): None for m, _ in models} for p in policies}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
     for k, (model, tp) in enumerate(models):
         label = _label(model)
-        # The ablations run on the first (smallest) model only: they explain the mechanisms,
-        # and every run of the 32B model costs as much as three of the 8B.
-        for policy, system in (policies if k == 0 else SYSTEMS).items():
-            s = run_kept(ctx, policy, label, rollout(model, tp, gpus, prompts, system)).summary
+        # The first two mechanisms' ablations run on the first (smallest) model only: they
+        # explain those mechanisms, and a 32B run costs as much as three of the 8B.
+        for policy, system in (policies if k == 0 else every_model).items():
+            if system[4] is not None and not _fits(model, min(system[4], gpus), gpus):
+                continue
+            data = rollout(model, tp, gpus, prompts, system)
+            same = next((p for p in policies if (p, label) in summaries
+                         and rollout(model, tp, gpus, prompts, policies[p]) == data), None)
+            if same is not None:  # Fix-1 at a model already at TP 1: the same run
+                ctx.runs[(policy, label)] = ctx.runs[(same, label)]
+                s = summaries[(same, label)]
+            else:
+                s = run_kept(ctx, policy, label, data).summary
             summaries[(policy, label)] = s
             results[policy][label] = s["tokens_per_s"]
     labels = [_label(m) for m, _ in models]
@@ -119,11 +152,41 @@ def compare(ctx: ReproContext) -> Comparison:
     sizes = ", ".join(x + "B" for x in labels)
     notes = [f"heddle / {b} per model ({sizes}): {fmt_ratios(rs)} (paper: "
              f"{PAPER_RANGES[b][0]}-{PAPER_RANGES[b][1]}x)" for b, rs in ratios.items()]
+    old = {b: [better_ratio(results["heddle-fixed-mp"][x], results[b][x], "higher")
+               for x in labels] for b in PAPER_RANGES}
+    notes.extend(f"heddle at fixed MP (no resource manager) / {b}: {fmt_ratios(rs)}"
+                 for b, rs in old.items())
+    notes.extend(f"heddle / {a} per model ({sizes}): " + fmt_ratios(
+        [better_ratio(results["heddle"][x], results[a][x], "higher") for x in labels])
+        + " (paper, adaptive over fixed MP: 1.1-1.3x)" for a in MP_ABLATIONS)
+    notes.append(f"charging the resource manager's {RESOURCE_MANAGER_S:g} s (the paper's) "
+                 f"before each rollout: heddle / verl " + fmt_ratios(
+                     [better_ratio(_charged(summaries[("heddle", x)]), results["verl"][x],
+                                   "higher") for x in labels]))
     small = labels[0]
     notes.extend(f"ablation {a} / verl ({small}B): " + fmt_ratios(
         [better_ratio(results[a][small], results["verl"][small], "higher")]) for a in ABLATIONS)
     notes.extend(_mechanism_notes(summaries, labels))
     return Comparison(results=results, ratio=max(valid) if valid else None, notes=notes)
+
+
+def _fits(model: str, tp: int, gpus: int) -> bool:
+    """Whether a fixed-MP ablation at ``tp`` can run: within the budget, and the model's
+    weights fit at that TP (the same check the engine makes)."""
+    if tp > gpus or gpus % tp:
+        return False
+    try:
+        kv_capacity_blocks(get_model(model), get_gpu("h100-sxm"), tp, EngineConfig().block_size,
+                           EngineConfig().gpu_memory_utilization,
+                           max_batched_tokens=EngineConfig().max_batched_tokens)
+    except FleetsimInputError:
+        return False
+    return True
+
+
+def _charged(summary: dict[str, Any]) -> float:
+    """Throughput with the resource manager's time added to the rollout."""
+    return summary["num_generated_tokens"] / (summary["rollout_s"] + RESOURCE_MANAGER_S)
 
 
 def _mechanism_notes(summaries: dict[tuple[str, str], dict[str, Any]], labels: list[str]
@@ -136,7 +199,19 @@ def _mechanism_notes(summaries: dict[tuple[str, str], dict[str, Any]], labels: l
                  f"{fmt(first['step2']['pearson'])} / {fmt(first['step2']['tail20_recall'])} "
                  f"from step 2 (paper: > 0.7 / > 0.8 after step 2)")
     for x in labels:
-        h = summaries[("heddle", x)]
+        rm = summaries[("heddle", x)]["resource_manager"]
+        fixed = summaries[("heddle-fixed-mp", x)]
+        notes.append(
+            f"{x}B resource manager: split TP {rm['split']} (from {len(rm['start'])} x TP "
+            f"{rm['start'][0]}), DP cost {fmt(rm['start_cost_s'], digits=0)} -> "
+            f"{fmt(rm['cost_s'], digits=0)} s over {rm['num_evaluated']} splits scored; "
+            f"groups {summaries[('heddle', x)]['placement']['group_sizes']}; rollout "
+            f"{fmt(summaries[('heddle', x)]['rollout_s'], digits=0)} s (fixed MP "
+            f"{fmt(fixed['rollout_s'], digits=0)} s); slowest trajectory alone "
+            f"{fmt(summaries[('heddle', x)]['critical_path_s'], digits=0)} s on the fastest "
+            f"worker (fixed MP {fmt(fixed['critical_path_s'], digits=0)} s)")
+    for x in labels:
+        h = summaries[("heddle-fixed-mp", x)]
         v = summaries[("verl", x)]
         mig = h["migration"]
         notes.append(
@@ -169,13 +244,15 @@ HEDDLE = add(Reproduction(
     claim="Up to 2.5x higher end-to-end rollout throughput than slime, verl and verl* "
           "(1.4-2.3x vs verl, 1.1-2.4x vs verl*, 1.2-2.5x vs slime); the gain grows with model "
           "size.",
-    setup=f"Qwen3-8B/14B/32B at TP 1/2/4 on {NUM_GPUS} H100 ({QUICK_GPUS} and 8B only with "
-          f"--quick), GRPO batch of {PROMPTS} prompts x {SAMPLES_PER_PROMPT} multi-turn tool "
-          f"trajectories ({QUICK_PROMPTS} prompts with --quick): turns from PolyTrace "
-          f"Search-R1, turn lengths from PolyTrace DAPO groups scaled to a 40K cap, tools "
-          f"0.4-1.4 s; predictor correlation 0.6/0.8/0.97 after 0/1/2 steps",
+    setup=f"Qwen3-8B/14B/32B on {NUM_GPUS} H100 ({QUICK_GPUS} and 8B only with --quick): "
+          f"baselines at TP 1/2/4, Heddle on workers of TP 1/2/4/8 that its resource manager "
+          f"splits the same GPUs into; GRPO batch of {PROMPTS} prompts x "
+          f"{SAMPLES_PER_PROMPT} multi-turn tool trajectories ({QUICK_PROMPTS} prompts with "
+          f"--quick): turns from PolyTrace Search-R1, turn lengths from PolyTrace DAPO "
+          f"groups scaled to a 40K cap, tools 0.4-1.4 s; predictor correlation 0.6/0.8/0.97 "
+          f"after 0/1/2 steps",
     system="heddle",
-    baselines=("verl", "verl-star", "slime", *ABLATIONS),
+    baselines=("verl", "verl-star", "slime", *MP_ABLATIONS, *ABLATIONS),
     baseline="verl",
     metric=Metric(name="rollout throughput", unit="tokens/s", direction="higher"),
     ratio_definition="largest heddle / baseline tokens/s over models and the baselines verl, "

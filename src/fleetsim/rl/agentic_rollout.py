@@ -14,6 +14,11 @@ its tool wait: the KV its worker still caches crosses the KV link as the tool ru
 at the destination when it lands, and the next step is submitted there once both the tool
 and the copy are done).
 
+With ``resource_manager`` on (Heddle's third mechanism, ``rl.resource_manager``), the GPU
+budget is split into workers of different TP before the rollout: one pool per TP (each with
+its own step model and KV capacity, ``build_pools``), highest TP first, so worker ``w`` is
+replica ``w``, and the placement DP groups the trajectories onto them longest first.
+
 The metric is rollout throughput: generated tokens over the time the last trajectory
 finishes.
 """
@@ -35,6 +40,13 @@ from fleetsim.policies.trajectories import TrajectoryPlan
 from fleetsim.programs.runtime import call_timer
 from fleetsim.programs.source import ProgramSource
 from fleetsim.registry import PolicySpec
+from fleetsim.rl.resource_manager import (
+    TP_CHOICES,
+    Allocation,
+    WorkerKind,
+    allocate,
+    fitting_tps,
+)
 from fleetsim.rl.trajectories import TrajectoryArgs, TrajectoryBatch, sample_batch
 from fleetsim.rl.trajectory_placement import Placement
 from fleetsim.rl.trajectory_predictor import (
@@ -72,6 +84,15 @@ class AgenticRolloutConfig:
     migration: bool = False
     """Move a mispredicted trajectory's KV to its new worker during its tool wait (needs
     placement heddle)."""
+    resource_manager: bool = False
+    """Heddle's trajectory-adaptive resource manager: split the ``num_gpus`` into workers of
+    different TP (``tp_choices``) by simulated annealing from the homogeneous split at
+    ``tp`` (needs placement heddle). Off: every worker at ``tp``."""
+    tp_choices: tuple[int, ...] = TP_CHOICES
+    """TPs the resource manager may give a worker (powers of two within a node; those the
+    model does not fit at are skipped)."""
+    anneal_steps: int = 200
+    """Moves the resource manager's annealing tries."""
     skew_threshold: float = 1.5
     """sticky_skew: load over mean above which a step leaves its sticky worker."""
     trajectories: TrajectoryArgs = field(default_factory=TrajectoryArgs)
@@ -93,9 +114,21 @@ class AgenticRolloutConfig:
         if self.migration and self.placement != "heddle":
             raise ValueError(f"migration needs placement heddle (its bands say where a "
                              f"trajectory belongs), got placement {self.placement!r}")
+        if self.resource_manager and self.placement != "heddle":
+            raise ValueError(f"resource_manager needs placement heddle (its DP assigns the "
+                             f"trajectories to the workers), got placement "
+                             f"{self.placement!r}")
         if self.tp < 1 or self.num_gpus < self.tp or self.num_gpus % self.tp:
             raise ValueError(f"num_gpus must be a positive multiple of tp, got num_gpus "
                              f"{self.num_gpus} and tp {self.tp}")
+        if self.resource_manager and self.tp not in TP_CHOICES:
+            raise ValueError(f"tp must be one of {list(TP_CHOICES)} with resource_manager "
+                             f"(the annealing starts from every worker at tp), got {self.tp}")
+        if not self.tp_choices or any(t not in TP_CHOICES for t in self.tp_choices):
+            raise ValueError(f"tp_choices must be some of {list(TP_CHOICES)} (powers of two "
+                             f"within a node), got {list(self.tp_choices)}")
+        if self.anneal_steps < 0:
+            raise ValueError(f"anneal_steps must be >= 0, got {self.anneal_steps}")
 
 
 def agentic_config_from_dict(data: dict[str, Any], where: str = "rollout"
@@ -122,19 +155,22 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
         raise FleetsimInputError("trajectories.max_context_tokens",
                                  cfg.trajectories.max_context_tokens,
                                  f"at most {cfg.model}'s context, {model.max_context_tokens}")
-    scfg = SimConfig(seed=cfg.seed, model=cfg.model, engine=cfg.engine, cluster=ClusterConfig(
-        pools=(PoolConfig(name="rollout", gpu=cfg.gpu, num_replicas=cfg.num_gpus // cfg.tp,
-                          tp=cfg.tp),)))
-    pools, infos = build_pools(scfg, model)
-    batch_ss, predictor_ss, routing_ss = np.random.SeedSequence(cfg.seed).spawn(3)
+    batch_ss, predictor_ss, routing_ss, manager_ss = np.random.SeedSequence(cfg.seed).spawn(4)
     batch = sample_batch(cfg.trajectories, np.random.default_rng(batch_ss))
     predictor = TrajectoryPredictor(batch.output_tokens, cfg.predictor,
                                     np.random.default_rng(predictor_ss))
-    num_workers = pools[0].num_replicas
     initial = [predictor.predict(i, 0, 0) for i in range(len(batch.programs))]
-    placement = (Placement(initial, num_workers, *_per_token_s(pools[0], batch, initial,
-                                                               cfg.engine))
-                 if cfg.placement == "heddle" else None)
+    allocation = _allocate(cfg, model, manager_ss) if cfg.resource_manager else None
+    split = allocation.split if allocation is not None else (cfg.tp,) * (cfg.num_gpus // cfg.tp)
+    scfg = SimConfig(seed=cfg.seed, model=cfg.model, engine=cfg.engine, cluster=ClusterConfig(
+        pools=_pool_configs(cfg, split)))
+    pools, infos = build_pools(scfg, model)
+    placement = None
+    if cfg.placement == "heddle":
+        kinds = [_per_token_s(pool, batch, initial, cfg.engine) for pool in pools]
+        workers = [kinds[k] for k, pool in enumerate(pools) for _ in range(pool.num_replicas)]
+        placement = (Placement(initial, len(workers), *workers[0]) if len(pools) == 1
+                     else Placement(initial, len(workers), *workers[0], workers=workers))
     eng = cfg.engine
     timer = call_timer(pools, model, eng.max_batched_tokens, scfg.cluster.link.latency_s)
     driver = RolloutDriver(ProgramSource(batch.programs, timer, HASH_BLOCK_TOKENS), batch,
@@ -154,7 +190,55 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
         debug=eng.debug, source=driver, until_s=1e15, timeline=(0.0, 60.0))
     summary = _summary(cfg, batch, predictor, driver, records, cluster, router, infos,
                        placement)
+    if allocation is not None:
+        summary["resource_manager"] = {
+            "split": list(allocation.split), "cost_s": allocation.cost_s,
+            "start": list(allocation.start), "start_cost_s": allocation.start_cost_s,
+            "num_evaluated": allocation.num_evaluated,
+            "num_accepted": allocation.num_accepted}
     return AgenticRolloutResult(summary, to_plain(cfg), records, driver)
+
+
+def _pool_configs(cfg: AgenticRolloutConfig, split: tuple[int, ...]) -> tuple[PoolConfig, ...]:
+    """One pool per TP of ``split``, highest first (its replicas are the workers of that
+    TP, in the order the placement numbers them)."""
+    tps = sorted(set(split), reverse=True)
+    name = (lambda tp: "rollout") if len(tps) == 1 else (lambda tp: f"rollout-tp{tp}")
+    return tuple(PoolConfig(name=name(tp), gpu=cfg.gpu, num_replicas=split.count(tp), tp=tp)
+                 for tp in tps)
+
+
+def _allocate(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence
+              ) -> Allocation:
+    """The resource manager's split for this rollout. It runs between rollouts
+    ("periodically"), so it cannot know this batch's trajectories: it sizes the workers for
+    the lengths the previous rollout of the same workload generated (a batch drawn from
+    its own stream, its lengths as measured when it finished) [R]. One single-replica pool
+    per TP the model fits at gives each kind's step model and KV capacity (the engine's
+    own)."""
+    history_ss, anneal_ss = seeds.spawn(2)
+    history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
+    lengths = sorted((float(x) for x in history.output_tokens), reverse=True)
+    kinds: dict[int, WorkerKind] = {}
+
+    def fits(tp: int) -> bool:
+        if tp not in cfg.tp_choices and tp != cfg.tp:
+            return False
+        probe = SimConfig(seed=cfg.seed, model=cfg.model, engine=cfg.engine,
+                          cluster=ClusterConfig(pools=(PoolConfig(
+                              name="probe", gpu=cfg.gpu, num_replicas=1, tp=tp),)))
+        try:
+            pool = build_pools(probe, model)[0][0]
+        except FleetsimInputError:  # the weights do not fit at this TP
+            if tp == cfg.tp:  # the start itself: the user's tp is wrong, say so
+                raise
+            return False
+        kinds[tp] = WorkerKind(tp, *_per_token_s(pool, history, lengths, cfg.engine))
+        return True
+
+    fitting_tps(cfg.num_gpus, fits)
+    return allocate(lengths, kinds, cfg.num_gpus, cfg.tp, np.random.default_rng(anneal_ss),
+                    cfg.anneal_steps)
 
 
 def _per_token_s(pool: Any, batch: TrajectoryBatch, predicted: list[float],

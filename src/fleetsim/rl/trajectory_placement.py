@@ -57,6 +57,51 @@ def dp_group_sizes(lengths_desc: Sequence[float], num_workers: int,
     return _min_sum(squares, num_workers), best
 
 
+def dp_group_sizes_per_worker(lengths_desc: Sequence[float],
+                              workers: Sequence[tuple[Callable[[int], float], int | None]]
+                              ) -> tuple[list[int], float]:
+    """``dp_group_sizes`` with worker ``k``'s own ``(per_token_s, max_live)``: group sizes
+    in worker order (the longest trajectories on worker 0) and the largest group cost."""
+    if not workers:
+        raise ValueError("workers must not be empty")
+    if not len(lengths_desc):
+        return [0] * len(workers), 0.0
+    matrices: dict[int, NDArray[np.float64]] = {}  # one per worker kind (shared T)
+    for per_token_s, max_live in workers:
+        if id(per_token_s) not in matrices:
+            matrices[id(per_token_s)] = group_cost_matrix(lengths_desc, per_token_s, max_live)
+    return dp_over_matrices([matrices[id(t)] for t, _ in workers])
+
+
+def group_cost_matrix(lengths_desc: Sequence[float], per_token_s: Callable[[int], float],
+                      max_live: int | None) -> NDArray[np.float64]:
+    """``c[j, i]``: the cost of the group ``j..i-1`` of the sorted trajectories on a worker
+    of ``per_token_s`` and ``max_live`` (module docstring)."""
+    lengths = np.asarray(lengths_desc, dtype=np.float64)
+    n = len(lengths)
+    if max_live is not None and max_live < 1:
+        raise ValueError(f"max_live must be >= 1 or None, got {max_live}")
+    if n and np.any(np.diff(lengths) > 0):
+        raise ValueError("lengths must be sorted longest first")
+    live = max(1, n if max_live is None else min(n, max_live))
+    t = np.array([0.0] + [per_token_s(b) for b in range(1, live + 1)], dtype=np.float64)
+    return _group_costs(lengths, t, live)
+
+
+def dp_over_matrices(costs: Sequence[NDArray[np.float64]], tie_break: bool = True
+                     ) -> tuple[list[int], float]:
+    """Group sizes and the least largest cost with worker ``k``'s group costs
+    ``costs[k]``; ``tie_break=False`` skips choosing the most even of the optimal groupings
+    (the resource manager's search needs only the cost)."""
+    sizes, best = _min_max_each(costs)
+    if not tie_break:
+        return sizes, best
+    n = costs[0].shape[0] - 1
+    sq = ((np.arange(n + 1)[None, :] - np.arange(n + 1)[:, None]) ** 2).astype(np.float64)
+    squares = [np.where(c <= best * (1 + 1e-12), sq, math.inf) for c in costs]
+    return _min_sum_each(squares), best
+
+
 def group_cost(lengths: Sequence[float], per_token_s: Callable[[int], float],
                max_live: int | None = None) -> float:
     """One group's cost in any order (0 when empty): ``T(b) * max(longest, total / b)``."""
@@ -93,6 +138,32 @@ def _min_max(cost: NDArray[np.float64], num_workers: int) -> tuple[list[int], fl
     return _sizes(choices, n), float(f[n])
 
 
+def _min_max_each(costs: Sequence[NDArray[np.float64]]) -> tuple[list[int], float]:
+    """``_min_max`` with worker ``k``'s own cost matrix ``costs[k]``."""
+    n = costs[0].shape[0] - 1
+    f = np.full(n + 1, math.inf)
+    f[0] = 0.0
+    choices: list[NDArray[np.int64]] = []
+    for cost in costs:
+        m = np.maximum(f[:, None], cost)
+        choices.append(np.argmin(m, axis=0))
+        f = m[choices[-1], np.arange(n + 1)]
+    return _sizes(choices, n), float(f[n])
+
+
+def _min_sum_each(costs: Sequence[NDArray[np.float64]]) -> list[int]:
+    """``_min_sum`` with worker ``k``'s own cost matrix ``costs[k]``."""
+    n = costs[0].shape[0] - 1
+    f = np.full(n + 1, math.inf)
+    f[0] = 0.0
+    choices: list[NDArray[np.int64]] = []
+    for cost in costs:
+        m = f[:, None] + cost
+        choices.append(np.argmin(m, axis=0))
+        f = m[choices[-1], np.arange(n + 1)]
+    return _sizes(choices, n)
+
+
 def _sizes(choices: list[NDArray[np.int64]], n: int) -> list[int]:
     """Group sizes from the DP's choices (worker k's group starts at ``choices[k][end]``)."""
     sizes = []
@@ -125,12 +196,24 @@ class Placement:
     (used to re-place a trajectory whose prediction changed)."""
 
     def __init__(self, predicted: Sequence[float], num_workers: int,
-                 per_token_s: Callable[[int], float], max_live: int | None = None) -> None:
+                 per_token_s: Callable[[int], float], max_live: int | None = None,
+                 workers: Sequence[tuple[Callable[[int], float], int | None]] | None = None
+                 ) -> None:
+        """``workers``: each worker's own ``(per_token_s, max_live)``, fastest first
+        (heterogeneous model parallelism); None: all ``num_workers`` share ``per_token_s``
+        and ``max_live``."""
         order = sorted(range(len(predicted)), key=lambda x: (-predicted[x], x))
-        sizes, self.cost = dp_group_sizes([predicted[x] for x in order], num_workers,
-                                          per_token_s, max_live)
-        self.per_token_s = per_token_s
-        self.max_live = max_live
+        if workers is None:
+            sizes, self.cost = dp_group_sizes([predicted[x] for x in order], num_workers,
+                                              per_token_s, max_live)
+            workers = [(per_token_s, max_live)] * num_workers
+        else:
+            if len(workers) != num_workers:
+                raise ValueError(f"workers must list {num_workers} workers, got "
+                                 f"{len(workers)}")
+            sizes, self.cost = dp_group_sizes_per_worker([predicted[x] for x in order],
+                                                         workers)
+        self.workers = list(workers)
         self.worker_of: list[int] = [0] * len(predicted)
         self.members: list[set[int]] = [set() for _ in range(num_workers)]
         """Unfinished trajectories placed on each worker (moves and finishes update it)."""
@@ -176,15 +259,17 @@ class Placement:
         r_x = remaining(trajectory)
         r_y = max((remaining(y) for y in self.members[dst]), default=0.0)
         t = self._per_token_s
-        before = max(r_x * t(len(self.members[src])), r_y * t(len(self.members[dst])))
-        after = max(r_x, r_y) * t(len(self.members[dst]) + 1)
+        before = max(r_x * t(src, len(self.members[src])),
+                     r_y * t(dst, len(self.members[dst])))
+        after = max(r_x, r_y) * t(dst, len(self.members[dst]) + 1)
         return dst if after < before else None
 
-    def _per_token_s(self, n: int) -> float:
+    def _per_token_s(self, worker: int, n: int) -> float:
         if n <= 0:
             return 0.0
-        live = n if self.max_live is None else min(n, self.max_live)
-        return self.per_token_s(live) * max(1.0, n / live)
+        per_token_s, max_live = self.workers[worker]
+        live = n if max_live is None else min(n, max_live)
+        return per_token_s(live) * max(1.0, n / live)
 
     def moved(self, trajectory: int, dst: int) -> None:
         self.members[self.worker_of[trajectory]].discard(trajectory)
