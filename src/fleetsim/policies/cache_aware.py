@@ -26,7 +26,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fleetsim.policies.routing import ClusterView, RoutableReplica, register_router
+from fleetsim.policies.routing import (
+    ClusterView,
+    RoutableReplica,
+    num_in_flight,
+    register_router,
+)
 from fleetsim.serving.request import Request
 
 
@@ -75,7 +80,7 @@ class CacheAware:
         if now_s - self._last_eviction_s >= self.eviction_interval_s:
             self._evict(hbt)
             self._last_eviction_s = now_s
-        loads = [len(r.running) + len(r.waiting) for r in reps]
+        loads = [num_in_flight(r) for r in reps]
         lo, hi = min(loads), max(loads)
         if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
             self.counts["num_balance_routes"] += 1

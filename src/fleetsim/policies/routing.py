@@ -27,6 +27,12 @@ class RoutableReplica(Protocol):
     kv: KVCache
 
 
+def num_in_flight(replica: RoutableReplica) -> int:
+    """Requests a replica holds, running plus waiting: what a router's request counter sees
+    (sgl-router's and vllm-router's load, slime's least-load)."""
+    return len(replica.running) + len(replica.waiting)
+
+
 class ClusterView(Protocol):
     replicas: Sequence[RoutableReplica]
     rng: np.random.Generator

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from fleetsim.policies.batching import StepPlan, TokenBudgetPlanner, register_batch
-from fleetsim.policies.routing import ClusterView, register_router
+from fleetsim.policies.routing import ClusterView, num_in_flight, register_router
 from fleetsim.serving.capabilities import Capabilities
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import ReplicaView
@@ -55,11 +54,6 @@ def trajectory_of(req: Request) -> tuple[int, TrajectoryPlan | None] | None:
         return None
     plan = program.policy
     return program.id, plan if isinstance(plan, TrajectoryPlan) else None
-
-
-def num_in_flight(replica: Any) -> int:
-    """Calls a replica holds (running plus waiting: what a router's request counter sees)."""
-    return len(replica.running) + len(replica.waiting)
 
 
 def least_requests(view: ClusterView) -> int:
