@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Built by parts so that this file does not name them itself.
-SIBLING = re.compile(re.escape("../" + "shared") + "|" + re.escape("/work/" + "shared"))
+SIBLING = re.compile("|".join((re.escape("../" + "shared"), re.escape("/work/" + "shared"),
+                                r'"\.\."\s*/\s*"' + "shared" + '"')))
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".cfg", ".ini", ".sh", ".json", ".csv", ".html",
                  ".yml", ".yaml", ""}
 
@@ -44,16 +45,22 @@ def test_no_file_names_a_folder_beside_the_repository():
                            "source instead:\n" + "\n".join(offenders[:20]))
 
 
-def _stated_checksums() -> dict[str, str]:
-    """file -> the SHA-256 its section of data/README.md gives for the embedded copy (the
-    section's last checksum; earlier ones are the original file's)."""
+def _stated_checksums(names: list[str]) -> dict[str, str]:
+    """file -> the SHA-256 data/README.md gives for the embedded copy: the one right after
+    the file's name ("`name` SHA-256 `...`"), else the last one of the section whose heading
+    names the file (earlier ones there are the original file's)."""
     readme = resources.files("fleetsim").joinpath("data", "README.md").read_text()
     stated = {}
-    for section in re.split(r"^## ", readme, flags=re.M)[1:]:
-        name = re.match(r"`([^`]+)`", section)
-        sums = re.findall(r"SHA-256\s+`([0-9a-f]{64})`", section)
-        if name and sums:
-            stated[name.group(1)] = sums[-1]
+    for name in names:
+        named = re.search(rf"`{re.escape(name)}`\s+SHA-256\s+`([0-9a-f]{{64}})`", readme)
+        if named:
+            stated[name] = named.group(1)
+            continue
+        for section in re.split(r"^## ", readme, flags=re.M)[1:]:
+            heading = section.splitlines()[0]
+            sums = re.findall(r"SHA-256\s+`([0-9a-f]{64})`", section)
+            if f"`{name}`" in heading and sums:
+                stated[name] = sums[-1]
     return stated
 
 
@@ -61,7 +68,7 @@ def test_every_embedded_data_file_is_the_bytes_its_readme_states():
     data = resources.files("fleetsim").joinpath("data")
     files = sorted(p.name for p in data.iterdir()
                    if p.name.endswith((".csv", ".jsonl")))
-    stated = _stated_checksums()
+    stated = _stated_checksums(files)
     assert sorted(stated) == files, "each embedded data file needs a section with its SHA-256"
     for name in files:
         digest = hashlib.sha256(data.joinpath(name).read_bytes()).hexdigest()
