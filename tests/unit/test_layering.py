@@ -47,6 +47,7 @@ ALLOWED = {
     "native": set(),
     "__init__": {"native"},
     "cli": None,  # the front end may import anything
+    "__main__": None,  # `python -m fleetsim`: the front end's other door
 }
 LEAVES = {"errors", "configutil", "formatting", "inputs", "output", "registry"}  # shared helpers
 
