@@ -122,3 +122,19 @@ def test_relibra_loads_are_calibrated_at_the_measured_ep():
     loads = np.concatenate(w.batches)
     assert _gpu_imbalance(loads, 64).mean() == pytest.approx(2.86, rel=0.06)
     assert _gpu_imbalance(loads, 32).mean() < 2.4
+
+
+def test_serving_ep_model_routes_at_a_presets_measured_skew():
+    """``hardware.ep.scenario`` may name a preset: the step model's routing popularity then
+    carries the preset's max/mean over experts in order; bare ``ou`` is refused."""
+    from fleetsim.moe.compute import MoeLayerSpec
+    from fleetsim.moe.serving import PoolEpConfig
+    from fleetsim.moe.step_model import ExpertParallelConfig, ExpertParallelStepModel
+    ep = ExpertParallelConfig(num_gpus=64, gpus_per_node=8, balancer="none")
+    model = ExpertParallelStepModel(ep, spec=MoeLayerSpec(num_experts=128, top_k=8),
+                                    scenario="ultraep-qwen3-235b-prefill-stem", num_layers=8)
+    p = model.popularity  # (patterns, layers, experts), expected shares
+    assert _gpu_imbalance(p, 64).mean() == pytest.approx(3.68, rel=0.06)
+    assert PoolEpConfig(scenario="ultraep-qwen3-235b-train").scenario.startswith("ultraep")
+    with pytest.raises(ValueError, match="ep.scenario"):
+        PoolEpConfig(scenario="ou")
