@@ -138,3 +138,19 @@ def test_serving_ep_model_routes_at_a_presets_measured_skew():
     assert PoolEpConfig(scenario="ultraep-qwen3-235b-train").scenario.startswith("ultraep")
     with pytest.raises(ValueError, match="ep.scenario"):
         PoolEpConfig(scenario="ou")
+
+
+def test_ultraep_gain_over_megatron_grows_with_the_published_skew():
+    """A quick slice of the sweep: at DeepSeek-V3's 1.30 UltraEP gains little over Megatron-LM,
+    at Qwen3's 2.86 much more, and UltraEP's own share of the ideal barely moves."""
+    from fleetsim.repro.ultraep import UltraEpSetup, run_setting
+    setup = UltraEpSetup(num_microbatches=2, num_warmup=2, num_layers=4, eplb_window=2)
+    gain, share = {}, {}
+    for preset in ("ultraep-deepseek-v3-train", "ultraep-qwen3-235b-train"):
+        runs = run_setting(setup, "train", "GB200-NVL72", 64, preset)
+        total = {p: sum(r.total_s for r in rows) for p, rows in runs.items()}
+        gain[preset] = total["megatron"] / total["ultraep"]
+        share[preset] = total["force_balanced"] / total["ultraep"]
+    low, high = gain["ultraep-deepseek-v3-train"], gain["ultraep-qwen3-235b-train"]
+    assert 1.0 < low < 1.3 < high
+    assert abs(share["ultraep-deepseek-v3-train"] - share["ultraep-qwen3-235b-train"]) < 0.03
