@@ -37,6 +37,28 @@ def check_tp(model: ModelSpec, gpu: GPUSpec, tp: int) -> None:
         )
 
 
+# Why a mode is refused, per missing tensor-core format (the fix names what vLLM would do).
+_MISSING_FORMAT_FIX = {
+    "fp8": "has no FP8 tensor cores (FP8 needs Ada, Hopper or Blackwell; its datasheet gives "
+           "no FP8 rate); vLLM would run an FP8 checkpoint weight-only there (FP8 Marlin, "
+           "W8A16), which fleetsim prices as quantization = \"int8_wo\"",
+    "fp4": "has no FP4 tensor cores (FP4 is Blackwell-only: B200, GB200); use fp8 or int4_wo",
+    "int8": "has no INT8 rate in the GPU catalog (peak_int8_ops); add it or use fp8",
+}
+
+
+def check_quantization(model: ModelSpec, gpu: GPUSpec) -> None:
+    """Raise ``FleetsimInputError`` unless ``gpu`` has the tensor cores ``model``'s
+    quantization computes in (weight-only modes compute in BF16 and run anywhere)."""
+    q = model.quantization
+    if q is None:
+        return
+    for fmt in q.compute_formats:
+        if fmt not in gpu.compute_formats:
+            raise FleetsimInputError("quantization", q.name,
+                                     f"{gpu.name} {_MISSING_FORMAT_FIX[fmt]}")
+
+
 def build_step_model(
     model: ModelSpec,
     gpu: GPUSpec,
@@ -64,6 +86,7 @@ def build_step_model(
     if backend not in BACKENDS:
         raise FleetsimInputError("backend", backend, f"use one of {', '.join(BACKENDS)}")
     check_tp(model, gpu, tp)
+    check_quantization(model, gpu)
     if not 0.0 <= step_overhead_s < 1.0:
         raise FleetsimInputError(
             "step_overhead_s", step_overhead_s, "must be in [0, 1) seconds, e.g. 0.0015"
