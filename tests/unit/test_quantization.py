@@ -226,3 +226,17 @@ def test_run_with_fp8_weights_and_cache(tmp_path, capsys):
     assert pb["num_kv_blocks"] > 2 * pa["num_kv_blocks"]
     assert b["perf_sources"]["gemm"].endswith("(fp8)")
     assert b["tpot_s"]["mean"] < a["tpot_s"]["mean"]
+
+
+def test_slo_scale_transfer_moves_the_fp8_cache():
+    from fleetsim.search.slo_scale import idle_transfer_s
+
+    pools = ["cluster.pools=[{name='p', gpu='h100', role='prefill'}, "
+             "{name='d', gpu='h100', role='decode'}]"]
+    tokens = np.array([4096])
+    bf16 = load_config(None, pools)
+    fp8 = load_config(None, [*pools, "engine.kv_cache_dtype=fp8"])
+    latency = bf16.cluster.link.latency_s
+    full = idle_transfer_s(bf16, *bf16.pools, tokens)[0] - latency
+    half = idle_transfer_s(fp8, *fp8.pools, tokens)[0] - latency
+    assert half == pytest.approx(full / 2)
