@@ -240,3 +240,11 @@ def test_slo_scale_transfer_moves_the_fp8_cache():
     full = idle_transfer_s(bf16, *bf16.pools, tokens)[0] - latency
     half = idle_transfer_s(fp8, *fp8.pools, tokens)[0] - latency
     assert half == pytest.approx(full / 2)
+
+
+def test_expert_parallelism_refuses_modes_it_cannot_price(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "run", "--out", str(tmp_path / "o"),
+                           "--set", "model=mixtral-8x7b", "--set", "hardware.tp=8",
+                           "--set", "hardware.ep={balancer='quota'}",
+                           "--set", "quantization=int4_wo", "--set", "workload.max_requests=5")
+    assert code == 2 and "expert parallelism prices BF16 and FP8" in err
