@@ -202,6 +202,8 @@ def test_perf_prices_the_quantized_step(capsys):
     _, out, _ = run_cli(capsys, *base)
     _, out8, _ = run_cli(capsys, *base, "--quantization", "fp8", "--kv-cache-dtype", "fp8")
     bf16, fp8 = json.loads(out), json.loads(out8)
+    assert "quantization" not in bf16 and "kv_cache_dtype" not in bf16
+    assert fp8["quantization"] == "fp8" and fp8["kv_cache_dtype"] == "fp8"
     assert fp8["total_s"] < bf16["total_s"]
     assert fp8["ops"]["gemm"]["source"].endswith("(fp8)")
 

@@ -125,6 +125,8 @@ class StepBreakdown:
     by_class_s: dict[str, float]  # op class -> seconds for the whole step
     per_layer_s: dict[str, float]  # op class -> seconds in one (average) layer
     sources: dict[str, str]  # op class -> "measured: ..." or "roofline"
+    quantization: str | None = None  # the model's quantization mode, None: its own dtype
+    kv_cache_dtype: str = "auto"  # "fp8" for a one-byte cache
 
 
 def predict_breakdown(
@@ -181,6 +183,8 @@ def predict_breakdown(
         by_class_s=by_class,
         per_layer_s=per_layer,
         sources=dict(sm.sources),
+        quantization=model.quantization.name if model.quantization else None,
+        kv_cache_dtype="fp8" if model.kv_dtype_bytes == 1 else "auto",
     )
 
 
@@ -195,6 +199,9 @@ def breakdown_to_dict(b: StepBreakdown) -> dict[str, Any]:
         "decode_batch": b.decode_batch,
         "prefill_context_tokens": b.prefill_context_tokens,
         "total_s": b.total_s,
+        # only when set, so default output reads as it always has
+        **({"quantization": b.quantization} if b.quantization else {}),
+        **({"kv_cache_dtype": b.kv_cache_dtype} if b.kv_cache_dtype != "auto" else {}),
         "ops": {
             k: {
                 "total_s": b.by_class_s[k],
@@ -216,7 +223,10 @@ def breakdown_table(b: StepBreakdown):  # -> rich.table.Table (rich imported laz
     if b.decode_batch:
         parts.append(f"decode batch {b.decode_batch} at context {b.context_tokens}")
     what = " + ".join(parts)
-    table = Table(title=f"{b.model} on {b.gpu} x{b.tp}: {what} = {b.total_s * 1e3:.3f} ms")
+    dtypes = ", ".join(x for x in (b.quantization,
+                                   "kv fp8" if b.kv_cache_dtype == "fp8" else None) if x)
+    model = f"{b.model} ({dtypes})" if dtypes else b.model
+    table = Table(title=f"{model} on {b.gpu} x{b.tp}: {what} = {b.total_s * 1e3:.3f} ms")
     for col, justify in (
         ("op", "left"),
         ("per layer ms", "right"),
