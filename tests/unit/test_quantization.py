@@ -250,3 +250,28 @@ def test_expert_parallelism_refuses_modes_it_cannot_price(tmp_path, capsys):
                            "--set", "hardware.ep={balancer='quota'}",
                            "--set", "quantization=int4_wo", "--set", "workload.max_requests=5")
     assert code == 2 and "expert parallelism prices BF16 and FP8" in err
+
+
+def test_calibrate_prices_the_configs_quantization():
+    from fleetsim.calibrate import fit
+
+    rows = np.array([[64.0, 64 * 2000, 0, 0, 1.0], [0, 0, 2048, 0, 1.0]])
+    bf16 = fit.kernel_times_s(load_config(None), rows)
+    fp8 = fit.kernel_times_s(load_config(None, ["quantization=fp8"]), rows)
+    assert (fp8 < bf16).all()
+
+
+def test_catalog_gpus_declare_their_formats(tmp_path):
+    from fleetsim.hardware import load_gpu_catalog
+
+    path = tmp_path / "gpus.toml"
+    path.write_text(
+        "[[gpu]]\nname = 'X1'\npeak_bf16_flops = 1e15\npeak_fp8_flops = 2e15\n"
+        "peak_fp4_flops = 4e15\nhbm_bytes = 1e11\nhbm_bw_bytes_per_s = 4e12\n"
+        "nvlink_bw_bytes_per_s = 4e11\nnetwork_bw_bytes_per_s = 5e10\nnum_gpus_per_node = 8\n"
+        "price_per_hour_usd = 1.0\n")
+    (gpu,) = load_gpu_catalog(path)
+    assert gpu.compute_formats == ("bf16", "fp8", "fp4")
+    assert "nvfp4" in modes_for(gpu.compute_formats) and "sq" not in modes_for(
+        gpu.compute_formats)
+    assert gpu.peak_flops("fp4") == 4e15
