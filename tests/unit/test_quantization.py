@@ -275,3 +275,22 @@ def test_catalog_gpus_declare_their_formats(tmp_path):
     assert "nvfp4" in modes_for(gpu.compute_formats) and "sq" not in modes_for(
         gpu.compute_formats)
     assert gpu.peak_flops("fp4") == 4e15
+
+
+@pytest.mark.parametrize(("quant", "mode"), [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4_wo"),
+    ({"quant_method": "gptq", "bits": 8}, "int8_wo"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4"),
+    ({"quant_method": "fp8"}, None),  # one-byte weights, priced as fleetsim always has
+])
+def test_hf_checkpoints_carry_their_quantization(tmp_path, quant, mode):
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+           "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+           "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+           "quantization_config": quant}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = get_model(str(path))
+    assert (m.quantization.name if m.quantization else None) == mode
+    if mode == "int4_wo":
+        assert m.weight_bytes_per_gpu(1) == quantize(LLAMA, "int4_wo").weight_bytes_per_gpu(1)
