@@ -166,9 +166,12 @@ class OpTimes:
         # FlashAttention-3 path quantizes the queries too: docs/features/quantization/
         # quantized_kvcache.md); a checkpoint without a quantization setting keeps its old
         # pricing (its weights' format) so default results do not move.
-        fp8_kv = model.kv_dtype_bytes == 1 and "fp8" in gpu.compute_formats
-        self.attn_peak_flops = (gpu.peak_fp8_flops if fp8_kv else self.peak_flops
-                                if model.quantization is None else gpu.peak_bf16_flops)
+        if model.kv_dtype_bytes == 1 and "fp8" in gpu.compute_formats:
+            self.attn_peak_flops = gpu.peak_fp8_flops
+        elif model.quantization is None:
+            self.attn_peak_flops = self.peak_flops
+        else:
+            self.attn_peak_flops = gpu.peak_bf16_flops
         self.kv_cache_dtype = "fp8" if model.kv_dtype_bytes == 1 else "bfloat16"
         self.heads = -(-model.num_attention_heads // tp)
         self.kv_heads = -(-model.num_kv_heads // tp)
