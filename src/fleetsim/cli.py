@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "request)")
     p.add_argument("--prefill-context", type=int, default=None,
                    help="in a mixed step, tokens cached before the prefill chunk (default 0)")
+    p.add_argument("--quantization", default=None, metavar="MODE",
+                   help="weights/activations as vLLM's --quantization: fp8, fp8_block, int4_wo, "
+                   "nvfp4, ... (fleetsim gpus lists each GPU's)")
+    p.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
+                   help="KV cache as vLLM's --kv-cache-dtype: auto (bf16) | bfloat16 | fp8")
     p.add_argument("--async-scheduling", action="store_true",
                    help="price the step as vLLM >= 0.14 runs it by default: the CPU cost "
                         "overlapped with the GPU (engine.async_scheduling)")
@@ -324,8 +329,17 @@ def cmd_perf(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None:
             check_number(v, f"--{name.replace('_', '-')}", lo=lo, hi=hi, integer=True)
+    from fleetsim.models.quantization import quantize
+    from fleetsim.perf.breakdown import check_quantization
+
     model = get_model(args.model)
     gpu = get_gpu(args.gpu, args.gpu_catalog)
+    try:
+        model = quantize(model, args.quantization, args.kv_cache_dtype)
+        check_quantization(model, gpu)
+    except FleetsimInputError as err:  # name the flag, as the other checks here do
+        flag = "--kv-cache-dtype" if "kv_cache_dtype" in err.where else "--quantization"
+        raise FleetsimInputError(flag, err.value, err.fix) from None
     if args.tp > gpu.num_gpus_per_node:
         raise FleetsimInputError("--tp", args.tp, f"a {gpu.name} node has "
                                  f"{gpu.num_gpus_per_node} GPUs; tensor parallelism stays in one")
@@ -416,22 +430,25 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from fleetsim.hardware import list_gpus
+    from fleetsim.models.quantization import modes_for
 
     gpus = list_gpus(args.catalog)
     fmt = output_format(args)
     if fmt != "table":
-        emit(fmt, [asdict(g) for g in gpus], list)
+        emit(fmt, [{**asdict(g), "compute_formats": list(g.compute_formats),
+                    "quantization_modes": list(modes_for(g.compute_formats))} for g in gpus],
+             list)
         return 0
     table = Table(title="GPUs")
     for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "NVLink GB/s",
-                "net GB/s", "$/h", "measured tables"):
+                "net GB/s", "$/h", "measured tables", "quantization modes"):
         table.add_column(col)
     for g in gpus:
         table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}", f"{g.peak_fp8_flops / 1e12:,.0f}",
                       f"{g.hbm_bytes / 1e9:,.0f}", f"{g.hbm_bw_bytes_per_s / 1e12:.2f}",
                       f"{g.nvlink_bw_bytes_per_s / 1e9:,.0f}",
                       f"{g.network_bw_bytes_per_s / 1e9:,.0f}", f"{g.price_per_hour_usd:.2f}",
-                      g.aic_system or "none (roofline)")
+                      g.aic_system or "none (roofline)", ", ".join(modes_for(g.compute_formats)))
     print_table(table)
     return 0
 

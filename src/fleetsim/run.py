@@ -18,6 +18,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec, get_gpu
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
+from fleetsim.models.quantization import quantize
 from fleetsim.moe.serving import EpStepModel
 from fleetsim.perf import kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
@@ -119,6 +120,7 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
                     ) -> StepTimeModel:
     """The step model ``config.engine`` names, for one replica of ``tp`` ``gpu``s."""
     eng = config.engine
+    model = quantize(model, config.quantization, eng.kv_cache_dtype)
     return make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
                            backend=config.perf_backend, step_overhead_s=eng.step_overhead_s,
                            step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
@@ -130,6 +132,7 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
     """Runtime pools (step model, KV blocks, link bandwidth) and their descriptions."""
     eng, link = config.engine, config.cluster.link
+    model = quantize(model, config.quantization, eng.kv_cache_dtype)
     setups: list[PoolSetup] = []
     infos: list[dict] = []
     gpus = {}
@@ -229,8 +232,8 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     """Simulate ``config``; ``progress`` (optional) is called now and then with the
     simulated time, the first and the last arrival time (s)."""
     streams = seed_streams(config.seed, ("workload", "routing"))
-    model = get_model(config.model)
     eng = config.engine
+    model = quantize(get_model(config.model), config.quantization, eng.kv_cache_dtype)
     pools, pool_infos = build_pools(config, model)
     source: Any = None
     num_over_long = 0

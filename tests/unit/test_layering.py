@@ -25,7 +25,7 @@ ALLOWED = {
     "esp": {"hardware", "models", "perf"},
     "programs": {"core", "serving", "policies", "workloads", "perf", "models", "hardware",
                  "metrics"},
-    "config": {"metrics", "moe", "policies", "programs", "workloads"},
+    "config": {"metrics", "models", "moe", "policies", "programs", "workloads"},
     "run": {"config", "hardware", "metrics", "models", "moe", "native", "perf", "policies",
             "programs", "serving", "workloads"},
     "configdoc": {"config"},

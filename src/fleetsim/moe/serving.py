@@ -73,6 +73,12 @@ class EpStepModel:
         if not model.is_moe:
             raise FleetsimInputError("ep", model.name, "expert parallelism needs a MoE model; "
                                      "remove the ep table")
+        q = model.quantization
+        if q is not None and q.name not in ("fp8", "fp8_static", "fp8_block"):
+            # its expert model (moe/compute.py) knows BF16 and FP8 weights only
+            raise FleetsimInputError("quantization", q.name,
+                                     "expert parallelism prices BF16 and FP8 experts only; use "
+                                     "fp8 or fp8_block, or remove the ep table")
         if model.num_experts % tp:
             raise FleetsimInputError("ep", f"{model.num_experts} experts over {tp} GPUs",
                                      "the EP group (the replica's tp) must divide the experts")
