@@ -5,6 +5,10 @@ Target (issue 2): under 5 s wall on a 2-core machine. Also runs the same replay 
 fast-forward off, to show what fast-forward buys (the ratio is measured in this one run).
 
     python benchmarks/azure_conv_replay.py [--trace PATH] [--no-compare]
+
+The trace is ``data/AzureLLMInferenceTrace_conv.csv`` of the public GitHub repository
+``Azure/AzurePublicDataset`` (CC-BY-4.0; Patel et al., "Splitwise", ISCA 2024); download it
+to ``traces/`` in the repository root (the default) or pass ``--trace``.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from fleetsim import native
 from fleetsim.config import config_from_dict
 from fleetsim.run import run
 
-DEFAULT_TRACE = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-                 / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
+DEFAULT_TRACE = (Path(__file__).resolve().parents[1] / "traces"
+                 / "AzureLLMInferenceTrace_conv.csv")
 
 
 def replay(trace: Path, fast_forward: bool) -> tuple[float, dict]:

@@ -6,6 +6,10 @@ Short slices overstate goodput (queues have no time to build up); this shows by 
 so that ``workload.max_requests`` can be chosen for quick searches.
 
     python benchmarks/goodput_slice_length.py [--gpu h100] [--full-trace] [--tol 0.05]
+
+``--full-trace`` needs ``data/AzureLLMInferenceTrace_conv.csv`` of the public GitHub
+repository ``Azure/AzurePublicDataset`` (CC-BY-4.0), downloaded to ``traces/`` in the
+repository root.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from pathlib import Path
 from fleetsim.config import load_config
 from fleetsim.search import goodput_search, goodput_to_dict
 
-FULL_TRACE = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-              / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
+FULL_TRACE = (Path(__file__).resolve().parents[1] / "traces"
+              / "AzureLLMInferenceTrace_conv.csv")
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ driver (``fleetsim.rl.agentic_rollout``) keeps a ``TrajectoryPlan`` in each prog
 placement chose. The routers and the ordering read it; on a plain request (no program) every
 policy falls back to least-requests routing and arrival order.
 
-Routers (the paper's baselines, ``../shared/papers/scheduling.md`` section 3):
+Routers (the paper's baselines, as its evaluation names them; from secondary summaries of the
+paper, whose body could not be read):
 - ``least_requests``: slime, per-step least-load routing: every step goes to the worker with
   the fewest calls in flight (running plus waiting), wherever the trajectory's KV is;
 - ``sticky``: verl, cache-aware sticky placement: a trajectory's first step goes to the least

@@ -1,8 +1,10 @@
-"""AReaL-TIK / KernelBraid (arXiv 2609.35140 per our notes): bitwise-aligned unified rollout
-and training kernels let the trainer reuse the rollout's log-probabilities, removing the
-recompute forward pass, at the price of slower attention kernels.
+"""AReaL-TIK / KernelBraid (arXiv 2609.35140, as a secondary summary of the paper gives it):
+bitwise-aligned unified rollout and training kernels let the trainer reuse the rollout's
+log-probabilities, removing the recompute forward pass, at the price of slower attention
+kernels.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 4):
+Parameters and their sources ([P]: the public repository areal-project/AReaL-TIK, Apache-2.0,
+read directly; [S]: a secondary summary of the paper, whose body could not be read):
 - the kernel slowdowns on H20: vendor over unified latency 0.710 for decode attention
   (FlashInfer) and 0.964 for prefill attention (FA3), from the public
   ``experimental/figures/attention_performance.csv`` of areal-project/AReaL-TIK [P]; the

@@ -1,9 +1,9 @@
 """Heddle (arXiv:2603.28101): trajectory-centric agentic RL rollout against slime, verl and
 verl*, on rollout throughput.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 3; the paper's body
-was not readable, so the mechanisms come from its abstract and secondary notes [S], the DP
-recurrence and the migration rule are our reconstruction [R]):
+Parameters and their sources (the paper's body was not readable, so the mechanisms come from
+its abstract and two secondary summaries of the paper [S], the DP recurrence and the
+migration rule are our reconstruction [R]):
 - Heddle: progressive priority (the trajectory predicted longest first, refined after every
   step, preemptive), presorted-DP placement, migration of a mispredicted trajectory's KV in
   its tool wait (``fleetsim.rl.agentic_rollout``), and the trajectory-adaptive resource

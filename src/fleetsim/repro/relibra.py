@@ -1,10 +1,10 @@
 """ReLibra (arXiv:2605.08639): MoE load balancing for RL training with routing replay, against
 Megatron-LM (no balancing), EPLB given the batch's true loads (an oracle) and force-balanced.
 
-Sources: the paper's abstract (the body was not readable here; ``../shared/papers/moe.md``
-section 4.2), R3 (arXiv:2510.11370: rollout routing replay records the rollout's expert
-choices and replays them in training, so a batch's token-to-expert routing is known before
-the step) and the project's MoE notes (sections 1, 3 and 7). What the abstract states:
+Sources: the paper's abstract (the body was not readable here), R3 (arXiv:2510.11370:
+rollout routing replay records the rollout's expert choices and replays them in training, so
+a batch's token-to-expert routing is known before the step) and DeepSeek's EPLB
+(github.com/deepseek-ai/EPLB, ``eplb.py``, MIT) for the baseline. What the abstract states:
 - two timescales matched to the network's hierarchy: per batch (inter-batch), *reorder*
   experts across nodes for batch-level cross-node balance (scale-out network, amortised over
   the batch); per micro-batch (intra-batch), *replicate* experts inside a node (NVLink) to

@@ -3,8 +3,8 @@ migrated onto few instances, the freed GPUs running reference/reward/critic infe
 intra-stage fusion (actor and critic training in one fused pipeline schedule found by
 simulated annealing), against DeepSpeed-Chat-like and ReaLHF-like schedules.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 6 [S]; the paper's
-body was not readable):
+Parameters and their sources ([S]: a secondary summary of the paper, whose body was not
+readable; [P]: the public FlexFusion solver, github.com/FlexFusion/FlexFusion, Apache-2.0):
 - PPO with actor, critic, reference (actor's shape) and reward model (critic's shape); the
   LLaMA models' shapes from their config.json (the model catalog) [S: LLaMA 13B/33B/65B];
 - global batch 512 prompts, mini-batch 64 (8 optimizer steps per RL step), one sample per

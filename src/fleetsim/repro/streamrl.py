@@ -1,8 +1,8 @@
 """StreamRL (arXiv:2504.15930): disaggregated stream generation against verl's colocated
 pipeline.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 5; the paper's body
-was not readable, so these come from its abstract and secondary notes [S]):
+Parameters and their sources (the paper's body was not readable, so these come from its
+abstract and secondary summaries of the paper [S]):
 - systems: verl (colocated: generation, inference, training in turn on every GPU); StreamRL
   synchronous (generation and training pools, finished groups streamed to the trainer,
   skewness-aware dispatch, stage balancing) and one-step asynchronous [S];

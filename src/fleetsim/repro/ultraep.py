@@ -2,13 +2,13 @@
 in every layer of every micro-batch, against no balancing (Megatron-LM), EPLB on history and
 the force-balanced ideal.
 
-Parameters and their sources (``../shared/papers/moe.md`` section 4.1 and the UltraEP blog,
-``docs/blog_v1.md`` of the public repository):
+Parameters and their sources (the paper; the public repository github.com/Dots-Infra/UltraEP,
+v1.0.0, its README, ``csrc/kernels/placement.cu`` and the UltraEP blog ``docs/blog_v1.md``):
 - Qwen3-235B-A22B (Qwen/Qwen3-235B-A22B config.json: 94 layers, 128 experts, top-8, hidden
   4096, expert width 1536), EP64, 2 spare slots per rank [paper: "EP64 with 2 spare slots"];
   training forward + backward per micro-batch (Megatron-LM) and prefill (SGLang) [paper];
 - rack-scale node: GB200 NVL72, the EP group inside one NVLink domain [paper's title and
-  setting; our notes do not name the GPU, so this is our reading]; the same EP64 on 8-GPU
+  setting; the sources we read do not name the GPU, so this is our reading]; the same EP64 on 8-GPU
   HGX B200 nodes, where replicas stay inside a node [paper: the imbalance floor rises when the
   NVLink domain is smaller than the EP group];
 - UltraEP: masters fixed where Megatron puts them, spare slots refilled from the exact load
