@@ -37,6 +37,7 @@ table { border-collapse: collapse; font-size: 0.85em; margin: 0.8em 0; }
 th, td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; }
 th { background: #f4f4f4; } td.l, th.l { text-align: left; }
 tr.failed td { background: #fff0f0; }
+tr.overloaded td { background: #fff6e5; }
 """
 
 DPI = 110
@@ -253,8 +254,29 @@ RUN_COLUMNS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 
+def overload_warnings(inputs: ReportInputs) -> list[str]:
+    """One warning paragraph per run or sweep point whose summary says it was overloaded
+    (``summary["overload"]["warning"]``): its latencies are a growing queue's, not the
+    service's."""
+    named = [(r.label, r) for r in inputs.runs]
+    for sweep in inputs.sweeps:
+        values = {str(row.get("index")): row for row in sweep.rows}
+        for r in sweep.runs:
+            row = values.get(str(r.path.name), {})
+            grid = ", ".join(f"{k}={row.get(k)}" for k in sweep.keys)
+            named.append((f"sweep {sweep.path.name} point {r.path.name}"
+                          + (f" ({grid})" if grid else ""), r))
+    return [f"<p class=warn>{escape(label)}: {escape(str(warning))}</p>"
+            for label, r in named if (warning := _overload_warning(r))]
+
+
+def _overload_warning(run: RunData) -> str | None:
+    overload = run.summary.get("overload")
+    return overload.get("warning") if isinstance(overload, dict) else None
+
+
 def summary_tables(inputs: ReportInputs) -> list[str]:
-    out = []
+    out = overload_warnings(inputs)
     if inputs.runs:
         out.append(_runs_table(inputs.runs, [r.label for r in inputs.runs], "run"))
     for sweep in inputs.sweeps:
@@ -299,7 +321,11 @@ def _sweep_table(sweep: Any) -> str:
             continue
         cells = "".join(f"<td>{_cell(_get(run.summary, path), kind)}</td>"
                         for _, path, kind in cols)
-        rows.append(f"<tr><td>{row.get('index')}</td>{keys}<td class=l>ok</td>{cells}</tr>")
+        warning = _overload_warning(run)
+        status = (f"<tr class=overloaded><td>{row.get('index')}</td>{keys}"
+                  f"<td class=l title=\"{escape(warning)}\">overloaded</td>" if warning
+                  else f"<tr><td>{row.get('index')}</td>{keys}<td class=l>ok</td>")
+        rows.append(f"{status}{cells}</tr>")
     return "<div class=scroll><table>" + head + "".join(rows) + "</table></div>"
 
 

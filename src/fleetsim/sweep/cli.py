@@ -77,6 +77,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if r["status"] != "ok":
                 stdout.print(f"[red]point {r['index']} failed[/red]: {escape(r['error'])}",
                                 highlight=False)
+            elif r.get("overload_warning"):
+                stdout.print(f"[yellow]point {r['index']} overloaded[/yellow]: "
+                             f"{escape(r['overload_warning'])}", highlight=False)
     where = f"Ray ({args.ray_address})" if backend == "ray" else (
         f"{workers} worker processes" if backend == "process" else "this process")
     written = (f"results in {out}/ (sweep.csv, sweep.json, points/)" if num_ok or not existed
@@ -137,5 +140,6 @@ def sweep_table(keys: tuple[str, ...], rows: list[dict[str, Any]]) -> Table:
             v = r.get(col)
             cells.append(f"{100 * v:.1f}%" if col == "slo_attainment" and v is not None
                          else _fmt(v) if v is None or abs(v) >= 100 else f"{v:.4g}")
-        table.add_row(*values, "ok", *cells)
+        status = "[yellow]overloaded[/yellow]" if r.get("overload_warning") else "ok"
+        table.add_row(*values, status, *cells)
     return table
