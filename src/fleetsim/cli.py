@@ -425,7 +425,9 @@ def cmd_gpus(args: argparse.Namespace) -> int:
                 "net GB/s", "$/h", "measured tables"):
         table.add_column(col)
     for g in gpus:
-        table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}", f"{g.peak_fp8_flops / 1e12:,.0f}",
+        fp8 = ("no FP8 units" if g.peak_fp8_flops is None
+               else f"{g.peak_fp8_flops / 1e12:,.0f}")
+        table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}", fp8,
                       f"{g.hbm_bytes / 1e9:,.0f}", f"{g.hbm_bw_bytes_per_s / 1e12:.2f}",
                       f"{g.nvlink_bw_bytes_per_s / 1e9:,.0f}",
                       f"{g.network_bw_bytes_per_s / 1e9:,.0f}", f"{g.price_per_hour_usd:.2f}",

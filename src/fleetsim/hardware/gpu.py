@@ -29,8 +29,6 @@ class GPUSpec:
     """Canonical name, e.g. ``"H100-SXM"``."""
     peak_bf16_flops: float
     """Dense BF16 tensor-core peak, FLOP/s."""
-    peak_fp8_flops: float
-    """Dense FP8 tensor-core peak, FLOP/s (equal to BF16 on GPUs without FP8 units)."""
     hbm_bytes: float
     """Device memory the driver reports, bytes (what vLLM's memory utilization applies to)."""
     hbm_bw_bytes_per_s: float
@@ -43,6 +41,9 @@ class GPUSpec:
     """GPUs in one node (the largest tensor-parallel group)."""
     price_per_hour_usd: float
     """On-demand price per GPU-hour; an editable assumption, not a quote."""
+    peak_fp8_flops: float | None = None
+    """Dense FP8 tensor-core peak, FLOP/s; None (unset) on GPUs without FP8 tensor cores
+    (A100), whose FP8 checkpoints run weight-only (``fp8_gemm_flops``)."""
     aic_system: str | None = None
     """aiconfigurator-core system dir with measured kernel tables, or None (roofline only)."""
     pcie_bw_bytes_per_s: float = 32e9
@@ -53,9 +54,11 @@ class GPUSpec:
     of a cudaMemcpyAsync launch and DMA setup; an assumption)."""
 
     def __post_init__(self) -> None:
+        if self.peak_fp8_flops is not None and not self.peak_fp8_flops > 0:
+            raise ValueError(f"peak_fp8_flops must be > 0 (or left out on a GPU without FP8 "
+                             f"tensor cores), got {self.peak_fp8_flops}")
         for field in (
             "peak_bf16_flops",
-            "peak_fp8_flops",
             "hbm_bytes",
             "hbm_bw_bytes_per_s",
             "nvlink_bw_bytes_per_s",
@@ -71,18 +74,25 @@ class GPUSpec:
         if not 0 <= self.pcie_latency_s <= 1:
             raise ValueError(f"pcie_latency_s must be in [0, 1] s, got {self.pcie_latency_s}")
 
+    @property
+    def fp8_gemm_flops(self) -> float:
+        """Peak FLOP/s of a GEMM with FP8 weights: the FP8 tensor-core peak, or without FP8
+        units the BF16 one (vLLM runs FP8 checkpoints there as weight-only FP8, W8A16, with
+        Marlin kernels that dequantize to 16-bit before the tensor cores)."""
+        return self.peak_fp8_flops if self.peak_fp8_flops is not None else self.peak_bf16_flops
+
 
 # Prices are approximate 2025 on-demand list prices per GPU-hour (Lambda / AWS public price
 # pages); they drift often, so edit them (or override in a catalog TOML) for real cost studies.
 _BUILTIN: tuple[GPUSpec, ...] = (
     # NVIDIA A100 datasheet (80GB SXM): 312 TF BF16 dense, 2,039 GB/s HBM2e, NVLink 600 GB/s
-    # bidirectional; DGX A100 has one 200 Gb/s HDR NIC per GPU. No FP8 units: FP8 = BF16 rate.
+    # bidirectional; DGX A100 has one 200 Gb/s HDR NIC per GPU. The datasheet lists no FP8
+    # (Ampere's tensor cores have none), so peak_fp8_flops is left out.
     # Price: Lambda on-demand 8x A100-80GB SXM, ~$1.79/GPU-h.
     GPUSpec(
         name="A100-80GB-SXM",
         pcie_bw_bytes_per_s=32e9,  # PCIe Gen4 x16: 64 GB/s bidirectional (A100 datasheet)
         peak_bf16_flops=312e12,
-        peak_fp8_flops=312e12,
         hbm_bytes=81920 * _MIB,
         hbm_bw_bytes_per_s=2039 * _GB,
         nvlink_bw_bytes_per_s=300 * _GB,

@@ -141,7 +141,7 @@ class OpTimes:
                 f"no measured tables of that name (known: {', '.join(systems)}); fix it, or "
                 f"leave it unset for the roofline model")
         fp8 = model.weight_dtype_bytes == 1
-        self.peak_flops = gpu.peak_fp8_flops if fp8 else gpu.peak_bf16_flops
+        self.peak_flops = gpu.fp8_gemm_flops if fp8 else gpu.peak_bf16_flops
         self.gemm_dtypes = ("fp8_block", "fp8") if fp8 else ("bfloat16",)
         self.heads = -(-model.num_attention_heads // tp)
         self.kv_heads = -(-model.num_kv_heads // tp)
