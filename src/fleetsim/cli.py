@@ -249,9 +249,14 @@ def _run_with_progress(config: Any, console: Console) -> Any:
         return run(config, progress=progress)
 
 
+ITL_OFF_HINT = "¹ ITL not recorded: turn it on with --set engine.track_itl=true (or --vllm-json)"
+
+
 def summary_table(s: dict[str, Any]) -> Table:
     """The run summary as a table: latency percentiles, then throughput and SLO figures."""
-    table = Table(title=f"{s['model']} on {s['tp']}x {s['gpu']} — {s['workload']}")
+    from fleetsim.formatting import hardware_label
+
+    table = Table(title=f"{s['model']} on {hardware_label(s)} — {s['workload']}")
     table.add_column("metric")
     for col in ("mean", "p50", "p90", "p99"):
         table.add_column(col, justify="right")
@@ -259,6 +264,9 @@ def summary_table(s: dict[str, Any]) -> Table:
                        ("itl_s", "ITL, all gaps (s)"), ("e2e_s", "E2E (s)"),
                        ("queueing_s", "queueing (s)")):
         d = s[key]
+        if key == "itl_s" and not d.get("num_gaps"):
+            # ITL costs a record per token gap, so it is off by default: say how to turn it on
+            label += " ¹"
         table.add_row(label, *(_fmt(d[c]) for c in ("mean", "p50", "p90", "p99")))
     thr, slo = s["throughput"], s["slo"]
     kv = s["kv_cache"]
@@ -285,6 +293,8 @@ def summary_table(s: dict[str, Any]) -> Table:
     for label, value in rows:
         table.add_row(label, value, "", "", "")
     caption = f"fleetsim {s['engine_build']}" if s.get("engine_build") else ""
+    if not s["itl_s"].get("num_gaps"):
+        caption = f"{ITL_OFF_HINT}\n{caption}"
     warning = (s.get("overload") or {}).get("warning")
     if warning:
         caption = f"WARNING: {warning}\n{caption}"

@@ -60,3 +60,44 @@ def test_catalog_entry_without_fp8_loads_and_a_bad_one_is_refused(tmp_path):
     path.write_text(base + "peak_fp8_flops=-1\n")
     with pytest.raises(ValueError, match="peak_fp8_flops must be > 0"):
         load_gpu_catalog(path)
+
+
+# ---- titles: replicas, TP and P/D roles ------------------------------------------------
+FAST = ["--set", "workload.max_requests=20"]
+
+
+@pytest.mark.parametrize(("sets", "title"), [
+    (["hardware.num_replicas=2"], "on 2x H100-SXM, TP 1 —"),
+    (["hardware.num_replicas=4"], "on 4x H100-SXM, TP 1 —"),
+    (["hardware.tp=2"], "on 1x H100-SXM, TP 2 (2 GPUs) —"),
+    (['cluster.pools=[{name="p",gpu="h200",role="prefill"},'
+      '{name="d",gpu="a100",role="decode",num_replicas=2}]'],
+     "on prefill 1x H200, TP 1 + decode 2x A100-80GB-SXM, TP 1 —"),
+])
+def test_run_title_names_replicas_tp_and_roles(tmp_path, capsys, sets, title):
+    args = [a for s in sets for a in ("--set", s)]
+    code, out, err = cli(capsys, "run", "--out", str(tmp_path / "o"), *FAST, *args)
+    assert code == 0, err
+    assert title in " ".join(out.split())
+
+
+def test_report_header_names_pools_and_roles(tmp_path):
+    from fleetsim.report.html import _hardware
+    from fleetsim.report.load import RunData
+
+    summary = {"gpu": "H200 + A100-80GB-SXM", "tp": 1, "num_replicas": 3, "pools": [
+        {"name": "p", "gpu": "H200", "role": "prefill", "num_replicas": 1, "tp": 1},
+        {"name": "d", "gpu": "A100-80GB-SXM", "role": "decode", "num_replicas": 2, "tp": 1}]}
+    run = RunData(path=tmp_path, label="r", summary=summary, config=None)
+    assert _hardware(run) == "prefill 1x H200, TP 1 + decode 2x A100-80GB-SXM, TP 1"
+
+
+# ---- the ITL row says how to turn ITL on -----------------------------------------------
+def test_itl_row_without_tracking_says_how_to_turn_it_on(tmp_path, capsys):
+    code, out, _ = cli(capsys, "run", "--out", str(tmp_path / "o"), *FAST)
+    assert code == 0
+    assert "ITL, all gaps (s) ¹" in out
+    assert "turn it on with --set engine.track_itl=true" in out
+    code, out, _ = cli(capsys, "run", "--out", str(tmp_path / "t"), *FAST,
+                       "--set", "engine.track_itl=true")
+    assert code == 0 and "track_itl" not in out and "¹" not in out

@@ -16,6 +16,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from fleetsim import __version__
+from fleetsim.formatting import hardware_label
 from fleetsim.report import figures as F
 from fleetsim.report.layout import Layout, fit, layout, workload_mix
 from fleetsim.report.load import ReportInputs, RunData
@@ -114,7 +115,7 @@ def _hardware(run: RunData) -> str | None:
     s = run.summary
     if not s.get("gpu"):
         return None
-    return f"{s.get('num_replicas', '?')}x {s['gpu']}, TP {s.get('tp', '?')}"
+    return hardware_label(s)
 
 
 def _written_on(inputs: ReportInputs) -> str | None:
