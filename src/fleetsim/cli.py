@@ -450,17 +450,51 @@ def cmd_trace_info(args: argparse.Namespace) -> int:
     from fleetsim.workloads import trace_info
 
     info = trace_info(args.file)
-    fmt = output_format(args)
-    if fmt != "table":
-        emit(fmt, info, list)
-        return 0
-    table = Table(title=f"trace {args.file}")
-    table.add_column("field")
-    table.add_column("value", justify="right")
-    for key, value in _flatten(info):
-        table.add_row(key, _fmt(value) if isinstance(value, float) else str(value))
-    print_table(table)
+    emit(output_format(args), info, lambda: trace_info_tables(args.file, info))
     return 0
+
+
+def trace_info_tables(name: str, info: dict[str, Any]) -> list[Table]:
+    """``trace info`` for people: labelled rows with units, one number format per kind
+    (counts and tokens with thousands separators, shares in %), and a sentence where a
+    statistic does not apply; ``--format json|csv`` keeps the raw keys."""
+
+    def num(v: Any, spec: str = ",.0f", unit: str = "") -> str:
+        return "–" if v is None else f"{v:{spec}}{unit}"
+
+    table = Table(title=f"trace {name}")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    cv = info.get("iat_cv")
+    rows = [("requests", num(info["rows"])),
+            ("span, first to last arrival", num(info["span_s"], ",.1f", " s")),
+            ("mean arrival rate", num(info["mean_rate_per_s"], ",.2f", " req/s")),
+            ("inter-arrival CV (1 = Poisson)", num(cv, ".2f") if cv is not None
+             else "– (fewer than 2 arrival gaps)")]
+    if info.get("hash_block_tokens") is None:
+        rows.append(("prefix-block hashes", "none in this trace"))
+    else:
+        rows += [("hash block", num(info["hash_block_tokens"], ",d", " tokens")),
+                 ("hash blocks (distinct)", f"{num(info['num_hash_blocks'], ',d')} "
+                                            f"({num(info['num_distinct_hash_blocks'], ',d')})"),
+                 ("blocks seen before (any cache)",
+                  num(_pct(info["hash_block_reuse_share"]), ".1f", "%")),
+                 ("prefix-hit blocks (infinite prefix cache)",
+                  num(_pct(info["prefix_hit_block_share"]), ".1f", "%"))]
+    for label, value in rows:
+        table.add_row(label, value)
+    lengths = Table(title="tokens per request")
+    lengths.add_column("")
+    stats = ("mean", "p50", "p90", "p99", "max")
+    for stat in stats:
+        lengths.add_column(stat, justify="right")
+    for kind in ("prompt", "output"):
+        lengths.add_row(kind, *(num(info[f"{kind}_tokens_{s}"]) for s in stats))
+    return [table, lengths]
+
+
+def _pct(share: float | None) -> float | None:
+    return None if share is None else 100 * share
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -471,16 +505,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     else:
         print(dump_toml(), end="")
     return 0
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            rows.extend(_flatten(v, f"{prefix}{k}."))
-        else:
-            rows.append((f"{prefix}{k}", v))
-    return rows
 
 
 if __name__ == "__main__":

@@ -101,3 +101,20 @@ def test_itl_row_without_tracking_says_how_to_turn_it_on(tmp_path, capsys):
     code, out, _ = cli(capsys, "run", "--out", str(tmp_path / "t"), *FAST,
                        "--set", "engine.track_itl=true")
     assert code == 0 and "track_itl" not in out and "¹" not in out
+
+
+# ---- trace info for people ---------------------------------------------------------------
+def test_trace_info_table_has_labels_units_one_format_and_no_none(capsys):
+    code, out, _ = cli(capsys, "trace", "info", "embedded:azure_conv_2023")
+    assert code == 0
+    for raw in ("None", "prompt_tokens_p50", "mean_rate_per_s", "iat_cv", "hash_block"):
+        assert raw not in out
+    assert "requests" in out and "4,424" in out
+    assert "899.9 s" in out and "4.92 req/s" in out
+    assert "prefix-block hashes" in out and "none in this trace" in out
+    prompt = next(line.split() for line in out.splitlines() if line.strip().startswith("prompt"))
+    assert prompt[1:] == ["1,173", "1,047", "2,423", "4,109", "7,930"]  # one format per kind
+    code, out, _ = cli(capsys, "trace", "info", "embedded:mooncake_conversation_10min")
+    assert "512 tokens" in out and "48,671 (34,850)" in out and "28.4%" in out
+    code, out, _ = cli(capsys, "trace", "info", "embedded:azure_conv_2023", "--format", "json")
+    assert json.loads(out)["hash_block_tokens"] is None  # the data keeps its raw keys
