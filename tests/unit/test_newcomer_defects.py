@@ -5,6 +5,8 @@ and ``run``'s --model/--gpu/--tp shorthands."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -118,3 +120,31 @@ def test_trace_info_table_has_labels_units_one_format_and_no_none(capsys):
     assert "512 tokens" in out and "48,671 (34,850)" in out and "28.4%" in out
     code, out, _ = cli(capsys, "trace", "info", "embedded:azure_conv_2023", "--format", "json")
     assert json.loads(out)["hash_block_tokens"] is None  # the data keeps its raw keys
+
+
+# ---- result folders and reports follow the umask ------------------------------------------
+@pytest.fixture
+def umask():
+    def set_mask(mask: int) -> None:
+        os.umask(mask)
+
+    saved = os.umask(0o022)
+    os.umask(saved)
+    yield set_mask
+    os.umask(saved)
+
+
+@pytest.mark.parametrize(("mask", "folder", "file"), [(0o022, 0o755, 0o644),
+                                                      (0o002, 0o775, 0o664),
+                                                      (0o077, 0o700, 0o600)])
+def test_results_and_reports_follow_the_umask(tmp_path, capsys, umask, mask, folder, file):
+    from fleetsim.results import write_file
+
+    umask(mask)
+    out = tmp_path / "o"
+    assert cli(capsys, "run", "--out", str(out), *FAST)[0] == 0
+    assert stat.S_IMODE(out.stat().st_mode) == folder
+    assert stat.S_IMODE((out / "summary.json").stat().st_mode) == file
+    report = tmp_path / "r.html"
+    write_file(report, "<html></html>")  # what report --out, --plot and --vllm-json use
+    assert stat.S_IMODE(report.stat().st_mode) == file
