@@ -9,6 +9,7 @@ never clobbers earlier results. SIGTERM is handled like Ctrl-C (exit 130 / 143, 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -99,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="replace the earlier results in the folder (else refused)")
     add_format_flag(p)
+    g = p.add_argument_group("model and hardware shorthands (win over --set of the same key)")
+    g.add_argument("--model", default=None,
+                   help="= --set model=NAME (a catalog name, a HF repo id or a config.json)")
+    g.add_argument("--gpu", default=None, help="= --set hardware.gpu=NAME (see fleetsim gpus)")
+    g.add_argument("--tp", default=None, metavar="N", help="= --set hardware.tp=N")
     add_workload_flags(p)
     p.add_argument("--vllm-json", metavar="FILE", default=None,
                    help="also write the result as `vllm bench serve` writes it (ms, its keys)")
@@ -189,7 +195,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     fmt = output_format(args)
     # vLLM's benchmark result reports ITL: record it for --vllm-json.
     itl = ["engine.track_itl=true"] if args.vllm_json else []
-    config = load_config(args.config, [*itl, *args.overrides, *workload_overrides(args)])
+    config = load_config(args.config, [*itl, *args.overrides, *hardware_overrides(args),
+                                       *workload_overrides(args)])
     out = Path(args.out) if args.out else Path("results") / (
         Path(args.config).stem if args.config else "default")
     check_out_dir(out, force=args.force)
@@ -213,6 +220,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         written += f"; vLLM-style result in {args.vllm_json}"
     print(written, file=sys.stderr if fmt != "table" else sys.stdout)
     return 0
+
+
+def hardware_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` items that ``run --model/--gpu/--tp`` stand for. The names are checked
+    where ``--set`` values are (the catalogs, when the config loads); ``--tp`` here, naming
+    the flag."""
+    out = []
+    if args.model is not None:
+        out.append(f"model={json.dumps(args.model)}")
+    if args.gpu is not None:
+        out.append(f"hardware.gpu={json.dumps(args.gpu)}")
+    if args.tp is not None:
+        try:
+            tp = int(args.tp)
+        except ValueError:
+            raise FleetsimInputError("--tp", args.tp, "expected an integer >= 1, e.g. --tp 2"
+                                     ) from None
+        if tp < 1:
+            raise FleetsimInputError("--tp", args.tp, "must be >= 1 (GPUs per replica)")
+        out.append(f"hardware.tp={tp}")
+    return out
 
 
 def _run_with_progress(config: Any, console: Console) -> Any:

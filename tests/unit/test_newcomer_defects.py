@@ -148,3 +148,33 @@ def test_results_and_reports_follow_the_umask(tmp_path, capsys, umask, mask, fol
     report = tmp_path / "r.html"
     write_file(report, "<html></html>")  # what report --out, --plot and --vllm-json use
     assert stat.S_IMODE(report.stat().st_mode) == file
+
+
+# ---- run --model/--gpu/--tp ---------------------------------------------------------------
+def test_run_model_gpu_tp_flags_are_the_config_keys(tmp_path, capsys):
+    out = tmp_path / "o"
+    code, _, err = cli(capsys, "run", "--out", str(out), *FAST, "--model",
+                       "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h200", "--tp", "2")
+    assert code == 0, err
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert config["hardware"]["gpu"] == "h200" and config["hardware"]["tp"] == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["gpu"] == "H200" and summary["tp"] == 2
+    # the flags win over --set of the same key
+    code, _, err = cli(capsys, "run", "--out", str(out), "--force", *FAST,
+                       "--set", "hardware.gpu=a100", "--gpu", "h100")
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["hardware"]["gpu"] == "h100"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--tp", "abc"], "--tp: got 'abc'; expected an integer >= 1"),
+    (["--tp", "0"], "--tp: got '0'; must be >= 1"),
+    (["--gpu", "zz"], "got 'zz'; unknown GPU; known: A100-80GB-SXM"),
+    (["--model", "zzz"], "got 'zzz'; unknown model"),
+])
+def test_run_shorthand_bad_values_are_one_line_exit_2(tmp_path, capsys, flags, message):
+    code, _, err = cli(capsys, "run", "--out", str(tmp_path / "o"), *FAST, *flags)
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
