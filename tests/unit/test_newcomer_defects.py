@@ -178,3 +178,49 @@ def test_run_shorthand_bad_values_are_one_line_exit_2(tmp_path, capsys, flags, m
     code, _, err = cli(capsys, "run", "--out", str(tmp_path / "o"), *FAST, *flags)
     assert code == 2 and message in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+# ---- progress bars with an ETA ------------------------------------------------------------
+@pytest.fixture
+def terminal(monkeypatch):
+    """stderr treated as a terminal (rich honours TTY_COMPATIBLE), so the bars are drawn."""
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def test_sweep_progress_shows_an_eta(tmp_path, capsys, terminal):
+    spec = tmp_path / "s.toml"
+    spec.write_text('[base.workload]\nmax_requests = 20\n[grid]\n"workload.rate_scale" = [1, 2]\n')
+    code, _, err = cli(capsys, "sweep", str(spec), "--workers", "1", "--out", str(tmp_path / "o"))
+    assert code == 0 and "ETA" in err and "/2" in err
+
+
+def test_plan_progress_shows_an_eta(tmp_path, capsys, terminal):
+    code, _, err = cli(capsys, "plan", "--gpus", "h100", "--tp", "1", "--max-gpus", "1",
+                       "--requests-per-gpu", "60", "--max-runs", "3", *FAST)
+    assert code in (0, 1) and "ETA" in err and "/1" in err
+
+
+def test_report_progress_shows_an_eta(tmp_path, capsys, terminal):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "o"
+    assert cli(capsys, "run", "--out", str(out), *FAST)[0] == 0
+    code, _, err = cli(capsys, "report", str(out))
+    assert code == 0 and "ETA" in err and "/5" in err
+
+
+def test_repro_progress_shows_an_eta(capsys, terminal, monkeypatch):
+    import argparse
+
+    from fleetsim.repro import cli as repro_cli
+    from fleetsim.repro import get_reproduction
+
+    def fake_run(repro, quick, overrides, progress=None):  # the runs' labels, no simulation
+        for label in ("a", "b", "c"):
+            progress(label)
+        return None, None
+
+    monkeypatch.setattr("fleetsim.repro.frame.run_reproduction", fake_run)
+    args = argparse.Namespace(quick=True, overrides=[])
+    repro_cli._run(get_reproduction("fastserve"), args)
+    assert "ETA" in capsys.readouterr()[1]

@@ -57,24 +57,36 @@ def img(fig: Figure, alt: str, caption: str = "") -> str:
             f"{cap}</figure>")
 
 
-def render(inputs: ReportInputs, made_on: str | None = None) -> str:
+NUM_SECTIONS = 5
+"""Sections ``render`` draws, one ``progress`` call each."""
+
+
+def render(inputs: ReportInputs, made_on: str | None = None,
+           progress: Callable[[str], None] | None = None) -> str:
     """The whole page for what ``load_inputs`` found; ``made_on`` (a date the caller read
-    from the clock) goes in the header."""
+    from the clock) goes in the header; ``progress`` (optional) is called with each
+    section's title once it is drawn."""
+    done = progress or (lambda title: None)
     parts = [f"<h1>fleetsim report</h1><p class=src>{escape(str(inputs.path))}: "
              f"{escape(describe(inputs))}</p>", header(inputs, made_on)]
     parts.append(section("Summary", summary_tables(inputs)))
+    done("Summary")
     parts.append(section(F.TITLE_CDF, list(_per_source(inputs, F.latency_cdfs, F.TITLE_CDF)),
                          "no requests.csv with TTFT/TPOT/E2E columns found"))
+    done(F.TITLE_CDF)
     parts.append(section(F.TITLE_SLO, list(_slo_figures(inputs)),
                          "needs a sweep over workload.rate_scale or workload.rate_per_s, or a "
                          "goodput search"))
+    done(F.TITLE_SLO)
     parts.append(section(F.TITLE_QUEUE,
                          list(_per_source(inputs, F.queue_over_time, F.TITLE_QUEUE)),
                          "no timeline with queue columns (mean_waiting, mean_running) in the "
                          "summaries"))
+    done(F.TITLE_QUEUE)
     parts.append(section(F.TITLE_PARETO, list(pareto_figures(inputs)),
                          "needs a capacity plan (plan.json), or sweep points or several runs "
                          "whose summaries report cost"))
+    done(F.TITLE_PARETO)
     body = "\n".join(parts)
     return (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
             f"<title>fleetsim report: {escape(inputs.path.name or str(inputs.path))}</title>"

@@ -7,6 +7,7 @@ The main CLI calls ``add_parser(subparsers)``; each command builds a config the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -18,7 +19,7 @@ from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
-from fleetsim.output import print_table
+from fleetsim.output import print_table, progress_bar
 
 DEFAULT_PLAN_GPUS = "h100,a100,h200"
 EXIT_NOTHING_FEASIBLE = 1
@@ -240,21 +241,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  f"--max-gpus to at least {tps[0]}")
     err_console = Console(stderr=True)
     show = err_console.is_terminal and not args.json
+    bar = progress_bar(err_console, "plan") if show else None
+    task = bar.add_task("plan", total=len(shapes), note="") if bar is not None else None
     done = [0]
 
     def on_point(point: Any) -> None:
         done[0] += 1
-        if show:
+        if bar is not None:
             rate = point.goodput_rate_per_s
-            err_console.print(f"  [{done[0]}/{len(shapes)}] {point.shape.name}: " + (
+            bar.console.print(f"  [{done[0]}/{len(shapes)}] {point.shape.name}: " + (
                 "infeasible" if point.goodput is None else f"{_fmt(rate)} req/s"))
+            bar.update(task, advance=1, note=point.shape.name)
 
     if show:
         err_console.print(f"planning {len(shapes)} cluster shapes (one goodput search each)")
-
-    points = plan(config, shapes, target=args.target, rel_tol=args.tol,
-                  max_runs=args.max_runs, requests_per_gpu=args.requests_per_gpu or None,
-                  on_point=on_point)
+    with bar if bar is not None else contextlib.nullcontext():
+        points = plan(config, shapes, target=args.target, rel_tol=args.tol,
+                      max_runs=args.max_runs, requests_per_gpu=args.requests_per_gpu or None,
+                      on_point=on_point)
     result = plan_to_dict(points, target=args.target,
                           requests_per_gpu=args.requests_per_gpu or None, config=config,
                           total_gpus=args.total_gpus, target_rate_per_s=args.target_rate)

@@ -96,18 +96,16 @@ def _run_with_progress(spec: Any, out: Path, backend: str, workers: int | None,
     kwargs = {"backend": backend, "workers": workers, "ray_address": ray_address}
     if not console.is_terminal:
         return run_sweep(spec, out, **kwargs)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from fleetsim.output import progress_bar
 
-    with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[failed]}"), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("sweep", total=spec.num_points, failed="")
+    with progress_bar(console, "sweep") as bar:
+        task = bar.add_task("sweep", total=spec.num_points, note="")
         num_failed = 0
 
         def on_result(result: Any) -> None:
             nonlocal num_failed
             num_failed += result.status != "ok"
-            bar.update(task, advance=1, failed=f"{num_failed} failed" if num_failed else "")
+            bar.update(task, advance=1, note=f"{num_failed} failed" if num_failed else "")
 
         return run_sweep(spec, out, on_result=on_result, **kwargs)
 
