@@ -17,15 +17,13 @@ from fleetsim import native
 from fleetsim.config import config_from_dict
 from fleetsim.run import run
 
-# The embedded ShareGPT sample (etalon's sharegpt_8k_filtered_stats_llama2_tokenizer.csv,
-# Apache-2.0; see src/fleetsim/data/README.md).
-SHAREGPT = "embedded:sharegpt_lengths"
-
 
 def lengths() -> tuple[dict, dict]:
-    """ShareGPT prompt/output lengths, resampled from the embedded sample."""
-    return ({"kind": "empirical", "path": SHAREGPT, "column": "num_prefill_tokens"},
-            {"kind": "empirical", "path": SHAREGPT, "column": "num_decode_tokens"})
+    """ShareGPT prompt/output lengths (the sample shipped in fleetsim/data)."""
+    return ({"kind": "empirical", "path": "embedded:sharegpt_lengths",
+             "column": "num_prefill_tokens"},
+            {"kind": "empirical", "path": "embedded:sharegpt_lengths",
+             "column": "num_decode_tokens"})
 
 
 def main() -> None:

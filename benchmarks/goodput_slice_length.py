@@ -6,23 +6,17 @@ Short slices overstate goodput (queues have no time to build up); this shows by 
 so that ``workload.max_requests`` can be chosen for quick searches.
 
     python benchmarks/goodput_slice_length.py [--gpu h100] [--full-trace] [--tol 0.05]
-
-``--full-trace`` needs ``data/AzureLLMInferenceTrace_conv.csv`` of the public GitHub
-repository ``Azure/AzurePublicDataset`` (CC-BY-4.0), downloaded to ``traces/`` in the
-repository root.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from fleetsim.config import load_config
 from fleetsim.search import goodput_search, goodput_to_dict
 
-FULL_TRACE = (Path(__file__).resolve().parents[1] / "traces"
-              / "AzureLLMInferenceTrace_conv.csv")
+FULL_TRACE = "embedded:azure_conv_2023_hour"  # the whole hour, shipped in fleetsim/data
 
 
 def main() -> None:
@@ -30,7 +24,7 @@ def main() -> None:
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--tol", type=float, default=0.05)
     ap.add_argument("--full-trace", action="store_true",
-                    help=f"also search on the whole hour ({FULL_TRACE.name}, 19,366 requests)")
+                    help=f"also search on the whole hour ({FULL_TRACE}, 19,366 requests)")
     args = ap.parse_args()
     cuts: list[tuple[str, list[str]]] = [
         (f"first {n} requests", [f"workload.max_requests={n}"]) for n in (250, 500, 1000, 2000)]

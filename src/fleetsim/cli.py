@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="TOML config file (optional)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set hardware.gpu=h200 (repeatable)")
-    p.add_argument("--out", default=None, help="results folder (default: results/<run name>)")
+    p.add_argument("--out", default=None,
+                   help="results folder (default: results/<run name>, or results/<run name>-N "
+                   "when that one holds results)")
     p.add_argument("--force", action="store_true",
                    help="replace the earlier results in the folder (else refused)")
     add_format_flag(p)
@@ -189,7 +191,7 @@ def version_line() -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
-    from fleetsim.results import check_out_dir, check_out_file, write_run
+    from fleetsim.results import check_out_dir, check_out_file, fresh_out_dir, write_run
     from fleetsim.vllm_json import parse_percentiles, vllm_result
 
     fmt = output_format(args)
@@ -197,8 +199,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     itl = ["engine.track_itl=true"] if args.vllm_json else []
     config = load_config(args.config, [*itl, *args.overrides, *hardware_overrides(args),
                                        *workload_overrides(args)])
-    out = Path(args.out) if args.out else Path("results") / (
-        Path(args.config).stem if args.config else "default")
+    out = Path(args.out) if args.out else fresh_out_dir(Path("results") / (
+        Path(args.config).stem if args.config else "default"))
     check_out_dir(out, force=args.force)
     percentiles = parse_percentiles(args.percentiles)
     if args.vllm_json:

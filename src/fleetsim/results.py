@@ -67,6 +67,22 @@ def check_out_dir(out: Path, flag: str = "--out", force: bool | None = None) -> 
     _check_can_create_in(out.parent, flag, out)
 
 
+def fresh_out_dir(base: Path) -> Path:
+    """The folder of a command run without ``--out``: ``base`` while it holds no results, else
+    the first free ``base-2``, ``base-3``, ... A bare command thus always runs (right after
+    ``make run`` too) and never replaces earlier results; ``--out`` keeps the refuse-to-replace
+    rule."""
+    def taken(path: Path) -> bool:
+        return path.exists() and (not path.is_dir() or any(True for _ in path.iterdir()))
+
+    if not taken(base):
+        return base
+    n = 2
+    while taken(base.with_name(f"{base.name}-{n}")):
+        n += 1
+    return base.with_name(f"{base.name}-{n}")
+
+
 def check_out_file(path: Path, flag: str) -> None:
     """Fail now if the file ``path`` cannot be written (a folder, or an unwritable place)."""
     if path.is_dir():

@@ -40,9 +40,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
             _print_list(list(REPRODUCTIONS.values()))
         return 0
     repro = get_reproduction(args.name)
-    from fleetsim.results import check_out_dir
+    from fleetsim.results import check_out_dir, fresh_out_dir
 
-    out = Path(args.out) if args.out else Path("results") / "repro" / repro.key
+    out = Path(args.out) if args.out else fresh_out_dir(Path("results") / "repro" / repro.key)
     check_out_dir(out)
     comparison, ctx, took_s = _run(repro, args)
     from fleetsim.repro.frame import to_document

@@ -128,8 +128,9 @@ STREAMRL = add(Reproduction(
     claim="Up to 2.66x higher throughput (samples/s) than verl with one-step asynchrony; "
           "1.12-2.12x synchronous.",
     setup=f"Qwen2.5-7B GRPO on {NUM_GPUS} H800 ({QUICK_GPUS} with --quick), {PROMPTS} prompts x "
-          f"{GROUP} samples per step, max response 5K/10K/20K (DeepCoder-14B group lengths "
-          f"scaled to the cap), {STEPS} steps; StreamRL's split by stage balancing",
+          f"{GROUP} samples per step, max response 5K/10K/20K (PolyTrace's DAPO Qwen2.5-32B "
+          f"group lengths scaled to the cap), {STEPS} steps; StreamRL's split by stage "
+          f"balancing",
     system="streamrl-async",
     baselines=("verl", "streamrl-sync"),
     baseline="verl",

@@ -44,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fleetsim.results import check_out_dir
+    from fleetsim.results import check_out_dir, fresh_out_dir
     from fleetsim.sweep import load_spec
 
     if args.workers is not None and args.workers < 1:
@@ -52,7 +52,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers > MAX_WORKERS:
         raise FleetsimInputError("--workers", args.workers, f"must be at most {MAX_WORKERS}")
     spec = load_spec(args.spec, args.overrides, args.grid)
-    out = Path(args.out) if args.out else Path("results") / Path(args.spec).stem
+    out = Path(args.out) if args.out else fresh_out_dir(Path("results") / Path(args.spec).stem)
     check_out_dir(out, force=args.force)
     existed = out.exists()
     if args.ray_address is not None:
