@@ -98,7 +98,7 @@ class StickySkew:
 
     skew_threshold: float = 1.5
     """Load over mean above which balance wins over stickiness (our assumption: the paper's
-    threshold is not in our notes)."""
+    threshold is not in what we could read)."""
     replica_by_trajectory: dict[int, int] = field(default_factory=dict)
     """program id -> the replica its calls stick to."""
     num_skew_routes: int = 0

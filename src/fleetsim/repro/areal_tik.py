@@ -14,7 +14,7 @@ read directly; [S]: a secondary summary of the paper, whose body could not be re
   (one-step staleness, finished samples streamed to the trainer);
 - H20 GPUs, end-to-end throughput averaged over configurations (the paper: 12 configs, 1.10x
   on average) [S];
-- our choices (the 12 configs are not in our notes): Qwen2.5-7B GRPO on 16 H20 split 12
+- our choices (the 12 configs are not in what we could read): Qwen2.5-7B GRPO on 16 H20 split 12
   generation / 4 training (8 = 6 + 2 with --quick), 128 prompts x 8 samples, maximum response
   lengths 4K / 8K / 16K with PolyTrace's DAPO group lengths scaled by cap / 20,480 (as the
   StreamRL entry), 3 steps. H20 has no measured tables: its times are roofline.

@@ -23,7 +23,7 @@ lacks):
   requests per GPU; instances of 8 GPUs (a full bf16 copy of the model fits with room for KV);
 - ShareGPT rows (``embedded:sharegpt_lengths``, vLLM's benchmark filter: prompt <= 1,024,
   prompt + output <= 2,048), Poisson arrivals; SLOs TTFT <= 2 s and TPOT <= 100 ms, 90% of
-  requests meeting both (the paper's SLO values are not in our notes);
+  requests meeting both (the paper's SLO values are not in what we could read);
 - every system gets its best split of the budget (PD: prefill vs decode instances; ExpertPlex:
   pool size and attention GPUs per phase), found by the same rate sweep.
 """

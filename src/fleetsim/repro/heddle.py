@@ -13,7 +13,7 @@ migration rule are our reconstruction [R]):
   entry's TP, Fix-1, Fix-8: the paper's fixed-MP ablation);
 - baselines, all FCFS with homogeneous MP [S]: slime (per-step least-load routing), verl
   (sticky: a trajectory's steps follow its first, least-loaded worker), verl* (sticky until
-  the worker's load passes 1.5x the mean: our threshold, the paper's is not in our notes);
+  the worker's load passes 1.5x the mean: our threshold, the paper's is not in what we could read);
 - Qwen3-8B, 14B and 32B (the paper's) at TP 1, 2 and 4 (our choice: the baselines'
   homogeneous MP and the resource manager's start) on H100
   (the paper: Hopper GPUs); 16 GPUs and 128 prompts x 16 samples per batch (the paper: 64

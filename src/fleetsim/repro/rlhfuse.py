@@ -12,7 +12,7 @@ readable; [P]: the public FlexFusion solver, github.com/FlexFusion/FlexFusion, A
 - migration threshold 20% of the batch still generating [S];
 - Hopper GPUs: H800 (8 per node, NVLink, 8 x 200 Gb/s RoCE: the catalog's H800), 256 of
   them (32 in --quick) [S: 32 nodes x 8 Hopper];
-- our choices (not in our notes): the actor LLaMA-65B with critic LLaMA-33B (the largest of
+- our choices (not in what we could read): the actor LLaMA-65B with critic LLaMA-33B (the largest of
   the paper's pairs; --quick: 13B/13B), training tp 4 (LLaMA-33B's 52 heads take tp 4) x pp
   4, 8 or 16, whichever is fastest for the system (ReaLHF's layout search, in small), with
   about one sample per micro-batch, inference tp 4 x pp 1, generation tp 8, response

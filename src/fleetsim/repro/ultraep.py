@@ -21,8 +21,8 @@ v1.0.0, its README, ``csrc/kernels/placement.cu`` and the UltraEP blog ``docs/bl
   of the last 8 (our choice: one step of 8 micro-batches), the same 2 spare slots per rank;
   its copies are planned from history, so they are prefetched and charged nothing (in
   EPLB's favour);
-- our choices (not in our notes of the paper): 4,096 tokens per GPU per training micro-batch
-  (one 4K sequence), 8,192 per GPU per prefill batch (one 8K chunk); expert load from
+- our choices (not in what we could read of the paper): 4,096 tokens per GPU per training
+  micro-batch (one 4K sequence), 8,192 per GPU per prefill batch (one 8K chunk); expert load from
   fleetsim's generators (``moe/loads.py``): ``drift`` for training (Zipf popularity whose
   log-weights random-walk between micro-batches), ``rl`` for prefill (a Zipf base plus hot
   experts that change every micro-batch: batches of prompts from different tasks), both at
