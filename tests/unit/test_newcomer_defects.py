@@ -241,6 +241,10 @@ def test_plan_pick_is_verified_on_the_whole_workload_with_a_caveat(tmp_path, cap
     assert v["num_requests"] == 4424 and v["attainment"] < 0.9 and not v["met"]
     assert "caveat: 1x H100-SXM tp1:" in stdout and "300 requests per GPU" in stdout
     assert "SLO met on the whole workload" in stdout
+    pytest.importorskip("matplotlib")
+    assert cli(capsys, "report", str(out))[0] == 0
+    page = (out / "report.html").read_text()
+    assert "SLO met on the whole workload" in page and "the goodput is overstated" in page
 
 
 def test_plan_on_the_configs_own_slice_is_not_reverified(tmp_path, capsys):

@@ -356,14 +356,26 @@ def _pools_table(pools: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 def _plan_table(plan: Any) -> str:
+    """The plan's shapes by cost; with ``verified`` picks (``search.plan.verify_picks``), the
+    attainment each reached on the whole workload at its goodput."""
+    verified = any(isinstance(p.get("verified"), dict) for p in plan.points)
     head = ("<tr><th class=l>shape</th><th>GPUs</th><th>$/hour</th><th>goodput (req/s)</th>"
-            "<th>$/M tokens</th><th class=l>Pareto front</th></tr>")
+            "<th>$/M tokens</th><th class=l>Pareto front</th>"
+            + ("<th>SLO met on the whole workload</th>" if verified else "") + "</tr>")
     points = sorted(plan.points, key=lambda p: p["usd_per_hour"])
-    rows = [f"<tr><td class=l>{escape(p['label'])}</td><td>{_cell(p.get('num_gpus'), 'int')}"
-            f"</td><td>{_cell(p['usd_per_hour'], 'num')}</td>"
-            f"<td>{_cell(p['goodput_requests_per_s'], 'num')}</td>"
-            f"<td>{_cell(p.get('usd_per_million_tokens'), 'num')}</td>"
-            f"<td class=l>{'yes' if p['on_front'] else ''}</td></tr>" for p in points]
+    rows = []
+    for p in points:
+        v = p.get("verified") if isinstance(p.get("verified"), dict) else None
+        check = "" if not verified else (
+            "<td>–</td>" if v is None else
+            f"<td>{_cell(v.get('attainment'), 'pct')}"
+            f"{'' if v.get('met') else ' (under the target: the goodput is overstated)'}</td>")
+        rows.append(f"<tr><td class=l>{escape(p['label'])}</td>"
+                    f"<td>{_cell(p.get('num_gpus'), 'int')}</td>"
+                    f"<td>{_cell(p['usd_per_hour'], 'num')}</td>"
+                    f"<td>{_cell(p['goodput_requests_per_s'], 'num')}</td>"
+                    f"<td>{_cell(p.get('usd_per_million_tokens'), 'num')}</td>"
+                    f"<td class=l>{'yes' if p['on_front'] else ''}</td>{check}</tr>")
     return "<div class=scroll><table>" + head + "".join(rows) + "</table></div>"
 
 
