@@ -29,6 +29,9 @@ class GPUSpec:
     """Canonical name, e.g. ``"H100-SXM"``."""
     peak_bf16_flops: float
     """Dense BF16 tensor-core peak, FLOP/s."""
+    peak_fp8_flops: float | None = None
+    """Dense FP8 tensor-core peak, FLOP/s; None (unset) on GPUs without FP8 tensor cores
+    (A100), whose FP8 checkpoints run weight-only (``fp8_gemm_flops``)."""
     hbm_bytes: float
     """Device memory the driver reports, bytes (what vLLM's memory utilization applies to)."""
     hbm_bw_bytes_per_s: float
@@ -41,9 +44,6 @@ class GPUSpec:
     """GPUs in one node (the largest tensor-parallel group)."""
     price_per_hour_usd: float
     """On-demand price per GPU-hour; an editable assumption, not a quote."""
-    peak_fp8_flops: float | None = None
-    """Dense FP8 tensor-core peak, FLOP/s; None (unset) on GPUs without FP8 tensor cores
-    (A100), whose FP8 checkpoints run weight-only (``fp8_gemm_flops``)."""
     aic_system: str | None = None
     """aiconfigurator-core system dir with measured kernel tables, or None (roofline only)."""
     pcie_bw_bytes_per_s: float = 32e9
