@@ -9,6 +9,7 @@ never clobbers earlier results. SIGTERM is handled like Ctrl-C (exit 130 / 143, 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -101,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="replace the earlier results in the folder (else refused)")
     add_format_flag(p)
+    g = p.add_argument_group("model and hardware shorthands (win over --set of the same key)")
+    g.add_argument("--model", default=None,
+                   help="= --set model=NAME (a catalog name, a HF repo id or a config.json)")
+    g.add_argument("--gpu", default=None, help="= --set hardware.gpu=NAME (see fleetsim gpus)")
+    g.add_argument("--tp", default=None, metavar="N", help="= --set hardware.tp=N")
     add_workload_flags(p)
     p.add_argument("--vllm-json", metavar="FILE", default=None,
                    help="also write the result as `vllm bench serve` writes it (ms, its keys)")
@@ -196,7 +202,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     fmt = output_format(args)
     # vLLM's benchmark result reports ITL: record it for --vllm-json.
     itl = ["engine.track_itl=true"] if args.vllm_json else []
-    config = load_config(args.config, [*itl, *args.overrides, *workload_overrides(args)])
+    config = load_config(args.config, [*itl, *args.overrides, *hardware_overrides(args),
+                                       *workload_overrides(args)])
     out = Path(args.out) if args.out else fresh_out_dir(Path("results") / (
         Path(args.config).stem if args.config else "default"))
     check_out_dir(out, force=args.force)
@@ -220,6 +227,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         written += f"; vLLM-style result in {args.vllm_json}"
     print(written, file=sys.stderr if fmt != "table" else sys.stdout)
     return 0
+
+
+def hardware_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` items that ``run --model/--gpu/--tp`` stand for. The names are checked
+    where ``--set`` values are (the catalogs, when the config loads); ``--tp`` here, naming
+    the flag."""
+    out = []
+    if args.model is not None:
+        out.append(f"model={json.dumps(args.model)}")
+    if args.gpu is not None:
+        out.append(f"hardware.gpu={json.dumps(args.gpu)}")
+    if args.tp is not None:
+        try:
+            tp = int(args.tp)
+        except ValueError:
+            raise FleetsimInputError("--tp", args.tp, "expected an integer >= 1, e.g. --tp 2"
+                                     ) from None
+        if tp < 1:
+            raise FleetsimInputError("--tp", args.tp, "must be >= 1 (GPUs per replica)")
+        out.append(f"hardware.tp={tp}")
+    return out
 
 
 def _run_with_progress(config: Any, console: Console) -> Any:
@@ -256,9 +284,14 @@ def _run_with_progress(config: Any, console: Console) -> Any:
         return run(config, progress=progress)
 
 
+ITL_OFF_HINT = "¹ ITL not recorded: turn it on with --set engine.track_itl=true (or --vllm-json)"
+
+
 def summary_table(s: dict[str, Any]) -> Table:
     """The run summary as a table: latency percentiles, then throughput and SLO figures."""
-    table = Table(title=f"{s['model']} on {s['tp']}x {s['gpu']} — {s['workload']}")
+    from fleetsim.formatting import hardware_label
+
+    table = Table(title=f"{s['model']} on {hardware_label(s)} — {s['workload']}")
     table.add_column("metric")
     for col in ("mean", "p50", "p90", "p99"):
         table.add_column(col, justify="right")
@@ -266,6 +299,9 @@ def summary_table(s: dict[str, Any]) -> Table:
                        ("itl_s", "ITL, all gaps (s)"), ("e2e_s", "E2E (s)"),
                        ("queueing_s", "queueing (s)")):
         d = s[key]
+        if key == "itl_s" and not d.get("num_gaps"):
+            # ITL costs a record per token gap, so it is off by default: say how to turn it on
+            label += " ¹"
         table.add_row(label, *(_fmt(d[c]) for c in ("mean", "p50", "p90", "p99")))
     thr, slo = s["throughput"], s["slo"]
     kv = s["kv_cache"]
@@ -292,6 +328,8 @@ def summary_table(s: dict[str, Any]) -> Table:
     for label, value in rows:
         table.add_row(label, value, "", "", "")
     caption = f"fleetsim {s['engine_build']}" if s.get("engine_build") else ""
+    if not s["itl_s"].get("num_gaps"):
+        caption = f"{ITL_OFF_HINT}\n{caption}"
     warning = (s.get("overload") or {}).get("warning")
     if warning:
         caption = f"WARNING: {warning}\n{caption}"
@@ -444,7 +482,9 @@ def cmd_gpus(args: argparse.Namespace) -> int:
                 "net GB/s", "$/h", "measured tables", "quantization modes"):
         table.add_column(col)
     for g in gpus:
-        table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}", f"{g.peak_fp8_flops / 1e12:,.0f}",
+        fp8 = ("no FP8 units" if g.peak_fp8_flops is None
+               else f"{g.peak_fp8_flops / 1e12:,.0f}")
+        table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}", fp8,
                       f"{g.hbm_bytes / 1e9:,.0f}", f"{g.hbm_bw_bytes_per_s / 1e12:.2f}",
                       f"{g.nvlink_bw_bytes_per_s / 1e9:,.0f}",
                       f"{g.network_bw_bytes_per_s / 1e9:,.0f}", f"{g.price_per_hour_usd:.2f}",
@@ -457,17 +497,51 @@ def cmd_trace_info(args: argparse.Namespace) -> int:
     from fleetsim.workloads import trace_info
 
     info = trace_info(args.file)
-    fmt = output_format(args)
-    if fmt != "table":
-        emit(fmt, info, list)
-        return 0
-    table = Table(title=f"trace {args.file}")
-    table.add_column("field")
-    table.add_column("value", justify="right")
-    for key, value in _flatten(info):
-        table.add_row(key, _fmt(value) if isinstance(value, float) else str(value))
-    print_table(table)
+    emit(output_format(args), info, lambda: trace_info_tables(args.file, info))
     return 0
+
+
+def trace_info_tables(name: str, info: dict[str, Any]) -> list[Table]:
+    """``trace info`` for people: labelled rows with units, one number format per kind
+    (counts and tokens with thousands separators, shares in %), and a sentence where a
+    statistic does not apply; ``--format json|csv`` keeps the raw keys."""
+
+    def num(v: Any, spec: str = ",.0f", unit: str = "") -> str:
+        return "–" if v is None else f"{v:{spec}}{unit}"
+
+    table = Table(title=f"trace {name}")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    cv = info.get("iat_cv")
+    rows = [("requests", num(info["rows"])),
+            ("span, first to last arrival", num(info["span_s"], ",.1f", " s")),
+            ("mean arrival rate", num(info["mean_rate_per_s"], ",.2f", " req/s")),
+            ("inter-arrival CV (1 = Poisson)", num(cv, ".2f") if cv is not None
+             else "– (fewer than 2 arrival gaps)")]
+    if info.get("hash_block_tokens") is None:
+        rows.append(("prefix-block hashes", "none in this trace"))
+    else:
+        rows += [("hash block", num(info["hash_block_tokens"], ",d", " tokens")),
+                 ("hash blocks (distinct)", f"{num(info['num_hash_blocks'], ',d')} "
+                                            f"({num(info['num_distinct_hash_blocks'], ',d')})"),
+                 ("blocks seen before (any cache)",
+                  num(_pct(info["hash_block_reuse_share"]), ".1f", "%")),
+                 ("prefix-hit blocks (infinite prefix cache)",
+                  num(_pct(info["prefix_hit_block_share"]), ".1f", "%"))]
+    for label, value in rows:
+        table.add_row(label, value)
+    lengths = Table(title="tokens per request")
+    lengths.add_column("")
+    stats = ("mean", "p50", "p90", "p99", "max")
+    for stat in stats:
+        lengths.add_column(stat, justify="right")
+    for kind in ("prompt", "output"):
+        lengths.add_row(kind, *(num(info[f"{kind}_tokens_{s}"]) for s in stats))
+    return [table, lengths]
+
+
+def _pct(share: float | None) -> float | None:
+    return None if share is None else 100 * share
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -478,16 +552,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     else:
         print(dump_toml(), end="")
     return 0
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            rows.extend(_flatten(v, f"{prefix}{k}."))
-        else:
-            rows.append((f"{prefix}{k}", v))
-    return rows
 
 
 if __name__ == "__main__":

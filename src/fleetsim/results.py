@@ -119,6 +119,9 @@ class StagedFolder:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.out.name}.",
                                           dir=self.out.parent))
+        # mkdtemp makes 0700 (private while staged); the results folder it becomes gets
+        # what mkdir would have given it: 0777 less the umask.
+        os.chmod(self.path, 0o777 & ~current_umask())
         return self.path
 
     def discard(self) -> None:
@@ -177,11 +180,27 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux allows (/proc), else by
+    setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_file(path: Path, data: str | bytes) -> None:
     """One file, atomically: a temporary name in the same folder, then a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # as open() would create it, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, path)

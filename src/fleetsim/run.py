@@ -16,6 +16,7 @@ from fleetsim.config import SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec, get_gpu
+from fleetsim.metrics.overload import overload_check
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.models.quantization import quantize
@@ -325,7 +326,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
                                "max_context_tokens": model.max_context_tokens}
     if config.workload.max_concurrency is not None:
         summary["max_concurrency"] = config.workload.max_concurrency
-    summary["overload"] = overload_check(summary, records, workload)
+    summary["overload"] = overload_check(summary, workload.arrival_s)
     summary["kv_cache"]["num_kv_blocks"] = int(pools[0].num_kv_blocks)
     summary["kv_cache"]["num_prefix_evictions"] = sum(
         r.kv.prefix.num_evicted for r in cluster.replicas)
@@ -377,43 +378,6 @@ def engine_build() -> str:
     from fleetsim.native import engine
 
     return f"{__version__}, {engine()}"
-
-
-def overload_check(summary: dict[str, Any], records: Records,
-                   workload: Workload) -> dict[str, Any]:
-    """Whether the queue grew for the whole run, the offered load (requests/s) and the
-    offered load over capacity.
-
-    Offered load is the arrival count over the arrivals' span; capacity is estimated by the
-    completion rate over the makespan, which an overloaded system drains at. The queue
-    "grew for the whole run" when the waiting queue, averaged over each quarter of the
-    arrivals' span, rose quarter after quarter and the run drained well after the last
-    arrival (more than a quarter of the span)."""
-    tl = summary.get("timeline") or {}
-    waiting = tl.get("mean_waiting") or []
-    n = summary["num_requests"]
-    span = float(workload.arrival_s[-1] - workload.arrival_s[0]) if len(workload) else 0.0
-    makespan = summary["makespan_s"]
-    finished = summary["num_finished"]
-    ratio = None
-    if span > 0 and makespan > 0 and finished:
-        ratio = (n / span) / (finished / makespan)
-    grew = False
-    if span > 0 and len(waiting) >= 8:
-        edges = np.asarray(tl["bin_start_s"]) - float(workload.arrival_s[0])
-        inside = [w for e, w in zip(edges, waiting, strict=True) if e < span]
-        if len(inside) >= 4:
-            q = np.array_split(np.asarray(inside, dtype=float), 4)
-            means = [float(x.mean()) for x in q]
-            grew = (all(b > a for a, b in zip(means, means[1:], strict=False))
-                    and makespan > 1.25 * span and means[-1] >= 2)
-    out: dict[str, Any] = {"queue_grew": grew, "offered_over_capacity": ratio,
-                           "offered_requests_per_s": n / span if span > 0 else None}
-    if grew and ratio is not None:
-        out["warning"] = (f"queue grew for the whole run: offered load is about "
-                          f"{ratio:.1f} x capacity; lower the rate (workload.rate_scale) or "
-                          f"add replicas")
-    return out
 
 
 def _routing_report(config: SimConfig, router: Any, decode_router: Any,

@@ -29,9 +29,9 @@ class GPUSpec:
     """Canonical name, e.g. ``"H100-SXM"``."""
     peak_bf16_flops: float
     """Dense BF16 tensor-core peak, FLOP/s."""
-    peak_fp8_flops: float
-    """Dense FP8 tensor-core peak, FLOP/s (equal to BF16 on GPUs without FP8 units, which is
-    how fleetsim knows a GPU has none)."""
+    peak_fp8_flops: float | None = None
+    """Dense FP8 tensor-core peak, FLOP/s; None (unset) on GPUs without FP8 tensor cores
+    (A100), whose FP8 checkpoints run weight-only (``fp8_gemm_flops``)."""
     hbm_bytes: float
     """Device memory the driver reports, bytes (what vLLM's memory utilization applies to)."""
     hbm_bw_bytes_per_s: float
@@ -58,9 +58,11 @@ class GPUSpec:
     of a cudaMemcpyAsync launch and DMA setup; an assumption)."""
 
     def __post_init__(self) -> None:
+        if self.peak_fp8_flops is not None and not self.peak_fp8_flops > 0:
+            raise ValueError(f"peak_fp8_flops must be > 0 (or left out on a GPU without FP8 "
+                             f"tensor cores), got {self.peak_fp8_flops}")
         for field in (
             "peak_bf16_flops",
-            "peak_fp8_flops",
             "hbm_bytes",
             "hbm_bw_bytes_per_s",
             "nvlink_bw_bytes_per_s",
@@ -84,7 +86,7 @@ class GPUSpec:
     def compute_formats(self) -> tuple[str, ...]:
         """Tensor-core formats this GPU computes in (``bf16``, ``fp8``, ``int8``, ``fp4``)."""
         out = ["bf16"]
-        if self.peak_fp8_flops > self.peak_bf16_flops:
+        if self.peak_fp8_flops is not None and self.peak_fp8_flops > self.peak_bf16_flops:
             out.append("fp8")
         if self.peak_int8_ops is not None:
             out.append("int8")
@@ -95,24 +97,31 @@ class GPUSpec:
     def peak_flops(self, compute: str) -> float:
         """Dense tensor-core peak of a compute format (``bf16``, ``fp8``, ``int8``, ``fp4``),
         per second; whether the GPU has those units at all is ``compute_formats``."""
-        peak = {"bf16": self.peak_bf16_flops, "fp8": self.peak_fp8_flops,
+        peak = {"bf16": self.peak_bf16_flops, "fp8": self.fp8_gemm_flops,
                 "int8": self.peak_int8_ops, "fp4": self.peak_fp4_flops}[compute]
         if peak is None:
             raise ValueError(f"{self.name} has no {compute} tensor cores")
         return peak
+
+    @property
+    def fp8_gemm_flops(self) -> float:
+        """Peak FLOP/s of a GEMM with FP8 weights: the FP8 tensor-core peak, or without FP8
+        units the BF16 one (vLLM runs FP8 checkpoints there as weight-only FP8, W8A16, with
+        Marlin kernels that dequantize to 16-bit before the tensor cores)."""
+        return self.peak_fp8_flops if self.peak_fp8_flops is not None else self.peak_bf16_flops
 
 
 # Prices are approximate 2025 on-demand list prices per GPU-hour (Lambda / AWS public price
 # pages); they drift often, so edit them (or override in a catalog TOML) for real cost studies.
 _BUILTIN: tuple[GPUSpec, ...] = (
     # NVIDIA A100 datasheet (80GB SXM): 312 TF BF16 dense, 2,039 GB/s HBM2e, NVLink 600 GB/s
-    # bidirectional; DGX A100 has one 200 Gb/s HDR NIC per GPU. No FP8 units: FP8 = BF16 rate.
+    # bidirectional; DGX A100 has one 200 Gb/s HDR NIC per GPU. The datasheet lists no FP8
+    # (Ampere's tensor cores have none), so peak_fp8_flops is left out.
     # Price: Lambda on-demand 8x A100-80GB SXM, ~$1.79/GPU-h.
     GPUSpec(
         name="A100-80GB-SXM",
         pcie_bw_bytes_per_s=32e9,  # PCIe Gen4 x16: 64 GB/s bidirectional (A100 datasheet)
         peak_bf16_flops=312e12,
-        peak_fp8_flops=312e12,
         hbm_bytes=81920 * _MIB,
         hbm_bw_bytes_per_s=2039 * _GB,
         nvlink_bw_bytes_per_s=300 * _GB,

@@ -167,7 +167,7 @@ class OpTimes:
         # quantized_kvcache.md); a checkpoint without a quantization setting keeps its old
         # pricing (its weights' format) so default results do not move.
         if model.kv_dtype_bytes == 1 and "fp8" in gpu.compute_formats:
-            self.attn_peak_flops = gpu.peak_fp8_flops
+            self.attn_peak_flops = gpu.peak_flops("fp8")
         elif model.quantization is None:
             self.attn_peak_flops = self.peak_flops
         else:
