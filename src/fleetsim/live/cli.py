@@ -19,6 +19,7 @@ from rich.table import Table
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import check_number
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 PORT_HELP = "TCP port on 127.0.0.1 (default: one the system picks, printed when ready)"
 
 
@@ -74,6 +75,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--max-concurrency", type=int, default=None,
                    help="most requests in flight (default: unbounded)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per request (default 600)")
+    p.add_argument("--ready-check-timeout-sec", type=float, default=600.0,
+                   help="wait this long for the server to list a model before sending "
+                   "(vLLM bench serve's flag; default 600, 0: ask once)")
     p.add_argument("--hash-block-tokens", type=int, default=16,
                    help="block of the prefix hashes written with --out (default 16)")
     p.add_argument("--out", default=None, metavar="FILE.jsonl",
@@ -101,7 +105,8 @@ def _server_flags(p: argparse.ArgumentParser) -> None:
                    help="longest a request may take (default 600)")
     p.add_argument("--drain-s", type=float, default=10.0,
                    help="on SIGINT/SIGTERM, seconds in-flight streams get to finish")
-    p.add_argument("--log-level", default="warning", help="uvicorn's (default warning)")
+    p.add_argument("--log-level", default="warning",
+                   help=f"uvicorn's: {' | '.join(LOG_LEVELS)} (default warning)")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="count text prompts with this Hugging Face tokenizer.json (or the "
                    "model folder holding one; needs the tokenizers package; default: the "
@@ -114,6 +119,10 @@ def _check_server_flags(args: argparse.Namespace) -> None:
     check_number(args.max_body_bytes, "--max-body-bytes", lo=1024, hi=2**31, integer=True)
     check_number(args.request_timeout_s, "--request-timeout-s", lo=0.001, hi=86400.0)
     check_number(args.drain_s, "--drain-s", lo=0.0, hi=3600.0)
+    if args.log_level.lower() not in LOG_LEVELS:
+        raise FleetsimInputError("--log-level", args.log_level, f"use one of "
+                                 f"{', '.join(LOG_LEVELS)}")
+    args.log_level = args.log_level.lower()
     from fleetsim.live.tokens import load_tokenizer
 
     args.tokenize = load_tokenizer(args.tokenizer)  # fails now on a bad one
@@ -212,15 +221,16 @@ def _run_async(coro: Any) -> Any:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    import httpx
-
     from fleetsim.cli import print_json
+    from fleetsim.live.gateway import check_url
     from fleetsim.live.load import report, run_load
     from fleetsim.live.trace import trace_row
     from fleetsim.workloads import load_trace
     from fleetsim.workloads.transforms import head, scale_rate
 
+    args.url = check_url("--url", args.url)
     check_number(args.rate_scale, "--rate-scale", lo=1e-6, hi=1e6)
+    check_number(args.hash_block_tokens, "--hash-block-tokens", lo=1, hi=2**20, integer=True)
     check_number(args.timeout_s, "--timeout-s", lo=0.001, hi=86400.0)
     if args.max_requests is not None:
         check_number(args.max_requests, "--max-requests", lo=1, hi=10**8, integer=True)
@@ -229,7 +239,9 @@ def cmd_load(args: argparse.Namespace) -> int:
     workload = scale_rate(load_trace(args.trace), args.rate_scale)
     if args.max_requests is not None:
         workload = head(workload, args.max_requests)
-    model = args.model or _first_model(args.url, httpx)
+    check_number(args.ready_check_timeout_sec, "--ready-check-timeout-sec", lo=0.0,
+                 hi=86400.0)
+    model = wait_ready(args.url, args.ready_check_timeout_sec, model=args.model)
     out_file = None
     if args.out:
         try:
@@ -263,14 +275,42 @@ def cmd_load(args: argparse.Namespace) -> int:
     return 0 if result["failed"] == 0 else 1
 
 
-def _first_model(url: str, httpx: Any) -> str:
-    try:
-        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=10.0)
-        r.raise_for_status()
-        return str(r.json()["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
-        raise FleetsimInputError("--url", url, f"cannot list its models ({err}); check the "
-                                 f"URL or pass --model") from None
+READY_POLL_S = 0.25
+"""Pause between readiness checks: short, since servers that start together (the README's
+block) are usually up within a few seconds."""
+
+
+def wait_ready(url: str, timeout_s: float, *, model: str | None = None) -> str:
+    """Wait until ``url`` lists a model (``GET /v1/models``), as ``vllm bench serve
+    --ready-check-timeout-sec`` waits for its server; return ``model`` or the first listed.
+
+    A gateway whose backends are still starting answers 503 or an empty list: both mean
+    "not yet". After ``timeout_s`` (0: one try) fail with one line naming the last answer."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while True:
+        try:
+            r = httpx.get(url.rstrip("/") + "/v1/models", timeout=10.0)
+            if r.status_code == 200:
+                data = r.json()["data"]
+                if data:
+                    return model or str(data[0]["id"])
+                last = "it lists no model yet"
+            else:
+                last = f"HTTP {r.status_code}"
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
+            last = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        if time.monotonic() + READY_POLL_S > deadline:
+            raise FleetsimInputError("--url", url, f"not ready after {timeout_s:g} s ({last});"
+                                     f" start the server, check the URL or raise "
+                                     f"--ready-check-timeout-sec") from None
+        if not said:
+            print(f"fleetsim load: waiting up to {timeout_s:g} s for {url} to be ready",
+                  file=sys.stderr, flush=True)
+            said = True
+        time.sleep(READY_POLL_S)
 
 
 def load_table(r: dict[str, Any], url: str) -> Table:

@@ -56,17 +56,28 @@ _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "
                           "content-encoding"})
 
 
+def check_url(flag: str, url: str) -> str:
+    """``url`` as a server's base URL (http(s)://host:port, no trailing ``/`` or ``/v1``),
+    or one line naming ``flag``, the value and the form expected."""
+    fix = "expected a URL like http://127.0.0.1:8001"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError for a port out of 0..65535 or not a number
+    except ValueError as err:
+        raise FleetsimInputError(flag, url, f"{err}; {fix}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FleetsimInputError(flag, url, fix)
+    if port == 0:
+        raise FleetsimInputError(flag, url, f"port 0 cannot be connected to; {fix}")
+    u = url.rstrip("/")
+    return u[:-3] if u.endswith("/v1") else u
+
+
 def check_backends(urls: Sequence[str]) -> list[str]:
     """The backend URLs, checked (http(s)://host:port, no duplicates)."""
     out = []
     for url in urls:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise FleetsimInputError("--backend", url, "expected a URL like "
-                                     "http://127.0.0.1:8001")
-        u = url.rstrip("/")
-        if u.endswith("/v1"):
-            u = u[:-3]
+        u = check_url("--backend", url)
         if u in out:
             raise FleetsimInputError("--backend", url, "given twice")
         out.append(u)
@@ -156,7 +167,7 @@ class Gateway(LiveApp):
 
     async def models(self, request: HttpRequest) -> Response:
         """The union of the backends' models (those that answer within the connect
-        timeout)."""
+        timeout); 503 when none answers."""
         assert self.client is not None
         client, timeout = self.client, self.connect_timeout_s
 
@@ -172,6 +183,12 @@ class Gateway(LiveApp):
         for models in await asyncio.gather(*(ask(b) for b in self.backends)):
             for m in models:
                 seen.setdefault(m["id"], m)
+        if not seen:
+            # As a load balancer with no healthy upstream answers: clients (``fleetsim load``,
+            # ``vllm bench serve``) read 503 as "not ready yet", an empty 200 as "no model".
+            return JSONResponse(error_body("no backend lists a model (none is up yet)",
+                                           "server_error", code="unavailable"),
+                                status_code=503, headers={"Retry-After": "1"})
         return JSONResponse({"object": "list", "data": list(seen.values())})
 
     async def completions(self, request: HttpRequest) -> Response:

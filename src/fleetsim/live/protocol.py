@@ -100,6 +100,8 @@ async def read_json_body(request: HttpRequest, max_bytes: int) -> dict[str, Any]
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
         raise ApiError(400, f"malformed JSON body: {err}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the JSON body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     return data
