@@ -208,6 +208,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     warning = result.summary["overload"].get("warning")
     if warning:
         print(f"fleetsim: warning: {warning}", file=sys.stderr)
+    if result.summary.get("num_unserved_skipped"):
+        print(f"fleetsim: skipped {result.summary['num_unserved_skipped']} row(s) of the trace "
+              f"that no server served (served: false)", file=sys.stderr)
     written = f"results written to {out}/ (summary.json, requests.csv, config.json)"
     if args.vllm_json:
         written += f"; vLLM-style result in {args.vllm_json}"

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -18,6 +21,7 @@ from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import check_number
+from fleetsim.live.lag import DEFAULT_WARN_S
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 PORT_HELP = "TCP port on 127.0.0.1 (default: one the system picks, printed when ready)"
@@ -83,15 +87,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--out", default=None, metavar="FILE.jsonl",
                    help="write every request with its measured latencies (a trace)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    _lag_flag(p)
     p.set_defaults(handler=cmd_load)
 
     p = subparsers.add_parser("compare", help="live latency percentiles against fleetsim run's")
     p.add_argument("live", help="trace with measured latencies (gateway --record, load --out)")
     p.add_argument("sim_dir", help="results folder of fleetsim run on the same traffic")
-    p.add_argument("--engine", default=None, metavar="EMULATED.jsonl",
-                   help="what fleetsim emulate --record wrote for the same traffic: also "
-                   "measure the front end (live TTFT - engine TTFT per request)")
+    p.add_argument("--engine", action="append", default=None, metavar="EMULATED.jsonl",
+                   help="what fleetsim emulate --record wrote for the same traffic (repeat "
+                   "for each backend): also measure the front end (live TTFT - engine TTFT "
+                   "per request)")
     p.add_argument("--json", action="store_true")
+    _lag_flag(p)
     p.set_defaults(handler=cmd_compare)
 
 
@@ -111,6 +118,13 @@ def _server_flags(p: argparse.ArgumentParser) -> None:
                    help="count text prompts with this Hugging Face tokenizer.json (or the "
                    "model folder holding one; needs the tokenizers package; default: the "
                    "documented counting rule, docs/live.md)")
+    _lag_flag(p)
+
+
+def _lag_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lag-warn-ms", type=float, default=1e3 * DEFAULT_WARN_S,
+                   help="warn when the event loop falls this far behind real time (default "
+                   f"{1e3 * DEFAULT_WARN_S:g}; the lag is also written to --record/--out rows)")
 
 
 def _check_server_flags(args: argparse.Namespace) -> None:
@@ -119,6 +133,7 @@ def _check_server_flags(args: argparse.Namespace) -> None:
     check_number(args.max_body_bytes, "--max-body-bytes", lo=1024, hi=2**31, integer=True)
     check_number(args.request_timeout_s, "--request-timeout-s", lo=0.001, hi=86400.0)
     check_number(args.drain_s, "--drain-s", lo=0.0, hi=3600.0)
+    check_number(args.lag_warn_ms, "--lag-warn-ms", lo=0.1, hi=1e6)
     if args.log_level.lower() not in LOG_LEVELS:
         raise FleetsimInputError("--log-level", args.log_level, f"use one of "
                                  f"{', '.join(LOG_LEVELS)}")
@@ -154,7 +169,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         return EmulatedBackend(engine, served_model=args.served_model_name or args.model,
                                max_body_bytes=args.max_body_bytes,
                                request_timeout_s=args.request_timeout_s, record=args.record,
-                               tokenizer=args.tokenize)
+                               tokenizer=args.tokenize, lag_warn_s=args.lag_warn_ms / 1e3)
 
     return _run_server(make_app, args, f"emulating {engine.model.name} on {what}, speed "
                        f"{args.speed:g}x")
@@ -178,7 +193,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                        hash_block_tokens=args.hash_block_tokens,
                        max_body_bytes=args.max_body_bytes,
                        request_timeout_s=args.request_timeout_s, seed=args.seed,
-                       tokenizer=args.tokenize)
+                       tokenizer=args.tokenize, lag_warn_s=args.lag_warn_ms / 1e3)
 
     return _run_server(make_app, args, f"routing with {args.router} over {len(backends)} "
                        f"backend(s)")
@@ -224,7 +239,6 @@ def cmd_load(args: argparse.Namespace) -> int:
     from fleetsim.cli import print_json
     from fleetsim.live.gateway import check_url
     from fleetsim.live.load import report, run_load
-    from fleetsim.live.trace import trace_row
     from fleetsim.workloads import load_trace
     from fleetsim.workloads.transforms import head, scale_rate
 
@@ -241,38 +255,70 @@ def cmd_load(args: argparse.Namespace) -> int:
         workload = head(workload, args.max_requests)
     check_number(args.ready_check_timeout_sec, "--ready-check-timeout-sec", lo=0.0,
                  hi=86400.0)
-    model = wait_ready(args.url, args.ready_check_timeout_sec, model=args.model)
-    out_file = None
+    check_number(args.lag_warn_ms, "--lag-warn-ms", lo=0.1, hi=1e6)
     if args.out:
-        try:
-            out_file = open(args.out, "w", encoding="utf-8")  # noqa: SIM115
-        except OSError as err:
-            raise FleetsimInputError("--out", args.out, f"cannot write it ({err.strerror})") \
-                from None
+        check_writable("--out", args.out)
+    model = wait_ready(args.url, args.ready_check_timeout_sec, model=args.model)
     t0 = time.monotonic()
     outcomes = _run_async(run_load(workload, args.url, model=model, endpoint=args.endpoint,
                                     max_concurrency=args.max_concurrency,
                                     timeout_s=args.timeout_s,
-                                    hash_block_tokens=args.hash_block_tokens))
+                                    hash_block_tokens=args.hash_block_tokens,
+                                    lag_warn_s=args.lag_warn_ms / 1e3))
     result = report(outcomes, time.monotonic() - t0)
-    if out_file is not None:
-        import json
-
-        with out_file:
-            for o in outcomes:
-                row = trace_row(arrival_s=o.arrival_s, num_prompt_tokens=o.num_prompt_tokens,
-                                num_output_tokens=o.num_output_tokens or
-                                o.num_output_tokens_asked, hash_ids=o.hash_ids,
-                                ttft_s=o.ttft_s if o.ok else None,
-                                tpot_s=o.tpot_s if o.ok and o.num_output_tokens > 1 else None,
-                                e2e_s=o.e2e_s if o.ok else None,
-                                status="ok" if o.ok else "error")
-                out_file.write(json.dumps(row, separators=(",", ":")) + "\n")
+    if args.out:
+        write_outcomes(args.out, outcomes, args.hash_block_tokens)
     if args.json:
         print_json(result)
     else:
         Console().print(load_table(result, args.url))
     return 0 if result["failed"] == 0 else 1
+
+
+def check_writable(flag: str, path: str) -> None:
+    """Fail now (one line) if ``path`` cannot be written later; leaves it as it is."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK) or \
+            (target.exists() and not os.access(target, os.W_OK)):
+        raise FleetsimInputError(flag, path, "cannot write it (check the folder exists and "
+                                 "is writable)")
+
+
+def write_outcomes(path: str, outcomes: list[Any], hash_block_tokens: int) -> None:
+    """The measured requests as a trace, written whole to a temporary file then renamed
+    over ``path``: an interrupted load leaves an earlier file as it was."""
+    import json
+    import tempfile
+
+    from fleetsim.live.trace import trace_row
+
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for o in outcomes:
+                row = trace_row(arrival_s=o.arrival_s, num_prompt_tokens=o.num_prompt_tokens,
+                                num_output_tokens=o.num_output_tokens, hash_ids=o.hash_ids,
+                                ttft_s=o.ttft_s if o.ok else None,
+                                tpot_s=o.tpot_s if o.ok and o.num_output_tokens > 1 else None,
+                                e2e_s=o.e2e_s if o.ok else None,
+                                status="ok" if o.ok else "error",
+                                hash_block_tokens=hash_block_tokens,
+                                request_id=o.request_id, lag_s=o.lag_s)
+                f.write(json.dumps(row, separators=(",", ":")) + "\n")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 READY_POLL_S = 0.25
@@ -339,11 +385,25 @@ def load_table(r: dict[str, Any], url: str) -> Table:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from fleetsim.cli import print_json
-    from fleetsim.live.compare import STATS, compare, frontend_overhead
+    from fleetsim.live.compare import (
+        MIN_MATCHED_SHARE,
+        STATS,
+        compare,
+        frontend_overhead,
+        lag_report,
+    )
 
+    check_number(args.lag_warn_ms, "--lag-warn-ms", lo=0.1, hi=1e6)
+    warn_s = args.lag_warn_ms / 1e3
     result = compare(args.live, args.sim_dir)
+    result["lag_s"] = {"live": lag_report(args.live, warn_s)}
     if args.engine is not None:
         result["frontend_overhead_s"] = frontend_overhead(args.live, args.engine)
+        for i, path in enumerate(args.engine):
+            result["lag_s"][f"engine {i + 1}" if len(args.engine) > 1 else "engine"] = \
+                lag_report(path, warn_s)
+    warnings = _compare_warnings(result, MIN_MATCHED_SHARE)
+    result["warnings"] = warnings
     if args.json:
         print_json(result)
         return 0
@@ -357,12 +417,35 @@ def cmd_compare(args: argparse.Namespace) -> int:
             t.add_row(f"{k[:-2].upper()} {s}", _ms(a), _ms(b),
                       f"{100 * e:+.1f}%" if e is not None else "-")
     Console().print(t)
+    for who, lag in result["lag_s"].items():
+        if lag["num_rows"]:
+            print(f"event-loop lag of the {who} trace's writer: p50 {_ms(lag['p50'])} ms, "
+                  f"p99 {_ms(lag['p99'])} ms, max {_ms(lag['max'])} ms")
     fe = result.get("frontend_overhead_s")
     if fe is not None:
-        print(f"front end (live TTFT - engine TTFT, {fe['num_matched']} requests): "
+        print(f"front end (live TTFT - engine TTFT, {fe['num_matched']} of {fe['num_live']} "
+              f"requests matched by {fe['matched_by']}): "
               + ", ".join(f"{s} {_ms(fe[s])} ms" for s in STATS)
               + f"; to include it: --set cluster.frontend_overhead_s={fe['mean']:.4f}")
+    for line in warnings:
+        print(f"fleetsim compare: warning: {line}", file=sys.stderr)
     return 0
+
+
+def _compare_warnings(result: dict[str, Any], min_share: float) -> list[str]:
+    out = []
+    for who, lag in result["lag_s"].items():
+        if lag["num_rows"] and lag["num_over"]:
+            out.append(f"the {who} trace's writer ran up to {_ms(lag['max'])} ms behind real "
+                       f"time ({lag['num_over']} of {lag['num_rows']} requests over "
+                       f"{_ms(lag['warn_s'])} ms): its latencies include CPU starvation, "
+                       f"which the simulator does not model")
+    fe = result.get("frontend_overhead_s")
+    if fe is not None and fe["matched_share"] < min_share:
+        out.append(f"only {fe['num_matched']} of {fe['num_live']} live requests matched the "
+                   f"engine trace ({100 * fe['matched_share']:.0f}% < "
+                   f"{100 * min_share:.0f}%): the front-end figure may not describe the traffic")
+    return out
 
 
 def _ms(x: float | None) -> str:

@@ -23,9 +23,11 @@ from starlette.routing import Route
 
 from fleetsim.live.common import make_starlette, wait_or_disconnect
 from fleetsim.live.engine import EngineStopped, LiveEngine, LiveRequest
+from fleetsim.live.lag import DEFAULT_WARN_S, LagMonitor
 from fleetsim.live.metrics import LiveMetrics
 from fleetsim.live.protocol import (
     DEFAULT_MAX_BODY_BYTES,
+    REQUEST_ID_HEADER,
     SSE_DONE,
     ApiError,
     ParsedRequest,
@@ -35,6 +37,7 @@ from fleetsim.live.protocol import (
     new_id,
     parse_request,
     read_json_body,
+    request_id_of,
     sse,
     usage_chunk,
 )
@@ -56,8 +59,9 @@ class EmulatedBackend(LiveApp):
     def __init__(self, engine: LiveEngine, *, served_model: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout_s: float = 600.0, record: str | Path | None = None,
-                 tokenizer: Tokenize = tokenize) -> None:
+                 tokenizer: Tokenize = tokenize, lag_warn_s: float = DEFAULT_WARN_S) -> None:
         self.engine = engine
+        self.lag = LagMonitor("emulate", warn_s=lag_warn_s)
         self.tokenizer = tokenizer
         self.served_model = served_model or engine.config.model
         # Also answer to the catalog's name of the model (``Llama-3.1-8B``).
@@ -80,9 +84,11 @@ class EmulatedBackend(LiveApp):
     @asynccontextmanager
     async def _lifespan(self, app: Any) -> AsyncIterator[None]:
         self.engine.start()
+        self.lag.start()
         try:
             yield
         finally:
+            self.lag.stop()
             await self.engine.stop()
             if self.recorder is not None:
                 self.recorder.close()
@@ -119,6 +125,8 @@ class EmulatedBackend(LiveApp):
 
     async def _serve(self, request: HttpRequest, kind: str) -> Response:
         t0 = time.monotonic()
+        request_id = request_id_of(request)
+        headers = {REQUEST_ID_HEADER: request_id}
         try:
             if self.draining:
                 raise ApiError(503, "the server is shutting down", kind="server_error",
@@ -134,13 +142,18 @@ class EmulatedBackend(LiveApp):
                                       received_s=t0)
         except ApiError as err:
             self.metrics.requests.labels("rejected", str(err.status)).inc()
-            return err.response()
+            response = err.response()
+            response.headers.update(headers)
+            return response
+        live.request_id, live.received_t = request_id, t0
         self.metrics.prompt_tokens.inc(parsed.num_prompt_tokens)
         if parsed.stream:
             return StreamingResponse(self._stream(parsed, live, t0),
                                      media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await self._complete(request, parsed, live, t0)
+                                     headers={"Cache-Control": "no-cache", **headers})
+        response = await self._complete(request, parsed, live, t0)
+        response.headers.update(headers)
+        return response
 
     async def _complete(self, request: HttpRequest, parsed: ParsedRequest, live: LiveRequest,
                         t0: float) -> Response:
@@ -163,12 +176,12 @@ class EmulatedBackend(LiveApp):
         text = "".join(output_text(i) for i in range(n))
         self._observe(t0, live, n)
         self.metrics.requests.labels("ok", "200").inc()
-        return JSONResponse(completion_body(parsed, new_id(parsed.kind), text, n,
+        return JSONResponse(completion_body(parsed, new_id(parsed.kind, live.request_id), text, n,
                                             _finish_reason(live)))
 
     async def _stream(self, parsed: ParsedRequest, live: LiveRequest,
                       t0: float) -> AsyncIterator[bytes]:
-        rid, created = new_id(parsed.kind), int(time.time())
+        rid, created = new_id(parsed.kind, live.request_id), int(time.time())
         sent = 0
         deadline = time.monotonic() + self.request_timeout_s
         outcome = ("cancelled", "499")
@@ -227,6 +240,8 @@ class EmulatedBackend(LiveApp):
             ttft_s=req.first_token_s - req.arrival_s, tpot_s=tpot,
             e2e_s=req.finish_s - req.arrival_s,
             status="cancelled" if live.cancelled else "ok",
+            hash_block_tokens=self.engine.hash_block_tokens, request_id=live.request_id,
+            lag_s=self.lag.lag_since(live.received_t),
             **({"abort_reason": req.abort_reason} if req.abort_reason else {}),
             num_prefix_hit_tokens=req.num_prefix_hit_tokens,
             num_preemptions=req.num_preemptions))

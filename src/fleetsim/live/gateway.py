@@ -30,15 +30,18 @@ from starlette.routing import Route
 from fleetsim.errors import FleetsimInputError
 from fleetsim.live.backends import BackendView, GatewayView
 from fleetsim.live.common import make_starlette
+from fleetsim.live.lag import DEFAULT_WARN_S, LagMonitor
 from fleetsim.live.metrics import LiveMetrics
 from fleetsim.live.protocol import (
     DEFAULT_MAX_BODY_BYTES,
+    REQUEST_ID_HEADER,
     ApiError,
     ParsedRequest,
     error_body,
     overloaded,
     parse_request,
     read_json_body,
+    request_id_of,
     sse,
 )
 from fleetsim.live.server import LiveApp
@@ -51,9 +54,15 @@ from fleetsim.serving.request import Request
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 GAUGES = {"num_requests_in_flight": "Requests being served",
           "num_backends_healthy": "Backends not ejected",
-          "backend_load_tokens": "Outstanding tokens over all backends"}
-_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive",
-                          "content-encoding"})
+          "backend_load_tokens": "Outstanding tokens over all backends",
+         "event_loop_lag_seconds": "Latest lag of the gateway's event loop behind real time"}
+# Not copied from a backend's answer: hop-by-hop headers, and ``date``/``server``, which the
+# gateway's own HTTP server writes (copied, a client would get each twice).
+_NOT_FORWARDED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive",
+                            "content-encoding", "date", "server"})
+BACKEND_HEADER = "x-fleetsim-backend"
+"""Response header naming the backend that served the request (as llm-d's gateway says which
+endpoint it picked)."""
 
 
 def check_url(flag: str, url: str) -> str:
@@ -96,8 +105,10 @@ class Gateway(LiveApp):
                  record: str | Path | None = None, hash_block_tokens: int = 16,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
-                 seed: int = 0, tokenizer: Tokenize = tokenize) -> None:
+                 seed: int = 0, tokenizer: Tokenize = tokenize,
+                 lag_warn_s: float = DEFAULT_WARN_S) -> None:
         self.tokenizer = tokenizer
+        self.lag = LagMonitor("gateway", warn_s=lag_warn_s)
         self.backends = [BackendView(i, url, hash_block_tokens=hash_block_tokens)
                          for i, url in enumerate(check_backends(backends))]
         self.router_name = router
@@ -133,9 +144,11 @@ class Gateway(LiveApp):
         timeout = httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             self.client = client
+            self.lag.start()
             try:
                 yield
             finally:
+                self.lag.stop()
                 self.abort_in_flight("the gateway is shutting down")
                 if self.recorder is not None:
                     self.recorder.close()
@@ -156,7 +169,8 @@ class Gateway(LiveApp):
         now = self.now_s()
         return {"num_requests_in_flight": self.num_in_flight,
                 "num_backends_healthy": sum(b.healthy(now) for b in self.backends),
-                "backend_load_tokens": sum(b.load_tokens for b in self.backends)}
+                "backend_load_tokens": sum(b.load_tokens for b in self.backends),
+                "event_loop_lag_seconds": self.lag.current_s()}
 
     # ---- small endpoints -------------------------------------------------------------
     async def health(self, request: HttpRequest) -> Response:
@@ -200,6 +214,7 @@ class Gateway(LiveApp):
     # ---- proxying --------------------------------------------------------------------
     async def _serve(self, request: HttpRequest, kind: str) -> Response:
         arrival_s = self.now_s()
+        request_id = request_id_of(request)
         try:
             if self.draining:
                 raise ApiError(503, "the gateway is shutting down", kind="server_error",
@@ -210,12 +225,14 @@ class Gateway(LiveApp):
                                    self.tokenizer)
         except ApiError as err:
             self.metrics.requests.labels("rejected", str(err.status)).inc()
-            return err.response()
+            response = err.response()
+            response.headers[REQUEST_ID_HEADER] = request_id
+            return response
         seq, self._next_seq = self._next_seq, self._next_seq + 1
         req = Request(id=seq, arrival_s=arrival_s, num_prompt_tokens=parsed.num_prompt_tokens,
                       max_output_tokens=parsed.max_tokens or 1,
                       hash_ids=prefix_hashes(parsed.prompt_tokens, self.hash_block_tokens))
-        flight = _Flight(self, parsed, req)
+        flight = _Flight(self, parsed, req, request_id)
         self.num_in_flight += 1
         self.metrics.prompt_tokens.inc(parsed.num_prompt_tokens)
         handed_over = False
@@ -258,8 +275,10 @@ class _RelayResponse(StreamingResponse):
 class _Flight:
     """One request through the gateway: its attempts, its stream, its row of the trace."""
 
-    def __init__(self, gw: Gateway, parsed: ParsedRequest, req: Request) -> None:
+    def __init__(self, gw: Gateway, parsed: ParsedRequest, req: Request,
+                 request_id: str) -> None:
         self.gw = gw
+        self.request_id = request_id
         self.parsed = parsed
         self.req = req
         self.body = json.dumps(parsed.body).encode()
@@ -302,7 +321,8 @@ class _Flight:
         url = f"{backend.url}{self.path}"
         try:
             request = client.build_request("POST", url, content=self.body,
-                                           headers={"content-type": "application/json"})
+                                           headers={"content-type": "application/json",
+                                                    REQUEST_ID_HEADER: self.request_id})
             resp = await client.send(request, stream=True)
         except httpx.HTTPError as err:
             raise _Attempt(f"{backend.url}: {type(err).__name__}: {err}") from None
@@ -324,11 +344,16 @@ class _Flight:
             backend.succeeded()
             self.gw.metrics.requests.labels("ok" if resp.status_code == 200 else "error",
                                             str(resp.status_code)).inc()
-            headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+            headers = {k: v for k, v in resp.headers.items()
+                       if k.lower() not in _NOT_FORWARDED}
+            headers.update(self._headers(backend))
             return Response(content, status_code=resp.status_code, headers=headers)
         return _RelayResponse(self._relay(resp, backend), lambda: self._closed(resp),
                               status_code=200, media_type="text/event-stream",
-                              headers={"Cache-Control": "no-cache"})
+                              headers={"Cache-Control": "no-cache", **self._headers(backend)})
+
+    def _headers(self, backend: BackendView) -> dict[str, str]:
+        return {REQUEST_ID_HEADER: self.request_id, BACKEND_HEADER: backend.url}
 
     async def _closed(self, resp: httpx.Response) -> None:
         await resp.aclose()
@@ -441,8 +466,9 @@ class _Flight:
         if gw.recorder is not None:
             gw.recorder.write(self.req.id, trace_row(
                 arrival_s=self.req.arrival_s, num_prompt_tokens=self.req.num_prompt_tokens,
-                num_output_tokens=n or (self.parsed.max_tokens or 1),
-                hash_ids=self.req.hash_ids, ttft_s=ttft, tpot_s=tpot,
+                num_output_tokens=n, hash_ids=self.req.hash_ids, ttft_s=ttft, tpot_s=tpot,
                 e2e_s=e2e if self.status == "ok" else None, status=self.status,
+                hash_block_tokens=gw.hash_block_tokens, request_id=self.request_id,
+                lag_s=gw.lag.lag_since(self.t0),
                 backend=self.backend.url if self.backend is not None else None,
                 endpoint=self.parsed.kind))

@@ -85,6 +85,22 @@ class ParsedRequest:
         return len(self.prompt_tokens)
 
 
+REQUEST_ID_HEADER = "x-request-id"
+"""The request id vLLM's server takes from ``X-Request-Id`` and echoes (its
+``--enable-request-id-headers``); the gateway forwards it, so one id names a request in every
+trace of the loop (``compare --engine`` matches by it)."""
+MAX_REQUEST_ID_CHARS = 256
+
+
+def request_id_of(request: HttpRequest) -> str:
+    """The client's ``X-Request-Id`` when it is printable ASCII of at most 256 characters,
+    else a new random id (uuid4, as vLLM makes them)."""
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    if 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isascii() and given.isprintable():
+        return given
+    return uuid.uuid4().hex
+
+
 async def read_json_body(request: HttpRequest, max_bytes: int) -> dict[str, Any]:
     """The request body as a JSON object, at most ``max_bytes`` (else 400)."""
     declared = request.headers.get("content-length", "")
@@ -211,8 +227,9 @@ def _type_name(t: type) -> str:
 
 
 # ---- responses -------------------------------------------------------------------------
-def new_id(kind: str) -> str:
-    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+def new_id(kind: str, request_id: str | None = None) -> str:
+    """A response id, from the request's id as vLLM makes it (``cmpl-<X-Request-Id>``)."""
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + (request_id or uuid.uuid4().hex[:24])
 
 
 def usage(num_prompt: int, num_output: int) -> dict[str, int]:
