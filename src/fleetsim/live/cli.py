@@ -1,8 +1,8 @@
 """``fleetsim emulate``, ``fleetsim gateway``, ``fleetsim load`` and ``fleetsim compare``.
 
-The servers listen on 127.0.0.1 only, print one line with their URL when ready, and stop
-cleanly on SIGINT/SIGTERM (in-flight streams get ``--drain-s`` seconds to finish, then end
-with an error event); exit code 0 after a clean stop.
+The servers listen on 127.0.0.1 unless ``--host`` says otherwise, print one line with their
+URL when ready, and stop cleanly on SIGINT/SIGTERM (in-flight streams get ``--drain-s``
+seconds to finish, then end with an error event); exit code 0 after a clean stop.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fleetsim.inputs import check_number
 from fleetsim.live.lag import DEFAULT_WARN_S
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-PORT_HELP = "TCP port on 127.0.0.1 (default: one the system picks, printed when ready)"
+PORT_HELP = "TCP port (default: one the system picks, printed when ready)"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -64,6 +64,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--record", default=None, metavar="FILE.jsonl",
                    help="write the traffic served as a trace (fleetsim's JSONL)")
     p.add_argument("--seed", type=int, default=0, help="seed of random routers")
+    p.add_argument("--health-check-interval-s", type=float, default=5.0,
+                   help="seconds between active GET /health checks of each backend (default "
+                   "5; 0: passive health only)")
     _server_flags(p)
     p.set_defaults(handler=cmd_gateway)
 
@@ -103,6 +106,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 "
+                   "or :: for every interface, as vllm serve --host)")
     p.add_argument("--port", type=int, default=0, help=PORT_HELP)
     p.add_argument("--hash-block-tokens", type=int, default=16,
                    help="tokens per prefix-hash block (default 16, vLLM's block size)")
@@ -181,6 +187,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     _check_server_flags(args)
     check_number(args.max_in_flight, "--max-in-flight", lo=1, hi=10**7, integer=True)
     check_number(args.max_attempts, "--max-attempts", lo=1, hi=100, integer=True)
+    check_number(args.health_check_interval_s, "--health-check-interval-s", lo=0.0, hi=3600.0)
     backends = check_backends(args.backend)
     from fleetsim.policies.routing import make_router
     from fleetsim.registry import PolicySpec
@@ -193,7 +200,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                        hash_block_tokens=args.hash_block_tokens,
                        max_body_bytes=args.max_body_bytes,
                        request_timeout_s=args.request_timeout_s, seed=args.seed,
-                       tokenizer=args.tokenize, lag_warn_s=args.lag_warn_ms / 1e3)
+                       tokenizer=args.tokenize, lag_warn_s=args.lag_warn_ms / 1e3,
+                       health_check_interval_s=args.health_check_interval_s)
 
     return _run_server(make_app, args, f"routing with {args.router} over {len(backends)} "
                        f"backend(s)")
@@ -202,7 +210,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def _run_server(make_app: Any, args: argparse.Namespace, what: str) -> int:
     from fleetsim.live.server import bind, serve
 
-    sock = bind(port=args.port)
+    sock = bind(host=args.host, port=args.port)
 
     def ready(url: str) -> None:
         print(f"fleetsim {args.command}: {what}; listening on {url}", flush=True)

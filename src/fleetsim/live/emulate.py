@@ -21,10 +21,10 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from fleetsim.live.common import make_starlette, wait_or_disconnect
+from fleetsim.live.common import make_starlette, version, wait_or_disconnect
 from fleetsim.live.engine import EngineStopped, LiveEngine, LiveRequest
 from fleetsim.live.lag import DEFAULT_WARN_S, LagMonitor
-from fleetsim.live.metrics import LiveMetrics
+from fleetsim.live.metrics import LiveMetrics, VllmMetrics
 from fleetsim.live.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     REQUEST_ID_HEADER,
@@ -72,12 +72,17 @@ class EmulatedBackend(LiveApp):
         self.created = int(time.time())
         self.recorder = TraceWriter(record) if record is not None else None
         self.metrics = LiveMetrics(self._gauges, GAUGES)
+        self.vllm_metrics = VllmMetrics(self.metrics.registry, self._vllm_gauges,
+                                        model_name=self.served_model,
+                                        max_model_len=engine.model.max_context_tokens)
         engine.on_finish = self._on_engine_finish
         self.asgi = make_starlette([
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/ready", self.health, methods=["GET"]),
+            Route("/version", version, methods=["GET"]),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
         ], self._lifespan)
 
@@ -105,6 +110,13 @@ class EmulatedBackend(LiveApp):
         return {"num_requests_running": s["num_running"], "num_requests_waiting":
                 s["num_waiting"], "kv_cache_usage_perc": s["kv_cache_usage"],
                 "num_requests_in_flight": s["num_active"]}
+
+    def _vllm_gauges(self) -> dict[str, float]:
+        s = self.engine.stats()
+        return {"vllm:num_requests_running": s["num_running"],
+                "vllm:num_requests_waiting": s["num_waiting"],
+                "vllm:kv_cache_usage_perc": s["kv_cache_usage"],
+                "vllm:gpu_cache_usage_perc": s["kv_cache_usage"]}
 
     # ---- endpoints -----------------------------------------------------------------
     async def health(self, request: HttpRequest) -> Response:
@@ -229,11 +241,21 @@ class EmulatedBackend(LiveApp):
             m.tpot.observe((req.finish_s - req.first_token_s) / (n - 1) / self.engine.speed)
 
     def _on_engine_finish(self, live: LiveRequest) -> None:
-        if self.recorder is None:
-            return
         req = live.req
         n = req.num_output_tokens
         tpot = (req.finish_s - req.first_token_s) / (n - 1) if n > 1 else None
+        speed = self.engine.speed
+        self.vllm_metrics.finished(
+            finished_reason="abort" if live.cancelled else _finish_reason(live),
+            num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=n,
+            num_prefix_hit_tokens=req.num_prefix_hit_tokens,
+            num_preemptions=req.num_preemptions,
+            ttft_s=(req.first_token_s - req.arrival_s) / speed,
+            queue_s=(req.first_scheduled_s - req.arrival_s) / speed,
+            e2e_s=(req.finish_s - req.arrival_s) / speed,
+            tpot_s=tpot / speed if tpot is not None else None)
+        if self.recorder is None:
+            return
         self.recorder.write(req.id, trace_row(
             arrival_s=req.arrival_s, num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=n, hash_ids=req.hash_ids,

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.live.backends import BackendView, GatewayView
-from fleetsim.live.common import make_starlette
+from fleetsim.live.common import make_starlette, version
 from fleetsim.live.lag import DEFAULT_WARN_S, LagMonitor
 from fleetsim.live.metrics import LiveMetrics
 from fleetsim.live.protocol import (
@@ -51,6 +51,8 @@ from fleetsim.policies.routing import make_router
 from fleetsim.registry import PolicySpec
 from fleetsim.serving.request import Request
 
+DEFAULT_HEALTH_CHECK_INTERVAL_S = 5.0
+"""Seconds between active health checks (Envoy's and Kubernetes' readiness probes use 5-10 s)."""
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 GAUGES = {"num_requests_in_flight": "Requests being served",
           "num_backends_healthy": "Backends not ejected",
@@ -106,7 +108,9 @@ class Gateway(LiveApp):
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
                  seed: int = 0, tokenizer: Tokenize = tokenize,
-                 lag_warn_s: float = DEFAULT_WARN_S) -> None:
+                 lag_warn_s: float = DEFAULT_WARN_S,
+                 health_check_interval_s: float = DEFAULT_HEALTH_CHECK_INTERVAL_S) -> None:
+        self.health_check_interval_s = health_check_interval_s
         self.tokenizer = tokenizer
         self.lag = LagMonitor("gateway", warn_s=lag_warn_s)
         self.backends = [BackendView(i, url, hash_block_tokens=hash_block_tokens)
@@ -134,6 +138,8 @@ class Gateway(LiveApp):
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/ready", self.health, methods=["GET"]),
+            Route("/version", version, methods=["GET"]),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
         ], self._lifespan)
 
@@ -145,9 +151,13 @@ class Gateway(LiveApp):
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             self.client = client
             self.lag.start()
+            checks = (asyncio.get_running_loop().create_task(self._check_health())
+                      if self.health_check_interval_s > 0 else None)
             try:
                 yield
             finally:
+                if checks is not None:
+                    checks.cancel()
                 self.lag.stop()
                 self.abort_in_flight("the gateway is shutting down")
                 if self.recorder is not None:
@@ -155,6 +165,24 @@ class Gateway(LiveApp):
 
     def now_s(self) -> float:
         return time.monotonic() - self._t0
+
+    async def _check_health(self) -> None:
+        """Active health checks: every backend's ``GET /health``, every interval."""
+        assert self.client is not None
+        client, timeout = self.client, self.connect_timeout_s
+
+        async def check(b: BackendView) -> None:
+            try:
+                r = await client.get(f"{b.url}/health", timeout=timeout)
+                # 5xx is "not ready" (vLLM and emulate answer 503 while starting or
+                # draining); a 404 is a server without the endpoint: up, judged passively.
+                b.health_ok = r.status_code < 500
+            except httpx.HTTPError:
+                b.health_ok = False
+
+        while True:
+            await asyncio.gather(*(check(b) for b in self.backends))
+            await asyncio.sleep(self.health_check_interval_s)
 
     # ---- LiveApp -------------------------------------------------------------------
     def begin_drain(self) -> None:
