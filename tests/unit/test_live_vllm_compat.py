@@ -140,3 +140,50 @@ def test_gateway_models_503_without_a_backend_then_the_union():
                 httpx.get(f"{url}/ready", timeout=TIMEOUT_S).status_code != 503:
             time.sleep(0.02)
         assert httpx.get(f"{url}/ready", timeout=TIMEOUT_S).status_code == 503
+
+
+def test_n_and_batched_prompts_as_vllm_answers_them():
+    """Prompt p's j-th completion is choice p * n + j; usage counts each prompt once."""
+    from fleetsim.live.tokens import count_tokens
+
+    with ServerThread(lambda: emulated_backend(speed=50.0)) as url:
+        body = {"model": MODEL, "prompt": ["a b", "c d e f"], "n": 2, "max_tokens": 3}
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=TIMEOUT_S).json()
+        assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+        assert all(c["finish_reason"] == "length" for c in r["choices"])
+        assert r["usage"]["prompt_tokens"] == count_tokens("a b") + count_tokens("c d e f")
+        assert r["usage"]["completion_tokens"] == 12
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                          timeout=TIMEOUT_S)
+        tokens: dict[int, int] = {}
+        finished: dict[int, str] = {}
+        usage = None
+        for chunk in c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], n=3, max_tokens=4,
+                stream=True, stream_options={"include_usage": True}):
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    tokens[choice.index] = tokens.get(choice.index, 0) + 1
+                if choice.finish_reason:
+                    finished[choice.index] = choice.finish_reason
+        assert tokens == {0: 4, 1: 4, 2: 4} and finished == {0: "length", 1: "length",
+                                                               2: "length"}
+        assert usage.completion_tokens == 12
+        metrics = scrape(url)
+    labels = (("engine", "0"), ("model_name", MODEL))
+    assert metrics["vllm:e2e_request_latency_seconds_count"][labels] == 7  # 4 + 3 choices
+
+
+def test_echo_and_random_response_modes():
+    body = {"model": MODEL, "prompt": [11, 12, 13], "max_tokens": 5}
+    with ServerThread(lambda: emulated_backend(speed=50.0, response_mode="echo")) as url:
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=TIMEOUT_S).json()
+        assert r["choices"][0]["text"] == " 11 12 13 11 12"
+    with ServerThread(lambda: emulated_backend(speed=50.0, response_mode="random")) as url:
+        texts = [httpx.post(f"{url}/v1/completions", json={**body, "seed": seed},
+                            timeout=TIMEOUT_S).json()["choices"][0]["text"]
+                 for seed in (1, 1, 2)]
+    assert texts[0] == texts[1] != texts[2]
+    assert all(len(t.split()) == 5 for t in texts)

@@ -12,7 +12,8 @@ Health is passive (Envoy's outlier detection): a connection error, a 5xx or 429,
 that breaks ejects the backend for 0.5 s, doubling with each consecutive failure up to 30 s;
 a success resets it. It is also active (Envoy's health checking): the gateway asks each
 backend's ``/health`` every few seconds, and a backend that answers 5xx or not at all is out
-until it answers again (a 404, a server without ``/health``, counts as up). Routers see the backends in and not ejected (all of them when none is left).
+until it answers again (a 404, a server without ``/health``, counts as up). Routers see the
+backends in and not ejected (all of them when none is left).
 """
 
 from __future__ import annotations

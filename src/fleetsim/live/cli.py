@@ -47,6 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="requests in flight before 429 (default 1024)")
     p.add_argument("--record", default=None, metavar="FILE.jsonl",
                    help="write each finished request (engine timing) as a trace row")
+    p.add_argument("--response-mode", choices=("filler", "echo", "random"), default="filler",
+                   help="output text: filler words (default), the prompt's tokens echoed, or "
+                   "random words (seeded by the request's seed, else its id)")
     _server_flags(p)
     p.set_defaults(handler=cmd_emulate)
 
@@ -175,7 +178,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         return EmulatedBackend(engine, served_model=args.served_model_name or args.model,
                                max_body_bytes=args.max_body_bytes,
                                request_timeout_s=args.request_timeout_s, record=args.record,
-                               tokenizer=args.tokenize, lag_warn_s=args.lag_warn_ms / 1e3)
+                               tokenizer=args.tokenize, lag_warn_s=args.lag_warn_ms / 1e3,
+                               response_mode=args.response_mode)
 
     return _run_server(make_app, args, f"emulating {engine.model.name} on {what}, speed "
                        f"{args.speed:g}x")

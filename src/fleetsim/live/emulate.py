@@ -11,8 +11,10 @@ conversation trace (finish reason "stop"). The output text is filler, one token 
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from fleetsim.live.protocol import (
     usage_chunk,
 )
 from fleetsim.live.server import LiveApp
-from fleetsim.live.tokens import Tokenize, output_text, prefix_hashes, tokenize
+from fleetsim.live.tokens import FILLER_WORDS, Tokenize, output_text, prefix_hashes, tokenize
 from fleetsim.live.trace import TraceWriter, trace_row
 
 GAUGES = {
@@ -59,7 +61,12 @@ class EmulatedBackend(LiveApp):
     def __init__(self, engine: LiveEngine, *, served_model: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout_s: float = 600.0, record: str | Path | None = None,
-                 tokenizer: Tokenize = tokenize, lag_warn_s: float = DEFAULT_WARN_S) -> None:
+                 tokenizer: Tokenize = tokenize, lag_warn_s: float = DEFAULT_WARN_S,
+                 response_mode: str = "filler") -> None:
+        if response_mode not in RESPONSE_MODES:
+            raise ValueError(f"response_mode must be one of {RESPONSE_MODES}, got "
+                             f"{response_mode!r}")
+        self.response_mode = response_mode
         self.engine = engine
         self.lag = LagMonitor("emulate", warn_s=lag_warn_s)
         self.tokenizer = tokenizer
@@ -139,6 +146,7 @@ class EmulatedBackend(LiveApp):
         t0 = time.monotonic()
         request_id = request_id_of(request)
         headers = {REQUEST_ID_HEADER: request_id}
+        lives: list[LiveRequest] = []
         try:
             if self.draining:
                 raise ApiError(503, "the server is shutting down", kind="server_error",
@@ -149,73 +157,109 @@ class EmulatedBackend(LiveApp):
                 raise ApiError(404, f"the model {parsed.model!r} does not exist; this server "
                                f"serves {self.served_model!r}", param="model",
                                code="model_not_found")
-            hashes = prefix_hashes(parsed.prompt_tokens, self.engine.hash_block_tokens)
-            live = self.engine.submit(parsed.num_prompt_tokens, parsed.max_tokens, hashes,
-                                      received_s=t0)
+            # One engine request per choice (vLLM fans n and a prompt batch out the same
+            # way; the n copies of a prompt share its prefix blocks).
+            for prompt in parsed.prompts:
+                hashes = prefix_hashes(prompt, self.engine.hash_block_tokens)
+                for _ in range(parsed.n):  # a loop: those admitted before a 429 are kept
+                    lives.append(self.engine.submit(len(prompt), parsed.max_tokens,  # noqa: PERF401
+                                                    hashes, received_s=t0))
         except ApiError as err:
+            for live in lives:  # a batch admitted in part is not admitted
+                self.engine.cancel(live, err.message)
             self.metrics.requests.labels("rejected", str(err.status)).inc()
             response = err.response()
             response.headers.update(headers)
             return response
-        live.request_id, live.received_t = request_id, t0
+        for i, live in enumerate(lives):
+            live.request_id = request_id if i == 0 else f"{request_id}-{i}"
+            live.received_t = t0
         self.metrics.prompt_tokens.inc(parsed.num_prompt_tokens)
+        texts = [self._text_of(parsed, i, request_id) for i in range(len(lives))]
         if parsed.stream:
-            return StreamingResponse(self._stream(parsed, live, t0),
+            return StreamingResponse(self._stream(parsed, lives, texts, request_id, t0),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", **headers})
-        response = await self._complete(request, parsed, live, t0)
+        response = await self._complete(request, parsed, lives, texts, request_id, t0)
         response.headers.update(headers)
         return response
 
-    async def _complete(self, request: HttpRequest, parsed: ParsedRequest, live: LiveRequest,
+    def _text_of(self, parsed: ParsedRequest, choice: int, request_id: str) -> TokenText:
+        """The text of each output token of ``choice`` by ``--response-mode``."""
+        if self.response_mode == "echo":
+            prompt = parsed.prompts[choice // parsed.n]
+            return lambda i: _token_text(prompt[i % len(prompt)])
+        if self.response_mode == "random":
+            seed = parsed.body.get("seed")
+            rng = random.Random(f"{request_id}/{choice}" if seed is None else f"{seed}/{choice}")
+            words = [rng.choice(FILLER_WORDS) for _ in range(64)]
+            return lambda i: " " + words[i % len(words)]
+        return output_text
+
+    async def _complete(self, request: HttpRequest, parsed: ParsedRequest,
+                        lives: list[LiveRequest], texts: list[TokenText], request_id: str,
                         t0: float) -> Response:
+        deadline = t0 + self.request_timeout_s
         try:
-            present = await wait_or_disconnect(request, live.done, self.request_timeout_s)
+            for live in lives:
+                present = await wait_or_disconnect(request, live.done,
+                                                   max(0.0, deadline - time.monotonic()))
+                if not present:
+                    for other in lives:
+                        self.engine.cancel(other)
+                    self.metrics.requests.labels("cancelled", "499").inc()
+                    return Response(status_code=499)
         except TimeoutError:
-            self.engine.cancel(live, "the request timed out")
+            for live in lives:
+                self.engine.cancel(live, "the request timed out")
             self.metrics.requests.labels("error", "504").inc()
             return JSONResponse(error_body("the request timed out", "timeout",
                                            code="timeout"), status_code=504)
-        if not present:
-            self.engine.cancel(live)
-            self.metrics.requests.labels("cancelled", "499").inc()
-            return Response(status_code=499)
-        if live.error is not None:
+        failed = next((live.error for live in lives if live.error is not None), None)
+        if failed is not None:
             self.metrics.requests.labels("error", "503").inc()
-            return JSONResponse(error_body(live.error, "server_error", code="unavailable"),
+            return JSONResponse(error_body(failed, "server_error", code="unavailable"),
                                 status_code=503)
-        n = live.req.num_output_tokens
-        text = "".join(output_text(i) for i in range(n))
-        self._observe(t0, live, n)
+        choices = []
+        for live, text in zip(lives, texts, strict=True):
+            n = live.req.num_output_tokens
+            choices.append(("".join(text(i) for i in range(n)), _finish_reason(live)))
+            self._observe(t0, live, n)
         self.metrics.requests.labels("ok", "200").inc()
-        return JSONResponse(completion_body(parsed, new_id(parsed.kind, live.request_id), text, n,
-                                            _finish_reason(live)))
+        num_output = sum(live.req.num_output_tokens for live in lives)
+        return JSONResponse(completion_body(parsed, new_id(parsed.kind, request_id), choices,
+                                            num_output))
 
-    async def _stream(self, parsed: ParsedRequest, live: LiveRequest,
+    async def _stream(self, parsed: ParsedRequest, lives: list[LiveRequest],
+                      texts: list[TokenText], request_id: str,
                       t0: float) -> AsyncIterator[bytes]:
-        rid, created = new_id(parsed.kind, live.request_id), int(time.time())
-        sent = 0
+        rid, created = new_id(parsed.kind, request_id), int(time.time())
+        sent = [0] * len(lives)
+        closed = [False] * len(lives)
         deadline = time.monotonic() + self.request_timeout_s
         outcome = ("cancelled", "499")
         try:
-            while True:
-                await live.wait(deadline - time.monotonic())
-                n = live.num_emitted
-                while sent < n:
-                    yield sse(chunk_body(parsed, rid, created, output_text(sent),
-                                         first=sent == 0))
-                    sent += 1
-                    self.metrics.generation_tokens.inc()
-                    if sent == 1:
-                        self.metrics.ttft.observe(time.monotonic() - t0)
-                if live.finished:
-                    break
-            yield sse(chunk_body(parsed, rid, created, None, _finish_reason(live),
-                                 first=sent == 0))
+            while not all(closed):
+                await _wait_any([lv for lv, c in zip(lives, closed, strict=True) if not c],
+                                deadline - time.monotonic())
+                for k, live in enumerate(lives):
+                    if closed[k]:
+                        continue
+                    while sent[k] < live.num_emitted:
+                        yield sse(chunk_body(parsed, rid, created, texts[k](sent[k]),
+                                             first=sent[k] == 0, index=k))
+                        sent[k] += 1
+                        self.metrics.generation_tokens.inc()
+                        if sent[k] == 1 and k == 0:
+                            self.metrics.ttft.observe(time.monotonic() - t0)
+                    if live.finished:
+                        closed[k] = True
+                        yield sse(chunk_body(parsed, rid, created, None, _finish_reason(live),
+                                             first=sent[k] == 0, index=k))
+                        self._observe(t0, live, sent[k], count_tokens=False)
             if parsed.include_usage:
-                yield sse(usage_chunk(parsed, rid, created, sent))
+                yield sse(usage_chunk(parsed, rid, created, sum(sent)))
             yield SSE_DONE
-            self._observe(t0, live, sent, count_tokens=False)
             outcome = ("ok", "200")
         except (TimeoutError, EngineStopped) as err:
             message = "the request timed out" if isinstance(err, TimeoutError) else str(err)
@@ -223,9 +267,10 @@ class EmulatedBackend(LiveApp):
             yield sse(error_body(message, "server_error", code="unavailable"))
         finally:
             self.metrics.requests.labels(*outcome).inc()
-            if not live.finished:
-                self.engine.cancel(live, "the request timed out" if outcome[1] == "504"
-                                   else "the client disconnected")
+            for live in lives:
+                if not live.finished:
+                    self.engine.cancel(live, "the request timed out" if outcome[1] == "504"
+                                       else "the client disconnected")
 
     def _observe(self, t0: float, live: LiveRequest, n: int, *,
                  count_tokens: bool = True) -> None:
@@ -267,6 +312,34 @@ class EmulatedBackend(LiveApp):
             **({"abort_reason": req.abort_reason} if req.abort_reason else {}),
             num_prefix_hit_tokens=req.num_prefix_hit_tokens,
             num_preemptions=req.num_preemptions))
+
+
+TokenText = Callable[[int], str]
+"""Output token index -> its text."""
+RESPONSE_MODES = ("filler", "echo", "random")
+
+
+def _token_text(token: str | int) -> str:
+    return f" {token}" if isinstance(token, int) else token
+
+
+async def _wait_any(lives: list[LiveRequest], timeout_s: float) -> None:
+    """Until one of ``lives`` has news (TimeoutError after ``timeout_s``)."""
+    if len(lives) == 1:
+        await lives[0].wait(timeout_s)
+        return
+    if not any(live.changed.is_set() for live in lives):
+        waiters = [asyncio.ensure_future(live.changed.wait()) for live in lives]
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=max(0.0, timeout_s),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        if not done:
+            raise TimeoutError
+    for live in lives:
+        live.changed.clear()
 
 
 def _finish_reason(live: LiveRequest) -> str:
