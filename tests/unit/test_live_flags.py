@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
+import time
 from contextlib import ExitStack
 
 import httpx
@@ -63,29 +63,35 @@ def test_load_fails_in_one_line_when_the_server_never_gets_ready(capsys):
     assert "--ready-check-timeout-sec" in capsys.readouterr().err
 
 
-def test_load_waits_for_a_backend_that_starts_later(capsys):
-    """The gateway is up at once, its backend (nothing listens on its port yet) a second
-    later, as in the README's block: ``load`` waits, then runs, where it used to fail
-    listing the models."""
+def test_load_waits_for_a_backend_that_starts_later(capsys, monkeypatch):
+    """The gateway is up at once, its backend (nothing listens on its port yet) only once
+    ``load`` has found it not ready, as in the README's block: ``load`` waits, then runs,
+    where it used to fail listing the models."""
+    import fleetsim.live.cli as live_cli
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     late: list[ServerThread] = []
 
-    def start_backend() -> None:
-        late.append(ServerThread(lambda: emulated_backend(speed=50.0), port=port))
-        late[0].start()
+    class Clock:  # the load's clock, which starts the backend during its first wait
+        monotonic = staticmethod(time.monotonic)
 
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            if not late:
+                late.append(ServerThread(lambda: emulated_backend(speed=50.0), port=port))
+                late[0].start()
+            time.sleep(seconds)
+
+    monkeypatch.setattr(live_cli, "time", Clock)
     with ExitStack() as stack:
         stack.callback(lambda: late and late[0].stop())
         url = stack.enter_context(ServerThread(lambda: Gateway([f"http://127.0.0.1:{port}"])))
         assert httpx.get(f"{url}/v1/models", timeout=20.0).status_code == 503
-        timer = threading.Timer(1.0, start_backend)
-        timer.start()
-        stack.callback(timer.join)
         assert main(["load", "embedded:azure_conv_2023", "--url", url, "--max-requests", "3",
                      "--rate-scale", "50", "--json"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert result["completed"] == 3 and result["failed"] == 0
-    assert "waiting up to 600 s" in captured.err
+    assert "waiting up to 600 s" in captured.err and late

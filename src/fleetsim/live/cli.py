@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ from rich.table import Table
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import check_number
 from fleetsim.live.lag import DEFAULT_WARN_S
+from fleetsim.vllm_json import add_vllm_json_flags
+from fleetsim.workloads.shorthand import add_workload_flags, workload_overrides
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 PORT_HELP = "TCP port (default: one the system picks, printed when ready)"
@@ -73,17 +76,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     _server_flags(p)
     p.set_defaults(handler=cmd_gateway)
 
-    p = subparsers.add_parser("load", help="replay a trace's arrivals against a server and "
-                              "report TTFT/TPOT/ITL/E2EL (vLLM benchmark names)")
-    p.add_argument("trace", help="trace file (any format fleetsim run reads) or embedded:NAME")
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p = subparsers.add_parser("load", help="send a trace's requests, or vllm bench serve's "
+                              "random/sharegpt ones, to a server and report TTFT/TPOT/ITL/E2EL "
+                              "(vLLM benchmark names and result file)")
+    p.add_argument("trace", nargs="?", default=None,
+                   help="trace file (any format fleetsim run reads) or embedded:NAME; "
+                   "without it, --dataset-name's requests")
+    p.add_argument("--url", "--base-url", dest="url", required=True,
+                   help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="model name (default: the server's first)")
+    p.add_argument("--dataset-name", choices=("random", "sharegpt"), default=None,
+                   help="vLLM's datasets without a trace: random (--isl/--osl tokens, "
+                   "default 1024/128) or sharegpt (ShareGPT's lengths, embedded)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated requests "
+                   "(the same flags and seed give fleetsim run the same requests)")
     p.add_argument("--rate-scale", type=float, default=1.0,
-                   help="multiply the arrival rate (default 1)")
+                   help="multiply a trace's arrival rate (default 1)")
     p.add_argument("--max-requests", type=int, default=None, help="send only the first N")
     p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
-    p.add_argument("--max-concurrency", type=int, default=None,
-                   help="most requests in flight (default: unbounded)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per request (default 600)")
     p.add_argument("--ready-check-timeout-sec", type=float, default=600.0,
                    help="wait this long for the server to list a model before sending "
@@ -92,7 +102,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="block of the prefix hashes written with --out (default 16)")
     p.add_argument("--out", default=None, metavar="FILE.jsonl",
                    help="write every request with its measured latencies (a trace)")
-    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the result (vLLM's result file) as JSON")
+    p.add_argument("--metric-percentiles", "--percentiles", dest="percentiles",
+                   default="50,90,99", metavar="P,P,...",
+                   help="percentiles in the result (default 50,90,99)")
+    p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
+                   help="SLOs for request_goodput, e.g. ttft:200 tpot:50 (vLLM's --goodput)")
+    p.add_argument("--save-result", action="store_true",
+                   help="write the result file as vLLM names it "
+                   "(LABEL-RATEqps[-concurrencyC]-MODEL-DATE.json)")
+    p.add_argument("--result-dir", default=None, help="folder of --save-result's file")
+    p.add_argument("--result-filename", default=None, help="name of --save-result's file")
+    p.add_argument("--vllm-json", default=None, metavar="FILE",
+                   help="write the result file here (as fleetsim run --vllm-json)")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    add_vllm_json_flags(p)
+    add_workload_flags(p)
     _lag_flag(p)
     p.set_defaults(handler=cmd_load)
 
@@ -248,43 +274,183 @@ def _run_async(coro: Any) -> Any:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    from fleetsim.cli import print_json
+    from fleetsim.cli import bench_date, print_json
     from fleetsim.live.gateway import check_url
-    from fleetsim.live.load import report, run_load
-    from fleetsim.workloads import load_trace
-    from fleetsim.workloads.transforms import head, scale_rate
+    from fleetsim.live.load import bench_json, run_load
+    from fleetsim.vllm_json import parse_goodput, parse_metrics, parse_percentiles
 
     args.url = check_url("--url", args.url)
     check_number(args.rate_scale, "--rate-scale", lo=1e-6, hi=1e6)
     check_number(args.hash_block_tokens, "--hash-block-tokens", lo=1, hi=2**20, integer=True)
     check_number(args.timeout_s, "--timeout-s", lo=0.001, hi=86400.0)
-    if args.max_requests is not None:
-        check_number(args.max_requests, "--max-requests", lo=1, hi=10**8, integer=True)
-    if args.max_concurrency is not None:
-        check_number(args.max_concurrency, "--max-concurrency", lo=1, hi=10**6, integer=True)
-    workload = scale_rate(load_trace(args.trace), args.rate_scale)
-    if args.max_requests is not None:
-        workload = head(workload, args.max_requests)
     check_number(args.ready_check_timeout_sec, "--ready-check-timeout-sec", lo=0.0,
                  hi=86400.0)
     check_number(args.lag_warn_ms, "--lag-warn-ms", lo=0.1, hi=1e6)
-    if args.out:
-        check_writable("--out", args.out)
+    if args.max_requests is not None:
+        check_number(args.max_requests, "--max-requests", lo=1, hi=10**8, integer=True)
+    percentiles = parse_percentiles(args.percentiles)
+    metrics = parse_metrics(args.percentile_metrics)
+    goodput = parse_goodput(args.goodput)
+    workload, request_rate = load_workload(args)
+    for flag in ("out", "vllm_json"):
+        if getattr(args, flag):
+            check_writable(f"--{flag.replace('_', '-')}", getattr(args, flag))
     model = wait_ready(args.url, args.ready_check_timeout_sec, model=args.model)
     t0 = time.monotonic()
-    outcomes = _run_async(run_load(workload, args.url, model=model, endpoint=args.endpoint,
-                                    max_concurrency=args.max_concurrency,
-                                    timeout_s=args.timeout_s,
-                                    hash_block_tokens=args.hash_block_tokens,
-                                    lag_warn_s=args.lag_warn_ms / 1e3))
-    result = report(outcomes, time.monotonic() - t0)
+    outcomes = _run_async(_load_with_progress(args, workload, model, run_load))
+    result = bench_json(
+        outcomes, time.monotonic() - t0, percentiles=percentiles, percentile_metrics=metrics,
+        goodput=goodput, detailed=args.save_detailed,
+        setup={"date": bench_date(), "endpoint_type": _BACKENDS[args.endpoint],
+               "backend": _BACKENDS[args.endpoint], "label": args.label, "model_id": model,
+               "tokenizer_id": model, "num_prompts": len(workload),
+               "request_rate": request_rate,
+               "burstiness": args.burstiness if args.burstiness is not None else 1.0,
+               "max_concurrency": args.max_concurrency})
     if args.out:
         write_outcomes(args.out, outcomes, args.hash_block_tokens)
+    for path in _result_paths(args, result, model):
+        write_atomically(path, json_text(result))
     if args.json:
         print_json(result)
     else:
         Console().print(load_table(result, args.url))
     return 0 if result["failed"] == 0 else 1
+
+
+_BACKENDS = {"completions": "openai", "chat": "openai-chat"}
+"""``--endpoint`` -> the name ``vllm bench serve --backend`` gives that endpoint."""
+
+
+def load_workload(args: argparse.Namespace) -> tuple[Any, float | str | None]:
+    """The requests to send and the result's ``request_rate`` (None for a trace): a trace
+    as recorded (``--rate-scale``, ``--max-requests``, ``--num-prompts`` apply), or vLLM's
+    ``random``/``sharegpt`` requests built as ``fleetsim run`` builds them from the same
+    flags and seed."""
+    from fleetsim.config import load_config
+    from fleetsim.run import seed_streams
+    from fleetsim.workloads import load_trace
+    from fleetsim.workloads.config import build_workload
+    from fleetsim.workloads.transforms import head, scale_rate
+
+    if args.max_concurrency is not None:
+        check_number(args.max_concurrency, "--max-concurrency", lo=1, hi=10**6, integer=True)
+    if args.trace is not None and args.dataset_name is not None:
+        raise FleetsimInputError("--dataset-name", args.dataset_name, "give a trace or a "
+                                 "dataset, not both")
+    if args.trace is None and args.dataset_name is None and args.isl is None:
+        raise FleetsimInputError("trace", None, "give a trace file (or embedded:NAME), "
+                                 "--dataset-name random|sharegpt, or --isl/--osl")
+    check_number(args.seed, "--seed", lo=0, hi=2**63 - 1, integer=True)
+    rate: float | str | None = None
+    if args.trace is not None:
+        overrides = [x for x in workload_overrides(args)
+                     if not x.startswith("workload.max_concurrency")]
+        workload = load_trace(args.trace)
+        if any(x.startswith("workload.max_requests") for x in overrides):
+            workload = head(workload, args.num_prompts)
+    else:
+        if args.dataset_name == "sharegpt":
+            overrides = _sharegpt_overrides(args)
+        else:
+            if args.isl is None and args.osl is None:
+                args.isl, args.osl = RANDOM_DEFAULT_LENS
+            overrides = workload_overrides(args)
+        config = load_config(None, [*overrides, f"seed={args.seed}"])
+        workload = build_workload(config.workload, seed_streams(config.seed, (
+            "workload", "routing"))["workload"])
+        rate = "inf" if config.workload.arrival == "at_once" else config.workload.rate_per_s
+    workload = scale_rate(workload, args.rate_scale)
+    if args.max_requests is not None:
+        workload = head(workload, args.max_requests)
+    return workload, rate
+
+
+RANDOM_DEFAULT_LENS = (1024, 128)
+"""``vllm bench serve --dataset-name random``'s default input and output lengths."""
+
+
+def _sharegpt_overrides(args: argparse.Namespace) -> list[str]:
+    """ShareGPT's prompt and output lengths (the embedded ``sharegpt_lengths``, as vLLM's
+    sharegpt dataset takes each conversation's first turn), ``--osl`` fixing the output;
+    arrivals as for ``random``."""
+    if args.isl is not None:
+        raise FleetsimInputError("--isl", args.isl, "sharegpt takes its prompt lengths from "
+                                 "the data; use --dataset-name random for fixed ones")
+    osl = args.osl
+    # The arrival flags as for random (lengths replaced below).
+    arrivals = argparse.Namespace(**{**vars(args), "isl": 1, "osl": 1})
+    out = [x for x in workload_overrides(arrivals) if not x.startswith(
+        ("workload.prompt_tokens", "workload.output_tokens"))]
+    empirical = "{{kind='empirical', path='embedded:sharegpt_lengths', column='{}'}}"
+    out.append("workload.prompt_tokens=" + empirical.format("num_prefill_tokens"))
+    out.append("workload.output_tokens=" + (f"{{kind='fixed', value={osl}}}" if osl else
+                                            empirical.format("num_decode_tokens")))
+    return out
+
+
+async def _load_with_progress(args: argparse.Namespace, workload: Any, model: str,
+                              run_load: Any) -> Any:
+    """``run_load`` under a progress bar out of N (on a terminal, unless --disable-tqdm)."""
+    console = Console(stderr=True)
+    kw = {"model": model, "endpoint": args.endpoint, "max_concurrency": args.max_concurrency,
+          "timeout_s": args.timeout_s, "hash_block_tokens": args.hash_block_tokens,
+          "lag_warn_s": args.lag_warn_ms / 1e3}
+    if args.disable_tqdm or not console.is_terminal:
+        return await run_load(workload, args.url, **kw)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn("load"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("load", total=len(workload))
+        return await run_load(workload, args.url, **kw,
+                              on_done=lambda _: bar.advance(task))
+
+
+def _result_paths(args: argparse.Namespace, result: dict[str, Any], model: str) -> list[Path]:
+    """Where the result file goes: --vllm-json, and --save-result's name as vLLM's."""
+    paths = [Path(args.vllm_json)] if args.vllm_json else []
+    if args.save_result:
+        concurrency = (f"-concurrency{args.max_concurrency}"
+                       if args.max_concurrency is not None else "")
+        rate = result["request_rate"] if result["request_rate"] is not None else "trace"
+        name = args.result_filename or (f"{args.label or result['backend']}-{rate}qps"
+                                        f"{concurrency}-{model.split('/')[-1]}-"
+                                        f"{result['date']}.json")
+        folder = Path(args.result_dir) if args.result_dir else Path(".")
+        folder.mkdir(parents=True, exist_ok=True)
+        paths.append(folder / name)
+    return paths
+
+
+def json_text(result: dict[str, Any]) -> str:
+    from fleetsim.inputs import to_json
+
+    return to_json(result) + "\n"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` to a temporary file renamed over ``path`` (an interruption leaves an earlier
+    file whole)."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def check_writable(flag: str, path: str) -> None:
@@ -372,7 +538,7 @@ def wait_ready(url: str, timeout_s: float, *, model: str | None = None) -> str:
 
 
 def load_table(r: dict[str, Any], url: str) -> Table:
-    """The report laid out as vLLM's benchmark_serving prints it."""
+    """The result laid out as ``vllm bench serve`` prints it (the statistics it carries)."""
     t = Table(title=f"Serving Benchmark Result ({url})")
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -380,17 +546,24 @@ def load_table(r: dict[str, Any], url: str) -> Table:
             ("Benchmark duration (s)", f"{r['duration']:.2f}"),
             ("Total input tokens", f"{r['total_input_tokens']}"),
             ("Total generated tokens", f"{r['total_output_tokens']}"),
-            ("Request throughput (req/s)", f"{r['request_throughput']:.2f}"),
-            ("Output token throughput (tok/s)", f"{r['output_throughput']:.2f}"),
-            ("Total Token throughput (tok/s)", f"{r['total_token_throughput']:.2f}")]
+            ("Request throughput (req/s)", f"{r['request_throughput']:.2f}")]
+    if r.get("request_goodput") is not None:
+        rows.append(("Request goodput (req/s)", f"{r['request_goodput']:.2f}"))
+    rows += [("Output token throughput (tok/s)", f"{r['output_throughput']:.2f}"),
+             ("Peak output token throughput (tok/s)", f"{r['max_output_tokens_per_s']:.2f}"),
+             ("Peak concurrent requests", f"{r['max_concurrent_requests']}"),
+             ("Total Token throughput (tok/s)", f"{r['total_token_throughput']:.2f}")]
     names = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
     for key, name in names.items():
-        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p90", "P90"),
-                            ("p99", "P99")):
-            rows.append((f"{label} {name} (ms)", f"{r[f'{stat}_{key}_ms']:.2f}"))
+        for k, v in r.items():
+            m = re.fullmatch(rf"(mean|median|p[0-9.]+)_{key}_ms", k)
+            if m and isinstance(v, int | float):
+                label = m.group(1).capitalize() if m.group(1)[0] == "m" else \
+                    m.group(1).upper()
+                rows.append((f"{label} {name} (ms)", f"{v:.2f}"))
     for label, value in rows:
         t.add_row(label, value)
-    for err in r["errors"]:
+    for err in r.get("error_messages", ()):
         t.add_row("error", err[:100])
     return t
 
