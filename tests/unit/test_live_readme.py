@@ -101,3 +101,13 @@ def test_the_readme_live_block_runs_as_a_script(tmp_path):
     assert result["completed"] == 8 and result["failed"] == 0
     rows = [json.loads(line) for line in (tmp_path / "traffic.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+    # The README's next step, as it says it: replay the recording (no hash block flag: the
+    # trace carries it), then compare.
+    for cmd in ("run --set workload.trace='\"traffic.jsonl\"' --set hardware.num_replicas=2 "
+                "--set cluster.router.name=least_loaded --out sim --json",
+                "compare traffic.jsonl sim --json"):
+        proc = subprocess.run(["bash", "-c", f"{FLEETSIM} {cmd}"], cwd=tmp_path, text=True,
+                              capture_output=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["num_predicted"] == 8
