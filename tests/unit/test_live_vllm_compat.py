@@ -187,3 +187,34 @@ def test_echo_and_random_response_modes():
                  for seed in (1, 1, 2)]
     assert texts[0] == texts[1] != texts[2]
     assert all(len(t.split()) == 5 for t in texts)
+
+
+def test_emulate_listens_on_the_host_it_is_given():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-m", "fleetsim", "emulate", "--host", "localhost",
+                             "--speed", "50"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(60)
+        assert line and "listening on http://" in line[0], line
+        url = line[0].rsplit(" ", 1)[1].strip()
+        assert re.fullmatch(r"http://(127\.0\.0\.1|\[::1\]):\d+", url), url
+        assert httpx.get(f"{url}/version", timeout=TIMEOUT_S).json()["version"] == __version__
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0
