@@ -52,6 +52,7 @@ GAUGES = {
     "num_requests_waiting": "Requests waiting for admission",
     "kv_cache_usage_perc": "Share of KV blocks in use (0-1)",
     "num_requests_in_flight": "Requests submitted and not yet finished",
+    "event_loop_lag_seconds": "Latest lag of the server's event loop behind real time",
 }
 
 
@@ -116,7 +117,8 @@ class EmulatedBackend(LiveApp):
         s = self.engine.stats()
         return {"num_requests_running": s["num_running"], "num_requests_waiting":
                 s["num_waiting"], "kv_cache_usage_perc": s["kv_cache_usage"],
-                "num_requests_in_flight": s["num_active"]}
+                "num_requests_in_flight": s["num_active"],
+                "event_loop_lag_seconds": self.lag.current_s()}
 
     def _vllm_gauges(self) -> dict[str, float]:
         s = self.engine.stats()
