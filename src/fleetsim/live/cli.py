@@ -105,8 +105,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--json", action="store_true",
                    help="print the result (vLLM's result file) as JSON")
     p.add_argument("--metric-percentiles", "--percentiles", dest="percentiles",
-                   default="50,90,99", metavar="P,P,...",
-                   help="percentiles in the result (default 50,90,99)")
+                   default="90,99", metavar="P,P,...",
+                   help="percentiles in the result, beside mean, median and std (default "
+                   "90,99)")
     p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
                    help="SLOs for request_goodput, e.g. ttft:200 tpot:50 (vLLM's --goodput)")
     p.add_argument("--save-result", action="store_true",
