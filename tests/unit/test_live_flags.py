@@ -13,7 +13,7 @@ import pytest
 
 from fleetsim.cli import main
 from fleetsim.errors import FleetsimInputError
-from fleetsim.live.cli import wait_ready
+from fleetsim.live.bench import wait_ready
 from fleetsim.live.emulate import emulated_backend
 from fleetsim.live.gateway import Gateway
 from fleetsim.live.server import ServerThread
@@ -67,7 +67,7 @@ def test_load_waits_for_a_backend_that_starts_later(capsys, monkeypatch):
     """The gateway is up at once, its backend (nothing listens on its port yet) only once
     ``load`` has found it not ready, as in the README's block: ``load`` waits, then runs,
     where it used to fail listing the models."""
-    import fleetsim.live.cli as live_cli
+    import fleetsim.live.bench as live_bench
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,7 +84,7 @@ def test_load_waits_for_a_backend_that_starts_later(capsys, monkeypatch):
                 late[0].start()
             time.sleep(seconds)
 
-    monkeypatch.setattr(live_cli, "time", Clock)
+    monkeypatch.setattr(live_bench, "time", Clock)
     with ExitStack() as stack:
         stack.callback(lambda: late and late[0].stop())
         url = stack.enter_context(ServerThread(lambda: Gateway([f"http://127.0.0.1:{port}"])))
