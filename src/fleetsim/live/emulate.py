@@ -170,9 +170,9 @@ class EmulatedBackend(LiveApp):
             for live in lives:  # a batch admitted in part is not admitted
                 self.engine.cancel(live, err.message)
             self.metrics.requests.labels("rejected", str(err.status)).inc()
-            response = err.response()
-            response.headers.update(headers)
-            return response
+            rejected = err.response()
+            rejected.headers.update(headers)
+            return rejected
         for i, live in enumerate(lives):
             live.request_id = request_id if i == 0 else f"{request_id}-{i}"
             live.received_t = t0

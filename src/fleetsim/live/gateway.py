@@ -253,9 +253,9 @@ class Gateway(LiveApp):
                                    self.tokenizer)
         except ApiError as err:
             self.metrics.requests.labels("rejected", str(err.status)).inc()
-            response = err.response()
-            response.headers[REQUEST_ID_HEADER] = request_id
-            return response
+            rejected = err.response()
+            rejected.headers[REQUEST_ID_HEADER] = request_id
+            return rejected
         seq, self._next_seq = self._next_seq, self._next_seq + 1
         req = Request(id=seq, arrival_s=arrival_s, num_prompt_tokens=parsed.num_prompt_tokens,
                       max_output_tokens=parsed.max_tokens or 1,
