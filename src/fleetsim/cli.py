@@ -24,6 +24,7 @@ from rich.table import Table
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
 from fleetsim.output import add_format_flag, emit, output_format, print_table
+from fleetsim.vllm_json import add_vllm_json_flags
 from fleetsim.workloads.shorthand import add_workload_flags, workload_overrides
 
 EXIT_INPUT_ERROR = 2
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--percentiles", default="99", metavar="P,P,...",
                    help="percentiles of the --vllm-json metrics (vLLM's "
                         "--metric-percentiles; default 99)")
+    add_vllm_json_flags(p)
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("perf", help="predicted step time and its per-op breakdown")
@@ -194,10 +196,18 @@ def version_line() -> str:
     return f"fleetsim {engine_build()}"
 
 
+def bench_date() -> str:
+    """Now, as ``vllm bench serve`` dates its result (``%Y%m%d-%H%M%S``, local time); the
+    front end reads the clock, the result builders take the date as given."""
+    from datetime import datetime
+
+    return datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
     from fleetsim.results import check_out_dir, check_out_file, fresh_out_dir, write_run
-    from fleetsim.vllm_json import parse_percentiles, vllm_result
+    from fleetsim.vllm_json import parse_metrics, parse_percentiles, vllm_result
 
     fmt = output_format(args)
     # vLLM's benchmark result reports ITL: record it for --vllm-json.
@@ -208,6 +218,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         Path(args.config).stem if args.config else "default"))
     check_out_dir(out, force=args.force)
     percentiles = parse_percentiles(args.percentiles)
+    parse_metrics(args.percentile_metrics)
     if args.vllm_json:
         check_out_file(Path(args.vllm_json), "--vllm-json")
     console = Console(stderr=True)
@@ -217,11 +228,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         from fleetsim.inputs import to_json
         from fleetsim.results import write_file
 
-        write_file(Path(args.vllm_json), to_json(vllm_result(result, percentiles)) + "\n")
+        write_file(Path(args.vllm_json), to_json(vllm_result(
+            result, percentiles, date=bench_date(), label=args.label,
+            detailed=args.save_detailed,
+            percentile_metrics=parse_metrics(args.percentile_metrics))) + "\n")
     emit(fmt, result.summary, lambda: summary_table(result.summary))
     warning = result.summary["overload"].get("warning")
     if warning:
         print(f"fleetsim: warning: {warning}", file=sys.stderr)
+    if result.summary.get("num_unserved_skipped"):
+        print(f"fleetsim: skipped {result.summary['num_unserved_skipped']} row(s) of the trace "
+              f"that no server served (served: false)", file=sys.stderr)
     written = f"results written to {out}/ (summary.json, requests.csv, config.json)"
     if args.vllm_json:
         written += f"; vLLM-style result in {args.vllm_json}"

@@ -346,6 +346,8 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
         "workload": workload.name, "perf_sources": first["perf_sources"],
         **summary,
     }
+    if workload.num_unserved_skipped:
+        summary["num_unserved_skipped"] = workload.num_unserved_skipped
     summary["engine_build"] = engine_build()
     unfinished = sorted(tracker.in_flight.values(), key=lambda r: r.id) if tracker else []
     return RunResult(to_plain(config), summary, records, workload, unfinished, program_rows)

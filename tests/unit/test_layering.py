@@ -41,7 +41,7 @@ ALLOWED = {
               "serving", "rl", "programs", "soc", "esp"},
     "soc": {"models", "workloads"},
     "live": {"config", "core", "hardware", "inputs", "metrics", "models", "perf", "policies",
-             "results", "run", "serving", "workloads"},
+             "results", "run", "serving", "vllm_json", "workloads"},
     "calibrate": {"config", "hardware", "models", "perf", "results", "run", "vllm_json",
                   "workloads"},
     "native": set(),

@@ -161,5 +161,6 @@ def test_compare_prints_the_front_end_and_the_key_to_include_it(tmp_path, capsys
     capsys.readouterr()
     assert main(["compare", live, str(sim), "--engine", engine]) == 0
     out = capsys.readouterr().out
-    assert "front end (live TTFT - engine TTFT, 1 requests): mean 5.0 ms" in out
+    assert ("front end (live TTFT - engine TTFT, 1 of 1 requests matched by arrival order, "
+            "prompt and output lengths): mean 5.0 ms") in out
     assert "--set cluster.frontend_overhead_s=0.0050" in out

@@ -10,7 +10,10 @@ approximate radix tree per worker).
 
 Health is passive (Envoy's outlier detection): a connection error, a 5xx or 429, or a stream
 that breaks ejects the backend for 0.5 s, doubling with each consecutive failure up to 30 s;
-a success resets it. Routers see the backends not ejected (all of them when none is left).
+a success resets it. It is also active (Envoy's health checking): the gateway asks each
+backend's ``/health`` every few seconds, and a backend that answers 5xx or not at all is out
+until it answers again (a 404, a server without ``/health``, counts as up). Routers see the
+backends in and not ejected (all of them when none is left).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class BackendView:
         """Requests sent here whose first token has not come yet."""
         self.num_failures = 0
         """Consecutive failures."""
+        self.health_ok = True
+        """The last active health check's verdict (True before the first)."""
         self.ejected_until_s = 0.0
         self.num_requests = 0
         self._prefixes: OrderedDict[int, None] = OrderedDict()
@@ -96,7 +101,7 @@ class BackendView:
 
     # ---- health -------------------------------------------------------------------
     def healthy(self, now_s: float) -> bool:
-        return self.ejected_until_s <= now_s
+        return self.health_ok and self.ejected_until_s <= now_s
 
     def failed(self, now_s: float) -> None:
         self.num_failures += 1

@@ -35,6 +35,13 @@ def make_starlette(routes: Sequence[BaseRoute],
                      exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
+async def version(request: HttpRequest) -> Response:
+    """``GET /version``, as vLLM answers it (``{"version": ...}``): fleetsim's version."""
+    from fleetsim import __version__
+
+    return JSONResponse({"version": __version__, "server": "fleetsim"})
+
+
 async def until_disconnect(request: HttpRequest) -> None:
     """Returns when the client has gone (call after the body was read)."""
     while True:

@@ -58,7 +58,7 @@ class LiveRequest:
     """A request inside the live engine, and what its waiter has been told."""
 
     __slots__ = ("req", "changed", "done", "num_emitted", "finished", "cancelled", "error",
-                 "sampled_length")
+                 "sampled_length", "request_id", "received_t")
 
     def __init__(self, req: Request, sampled_length: bool) -> None:
         self.req = req
@@ -72,6 +72,10 @@ class LiveRequest:
         self.error: str | None = None
         self.sampled_length = sampled_length
         """True when the output length was sampled (finish reason "stop", not "length")."""
+        self.request_id = ""
+        """The HTTP request's id (``X-Request-Id``), set by the server that submitted it."""
+        self.received_t = 0.0
+        """Monotonic time the server received it."""
 
     async def wait(self, timeout_s: float) -> None:
         """Until the engine emits, finishes or fails this request (TimeoutError after

@@ -29,16 +29,19 @@ from starlette.routing import Route
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.live.backends import BackendView, GatewayView
-from fleetsim.live.common import make_starlette
+from fleetsim.live.common import make_starlette, version
+from fleetsim.live.lag import DEFAULT_WARN_S, LagMonitor
 from fleetsim.live.metrics import LiveMetrics
 from fleetsim.live.protocol import (
     DEFAULT_MAX_BODY_BYTES,
+    REQUEST_ID_HEADER,
     ApiError,
     ParsedRequest,
     error_body,
     overloaded,
     parse_request,
     read_json_body,
+    request_id_of,
     sse,
 )
 from fleetsim.live.server import LiveApp
@@ -48,25 +51,44 @@ from fleetsim.policies.routing import make_router
 from fleetsim.registry import PolicySpec
 from fleetsim.serving.request import Request
 
+DEFAULT_HEALTH_CHECK_INTERVAL_S = 5.0
+"""Seconds between active health checks (Envoy's and Kubernetes' readiness probes use 5-10 s)."""
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 GAUGES = {"num_requests_in_flight": "Requests being served",
           "num_backends_healthy": "Backends not ejected",
-          "backend_load_tokens": "Outstanding tokens over all backends"}
-_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive",
-                          "content-encoding"})
+          "backend_load_tokens": "Outstanding tokens over all backends",
+         "event_loop_lag_seconds": "Latest lag of the gateway's event loop behind real time"}
+# Not copied from a backend's answer: hop-by-hop headers, and ``date``/``server``, which the
+# gateway's own HTTP server writes (copied, a client would get each twice).
+_NOT_FORWARDED = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive",
+                            "content-encoding", "date", "server"})
+BACKEND_HEADER = "x-fleetsim-backend"
+"""Response header naming the backend that served the request (as llm-d's gateway says which
+endpoint it picked)."""
+
+
+def check_url(flag: str, url: str) -> str:
+    """``url`` as a server's base URL (http(s)://host:port, no trailing ``/`` or ``/v1``),
+    or one line naming ``flag``, the value and the form expected."""
+    fix = "expected a URL like http://127.0.0.1:8001"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError for a port out of 0..65535 or not a number
+    except ValueError as err:
+        raise FleetsimInputError(flag, url, f"{err}; {fix}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FleetsimInputError(flag, url, fix)
+    if port == 0:
+        raise FleetsimInputError(flag, url, f"port 0 cannot be connected to; {fix}")
+    u = url.rstrip("/")
+    return u[:-3] if u.endswith("/v1") else u
 
 
 def check_backends(urls: Sequence[str]) -> list[str]:
     """The backend URLs, checked (http(s)://host:port, no duplicates)."""
     out = []
     for url in urls:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise FleetsimInputError("--backend", url, "expected a URL like "
-                                     "http://127.0.0.1:8001")
-        u = url.rstrip("/")
-        if u.endswith("/v1"):
-            u = u[:-3]
+        u = check_url("--backend", url)
         if u in out:
             raise FleetsimInputError("--backend", url, "given twice")
         out.append(u)
@@ -85,8 +107,12 @@ class Gateway(LiveApp):
                  record: str | Path | None = None, hash_block_tokens: int = 16,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  request_timeout_s: float = 600.0, connect_timeout_s: float = 5.0,
-                 seed: int = 0, tokenizer: Tokenize = tokenize) -> None:
+                 seed: int = 0, tokenizer: Tokenize = tokenize,
+                 lag_warn_s: float = DEFAULT_WARN_S,
+                 health_check_interval_s: float = DEFAULT_HEALTH_CHECK_INTERVAL_S) -> None:
+        self.health_check_interval_s = health_check_interval_s
         self.tokenizer = tokenizer
+        self.lag = LagMonitor("gateway", warn_s=lag_warn_s)
         self.backends = [BackendView(i, url, hash_block_tokens=hash_block_tokens)
                          for i, url in enumerate(check_backends(backends))]
         self.router_name = router
@@ -112,6 +138,8 @@ class Gateway(LiveApp):
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/ready", self.health, methods=["GET"]),
+            Route("/version", version, methods=["GET"]),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
         ], self._lifespan)
 
@@ -122,15 +150,39 @@ class Gateway(LiveApp):
         timeout = httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             self.client = client
+            self.lag.start()
+            checks = (asyncio.get_running_loop().create_task(self._check_health())
+                      if self.health_check_interval_s > 0 else None)
             try:
                 yield
             finally:
+                if checks is not None:
+                    checks.cancel()
+                self.lag.stop()
                 self.abort_in_flight("the gateway is shutting down")
                 if self.recorder is not None:
                     self.recorder.close()
 
     def now_s(self) -> float:
         return time.monotonic() - self._t0
+
+    async def _check_health(self) -> None:
+        """Active health checks: every backend's ``GET /health``, every interval."""
+        assert self.client is not None
+        client, timeout = self.client, self.connect_timeout_s
+
+        async def check(b: BackendView) -> None:
+            try:
+                r = await client.get(f"{b.url}/health", timeout=timeout)
+                # 5xx is "not ready" (vLLM and emulate answer 503 while starting or
+                # draining); a 404 is a server without the endpoint: up, judged passively.
+                b.health_ok = r.status_code < 500
+            except httpx.HTTPError:
+                b.health_ok = False
+
+        while True:
+            await asyncio.gather(*(check(b) for b in self.backends))
+            await asyncio.sleep(self.health_check_interval_s)
 
     # ---- LiveApp -------------------------------------------------------------------
     def begin_drain(self) -> None:
@@ -145,7 +197,8 @@ class Gateway(LiveApp):
         now = self.now_s()
         return {"num_requests_in_flight": self.num_in_flight,
                 "num_backends_healthy": sum(b.healthy(now) for b in self.backends),
-                "backend_load_tokens": sum(b.load_tokens for b in self.backends)}
+                "backend_load_tokens": sum(b.load_tokens for b in self.backends),
+                "event_loop_lag_seconds": self.lag.current_s()}
 
     # ---- small endpoints -------------------------------------------------------------
     async def health(self, request: HttpRequest) -> Response:
@@ -156,7 +209,7 @@ class Gateway(LiveApp):
 
     async def models(self, request: HttpRequest) -> Response:
         """The union of the backends' models (those that answer within the connect
-        timeout)."""
+        timeout); 503 when none answers."""
         assert self.client is not None
         client, timeout = self.client, self.connect_timeout_s
 
@@ -172,6 +225,12 @@ class Gateway(LiveApp):
         for models in await asyncio.gather(*(ask(b) for b in self.backends)):
             for m in models:
                 seen.setdefault(m["id"], m)
+        if not seen:
+            # As a load balancer with no healthy upstream answers: clients (``fleetsim load``,
+            # ``vllm bench serve``) read 503 as "not ready yet", an empty 200 as "no model".
+            return JSONResponse(error_body("no backend lists a model (none is up yet)",
+                                           "server_error", code="unavailable"),
+                                status_code=503, headers={"Retry-After": "1"})
         return JSONResponse({"object": "list", "data": list(seen.values())})
 
     async def completions(self, request: HttpRequest) -> Response:
@@ -183,6 +242,7 @@ class Gateway(LiveApp):
     # ---- proxying --------------------------------------------------------------------
     async def _serve(self, request: HttpRequest, kind: str) -> Response:
         arrival_s = self.now_s()
+        request_id = request_id_of(request)
         try:
             if self.draining:
                 raise ApiError(503, "the gateway is shutting down", kind="server_error",
@@ -193,12 +253,14 @@ class Gateway(LiveApp):
                                    self.tokenizer)
         except ApiError as err:
             self.metrics.requests.labels("rejected", str(err.status)).inc()
-            return err.response()
+            rejected = err.response()
+            rejected.headers[REQUEST_ID_HEADER] = request_id
+            return rejected
         seq, self._next_seq = self._next_seq, self._next_seq + 1
         req = Request(id=seq, arrival_s=arrival_s, num_prompt_tokens=parsed.num_prompt_tokens,
                       max_output_tokens=parsed.max_tokens or 1,
                       hash_ids=prefix_hashes(parsed.prompt_tokens, self.hash_block_tokens))
-        flight = _Flight(self, parsed, req)
+        flight = _Flight(self, parsed, req, request_id)
         self.num_in_flight += 1
         self.metrics.prompt_tokens.inc(parsed.num_prompt_tokens)
         handed_over = False
@@ -241,8 +303,10 @@ class _RelayResponse(StreamingResponse):
 class _Flight:
     """One request through the gateway: its attempts, its stream, its row of the trace."""
 
-    def __init__(self, gw: Gateway, parsed: ParsedRequest, req: Request) -> None:
+    def __init__(self, gw: Gateway, parsed: ParsedRequest, req: Request,
+                 request_id: str) -> None:
         self.gw = gw
+        self.request_id = request_id
         self.parsed = parsed
         self.req = req
         self.body = json.dumps(parsed.body).encode()
@@ -285,7 +349,8 @@ class _Flight:
         url = f"{backend.url}{self.path}"
         try:
             request = client.build_request("POST", url, content=self.body,
-                                           headers={"content-type": "application/json"})
+                                           headers={"content-type": "application/json",
+                                                    REQUEST_ID_HEADER: self.request_id})
             resp = await client.send(request, stream=True)
         except httpx.HTTPError as err:
             raise _Attempt(f"{backend.url}: {type(err).__name__}: {err}") from None
@@ -307,11 +372,16 @@ class _Flight:
             backend.succeeded()
             self.gw.metrics.requests.labels("ok" if resp.status_code == 200 else "error",
                                             str(resp.status_code)).inc()
-            headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+            headers = {k: v for k, v in resp.headers.items()
+                       if k.lower() not in _NOT_FORWARDED}
+            headers.update(self._headers(backend))
             return Response(content, status_code=resp.status_code, headers=headers)
         return _RelayResponse(self._relay(resp, backend), lambda: self._closed(resp),
                               status_code=200, media_type="text/event-stream",
-                              headers={"Cache-Control": "no-cache"})
+                              headers={"Cache-Control": "no-cache", **self._headers(backend)})
+
+    def _headers(self, backend: BackendView) -> dict[str, str]:
+        return {REQUEST_ID_HEADER: self.request_id, BACKEND_HEADER: backend.url}
 
     async def _closed(self, resp: httpx.Response) -> None:
         await resp.aclose()
@@ -424,8 +494,9 @@ class _Flight:
         if gw.recorder is not None:
             gw.recorder.write(self.req.id, trace_row(
                 arrival_s=self.req.arrival_s, num_prompt_tokens=self.req.num_prompt_tokens,
-                num_output_tokens=n or (self.parsed.max_tokens or 1),
-                hash_ids=self.req.hash_ids, ttft_s=ttft, tpot_s=tpot,
+                num_output_tokens=n, hash_ids=self.req.hash_ids, ttft_s=ttft, tpot_s=tpot,
                 e2e_s=e2e if self.status == "ok" else None, status=self.status,
+                hash_block_tokens=gw.hash_block_tokens, request_id=self.request_id,
+                lag_s=gw.lag.lag_since(self.t0),
                 backend=self.backend.url if self.backend is not None else None,
                 endpoint=self.parsed.kind))

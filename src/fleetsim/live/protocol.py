@@ -20,6 +20,8 @@ from starlette.responses import JSONResponse
 
 from fleetsim.live.tokens import Tokenize, tokenize
 
+MAX_CHOICES = 256
+"""Most completions one request may ask for (prompts x ``n``): each is an engine request."""
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 """Largest request body accepted (8 MiB: about two million tokens of text)."""
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -79,10 +81,38 @@ class ParsedRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    prompts: tuple[list[str] | list[int], ...] = ()
+    """Every prompt of a batched completions request (``prompt`` as a list of prompts, as
+    vLLM accepts it); ``(prompt_tokens,)`` for one."""
+    n: int = 1
+    """Completions per prompt."""
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_tokens)
+        """Over all prompts, each counted once however large ``n`` (vLLM's usage)."""
+        return sum(len(p) for p in self.prompts) if self.prompts else len(self.prompt_tokens)
+
+    @property
+    def num_choices(self) -> int:
+        """Choices of the answer: prompt ``p``'s ``j``-th completion has index ``p * n + j``
+        (vLLM's order)."""
+        return max(1, len(self.prompts)) * self.n
+
+
+REQUEST_ID_HEADER = "x-request-id"
+"""The request id vLLM's server takes from ``X-Request-Id`` and echoes (its
+``--enable-request-id-headers``); the gateway forwards it, so one id names a request in every
+trace of the loop (``compare --engine`` matches by it)."""
+MAX_REQUEST_ID_CHARS = 256
+
+
+def request_id_of(request: HttpRequest) -> str:
+    """The client's ``X-Request-Id`` when it is printable ASCII of at most 256 characters,
+    else a new random id (uuid4, as vLLM makes them)."""
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    if 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isascii() and given.isprintable():
+        return given
+    return uuid.uuid4().hex
 
 
 async def read_json_body(request: HttpRequest, max_bytes: int) -> dict[str, Any]:
@@ -100,6 +130,8 @@ async def read_json_body(request: HttpRequest, max_bytes: int) -> dict[str, Any]
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
         raise ApiError(400, f"malformed JSON body: {err}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the JSON body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     return data
@@ -118,10 +150,15 @@ def parse_request(kind: str, data: dict[str, Any],
                                   (isinstance(value, bool) and bool not in types)):
             raise _invalid(name, f"must be of type {' or '.join(_type_name(t) for t in types)}")
     n = data.get("n")
-    if n is not None and (type(n) is not int or n != 1):
-        raise _invalid("n", "must be 1: one completion per request")
-    tokens = (_chat_prompt(data.get("messages"), tokenizer) if kind == "chat"
-              else _prompt(data.get("prompt"), tokenizer))
+    if n is None:
+        n = 1
+    if type(n) is not int or not 1 <= n <= MAX_CHOICES:
+        raise _invalid("n", f"must be an integer in 1..{MAX_CHOICES}")
+    prompts = ([_chat_prompt(data.get("messages"), tokenizer)] if kind == "chat"
+               else _prompts(data.get("prompt"), tokenizer))
+    if len(prompts) * n > MAX_CHOICES:
+        raise _invalid("n", f"times the {len(prompts)} prompts asks for {len(prompts) * n} "
+                       f"completions; at most {MAX_CHOICES} per request")
     max_tokens = data.get("max_tokens")
     if kind == "chat" and data.get("max_completion_tokens") is not None:
         max_tokens = data["max_completion_tokens"]
@@ -140,12 +177,25 @@ def parse_request(kind: str, data: dict[str, Any],
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             raise _invalid("stream_options.include_usage", "must be a boolean")
-    return ParsedRequest(kind, data, model, tokens, max_tokens, stream, include_usage)
+    return ParsedRequest(kind, data, model, prompts[0], max_tokens, stream, include_usage,
+                         tuple(prompts), n)
+
+
+def _prompts(prompt: Any, tokenizer: Tokenize) -> list[list[str] | list[int]]:
+    """One prompt (a string, token ids) or a batch of them (a list of strings or of lists
+    of token ids), as vLLM's completions endpoint takes them."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        out = []
+        for i, p in enumerate(prompt):
+            try:
+                out.append(_prompt(p, tokenizer))
+            except ApiError as err:
+                raise _invalid(f"prompt[{i}]", err.message.split(" ", 1)[1]) from None
+        return out
+    return [_prompt(prompt, tokenizer)]
 
 
 def _prompt(prompt: Any, tokenizer: Tokenize) -> list[str] | list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if not prompt:
             raise _invalid("prompt", "must not be empty")
@@ -156,10 +206,6 @@ def _prompt(prompt: Any, tokenizer: Tokenize) -> list[str] | list[int]:
         return prompt
     if prompt is None:
         raise _invalid("prompt", "is required")
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list)
-                                                            for p in prompt):
-        raise _invalid("prompt", "must be one prompt (a string or token ids); send a batch "
-                       "as separate requests")
     raise _invalid("prompt", "must be a non-empty string or a non-empty list of token ids")
 
 
@@ -209,8 +255,9 @@ def _type_name(t: type) -> str:
 
 
 # ---- responses -------------------------------------------------------------------------
-def new_id(kind: str) -> str:
-    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+def new_id(kind: str, request_id: str | None = None) -> str:
+    """A response id, from the request's id as vLLM makes it (``cmpl-<X-Request-Id>``)."""
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + (request_id or uuid.uuid4().hex[:24])
 
 
 def usage(num_prompt: int, num_output: int) -> dict[str, int]:
@@ -218,30 +265,34 @@ def usage(num_prompt: int, num_output: int) -> dict[str, int]:
             "total_tokens": num_prompt + num_output}
 
 
-def completion_body(req: ParsedRequest, rid: str, text: str, num_output: int,
-                    finish_reason: str) -> dict[str, Any]:
-    """The non-streaming response."""
+def completion_body(req: ParsedRequest, rid: str, choices: list[tuple[str, str]],
+                    num_output: int) -> dict[str, Any]:
+    """The non-streaming response; ``choices``: (text, finish reason) by index."""
     base = {"id": rid, "created": int(time.time()), "model": req.model,
             "usage": usage(req.num_prompt_tokens, num_output)}
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish_reason}
-        return {**base, "object": "chat.completion", "choices": [choice]}
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return {**base, "object": "text_completion", "choices": [choice]}
+        return {**base, "object": "chat.completion", "choices": [
+            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+             "finish_reason": reason} for i, (text, reason) in enumerate(choices)]}
+    return {**base, "object": "text_completion", "choices": [
+        {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+        for i, (text, reason) in enumerate(choices)]}
 
 
 def chunk_body(req: ParsedRequest, rid: str, created: int, text: str | None,
-               finish_reason: str | None = None, *, first: bool = False) -> dict[str, Any]:
-    """One streamed chunk (``text`` None: the closing chunk with ``finish_reason``)."""
+               finish_reason: str | None = None, *, first: bool = False,
+               index: int = 0) -> dict[str, Any]:
+    """One streamed chunk of choice ``index`` (``text`` None: the closing chunk with
+    ``finish_reason``)."""
     if req.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": None,
+                  "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None,
+        choice = {"index": index, "text": text or "", "logprobs": None,
                   "finish_reason": finish_reason}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": req.model,

@@ -110,14 +110,15 @@ async def serve(app: LiveApp, sock: socket.socket, *, drain_s: float = 10.0,
 class ServerThread:
     """``app`` served on a thread with its own event loop, on a loopback port chosen now.
 
-    ``with ServerThread(app) as url: ...`` starts it and always stops it."""
+    ``with ServerThread(app) as url: ...`` starts it and always stops it. ``port``: a given
+    one instead."""
 
     def __init__(self, make_app: Callable[[], LiveApp], *, drain_s: float = 2.0,
-                 start_timeout_s: float = 30.0) -> None:
+                 start_timeout_s: float = 30.0, port: int = 0) -> None:
         self._make_app = make_app
         self._drain_s = drain_s
         self._start_timeout_s = start_timeout_s
-        self.sock = bind()
+        self.sock = bind(port=port)
         self.url = url_of(self.sock)
         self.app: LiveApp | None = None
         self.server: Server | None = None

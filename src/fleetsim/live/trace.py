@@ -4,8 +4,10 @@
 measurements against the prediction.
 
 Rows are written in arrival order (the loader requires it) as soon as every earlier arrival
-has finished; ``hash_ids`` are chained hashes of ``hash_block_tokens``-token blocks, so
-replay it with ``--set workload.hash_block_tokens=N`` (16 by default).
+has finished; ``hash_ids`` are chained hashes of ``hash_block_tokens``-token blocks, and each
+row says its ``hash_block_tokens`` (16 by default), which the loader reads. ``request_id`` is
+the ``X-Request-Id`` the request carried (``compare --engine`` matches rows by it), ``lag_s``
+the worst event-loop lag of the writer while the request was in flight (``lag.py``).
 """
 
 from __future__ import annotations
@@ -75,10 +77,18 @@ class TraceWriter:
 
 def trace_row(*, arrival_s: float, num_prompt_tokens: int, num_output_tokens: int,
               hash_ids: Iterable[int], ttft_s: float | None, tpot_s: float | None,
-              e2e_s: float | None, status: str = "ok", **extra: Any) -> dict[str, Any]:
+              e2e_s: float | None, status: str = "ok", hash_block_tokens: int,
+              **extra: Any) -> dict[str, Any]:
+    """One row: ``num_output_tokens`` are the tokens actually produced. A request that
+    produced none (rejected by its backend, failed before its first token) is written with
+    ``served: false``, which ``fleetsim run`` skips (with a count): its asked ``max_tokens``
+    says nothing of what a server did. ``hash_block_tokens`` travels with every row, so a
+    replay needs no flag to read ``hash_ids``."""
+    served = num_output_tokens > 0
     return {"arrival_s": arrival_s, "prompt_tokens": num_prompt_tokens,
-            "output_tokens": max(1, num_output_tokens), "hash_ids": list(hash_ids),
-            "ttft_s": ttft_s, "tpot_s": tpot_s, "e2e_s": e2e_s, "status": status, **extra}
+            "output_tokens": num_output_tokens, "hash_ids": list(hash_ids),
+            "hash_block_tokens": hash_block_tokens, "ttft_s": ttft_s, "tpot_s": tpot_s,
+            "e2e_s": e2e_s, "status": status, "served": served, **extra}
 
 
 def _finite(row: dict[str, Any]) -> dict[str, Any]:

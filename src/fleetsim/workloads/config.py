@@ -169,7 +169,8 @@ class WorkloadConfig:
     format: str = "auto"
     """Trace format: auto | azure | mooncake | generic."""
     hash_block_tokens: int = 512
-    """Tokens per hash_ids entry in a generic trace (Mooncake traces are always 512)."""
+    """Tokens per hash_ids entry in a generic trace (Mooncake traces are always 512; a trace
+    whose rows carry their own, as live recordings do, uses that)."""
     rate_scale: float = 1.0
     """Multiply the arrival rate by this (divides every arrival time by it)."""
     start_s: float = 0.0

@@ -50,6 +50,8 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 MOONCAKE_BLOCK_TOKENS = 512
+DEFAULT_HASH_BLOCK_TOKENS = 512
+"""``WorkloadConfig.hash_block_tokens``'s default, which a trace's own value replaces."""
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 
@@ -283,8 +285,11 @@ def _parse_generic(label: str, text: str, hash_block_tokens: int) -> Workload:
         raise FleetsimInputError(
             f"{label}: hash_block_tokens", hash_block_tokens, "must be an integer >= 1"
         )
+    num_unserved = 0
     if _looks_like_jsonl(label, text):
         lines, objs = json_objects(label, text)
+        lines, objs, num_unserved = _served_rows(label, lines, objs)
+        hash_block_tokens = _own_hash_block_tokens(label, lines, objs, hash_block_tokens)
         has = set(objs[0])
 
         def get(name: str) -> list[Any]:
@@ -312,4 +317,39 @@ def _parse_generic(label: str, text: str, hash_block_tokens: int) -> Workload:
         hash_block_tokens=hash_block_tokens,
         priority=priority,
         name=short_name(label),
+        num_unserved_skipped=num_unserved,
     )
+
+
+def _served_rows(label: str, lines: list[int], objs: list[dict[str, Any]]
+                 ) -> tuple[list[int], list[dict[str, Any]], int]:
+    """The rows a server served: a live recording (``fleetsim gateway --record``, ``load
+    --out``) marks requests that produced nothing (rejected, failed) ``served: false``."""
+    keep = [k for k, obj in enumerate(objs) if obj.get("served", True) is not False]
+    if len(keep) == len(objs):
+        return lines, objs, 0
+    if not keep:
+        raise FleetsimInputError(label, f"{len(objs)} rows", "no row was served (every one "
+                                 "has served: false); record traffic that a server answered")
+    return [lines[k] for k in keep], [objs[k] for k in keep], len(objs) - len(keep)
+
+
+def _own_hash_block_tokens(label: str, lines: list[int], objs: list[dict[str, Any]],
+                           asked: int) -> int:
+    """The ``hash_block_tokens`` a trace's rows carry (live recordings do), else ``asked``.
+    The trace knows its own block size: it wins over the default (512); a different value
+    set on purpose is an error."""
+    values = {obj.get("hash_block_tokens") for obj in objs}
+    if values == {None}:
+        return asked
+    own = next(iter(values))
+    if len(values) > 1 or isinstance(own, bool) or not isinstance(own, int) or own < 1:
+        bad = next(k for k, obj in enumerate(objs) if obj.get("hash_block_tokens") != own
+                   or not isinstance(own, int) or isinstance(own, bool) or own < 1)
+        raise FleetsimInputError(f"{label}, line {lines[bad]}: hash_block_tokens",
+                                 objs[bad].get("hash_block_tokens"), "every row must carry the "
+                                 "same integer >= 1 (or none)")
+    if asked not in (own, DEFAULT_HASH_BLOCK_TOKENS):
+        raise FleetsimInputError("workload.hash_block_tokens", asked, f"the trace {label} says "
+                                 f"its hash_ids cover {own} tokens; leave it unset or set {own}")
+    return own

@@ -19,9 +19,11 @@ from fleetsim.inputs import MAX_REQUESTS, MAX_TOKENS, check_number
 
 def add_workload_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload shorthands (vllm bench serve's flags)")
-    g.add_argument("--isl", type=int, default=None, metavar="N",
+    g.add_argument("--isl", "--random-input-len", "--input-len", dest="isl", type=int,
+                   default=None, metavar="N",
                    help="synthetic prompts of N tokens (vLLM's --random-input-len)")
-    g.add_argument("--osl", type=int, default=None, metavar="N",
+    g.add_argument("--osl", "--random-output-len", "--output-len", dest="osl", type=int,
+                   default=None, metavar="N",
                    help="synthetic outputs of N tokens (vLLM's --random-output-len)")
     g.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R",
                    help="lengths uniform in [N(1-R), N(1+R)] (default 0: fixed)")

@@ -30,6 +30,8 @@ class Workload:
     """Per-request priority for the ``priority`` policy (lower runs first), or None."""
     name: str = "workload"
     """Where it came from, for reports (file name or generator description)."""
+    num_unserved_skipped: int = 0
+    """Rows of a live recording left out because no server served them (``served: false``)."""
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
