@@ -21,7 +21,8 @@ def profiles(draw):
     n = draw(st.integers(1, 6))
     gaps = draw(st.lists(st.floats(1, 500), min_size=n, max_size=n))
     times = np.cumsum(gaps) - gaps[0] + draw(st.sampled_from([0.0, 30.0]))
-    mults = draw(st.lists(st.floats(0, 5), min_size=n, max_size=n))
+    mults = draw(st.lists(st.one_of(st.just(0.0), st.floats(1e-9, 5)), min_size=n,
+                          max_size=n))
     mults[-1] = max(mults[-1], 0.1)
     if times[0] > 0:
         mults[0] = max(mults[0], 0.1)
@@ -78,7 +79,8 @@ def test_a_trace_keeps_its_order_and_lengths_under_a_swing():
     ("[[0, 1], [0, 2]]", "increase"),
     ("[[0, 1], [10, 0]]", "last multiplier"),
     ("[[0, 1, 2]]", "[time_s, multiplier]"),
-    ("[[0, -1], [5, 1]]", "[0, 1e6]"),
+    ("[[0, -1], [5, 1]]", "[1e-9, 1e6]"),
+    ("[[0, 1e-300], [5, 1]]", "[1e-9, 1e6]"),
     ("[]", "at least one"),
 ])
 def test_a_bad_profile_is_one_line_naming_the_field(profile, needle, capsys, tmp_path):

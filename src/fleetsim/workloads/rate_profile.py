@@ -24,6 +24,9 @@ from fleetsim.workloads.workload import Workload
 
 MAX_POINTS = 100_000
 """More points than any schedule needs (a day at one point a second)."""
+MIN_MULTIPLIER = 1e-9
+"""The smallest non-zero multiplier: below it the inverse map's square root loses every
+digit (a rate of 1e-300 is 0 for any run's purposes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +47,9 @@ class RateProfile:
         for t, m in zip(self.times_s, self.multipliers, strict=True):
             if not (math.isfinite(t) and t >= 0):
                 raise ValueError(f"a rate profile's times must be finite seconds >= 0, got {t}")
-            if not (math.isfinite(m) and 0 <= m <= 1e6):
-                raise ValueError(f"a rate profile's multipliers must be in [0, 1e6], got {m}")
+            if not (math.isfinite(m) and (m == 0 or MIN_MULTIPLIER <= m <= 1e6)):
+                raise ValueError(f"a rate profile's multipliers must be 0 or in [1e-9, 1e6], "
+                                 f"got {m}")
         if any(b <= a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):
             raise ValueError(f"a rate profile's times must increase strictly, got "
                              f"{list(self.times_s)[:6]}")
