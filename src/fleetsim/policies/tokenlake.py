@@ -34,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleetsim.policies.routing import ClusterView, register_router
+from fleetsim.policies.routing import register_router
+from fleetsim.serving.contract import ClusterView
 from fleetsim.serving.request import RELOADING, Request
 
 if TYPE_CHECKING:

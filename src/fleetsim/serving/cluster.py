@@ -19,22 +19,33 @@ import gc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import numpy as np
 
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import FleetsimInputError, PlanError
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.serving.contract import ClusterView as RouterView
+from fleetsim.serving.contract import (
+    Controller as Controller,  # re-exported (it lived here)
+)
+from fleetsim.serving.contract import (
+    MakeBatchPolicy,
+    RequestSource,
+    Router,
+    SourceContext,
+)
 from fleetsim.serving.kv_cache import HostPool, KVCache
 from fleetsim.serving.kv_keep import KV_EXPIRE, KVRetention, on_expire
 from fleetsim.serving.prefix_cache import EvictionKey, PrefixCache
 from fleetsim.serving.recorder import OnlineMetrics, Recorder, Records
 from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
 from fleetsim.serving.request import Request
-from fleetsim.serving.sources import RequestSource, WorkloadSource
+from fleetsim.serving.sources import WorkloadSource
 from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
 from fleetsim.serving.views import ReplicaView
+from fleetsim.serving.window import Step
 from fleetsim.workloads.workload import Workload
 
 ARRIVAL: Final = 10
@@ -61,7 +72,7 @@ class PoolSetup:
 class OnlyReplica:
     """The router of a one-replica cluster."""
 
-    def route(self, view: Any, req: Request, now_s: float) -> int:
+    def route(self, view: RouterView, req: Request, now_s: float) -> int:
         return 0
 
 
@@ -76,17 +87,6 @@ class ClusterView:
     next_stage: Sequence[ReplicaView] = ()
 
 
-class Controller(Protocol):
-    """Wakes at times it chooses and may change the cluster's policies at run time."""
-
-    def start(self, cluster: Cluster) -> float | None:
-        """The first time to wake (None: never)."""
-
-    def on_tick(self, cluster: Cluster, now_s: float) -> float | None:
-        """Woken at ``now_s``: act (``cluster.set_policies``, ...) and say when to wake
-        next (None: never again)."""
-
-
 class Cluster:
     """Replicas of all pools, the routers and the transfer service, on one simulator."""
 
@@ -95,8 +95,8 @@ class Cluster:
         sim: Simulator,
         pools: Sequence[PoolSetup],
         *,
-        router: Any,
-        decode_router: Any,
+        router: Router,
+        decode_router: Router | None,
         rng: np.random.Generator,
         kv_bytes_per_token: float,
         link_latency_s: float,
@@ -210,7 +210,7 @@ class Cluster:
         self.replicas[self._chosen(view, i, self.router, "cluster.router")].submit(req)
 
     @staticmethod
-    def _chosen(view: ClusterView, i: Any, router: Any, where: str) -> int:
+    def _chosen(view: ClusterView, i: Any, router: Router, where: str) -> int:
         n = len(view.replicas)
         if type(i) is not int:
             if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
@@ -246,8 +246,10 @@ class Cluster:
             req.prefill_replica_id = src.replica_id
         if dst is None:
             view = self._capable(self.decode_view, req, self._decode_min_blocks)
-            i = self.decode_router.route(view, req, self.sim.now_s)
-            dst = self._chosen(view, i, self.decode_router, "cluster.decode_router")
+            router = self.decode_router
+            assert router is not None  # a cluster with a decode pool is given its router
+            i = router.route(view, req, self.sim.now_s)
+            dst = self._chosen(view, i, router, "cluster.decode_router")
         elif not 0 <= dst < len(self.replicas) or dst == src.replica_id:
             raise PlanError(f"plan migrates request {req.id} to replica {dst}: not another "
                             f"replica of this cluster (0 to {len(self.replicas) - 1})")
@@ -272,7 +274,7 @@ class Cluster:
             self.sim.schedule(nxt, CONTROLLER_TICK, controller)
 
     def set_policies(self, replica_ids: Sequence[int] | None = None, *,
-                     make_batch_policy: Callable[[], Any] | None = None,
+                     make_batch_policy: MakeBatchPolicy | None = None,
                      order_key: Callable[[Request, float], tuple] | None = None) -> None:
         """Change the batching policy (one fresh instance per replica) and/or the ordering
         of ``replica_ids`` (all when None) now."""
@@ -320,7 +322,7 @@ class Cluster:
         return self.recorder.keep_online_metrics()
 
 
-def _on_step_end(payload: tuple[Replica, Any]) -> None:
+def _on_step_end(payload: tuple[Replica, Step]) -> None:
     payload[0].finish_step(payload[1])
 
 
@@ -339,9 +341,9 @@ def simulate_cluster(
     workload: Workload,
     pools: Sequence[PoolSetup],
     *,
-    router: Any,
-    decode_router: Any,
-    make_batch_policy: Callable[[], Any],
+    router: Router,
+    decode_router: Router | None,
+    make_batch_policy: MakeBatchPolicy,
     order_key: Callable[[Request, float], tuple],
     rng: np.random.Generator,
     kv_bytes_per_token: float,
@@ -444,14 +446,14 @@ class _Progress:
     def num_requests(self) -> int | None:
         return self.inner.num_requests
 
-    def start(self, ctx: Any) -> None:
+    def start(self, ctx: SourceContext) -> None:
         self.inner.start(ctx)
 
-    def on_arrival(self, req: Request, ctx: Any) -> None:
+    def on_arrival(self, req: Request, ctx: SourceContext) -> None:
         self.inner.on_arrival(req, ctx)
         if self._count % self.every == 0:
             self.progress(self.sim.now_s)
         self._count += 1
 
-    def on_finish(self, req: Request, ctx: Any) -> None:
+    def on_finish(self, req: Request, ctx: SourceContext) -> None:
         self.inner.on_finish(req, ctx)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.cluster import OnlyReplica, PoolSetup, ProgressFn, simulate_cluster
+from fleetsim.serving.contract import BatchPolicy
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
@@ -24,7 +24,7 @@ def simulate_replica(
     step_model: StepTimeModel,
     num_kv_blocks: int,
     block_size: int,
-    batch_policy: Any,
+    batch_policy: BatchPolicy,
     order_key: Callable[[Request, float], tuple],
     max_batched_tokens: int,
     max_running: int,

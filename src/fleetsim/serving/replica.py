@@ -25,13 +25,14 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving import itl
 from fleetsim.serving.capabilities import capabilities_of
+from fleetsim.serving.contract import BatchPolicy, StepPlan
 from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
 from fleetsim.serving.kv_keep import KeptKV, KVRetention
 from fleetsim.serving.kv_moves import KVMoves
@@ -70,7 +71,7 @@ class Replica:
         *,
         step_model: StepTimeModel,
         kv: KVCache,
-        batch_policy: Any,
+        batch_policy: BatchPolicy,
         order_key: Callable[[Request, float], tuple],
         recorder: Recorder,
         max_batched_tokens: int,
@@ -138,7 +139,7 @@ class Replica:
         # Migrations asked for from outside (a controller), applied at the next step
         # boundary: request_id -> destination replica.
         self._migrations: dict[int, int] = {}
-        self.batch_policy: Any = None
+        self.batch_policy: BatchPolicy = batch_policy
         self.order_key = order_key
         self.fast_forward = False
         self._decode_all_when_idle = False
@@ -146,7 +147,7 @@ class Replica:
         self.view = ReplicaView(self)
 
     # ---- policies --------------------------------------------------------------------
-    def _set_batch_policy(self, policy: Any) -> None:
+    def _set_batch_policy(self, policy: BatchPolicy) -> None:
         caps = capabilities_of(policy)
         self.batch_policy = policy
         self.fast_forward = self._fast_forward_wanted and caps.fast_forward_safe
@@ -161,7 +162,7 @@ class Replica:
             if self.running or self.waiting:
                 self.resort()
 
-    def set_policies(self, batch_policy: Any = None,
+    def set_policies(self, batch_policy: BatchPolicy | None = None,
                      order_key: Callable[[Request, float], tuple] | None = None) -> None:
         """Change the batching policy and/or the ordering at ``now`` (a controller's verb):
         the window in flight is cut back, queues are re-sorted under the new key, and the
@@ -440,7 +441,7 @@ class Replica:
                 f"request")
 
     # ---- step phase 2: apply ---------------------------------------------------------
-    def _apply(self, plan: Any, now_s: float) -> Step | None:
+    def _apply(self, plan: StepPlan, now_s: float) -> Step | None:
         """Apply ``plan``: its verbs, then admissions and block allocations, all checked.
         Returns the step to execute, or None when the replica sleeps."""
         for rid in plan.rekey:
@@ -528,7 +529,7 @@ class Replica:
             self._dequeue(self.waiting, self._waiting_keys, req)
             self._enqueue(self.waiting, self._waiting_keys, req)
 
-    def _lookup(self, rid: int, plan: Any) -> Request:
+    def _lookup(self, rid: int, plan: StepPlan) -> Request:
         req = self._by_id.get(rid)
         if req is None:
             raise PlanError(f"plan names unknown request {rid}: {plan}")
