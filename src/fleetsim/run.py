@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,9 +28,10 @@ from fleetsim.policies.routing import make_router
 from fleetsim.programs.metrics import program_summary
 from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
-from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
+from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate
 from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
+from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
 from fleetsim.workloads import Workload, build_workload
 from fleetsim.workloads.transforms import fit_context
@@ -125,6 +126,18 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
                            kernel_time_scale=eng.kernel_time_scale,
                            async_scheduling=eng.async_scheduling,
                            async_step_gap_s=eng.async_step_gap_s)
+
+
+def engine_settings(config: SimConfig, model: ModelSpec) -> EngineSettings:
+    """The engine ``config.engine`` describes, as every replica of the cluster shares it (the
+    run's own options, such as ``until_s`` or kept KV, are added by the caller)."""
+    eng = config.engine
+    return EngineSettings(
+        block_size=eng.block_size, max_batched_tokens=eng.max_batched_tokens,
+        max_running=eng.max_running, enable_prefix_caching=eng.enable_prefix_caching,
+        fast_forward=eng.fast_forward, debug=eng.debug,
+        kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
+        link_latency_s=config.cluster.link.latency_s)
 
 
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
@@ -270,29 +283,18 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     router = make_router(config.cluster.router)
     decode_router = make_router(config.cluster.decode_router, "cluster.decode_router")
     try:
-        records, cluster = simulate_cluster(
-            workload, pools,
-            router=router,
-            decode_router=decode_router,
+        settings = replace(
+            engine_settings(config, model), track_itl=eng.track_itl,
+            frontend_overhead_s=config.cluster.frontend_overhead_s, kv_retention=kv_retention,
+            until_s=until_s)
+        plugins = PlugIns(
             make_batch_policy=lambda: make_batch_policy(config.policy.batching),
-            order_key=make_ordering(config.policy.ordering),
-            eviction_key=make_eviction(config.policy.eviction),
-            track_itl=eng.track_itl,
-            rng=streams["routing"],
-            kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
-            link_latency_s=config.cluster.link.latency_s,
-            frontend_overhead_s=config.cluster.frontend_overhead_s,
-            block_size=eng.block_size,
-            max_batched_tokens=eng.max_batched_tokens,
-            max_running=eng.max_running,
-            enable_prefix_caching=eng.enable_prefix_caching,
-            fast_forward=eng.fast_forward,
-            debug=eng.debug,
-            until_s=until_s,
-            progress=_progress(progress, workload),
-            source=tracker or source,
-            kv_retention=kv_retention,
-        )
+            order_key=make_ordering(config.policy.ordering), router=router,
+            decode_router=decode_router, eviction_key=make_eviction(config.policy.eviction),
+            rng=streams["routing"])
+        records, cluster = simulate(workload, pools, settings, plugins,
+                                    progress=_progress(progress, workload),
+                                    source=tracker or source)
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
     if config.programs is not None:

@@ -26,7 +26,7 @@ finishes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,10 +54,11 @@ from fleetsim.rl.trajectory_predictor import (
     TrajectoryPredictor,
     quality_at_step,
 )
-from fleetsim.run import build_pools, make_batch_policy, make_ordering
-from fleetsim.serving.cluster import Cluster, simulate_cluster
+from fleetsim.run import build_pools, engine_settings, make_batch_policy, make_ordering
+from fleetsim.serving.cluster import Cluster, simulate
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.request import Request
+from fleetsim.serving.settings import PlugIns
 
 SCHEDULINGS = ("fcfs", "progressive_priority")
 PLACEMENTS = {"least_requests": "least_requests", "sticky": "sticky",
@@ -179,15 +180,11 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
     router_args = {"skew_threshold": cfg.skew_threshold} if cfg.placement == "sticky_skew" else {}
     router = make_router(PolicySpec(name=PLACEMENTS[cfg.placement], args=router_args))
     batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget")
-    records, cluster = simulate_cluster(
-        driver.calls_workload(), pools, router=router, decode_router=None,
-        make_batch_policy=lambda: make_batch_policy(batching),
-        order_key=make_ordering("fcfs"), rng=np.random.default_rng(routing_ss),
-        kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
-        link_latency_s=scfg.cluster.link.latency_s, block_size=eng.block_size,
-        max_batched_tokens=eng.max_batched_tokens, max_running=eng.max_running,
-        enable_prefix_caching=eng.enable_prefix_caching, fast_forward=eng.fast_forward,
-        debug=eng.debug, source=driver, until_s=1e15, timeline=(0.0, 60.0))
+    settings = replace(engine_settings(scfg, model), until_s=1e15, timeline=(0.0, 60.0))
+    plugins = PlugIns(make_batch_policy=lambda: make_batch_policy(batching),
+                      order_key=make_ordering("fcfs"), router=router,
+                      rng=np.random.default_rng(routing_ss))
+    records, cluster = simulate(driver.calls_workload(), pools, settings, plugins, source=driver)
     summary = _summary(cfg, batch, predictor, driver, records, cluster, router, infos,
                        placement)
     if allocation is not None:

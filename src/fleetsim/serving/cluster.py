@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -42,6 +42,7 @@ from fleetsim.serving.prefix_cache import EvictionKey, PrefixCache
 from fleetsim.serving.recorder import OnlineMetrics, Recorder, Records
 from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
 from fleetsim.serving.request import Request
+from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.serving.sources import WorkloadSource
 from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
 from fleetsim.serving.views import ReplicaView
@@ -337,6 +338,104 @@ def default_timeline(workload: Workload, until_s: float) -> tuple[float, float]:
     return first, (span / 120 if span > 0 else math.inf)
 
 
+def build_cluster(
+    sim: Simulator,
+    pools: Sequence[PoolSetup],
+    settings: EngineSettings,
+    plugins: PlugIns,
+    *,
+    recorder: Recorder,
+    hash_block_tokens: int | None = None,
+    next_input_hint_s: Callable[[], float] | None = None,
+) -> Cluster:
+    """The replicas of ``pools`` on ``sim``, configured by ``settings`` and ``plugins``, and
+    the cluster around them (no source attached yet). The one place that builds replicas:
+    every front end (``run``, RL generation, the agentic rollout, the live engine) comes here.
+
+    ``hash_block_tokens``: the workload's prefix-hash block (None: no prefix hashes).
+    ``next_input_hint_s``: a lone replica's view of its next input (``Simulator.peek_s``),
+    which lets its windows stop there instead of being cut back.
+    """
+    timeline = settings.timeline
+    batching = plugins.make_batch_policy
+
+    def make_replica(**kw: Any) -> Replica:
+        replica = Replica(
+            sim, batch_policy=batching(), order_key=plugins.order_key, recorder=recorder,
+            max_batched_tokens=settings.max_batched_tokens, max_running=settings.max_running,
+            fast_forward=settings.fast_forward, debug=settings.debug,
+            next_input_hint_s=next_input_hint_s, timeline=timeline,
+            track_itl=settings.track_itl, **kw)
+        replica.until_s = settings.until_s
+        return replica
+
+    return Cluster(
+        sim, pools, router=plugins.router, decode_router=plugins.decode_router,
+        rng=plugins.rng, kv_bytes_per_token=settings.kv_bytes_per_token,
+        link_latency_s=settings.link_latency_s, make_replica=make_replica,
+        hash_block_tokens=hash_block_tokens, block_size=settings.block_size,
+        enable_prefix_caching=settings.enable_prefix_caching, recorder=recorder,
+        eviction_key=plugins.eviction_key, kv_retention=settings.kv_retention,
+        frontend_overhead_s=settings.frontend_overhead_s)
+
+
+def simulate(
+    workload: Workload,
+    pools: Sequence[PoolSetup],
+    settings: EngineSettings,
+    plugins: PlugIns,
+    *,
+    source: RequestSource | None = None,
+    controllers: Sequence[Controller] = (),
+    progress: ProgressFn | None = None,
+    progress_every: int = 2000,
+) -> tuple[Records, Cluster]:
+    """Simulate ``workload`` (or ``source``, which then supplies the requests) on a cluster
+    of ``pools`` until ``settings.until_s``; returns the records and the cluster.
+
+    ``progress`` is called with the simulated time every ``progress_every`` arrivals.
+    """
+    until_s = settings.until_s
+    sim = Simulator()
+    origin_s, bin_s = settings.timeline or default_timeline(workload, until_s)
+    if settings.timeline is None:
+        settings = replace(settings, timeline=(origin_s, bin_s))
+    recorder = Recorder(origin_s, bin_s)
+    single = (len(pools) == 1 and pools[0].num_replicas == 1
+              and settings.windows_stop_at_arrivals)
+    cluster = build_cluster(
+        sim, pools, settings, plugins, recorder=recorder,
+        hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,
+        # A lone replica knows its next input: the next arrival in the heap.
+        next_input_hint_s=sim.peek_s if single else None)
+    src = source if source is not None else WorkloadSource(workload)
+    if progress is not None:
+        src = _Progress(src, progress, progress_every, sim)
+    cluster.attach_source(src)
+    for controller in controllers:
+        cluster.add_controller(controller)
+    # The loop allocates many short-lived objects and no reference cycles (reference
+    # counting frees them all), while the cyclic collector would rescan the growing
+    # per-request records again and again: about 8% of the run at scale. Off while it runs
+    # and while the records become arrays.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        sim.run(until_s)
+        if until_s < math.inf:
+            # Windows in flight past the end: record their steps done by then, as step by
+            # step does.
+            for replica in cluster.replicas:
+                replica.interrupt()
+                replica.flush_records()
+        if progress is not None:
+            progress(sim.now_s)
+        return recorder.records(), cluster
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
 def simulate_cluster(
     workload: Workload,
     pools: Sequence[PoolSetup],
@@ -366,68 +465,20 @@ def simulate_cluster(
     kv_retention: KVRetention | None = None,
     frontend_overhead_s: float = 0.0,
 ) -> tuple[Records, Cluster]:
-    """Simulate ``workload`` (or ``source``) on a cluster of ``pools``; returns records and
-    the cluster.
-
-    ``windows_stop_at_arrivals`` (one replica only) stops fast-forward windows at the next
-    arrival instead of cutting them back when it comes: same results, less work.
-    ``timeline``: (origin, bin width) of the time series (default: ``default_timeline``).
-    ``eviction_key``: the prefix caches' eviction policy (None: LRU). ``track_itl``: record
-    inter-token gaps (per request and pooled; ``serving/itl.py``). ``kv_retention``: how
-    mixed replicas keep the KV of finished requests that expect a follow-up (None: they
-    don't; ``serving/kv_keep.py``). ``frontend_overhead_s``: client-to-engine time of each
-    request (``Cluster.submit_at``).
-    """
-    sim = Simulator()
-    origin_s, bin_s = timeline or default_timeline(workload, until_s)
-    recorder = Recorder(origin_s, bin_s)
-    single = len(pools) == 1 and pools[0].num_replicas == 1 and windows_stop_at_arrivals
-
-    def make_replica(**kw: Any) -> Replica:
-        replica = Replica(
-            sim, batch_policy=make_batch_policy(), order_key=order_key, recorder=recorder,
-            max_batched_tokens=max_batched_tokens, max_running=max_running,
-            fast_forward=fast_forward, debug=debug,
-            # A lone replica knows its next input: the next arrival in the heap.
-            next_input_hint_s=sim.peek_s if single else None,
-            timeline=(origin_s, bin_s), track_itl=track_itl, **kw)
-        replica.until_s = until_s
-        return replica
-
-    cluster = Cluster(
-        sim, pools, router=router, decode_router=decode_router, rng=rng,
-        kv_bytes_per_token=kv_bytes_per_token, link_latency_s=link_latency_s,
-        make_replica=make_replica,
-        hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,
-        block_size=block_size, enable_prefix_caching=enable_prefix_caching, recorder=recorder,
-        eviction_key=eviction_key, kv_retention=kv_retention,
-        frontend_overhead_s=frontend_overhead_s)
-    src = source if source is not None else WorkloadSource(workload)
-    if progress is not None:
-        src = _Progress(src, progress, progress_every, sim)
-    cluster.attach_source(src)
-    for controller in controllers:
-        cluster.add_controller(controller)
-    # The loop allocates many short-lived objects and no reference cycles (reference
-    # counting frees them all), while the cyclic collector would rescan the growing
-    # per-request records again and again: about 8% of the run at scale. Off while it runs
-    # and while the records become arrays.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        sim.run(until_s)
-        if until_s < math.inf:
-            # Windows in flight past the end: record their steps done by then, as step by
-            # step does.
-            for replica in cluster.replicas:
-                replica.interrupt()
-                replica.flush_records()
-        if progress is not None:
-            progress(sim.now_s)
-        return recorder.records(), cluster
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    """``simulate`` with the settings and plug-ins as keywords (the field docs of
+    ``EngineSettings`` and ``PlugIns`` say what each is): for scripts and tests that set a
+    few of them by hand."""
+    settings = EngineSettings(
+        block_size=block_size, max_batched_tokens=max_batched_tokens, max_running=max_running,
+        enable_prefix_caching=enable_prefix_caching, fast_forward=fast_forward, debug=debug,
+        track_itl=track_itl, kv_bytes_per_token=kv_bytes_per_token,
+        link_latency_s=link_latency_s, frontend_overhead_s=frontend_overhead_s,
+        kv_retention=kv_retention, until_s=until_s, timeline=timeline,
+        windows_stop_at_arrivals=windows_stop_at_arrivals)
+    plugins = PlugIns(make_batch_policy=make_batch_policy, order_key=order_key, router=router,
+                      decode_router=decode_router, eviction_key=eviction_key, rng=rng)
+    return simulate(workload, pools, settings, plugins, source=source,
+                    controllers=controllers, progress=progress, progress_every=progress_every)
 
 
 class _Progress:
