@@ -238,9 +238,20 @@ def _check_link_reachable(config: SimConfig, gpus: dict) -> None:
                     f"cannot share one NVLink node; use placement = \"inter_node\"")
 
 
-def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunResult:
+def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
+        workload: Workload | None = None) -> RunResult:
     """Simulate ``config``; ``progress`` (optional) is called now and then with the
-    simulated time, the first and the last arrival time (s)."""
+    simulated time, the first and the last arrival time (s).
+
+    ``workload`` (optional): requests built in memory, which stand in for the trace or
+    generator ``config.workload`` names (its ``rate_scale``, slicing and ``over_long`` still
+    apply, as to a trace file holding them; their arrival times are kept as they are, where a
+    trace file's are rebased to start at 0 s); the result's config then names it under
+    ``workload.given``."""
+    if workload is not None and config.programs is not None:
+        raise ValueError("run(): pass either a workload or a config with programs, not both "
+                         "(programs make their own requests)")
+    given = workload
     streams = seed_streams(config.seed, ("workload", "routing"))
     model = get_model(config.model)
     eng = config.engine
@@ -251,7 +262,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
         source, workload = program_source(config.programs, streams["workload"], model, pools,
                                           eng.max_batched_tokens, config.cluster.link.latency_s)
     else:
-        workload = build_workload(config.workload, streams["workload"])
+        workload = build_workload(config.workload, streams["workload"], given)
     if config.programs is None and config.workload.over_long != "error":
         workload, num_over_long = fit_context(workload, model.max_context_tokens,
                                               config.workload.over_long)
@@ -346,7 +357,10 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     }
     summary["engine_build"] = engine_build()
     unfinished = sorted(tracker.in_flight.values(), key=lambda r: r.id) if tracker else []
-    return RunResult(to_plain(config), summary, records, workload, unfinished, program_rows)
+    plain = to_plain(config)
+    if given is not None:  # the config's trace or generator was not used: say what was
+        plain["workload"] = {**plain["workload"], "trace": None, "given": given.name}
+    return RunResult(plain, summary, records, workload, unfinished, program_rows)
 
 
 def _tool_kv_report(config: SimConfig, cluster: Any) -> dict[str, Any]:
