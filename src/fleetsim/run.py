@@ -136,7 +136,7 @@ def engine_settings(config: SimConfig, model: ModelSpec) -> EngineSettings:
         block_size=eng.block_size, max_batched_tokens=eng.max_batched_tokens,
         max_running=eng.max_running, enable_prefix_caching=eng.enable_prefix_caching,
         fast_forward=eng.fast_forward, debug=eng.debug,
-        kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
+        kv_bytes_per_token=float(model.kv_bytes_per_token()),
         link_latency_s=config.cluster.link.latency_s)
 
 

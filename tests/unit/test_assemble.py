@@ -95,7 +95,7 @@ def test_engine_settings_follow_the_config():
     s = engine_settings(cfg, model)
     assert (s.block_size, s.max_running, s.debug, s.link_latency_s) == (32, 9, True, 0.003)
     assert s.max_batched_tokens == cfg.engine.max_batched_tokens
-    assert s.kv_bytes_per_token == model.kv_bytes_per_token_per_gpu(1)
+    assert s.kv_bytes_per_token == model.kv_bytes_per_token()
 
 
 def test_run_takes_a_workload_object_as_it_would_read_its_trace(tmp_path):

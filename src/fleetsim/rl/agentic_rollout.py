@@ -176,7 +176,7 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
     timer = call_timer(pools, model, eng.max_batched_tokens, scfg.cluster.link.latency_s)
     driver = RolloutDriver(ProgramSource(batch.programs, timer, HASH_BLOCK_TOKENS), batch,
                            predictor, placement, cfg.migration,
-                           float(model.kv_bytes_per_token_per_gpu(1)))
+                           float(model.kv_bytes_per_token()))
     router_args = {"skew_threshold": cfg.skew_threshold} if cfg.placement == "sticky_skew" else {}
     router = make_router(PolicySpec(name=PLACEMENTS[cfg.placement], args=router_args))
     batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget")
