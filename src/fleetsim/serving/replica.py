@@ -265,6 +265,14 @@ class Replica:
     def add_load_tokens(self, num_tokens: int) -> None:
         self._load_tokens += num_tokens
 
+    def pass_on(self, req: Request, dst: int | None) -> None:
+        """``req`` left (its KV still here until moved): the cluster sends it to ``dst``
+        (None: the decode router picks)."""
+        if self.on_handoff is None:
+            raise PlanError(f"replica {self.replica_id} hands request {req.id} off, but it "
+                            f"is not part of a cluster that can move it")
+        self.on_handoff(self, req, dst)
+
     def join_running(self, req: Request) -> None:
         """``req``'s KV is in place here (moved or swapped in): it joins the running batch
         at the next step (or, if it was aborted on the way, leaves now)."""
