@@ -130,6 +130,18 @@ def test_one_process_kernel_in_core():
     assert not offenders, f"use fleetsim.core.process: {offenders}"
 
 
+def test_only_serving_reaches_a_replica():
+    """No outsider inside a replica: code outside ``serving/`` goes through the cluster, the
+    KV placement service and the plug-in contract, never ``Replica`` itself."""
+    offenders = []
+    for path in SRC.rglob("*.py"):
+        if path.relative_to(SRC).parts[0] == "serving":
+            continue
+        if "fleetsim.serving.replica" in _all_imports(path):
+            offenders.append(str(path.relative_to(SRC)))
+    assert not offenders, f"import Replica only inside serving/: {offenders}"
+
+
 def test_nothing_under_src_reads_the_wall_clock():
     offenders = []
     for path in SRC.rglob("*.py"):

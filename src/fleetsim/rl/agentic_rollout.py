@@ -359,32 +359,26 @@ class RolloutDriver:
         cluster = self.cluster
         assert cluster is not None
         src, dst, t0 = move
-        kv = cluster.replicas[src].kv
+        placement = cluster.kv_placement
         ids = req.hash_ids
-        m = kv.prefix.num_leading(ids, len(ids))
+        m = placement.num_cached(src, ids)
         if m == 0:  # nothing cached at the source: the step just goes to its new worker
             self.num_migrations_skipped += 1
             cluster.submit_at(at_s, req)
             return
-        num_bytes = self.kv_bytes_per_token * m * HASH_BLOCK_TOKENS
         self._held[traj] = (at_s, req)
-        cluster.transfers.start(src, dst, num_bytes,
-                                lambda: self._landed(traj, src, dst, ids[:m], num_bytes, t0),
-                                client="kv_migrate")
+        placement.copy_prefix(src, dst, ids[:m], lambda installed, num_bytes: self._landed(
+            traj, src, dst, m, num_bytes, t0, installed))
 
-    def _landed(self, traj: int, src: int, dst: int, ids: tuple[int, ...], num_bytes: float,
-                t0: float) -> None:
+    def _landed(self, traj: int, src: int, dst: int, num_entries: int, num_bytes: float,
+                t0: float, installed: int) -> None:
         cluster = self.cluster
         assert cluster is not None
-        replica = cluster.replicas[dst]
-        replica.interrupt()
-        installed = replica.kv.install(ids)
-        replica.wake()
         at_s, req = self._held.pop(traj)
         now = cluster.now_s
         self.migrations.append({"trajectory": traj, "src": src, "dst": dst, "start_s": t0,
                                 "bytes": num_bytes, "transfer_s": now - t0,
-                                "tool_s": at_s - t0, "num_entries": len(ids),
+                                "tool_s": at_s - t0, "num_entries": num_entries,
                                 "num_installed": installed, "request_id": req.id})
         cluster.submit_at(max(at_s, now), req)
 

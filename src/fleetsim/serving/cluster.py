@@ -38,6 +38,7 @@ from fleetsim.serving.contract import (
 )
 from fleetsim.serving.kv_cache import HostPool, KVCache
 from fleetsim.serving.kv_keep import KV_EXPIRE, KVRetention, on_expire
+from fleetsim.serving.kv_placement import KVPlacement
 from fleetsim.serving.prefix_cache import EvictionKey, PrefixCache
 from fleetsim.serving.recorder import OnlineMetrics, Recorder, Records
 from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
@@ -151,6 +152,9 @@ class Cluster:
                 self.pool_of.append(pool.name)
                 (decode if pool.role == "decode" else entry).append(replica.view)
         recorder.pool_of = self.pool_of
+        # Prefix KV put into a replica from outside it (a pool's reads, a migrated context)
+        # goes through this service, never by hand.
+        self.kv_placement = KVPlacement(self.replicas, self.transfers, kv_bytes_per_token)
         self.entry_view = ClusterView(entry, rng, decode)
         self.decode_view = ClusterView(decode, rng)
         self._block_size = block_size

@@ -36,6 +36,7 @@ from fleetsim.serving.contract import BatchPolicy, StepPlan
 from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
 from fleetsim.serving.kv_keep import KeptKV, KVRetention
 from fleetsim.serving.kv_moves import KVMoves
+from fleetsim.serving.kv_placement import PlacementPort
 from fleetsim.serving.recorder import Recorder
 from fleetsim.serving.request import (
     ABORTED,
@@ -110,10 +111,10 @@ class Replica:
         # KV kept for follow-ups of finished requests (agents' tool waits), if asked for.
         self.kept = (KeptKV(self, retention, host, transfers, kv_bytes_per_token,
                             host_latency_s) if retention is not None else None)
-        # A cluster-wide prefix pool may take an arriving request first, fetch the prefix
-        # segments other replicas hold into this one's cache, and queue it itself
-        # (``queue_arrived``) once they land; it returns False to let the request queue now.
-        self.prefix_fetch: Callable[[Replica, Request], bool] | None = None
+        # A cluster-wide prefix pool (``KVPlacement.join_pool``) may take an arriving request
+        # first, fetch the prefix segments other replicas hold into this one's cache, and
+        # queue it itself (``queue_arrived``) once they land; False lets it queue now.
+        self.prefix_fetch: Callable[[PlacementPort, Request], bool] | None = None
         self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
         self._timeline = timeline
