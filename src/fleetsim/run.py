@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,9 +30,10 @@ from fleetsim.policies.routing import make_router
 from fleetsim.programs.metrics import program_summary
 from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
-from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate_cluster
+from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate
 from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
+from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
 from fleetsim.workloads import Workload, build_workload
 from fleetsim.workloads.transforms import fit_context
@@ -128,6 +129,18 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
                            kernel_time_scale=eng.kernel_time_scale,
                            async_scheduling=eng.async_scheduling,
                            async_step_gap_s=eng.async_step_gap_s)
+
+
+def engine_settings(config: SimConfig, model: ModelSpec) -> EngineSettings:
+    """The engine ``config.engine`` describes, as every replica of the cluster shares it (the
+    run's own options, such as ``until_s`` or kept KV, are added by the caller)."""
+    eng = config.engine
+    return EngineSettings(
+        block_size=eng.block_size, max_batched_tokens=eng.max_batched_tokens,
+        max_running=eng.max_running, enable_prefix_caching=eng.enable_prefix_caching,
+        fast_forward=eng.fast_forward, debug=eng.debug,
+        kv_bytes_per_token=float(model.kv_bytes_per_token()),
+        link_latency_s=config.cluster.link.latency_s)
 
 
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
@@ -229,9 +242,20 @@ def _check_link_reachable(config: SimConfig, gpus: dict) -> None:
                     f"cannot share one NVLink node; use placement = \"inter_node\"")
 
 
-def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunResult:
+def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
+        workload: Workload | None = None) -> RunResult:
     """Simulate ``config``; ``progress`` (optional) is called now and then with the
-    simulated time, the first and the last arrival time (s)."""
+    simulated time, the first and the last arrival time (s).
+
+    ``workload`` (optional): requests built in memory, which stand in for the trace or
+    generator ``config.workload`` names (its ``rate_scale``, slicing and ``over_long`` still
+    apply, as to a trace file holding them; their arrival times are kept as they are, where a
+    trace file's are rebased to start at 0 s); the result's config then names it under
+    ``workload.given``."""
+    if workload is not None and config.programs is not None:
+        raise ValueError("run(): pass either a workload or a config with programs, not both "
+                         "(programs make their own requests)")
+    given = workload
     streams = seed_streams(config.seed, ("workload", "routing"))
     eng = config.engine
     model = quantize(get_model(config.model), config.quantization, eng.kv_cache_dtype)
@@ -242,7 +266,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
         source, workload = program_source(config.programs, streams["workload"], model, pools,
                                           eng.max_batched_tokens, config.cluster.link.latency_s)
     else:
-        workload = build_workload(config.workload, streams["workload"])
+        workload = build_workload(config.workload, streams["workload"], given)
     if config.programs is None and config.workload.over_long != "error":
         workload, num_over_long = fit_context(workload, model.max_context_tokens,
                                               config.workload.over_long)
@@ -274,29 +298,18 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     router = make_router(config.cluster.router)
     decode_router = make_router(config.cluster.decode_router, "cluster.decode_router")
     try:
-        records, cluster = simulate_cluster(
-            workload, pools,
-            router=router,
-            decode_router=decode_router,
+        settings = replace(
+            engine_settings(config, model), track_itl=eng.track_itl,
+            frontend_overhead_s=config.cluster.frontend_overhead_s, kv_retention=kv_retention,
+            until_s=until_s)
+        plugins = PlugIns(
             make_batch_policy=lambda: make_batch_policy(config.policy.batching),
-            order_key=make_ordering(config.policy.ordering),
-            eviction_key=make_eviction(config.policy.eviction),
-            track_itl=eng.track_itl,
-            rng=streams["routing"],
-            kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
-            link_latency_s=config.cluster.link.latency_s,
-            frontend_overhead_s=config.cluster.frontend_overhead_s,
-            block_size=eng.block_size,
-            max_batched_tokens=eng.max_batched_tokens,
-            max_running=eng.max_running,
-            enable_prefix_caching=eng.enable_prefix_caching,
-            fast_forward=eng.fast_forward,
-            debug=eng.debug,
-            until_s=until_s,
-            progress=_progress(progress, workload),
-            source=tracker or source,
-            kv_retention=kv_retention,
-        )
+            order_key=make_ordering(config.policy.ordering), router=router,
+            decode_router=decode_router, eviction_key=make_eviction(config.policy.eviction),
+            rng=streams["routing"])
+        records, cluster = simulate(workload, pools, settings, plugins,
+                                    progress=_progress(progress, workload),
+                                    source=tracker or source)
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
     if config.programs is not None:
@@ -350,7 +363,10 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
         summary["num_unserved_skipped"] = workload.num_unserved_skipped
     summary["engine_build"] = engine_build()
     unfinished = sorted(tracker.in_flight.values(), key=lambda r: r.id) if tracker else []
-    return RunResult(to_plain(config), summary, records, workload, unfinished, program_rows)
+    plain = to_plain(config)
+    if given is not None:  # the config's trace or generator was not used: say what was
+        plain["workload"] = {**plain["workload"], "trace": None, "given": given.name}
+    return RunResult(plain, summary, records, workload, unfinished, program_rows)
 
 
 def _tool_kv_report(config: SimConfig, cluster: Any) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,56 @@ def test_package_imports_only_what_it_may(package):
         if extra:
             bad[str(path.relative_to(SRC))] = sorted(extra)
     assert not bad, f"imports against the layering: {bad}"
+
+
+def _all_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def test_core_is_the_standard_library_and_itself():
+    """The event kernel and the process kernel on it know nothing of the package, nor need
+    anything beyond Python (core/ is the bottom layer: every other package may use it)."""
+    bad = {}
+    for path in (SRC / "core").rglob("*.py"):
+        extra = {m for m in _all_imports(path)
+                 if m.split(".")[0] not in sys.stdlib_module_names
+                 and not m.startswith("fleetsim.core")}
+        if extra:
+            bad[path.name] = sorted(extra)
+    assert not bad, f"core/ imports beyond the standard library and itself: {bad}"
+    assert (SRC / "core" / "process.py").exists()
+
+
+def test_one_process_kernel_in_core():
+    """SimPy-style processes run on ``core.process`` only: no package keeps a kernel of its
+    own, and code imports it from core (``rl.process`` stays as a re-export for old imports)."""
+    shim = SRC / "rl" / "process.py"
+    offenders = []
+    for path in SRC.rglob("*.py"):
+        if path == shim or path.relative_to(SRC).parts[0] == "core":
+            continue
+        text = path.read_text()
+        if "fleetsim.rl.process" in _all_imports(path) or "PROCESS_RESUME: Final" in text:
+            offenders.append(str(path.relative_to(SRC)))
+    assert not offenders, f"use fleetsim.core.process: {offenders}"
+
+
+def test_only_serving_reaches_a_replica():
+    """No outsider inside a replica: code outside ``serving/`` goes through the cluster, the
+    KV placement service and the plug-in contract, never ``Replica`` itself."""
+    offenders = []
+    for path in SRC.rglob("*.py"):
+        if path.relative_to(SRC).parts[0] == "serving":
+            continue
+        if "fleetsim.serving.replica" in _all_imports(path):
+            offenders.append(str(path.relative_to(SRC)))
+    assert not offenders, f"import Replica only inside serving/: {offenders}"
 
 
 def test_nothing_under_src_reads_the_wall_clock():

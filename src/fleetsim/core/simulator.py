@@ -8,6 +8,7 @@ The kinds of fleetsim's own components, in same-time order:
 
     5 controller tick   10 arrival   20 transfer start   30 transfer check
     40 step end         50 wake-up (an idle replica plans after all same-time inputs)
+    60 process resume (``process.py``: a waiting process reads what the engine did)
 
 Time is simulated only.
 """

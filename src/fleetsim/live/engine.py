@@ -23,6 +23,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,11 +37,11 @@ from fleetsim.models import get_model
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.routing import make_router
-from fleetsim.run import build_pools, seed_streams
-from fleetsim.serving.cluster import Cluster
+from fleetsim.run import build_pools, engine_settings, seed_streams
+from fleetsim.serving.cluster import build_cluster
 from fleetsim.serving.recorder import Recorder
-from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
+from fleetsim.serving.settings import PlugIns
 from fleetsim.workloads.loaders import read_column
 
 RECORDER_RESET_EVERY = 1024
@@ -123,28 +124,22 @@ class LiveEngine:
         self._rng = np.random.default_rng(config.seed if seed is None else seed)
 
     def _init_cluster(self, config: SimConfig) -> None:
-        eng, model = config.engine, self.model
+        model = self.model
         pools, self.pool_infos = build_pools(config, model)
         self.sim = sim = Simulator()
         self._recorder = Recorder()
-        policy, order_key = config.policy, make_ordering(config.policy.ordering)
-
-        def make_replica(**kw: Any) -> Replica:
-            return Replica(sim, batch_policy=make_batch_policy(policy.batching),
-                           order_key=order_key, recorder=self._recorder,
-                           max_batched_tokens=eng.max_batched_tokens,
-                           max_running=eng.max_running, fast_forward=False, debug=eng.debug,
-                           **kw)
-
-        self.cluster = Cluster(
-            sim, pools, router=make_router(config.cluster.router),
+        policy = config.policy
+        # Steps are paced by the wall clock here: no fast-forward windows.
+        settings = replace(engine_settings(config, model), fast_forward=False)
+        plugins = PlugIns(
+            make_batch_policy=lambda: make_batch_policy(policy.batching),
+            order_key=make_ordering(policy.ordering),
+            router=make_router(config.cluster.router),
             decode_router=make_router(config.cluster.decode_router, "cluster.decode_router"),
-            rng=seed_streams(config.seed, ("workload", "routing"))["routing"],
-            kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
-            link_latency_s=config.cluster.link.latency_s, make_replica=make_replica,
-            hash_block_tokens=self.hash_block_tokens, block_size=eng.block_size,
-            enable_prefix_caching=eng.enable_prefix_caching, recorder=self._recorder,
-            eviction_key=make_eviction(policy.eviction))
+            eviction_key=make_eviction(policy.eviction),
+            rng=seed_streams(config.seed, ("workload", "routing"))["routing"])
+        self.cluster = build_cluster(sim, pools, settings, plugins, recorder=self._recorder,
+                                     hash_block_tokens=self.hash_block_tokens)
         self._source = _Source()
         self.cluster.attach_source(self._source)
         entry = [r for r in self.cluster.replicas if r.role != "decode"]

@@ -205,14 +205,24 @@ class ModelSpec:
         return int(dense * q.dense.weight_bytes + experts * q.experts.weight_bytes
                    + sixteen_bit * 2)
 
-    def kv_bytes_per_token_per_gpu(self, tp: int = 1) -> int:
+    def kv_bytes_per_token_per_gpu(self, tp: int = 1, *,
+                                   kv_dtype_bytes: int | None = None) -> int:
         """KV-cache bytes one token occupies on one TP rank, all layers.
 
         GQA/MHA: K and V, ``num_kv_heads / tp`` heads (at least 1: replicated past that).
         MLA: the compressed latent plus the shared RoPE key, replicated on every rank.
+        ``kv_dtype_bytes``: a runtime's KV element size where it differs from the model's
+        (None: ``self.kv_dtype_bytes``).
         """
+        dtype_bytes = self.kv_dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
         if self.uses_mla:
             latent = self.kv_lora_rank + self.qk_rope_head_dim
-            return self.num_layers * latent * self.kv_dtype_bytes
+            return self.num_layers * latent * dtype_bytes
         kv_heads = _ceil_div(self.num_kv_heads, tp)
-        return 2 * self.num_layers * kv_heads * self.head_dim * self.kv_dtype_bytes
+        return 2 * self.num_layers * kv_heads * self.head_dim * dtype_bytes
+
+    def kv_bytes_per_token(self, *, kv_dtype_bytes: int | None = None) -> int:
+        """KV-cache bytes of one token over all layers and all heads, unsharded: what a KV
+        copy moves per token (a P/D handoff, a swap, a migration: every rank sends its shard)
+        and what a single-device runtime stores. ``kv_bytes_per_token_per_gpu(1)``."""
+        return self.kv_bytes_per_token_per_gpu(1, kv_dtype_bytes=kv_dtype_bytes)

@@ -3,16 +3,14 @@
 from fleetsim.policies import cache_aware, tokenlake  # noqa: F401  (register routers)
 from fleetsim.policies.batching import (
     BATCH_POLICIES,
-    BatchPolicy,
     PrefillFirstPlanner,
-    StepPlan,
     TokenBudgetPlanner,
     make_batch_policy,
     register_batch,
 )
 from fleetsim.policies.eviction import EVICTION_POLICIES, make_eviction
 from fleetsim.policies.fastserve import FastServePlanner
-from fleetsim.policies.ordering import ORDERING_POLICIES, OrderKey, make_ordering, register_ordering
+from fleetsim.policies.ordering import ORDERING_POLICIES, make_ordering, register_ordering
 from fleetsim.policies.programs import (
     AutellixATLAS,
     AutellixLocality,
@@ -29,6 +27,7 @@ from fleetsim.policies.trajectories import (  # noqa: F401  (register the polici
 from fleetsim.policies.watermark import WatermarkPlanner
 from fleetsim.registry import PolicySpec
 from fleetsim.serving.capabilities import Capabilities, capabilities_of
+from fleetsim.serving.contract import BatchPolicy, OrderKey, StepPlan
 from fleetsim.serving.views import KVView, ReplicaView
 
 __all__ = [

@@ -2,13 +2,12 @@
 
 A step is vLLM v1's token-budget allocation: prefill, chunked prefill and decode are all
 "tokens for request r". The policy returns a ``StepPlan``; the engine applies and checks it.
+``StepPlan`` and ``BatchPolicy`` are the engine's contract (``serving/contract.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
 
 from fleetsim.policies.batch_steps import (
     admit_waiting,
@@ -18,38 +17,9 @@ from fleetsim.policies.batch_steps import (
 )
 from fleetsim.registry import PolicySpec, build, lookup, make_registry
 from fleetsim.serving.capabilities import Capabilities
+from fleetsim.serving.contract import BatchPolicy as BatchPolicy  # re-exported
+from fleetsim.serving.contract import StepPlan as StepPlan  # re-exported
 from fleetsim.serving.views import ReplicaView
-
-
-class StepPlan(NamedTuple):
-    """What one step does. The engine applies the verbs in this order, then the tokens:
-    ``rekey`` (re-sort requests whose ordering key changed), ``preempt`` (recompute later),
-    ``swap_out`` (KV to host memory), ``migrate`` (KV to another replica), ``swap_in`` (KV
-    back from host memory: the request runs again once the copy is done, so it gets tokens
-    in a later plan). Running requests the plan gives no tokens stay resident, paused.
-
-    Immutable, and a named tuple rather than a frozen dataclass: one is built every planned
-    step, and a frozen dataclass's ``__init__`` cost three times as much."""
-
-    tokens_by_request: Mapping[int, int]  # request_id -> tokens to compute this step
-    preempt: tuple[int, ...] = ()  # running request_ids to evict (recompute later), in order
-    swap_out: tuple[int, ...] = ()  # running request_ids whose KV moves to host memory
-    swap_in: tuple[int, ...] = ()  # swapped request_ids whose KV comes back
-    migrate: tuple[tuple[int, int], ...] = ()  # (running request_id, destination replica_id)
-    rekey: tuple[int, ...] = ()  # request_ids whose ordering key changed (re-sorted first)
-
-
-class BatchPolicy(Protocol):
-    """``plan(view, now_s) -> StepPlan``, plus ``splits_prompts`` (False if a prompt is never
-    split across steps: then every prompt must fit the budget) and, optionally, a class
-    attribute ``capabilities`` (``fleetsim.serving.capabilities``: declared per class, never
-    inherited) and an ``order_key`` (a policy whose priorities change as requests run orders
-    the queues itself, naming the requests whose key changed in ``StepPlan.rekey``)."""
-
-    splits_prompts: bool
-
-    def plan(self, view: ReplicaView, now_s: float) -> StepPlan: ...
-
 
 BATCH_POLICIES, register_batch = make_registry("batching")
 

@@ -26,12 +26,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fleetsim.policies.routing import (
-    ClusterView,
-    RoutableReplica,
-    num_in_flight,
-    register_router,
-)
+from fleetsim.policies.routing import num_in_flight, register_router
+from fleetsim.serving.contract import ClusterView, RoutableReplica
 from fleetsim.serving.request import Request
 
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from fleetsim.policies.batching import StepPlan, register_batch
+from fleetsim.policies.batching import register_batch
+from fleetsim.serving.contract import StepPlan
 from fleetsim.serving.request import RUNNING, SWAPPED, WAITING, Request
 from fleetsim.serving.views import ReplicaView
 

@@ -7,13 +7,10 @@ both who starts next and who is evicted when KV runs out, as in vLLM's FCFS and 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from fleetsim.registry import lookup, make_registry
+from fleetsim.serving.contract import OrderKey as OrderKey  # re-exported
+from fleetsim.serving.contract import SortKey as SortKey  # re-exported
 from fleetsim.serving.request import Request
-
-SortKey = tuple[float | int, ...]
-OrderKey = Callable[[Request, float], SortKey]
 
 ORDERING_POLICIES, register_ordering = make_registry("ordering")
 

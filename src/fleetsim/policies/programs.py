@@ -39,9 +39,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetsim.policies.batching import StepPlan, TokenBudgetPlanner, register_batch
-from fleetsim.policies.routing import ClusterView, register_router
+from fleetsim.policies.batching import TokenBudgetPlanner, register_batch
+from fleetsim.policies.routing import register_router
 from fleetsim.serving.capabilities import Capabilities
+from fleetsim.serving.contract import ClusterView, StepPlan
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import ReplicaView
 

@@ -8,43 +8,19 @@ request), ``running``/``waiting`` queues and ``kv`` (for prefix matching); all a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import numpy as np
 
 from fleetsim.registry import PolicySpec, build, lookup, make_registry
-from fleetsim.serving.kv_cache import KVCache
+from fleetsim.serving.contract import ClusterView as ClusterView  # re-exported
+from fleetsim.serving.contract import RoutableReplica as RoutableReplica  # re-exported
+from fleetsim.serving.contract import Router as Router  # re-exported
 from fleetsim.serving.request import Request
-
-
-class RoutableReplica(Protocol):
-    replica_id: int
-    load_tokens: int
-    running: Sequence[Request]
-    waiting: Sequence[Request]
-    kv: KVCache
 
 
 def num_in_flight(replica: RoutableReplica) -> int:
     """Requests a replica holds, running plus waiting: what a router's request counter sees
     (sgl-router's and vllm-router's load, slime's least-load)."""
     return len(replica.running) + len(replica.waiting)
-
-
-class ClusterView(Protocol):
-    replicas: Sequence[RoutableReplica]
-    rng: np.random.Generator
-    next_stage: Sequence[RoutableReplica]  # P/D entry routing: the decode replicas
-
-
-class Router(Protocol):
-    """``route`` returns an index into ``view.replicas``. A router may also define
-    ``report() -> dict`` of counters (its fallbacks, say): ``run`` puts them in the summary
-    under ``routing``."""
-
-    def route(self, view: ClusterView, req: Request, now_s: float) -> int: ...
 
 
 ROUTERS, register_router = make_registry("routing")

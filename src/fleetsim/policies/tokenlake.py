@@ -32,21 +32,21 @@ the request's replica (TokenLake computes it where they live).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fleetsim.policies.routing import ClusterView, register_router
-from fleetsim.serving.request import RELOADING, Request
-
-if TYPE_CHECKING:
-    from fleetsim.serving.prefix_cache import PrefixCache
-    from fleetsim.serving.replica import Replica
+from fleetsim.policies.routing import register_router
+from fleetsim.serving.contract import ClusterView
+from fleetsim.serving.kv_cache import KVCache
+from fleetsim.serving.kv_placement import KVPlacement, PoolFetch
+from fleetsim.serving.prefix_cache import PrefixCache
+from fleetsim.serving.request import Request
 
 
 @register_router("tokenlake")
 @dataclass(slots=True)
 class TokenLake:
-    """The pool's control plane: the router that balances load, and the hook every pooled
-    replica calls on arrival (installed by ``attach``)."""
+    """The pool's control plane: the router that balances load, and the pool policy the
+    cluster's KV placement service asks what each arrival reads remotely (``attach``)."""
 
     query_bytes_per_token: float | None = None
     """Bytes of one token's query plus attention output, all layers (what shipping the query
@@ -60,8 +60,8 @@ class TokenLake:
     """Copies a heavy-hitter segment may have across replicas; others have one."""
     counts: dict[str, float] = field(default_factory=dict)
     """Counters for the run's summary (reads, segments, bytes, copies, transfer wait)."""
-    _replicas: list[Replica] = field(default_factory=list, repr=False)
-    _transfers: Any = field(default=None, repr=False)
+    _caches: dict[int, PrefixCache] = field(default_factory=dict, repr=False)
+    # replica id -> its prefix cache, for the pooled replicas
     _kv_bytes_per_token: float = field(default=0.0, repr=False)
     _uses: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
     # hash id -> (window start s, uses in it)
@@ -89,22 +89,20 @@ class TokenLake:
 
     # ---- wiring ----------------------------------------------------------------------
     def attach(self, cluster: Any) -> None:
-        """Join the prompt-computing replicas' caches into one pool, take the transfer
-        service, and hook their arrivals (decode replicas receive whole KV by handoff and
-        cache nothing)."""
-        self._replicas = [r for r in cluster.replicas if r.role != "decode"]
-        self._transfers = cluster.transfers
-        self._kv_bytes_per_token = self._replicas[0].moves.kv_bytes_per_token
-        caches = [r.kv.prefix for r in self._replicas]
-        for replica in self._replicas:
-            replica.kv.prefix.join_pool(caches, _Waker(replica, False), _Waker(replica, True))
-            replica.prefix_fetch = self.fetch
+        """Join the prompt-computing replicas' caches into one pool on the cluster's KV
+        placement service, which asks ``plan_fetch`` about each arrival and moves what it
+        says (decode replicas receive whole KV by handoff and cache nothing)."""
+        placement: KVPlacement = cluster.kv_placement
+        ids = [v.replica_id for v in cluster.views if v.role != "decode"]
+        self._caches = {rid: placement.replicas[rid].kv.prefix for rid in ids}
+        self._kv_bytes_per_token = placement.kv_bytes_per_token
+        placement.join_pool(ids, self)
 
     def report(self) -> dict[str, float]:
         """The counters, blocks deduplicated, and the mean wait of a remote read."""
         n = self.counts["num_remote_reads"]
         return {**self.counts,
-                "num_deduplicated": sum(r.kv.prefix.num_deduplicated for r in self._replicas),
+                "num_deduplicated": sum(c.num_deduplicated for c in self._caches.values()),
                 "mean_transfer_wait_s": self.counts["transfer_wait_s"] / n if n else 0.0}
 
     # ---- scheduling: load only -------------------------------------------------------
@@ -130,18 +128,16 @@ class TokenLake:
         self._uses[hash_id] = (start, uses + 1)
 
     def num_copies(self, hash_id: int) -> int:
-        return sum(hash_id in r.kv.prefix.entries for r in self._replicas)
+        return sum(hash_id in c.entries for c in self._caches.values())
 
-    # ---- a request arrives -----------------------------------------------------------
-    def fetch(self, replica: Replica, req: Request) -> bool:
-        """``req`` arrives at ``replica``: move what it reads from other replicas' segments
-        (query or KV, heavy-hitter copies as KV); it is queued when the last transfer lands
-        (returns True), or at once when it reads nothing remote (False)."""
-        kv = replica.kv
+    # ---- a request arrives (the pool policy of ``KVPlacement``) ------------------------
+    def plan_fetch(self, kv: KVCache, replica_id: int, req: Request,
+                   now_s: float) -> PoolFetch | None:
+        """What ``req``, arriving at ``replica_id``, reads from other replicas' segments
+        (query or KV, heavy-hitter copies as KV); None when it reads nothing remote."""
         m = kv.num_matched_entries(req)
         if not m:
-            return False
-        now_s = replica.sim.now_s
+            return None
         cache = kv.prefix
         hbt = kv.hash_block_tokens or 0
         reads: dict[int, int] = {}  # holder replica id -> segments read there
@@ -159,7 +155,7 @@ class TokenLake:
             else:
                 reads[src] = reads.get(src, 0) + 1
         if not reads and not copies:
-            return False
+            return None
         new_tokens = req.num_prompt_tokens - m * hbt
         moves: dict[int, float] = {}  # source replica id -> bytes
         for src, n in reads.items():
@@ -172,79 +168,24 @@ class TokenLake:
         for src, hs in copies.items():
             moves[src] = moves.get(src, 0.0) + len(hs) * hbt * self._kv_bytes_per_token
             self.counts["num_remote_segments"] += len(hs)
-        req.state = RELOADING
-        replica.adopt(req)
-        rid = replica.replica_id
-        self._pending_tokens[rid] = self._pending_tokens.get(rid, 0) + req.num_prompt_tokens
+        self._pending_tokens[replica_id] = (self._pending_tokens.get(replica_id, 0)
+                                            + req.num_prompt_tokens)
         self._start_s[req.id] = now_s
-        landing = _Landing(self, replica, req, [h for hs in copies.values() for h in hs],
-                           len(moves))
-        for src, num_bytes in moves.items():
+        for num_bytes in moves.values():
             self.counts["transfer_bytes"] += num_bytes
-            self._transfers.start(src, rid, num_bytes, landing, client="pool_read")
         self.counts["num_remote_reads"] += 1
-        return True
+        return PoolFetch(tuple(moves.items()), tuple(h for hs in copies.values() for h in hs))
 
     def _replica_of(self, cache: PrefixCache) -> int:
-        for r in self._replicas:
-            if r.kv.prefix is cache:
-                return r.replica_id
+        for rid, c in self._caches.items():
+            if c is cache:
+                return rid
         raise AssertionError("a pooled cache without its replica")
 
-    def land(self, replica: Replica, req: Request, copies: list[tuple[int, int]]) -> None:
-        """Every transfer for ``req`` is done: heavy-hitter copies that still have room
-        become entries here, and ``req`` is queued."""
-        rid = replica.replica_id
-        self._pending_tokens[rid] -= req.num_prompt_tokens
-        self.counts["transfer_wait_s"] += replica.sim.now_s - self._start_s.pop(req.id)
-        # An arrival cuts the window in flight (as ``Replica.submit`` does); so do the blocks
-        # a copy takes.
-        replica.interrupt()
-        kv = replica.kv
-        cache, per = kv.prefix, kv.blocks_per_entry
-        for j, h in copies:
-            if h in cache.entries or h in cache.borrowed or cache.holder(h) is None:
-                continue  # cached or borrowed here meanwhile, or gone from the pool
-            if kv.num_available_blocks < per:
-                self.counts["num_copies_without_room"] += 1
-                continue
-            kv.take_blocks(per)
-            cache.add_copy(h, j)
-            self.counts["num_heavy_hitter_copies"] += 1
-        replica.queue_arrived(req)
-
-
-class _Landing:
-    """Callback of a request's transfers; the last one lands it."""
-
-    __slots__ = ("copies", "left", "pool", "replica", "req")
-
-    def __init__(self, pool: TokenLake, replica: Replica, req: Request,
-                 copies: list[tuple[int, int]], left: int) -> None:
-        self.pool, self.replica, self.req, self.copies, self.left = (pool, replica, req,
-                                                                     copies, left)
-
-    def __call__(self) -> None:
-        self.left -= 1
-        if self.left == 0:
-            self.pool.land(self.replica, self.req, self.copies)
-
-
-class _Waker:
-    """Told when a borrower gives back a replica's entry (its blocks may now be available)
-    or when another replica cached or evicted a segment (what its waiting requests match has
-    changed, so only then): the replica's window in flight is cut and it plans again, as it
-    would after every step without fast-forward."""
-
-    __slots__ = ("only_if_waiting", "replica")
-
-    def __init__(self, replica: Replica, only_if_waiting: bool) -> None:
-        self.replica = replica
-        self.only_if_waiting = only_if_waiting
-
-    def __call__(self) -> None:
-        replica = self.replica
-        if self.only_if_waiting and not replica.waiting:
-            return
-        replica.interrupt()
-        replica.wake()
+    def landed(self, replica_id: int, req: Request, num_copied: int, num_without_room: int,
+               now_s: float) -> None:
+        """Everything ``req`` read has landed: its transfers no longer count as load."""
+        self._pending_tokens[replica_id] -= req.num_prompt_tokens
+        self.counts["transfer_wait_s"] += now_s - self._start_s.pop(req.id)
+        self.counts["num_heavy_hitter_copies"] += num_copied
+        self.counts["num_copies_without_room"] += num_without_room

@@ -27,9 +27,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fleetsim.policies.batching import StepPlan, TokenBudgetPlanner, register_batch
-from fleetsim.policies.routing import ClusterView, num_in_flight, register_router
+from fleetsim.policies.batching import TokenBudgetPlanner, register_batch
+from fleetsim.policies.routing import num_in_flight, register_router
 from fleetsim.serving.capabilities import Capabilities
+from fleetsim.serving.contract import ClusterView, StepPlan
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import ReplicaView
 

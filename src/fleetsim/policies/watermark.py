@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetsim.policies.batch_steps import next_chunk
-from fleetsim.policies.batching import StepPlan, register_batch
+from fleetsim.policies.batching import register_batch
 from fleetsim.serving.capabilities import Capabilities
+from fleetsim.serving.contract import StepPlan
 from fleetsim.serving.views import ReplicaView
 
 

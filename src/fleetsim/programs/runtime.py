@@ -27,7 +27,7 @@ def call_timer(pools: Sequence[PoolSetup], model: ModelSpec, max_batched_tokens:
     bw = max(min(p.link_bw_bytes_per_s, d.link_bw_bytes_per_s) for p in entry for d in decode)
     return CallTimer([p.step_model for p in entry], max_batched_tokens,
                      [d.step_model for d in decode],
-                     float(model.kv_bytes_per_token_per_gpu(1)) / bw, link_latency_s)
+                     float(model.kv_bytes_per_token()) / bw, link_latency_s)
 
 
 def calls_workload(programs: Sequence[Program], block_tokens: int, name: str) -> Workload:

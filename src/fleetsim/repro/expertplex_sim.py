@@ -85,7 +85,7 @@ def simulate(layout: SystemLayout, cost: CostModel, limits: Limits, sm: SmPolicy
     dec = [] if colocated else [_Group(g, False, True) for g in layout.decode_gpus]
     groups = pre + dec
     span = layout.total_gpus
-    kv_bytes = float(cost.model.kv_bytes_per_token_per_gpu(1))  # all layers
+    kv_bytes = float(cost.model.kv_bytes_per_token())  # all layers
     events: list[tuple[float, int, int, int]] = []  # (time, seq, kind, payload)
     seq = 0
 

@@ -24,6 +24,7 @@ from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.registry import make_registry
 from fleetsim.run import RunResult, run
+from fleetsim.workloads import Workload
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,11 +150,13 @@ class ReproContext:
         apply_overrides(data, self.overrides)
         return config_from_dict(data)
 
-    def run(self, policy: str, load: str, base: Mapping[str, Any]) -> RunResult:
-        """Simulate one (policy, load level) and keep it."""
+    def run(self, policy: str, load: str, base: Mapping[str, Any], *,
+            workload: Workload | None = None) -> RunResult:
+        """Simulate one (policy, load level) and keep it (``workload``: requests built in
+        memory, standing in for ``base``'s trace, as ``fleetsim.run.run`` takes them)."""
         if self.progress is not None:
             self.progress(f"{policy} @ {load}")
-        result = run(self.config(base))
+        result = run(self.config(base), workload=workload)
         self.runs[(policy, load)] = result
         return result
 

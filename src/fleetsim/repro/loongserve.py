@@ -36,10 +36,8 @@ README.md`` and ``test/longserve/5-start-api-server.py``), except where marked:
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,7 +65,7 @@ from fleetsim.repro.frame import (
 )
 from fleetsim.repro.loongserve_ablation import Layouts, ablation, ablation_notes
 from fleetsim.repro.loongserve_workload import workload
-from fleetsim.workloads import Workload, save_generic_csv
+from fleetsim.workloads import Workload
 
 MODEL, GPU = "lwm-text-1m", "a100"
 INSTANCE_TP, NUM_INSTANCES = 2, 4
@@ -168,22 +166,19 @@ def _run(ctx: ReproContext, system: str, dataset: str, rate: float, seed: int, w
                     "step_model": dict(esp[0].step.sources)},
             records=_Requests(columns))
         return metrics
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "workload.csv"
-        save_generic_csv(wl, path)
-        result = ctx.run(system, f"{dataset} {rate:g}", baseline_config(system, dataset,
-                                                                        str(path)))
+    result = ctx.run(system, f"{dataset} {rate:g}", baseline_config(system, dataset),
+                     workload=wl)
     req = result.records.requests
     return latency_metrics(req["arrival_s"], req["first_token_s"], req["finish_s"],
                            req["num_prompt_tokens"], req["num_output_tokens"])
 
 
-def baseline_config(system: str, dataset: str, trace: str) -> dict[str, Any]:
-    """The fleetsim config of a baseline (its layout from the artifact's server flags)."""
+def baseline_config(system: str, dataset: str) -> dict[str, Any]:
+    """The fleetsim config of a baseline (its layout from the artifact's server flags); the
+    workload is given to ``run`` in memory."""
     base: dict[str, Any] = {
         "model": MODEL,
         "hardware": {"gpu": GPU, "tp": 8},
-        "workload": {"trace": trace, "format": "generic"},
         "slo": {"ttft_s": 1e6, "tpot_s": 1e6},  # the per-token SLOs are applied here
         "seed": 0,
     }

@@ -26,7 +26,7 @@ finishes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,10 +54,11 @@ from fleetsim.rl.trajectory_predictor import (
     TrajectoryPredictor,
     quality_at_step,
 )
-from fleetsim.run import build_pools, make_batch_policy, make_ordering
-from fleetsim.serving.cluster import Cluster, simulate_cluster
+from fleetsim.run import build_pools, engine_settings, make_batch_policy, make_ordering
+from fleetsim.serving.cluster import Cluster, simulate
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.request import Request
+from fleetsim.serving.settings import PlugIns
 
 SCHEDULINGS = ("fcfs", "progressive_priority")
 PLACEMENTS = {"least_requests": "least_requests", "sticky": "sticky",
@@ -175,19 +176,15 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
     timer = call_timer(pools, model, eng.max_batched_tokens, scfg.cluster.link.latency_s)
     driver = RolloutDriver(ProgramSource(batch.programs, timer, HASH_BLOCK_TOKENS), batch,
                            predictor, placement, cfg.migration,
-                           float(model.kv_bytes_per_token_per_gpu(1)))
+                           float(model.kv_bytes_per_token()))
     router_args = {"skew_threshold": cfg.skew_threshold} if cfg.placement == "sticky_skew" else {}
     router = make_router(PolicySpec(name=PLACEMENTS[cfg.placement], args=router_args))
     batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget")
-    records, cluster = simulate_cluster(
-        driver.calls_workload(), pools, router=router, decode_router=None,
-        make_batch_policy=lambda: make_batch_policy(batching),
-        order_key=make_ordering("fcfs"), rng=np.random.default_rng(routing_ss),
-        kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
-        link_latency_s=scfg.cluster.link.latency_s, block_size=eng.block_size,
-        max_batched_tokens=eng.max_batched_tokens, max_running=eng.max_running,
-        enable_prefix_caching=eng.enable_prefix_caching, fast_forward=eng.fast_forward,
-        debug=eng.debug, source=driver, until_s=1e15, timeline=(0.0, 60.0))
+    settings = replace(engine_settings(scfg, model), until_s=1e15, timeline=(0.0, 60.0))
+    plugins = PlugIns(make_batch_policy=lambda: make_batch_policy(batching),
+                      order_key=make_ordering("fcfs"), router=router,
+                      rng=np.random.default_rng(routing_ss))
+    records, cluster = simulate(driver.calls_workload(), pools, settings, plugins, source=driver)
     summary = _summary(cfg, batch, predictor, driver, records, cluster, router, infos,
                        placement)
     if allocation is not None:
@@ -362,32 +359,26 @@ class RolloutDriver:
         cluster = self.cluster
         assert cluster is not None
         src, dst, t0 = move
-        kv = cluster.replicas[src].kv
+        placement = cluster.kv_placement
         ids = req.hash_ids
-        m = kv.prefix.num_leading(ids, len(ids))
+        m = placement.num_cached(src, ids)
         if m == 0:  # nothing cached at the source: the step just goes to its new worker
             self.num_migrations_skipped += 1
             cluster.submit_at(at_s, req)
             return
-        num_bytes = self.kv_bytes_per_token * m * HASH_BLOCK_TOKENS
         self._held[traj] = (at_s, req)
-        cluster.transfers.start(src, dst, num_bytes,
-                                lambda: self._landed(traj, src, dst, ids[:m], num_bytes, t0),
-                                client="kv_migrate")
+        placement.copy_prefix(src, dst, ids[:m], lambda installed, num_bytes: self._landed(
+            traj, src, dst, m, num_bytes, t0, installed))
 
-    def _landed(self, traj: int, src: int, dst: int, ids: tuple[int, ...], num_bytes: float,
-                t0: float) -> None:
+    def _landed(self, traj: int, src: int, dst: int, num_entries: int, num_bytes: float,
+                t0: float, installed: int) -> None:
         cluster = self.cluster
         assert cluster is not None
-        replica = cluster.replicas[dst]
-        replica.interrupt()
-        installed = replica.kv.install(ids)
-        replica.wake()
         at_s, req = self._held.pop(traj)
         now = cluster.now_s
         self.migrations.append({"trajectory": traj, "src": src, "dst": dst, "start_s": t0,
                                 "bytes": num_bytes, "transfer_s": now - t0,
-                                "tool_s": at_s - t0, "num_entries": len(ids),
+                                "tool_s": at_s - t0, "num_entries": num_entries,
                                 "num_installed": installed, "request_id": req.id})
         cluster.submit_at(max(at_s, now), req)
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from fleetsim.core.process import Timeout
 from fleetsim.perf.training import PassResult
 from fleetsim.rl.fused_pipeline import PipelineWork, Schedule, anneal, evaluate, plain_schedule
-from fleetsim.rl.process import Timeout
 
 TAIL_POLL_S = 0.005  # how often the job looks whether the migrated tail has left its instances
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,11 @@ from fleetsim.models import ModelSpec
 from fleetsim.perf.scaled import AttentionScaledStepModel
 from fleetsim.rl.config import RLConfig
 from fleetsim.rl.lengths import StepBatch
-from fleetsim.run import build_pools, make_batch_policy, make_ordering
-from fleetsim.serving.cluster import Cluster, PoolSetup
+from fleetsim.run import build_pools, engine_settings, make_batch_policy, make_ordering
+from fleetsim.serving.cluster import PoolSetup, build_cluster
 from fleetsim.serving.recorder import Recorder
-from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
+from fleetsim.serving.settings import PlugIns
 
 
 def generation_sim_config(cfg: RLConfig, model_name: str = "rl-actor") -> SimConfig:
@@ -85,25 +86,14 @@ class GenerationPool:
             setups = [_scaled(p, sysc.rollout_decode_attention_slowdown,
                               sysc.rollout_prefill_attention_slowdown) for p in setups]
         self.setup = setups[0]
-        eng = cfg.generation.engine
         self.recorder = Recorder(0.0, math.inf)
         self.router = AssignedRouter()
-        timeline = (0.0, math.inf)
-
-        def make_replica(**kw: Any) -> Replica:
-            return Replica(sim, batch_policy=make_batch_policy(
-                scfg.policy.batching), order_key=make_ordering(scfg.policy.ordering),
-                recorder=self.recorder, max_batched_tokens=eng.max_batched_tokens,
-                max_running=eng.max_running, fast_forward=eng.fast_forward, debug=eng.debug,
-                timeline=timeline, **kw)
-
-        self.cluster = Cluster(
-            sim, setups, router=self.router, decode_router=None,
-            rng=np.random.default_rng(cfg.seed),
-            kv_bytes_per_token=float(model.kv_bytes_per_token_per_gpu(1)),
-            link_latency_s=scfg.cluster.link.latency_s, make_replica=make_replica,
-            hash_block_tokens=None, block_size=eng.block_size,
-            enable_prefix_caching=eng.enable_prefix_caching, recorder=self.recorder)
+        settings = replace(engine_settings(scfg, model), timeline=(0.0, math.inf))
+        plugins = PlugIns(
+            make_batch_policy=lambda: make_batch_policy(scfg.policy.batching),
+            order_key=make_ordering(scfg.policy.ordering), router=self.router,
+            rng=np.random.default_rng(cfg.seed))
+        self.cluster = build_cluster(sim, setups, settings, plugins, recorder=self.recorder)
         self.source = RolloutSource(on_sample_done)
         self.cluster.attach_source(self.source)
         self.num_replicas = len(self.cluster.replicas)
@@ -122,8 +112,6 @@ class GenerationPool:
 
 
 def _scaled(setup: PoolSetup, decode: float, prefill: float) -> PoolSetup:
-    from dataclasses import replace
-
     return replace(setup, step_model=AttentionScaledStepModel(setup.step_model, decode=decode,
                                                               prefill=prefill))
 

@@ -1,7 +1,7 @@
 """An RL post-training job on a simulated cluster: each step generates rollouts on the serving
 engine, scores them with forward passes, trains, and pushes new weights to the generators.
 
-Two stories (processes on the one event kernel, ``rl/process.py``):
+Two stories (processes on the one event kernel, ``core/process.py``):
 
 - **colocated** (verl's hybrid engine): one pool runs every stage in turn: weight resharding
   to the rollout layout, generation, the inference passes, training. Stages never overlap on
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetsim.core.process import Event, Kernel, Process, Timeout
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec, get_gpu
@@ -39,7 +40,6 @@ from fleetsim.rl.config import ParallelConfig, PoolSpec, RLConfig
 from fleetsim.rl.fusion import FusedTraining, migrate_tail
 from fleetsim.rl.generation import GenerationPool, round_robin, skewness_aware
 from fleetsim.rl.lengths import StepBatch, sample_step
-from fleetsim.rl.process import Event, Kernel, Process, Timeout
 from fleetsim.rl.results import RLResult, summarize
 from fleetsim.serving.request import Request
 

@@ -81,7 +81,7 @@ def idle_transfer_s(config: SimConfig, prefill: PoolConfig, decode: PoolConfig,
             else gpu.network_bw_bytes_per_s)
         return per_gpu * pool.tp
 
-    num_bytes = float(model.kv_bytes_per_token_per_gpu(1)) * num_prompt_tokens
+    num_bytes = float(model.kv_bytes_per_token()) * num_prompt_tokens
     return link.latency_s + num_bytes / min(bw(prefill), bw(decode))
 
 

@@ -16,7 +16,6 @@ yet may decode everyone when nothing waits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +29,7 @@ class Capabilities:
 NONE = Capabilities()
 
 
-def capabilities_of(policy: Any) -> Capabilities:
+def capabilities_of(policy: object) -> Capabilities:
     """The capabilities ``policy``'s own class declares (not its bases')."""
     caps = type(policy).__dict__.get("capabilities", NONE)
     if not isinstance(caps, Capabilities):

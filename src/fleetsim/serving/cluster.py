@@ -18,23 +18,36 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
 import numpy as np
 
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import FleetsimInputError, PlanError
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.serving.contract import ClusterView as RouterView
+from fleetsim.serving.contract import (
+    Controller as Controller,  # re-exported (it lived here)
+)
+from fleetsim.serving.contract import (
+    MakeBatchPolicy,
+    RequestSource,
+    Router,
+    SourceContext,
+)
 from fleetsim.serving.kv_cache import HostPool, KVCache
 from fleetsim.serving.kv_keep import KV_EXPIRE, KVRetention, on_expire
+from fleetsim.serving.kv_placement import KVPlacement
 from fleetsim.serving.prefix_cache import EvictionKey, PrefixCache
 from fleetsim.serving.recorder import OnlineMetrics, Recorder, Records
 from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
 from fleetsim.serving.request import Request
-from fleetsim.serving.sources import RequestSource, WorkloadSource
+from fleetsim.serving.settings import EngineSettings, PlugIns
+from fleetsim.serving.sources import WorkloadSource
 from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
 from fleetsim.serving.views import ReplicaView
+from fleetsim.serving.window import Step
 from fleetsim.workloads.workload import Workload
 
 ARRIVAL: Final = 10
@@ -61,7 +74,7 @@ class PoolSetup:
 class OnlyReplica:
     """The router of a one-replica cluster."""
 
-    def route(self, view: Any, req: Request, now_s: float) -> int:
+    def route(self, view: RouterView, req: Request, now_s: float) -> int:
         return 0
 
 
@@ -76,17 +89,6 @@ class ClusterView:
     next_stage: Sequence[ReplicaView] = ()
 
 
-class Controller(Protocol):
-    """Wakes at times it chooses and may change the cluster's policies at run time."""
-
-    def start(self, cluster: Cluster) -> float | None:
-        """The first time to wake (None: never)."""
-
-    def on_tick(self, cluster: Cluster, now_s: float) -> float | None:
-        """Woken at ``now_s``: act (``cluster.set_policies``, ...) and say when to wake
-        next (None: never again)."""
-
-
 class Cluster:
     """Replicas of all pools, the routers and the transfer service, on one simulator."""
 
@@ -95,8 +97,8 @@ class Cluster:
         sim: Simulator,
         pools: Sequence[PoolSetup],
         *,
-        router: Any,
-        decode_router: Any,
+        router: Router,
+        decode_router: Router | None,
         rng: np.random.Generator,
         kv_bytes_per_token: float,
         link_latency_s: float,
@@ -150,6 +152,9 @@ class Cluster:
                 self.pool_of.append(pool.name)
                 (decode if pool.role == "decode" else entry).append(replica.view)
         recorder.pool_of = self.pool_of
+        # Prefix KV put into a replica from outside it (a pool's reads, a migrated context)
+        # goes through this service, never by hand.
+        self.kv_placement = KVPlacement(self.replicas, self.transfers, kv_bytes_per_token)
         self.entry_view = ClusterView(entry, rng, decode)
         self.decode_view = ClusterView(decode, rng)
         self._block_size = block_size
@@ -210,7 +215,7 @@ class Cluster:
         self.replicas[self._chosen(view, i, self.router, "cluster.router")].submit(req)
 
     @staticmethod
-    def _chosen(view: ClusterView, i: Any, router: Any, where: str) -> int:
+    def _chosen(view: ClusterView, i: Any, router: Router, where: str) -> int:
         n = len(view.replicas)
         if type(i) is not int:
             if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
@@ -246,8 +251,10 @@ class Cluster:
             req.prefill_replica_id = src.replica_id
         if dst is None:
             view = self._capable(self.decode_view, req, self._decode_min_blocks)
-            i = self.decode_router.route(view, req, self.sim.now_s)
-            dst = self._chosen(view, i, self.decode_router, "cluster.decode_router")
+            router = self.decode_router
+            assert router is not None  # a cluster with a decode pool is given its router
+            i = router.route(view, req, self.sim.now_s)
+            dst = self._chosen(view, i, router, "cluster.decode_router")
         elif not 0 <= dst < len(self.replicas) or dst == src.replica_id:
             raise PlanError(f"plan migrates request {req.id} to replica {dst}: not another "
                             f"replica of this cluster (0 to {len(self.replicas) - 1})")
@@ -272,7 +279,7 @@ class Cluster:
             self.sim.schedule(nxt, CONTROLLER_TICK, controller)
 
     def set_policies(self, replica_ids: Sequence[int] | None = None, *,
-                     make_batch_policy: Callable[[], Any] | None = None,
+                     make_batch_policy: MakeBatchPolicy | None = None,
                      order_key: Callable[[Request, float], tuple] | None = None) -> None:
         """Change the batching policy (one fresh instance per replica) and/or the ordering
         of ``replica_ids`` (all when None) now."""
@@ -320,7 +327,7 @@ class Cluster:
         return self.recorder.keep_online_metrics()
 
 
-def _on_step_end(payload: tuple[Replica, Any]) -> None:
+def _on_step_end(payload: tuple[Replica, Step]) -> None:
     payload[0].finish_step(payload[1])
 
 
@@ -335,71 +342,76 @@ def default_timeline(workload: Workload, until_s: float) -> tuple[float, float]:
     return first, (span / 120 if span > 0 else math.inf)
 
 
-def simulate_cluster(
-    workload: Workload,
+def build_cluster(
+    sim: Simulator,
     pools: Sequence[PoolSetup],
+    settings: EngineSettings,
+    plugins: PlugIns,
     *,
-    router: Any,
-    decode_router: Any,
-    make_batch_policy: Callable[[], Any],
-    order_key: Callable[[Request, float], tuple],
-    rng: np.random.Generator,
-    kv_bytes_per_token: float,
-    link_latency_s: float,
-    block_size: int,
-    max_batched_tokens: int,
-    max_running: int,
-    enable_prefix_caching: bool = True,
-    fast_forward: bool = True,
-    debug: bool = False,
-    until_s: float = math.inf,
-    progress: ProgressFn | None = None,
-    progress_every: int = 2000,
-    windows_stop_at_arrivals: bool = True,
-    source: RequestSource | None = None,
-    controllers: Sequence[Controller] = (),
-    timeline: tuple[float, float] | None = None,
-    eviction_key: EvictionKey | None = None,
-    track_itl: bool = False,
-    kv_retention: KVRetention | None = None,
-    frontend_overhead_s: float = 0.0,
-) -> tuple[Records, Cluster]:
-    """Simulate ``workload`` (or ``source``) on a cluster of ``pools``; returns records and
-    the cluster.
+    recorder: Recorder,
+    hash_block_tokens: int | None = None,
+    next_input_hint_s: Callable[[], float] | None = None,
+) -> Cluster:
+    """The replicas of ``pools`` on ``sim``, configured by ``settings`` and ``plugins``, and
+    the cluster around them (no source attached yet). The one place that builds replicas:
+    every front end (``run``, RL generation, the agentic rollout, the live engine) comes here.
 
-    ``windows_stop_at_arrivals`` (one replica only) stops fast-forward windows at the next
-    arrival instead of cutting them back when it comes: same results, less work.
-    ``timeline``: (origin, bin width) of the time series (default: ``default_timeline``).
-    ``eviction_key``: the prefix caches' eviction policy (None: LRU). ``track_itl``: record
-    inter-token gaps (per request and pooled; ``serving/itl.py``). ``kv_retention``: how
-    mixed replicas keep the KV of finished requests that expect a follow-up (None: they
-    don't; ``serving/kv_keep.py``). ``frontend_overhead_s``: client-to-engine time of each
-    request (``Cluster.submit_at``).
+    ``hash_block_tokens``: the workload's prefix-hash block (None: no prefix hashes).
+    ``next_input_hint_s``: a lone replica's view of its next input (``Simulator.peek_s``),
+    which lets its windows stop there instead of being cut back.
     """
-    sim = Simulator()
-    origin_s, bin_s = timeline or default_timeline(workload, until_s)
-    recorder = Recorder(origin_s, bin_s)
-    single = len(pools) == 1 and pools[0].num_replicas == 1 and windows_stop_at_arrivals
+    timeline = settings.timeline
+    batching = plugins.make_batch_policy
 
     def make_replica(**kw: Any) -> Replica:
         replica = Replica(
-            sim, batch_policy=make_batch_policy(), order_key=order_key, recorder=recorder,
-            max_batched_tokens=max_batched_tokens, max_running=max_running,
-            fast_forward=fast_forward, debug=debug,
-            # A lone replica knows its next input: the next arrival in the heap.
-            next_input_hint_s=sim.peek_s if single else None,
-            timeline=(origin_s, bin_s), track_itl=track_itl, **kw)
-        replica.until_s = until_s
+            sim, batch_policy=batching(), order_key=plugins.order_key, recorder=recorder,
+            max_batched_tokens=settings.max_batched_tokens, max_running=settings.max_running,
+            fast_forward=settings.fast_forward, debug=settings.debug,
+            next_input_hint_s=next_input_hint_s, timeline=timeline,
+            track_itl=settings.track_itl, **kw)
+        replica.until_s = settings.until_s
         return replica
 
-    cluster = Cluster(
-        sim, pools, router=router, decode_router=decode_router, rng=rng,
-        kv_bytes_per_token=kv_bytes_per_token, link_latency_s=link_latency_s,
-        make_replica=make_replica,
+    return Cluster(
+        sim, pools, router=plugins.router, decode_router=plugins.decode_router,
+        rng=plugins.rng, kv_bytes_per_token=settings.kv_bytes_per_token,
+        link_latency_s=settings.link_latency_s, make_replica=make_replica,
+        hash_block_tokens=hash_block_tokens, block_size=settings.block_size,
+        enable_prefix_caching=settings.enable_prefix_caching, recorder=recorder,
+        eviction_key=plugins.eviction_key, kv_retention=settings.kv_retention,
+        frontend_overhead_s=settings.frontend_overhead_s)
+
+
+def simulate(
+    workload: Workload,
+    pools: Sequence[PoolSetup],
+    settings: EngineSettings,
+    plugins: PlugIns,
+    *,
+    source: RequestSource | None = None,
+    controllers: Sequence[Controller] = (),
+    progress: ProgressFn | None = None,
+    progress_every: int = 2000,
+) -> tuple[Records, Cluster]:
+    """Simulate ``workload`` (or ``source``, which then supplies the requests) on a cluster
+    of ``pools`` until ``settings.until_s``; returns the records and the cluster.
+
+    ``progress`` is called with the simulated time every ``progress_every`` arrivals.
+    """
+    until_s = settings.until_s
+    sim = Simulator()
+    origin_s, bin_s = settings.timeline or default_timeline(workload, until_s)
+    if settings.timeline is None:
+        settings = replace(settings, timeline=(origin_s, bin_s))
+    recorder = Recorder(origin_s, bin_s)
+    single = (len(pools) == 1 and pools[0].num_replicas == 1
+              and settings.windows_stop_at_arrivals)
+    cluster = build_cluster(
+        sim, pools, settings, plugins, recorder=recorder,
         hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,
-        block_size=block_size, enable_prefix_caching=enable_prefix_caching, recorder=recorder,
-        eviction_key=eviction_key, kv_retention=kv_retention,
-        frontend_overhead_s=frontend_overhead_s)
+        # A lone replica knows its next input: the next arrival in the heap.
+        next_input_hint_s=sim.peek_s if single else None)
     src = source if source is not None else WorkloadSource(workload)
     if progress is not None:
         src = _Progress(src, progress, progress_every, sim)
@@ -428,6 +440,51 @@ def simulate_cluster(
             gc.enable()
 
 
+def simulate_cluster(
+    workload: Workload,
+    pools: Sequence[PoolSetup],
+    *,
+    router: Router,
+    decode_router: Router | None,
+    make_batch_policy: MakeBatchPolicy,
+    order_key: Callable[[Request, float], tuple],
+    rng: np.random.Generator,
+    kv_bytes_per_token: float,
+    link_latency_s: float,
+    block_size: int,
+    max_batched_tokens: int,
+    max_running: int,
+    enable_prefix_caching: bool = True,
+    fast_forward: bool = True,
+    debug: bool = False,
+    until_s: float = math.inf,
+    progress: ProgressFn | None = None,
+    progress_every: int = 2000,
+    windows_stop_at_arrivals: bool = True,
+    source: RequestSource | None = None,
+    controllers: Sequence[Controller] = (),
+    timeline: tuple[float, float] | None = None,
+    eviction_key: EvictionKey | None = None,
+    track_itl: bool = False,
+    kv_retention: KVRetention | None = None,
+    frontend_overhead_s: float = 0.0,
+) -> tuple[Records, Cluster]:
+    """``simulate`` with the settings and plug-ins as keywords (the field docs of
+    ``EngineSettings`` and ``PlugIns`` say what each is): for scripts and tests that set a
+    few of them by hand."""
+    settings = EngineSettings(
+        block_size=block_size, max_batched_tokens=max_batched_tokens, max_running=max_running,
+        enable_prefix_caching=enable_prefix_caching, fast_forward=fast_forward, debug=debug,
+        track_itl=track_itl, kv_bytes_per_token=kv_bytes_per_token,
+        link_latency_s=link_latency_s, frontend_overhead_s=frontend_overhead_s,
+        kv_retention=kv_retention, until_s=until_s, timeline=timeline,
+        windows_stop_at_arrivals=windows_stop_at_arrivals)
+    plugins = PlugIns(make_batch_policy=make_batch_policy, order_key=order_key, router=router,
+                      decode_router=decode_router, eviction_key=eviction_key, rng=rng)
+    return simulate(workload, pools, settings, plugins, source=source,
+                    controllers=controllers, progress=progress, progress_every=progress_every)
+
+
 class _Progress:
     """A source wrapper that reports simulated time every ``every`` arrivals."""
 
@@ -444,14 +501,14 @@ class _Progress:
     def num_requests(self) -> int | None:
         return self.inner.num_requests
 
-    def start(self, ctx: Any) -> None:
+    def start(self, ctx: SourceContext) -> None:
         self.inner.start(ctx)
 
-    def on_arrival(self, req: Request, ctx: Any) -> None:
+    def on_arrival(self, req: Request, ctx: SourceContext) -> None:
         self.inner.on_arrival(req, ctx)
         if self._count % self.every == 0:
             self.progress(self.sim.now_s)
         self._count += 1
 
-    def on_finish(self, req: Request, ctx: Any) -> None:
+    def on_finish(self, req: Request, ctx: SourceContext) -> None:
         self.inner.on_finish(req, ctx)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.serving.cluster import OnlyReplica, PoolSetup, ProgressFn, simulate_cluster
+from fleetsim.serving.cluster import OnlyReplica, PoolSetup, ProgressFn, simulate
+from fleetsim.serving.contract import BatchPolicy
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
+from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.workloads.workload import Workload
 
 __all__ = ["ProgressFn", "simulate_replica"]
@@ -24,7 +25,7 @@ def simulate_replica(
     step_model: StepTimeModel,
     num_kv_blocks: int,
     block_size: int,
-    batch_policy: Any,
+    batch_policy: BatchPolicy,
     order_key: Callable[[Request, float], tuple],
     max_batched_tokens: int,
     max_running: int,
@@ -44,12 +45,13 @@ def simulate_replica(
     """
     pool = PoolSetup(name="default", role="mixed", num_replicas=1, step_model=step_model,
                      num_kv_blocks=num_kv_blocks, link_bw_bytes_per_s=math.inf)
-    records, cluster = simulate_cluster(
-        workload, [pool], router=OnlyReplica(), decode_router=OnlyReplica(),
-        make_batch_policy=lambda: batch_policy, order_key=order_key,
-        rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
+    settings = EngineSettings(
         block_size=block_size, max_batched_tokens=max_batched_tokens, max_running=max_running,
         enable_prefix_caching=enable_prefix_caching, fast_forward=fast_forward, debug=debug,
-        until_s=until_s, progress=progress, windows_stop_at_arrivals=windows_stop_at_arrivals,
-        timeline=timeline, track_itl=track_itl)
+        track_itl=track_itl, until_s=until_s, timeline=timeline,
+        windows_stop_at_arrivals=windows_stop_at_arrivals)
+    plugins = PlugIns(make_batch_policy=lambda: batch_policy, order_key=order_key,
+                      router=OnlyReplica(), decode_router=OnlyReplica(),
+                      rng=np.random.default_rng(0))
+    records, cluster = simulate(workload, [pool], settings, plugins, progress=progress)
     return records, cluster.replicas[0]

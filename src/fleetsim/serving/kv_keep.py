@@ -31,17 +31,32 @@ its time-to-live or at its use; nothing is held once the run has drained.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
+from fleetsim.core.simulator import Simulator
 from fleetsim.serving.kv_cache import HostPool, KVCache
 from fleetsim.serving.request import RELOADING, Request
 from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
 
-if TYPE_CHECKING:
-    from fleetsim.serving.replica import Replica
-
 KV_EXPIRE: Final = 35  # a kept record's time-to-live ends (after transfers, before step ends)
 RETENTION_MODES: Final = ("keep", "offload")
+
+
+class KeptPort(Protocol):
+    """What kept KV may do with its replica, and no more (``Replica`` implements it): read
+    its id, clock and KV cache; make its state exact and wake it; hold a follow-up while its
+    parent's KV reloads, then queue it."""
+
+    @property
+    def replica_id(self) -> int: ...
+    @property
+    def sim(self) -> Simulator: ...
+    @property
+    def kv(self) -> KVCache: ...
+    def interrupt(self) -> None: ...
+    def wake(self) -> None: ...
+    def adopt(self, req: Request) -> None: ...
+    def queue_arrived(self, req: Request) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +96,7 @@ class KeptKV:
     # drained); every host copy is reloaded, found still on the GPU (unneeded), skipped for
     # want of GPU room, or expires (num_offloaded == the sum of those four).
 
-    def __init__(self, replica: Replica, retention: KVRetention, host: HostPool | None,
+    def __init__(self, replica: KeptPort, retention: KVRetention, host: HostPool | None,
                  transfers: TransferService | None, kv_bytes_per_token: float,
                  host_latency_s: float) -> None:
         if retention.mode == "offload" and (host is None or transfers is None):

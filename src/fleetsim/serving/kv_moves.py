@@ -15,10 +15,12 @@ step planner sees none of this: a request in flight is in no queue it plans.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
+from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
-from fleetsim.serving.kv_cache import HostPool
+from fleetsim.serving.kv_cache import HostPool, KVCache
 from fleetsim.serving.request import (
     HANDED_OFF,
     IN_TRANSFER,
@@ -31,17 +33,42 @@ from fleetsim.serving.request import (
 )
 from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
 
-if TYPE_CHECKING:
-    from fleetsim.serving.replica import Replica
-
 Holding = tuple[int, tuple[int, ...], int]  # (private blocks, hash ids, cached entries)
+
+
+class MovesPort(Protocol):
+    """What the KV moves may do with their replica, and no more (``Replica`` implements it):
+    read its id, clock, KV cache and batch; make its state exact and wake it; take a request
+    in or let one go; put one whose KV landed into the batch or take one out of it; and pass
+    a request that left on to the cluster."""
+
+    @property
+    def replica_id(self) -> int: ...
+    @property
+    def sim(self) -> Simulator: ...
+    @property
+    def kv(self) -> KVCache: ...
+    @property
+    def running(self) -> Sequence[Request]: ...
+    @property
+    def max_running_total(self) -> int: ...
+    @property
+    def moves(self) -> KVMoves: ...
+    def interrupt(self) -> None: ...
+    def wake(self) -> None: ...
+    def adopt(self, req: Request) -> None: ...
+    def forget(self, req: Request) -> None: ...
+    def add_load_tokens(self, num_tokens: int) -> None: ...
+    def join_running(self, req: Request) -> None: ...
+    def leave_running(self, req: Request, verb: str) -> None: ...
+    def pass_on(self, req: Request, dst: int | None) -> None: ...
 
 
 class KVMoves:
     """The moves of one replica's KV: its incoming queue, its reservations, the holdings of
     requests that left, and its swapped requests."""
 
-    def __init__(self, replica: Replica, transfers: TransferService | None,
+    def __init__(self, replica: MovesPort, transfers: TransferService | None,
                  host: HostPool | None, kv_bytes_per_token: float,
                  host_latency_s: float = 0.0) -> None:
         self.replica = replica
@@ -49,7 +76,7 @@ class KVMoves:
         self.transfers = transfers
         self.host = host
         self.kv_bytes_per_token = kv_bytes_per_token
-        self.incoming: deque[tuple[Replica, Request]] = deque()  # (source, request), FIFO
+        self.incoming: deque[tuple[MovesPort, Request]] = deque()  # (source, request), FIFO
         self.swapped: list[Request] = []  # in host memory, in swap-out order
         # request_id -> blocks a handed-off request left here until its bytes are gone (the
         # request itself moves on: its counters describe its blocks at the destination).
@@ -80,10 +107,7 @@ class KVMoves:
         self.holdings[req.id] = (req.num_private_blocks, req.hash_ids, req.num_cached_entries)
         req.num_private_blocks = 0
         req.num_cached_entries = 0
-        if replica.on_handoff is None:
-            raise PlanError(f"replica {replica.replica_id} hands request {req.id} off, but it "
-                            f"is not part of a cluster that can move it")
-        replica.on_handoff(replica, req, dst)
+        replica.pass_on(req, dst)
 
     def release_handoff(self, req: Request) -> None:
         """``req``'s KV has left: free its blocks here (it may unblock admission)."""
@@ -94,7 +118,7 @@ class KVMoves:
         replica.wake()
 
     # ---- arriving: handoff -----------------------------------------------------------
-    def queue_incoming(self, src: Replica, req: Request) -> None:
+    def queue_incoming(self, src: MovesPort, req: Request) -> None:
         """``req`` (handed off by ``src``, which keeps its KV) is to move here: queue it
         until blocks and a running slot can be reserved, then start its transfer."""
         req.state = INCOMING
@@ -110,7 +134,7 @@ class KVMoves:
             self._reserve(req)
             num_bytes = self.kv_bytes_per_token * req.num_computed_tokens
 
-            def done(src: Replica = src, req: Request = req) -> None:
+            def done(src: MovesPort = src, req: Request = req) -> None:
                 src.moves.release_handoff(req)
                 req.kv_transfer_s = replica.sim.now_s - req.handoff_s
                 del self.reserved[req.id]

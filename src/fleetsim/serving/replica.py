@@ -25,16 +25,18 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving import itl
 from fleetsim.serving.capabilities import capabilities_of
+from fleetsim.serving.contract import BatchPolicy, StepPlan
 from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
 from fleetsim.serving.kv_keep import KeptKV, KVRetention
 from fleetsim.serving.kv_moves import KVMoves
+from fleetsim.serving.kv_placement import PlacementPort
 from fleetsim.serving.recorder import Recorder
 from fleetsim.serving.request import (
     ABORTED,
@@ -70,7 +72,7 @@ class Replica:
         *,
         step_model: StepTimeModel,
         kv: KVCache,
-        batch_policy: Any,
+        batch_policy: BatchPolicy,
         order_key: Callable[[Request, float], tuple],
         recorder: Recorder,
         max_batched_tokens: int,
@@ -109,10 +111,10 @@ class Replica:
         # KV kept for follow-ups of finished requests (agents' tool waits), if asked for.
         self.kept = (KeptKV(self, retention, host, transfers, kv_bytes_per_token,
                             host_latency_s) if retention is not None else None)
-        # A cluster-wide prefix pool may take an arriving request first, fetch the prefix
-        # segments other replicas hold into this one's cache, and queue it itself
-        # (``queue_arrived``) once they land; it returns False to let the request queue now.
-        self.prefix_fetch: Callable[[Replica, Request], bool] | None = None
+        # A cluster-wide prefix pool (``KVPlacement.join_pool``) may take an arriving request
+        # first, fetch the prefix segments other replicas hold into this one's cache, and
+        # queue it itself (``queue_arrived``) once they land; False lets it queue now.
+        self.prefix_fetch: Callable[[PlacementPort, Request], bool] | None = None
         self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
         self._timeline = timeline
@@ -138,7 +140,7 @@ class Replica:
         # Migrations asked for from outside (a controller), applied at the next step
         # boundary: request_id -> destination replica.
         self._migrations: dict[int, int] = {}
-        self.batch_policy: Any = None
+        self.batch_policy: BatchPolicy = batch_policy
         self.order_key = order_key
         self.fast_forward = False
         self._decode_all_when_idle = False
@@ -146,7 +148,7 @@ class Replica:
         self.view = ReplicaView(self)
 
     # ---- policies --------------------------------------------------------------------
-    def _set_batch_policy(self, policy: Any) -> None:
+    def _set_batch_policy(self, policy: BatchPolicy) -> None:
         caps = capabilities_of(policy)
         self.batch_policy = policy
         self.fast_forward = self._fast_forward_wanted and caps.fast_forward_safe
@@ -161,7 +163,7 @@ class Replica:
             if self.running or self.waiting:
                 self.resort()
 
-    def set_policies(self, batch_policy: Any = None,
+    def set_policies(self, batch_policy: BatchPolicy | None = None,
                      order_key: Callable[[Request, float], tuple] | None = None) -> None:
         """Change the batching policy and/or the ordering at ``now`` (a controller's verb):
         the window in flight is cut back, queues are re-sorted under the new key, and the
@@ -263,6 +265,14 @@ class Replica:
 
     def add_load_tokens(self, num_tokens: int) -> None:
         self._load_tokens += num_tokens
+
+    def pass_on(self, req: Request, dst: int | None) -> None:
+        """``req`` left (its KV still here until moved): the cluster sends it to ``dst``
+        (None: the decode router picks)."""
+        if self.on_handoff is None:
+            raise PlanError(f"replica {self.replica_id} hands request {req.id} off, but it "
+                            f"is not part of a cluster that can move it")
+        self.on_handoff(self, req, dst)
 
     def join_running(self, req: Request) -> None:
         """``req``'s KV is in place here (moved or swapped in): it joins the running batch
@@ -440,7 +450,7 @@ class Replica:
                 f"request")
 
     # ---- step phase 2: apply ---------------------------------------------------------
-    def _apply(self, plan: Any, now_s: float) -> Step | None:
+    def _apply(self, plan: StepPlan, now_s: float) -> Step | None:
         """Apply ``plan``: its verbs, then admissions and block allocations, all checked.
         Returns the step to execute, or None when the replica sleeps."""
         for rid in plan.rekey:
@@ -528,7 +538,7 @@ class Replica:
             self._dequeue(self.waiting, self._waiting_keys, req)
             self._enqueue(self.waiting, self._waiting_keys, req)
 
-    def _lookup(self, rid: int, plan: Any) -> Request:
+    def _lookup(self, rid: int, plan: StepPlan) -> Request:
         req = self._by_id.get(rid)
         if req is None:
             raise PlanError(f"plan names unknown request {rid}: {plan}")

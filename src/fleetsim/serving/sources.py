@@ -8,39 +8,10 @@ simulation (``SourceContext.new_request_id``), so they are unique and determinis
 
 from __future__ import annotations
 
-from typing import Protocol
-
+from fleetsim.serving.contract import RequestSource as RequestSource  # re-exported
+from fleetsim.serving.contract import SourceContext as SourceContext  # re-exported
 from fleetsim.serving.request import Request
 from fleetsim.workloads.workload import Workload
-
-
-class SourceContext(Protocol):
-    """What a source may do with the simulation (the cluster implements it)."""
-
-    @property
-    def now_s(self) -> float: ...
-    def new_request_id(self) -> int: ...
-    def submit_at(self, at_s: float, req: Request) -> None: ...
-
-
-class RequestSource(Protocol):
-    """Feeds requests to a cluster. ``wants_finishes``: call ``on_finish`` (else it is
-    never called, which keeps plain trace replays fast)."""
-
-    wants_finishes: bool
-
-    def start(self, ctx: SourceContext) -> None:
-        """Schedule the first arrival(s)."""
-
-    def on_arrival(self, req: Request, ctx: SourceContext) -> None:
-        """``req`` arrives now (before it is routed): schedule what comes next."""
-
-    def on_finish(self, req: Request, ctx: SourceContext) -> None:
-        """``req`` finished now."""
-
-    @property
-    def num_requests(self) -> int | None:
-        """Requests it will submit, when known in advance (progress bars)."""
 
 
 class WorkloadSource:

@@ -56,8 +56,8 @@ class ModelCost:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        m = self.model
-        return 2 * m.num_layers * m.num_kv_heads * m.head_dim * KV_DTYPE_BYTES
+        """The model's KV bytes per token (MLA's latent included), held in FP16 here."""
+        return self.model.kv_bytes_per_token(kv_dtype_bytes=KV_DTYPE_BYTES)
 
     def _attention_flops(self, num_query: int, context: float) -> float:
         # QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add, per query head and layer

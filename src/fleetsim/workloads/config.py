@@ -338,13 +338,18 @@ class WorkloadConfig:
         return Poisson(rate_per_s=rate)
 
 
-def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
+def build_workload(cfg: WorkloadConfig, rng: np.random.Generator,
+                   given: Workload | None = None) -> Workload:
     """The requests of one run: load or generate, then ``rate_scale``, slice, ``max_requests``.
 
+    ``given``: a workload built by the caller, which stands in for the trace or generator
+    ``cfg`` names (its scaling and slicing still apply, as to a trace file holding it).
     ``rng`` is only drawn from for synthetic workloads. Raises ``FleetsimInputError`` for bad
     trace files and when no request is left after slicing.
     """
-    if cfg.is_synthetic:
+    if given is not None:
+        workload = given
+    elif cfg.is_synthetic:
         until_s = None
         if cfg.duration_s is not None:  # generate up to the window's end, in unscaled time
             until_s = cfg._swung_s(cfg.start_s + cfg.duration_s) * cfg.rate_scale

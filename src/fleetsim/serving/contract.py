@@ -1,0 +1,141 @@
+"""The engine's plug-in contract: what a batching policy, an ordering key, a router, a request
+source and a controller are to the engine, typed once, here.
+
+The engine (``replica.py``, ``cluster.py``) is written against these protocols only, and
+``fleetsim.policies`` implements them; policies re-export the names from their old homes
+(``policies.batching``, ``policies.routing``, ``policies.ordering``, ``serving.sources``,
+``serving.cluster``), so an existing import keeps working. Each protocol has one deciding
+method that reads an exact view at ``now_s`` and returns a plan or a choice (STYLE.md section 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
+
+from fleetsim.serving.request import Request
+from fleetsim.serving.views import KVView, ReplicaView
+
+if TYPE_CHECKING:  # the controller's context is the cluster, which imports this module
+    from fleetsim.serving.cluster import Cluster
+
+# ---- ordering ------------------------------------------------------------------------------
+SortKey = tuple[float | int, ...]
+OrderKey = Callable[[Request, float], SortKey]
+"""An ordering policy: ``(request, now_s) -> key``; smaller runs first, and is preempted last."""
+
+
+# ---- batching ------------------------------------------------------------------------------
+class StepPlan(NamedTuple):
+    """What one step does. The engine applies the verbs in this order, then the tokens:
+    ``rekey`` (re-sort requests whose ordering key changed), ``preempt`` (recompute later),
+    ``swap_out`` (KV to host memory), ``migrate`` (KV to another replica), ``swap_in`` (KV
+    back from host memory: the request runs again once the copy is done, so it gets tokens
+    in a later plan). Running requests the plan gives no tokens stay resident, paused.
+
+    Immutable, and a named tuple rather than a frozen dataclass: one is built every planned
+    step, and a frozen dataclass's ``__init__`` cost three times as much."""
+
+    tokens_by_request: Mapping[int, int]  # request_id -> tokens to compute this step
+    preempt: tuple[int, ...] = ()  # running request_ids to evict (recompute later), in order
+    swap_out: tuple[int, ...] = ()  # running request_ids whose KV moves to host memory
+    swap_in: tuple[int, ...] = ()  # swapped request_ids whose KV comes back
+    migrate: tuple[tuple[int, int], ...] = ()  # (running request_id, destination replica_id)
+    rekey: tuple[int, ...] = ()  # request_ids whose ordering key changed (re-sorted first)
+
+
+class BatchPolicy(Protocol):
+    """``plan(view, now_s) -> StepPlan``, plus ``splits_prompts`` (False if a prompt is never
+    split across steps: then every prompt must fit the budget) and, optionally, a class
+    attribute ``capabilities`` (``fleetsim.serving.capabilities``: declared per class, never
+    inherited) and an ``order_key`` (a policy whose priorities change as requests run orders
+    the queues itself, naming the requests whose key changed in ``StepPlan.rekey``)."""
+
+    splits_prompts: bool
+
+    def plan(self, view: ReplicaView, now_s: float) -> StepPlan: ...
+
+
+# ---- routing -------------------------------------------------------------------------------
+class RoutableReplica(Protocol):
+    """What a router reads of one replica (``ReplicaView`` implements it), exact at now."""
+
+    @property
+    def replica_id(self) -> int: ...
+    @property
+    def load_tokens(self) -> int: ...
+    @property
+    def running(self) -> Sequence[Request]: ...
+    @property
+    def waiting(self) -> Sequence[Request]: ...
+    @property
+    def kv(self) -> KVView: ...
+
+
+class ClusterView(Protocol):
+    """What a router reads: the replicas it may choose from and the run's routing stream."""
+
+    @property
+    def replicas(self) -> Sequence[RoutableReplica]: ...
+    @property
+    def rng(self) -> np.random.Generator: ...
+    @property
+    def next_stage(self) -> Sequence[RoutableReplica]:
+        """P/D entry routing: the decode replicas a call will move to."""
+
+
+class Router(Protocol):
+    """``route`` returns an index into ``view.replicas``. A router may also define
+    ``report() -> dict`` of counters (its fallbacks, say): ``run`` puts them in the summary
+    under ``routing``; and ``attach(cluster)``, called once before any arrival, if it
+    manages more than the choice (TokenLake's cluster-wide prefix pool)."""
+
+    def route(self, view: ClusterView, req: Request, now_s: float) -> int: ...
+
+
+# ---- request sources -----------------------------------------------------------------------
+class SourceContext(Protocol):
+    """What a source may do with the simulation (the cluster implements it)."""
+
+    @property
+    def now_s(self) -> float: ...
+    def new_request_id(self) -> int: ...
+    def submit_at(self, at_s: float, req: Request) -> None: ...
+
+
+class RequestSource(Protocol):
+    """Feeds requests to a cluster. ``wants_finishes``: call ``on_finish`` (else it is
+    never called, which keeps plain trace replays fast)."""
+
+    wants_finishes: bool
+
+    def start(self, ctx: SourceContext) -> None:
+        """Schedule the first arrival(s)."""
+
+    def on_arrival(self, req: Request, ctx: SourceContext) -> None:
+        """``req`` arrives now (before it is routed): schedule what comes next."""
+
+    def on_finish(self, req: Request, ctx: SourceContext) -> None:
+        """``req`` finished now."""
+
+    @property
+    def num_requests(self) -> int | None:
+        """Requests it will submit, when known in advance (progress bars)."""
+
+
+# ---- controllers ---------------------------------------------------------------------------
+class Controller(Protocol):
+    """Wakes at times it chooses and may change the cluster's policies at run time."""
+
+    def start(self, cluster: Cluster) -> float | None:
+        """The first time to wake (None: never)."""
+
+    def on_tick(self, cluster: Cluster, now_s: float) -> float | None:
+        """Woken at ``now_s``: act (``cluster.set_policies``, ...) and say when to wake
+        next (None: never again)."""
+
+
+MakeBatchPolicy = Callable[[], BatchPolicy]
+"""Builds one fresh batching policy (one per replica: policies may keep per-replica state)."""
