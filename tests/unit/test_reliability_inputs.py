@@ -79,3 +79,142 @@ def test_read_bytes_reads_a_file_that_grew(tmp_path, monkeypatch):
     monkeypatch.setattr(inputs, "MAX_FILE_BYTES", 5)
     with pytest.raises(FleetsimInputError, match="more than 5 bytes"):
         inputs.read_bytes(path, "test")
+
+
+# ---- 2-4, 10. programs: generator arguments, JSONL, tau-bench, WEKA -----------------------
+def _programs(tmp_path, generator: str = "jsonl", text: str | None = None, **kw):
+    import numpy as np
+
+    from fleetsim.programs.config import ProgramWorkloadConfig, build_programs
+
+    path = None
+    if text is not None:
+        path = tmp_path / "programs.jsonl"
+        path.write_text(text)
+    cfg = ProgramWorkloadConfig(generator=generator, path=None if path is None else str(path),
+                                num_programs=None if path else 2, **kw)
+    return build_programs(cfg, np.random.default_rng(0), 131072)
+
+
+@pytest.mark.parametrize(("generator", "args", "needle"), [
+    ("lats", "{breadth=1.5}", "programs.args.breadth"),
+    ("lats", "{depth=100000000}", "lower breadth or depth"),
+    ("lats", "{width=3}", "did you mean"),
+    ("map_reduce", "{fan_out=1e300}", "at most 100,000 calls per program, got 1e+300"),
+    ("map_reduce", "{length_sigma=1e300}", "length_sigma"),
+    ("tool_chain", "{max_calls=1000000000}", "max_calls"),
+    ("tool_chain", "{step_tokens_median=nan}", "step_tokens_median"),
+    ("chain", "{max_turns=true}", "programs.args.max_turns"),
+    ("mixed", "{weights=[1, \"a\", 1, 1]}", "programs.args.weights[1]"),
+])
+def test_generator_args_are_checked_before_the_run(capsys, generator, args, needle):
+    code, _, err = run_cli(capsys, "run", "--set", f"programs.generator=\"{generator}\"",
+                           "--set", f"programs.args={args}")
+    assert_one_line_exit_2(code, err, needle)
+
+
+def test_programs_times_calls_bounded():
+    from fleetsim.config import config_from_dict
+
+    with pytest.raises(FleetsimInputError, match="more than 100,000,000"):
+        config_from_dict({"programs": {"generator": "lats", "num_programs": 10_000_000,
+                                       "args": {"breadth": 10, "depth": 10}}})
+
+
+@pytest.mark.parametrize("settings", [["workload.rate_scale=3"],
+                                      ["workload.max_requests=5"]])
+def test_workload_keys_beside_programs_are_an_error(capsys, settings):
+    argv = ["run", "--set", "programs.num_programs=2"]
+    for s in settings:
+        argv += ["--set", s]
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_exit_2(code, err, "is ignored when [programs] is set")
+
+
+def _call(**kw) -> dict:
+    return {"prompt_tokens": 100, "output_tokens": 5, **kw}
+
+
+@pytest.mark.parametrize(("call", "needle"), [
+    ('{"prompt_tokens": NaN, "output_tokens": 5}', "prompt_tokens"),
+    ('{"prompt_tokens": 10, "output_tokens": Infinity}', "output_tokens"),
+    ('{"prompt_tokens": 1e300, "output_tokens": 5}', "prompt_tokens"),
+    ('{"prompt_tokens": 10, "output_tokens": 5, "tool_s": 1e300}', "tool_s"),
+    ('{"prompt_tokens": 10, "output_tokens": 5, "tool_s": NaN}', "tool_s"),
+    ('{"prompt_tokens": 10, "output_tokens": 5, "hash_ids": [18446744073709551616]}',
+     "hash_ids"),
+    ('{"prompt_tokens": 10, "output_tokens": 5, "hash_ids": [1, 2, 3]}', "hash_ids"),
+])
+def test_jsonl_numbers_are_checked(tmp_path, call, needle):
+    with pytest.raises(FleetsimInputError, match=needle):
+        _programs(tmp_path, text='{"calls": [' + call + ']}\n')
+
+
+def test_jsonl_arrival_beyond_the_time_limit(tmp_path):
+    with pytest.raises(FleetsimInputError, match="arrival_s"):
+        _programs(tmp_path, text=json.dumps({"arrival_s": 1e300, "calls": [_call()]}) + "\n")
+
+
+def test_jsonl_bad_program_is_one_line_from_the_cli(tmp_path, capsys):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"calls": [{"prompt_tokens": NaN, "output_tokens": 5}]}\n')
+    code, _, err = run_cli(capsys, "run", "--set", "programs.generator=\"jsonl\"",
+                           "--set", f"programs.path=\"{path}\"")
+    assert_one_line_exit_2(code, err, "prompt_tokens", "nan")
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    ([], "no assistant message"),
+    ([{"traj": []}], "no assistant message"),
+    ([{"traj": ["x"]}], "traj[0]"),
+    ([{"traj": [{"role": "assistant", "content": 7}]}], "content"),
+    ([{"traj": [{"role": "assistant", "content": "a", "tool_calls": "f"}]}], "tool_calls"),
+])
+def test_tau_bench_loader_validates(tmp_path, data, needle):
+    import numpy as np
+
+    from fleetsim.programs.config import ProgramWorkloadConfig, build_programs
+
+    path = tmp_path / "tau.json"
+    path.write_text(json.dumps(data))
+    cfg = ProgramWorkloadConfig(generator="tau_bench", path=str(path), num_programs=None)
+    with pytest.raises(FleetsimInputError, match=needle.replace("[", r"\[")):
+        build_programs(cfg, np.random.default_rng(0), 131072)
+
+
+def _weka(tmp_path, files: dict[str, str]):
+    import numpy as np
+
+    from fleetsim.programs.config import ProgramWorkloadConfig, build_programs
+
+    folder = tmp_path / "weka"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    cfg = ProgramWorkloadConfig(generator="weka", path=str(folder), num_programs=None)
+    return build_programs(cfg, np.random.default_rng(0), 131072)
+
+
+def _weka_request(**kw) -> dict:
+    return {"type": "n", "in": 128, "out": 4, "hash_ids": [1, 2], "think_time": 0, **kw}
+
+
+@pytest.mark.parametrize(("files", "needle"), [
+    ({}, "no trace_\\*.json"),
+    ({"notes.txt": "x"}, "no trace_\\*.json"),
+    ({"trace_1.json": "{"}, "not JSON"),
+    ({"trace_1.json": "[]"}, "WEKA trace is"),
+    ({"trace_1.json": json.dumps({"requests": [_weka_request(think_time=1e300)]})},
+     "think_time"),
+    ({"trace_1.json": json.dumps({"requests": [_weka_request(**{"in": "x"})]})},
+     r"requests\[0\].in"),
+    ({"trace_1.json": json.dumps({"requests": [_weka_request(hash_ids=[2**70])]})},
+     "hash_ids"),
+    ({"trace_1.json": json.dumps({"requests": [{"type": "n"}]})}, "in"),
+    ({"trace_1.json": json.dumps({"requests": [_weka_request(**{"in": 10**7})]})},
+     "pick a model with a longer context"),
+])
+def test_weka_loader_validates_with_an_honest_message(tmp_path, files, needle):
+    with pytest.raises(FleetsimInputError, match=needle) as info:
+        _weka(tmp_path, files)
+    assert "raise the model's context" not in str(info.value)
