@@ -23,6 +23,7 @@ from rich.table import Table
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
 from fleetsim.output import add_format_flag, emit, output_format, print_table
+from fleetsim.results import add_force_flag
 from fleetsim.workloads.shorthand import add_workload_flags, workload_overrides
 
 EXIT_INPUT_ERROR = 2
@@ -96,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set hardware.gpu=h200 (repeatable)")
     p.add_argument("--out", default=None, help="results folder (default: results/<run name>)")
-    p.add_argument("--force", action="store_true",
-                   help="replace the earlier results in the folder (else refused)")
+    add_force_flag(p)
     add_format_flag(p)
     add_workload_flags(p)
     p.add_argument("--vllm-json", metavar="FILE", default=None,

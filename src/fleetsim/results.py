@@ -46,6 +46,13 @@ state it was left in, e.g. ``running at until_s``); latencies it had not reached
 
 
 # ---- checks before the work ---------------------------------------------------------------
+def add_force_flag(parser: Any) -> None:
+    """``--force``, which every command writing a results folder takes: without it a folder
+    holding earlier results is refused (``check_out_dir(out, force=args.force)``)."""
+    parser.add_argument("--force", action="store_true",
+                        help="replace the earlier results in the --out folder (else refused)")
+
+
 def check_out_dir(out: Path, flag: str = "--out", force: bool | None = None) -> None:
     """Fail now, not after the simulation, if ``out`` cannot become a results folder.
 

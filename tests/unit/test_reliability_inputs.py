@@ -218,3 +218,66 @@ def test_weka_loader_validates_with_an_honest_message(tmp_path, files, needle):
     with pytest.raises(FleetsimInputError, match=needle) as info:
         _weka(tmp_path, files)
     assert "raise the model's context" not in str(info.value)
+
+
+# ---- 5. RL job sizes ----------------------------------------------------------------------
+@pytest.mark.parametrize(("sets", "needle"), [
+    (["samples_per_prompt=100000000"], "more than 1,048,576"),
+    (["num_prompts_per_step=100000", "samples_per_prompt=100"], "samples per step"),
+    (["num_steps=100000", "num_prompts_per_step=4096", "samples_per_prompt=256"],
+     "simulate fewer steps"),
+    (["num_steps=1000000"], "num_steps"),
+    (["max_response_tokens=1e300"], "max_response_tokens"),
+])
+def test_rl_job_sizes_bounded(sets, needle):
+    from fleetsim.rl.config import load_rl_config
+
+    with pytest.raises(FleetsimInputError, match=needle):
+        load_rl_config(None, sets)
+
+
+@pytest.mark.parametrize(("sets", "needle"), [
+    (["lengths={kind=\"fixed\", value=32, prompt_tokens=200000}"], "rl.lengths.prompt_tokens"),
+    (["max_response_tokens=131000"], "rl.max_response_tokens"),
+])
+def test_rl_rollout_longer_than_the_actor_context(capsys, sets, needle):
+    argv = ["rl", "run"]
+    for s in sets:
+        argv += ["--set", s]
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_exit_2(code, err, needle, "131,072")
+
+
+# ---- 7. results folders replaced only with --force ----------------------------------------
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+RL_TINY = ["--set", "num_steps=1", "--set", "num_prompts_per_step=2", "--set",
+           "samples_per_prompt=2", "--set", "actor=\"llama-3.1-8b\"", "--set",
+           "pools=[{name=\"p\",gpu=\"h100\",num_gpus=2}]", "--set", "max_response_tokens=64"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["repro", "areal-tik", "--quick"],
+    ["rl", "run", *RL_TINY],
+    ["plan", "--gpus", "h100", "--max-gpus", "1", "--requests-per-gpu", "40", "--max-runs",
+     "4"],
+])
+def test_a_results_folder_is_replaced_only_with_force(tmp_path, capsys, argv):
+    out = tmp_path / "r"
+    assert main(["run", "--set", "workload.max_requests=4", "--out", str(out)]) == 0
+    before = _snapshot(out)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, *argv, "--out", str(out))
+    assert_one_line_exit_2(code, err, "--out", "pass --force")
+    assert _snapshot(out) == before
+
+
+def test_rl_run_with_force_replaces_the_set(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", "--set", "workload.max_requests=4", "--out", str(out)]) == 0
+    assert main(["rl", "run", *RL_TINY, "--out", str(out), "--force"]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert "timeline.csv" in names and "requests.csv" not in names

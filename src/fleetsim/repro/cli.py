@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetsim.formatting import fmt_number
+from fleetsim.results import add_force_flag
 
 
 def add_parser(sub: Any) -> None:
@@ -23,6 +24,7 @@ def add_parser(sub: Any) -> None:
                    help="a smaller slice: the same policies and code paths, in seconds")
     p.add_argument("--json", action="store_true", help="print the result document as JSON")
     p.add_argument("--out", help="results folder (default results/repro/NAME)")
+    add_force_flag(p)
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override a config key in every run")
     p.set_defaults(handler=cmd_repro)
@@ -43,7 +45,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from fleetsim.results import check_out_dir
 
     out = Path(args.out) if args.out else Path("results") / "repro" / repro.key
-    check_out_dir(out)
+    check_out_dir(out, force=args.force)
     comparison, ctx, took_s = _run(repro, args)
     from fleetsim.repro.frame import to_document
 
