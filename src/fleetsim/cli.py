@@ -203,7 +203,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from fleetsim.inputs import to_json
         from fleetsim.results import write_file
 
-        write_file(Path(args.vllm_json), to_json(vllm_result(result, percentiles)) + "\n")
+        write_file(Path(args.vllm_json), to_json(vllm_result(result, percentiles)) + "\n",
+                   "--vllm-json")
     emit(fmt, result.summary, lambda: summary_table(result.summary))
     warning = result.summary["overload"].get("warning")
     if warning:

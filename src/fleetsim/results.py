@@ -168,18 +168,30 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def write_file(path: Path, data: str | bytes) -> None:
-    """One file, atomically: a temporary name in the same folder, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
+def write_file(path: Path, data: str | bytes, flag: str = "--out") -> None:
+    """One file, atomically: a temporary name in the same folder, then a rename. A failed
+    write (a full disk) is one line naming ``flag``; the earlier file is left as it was."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
+    except OSError as err:
+        raise _write_failed(flag, path, err) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise _write_failed(flag, path, err) from None
         raise
+
+
+def _write_failed(flag: str, path: Path, err: OSError) -> FleetsimInputError:
+    return FleetsimInputError(flag, str(path), f"writing it failed ({err.strerror or err}); "
+                              f"free space or give another path (an earlier file there is "
+                              f"unchanged)")
 
 
 # ---- the files ----------------------------------------------------------------------------

@@ -281,3 +281,139 @@ def test_rl_run_with_force_replaces_the_set(tmp_path, capsys):
     assert main(["rl", "run", *RL_TINY, "--out", str(out), "--force"]) == 0
     names = {p.name for p in out.iterdir()}
     assert "timeline.csv" in names and "requests.csv" not in names
+
+
+# ---- 6. calibrate -------------------------------------------------------------------------
+def _step_csv(tmp_path, truth: dict, *, extra: str = "") -> Path:
+    import numpy as np
+
+    from fleetsim.calibrate import fit
+    from fleetsim.config import load_config
+
+    rng = np.random.default_rng(1)
+    n = rng.integers(1, 200, 40)
+    rows = np.c_[n, n * rng.integers(100, 4000, 40), np.zeros(40), np.zeros(40),
+                 np.ones(40)].astype(float)
+    kernels = fit.kernel_times_s(load_config(None), rows)
+    rows[:, 4] = fit.predict_step_rows(kernels, rows, truth)
+    lines = [",".join(fit.STEP_COLUMNS)] + [",".join(f"{x:.17g}" for x in r) for r in rows]
+    path = tmp_path / "steps.csv"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def test_step_fit_never_writes_a_config_run_rejects(tmp_path, capsys):
+    """Steps faster than the kernels alone: least squares says a negative overhead."""
+    from fleetsim.config import load_config
+
+    truth = {"step_overhead_s": -0.001, "step_overhead_per_seq_s": 1e-6,
+             "kernel_time_scale": 1.0}
+    path = _step_csv(tmp_path, truth)
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", str(path), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["params"]["step_overhead_s"] == 0.0
+    assert any("step_overhead_s held at 0" in n for n in report["notes"])
+    assert load_config(out).engine.step_overhead_s == 0.0  # run takes it as it is
+    assert "unbounded least squares gave -0.001" in out.read_text()
+
+
+def test_bounded_step_fit_is_the_box_optimum():
+    """Against brute force over a grid of the box: no point inside fits better."""
+    import itertools
+
+    import numpy as np
+
+    from fleetsim.calibrate import fit
+
+    rng = np.random.default_rng(2)
+    rows = np.c_[rng.integers(1, 50, 30), np.zeros(30), np.zeros(30), np.zeros(30),
+                 np.zeros(30)].astype(float)
+    kernels = rng.uniform(1e-3, 5e-3, 30)
+    rows[:, 4] = -0.004 + 3e-4 * rows[:, 0] + 0.1 * kernels + rng.normal(0, 1e-4, 30)
+    got = fit.fit_step_rows(kernels, rows)
+
+    def sse(p):
+        return float(np.sum((fit.predict_step_rows(kernels, rows, p) - rows[:, 4]) ** 2))
+
+    for k, (lo, hi) in fit.BOUNDS.items():
+        assert lo <= got[k] <= hi
+    grid = [np.linspace(*fit.BOUNDS[k], 21) for k in fit.PARAMS]
+    best = min(sse(dict(zip(fit.PARAMS, x, strict=True))) for x in itertools.product(*grid))
+    assert sse(got) <= best + 1e-15
+
+
+@pytest.mark.parametrize(("row", "needle"), [
+    ("1,100,1e30,0,0.01", "column 'prefill_tokens'"),
+    ("1e12,100,0,0,0.01", "column 'num_decode'"),
+    ("1,1e30,0,0,0.01", "column 'decode_kv_tokens'"),
+    ("1,100,0.5,0,0.01", "column 'prefill_tokens'"),
+    ("1,100,0,0,1e300", "column 'step_time_s'"),
+    ("1,100,200000,0,0.01", "context"),
+])
+def test_step_csv_counts_bounded(tmp_path, capsys, row, needle):
+    path = _step_csv(tmp_path, {"step_overhead_s": 0.002, "step_overhead_per_seq_s": 0.0,
+                                "kernel_time_scale": 1.0}, extra=row + "\n")
+    code, _, err = run_cli(capsys, "calibrate", str(path), "--out", str(tmp_path / "c.toml"))
+    assert_one_line_exit_2(code, err, needle)
+
+
+GOOD_RESULT = {"completed": 3, "total_input_tokens": 300, "total_output_tokens": 30,
+               "mean_ttft_ms": 20.0, "mean_tpot_ms": 5.0}
+
+
+@pytest.mark.parametrize(("fields", "needle", "absent"), [
+    ({"num_prompts": "abc"}, "num_prompts", None),
+    ({"num_prompts": 1e300}, "num_prompts", None),
+    ({"total_input_tokens": 3e12}, "total_input_tokens", "--isl"),
+    ({"total_output_tokens": 3e12}, "total_output_tokens", "--osl"),
+    ({"request_rate": 1e300}, "request_rate", "--request-rate"),
+    ({"burstiness": 1e300}, "burstiness", "--burstiness"),
+    ({"burstiness": 0.5}, "burstiness", "--burstiness"),
+    ({"max_concurrency": 10**12}, "max_concurrency", "--max-concurrency"),
+    ({"model_id": "nosuch/model-7b"}, "model_id", None),
+    ({"model_id": 7}, "model_id", None),
+])
+def test_result_file_fields_are_named_as_fields(tmp_path, capsys, fields, needle, absent):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**GOOD_RESULT, **fields}))
+    code, _, err = run_cli(capsys, "calibrate", str(path), "--holdout", "0", "--fit",
+                           "step_overhead_s", "--out", str(tmp_path / "c.toml"))
+    assert_one_line_exit_2(code, err, f"{path}: {needle}")
+    assert absent is None or absent not in err
+
+
+def test_results_of_different_models_are_an_error(tmp_path):
+    from fleetsim.calibrate import fit
+
+    results = []
+    for i, name in enumerate(("llama-3.1-8b", "qwen2.5-7b")):
+        path = tmp_path / f"r{i}.json"
+        path.write_text(json.dumps({**GOOD_RESULT, "model_id": name}))
+        results.append(fit.load_bench_result(str(path)))
+    with pytest.raises(FleetsimInputError, match="different models"):
+        fit.model_override(results)
+    unknown = tmp_path / "u.json"
+    unknown.write_text(json.dumps({**GOOD_RESULT, "model_id": "nosuch/model"}))
+    assert fit.model_override([fit.load_bench_result(str(unknown))], model_given=True) == []
+    assert fit.model_given(None, ["model=\"llama-3.1-8b\""])
+
+
+def test_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from fleetsim import results
+
+    path = _step_csv(tmp_path, {"step_overhead_s": 0.002, "step_overhead_per_seq_s": 0.0,
+                                "kernel_time_scale": 1.0})
+    out = tmp_path / "c.toml"
+    out.write_text("# earlier\n")
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(results.os, "replace", full)
+    code, _, err = run_cli(capsys, "calibrate", str(path), "--out", str(out))
+    assert_one_line_exit_2(code, err, "--out", "No space left on device")
+    assert out.read_text() == "# earlier\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(results.TMP_PREFIX)]
