@@ -60,7 +60,9 @@ FIELD_LIMITS: dict[str, tuple[float, float]] = {
 }
 # Unit suffix -> bounds, for fields not named above (STYLE.md: quantities carry their unit).
 SUFFIX_LIMITS: tuple[tuple[str, tuple[float, float]], ...] = (
-    ("_bytes_per_s", (0.0, 1e30)),  # 1e30 is the documented "ideal link"
+    # 1e30 is the documented "ideal link"; below 1 MB/s (slower than any link or memory we
+    # model) moving one long context's KV outlasts MAX_TIME_S and time overflows to inf.
+    ("_bytes_per_s", (1e6, 1e30)),
     ("_flops", (0.0, MAX_MAGNITUDE)),
     ("_bytes", (0.0, 1e15)),
     ("_usd", (0.0, 1e6)),

@@ -417,3 +417,61 @@ def test_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
     assert_one_line_exit_2(code, err, "--out", "No space left on device")
     assert out.read_text() == "# earlier\n"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(results.TMP_PREFIX)]
+
+
+# ---- 9. still failing from the first round ------------------------------------------------
+def test_slowest_link_bandwidth_is_bounded(capsys):
+    code, _, err = run_cli(capsys, "run", "--set", "workload.max_requests=4", "--set",
+                           "cluster.link.bw_bytes_per_s=1e-300", "--set",
+                           'cluster.pools=[{name="p", gpu="h100", role="prefill"}, '
+                           '{name="d", gpu="h100", role="decode"}]')
+    assert_one_line_exit_2(code, err, "cluster.link.bw_bytes_per_s", "1e-300")
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--seed", "-1"], "--seed"),
+    (["--num-gpus", "100000000", "--gpus-per-node", "1"], "--num-gpus"),
+    (["--microbatches", "1000000"], "--microbatches"),
+    (["--tokens-per-gpu", "100000000"], "--tokens-per-gpu"),
+])
+def test_moe_compare_flags_bounded(capsys, argv, needle):
+    code, _, err = run_cli(capsys, "moe", "compare", *argv)
+    assert_one_line_exit_2(code, err, needle)
+
+
+def test_report_on_an_unreadable_folder(tmp_path, capsys, monkeypatch):
+    """Run as root the mode bits do not stop us: the listing fails as it would for a user."""
+    import pathlib
+
+    folder = tmp_path / "r"
+    assert main(["run", "--set", "workload.max_requests=4", "--out", str(folder)]) == 0
+    capsys.readouterr()
+    real = pathlib.Path.iterdir
+
+    def denied(self):
+        if self == folder:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(pathlib.Path, "iterdir", denied)
+    code, _, err = run_cli(capsys, "report", str(folder))
+    assert_one_line_exit_2(code, err, str(folder), "Permission denied", "permissions")
+
+
+@pytest.mark.parametrize(("setting", "needles"), [
+    ('cluster.router={name="hostile_plugins:R"}',
+     ["cluster.router", "no router", "fix hostile_plugins:R.__init__"]),
+    ('policy.batching={name="hostile_plugins:B"}',
+     ["policy.batching", "fix hostile_plugins:B.__init__", "policy.batching.args"]),
+    ('cluster.router={name="hostile_plugins:X"}', ["cluster.router.name", "not callable"]),
+    ('policy.ordering="hostile_plugins:X"', ["policy.ordering", "not callable"]),
+])
+def test_plugin_failures_name_the_fix(tmp_path, capsys, monkeypatch, setting, needles):
+    (tmp_path / "hostile_plugins.py").write_text(
+        "class R:\n    def __init__(self):\n        raise RuntimeError('no router')\n"
+        "class B:\n    def __init__(self, **kw):\n        raise RuntimeError('no batch')\n"
+        "X = 5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "hostile_plugins", raising=False)
+    code, _, err = run_cli(capsys, "run", "--set", "workload.max_requests=4", "--set", setting)
+    assert_one_line_exit_2(code, err, *needles)
