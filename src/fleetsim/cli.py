@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = _on_sigterm_raise()
     try:
         handler = getattr(args, "handler", None) or args.func
-        return int(handler(args) or 0)
+        with warnings.catch_warnings():
+            # numpy's RuntimeWarnings (a mean of no finished requests, 0/0) are not messages
+            # for the user: the NaN they leave is shown as "—" or empty, and strict JSON
+            # output refuses it by name (inputs.to_json), so stderr keeps its one-line rule.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return int(handler(args) or 0)
     except FleetsimInputError as err:
         print(f"fleetsim: error: {_one_line(str(err))}", file=sys.stderr)
         return EXIT_INPUT_ERROR

@@ -475,3 +475,41 @@ def test_plugin_failures_name_the_fix(tmp_path, capsys, monkeypatch, setting, ne
     monkeypatch.delitem(sys.modules, "hostile_plugins", raising=False)
     code, _, err = run_cli(capsys, "run", "--set", "workload.max_requests=4", "--set", setting)
     assert_one_line_exit_2(code, err, *needles)
+
+
+# ---- 10. silently accepted ----------------------------------------------------------------
+def test_repro_overrides_mark_the_document_and_the_table():
+    from fleetsim.repro import get_reproduction
+    from fleetsim.repro.cli import _ratio_line, _result_table
+    from fleetsim.repro.frame import Comparison, to_document
+
+    repro = get_reproduction("fastserve")
+    comparison = Comparison(results={"fastserve": {"1": 1.0}}, ratio=1.5)
+    paper = to_document(repro, comparison, quick=True)
+    assert paper["paper_setting"] is True and paper["overrides"] == []
+    assert f"paper {repro.paper_ratio:.2f}x" in _ratio_line(repro, paper)
+    doc = to_document(repro, comparison, quick=True, overrides=["hardware.gpu=\"a100\""])
+    assert doc["paper_setting"] is False and doc["overrides"] == ["hardware.gpu=\"a100\""]
+    line = _ratio_line(repro, doc)
+    assert "not comparable" in line and "--set hardware.gpu=\"a100\"" in line
+    assert f"paper {repro.paper_ratio:.2f}x" not in line
+    assert "NOT the paper's setting" in str(_result_table(repro, doc).title)
+
+
+def test_numpy_runtime_warnings_do_not_reach_stderr(capsys, monkeypatch):
+    import warnings
+
+    import numpy as np
+
+    from fleetsim import cli
+
+    def noisy(args):
+        print(float(np.mean(np.array([]))), float(np.float64(0.0) / np.float64(0.0)))
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_models", noisy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, out, err = run_cli(capsys, "models")
+    assert code == 0 and out.strip() == "nan nan" and err == ""
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
