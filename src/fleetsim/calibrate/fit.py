@@ -76,6 +76,7 @@ def load_bench_result(path: str) -> BenchResult:
                 value) or value < 0:
             raise FleetsimInputError(f"{path}: {key}", value, "a `vllm bench serve "
                                      "--save-result` JSON has it as a number >= 0")
+    check_number(data["completed"], f"{path}: completed", lo=0, hi=MAX_REQUESTS, integer=True)
     completed = int(data["completed"])
     if completed < 1:
         raise FleetsimInputError(f"{path}: completed", completed, "no request completed; "
@@ -103,9 +104,11 @@ def load_bench_result(path: str) -> BenchResult:
         raise FleetsimInputError(f"{path}: burstiness", burstiness, "shapes arrivals at a "
                                  "finite request_rate; this result sent them all at once")
     measured = {m: float(data[m]) for m in METRICS}
-    if not all(v > 0 for v in measured.values()):
-        raise FleetsimInputError(f"{path}: {METRICS}", measured, "both must be > 0 ms; "
-                                 "benchmark with --random-output-len > 1")
+    for m, v in measured.items():
+        if not v > 0:
+            raise FleetsimInputError(f"{path}: {m}", v, "must be > 0 ms; benchmark with "
+                                     "--random-output-len > 1")
+        check_number(v, f"{path}: {m}", lo=0, hi=MAX_TIME_S * 1e3)
     num_prompts = data.get("num_prompts") or completed
     check_number(num_prompts, f"{path}: num_prompts", lo=1, hi=MAX_REQUESTS, integer=True)
     isl = max(1, round(data["total_input_tokens"] / completed))

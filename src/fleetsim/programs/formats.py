@@ -187,7 +187,7 @@ def weka_program(conv: dict[str, Any], max_context_tokens: int, where: str) -> P
         if r.get("type") == "subagent":
             spawned = prev is not None
             sub_prev, offset = prev, (n_sub + 1) << 40  # sub-agent ids: their own scope
-            for j, s in enumerate(x for x in r["requests"] if x.get("type") != "subagent"):
+            for j, s in enumerate(x for x in r.get("requests", []) if x.get("type") != "subagent"):
                 if j and sub_prev is not None:
                     set_tool(sub_prev, float(s.get("think_time") or 0.0))
                 k = add({**s, "hash_ids": [h + offset for h in s["hash_ids"]]},
