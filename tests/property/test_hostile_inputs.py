@@ -4,8 +4,10 @@ names the field (exit 2 from the CLI) or runs to a summary of finite numbers."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -262,7 +264,7 @@ def _tau_message() -> st.SearchStrategy:
                                  optional={"content": JSON_VALUES, "tool_calls": JSON_VALUES})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.one_of(JSON_VALUES, st.lists(st.fixed_dictionaries(
     {"traj": st.one_of(JSON_VALUES, st.lists(_tau_message(), max_size=4))}), max_size=3)))
 def test_tau_bench_file_of_anything(data):
@@ -385,6 +387,13 @@ def test_step_csv_bad_cell(column, bad):
     assert table[:, 2].max() <= 2**24 and table[:, 0].max() <= 10**7
 
 
+@functools.cache
+def _moe_defaults() -> argparse.Namespace:
+    from fleetsim.cli import build_parser
+
+    return build_parser().parse_args(["moe", "compare"])
+
+
 MOE_FLAGS = ("num_gpus", "gpus_per_node", "num_experts", "layers", "microbatches", "batch",
              "spare_slots", "tokens_per_gpu", "seed")
 
@@ -395,7 +404,7 @@ MOE_FLAGS = ("num_gpus", "gpus_per_node", "num_experts", "layers", "microbatches
 def test_moe_compare_flags_rejected_or_bounded(flag, value):
     from fleetsim.moe.cli import MAX_LOAD_CELLS, _setups
 
-    args = main.__globals__["build_parser"]().parse_args(["moe", "compare"])
+    args = argparse.Namespace(**vars(_moe_defaults()))
     setattr(args, flag, value)
     setups, err = outcome(_setups, args)
     if err is not None:
