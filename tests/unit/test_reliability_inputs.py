@@ -513,3 +513,17 @@ def test_numpy_runtime_warnings_do_not_reach_stderr(capsys, monkeypatch):
         code, out, err = run_cli(capsys, "models")
     assert code == 0 and out.strip() == "nan nan" and err == ""
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_programs_arrival_span_and_tool_tails_bounded():
+    import numpy as np
+
+    from fleetsim.config import config_from_dict
+    from fleetsim.programs.generators import ToolChainArgs, tool_chain
+
+    with pytest.raises(FleetsimInputError, match="beyond 1e\\+09 s"):
+        config_from_dict({"programs": {"num_programs": 10_000, "rate_per_s": 1e-6}})
+    # the widest tail at the largest median never draws a tool call beyond the time limit
+    args = ToolChainArgs(tool_median_s=1e9, tool_sigma=5.0, mean_calls=30, max_calls=30)
+    calls = tool_chain(args, np.random.default_rng(0))
+    assert max(c.tool_s for c in calls) <= 1e9

@@ -18,7 +18,7 @@ import numpy as np
 
 from fleetsim.configutil import from_dict
 from fleetsim.errors import FleetsimInputError
-from fleetsim.inputs import MAX_REQUESTS
+from fleetsim.inputs import MAX_REQUESTS, MAX_TIME_S
 from fleetsim.programs.dag import Program
 from fleetsim.programs.formats import load_jsonl, load_tau_bench, load_weka
 from fleetsim.programs.generators import (
@@ -107,6 +107,11 @@ class ProgramWorkloadConfig:
                              f"{self.tool_kv!r}")
         if not 0.0 <= self.kv_ttl_s <= 1e6:
             raise ValueError(f"programs.kv_ttl_s must be in [0, 1e6] s, got {self.kv_ttl_s}")
+        span_s = (self.num_programs or 0) / self.rate_per_s  # float64 time must resolve steps
+        if span_s > MAX_TIME_S:
+            raise ValueError(f"programs.rate_per_s: {self.num_programs:,} programs at "
+                             f"{self.rate_per_s:g}/s arrive over {span_s:.3g} s, beyond "
+                             f"{MAX_TIME_S:g} s; raise the rate or simulate fewer")
         args = generator_args(self)  # unknown or bad parameters fail here
         if args is not None and self.num_programs is not None:
             total = self.num_programs * max_calls(self.generator, args)

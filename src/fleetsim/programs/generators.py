@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetsim.inputs import MAX_TOKENS
+from fleetsim.inputs import MAX_TIME_S, MAX_TOKENS
 from fleetsim.programs.dag import Call, Program, check_program
 from fleetsim.workloads.distributions import Empirical
 
@@ -201,7 +201,10 @@ class _Lengths:
                           * self.rng.lognormal(0, self.a.length_sigma)))
 
     def tool(self) -> float:
-        return float(self.a.tool_median_s * self.rng.lognormal(0, self.a.tool_sigma))
+        # A lognormal tail past MAX_TIME_S (a median near the bound and a wide sigma) is no
+        # tool call, and beyond it the program would end past the run's horizon unnoticed.
+        return min(float(self.a.tool_median_s * self.rng.lognormal(0, self.a.tool_sigma)),
+                   MAX_TIME_S)
 
 
 def _geometric(rng: np.random.Generator, mean: float, cap: int) -> int:
