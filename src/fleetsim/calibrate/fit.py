@@ -241,7 +241,7 @@ def kernel_times_s(config: SimConfig, rows: np.ndarray) -> np.ndarray:
         # Steps the model cannot run would be priced by extrapolation: refuse them.
         if new + ctx > context or kv > n * context:
             raise FleetsimInputError(
-                f"step-time CSV row {i + 1}", f"prefill {int(new)} + {int(ctx)} tokens, "
+                f"step-time CSV line {i + 2}", f"prefill {int(new)} + {int(ctx)} tokens, "
                 f"{int(kv)} KV tokens over {int(n)} decodes", f"longer than {model.name}'s "
                 f"{context:,}-token context; check the CSV or the model (--set model=...)")
     sm = build_step_model(model, get_gpu(pool.gpu, config.hardware.catalog),
