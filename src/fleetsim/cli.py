@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
 from fleetsim.output import add_format_flag, emit, output_format, print_table
 from fleetsim.vllm_json import add_vllm_json_flags
+from fleetsim.results import add_force_flag
 from fleetsim.workloads.shorthand import add_workload_flags, workload_overrides
 
 EXIT_INPUT_ERROR = 2
@@ -40,7 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = _on_sigterm_raise()
     try:
         handler = getattr(args, "handler", None) or args.func
-        return int(handler(args) or 0)
+        with warnings.catch_warnings():
+            # numpy's RuntimeWarnings (a mean of no finished requests, 0/0) are not messages
+            # for the user: the NaN they leave is shown as "—" or empty, and strict JSON
+            # output refuses it by name (inputs.to_json), so stderr keeps its one-line rule.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return int(handler(args) or 0)
     except FleetsimInputError as err:
         print(f"fleetsim: error: {_one_line(str(err))}", file=sys.stderr)
         return EXIT_INPUT_ERROR
@@ -100,8 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None,
                    help="results folder (default: results/<run name>, or results/<run name>-N "
                    "when that one holds results)")
-    p.add_argument("--force", action="store_true",
-                   help="replace the earlier results in the folder (else refused)")
+    add_force_flag(p)
     add_format_flag(p)
     g = p.add_argument_group("model and hardware shorthands (win over --set of the same key)")
     g.add_argument("--model", default=None,
@@ -231,7 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_file(Path(args.vllm_json), to_json(vllm_result(
             result, percentiles, date=bench_date(), label=args.label,
             detailed=args.save_detailed,
-            percentile_metrics=parse_metrics(args.percentile_metrics))) + "\n")
+            percentile_metrics=parse_metrics(args.percentile_metrics))) + "\n", "--vllm-json")
     emit(fmt, result.summary, lambda: summary_table(result.summary))
     warning = result.summary["overload"].get("warning")
     if warning:

@@ -9,7 +9,7 @@ A file is optional: every field has a default, and the defaults are the embedded
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +294,15 @@ class SimConfig:
                 f"perf_backend must be 'auto' or 'roofline', got {self.perf_backend!r}")
         if self.until_s is not None and not self.until_s > 0:
             raise ValueError(f"until_s must be > 0 seconds or unset, got {self.until_s}")
+        if self.programs is not None and self.workload != WorkloadConfig():
+            # An error, not a warning: programs replace the workload, so a workload key set
+            # beside them (a rate, --isl) would be ignored while the user believes it applies.
+            default = WorkloadConfig()
+            key = next(f.name for f in fields(WorkloadConfig)
+                       if getattr(self.workload, f.name) != getattr(default, f.name))
+            raise ValueError(f"workload.{key} is ignored when [programs] is set (programs "
+                             f"replace the workload: set their rate and lengths under "
+                             f"programs); remove workload.{key} or drop [programs]")
 
 
 def load_config(

@@ -60,7 +60,9 @@ FIELD_LIMITS: dict[str, tuple[float, float]] = {
 }
 # Unit suffix -> bounds, for fields not named above (STYLE.md: quantities carry their unit).
 SUFFIX_LIMITS: tuple[tuple[str, tuple[float, float]], ...] = (
-    ("_bytes_per_s", (0.0, 1e30)),  # 1e30 is the documented "ideal link"
+    # 1e30 is the documented "ideal link"; below 1 MB/s (slower than any link or memory we
+    # model) moving one long context's KV outlasts MAX_TIME_S and time overflows to inf.
+    ("_bytes_per_s", (1e6, 1e30)),
     ("_flops", (0.0, MAX_MAGNITUDE)),
     ("_bytes", (0.0, 1e15)),
     ("_usd", (0.0, 1e6)),
@@ -131,10 +133,26 @@ def read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
                                  f"larger than {MAX_FILE_BYTES // 2**30} GiB; split or filter it")
     try:
         with open(p, "rb") as f:
-            return f.read(MAX_FILE_BYTES + 1)
+            return _read_bounded(f, st.st_size, where)
     except OSError as err:
         raise FleetsimInputError(where, err.strerror or str(err),
                                  f"cannot read the {what}; check its permissions") from None
+
+
+def _read_bounded(f: Any, size: int, where: str) -> bytes:
+    # read(n) allocates n bytes before reading: ask for the file's size (one byte more to see
+    # growth), never for the 16 GiB limit, so a small file reads under an address-space cap.
+    data = f.read(size + 1)
+    if len(data) <= size:
+        return data
+    buf = bytearray(data)  # the file grew since stat(): read on in 1 MiB chunks, bounded
+    while chunk := f.read(2**20):
+        buf += chunk
+        if len(buf) > MAX_FILE_BYTES:
+            raise FleetsimInputError(where, f"more than {MAX_FILE_BYTES:,} bytes",
+                                     f"larger than {MAX_FILE_BYTES // 2**30} GiB; split or "
+                                     f"filter it")
+    return bytes(buf)
 
 
 def read_text(path: str | os.PathLike[str], what: str) -> str:

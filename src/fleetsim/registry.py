@@ -71,7 +71,13 @@ def lookup(registry: Mapping[str, Any], name: str, where: str) -> Any:
     if name in registry:
         return registry[name]
     if ":" in name:
-        return import_qualname(name, where)
+        obj = import_qualname(name, where)
+        if not callable(obj):  # every plug-in kind is a class or a key function
+            raise FleetsimInputError(
+                where, name, f"it is not callable (a {type(obj).__name__} value); name "
+                f"the policy class (or, for an ordering or eviction key, the function) in "
+                f"'package.module:Object'")
+        return obj
     known = ", ".join(sorted(registry))
     raise FleetsimInputError(where, name, f"known policies: {known} (or 'package.module:Object')")
 
@@ -94,13 +100,26 @@ def build(cls: type[T], args: Mapping[str, Any], where: str) -> T:
         raise
     except TypeError as err:
         raise FleetsimInputError(f"{where}.args", dict(args),
-                                 f"{getattr(cls, '__name__', cls)} rejected them ({err})") from None
+                                 f"{_qualname(cls)} rejected them ({err}); give the arguments "
+                                 f"its constructor takes under {where}.args") from None
     except ValueError as err:
         raise FleetsimInputError(f"{where}.args", dict(args), str(err)) from None
     except Exception as err:  # noqa: BLE001 - a plug-in's constructor failing is bad input
-        raise FleetsimInputError(where, getattr(cls, "__name__", str(cls)),
-                                 f"building it raised {type(err).__name__}: {err}; fix the "
-                                 f"policy or its args") from None
+        line = _last_line(err)
+        raise FleetsimInputError(
+            where, _qualname(cls), f"its constructor raised {type(err).__name__}: {err}{line};"
+            f" fix {_qualname(cls)}.__init__, or give it the arguments it needs under "
+            f"{where}.args") from None
+
+
+def _qualname(obj: Any) -> str:
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}:{name}" if module and name else repr(obj)
+
+
+def _last_line(err: BaseException) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    return f" (line {frames[-1].lineno} of {frames[-1].filename})" if frames else ""
 
 
 def _has_resolvable_hints(cls: type) -> bool:

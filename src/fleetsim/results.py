@@ -46,6 +46,13 @@ state it was left in, e.g. ``running at until_s``); latencies it had not reached
 
 
 # ---- checks before the work ---------------------------------------------------------------
+def add_force_flag(parser: Any) -> None:
+    """``--force``, which every command writing a results folder takes: without it a folder
+    holding earlier results is refused (``check_out_dir(out, force=args.force)``)."""
+    parser.add_argument("--force", action="store_true",
+                        help="replace the earlier results in the --out folder (else refused)")
+
+
 def check_out_dir(out: Path, flag: str = "--out", force: bool | None = None) -> None:
     """Fail now, not after the simulation, if ``out`` cannot become a results folder.
 
@@ -195,19 +202,31 @@ def current_umask() -> int:
     return mask
 
 
-def write_file(path: Path, data: str | bytes) -> None:
-    """One file, atomically: a temporary name in the same folder, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
+def write_file(path: Path, data: str | bytes, flag: str = "--out") -> None:
+    """One file, atomically: a temporary name in the same folder, then a rename. A failed
+    write (a full disk) is one line naming ``flag``; the earlier file is left as it was."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
+    except OSError as err:
+        raise _write_failed(flag, path, err) from None
     try:
         os.fchmod(fd, 0o666 & ~current_umask())  # as open() would create it, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise _write_failed(flag, path, err) from None
         raise
+
+
+def _write_failed(flag: str, path: Path, err: OSError) -> FleetsimInputError:
+    return FleetsimInputError(flag, str(path), f"writing it failed ({err.strerror or err}); "
+                              f"free space or give another path (an earlier file there is "
+                              f"unchanged)")
 
 
 # ---- the files ----------------------------------------------------------------------------

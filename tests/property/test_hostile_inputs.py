@@ -4,8 +4,10 @@ names the field (exit 2 from the CLI) or runs to a summary of finite numbers."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -180,3 +182,234 @@ def test_json_boolean_token_count_rejected(tmp_path, value):
     path.write_text(f'{{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": {value}}}\n')
     with pytest.raises(FleetsimInputError, match="output_tokens"):
         load_trace(path)
+
+
+# ---- programs: generator arguments, JSONL programs, tau-bench, WEKA (issue 26) -----------
+def _args_fields() -> list[tuple[str, str]]:
+    from fleetsim.programs.generators import GENERATORS, MixedArgs
+
+    out = [(name, f.name) for name, (cls, _) in GENERATORS.items()
+           for f in dataclasses.fields(cls)]
+    return out + [("mixed", f.name) for f in dataclasses.fields(MixedArgs)]
+
+
+HUGE_OR_BAD = [*BAD_VALUES, 10**6, 10**9, 2**31, 1e9, 3, 1.5]
+
+
+@settings(max_examples=300, deadline=None)
+@given(field=st.sampled_from(_args_fields()), value=st.sampled_from(HUGE_OR_BAD),
+       num_programs=st.sampled_from([1, 100, 10_000_000]))
+def test_generator_args_rejected_in_one_line_or_bounded(field, value, num_programs):
+    """Every generator parameter: one line naming programs.args, or a config whose programs
+    are bounded (finite numbers, at most MAX_CALLS_PER_PROGRAM calls, 1e8 calls in all)."""
+    from fleetsim.inputs import MAX_REQUESTS
+    from fleetsim.programs.config import generator_args
+    from fleetsim.programs.generators import MAX_CALLS_PER_PROGRAM, max_calls
+
+    generator, key = field
+    data = {"programs": {"generator": generator, "num_programs": num_programs,
+                         "args": {key: value}}}
+    config, err = outcome(config_from_dict, data)
+    if err is not None:
+        assert "\n" not in str(err) and "programs" in str(err), str(err)
+        return
+    args = generator_args(config.programs)
+    assert non_finite_path(dataclasses.asdict(args)) is None
+    assert max_calls(generator, args) <= MAX_CALLS_PER_PROGRAM
+    assert num_programs * max_calls(generator, args) <= MAX_REQUESTS
+
+
+CALL_KEYS = ("prompt_tokens", "output_tokens", "tool_s", "parents", "hash_ids", "id")
+PROGRAM_BAD = [*JSON_BAD, 2**63, -(2**63) - 1, [2**64], [1.5], ["x"], 1e9 + 1, 16_777_217]
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(CALL_KEYS + ("arrival_s", "kind", "calls")),
+       bad=st.sampled_from(PROGRAM_BAD))
+def test_jsonl_program_bad_value(key, bad):
+    """One line naming the call's (or program's) key, or a program of bounded numbers."""
+    from fleetsim.programs.formats import program_from_json
+
+    call = {"id": "a", "prompt_tokens": 600, "output_tokens": 5, "tool_s": 0.5,
+            "hash_ids": [1, 2]}
+    child = {"prompt_tokens": 700, "output_tokens": 5, "parents": ["a"]}
+    data = {"arrival_s": 1.0, "calls": [call, child]}
+    if key in CALL_KEYS:
+        child[key] = bad
+    else:
+        data[key] = bad
+    program, err = outcome(program_from_json, data, "p.jsonl:1")
+    if err is not None:
+        assert "\n" not in str(err) and str(err).startswith("p.jsonl:1"), str(err)
+        return
+    assert 0 <= program.arrival_s <= 1e9
+    for c in program.calls:
+        assert 1 <= c.num_prompt_tokens <= 2**24 and 1 <= c.num_output_tokens <= 2**24
+        assert 0 <= c.tool_s <= 1e9
+        assert c.hash_ids is None or all(-(2**63) <= h < 2**63 for h in c.hash_ids)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.sampled_from(["role", "content", "tool_calls", "traj", "function",
+                                       "requests", "type", "in", "out", "hash_ids",
+                                       "think_time"]), inner, max_size=5),
+    max_leaves=20)
+
+
+def _tau_message() -> st.SearchStrategy:
+    return st.fixed_dictionaries({"role": st.sampled_from(["assistant", "user", "tool"])},
+                                 optional={"content": JSON_VALUES, "tool_calls": JSON_VALUES})
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.one_of(JSON_VALUES, st.lists(st.fixed_dictionaries(
+    {"traj": st.one_of(JSON_VALUES, st.lists(_tau_message(), max_size=4))}), max_size=3)))
+def test_tau_bench_file_of_anything(data):
+    """Any JSON in a tau-bench file: programs, or one line naming the file."""
+    import json
+    import tempfile
+
+    from fleetsim.programs.formats import load_tau_bench
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/tau.json"
+        with open(path, "w") as f:
+            f.write(json.dumps(data))
+        programs, err = outcome(lambda: load_tau_bench(
+            path, max_programs=None, tool_s=iter(lambda: 0.5, None)))
+    if err is not None:
+        assert "\n" not in str(err) and "tau.json" in str(err), str(err)
+        return
+    assert programs and all(p.calls for p in programs)
+
+
+def _weka_request() -> st.SearchStrategy:
+    good = {"type": st.just("n"), "in": st.just(128), "out": st.just(4),
+            "hash_ids": st.just([1, 2]), "think_time": st.just(1.0)}
+    return st.fixed_dictionaries(good).flatmap(
+        lambda r: st.sampled_from(sorted(r)).flatmap(
+            lambda k: st.sampled_from([*JSON_BAD, 2**64, [2**64], "subagent"]).map(
+                lambda v: {**r, k: v})))
+
+
+@settings(max_examples=200, deadline=None)
+@given(conv=st.one_of(JSON_VALUES, st.fixed_dictionaries(
+    {"requests": st.lists(_weka_request(), min_size=1, max_size=3)})))
+def test_weka_conversation_of_anything(conv):
+    """Any WEKA conversation: a program of bounded numbers, None (nothing fits), or one line
+    naming the trace."""
+    from fleetsim.programs.formats import weka_program
+
+    program, err = outcome(weka_program, copy.deepcopy(conv), 131072, "w.tar:trace_1.json")
+    if err is not None:
+        assert "\n" not in str(err) and "trace_1.json" in str(err), str(err)
+        return
+    for c in [] if program is None else program.calls:
+        assert 1 <= c.num_prompt_tokens <= 131072 and 0 <= c.tool_s <= 1e9
+
+
+# ---- RL jobs, calibration files, moe compare flags (issue 26) -----------------------------
+def _rl_fields() -> list[str]:
+    from fleetsim.rl.config import RLConfig
+
+    return [f for f in _scalar_fields(RLConfig) if not f.startswith("generation.engine.")]
+
+
+@settings(max_examples=250, deadline=None)
+@given(key=st.sampled_from(_rl_fields()), value=st.sampled_from(HUGE_OR_BAD))
+def test_rl_fields_rejected_in_one_line_or_bounded(key, value):
+    from fleetsim.inputs import MAX_REQUESTS
+    from fleetsim.rl.config import MAX_SAMPLES_PER_STEP, rl_config_from_dict
+
+    data: dict = {}
+    apply_override(data, key, value)
+    cfg, err = outcome(rl_config_from_dict, data)
+    if err is not None:
+        _check_rejection(err, key)
+        return
+    assert non_finite_path(dataclasses.asdict(cfg)) is None
+    assert cfg.num_samples_per_step <= MAX_SAMPLES_PER_STEP
+    assert cfg.num_steps * cfg.num_samples_per_step <= MAX_REQUESTS
+
+
+RESULT_FIELDS = ("completed", "total_input_tokens", "total_output_tokens", "mean_ttft_ms",
+                 "mean_tpot_ms", "num_prompts", "request_rate", "burstiness",
+                 "max_concurrency", "model_id")
+
+
+@settings(max_examples=250, deadline=None)
+@given(key=st.sampled_from(RESULT_FIELDS), bad=st.sampled_from([*JSON_BAD, "inf", 1e12]))
+def test_bench_result_field(key, bad):
+    """A `vllm bench serve` result field: one line naming the file and the field, or a
+    workload within `fleetsim run`'s own bounds."""
+    import json
+    import tempfile
+
+    from fleetsim.calibrate.fit import load_bench_result
+
+    data = {"completed": 3, "total_input_tokens": 300, "total_output_tokens": 30,
+            "mean_ttft_ms": 20.0, "mean_tpot_ms": 5.0, "request_rate": 2.0, key: bad}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/r.json"
+        with open(path, "w") as f:
+            f.write(json.dumps(data))
+        r, err = outcome(load_bench_result, path)
+    if err is not None:
+        assert "\n" not in str(err) and f"r.json: {key}" in str(err), str(err)
+        assert "--" not in str(err).split(";")[0], str(err)  # a field, not a run flag
+        return
+    assert 1 <= r.num_prompts <= 10**8 and 1 <= r.isl <= 2**24 and 1 <= r.osl <= 2**24
+    assert r.request_rate == math.inf or 1e-6 <= r.request_rate <= 1e7
+    assert 1e-4 <= r.burstiness <= 1e6
+
+
+@settings(max_examples=200, deadline=None)
+@given(column=st.integers(0, 4), bad=st.sampled_from([*CSV_BAD, "1e30", "16777217"]))
+def test_step_csv_bad_cell(column, bad):
+    import tempfile
+
+    from fleetsim.calibrate.fit import STEP_COLUMNS, load_step_csv
+
+    rows = [["4", "4000", "512", "0", "0.02"] for _ in range(5)]
+    rows[2][column] = bad
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/steps.csv"
+        with open(path, "w") as f:
+            f.write(",".join(STEP_COLUMNS) + "\n" + "\n".join(map(",".join, rows)) + "\n")
+        table, err = outcome(load_step_csv, path)
+    if err is not None:
+        assert "\n" not in str(err) and "steps.csv" in str(err), str(err)
+        return
+    assert all(math.isfinite(x) for x in table.ravel())
+    assert table[:, 2].max() <= 2**24 and table[:, 0].max() <= 10**7
+
+
+@functools.cache
+def _moe_defaults() -> argparse.Namespace:
+    from fleetsim.cli import build_parser
+
+    return build_parser().parse_args(["moe", "compare"])
+
+
+MOE_FLAGS = ("num_gpus", "gpus_per_node", "num_experts", "layers", "microbatches", "batch",
+             "spare_slots", "tokens_per_gpu", "seed")
+
+
+@settings(max_examples=200, deadline=None)
+@given(flag=st.sampled_from(MOE_FLAGS),
+       value=st.sampled_from([-(2**63), -1, 0, 1, 7, 10**6, 2**31, 2**64]))
+def test_moe_compare_flags_rejected_or_bounded(flag, value):
+    from fleetsim.moe.cli import MAX_LOAD_CELLS, _setups
+
+    args = argparse.Namespace(**vars(_moe_defaults()))
+    setattr(args, flag, value)
+    setups, err = outcome(_setups, args)
+    if err is not None:
+        assert "\n" not in str(err) and "--" in str(err), str(err)
+        return
+    for s in setups:
+        assert 0 <= s.seed < 2**63 and s.num_gpus <= 65_536
+        assert s.num_microbatches * s.num_layers * s.num_experts <= MAX_LOAD_CELLS

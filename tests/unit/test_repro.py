@@ -12,7 +12,8 @@ from fleetsim.repro import REPRODUCTIONS
 
 DOCUMENT_KEYS = {"name", "paper", "claim", "setup", "system", "baselines", "baseline",
                  "metric", "headline_metric", "headline", "ratio_definition", "paper_ratio",
-                 "ratio", "loads", "results", "quick", "notes", "wall_s"}
+                 "ratio", "loads", "results", "quick", "notes", "wall_s", "overrides",
+                 "paper_setting"}
 
 
 def test_list_names_every_reproduction(capsys):

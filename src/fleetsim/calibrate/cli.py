@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         report = _calibrate_bench(args, names)
     write_file(out, report["snippet"])
     emit(fmt, {k: v for k, v in report.items() if k != "snippet"}, lambda: _table(report))
+    for note in report["notes"]:
+        print(f"calibrate: note: {note}", file=sys.stderr)
     print(f"config written to {out} (use it with: fleetsim run {out})", file=sys.stderr)
     return 0
 
@@ -83,7 +86,8 @@ def _calibrate_bench(args: argparse.Namespace, names: list[str]) -> dict[str, An
     if not 0 <= holdout < len(results):
         raise FleetsimInputError("--holdout", holdout, f"must be in [0, {len(results) - 1}]: "
                                  "at least one result is needed to fit")
-    base = fit.base_config(args.config, [*fit.model_override(results), *args.overrides])
+    given = fit.model_given(args.config, args.overrides)
+    base = fit.base_config(args.config, [*fit.model_override(results, given), *args.overrides])
     tty = sys.stderr.isatty()
     sim = fit.Simulator(base, on_run=(lambda n: print(f"\rcalibrate: {n} simulations", end="",
                                                       file=sys.stderr, flush=True))
@@ -121,6 +125,7 @@ def _calibrate_steps(args: argparse.Namespace, names: list[str]) -> dict[str, An
     if args.holdout != 0:
         held[4::5] = True
     params = fit.fit_step_rows(kernels[~held], rows[~held])
+    clamped = fit.clamp_notes(params, fit.unbounded_step_fit(kernels[~held], rows[~held]))
     out = []
     for group, mask in (("fit", ~held), ("held back", held)):
         if not mask.any():
@@ -134,11 +139,12 @@ def _calibrate_steps(args: argparse.Namespace, names: list[str]) -> dict[str, An
                     "fitted_error_pct": float(100 * np.abs(err).mean())})
     return _report(config, params, list(fit.PARAMS), out,
                    held_label=[f"{path}: every 5th step"] if held.any() else [],
-                   fit_label=[path])
+                   fit_label=[path], clamped=clamped)
 
 
 def _report(config: Any, params: dict[str, float], names: list[str], rows: list[dict],
-            held_label: list[str], fit_label: list[str]) -> dict[str, Any]:
+            held_label: list[str], fit_label: list[str], clamped: Sequence[str] = ()
+            ) -> dict[str, Any]:
     from fleetsim.calibrate.fit import snippet_toml
 
     held = [r for r in rows if r["set"] == "held back"]
@@ -147,9 +153,9 @@ def _report(config: Any, params: dict[str, float], names: list[str], rows: list[
                if held else "none held back; errors are on the fitted results")
     notes = [f"fleetsim calibrate: fitted {', '.join(names)} to {', '.join(fit_label)}",
              f"held back: {', '.join(held_label) or 'none'}",
-             f"error on held back: {summary}"]
+             f"error on held back: {summary}", *clamped]
     return {"model": config.model, "gpu": config.pools[0].gpu, "tp": config.pools[0].tp,
-            "fitted": names, "params": params, "rows": rows,
+            "fitted": names, "params": params, "rows": rows, "notes": list(clamped),
             "snippet": snippet_toml(config, params, notes)}
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from fleetsim.config import SimConfig, load_config
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
-from fleetsim.inputs import read_json, read_text
+from fleetsim.inputs import MAX_REQUESTS, MAX_TIME_S, MAX_TOKENS, check_number, read_json, read_text
 from fleetsim.models import get_model
 from fleetsim.models.quantization import quantize
 from fleetsim.perf import build_step_model
@@ -77,6 +77,7 @@ def load_bench_result(path: str) -> BenchResult:
                 value) or value < 0:
             raise FleetsimInputError(f"{path}: {key}", value, "a `vllm bench serve "
                                      "--save-result` JSON has it as a number >= 0")
+    check_number(data["completed"], f"{path}: completed", lo=0, hi=MAX_REQUESTS, integer=True)
     completed = int(data["completed"])
     if completed < 1:
         raise FleetsimInputError(f"{path}: completed", completed, "no request completed; "
@@ -86,25 +87,43 @@ def load_bench_result(path: str) -> BenchResult:
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
         raise FleetsimInputError(f"{path}: request_rate", rate, "requests per second > 0, "
                                  "or \"inf\"")
+    if rate != math.inf:  # the bounds of `fleetsim run --request-rate`, named as the field
+        check_number(rate, f"{path}: request_rate", lo=1e-6, hi=1e7)
     concurrency = data.get("max_concurrency")
     if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(
             concurrency, int) or concurrency < 1):
         raise FleetsimInputError(f"{path}: max_concurrency", concurrency, "an integer >= 1 "
                                  "or null")
+    if concurrency is not None:
+        check_number(concurrency, f"{path}: max_concurrency", lo=1, hi=10_000_000)
     burstiness = data.get("burstiness", 1.0)
     if isinstance(burstiness, bool) or not isinstance(burstiness, int | float) or not (
             burstiness > 0):
         raise FleetsimInputError(f"{path}: burstiness", burstiness, "a number > 0 (1: Poisson)")
+    check_number(burstiness, f"{path}: burstiness", lo=1e-4, hi=1e6)
+    if burstiness != 1 and rate == math.inf:
+        raise FleetsimInputError(f"{path}: burstiness", burstiness, "shapes arrivals at a "
+                                 "finite request_rate; this result sent them all at once")
     measured = {m: float(data[m]) for m in METRICS}
-    if not all(v > 0 for v in measured.values()):
-        raise FleetsimInputError(f"{path}: {METRICS}", measured, "both must be > 0 ms; "
-                                 "benchmark with --random-output-len > 1")
+    for m, v in measured.items():
+        if not v > 0:
+            raise FleetsimInputError(f"{path}: {m}", v, "must be > 0 ms; benchmark with "
+                                     "--random-output-len > 1")
+        check_number(v, f"{path}: {m}", lo=0, hi=MAX_TIME_S * 1e3)
+    num_prompts = data.get("num_prompts") or completed
+    check_number(num_prompts, f"{path}: num_prompts", lo=1, hi=MAX_REQUESTS, integer=True)
+    isl = max(1, round(data["total_input_tokens"] / completed))
+    osl = max(2, round(data["total_output_tokens"] / completed))
+    for name, value in (("total_input_tokens", isl), ("total_output_tokens", osl)):
+        if value > MAX_TOKENS:
+            raise FleetsimInputError(f"{path}: {name}", data[name], f"{value:,} tokens per "
+                                     f"completed request, more than {MAX_TOKENS:,}; check the "
+                                     f"file")
+    model_id = data.get("model_id")
+    if model_id is not None and not isinstance(model_id, str):
+        raise FleetsimInputError(f"{path}: model_id", model_id, "a model name or null")
     return BenchResult(
-        path=path, model_id=data.get("model_id") if isinstance(data.get("model_id"), str)
-        else None,
-        num_prompts=int(data.get("num_prompts") or completed),
-        isl=max(1, round(data["total_input_tokens"] / completed)),
-        osl=max(2, round(data["total_output_tokens"] / completed)),
+        path=path, model_id=model_id, num_prompts=int(num_prompts), isl=isl, osl=osl,
         request_rate=float(rate), burstiness=float(burstiness),
         max_concurrency=concurrency, measured_ms=measured)
 
@@ -181,6 +200,10 @@ def fit_bench_results(sim: Simulator, results: Sequence[BenchResult],
 # ---- step-time CSV ----------------------------------------------------------------------
 STEP_COLUMNS = ("num_decode", "decode_kv_tokens", "prefill_tokens", "prefill_context_tokens",
                 "step_time_s")
+# Column -> largest value: the config's bounds (max_running, a prompt, a time); a step's
+# decode KV is at most num_decode full contexts.
+STEP_LIMITS = {"num_decode": 10_000_000, "prefill_tokens": MAX_TOKENS,
+               "prefill_context_tokens": MAX_TOKENS, "step_time_s": MAX_TIME_S}
 
 
 def load_step_csv(path: str) -> np.ndarray:
@@ -200,6 +223,10 @@ def load_step_csv(path: str) -> np.ndarray:
         if not all(math.isfinite(v) and v >= 0 for v in values) or values[-1] <= 0:
             raise FleetsimInputError(f"{path} line {i}", row, "counts must be >= 0 and "
                                      "step_time_s > 0")
+        for c, v in zip(STEP_COLUMNS, values, strict=True):
+            hi = STEP_LIMITS[c] if c != "decode_kv_tokens" else values[0] * MAX_TOKENS
+            check_number(v, f"{path} line {i}, column {c!r}", lo=0, hi=hi,
+                         integer=c != "step_time_s")
         rows.append(values)
     if len(rows) < 4:
         raise FleetsimInputError(path, f"{len(rows)} rows", "give at least 4 steps to fit")
@@ -210,6 +237,14 @@ def kernel_times_s(config: SimConfig, rows: np.ndarray) -> np.ndarray:
     """The built-in model's kernel (GPU) time of each step: no CPU overhead, scale 1."""
     pool = config.pools[0]
     model = quantize(get_model(config.model), config.quantization, config.engine.kv_cache_dtype)
+    context = model.max_context_tokens
+    for i, (n, kv, new, ctx, _) in enumerate(rows.tolist()):
+        # Steps the model cannot run would be priced by extrapolation: refuse them.
+        if new + ctx > context or kv > n * context:
+            raise FleetsimInputError(
+                f"step-time CSV line {i + 2}", f"prefill {int(new)} + {int(ctx)} tokens, "
+                f"{int(kv)} KV tokens over {int(n)} decodes", f"longer than {model.name}'s "
+                f"{context:,}-token context; check the CSV or the model (--set model=...)")
     sm = build_step_model(model, get_gpu(pool.gpu, config.hardware.catalog),
                           pool.tp, config.perf_backend, step_overhead_s=0.0)
     out = []
@@ -220,12 +255,52 @@ def kernel_times_s(config: SimConfig, rows: np.ndarray) -> np.ndarray:
 
 
 def fit_step_rows(kernels_s: np.ndarray, rows: np.ndarray) -> dict[str, float]:
-    """Least squares of ``step_time_s = fixed + per_seq * sequences + scale * kernels``."""
+    """Least squares of ``step_time_s = fixed + per_seq * sequences + scale * kernels`` with
+    each parameter inside ``BOUNDS`` (which ``fleetsim run`` accepts): a negative overhead
+    fits noisy data but is not a config. Exact: every choice of parameters held at a bound
+    (free, low or high: 27) is solved and the best one within the box kept."""
+    import itertools
+
+    seqs = rows[:, 0] + (rows[:, 2] > 0)
+    a = np.c_[np.ones(len(rows)), seqs, kernels_s] * [UNITS[k] for k in PARAMS]
+    y = rows[:, 4]
+    lo = np.array([BOUNDS[k][0] / UNITS[k] for k in PARAMS])
+    hi = np.array([BOUNDS[k][1] / UNITS[k] for k in PARAMS])
+    best: tuple[float, np.ndarray] | None = None
+    for states in itertools.product((None, "lo", "hi"), repeat=len(PARAMS)):
+        x = np.where([s == "lo" for s in states], lo, hi)
+        free = [s is None for s in states]
+        if any(free):
+            x[free] = np.linalg.lstsq(a[:, free], y - a[:, ~np.array(free)] @ x[~np.array(
+                free)], rcond=None)[0]
+        if np.all(x >= lo - 1e-12) and np.all(x <= hi + 1e-12):
+            sse = float(np.sum((a @ x - y) ** 2))
+            if best is None or sse < best[0] - 1e-15 * max(1.0, sse):
+                best = (sse, np.clip(x, lo, hi))
+    assert best is not None  # all parameters at bounds is always in the box
+    return {k: float(v * UNITS[k]) for k, v in zip(PARAMS, best[1], strict=True)}
+
+
+def unbounded_step_fit(kernels_s: np.ndarray, rows: np.ndarray) -> dict[str, float]:
+    """Ordinary least squares without bounds (what the data alone says; for the notes)."""
     seqs = rows[:, 0] + (rows[:, 2] > 0)
     a = np.c_[np.ones(len(rows)), seqs, kernels_s]
-    fixed, per_seq, scale = np.linalg.lstsq(a, rows[:, 4], rcond=None)[0]
-    return {"step_overhead_s": float(fixed), "step_overhead_per_seq_s": float(per_seq),
-            "kernel_time_scale": float(scale)}
+    return dict(zip(PARAMS, map(float, np.linalg.lstsq(a, rows[:, 4], rcond=None)[0]),
+                    strict=True))
+
+
+def clamp_notes(params: Mapping[str, float], unbounded: Mapping[str, float]) -> list[str]:
+    """One note per parameter held at a bound, with the value the data alone gave."""
+    notes = []
+    for k in PARAMS:
+        lo, hi = BOUNDS[k]
+        if params[k] in (lo, hi) and not math.isclose(unbounded[k], params[k], rel_tol=1e-6,
+                                                      abs_tol=1e-12):
+            notes.append(f"{k} held at {params[k]:.6g} (the calibration bound "
+                         f"[{lo:g}, {hi:g}] that `fleetsim run` accepts); unbounded least "
+                         f"squares gave {unbounded[k]:.6g}, which no deployment has: check "
+                         f"the CSV's steps")
+    return notes
 
 
 def predict_step_rows(kernels_s: np.ndarray, rows: np.ndarray,
@@ -261,17 +336,34 @@ def snippet_toml(config: SimConfig, params: Mapping[str, float], notes: Sequence
     return "\n".join(lines) + "\n"
 
 
-def model_override(results: Sequence[BenchResult]) -> list[str]:
-    """``model=...`` when every result names the same model fleetsim knows."""
-    ids = {r.model_id for r in results}
-    if len(ids) != 1 or None in ids:
+def model_override(results: Sequence[BenchResult], model_given: bool = False) -> list[str]:
+    """``model=...`` from the results' ``model_id``; none when ``model_given`` (the config or
+    ``--set`` names the model) or no result names one. Results naming different models, or
+    a model fleetsim does not know, are errors: fitting them to the default model would
+    calibrate the wrong deployment without a word."""
+    named = [r for r in results if r.model_id is not None]
+    ids = sorted({r.model_id for r in named})  # type: ignore[type-var]
+    if len(ids) > 1:
+        raise FleetsimInputError("RESULTS: model_id", ids, "the results come from different "
+                                 "models; calibrate one deployment at a time")
+    if not ids or model_given:
         return []
-    (model_id,) = ids
     try:
-        get_model(model_id)  # type: ignore[arg-type]
+        get_model(ids[0])
     except FleetsimInputError:
-        return []
-    return [f"model={model_id!r}"]
+        raise FleetsimInputError(
+            f"{named[0].path}: model_id", ids[0], "fleetsim does not know this model; name "
+            "it with --set model=<a `fleetsim models` name or a config.json path>") from None
+    return [f"model={ids[0]!r}"]
+
+
+def model_given(config_path: str | None, overrides: Sequence[str]) -> bool:
+    """Whether the config file or a ``--set`` names the model."""
+    from fleetsim.inputs import read_toml
+
+    if any(o.partition("=")[0].strip() == "model" for o in overrides):
+        return True
+    return config_path is not None and "model" in read_toml(config_path, "config")
 
 
 def is_csv(path: str) -> bool:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import MAX_TOKENS, check_number
 from fleetsim.moe.compare import (
     COMPARE_LOADS,
     STRESS_SCENARIOS,
@@ -21,6 +22,9 @@ from fleetsim.moe.compare import (
     run_compare,
 )
 from fleetsim.moe.load_presets import LOAD_PRESETS
+
+MAX_LOAD_CELLS = 200_000_000
+"""Most (microbatch, layer, expert) loads in one comparison (1.6 GB of float64)."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
@@ -87,6 +91,24 @@ def _setups(args: argparse.Namespace) -> list[CompareSetup]:
         raise FleetsimInputError("--spare-slots", args.spare_slots, "must be >= 0")
     if args.tokens_per_gpu is not None and args.tokens_per_gpu <= 0:
         raise FleetsimInputError("--tokens-per-gpu", args.tokens_per_gpu, "must be > 0")
+    # Upper bounds (docs/reliability.md): beyond them the load arrays alone (microbatches x
+    # layers x experts float64) exceed memory, or numpy rejects the seed with a traceback.
+    check_number(args.seed, "--seed", integer=True, name="seed")
+    for flag, value, hi in (("--num-gpus", args.num_gpus, 65_536),
+                            ("--gpus-per-node", args.gpus_per_node, 1024),
+                            ("--num-experts", args.num_experts, 1_048_576),
+                            ("--layers", args.layers, 1024),
+                            ("--microbatches", args.microbatches, 1_000_000),
+                            ("--batch", args.batch, 1_000_000),
+                            ("--spare-slots", args.spare_slots, 1024),
+                            ("--tokens-per-gpu", args.tokens_per_gpu, MAX_TOKENS)):
+        if value is not None:
+            check_number(value, flag, lo=0, hi=hi, integer=True)
+    cells = args.microbatches * args.layers * args.num_experts
+    if cells > MAX_LOAD_CELLS:
+        raise FleetsimInputError("--microbatches", args.microbatches,
+                                 f"--microbatches x --layers x --num-experts = {cells:,} loads, "
+                                 f"more than {MAX_LOAD_CELLS:,}; simulate fewer")
     if args.num_gpus % args.gpus_per_node:
         raise FleetsimInputError(
             "--gpus-per-node", args.gpus_per_node, f"must divide --num-gpus={args.num_gpus}"
@@ -205,4 +227,4 @@ def _write_plot(rows: list[CompareRow], setups: list[CompareSetup], path: Path) 
     buf = io.BytesIO()
     compare_figure(rows, setups).savefig(buf, format="png", dpi=110)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_file(path, buf.getvalue())
+    write_file(path, buf.getvalue(), "--plot")

@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from fleetsim.configutil import from_dict
 from fleetsim.errors import FleetsimInputError
+from fleetsim.inputs import MAX_REQUESTS, MAX_TIME_S
 from fleetsim.programs.dag import Program
 from fleetsim.programs.formats import load_jsonl, load_tau_bench, load_weka
 from fleetsim.programs.generators import (
@@ -25,6 +27,7 @@ from fleetsim.programs.generators import (
     SIGMA_TOOL,
     MixedArgs,
     generate,
+    max_calls,
 )
 from fleetsim.programs.tools import resample_tool_times, tool_latencies
 
@@ -105,7 +108,19 @@ class ProgramWorkloadConfig:
                              f"{self.tool_kv!r}")
         if not 0.0 <= self.kv_ttl_s <= 1e6:
             raise ValueError(f"programs.kv_ttl_s must be in [0, 1e6] s, got {self.kv_ttl_s}")
-        generator_args(self)  # unknown or bad parameters fail here
+        span_s = (self.num_programs or 0) / self.rate_per_s  # float64 time must resolve steps
+        if span_s > MAX_TIME_S:
+            raise ValueError(f"programs.rate_per_s: {self.num_programs:,} programs at "
+                             f"{self.rate_per_s:g}/s arrive over {span_s:.3g} s, beyond "
+                             f"{MAX_TIME_S:g} s; raise the rate or simulate fewer")
+        args = generator_args(self)  # unknown or bad parameters fail here
+        if args is not None and self.num_programs is not None:
+            total = self.num_programs * max_calls(self.generator, args)
+            if total > MAX_REQUESTS:
+                raise ValueError(f"programs.num_programs: {self.num_programs:,} programs of up "
+                                 f"to {max_calls(self.generator, args):,} calls make up to "
+                                 f"{total:,} calls, more than {MAX_REQUESTS:,}; simulate "
+                                 f"fewer or smaller programs")
 
 
 def generator_args(cfg: ProgramWorkloadConfig) -> Any:
@@ -113,14 +128,11 @@ def generator_args(cfg: ProgramWorkloadConfig) -> Any:
     if cfg.generator in FILE_KINDS:
         return None
     cls = MixedArgs if cfg.generator == MIXED else GENERATORS[cfg.generator][0]
-    data = dict(cfg.args)
-    if "weights" in data:
-        data["weights"] = tuple(data["weights"])
-    try:
-        return cls(**data)
-    except TypeError as err:
-        raise ValueError(f"programs.args: {err}; see docs/programs.md for "
-                         f"{cfg.generator}'s parameters") from None
+    if isinstance(cfg.args, cls):
+        return cfg.args
+    # Strict like every config table: types (breadth = 1.5 is not a count), finiteness and
+    # bounds, unknown keys with a "did you mean"; messages name programs.args.<key>.
+    return from_dict(cls, cfg.args, "programs.args")
 
 
 def arrival_times(cfg: ProgramWorkloadConfig, n: int, rng: np.random.Generator) -> list[float]:
@@ -143,6 +155,7 @@ def build_programs(cfg: ProgramWorkloadConfig, rng: np.random.Generator,
         assert cfg.path is not None
         if cfg.generator == "jsonl":
             programs = load_jsonl(cfg.path)[:cfg.num_programs]
+            _check_hash_ids(programs, cfg.hash_block_tokens, cfg.path)
         elif cfg.generator == "tau_bench":
             # No timing in the trace: tool calls take the tool_chain generator's lognormal
             # latency (median 0.5 s, p90 1.4 s: Heddle), drawn from the run's seed.
@@ -166,3 +179,16 @@ def build_programs(cfg: ProgramWorkloadConfig, rng: np.random.Generator,
                     f"the model takes at most {max_context_tokens} tokens; shorten the "
                     f"program or pick a longer-context model")
     return programs
+
+
+def _check_hash_ids(programs: list[Program], block_tokens: int, path: str) -> None:
+    """As the trace loaders do: no more hash ids than the prompt has blocks (the extra ids
+    would be dropped without a word)."""
+    for i, p in enumerate(programs):
+        for j, c in enumerate(p.calls):
+            if c.hash_ids is not None and len(c.hash_ids) > -(-c.num_prompt_tokens
+                                                              // block_tokens):
+                raise FleetsimInputError(
+                    f"{path}: programs[{i}].calls[{j}].hash_ids", f"{len(c.hash_ids)} ids",
+                    f"more than the {c.num_prompt_tokens}-token prompt has "
+                    f"{block_tokens}-token blocks; fix the ids or programs.hash_block_tokens")

@@ -16,27 +16,42 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import tarfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fleetsim.errors import FleetsimInputError
-from fleetsim.inputs import read_bytes, read_text
+from fleetsim.inputs import (
+    MAX_TIME_S,
+    MAX_TOKENS,
+    check_number,
+    read_bytes,
+    read_json,
+    read_text,
+)
 from fleetsim.programs.dag import Call, Program, check_program, topological_order
+from fleetsim.programs.generators import MAX_CALLS_PER_PROGRAM
 
 _CALL_KEYS = {"id", "prompt_tokens", "output_tokens", "parents", "tool_s", "hash_ids"}
 
 
 def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-        raise FleetsimInputError(where, value, "give a whole number of tokens")
+    """A token count: a whole number of at most MAX_TOKENS (NaN, Infinity, 1e300 fail here;
+    check_program asks for at least 1)."""
+    check_number(value, where, lo=-math.inf, hi=math.inf, integer=True)
+    if value > MAX_TOKENS:
+        raise FleetsimInputError(where, value, f"give at most {MAX_TOKENS:,} tokens")
     return int(value)
 
 
 def _float(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise FleetsimInputError(where, value, "give a number of seconds")
+    """Seconds, at most MAX_TIME_S: beyond it float64 time no longer resolves a step, and a
+    program waiting 1e300 s would never finish (check_program asks for >= 0)."""
+    check_number(value, where, lo=-math.inf, hi=math.inf)
+    if value > MAX_TIME_S:
+        raise FleetsimInputError(where, value, f"give at most {MAX_TIME_S:g} seconds")
     return float(value)
 
 
@@ -49,6 +64,9 @@ def program_from_json(data: Any, where: str) -> Program:
         raise FleetsimInputError(f"{where}.{sorted(unknown)[0]}", data[sorted(unknown)[0]],
                                  "known keys: arrival_s, kind, calls")
     raw = data["calls"]
+    if len(raw) > MAX_CALLS_PER_PROGRAM:
+        raise FleetsimInputError(f"{where}.calls", f"{len(raw):,} calls",
+                                 f"a program holds at most {MAX_CALLS_PER_PROGRAM:,}; split it")
     ids, parents = [], []
     for i, c in enumerate(raw):
         here = f"{where}.calls[{i}]"
@@ -72,10 +90,11 @@ def program_from_json(data: Any, where: str) -> Program:
     for j in order:
         c, here = raw[j], f"{where}.calls[{j}]"
         hash_ids = c.get("hash_ids")
+        # The engine keys blocks by int64, as the trace loaders check (workloads.parsing).
         if hash_ids is not None and (not isinstance(hash_ids, list) or not all(
-                isinstance(h, int) and not isinstance(h, bool) for h in hash_ids)):
+                type(h) is int and -(2**63) <= h < 2**63 for h in hash_ids)):
             raise FleetsimInputError(f"{here}.hash_ids", str(hash_ids)[:40],
-                                     "give a list of integers")
+                                     "give a list of 64-bit integers")
         calls.append(Call(_int(c["prompt_tokens"], f"{here}.prompt_tokens"),
                           _int(c["output_tokens"], f"{here}.output_tokens"),
                           tuple(position[p] for p in parents[j]),
@@ -152,7 +171,7 @@ def weka_program(conv: dict[str, Any], max_context_tokens: int, where: str) -> P
     joins: list[int] = []  # sub-agents' last calls the next top-level call waits for
 
     def add(r: dict[str, Any], parents: tuple[int, ...]) -> int | None:
-        pin, pout = int(r["in"]), max(1, int(r["out"]))
+        pin, pout = r["in"], max(1, r["out"])
         if pin < 1 or pin + pout > max_context_tokens:
             return None
         calls.append(Call(pin, pout, parents, 0.0, tuple(int(h) for h in r["hash_ids"])))
@@ -163,7 +182,8 @@ def weka_program(conv: dict[str, Any], max_context_tokens: int, where: str) -> P
         calls[i] = Call(c.num_prompt_tokens, c.num_output_tokens, c.parents, tool_s, c.hash_ids)
 
     spawned = False  # the last top-level call spawned sub-agents (its tool time is 0)
-    for n_sub, r in enumerate(conv.get("requests", [])):
+    requests = _weka_requests(conv, where)
+    for n_sub, r in enumerate(requests):
         if r.get("type") == "subagent":
             spawned = prev is not None
             sub_prev, offset = prev, (n_sub + 1) << 40  # sub-agent ids: their own scope
@@ -194,6 +214,44 @@ def weka_program(conv: dict[str, Any], max_context_tokens: int, where: str) -> P
     return Program(0.0, tuple(calls), "claude_code")
 
 
+def _weka_requests(conv: Any, where: str) -> list[dict[str, Any]]:
+    """The conversation's requests, each checked (and its sub-agents'): token counts whole
+    numbers in range, ``think_time`` seconds in range, ``hash_ids`` 64-bit integers."""
+    if not isinstance(conv, dict) or not isinstance(conv.get("requests", []), list):
+        raise FleetsimInputError(where, str(conv)[:40], 'a WEKA trace is {"requests": [...]}; '
+                                 "give the weka .tar.xz or a directory of its trace_*.json")
+    requests = conv.get("requests", [])
+    for i, r in enumerate(requests):
+        here = f"{where}: requests[{i}]"
+        if not isinstance(r, dict):
+            raise FleetsimInputError(here, str(r)[:40], "each request is an object")
+        if r.get("type") == "subagent":
+            _weka_requests(r, here)
+            continue
+        for key in ("in", "out", "hash_ids"):
+            if key not in r:
+                raise FleetsimInputError(f"{here}.{key}", None, "every WEKA request has it")
+        r["in"] = int(check_number(r["in"], f"{here}.in", lo=0, hi=MAX_TOKENS, integer=True))
+        r["out"] = int(check_number(r["out"], f"{here}.out", lo=0, hi=MAX_TOKENS,
+                                    integer=True))
+        if r.get("think_time") is not None:
+            r["think_time"] = float(check_number(r["think_time"], f"{here}.think_time",
+                                                 lo=0.0, hi=MAX_TIME_S))
+        if not isinstance(r["hash_ids"], list) or not all(
+                type(h) is int and -(2**63) <= h < 2**63 for h in r["hash_ids"]):
+            raise FleetsimInputError(f"{here}.hash_ids", str(r["hash_ids"])[:40],
+                                     "give a list of 64-bit integers")
+    return requests
+
+
+def _weka_json(data: bytes | str, where: str) -> Any:
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise FleetsimInputError(where, "not JSON", f"invalid JSON ({err}); give the WEKA "
+                                 "traces' trace_*.json files") from None
+
+
 def iter_weka(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(member name, conversation) of a ``weka_claude_code_traces.tar.xz`` or a directory of
     ``trace_*.json`` files, in name order."""
@@ -201,7 +259,8 @@ def iter_weka(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, Any
     if os.path.isdir(p):
         for name in sorted(os.listdir(p)):
             if name.endswith(".json"):
-                yield name, json.loads(read_text(os.path.join(p, name), "weka trace"))
+                yield name, _weka_json(read_text(os.path.join(p, name), "weka trace"),
+                                       f"{p}:{name}")
         return
     data = read_bytes(p, "weka traces")
     try:
@@ -211,7 +270,7 @@ def iter_weka(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, Any
             for m in members:
                 f = tar.extractfile(m)
                 if f is not None:
-                    yield m.name, json.loads(f.read())
+                    yield m.name, _weka_json(f.read(), f"{p}:{m.name}")
     except tarfile.TarError as err:
         raise FleetsimInputError(p, "not a tar archive", f"give the weka .tar.xz or a "
                                  f"directory of trace_*.json ({err})") from None
@@ -222,15 +281,23 @@ def load_weka(path: str | os.PathLike[str], *, max_programs: int | None,
     """Up to ``max_programs`` conversations of the WEKA traces as programs (arrival 0: pair
     them with an arrival process)."""
     out: list[Program] = []
+    num_read = 0
     for name, conv in iter_weka(path):
         if max_programs is not None and len(out) >= max_programs:
             break
+        num_read += 1
         p = weka_program(conv, max_context_tokens, f"{os.fspath(path)}:{name}")
         if p is not None:
             out.append(p)
+    if not num_read:  # an empty folder or archive: no context would help
+        raise FleetsimInputError(os.fspath(path), "no trace_*.json",
+                                 "give the weka_claude_code_traces .tar.xz or a directory "
+                                 "holding its trace_*.json files")
     if not out:
-        raise FleetsimInputError(os.fspath(path), "no conversation fits",
-                                 f"raise the model's context (now {max_context_tokens} tokens)")
+        raise FleetsimInputError(os.fspath(path), f"no conversation of {num_read} fits",
+                                 f"every first call is empty or longer than the model's "
+                                 f"context ({max_context_tokens:,} tokens); pick a model "
+                                 f"with a longer context")
     return out
 
 
@@ -238,26 +305,36 @@ def load_weka(path: str | os.PathLike[str], *, max_programs: int | None,
 CHARS_PER_TOKEN = 4  # the common ~4 characters per English token rule of thumb
 
 
-def _chars(message: dict[str, Any]) -> int:
-    n = len(message.get("content") or "")
-    for call in message.get("tool_calls") or ():
+def _chars(message: Any, where: str) -> int:
+    if not isinstance(message, dict):
+        raise FleetsimInputError(where, str(message)[:40], "each message is an object with "
+                                 "role and content")
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        raise FleetsimInputError(f"{where}.content", str(content)[:40], "give text or null")
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise FleetsimInputError(f"{where}.tool_calls", str(calls)[:40],
+                                 "give a list of tool-call objects or null")
+    n = len(content)
+    for call in calls:
         n += len(json.dumps(call.get("function", call)))
     return n
 
 
 def tau_program(trajectory: list[dict[str, Any]], tool_s: Iterator[float],
-                user_gap_s: float) -> Program | None:
+                user_gap_s: float, where: str = "traj") -> Program | None:
     """One tau-bench trajectory as a chain: each assistant message is a call whose prompt is
     every message before it (characters / 4) and whose output is the message itself; the
     trace has no timing, so a call ending in a tool call waits ``next(tool_s)`` seconds and
     one answered by the (LLM-simulated) customer ``user_gap_s``."""
     calls: list[Call] = []
     context = 0  # characters so far
-    for m in trajectory:
-        chars = _chars(m)
+    for k, m in enumerate(trajectory):
+        chars = _chars(m, f"{where}[{k}]")
         if m.get("role") == "assistant":
-            prompt = max(1, context // CHARS_PER_TOKEN)
-            out = max(1, chars // CHARS_PER_TOKEN)
+            prompt = _int(max(1, context // CHARS_PER_TOKEN), f"{where}[{k}] prompt tokens")
+            out = _int(max(1, chars // CHARS_PER_TOKEN), f"{where}[{k}] output tokens")
             gap = next(tool_s) if m.get("tool_calls") else user_gap_s
             calls.append(Call(prompt, out, (len(calls) - 1,) if calls else (), gap))
         context += chars
@@ -271,7 +348,7 @@ def tau_program(trajectory: list[dict[str, Any]], tool_s: Iterator[float],
 def load_tau_bench(path: str | os.PathLike[str], *, max_programs: int | None,
                    tool_s: Iterator[float], user_gap_s: float = 0.0) -> list[Program]:
     """The trajectories of a tau-bench ``historical_trajectories`` JSON file as programs."""
-    data = json.loads(read_text(path, "tau-bench trajectories"))
+    data = read_json(path, "tau-bench trajectories")
     if not isinstance(data, list):
         raise FleetsimInputError(os.fspath(path), type(data).__name__,
                                  "give a tau-bench historical_trajectories JSON list")
@@ -283,7 +360,11 @@ def load_tau_bench(path: str | os.PathLike[str], *, max_programs: int | None,
         if not isinstance(traj, list):
             raise FleetsimInputError(f"{os.fspath(path)}[{i}].traj", str(traj)[:40],
                                      "each run needs its traj list of chat messages")
-        p = tau_program(traj, tool_s, user_gap_s)
+        p = tau_program(traj, tool_s, user_gap_s, f"{os.fspath(path)}[{i}].traj")
         if p is not None:
             out.append(p)
+    if not out:
+        raise FleetsimInputError(os.fspath(path), f"{len(data)} runs, no assistant message",
+                                 "give a tau-bench historical_trajectories JSON list whose "
+                                 "runs' traj hold assistant messages")
     return out

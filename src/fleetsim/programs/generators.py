@@ -32,10 +32,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetsim.inputs import MAX_TIME_S, MAX_TOKENS
 from fleetsim.programs.dag import Call, Program, check_program
 from fleetsim.workloads.distributions import Empirical
 
 _SHAREGPT = "embedded:sharegpt_lengths"
+MAX_CALLS_PER_PROGRAM = 100_000
+"""Most LLM calls in one program (our bound, docs/reliability.md: far above tau-bench's 30
+and a LATS tree's 16; a larger DAG is a workload, not one agent's run)."""
+MAX_SIGMA = 5.0
+"""Largest lognormal sigma of a length or tool time (e^(5 x 2.3) ~ 1e5 between p1 and p99;
+larger ones overflow to infinite lengths)."""
 SIGMA_TOOL = float(np.log(1.4 / 0.5) / 1.2816)  # lognormal with median 0.5 s and p90 1.4 s
 
 
@@ -56,6 +63,8 @@ class ChainArgs:
     def __post_init__(self) -> None:
         if not self.mean_turns >= 1 or self.max_turns < 1 or self.max_turn_tokens < 1:
             raise ValueError("mean_turns must be >= 1, max_turns and max_turn_tokens >= 1")
+        _check_calls("max_turns", self.max_turns)
+        _check_calls("mean_turns", self.mean_turns)
         if not self.gap_s >= 0:
             raise ValueError(f"gap_s must be >= 0 seconds, got {self.gap_s}")
 
@@ -86,6 +95,14 @@ class StepArgs:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not (self.length_sigma >= 0 and self.tool_sigma >= 0):
             raise ValueError("length_sigma and tool_sigma must be >= 0")
+        for name in ("length_sigma", "tool_sigma"):
+            if getattr(self, name) > MAX_SIGMA:
+                raise ValueError(f"{name} must be at most {MAX_SIGMA:g}, got "
+                                 f"{getattr(self, name)}")
+        for name in ("step_tokens_median", "output_tokens_median"):
+            if getattr(self, name) > MAX_TOKENS:
+                raise ValueError(f"{name} must be at most {MAX_TOKENS:,} tokens, got "
+                                 f"{getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +118,8 @@ class ToolChainArgs(StepArgs):
         StepArgs.__post_init__(self)
         if not self.mean_calls >= 1 or self.max_calls < 1:
             raise ValueError("mean_calls >= 1 and max_calls >= 1 required")
+        _check_calls("max_calls", self.max_calls)
+        _check_calls("mean_calls", self.mean_calls)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +137,10 @@ class LatsArgs(StepArgs):
         StepArgs.__post_init__(self)
         if self.breadth < 1 or self.depth < 1:
             raise ValueError(f"breadth and depth must be >= 1, got {self.breadth}, {self.depth}")
+        if 1 + self.breadth * self.depth > MAX_CALLS_PER_PROGRAM:
+            raise ValueError(f"a tree of breadth {self.breadth} and depth {self.depth} has "
+                             f"{1 + self.breadth * self.depth:,} calls, more than "
+                             f"{MAX_CALLS_PER_PROGRAM:,}; lower breadth or depth")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,6 +155,7 @@ class MapReduceArgs(StepArgs):
         StepArgs.__post_init__(self)
         if self.fan_out < 1:
             raise ValueError(f"fan_out must be >= 1, got {self.fan_out}")
+        _check_calls("fan_out", self.fan_out + 2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,6 +169,26 @@ class MixedArgs:
         if len(self.weights) != 4 or min(self.weights) < 0 or sum(self.weights) <= 0:
             raise ValueError(f"weights must be 4 shares >= 0 with a positive sum, got "
                              f"{self.weights}")
+
+
+def _check_calls(name: str, value: float) -> None:
+    if value > MAX_CALLS_PER_PROGRAM:
+        raise ValueError(f"{name} must be at most {MAX_CALLS_PER_PROGRAM:,} calls per program, "
+                         f"got {float(value):g}")
+
+
+def max_calls(name: str, args: object) -> int:
+    """The most calls one program of generator ``name`` with ``args`` can have."""
+    if isinstance(args, MixedArgs):
+        return max(max_calls(n, GENERATORS[n][0]()) for n in GENERATORS)
+    if isinstance(args, ChainArgs):
+        return args.max_turns
+    if isinstance(args, ToolChainArgs):
+        return args.max_calls
+    if isinstance(args, LatsArgs):
+        return 1 + args.breadth * args.depth
+    assert isinstance(args, MapReduceArgs), name
+    return args.fan_out + 2
 
 
 class _Lengths:
@@ -161,7 +205,10 @@ class _Lengths:
                           * self.rng.lognormal(0, self.a.length_sigma)))
 
     def tool(self) -> float:
-        return float(self.a.tool_median_s * self.rng.lognormal(0, self.a.tool_sigma))
+        # A lognormal tail past MAX_TIME_S (a median near the bound and a wide sigma) is no
+        # tool call, and beyond it the program would end past the run's horizon unnoticed.
+        return min(float(self.a.tool_median_s * self.rng.lognormal(0, self.a.tool_sigma)),
+                   MAX_TIME_S)
 
 
 def _geometric(rng: np.random.Generator, mean: float, cap: int) -> int:

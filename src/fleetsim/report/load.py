@@ -101,13 +101,18 @@ def load_inputs(path: str | Path) -> ReportInputs:
         raise FleetsimInputError(str(root), "not a regular file or folder",
                                  "give a results folder (fleetsim run/sweep --out)")
     inputs = ReportInputs(path=root)
-    if root.is_file():
-        _load_json_file(root, inputs)
-    else:
-        _load_folder(root, inputs, label=root.name or str(root))
-        for sub in sorted(p for p in root.iterdir() if p.is_dir()):  # e.g. results/<run>/
-            if sub.name != "points" or not inputs.sweeps:
-                _load_folder(sub, inputs, label=sub.name)
+    try:
+        if root.is_file():
+            _load_json_file(root, inputs)
+        else:
+            _load_folder(root, inputs, label=root.name or str(root))
+            for sub in sorted(p for p in root.iterdir() if p.is_dir()):  # results/<run>/
+                if sub.name != "points" or not inputs.sweeps:
+                    _load_folder(sub, inputs, label=sub.name)
+    except OSError as err:  # a folder the user may not list or read (PermissionError)
+        raise FleetsimInputError(str(err.filename or root), err.strerror or str(err),
+                                 "cannot read the results; check the folder's permissions "
+                                 "(or run as a user who may read it)") from None
     if inputs.is_empty():
         raise FleetsimInputError(
             str(root), "nothing to report",

@@ -188,10 +188,17 @@ def run_reproduction(repro: Reproduction, *, quick: bool = False,
     return repro.compare(ctx), ctx
 
 
-def to_document(repro: Reproduction, comparison: Comparison, *, quick: bool) -> dict[str, Any]:
-    """The ``--json`` document and ``repro.json``: the same keys for every reproduction."""
+def to_document(repro: Reproduction, comparison: Comparison, *, quick: bool,
+                overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The ``--json`` document and ``repro.json``: the same keys for every reproduction.
+
+    ``overrides`` (the user's ``--set`` items) are recorded, and any of them makes
+    ``paper_setting`` false: the runs are no longer the paper's, so ``ratio`` is fleetsim's
+    measurement under them, not the paper's comparison."""
     loads = repro.loads
     return {
+        "overrides": list(overrides),
+        "paper_setting": not overrides,
         "name": repro.key,
         "paper": {"title": repro.paper.title, "id": repro.paper.id, "venue": repro.paper.venue},
         "claim": repro.claim,

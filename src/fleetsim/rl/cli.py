@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetsim.formatting import fmt_number
+from fleetsim.results import add_force_flag
 
 
 def add_parser(sub: Any) -> None:
@@ -23,6 +24,7 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. --set num_steps=10 (repeatable)")
     r.add_argument("--out", default=None, help="results folder (default results/rl/<system>)")
+    add_force_flag(r)
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.add_argument("--gantt-steps", type=int, default=2, metavar="N",
                    help="steps drawn in gantt.png (default 2)")
@@ -39,7 +41,7 @@ def cmd_rl_run(args: argparse.Namespace) -> int:
         raise FleetsimInputError("--gantt-steps", args.gantt_steps, "draw at least 1 step")
     cfg = load_rl_config(args.config, args.overrides)
     out = Path(args.out) if args.out else fresh_out_dir(Path("results") / "rl" / cfg.system.name)
-    check_out_dir(out)
+    check_out_dir(out, force=args.force)
     result = run_rl(cfg)
     summary = result.summary
     with StagedFolder(out) as tmp:

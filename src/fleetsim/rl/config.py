@@ -16,13 +16,18 @@ from typing import Any
 from fleetsim.config import EngineConfig
 from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
-from fleetsim.inputs import read_toml
+from fleetsim.inputs import MAX_REQUESTS, read_toml
 
 STAGES = ("generation", "inference", "training")
 ALGORITHMS = ("grpo", "ppo")
 LENGTH_KINDS = ("polytrace", "lognormal", "fixed")
 POLYTRACE_RUNS = ("dapo-qwen2.5-32b", "deepcoder-14b")
 DISPATCH = ("round_robin", "skewness_aware")
+MAX_SAMPLES_PER_STEP = 2**20
+"""Most rollouts in one step (our bound, docs/reliability.md: 64x the largest published
+batches, e.g. DAPO's 512 prompts x 16 samples; each sample is a simulated request)."""
+MAX_STEPS = 100_000
+"""Most training steps in one simulated job."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -245,6 +250,17 @@ class RLConfig:
         if self.max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got "
                              f"{self.max_response_tokens}")
+        if self.num_steps > MAX_STEPS:
+            raise ValueError(f"num_steps must be at most {MAX_STEPS:,}, got {self.num_steps}")
+        if self.num_samples_per_step > MAX_SAMPLES_PER_STEP:
+            raise ValueError(f"num_prompts_per_step x samples_per_prompt = "
+                             f"{self.num_prompts_per_step:,} x {self.samples_per_prompt:,} "
+                             f"samples per step, more than {MAX_SAMPLES_PER_STEP:,}; lower "
+                             f"samples_per_prompt or num_prompts_per_step")
+        if self.num_steps * self.num_samples_per_step > MAX_REQUESTS:
+            raise ValueError(f"num_steps x samples per step = {self.num_steps:,} x "
+                             f"{self.num_samples_per_step:,} rollouts, more than "
+                             f"{MAX_REQUESTS:,}; simulate fewer steps")
         if not 1 <= self.ppo_mini_batches <= self.num_prompts_per_step:
             raise ValueError(f"ppo_mini_batches must be in 1..num_prompts_per_step "
                              f"({self.num_prompts_per_step}), got {self.ppo_mini_batches}")
@@ -287,6 +303,25 @@ class RLConfig:
     @property
     def num_samples_per_step(self) -> int:
         return self.num_prompts_per_step * self.samples_per_prompt
+
+
+def check_fits_model(cfg: RLConfig, max_context_tokens: int, model: str) -> None:
+    """The longest rollout (the longest prompt plus ``max_response_tokens``) must fit the
+    actor's context: a longer one could never be generated."""
+    from fleetsim.rl.lengths import DEFAULT_PROMPT_TOKENS, polytrace_groups
+
+    lc = cfg.lengths
+    if lc.prompt_tokens is not None:
+        prompt, field_name = lc.prompt_tokens, "rl.lengths.prompt_tokens"
+    elif lc.kind == "polytrace":
+        prompt, field_name = max(p for p, _ in polytrace_groups(lc.run)), "rl.max_response_tokens"
+    else:
+        prompt, field_name = DEFAULT_PROMPT_TOKENS, "rl.max_response_tokens"
+    if prompt + cfg.max_response_tokens > max_context_tokens:
+        raise FleetsimInputError(
+            field_name, f"{prompt:,} prompt + {cfg.max_response_tokens:,} response tokens",
+            f"{model} takes at most {max_context_tokens:,} tokens; shorten the prompt or "
+            f"max_response_tokens, or pick a longer-context actor")
 
 
 def rl_config_from_dict(data: Mapping[str, Any], where: str = "rl") -> RLConfig:

@@ -36,7 +36,7 @@ from fleetsim.perf.training import (
     PassResult,
     training_state_bytes_per_gpu,
 )
-from fleetsim.rl.config import ParallelConfig, PoolSpec, RLConfig
+from fleetsim.rl.config import ParallelConfig, PoolSpec, RLConfig, check_fits_model
 from fleetsim.rl.fusion import FusedTraining, migrate_tail
 from fleetsim.rl.generation import GenerationPool, round_robin, skewness_aware
 from fleetsim.rl.lengths import StepBatch, sample_step
@@ -114,6 +114,7 @@ class RLJob:
         self.rng = np.random.default_rng(np.random.SeedSequence(cfg.seed).spawn(2)[0])
         self.dispatch_rng = np.random.default_rng(np.random.SeedSequence(cfg.seed).spawn(2)[1])
         self.actor = self._model("actor", cfg.actor)
+        check_fits_model(cfg, self.actor.max_context_tokens, self.actor.name)
         self.gpus = {p.name: self._gpu(i, p) for i, p in enumerate(cfg.pools)}
         self._check_layouts()
         self.gen_pool = cfg.pool_of("generation")

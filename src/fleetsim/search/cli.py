@@ -20,6 +20,7 @@ from rich.table import Table
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
 from fleetsim.output import print_table, progress_bar
+from fleetsim.results import add_force_flag
 
 DEFAULT_PLAN_GPUS = "h100,a100,h200"
 EXIT_NOTHING_FEASIBLE = 1
@@ -81,6 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         "sets neither max_requests nor duration_s (default 1000; 0: no cut)")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a cost-vs-goodput PNG")
     p.add_argument("--out", metavar="DIR", default=None, help="write DIR/plan.json")
+    add_force_flag(p)
     p.set_defaults(handler=cmd_plan)
 
 
@@ -224,7 +226,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise FleetsimInputError("--requests-per-gpu", args.requests_per_gpu, "must be >= 0")
     out = Path(args.out) if args.out else None
     if out is not None:
-        check_out_dir(out)
+        check_out_dir(out, force=args.force)
     if args.plot:
         if Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
             raise FleetsimInputError("--plot", args.plot, "give a .png, .pdf or .svg path")

@@ -47,4 +47,4 @@ def plot_plan(plan: dict[str, Any], path: str | Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, dpi=120, format=Path(path).suffix.lstrip(".").lower() or "png")
     plt.close(fig)
-    write_file(Path(path), buf.getvalue())
+    write_file(Path(path), buf.getvalue(), "--plot")

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.output import add_format_flag, output_format, print_csv, print_table
+from fleetsim.results import add_force_flag
 
 EXIT_ALL_FAILED = 1
 MAX_WORKERS = 1024
@@ -37,8 +38,7 @@ def add_parser(subparsers: Any) -> None:
                    help="run points as Ray tasks: local (start one here), auto (the running "
                    "cluster) or ray://HOST:PORT; needs pip install 'fleetsim[ray]'")
     p.add_argument("--out", default=None, help="sweep folder (default: results/<spec name>)")
-    p.add_argument("--force", action="store_true",
-                   help="replace the earlier results in the folder (else refused)")
+    add_force_flag(p)
     add_format_flag(p)
     p.set_defaults(handler=cmd_sweep)
 
