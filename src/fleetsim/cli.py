@@ -25,8 +25,8 @@ from rich.table import Table
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
 from fleetsim.output import add_format_flag, emit, output_format, print_table
-from fleetsim.vllm_json import add_vllm_json_flags
 from fleetsim.results import add_force_flag
+from fleetsim.vllm_json import add_vllm_json_flags
 from fleetsim.workloads.shorthand import add_workload_flags, workload_overrides
 
 EXIT_INPUT_ERROR = 2
