@@ -2,15 +2,24 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# `make run` installs what running needs (numpy, rich, aiconfigurator-core, and mypy for the
+# compiled engine); `make test` adds the test tooling (pytest, hypothesis, ray, the live
+# servers' stack, playwright, matplotlib), which is most of the .venv's size.
+RUN_STAMP := $(VENV)/.installed-run
+STAMP := $(VENV)/.installed-test
 
-.PHONY: setup native run test bench lint clean
+.PHONY: setup setup-run native run test bench lint clean
 
+setup-run: $(RUN_STAMP)
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+$(RUN_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[native]'
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(PY) -m pip install --quiet -e '.[test,report]'
 	touch $(STAMP)
 
@@ -22,10 +31,10 @@ SOURCES := $(shell find src/fleetsim -name '*.py')
 
 native: $(NATIVE)
 
-$(NATIVE): $(STAMP) $(SOURCES) tools/build_native.py
+$(NATIVE): $(RUN_STAMP) $(SOURCES) tools/build_native.py
 	FLEETSIM_PURE=1 $(PY) tools/build_native.py
 
-run: setup native
+run: setup-run native
 	$(VENV)/bin/fleetsim run --out results/default --force
 
 # Every test twice: on the pure-Python sources (the reference) and on the compiled engine.

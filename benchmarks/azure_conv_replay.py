@@ -12,21 +12,19 @@ from __future__ import annotations
 import argparse
 import resource
 import time
-from pathlib import Path
 
 from fleetsim import native
 from fleetsim.config import config_from_dict
 from fleetsim.run import run
 
-DEFAULT_TRACE = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-                 / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
+DEFAULT_TRACE = "embedded:azure_conv_2023_hour"  # the whole hour, shipped in fleetsim/data
 
 
-def replay(trace: Path, fast_forward: bool) -> tuple[float, dict]:
+def replay(trace: str, fast_forward: bool) -> tuple[float, dict]:
     config = config_from_dict({
         "model": "llama-3.1-8b",
         "hardware": {"gpu": "h100-sxm", "tp": 1},
-        "workload": {"trace": str(trace)},
+        "workload": {"trace": trace},
         "engine": {"fast_forward": fast_forward},
     })
     start = time.perf_counter()
@@ -36,7 +34,8 @@ def replay(trace: Path, fast_forward: bool) -> tuple[float, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--trace", default=DEFAULT_TRACE,
+                        help="a trace file or embedded:<name> (default: the whole Azure hour)")
     parser.add_argument("--no-compare", action="store_true", help="skip the step-by-step run")
     args = parser.parse_args()
     wall_s, s = replay(args.trace, fast_forward=True)

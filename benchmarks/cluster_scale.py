@@ -12,23 +12,18 @@ from __future__ import annotations
 import argparse
 import resource
 import time
-from pathlib import Path
 
 from fleetsim import native
 from fleetsim.config import config_from_dict
 from fleetsim.run import run
 
-SHAREGPT = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "length_stats"
-            / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv")
-
 
 def lengths() -> tuple[dict, dict]:
-    """ShareGPT prompt/output lengths: the real sample if present, else a lognormal fit."""
-    if SHAREGPT.exists():
-        return ({"kind": "empirical", "path": str(SHAREGPT), "column": "num_prefill_tokens"},
-                {"kind": "empirical", "path": str(SHAREGPT), "column": "num_decode_tokens"})
-    return ({"kind": "lognormal", "mean": 2340.0, "cv": 0.8},
-            {"kind": "lognormal", "mean": 439.0, "cv": 0.6})
+    """ShareGPT prompt/output lengths (the sample shipped in fleetsim/data)."""
+    return ({"kind": "empirical", "path": "embedded:sharegpt_lengths",
+             "column": "num_prefill_tokens"},
+            {"kind": "empirical", "path": "embedded:sharegpt_lengths",
+             "column": "num_decode_tokens"})
 
 
 def main() -> None:

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from fleetsim.config import load_config
 from fleetsim.search import goodput_search, goodput_to_dict
 
-FULL_TRACE = (Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-              / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
+FULL_TRACE = "embedded:azure_conv_2023_hour"  # the whole hour, shipped in fleetsim/data
 
 
 def main() -> None:
@@ -26,7 +24,7 @@ def main() -> None:
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--tol", type=float, default=0.05)
     ap.add_argument("--full-trace", action="store_true",
-                    help=f"also search on the whole hour ({FULL_TRACE.name}, 19,366 requests)")
+                    help=f"also search on the whole hour ({FULL_TRACE}, 19,366 requests)")
     args = ap.parse_args()
     cuts: list[tuple[str, list[str]]] = [
         (f"first {n} requests", [f"workload.max_requests={n}"]) for n in (250, 500, 1000, 2000)]

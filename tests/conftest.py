@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,8 +15,6 @@ from fleetsim.perf.base import ConstantStepModel, LinearStepModel
 from fleetsim.policies import TokenBudgetPlanner, make_ordering
 from fleetsim.serving.driver import simulate_replica
 from fleetsim.workloads.workload import Workload
-
-SHARED_TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
 
 
 def make_workload(
@@ -75,3 +76,61 @@ def by_id(records, column: str) -> dict[int, float]:
 @pytest.fixture
 def linear_model():
     return LinearStepModel(0.005, 2e-5, 1e-7)
+
+
+# ---- the repository stands alone -----------------------------------------------------------
+# A user's clone has nothing beside it, so a test that reads a path beside the repository
+# (a sibling folder of data, say) passes on a developer's machine and fails on the user's.
+# Every file the tests open and every folder they list is checked by an audit hook (PEP 578):
+# a path under the repository's parent folder but outside the repository fails the test that
+# touched it. (.ci/run also runs the suite from a copy in an empty folder, which catches the
+# subprocesses this hook does not see.)
+REPO = Path(__file__).resolve().parents[1]
+_PARENT = str(REPO.parent).rstrip(os.sep) + os.sep
+_INSIDE = (str(REPO) + os.sep, *(os.path.realpath(p) + os.sep for p in
+                                  {sys.prefix, sys.base_prefix, sys.exec_prefix}))
+if (os.path.realpath(tempfile.gettempdir()) + os.sep).startswith(_PARENT):
+    # The repository sits in the temporary folder itself (e.g. /tmp/fleetsim): pytest's
+    # tmp_path lives beside it and is the tests' own.
+    _INSIDE += (os.path.realpath(tempfile.gettempdir()) + os.sep,)
+_AUDITED = frozenset({"open", "os.listdir", "os.scandir"})
+_TOUCHED_OUTSIDE: list[str] = []
+
+
+def outside_repository(path: str) -> bool:
+    """True for a path beside the repository: under its parent folder, not under it."""
+    full = os.path.abspath(path) + os.sep
+    return os.sep != _PARENT and full.startswith(_PARENT) and not full.startswith(_INSIDE)
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event not in _AUDITED or not args or not isinstance(args[0], str | bytes | os.PathLike):
+        return
+    try:
+        path = os.fsdecode(args[0])
+    except (TypeError, ValueError):
+        return
+    if outside_repository(path):
+        _TOUCHED_OUTSIDE.append(os.path.abspath(path))
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.fixture(autouse=True)
+def _stays_inside_the_repository():
+    start = len(_TOUCHED_OUTSIDE)
+    yield
+    touched = _TOUCHED_OUTSIDE[start:]
+    del _TOUCHED_OUTSIDE[start:]
+    if touched:
+        pytest.fail(f"the test read {touched[0]}, outside the repository ({REPO}): a user's "
+                    f"clone has nothing beside it; copy what the test needs into the repository")
+
+
+@pytest.fixture
+def touched_outside():
+    """What the audit hook has recorded since the test began (the guard's own test)."""
+    start = len(_TOUCHED_OUTSIDE)
+    yield lambda: _TOUCHED_OUTSIDE[start:]
+    del _TOUCHED_OUTSIDE[start:]

@@ -9,6 +9,7 @@ never clobbers earlier results. SIGTERM is handled like Ctrl-C (exit 130 / 143, 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -136,10 +137,17 @@ def _add_run(sub: Any) -> None:
     p.add_argument("config", nargs="?", help="TOML config file (optional)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set hardware.gpu=h200 (repeatable)")
-    p.add_argument("--out", default=None, help="results folder (default: results/<run name>)")
+    p.add_argument("--out", default=None,
+                   help="results folder (default: results/<run name>, or results/<run name>-N "
+                   "when that one holds results)")
     p.add_argument("--force", action="store_true",
                    help="replace the earlier results in the folder (else refused)")
     add_format_flag(p)
+    g = p.add_argument_group("model and hardware shorthands (win over --set of the same key)")
+    g.add_argument("--model", default=None,
+                   help="= --set model=NAME (a catalog name, a HF repo id or a config.json)")
+    g.add_argument("--gpu", default=None, help="= --set hardware.gpu=NAME (see fleetsim gpus)")
+    g.add_argument("--tp", default=None, metavar="N", help="= --set hardware.tp=N")
     add_workload_flags(p)
     p.add_argument("--vllm-json", metavar="FILE", default=None,
                    help="also write the result as `vllm bench serve` writes it (ms, its keys)")
@@ -164,6 +172,11 @@ def _add_perf(sub: Any) -> None:
                         "request)")
     p.add_argument("--prefill-context", type=int, default=None,
                    help="in a mixed step, tokens cached before the prefill chunk (default 0)")
+    p.add_argument("--quantization", default=None, metavar="MODE",
+                   help="weights/activations as vLLM's --quantization: fp8, fp8_block, int4_wo, "
+                   "nvfp4, ... (fleetsim gpus lists each GPU's)")
+    p.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
+                   help="KV cache as vLLM's --kv-cache-dtype: auto (bf16) | bfloat16 | fp8")
     p.add_argument("--async-scheduling", action="store_true",
                    help="price the step as vLLM >= 0.14 runs it by default: the CPU cost "
                         "overlapped with the GPU (engine.async_scheduling)")
@@ -250,16 +263,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fleetsim.config import load_config
-    from fleetsim.results import check_out_dir, check_out_file, write_run
+    from fleetsim.results import check_out_dir, check_out_file, fresh_out_dir, write_run
     from fleetsim.vllm_json import parse_percentiles, vllm_result
     from fleetsim.workloads.shorthand import workload_overrides
 
     fmt = output_format(args)
     # vLLM's benchmark result reports ITL: record it for --vllm-json.
     itl = ["engine.track_itl=true"] if args.vllm_json else []
-    config = load_config(args.config, [*itl, *args.overrides, *workload_overrides(args)])
-    out = Path(args.out) if args.out else Path("results") / (
-        Path(args.config).stem if args.config else "default")
+    config = load_config(args.config, [*itl, *args.overrides, *hardware_overrides(args),
+                                       *workload_overrides(args)])
+    out = Path(args.out) if args.out else fresh_out_dir(Path("results") / (
+        Path(args.config).stem if args.config else "default"))
     check_out_dir(out, force=args.force)
     percentiles = parse_percentiles(args.percentiles)
     if args.vllm_json:
@@ -281,6 +295,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         written += f"; vLLM-style result in {args.vllm_json}"
     print(written, file=sys.stderr if fmt != "table" else sys.stdout)
     return 0
+
+
+def hardware_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` items that ``run --model/--gpu/--tp`` stand for. The names are checked
+    where ``--set`` values are (the catalogs, when the config loads); ``--tp`` here, naming
+    the flag."""
+    out = []
+    if args.model is not None:
+        out.append(f"model={json.dumps(args.model)}")
+    if args.gpu is not None:
+        out.append(f"hardware.gpu={json.dumps(args.gpu)}")
+    if args.tp is not None:
+        try:
+            tp = int(args.tp)
+        except ValueError:
+            raise FleetsimInputError("--tp", args.tp, "expected an integer >= 1, e.g. --tp 2"
+                                     ) from None
+        if tp < 1:
+            raise FleetsimInputError("--tp", args.tp, "must be >= 1 (GPUs per replica)")
+        out.append(f"hardware.tp={tp}")
+    return out
 
 
 def _run_with_progress(config: Any, console: Console) -> Any:
@@ -317,11 +352,16 @@ def _run_with_progress(config: Any, console: Console) -> Any:
         return run(config, progress=progress)
 
 
+ITL_OFF_HINT = "¹ ITL not recorded: turn it on with --set engine.track_itl=true (or --vllm-json)"
+
+
 def summary_table(s: dict[str, Any]) -> Table:
     """The run summary as a table: latency percentiles, then throughput and SLO figures."""
     from rich.table import Table
 
-    table = Table(title=f"{s['model']} on {s['tp']}x {s['gpu']} — {s['workload']}")
+    from fleetsim.formatting import hardware_label
+
+    table = Table(title=f"{s['model']} on {hardware_label(s)} — {s['workload']}")
     table.add_column("metric")
     for col in ("mean", "p50", "p90", "p99"):
         table.add_column(col, justify="right")
@@ -329,6 +369,9 @@ def summary_table(s: dict[str, Any]) -> Table:
                        ("itl_s", "ITL, all gaps (s)"), ("e2e_s", "E2E (s)"),
                        ("queueing_s", "queueing (s)")):
         d = s[key]
+        if key == "itl_s" and not d.get("num_gaps"):
+            # ITL costs a record per token gap, so it is off by default: say how to turn it on
+            label += " ¹"
         table.add_row(label, *(_fmt(d[c]) for c in ("mean", "p50", "p90", "p99")))
     thr, slo = s["throughput"], s["slo"]
     kv = s["kv_cache"]
@@ -355,6 +398,8 @@ def summary_table(s: dict[str, Any]) -> Table:
     for label, value in rows:
         table.add_row(label, value, "", "", "")
     caption = f"fleetsim {s['engine_build']}" if s.get("engine_build") else ""
+    if not s["itl_s"].get("num_gaps"):
+        caption = f"{ITL_OFF_HINT}\n{caption}"
     warning = (s.get("overload") or {}).get("warning")
     if warning:
         caption = f"WARNING: {warning}\n{caption}"
@@ -392,8 +437,17 @@ def cmd_perf(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None:
             check_number(v, f"--{name.replace('_', '-')}", lo=lo, hi=hi, integer=True)
+    from fleetsim.models.quantization import quantize
+    from fleetsim.perf.breakdown import check_quantization
+
     model = get_model(args.model)
     gpu = get_gpu(args.gpu, args.gpu_catalog)
+    try:
+        model = quantize(model, args.quantization, args.kv_cache_dtype)
+        check_quantization(model, gpu)
+    except FleetsimInputError as err:  # name the flag, as the other checks here do
+        flag = "--kv-cache-dtype" if "kv_cache_dtype" in err.where else "--quantization"
+        raise FleetsimInputError(flag, err.value, err.fix) from None
     if args.tp > gpu.num_gpus_per_node:
         raise FleetsimInputError("--tp", args.tp, f"a {gpu.name} node has "
                                  f"{gpu.num_gpus_per_node} GPUs; tensor parallelism stays in one")
@@ -488,43 +542,81 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from fleetsim.hardware import list_gpus
+    from fleetsim.models.quantization import modes_for
 
     gpus = list_gpus(args.catalog)
     fmt = output_format(args)
     if fmt != "table":
-        emit(fmt, [asdict(g) for g in gpus], list)
+        emit(fmt, [{**asdict(g), "compute_formats": list(g.compute_formats),
+                    "quantization_modes": list(modes_for(g.compute_formats))} for g in gpus],
+             list)
         return 0
     table = Table(title="GPUs")
     for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "NVLink GB/s",
-                "net GB/s", "$/h", "measured tables"):
+                "net GB/s", "$/h", "measured tables", "quantization modes"):
         table.add_column(col)
     for g in gpus:
-        table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}", f"{g.peak_fp8_flops / 1e12:,.0f}",
+        fp8 = ("no FP8 units" if g.peak_fp8_flops is None
+               else f"{g.peak_fp8_flops / 1e12:,.0f}")
+        table.add_row(g.name, f"{g.peak_bf16_flops / 1e12:,.0f}", fp8,
                       f"{g.hbm_bytes / 1e9:,.0f}", f"{g.hbm_bw_bytes_per_s / 1e12:.2f}",
                       f"{g.nvlink_bw_bytes_per_s / 1e9:,.0f}",
                       f"{g.network_bw_bytes_per_s / 1e9:,.0f}", f"{g.price_per_hour_usd:.2f}",
-                      g.aic_system or "none (roofline)")
+                      g.aic_system or "none (roofline)", ", ".join(modes_for(g.compute_formats)))
     print_table(table)
     return 0
 
 
 def cmd_trace_info(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from fleetsim.workloads import trace_info
 
     info = trace_info(args.file)
-    fmt = output_format(args)
-    if fmt != "table":
-        emit(fmt, info, list)
-        return 0
-    table = Table(title=f"trace {args.file}")
-    table.add_column("field")
-    table.add_column("value", justify="right")
-    for key, value in _flatten(info):
-        table.add_row(key, _fmt(value) if isinstance(value, float) else str(value))
-    print_table(table)
+    emit(output_format(args), info, lambda: trace_info_tables(args.file, info))
     return 0
+
+
+def trace_info_tables(name: str, info: dict[str, Any]) -> list[Table]:
+    """``trace info`` for people: labelled rows with units, one number format per kind
+    (counts and tokens with thousands separators, shares in %), and a sentence where a
+    statistic does not apply; ``--format json|csv`` keeps the raw keys."""
+    from rich.table import Table
+
+    def num(v: Any, spec: str = ",.0f", unit: str = "") -> str:
+        return "–" if v is None else f"{v:{spec}}{unit}"
+
+    table = Table(title=f"trace {name}")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    cv = info.get("iat_cv")
+    rows = [("requests", num(info["rows"])),
+            ("span, first to last arrival", num(info["span_s"], ",.1f", " s")),
+            ("mean arrival rate", num(info["mean_rate_per_s"], ",.2f", " req/s")),
+            ("inter-arrival CV (1 = Poisson)", num(cv, ".2f") if cv is not None
+             else "– (fewer than 2 arrival gaps)")]
+    if info.get("hash_block_tokens") is None:
+        rows.append(("prefix-block hashes", "none in this trace"))
+    else:
+        rows += [("hash block", num(info["hash_block_tokens"], ",d", " tokens")),
+                 ("hash blocks (distinct)", f"{num(info['num_hash_blocks'], ',d')} "
+                                            f"({num(info['num_distinct_hash_blocks'], ',d')})"),
+                 ("blocks seen before (any cache)",
+                  num(_pct(info["hash_block_reuse_share"]), ".1f", "%")),
+                 ("prefix-hit blocks (infinite prefix cache)",
+                  num(_pct(info["prefix_hit_block_share"]), ".1f", "%"))]
+    for label, value in rows:
+        table.add_row(label, value)
+    lengths = Table(title="tokens per request")
+    lengths.add_column("")
+    stats = ("mean", "p50", "p90", "p99", "max")
+    for stat in stats:
+        lengths.add_column(stat, justify="right")
+    for kind in ("prompt", "output"):
+        lengths.add_row(kind, *(num(info[f"{kind}_tokens_{s}"]) for s in stats))
+    return [table, lengths]
+
+
+def _pct(share: float | None) -> float | None:
+    return None if share is None else 100 * share
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -535,16 +627,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     else:
         print(dump_toml(), end="")
     return 0
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            rows.extend(_flatten(v, f"{prefix}{k}."))
-        else:
-            rows.append((f"{prefix}{k}", v))
-    return rows
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import read_toml
 from fleetsim.metrics.summary import SLOConfig
+from fleetsim.models.quantization import check_kv_cache_dtype, quant_mode
 from fleetsim.moe.serving import PoolEpConfig
 from fleetsim.programs.config import ProgramWorkloadConfig
 from fleetsim.registry import PolicySpec
@@ -94,11 +95,16 @@ class EngineConfig:
     async_step_gap_s: float = 0.00016
     """GPU idle time left between steps under async scheduling, seconds (150-170 us measured
     with CUDA graphs in vLLM PR #11133; docs/perf_model.md)."""
+    kv_cache_dtype: str = "auto"
+    """KV-cache element type, vLLM's ``--kv-cache-dtype``: auto (the model's, BF16) | bfloat16 |
+    fp8 (also fp8_e4m3, fp8_e5m2): half the bytes per cached token, so twice the KV blocks,
+    and FP8 attention where the GPU has FP8 units (docs/perf_model.md)."""
     step_model: PolicySpec = field(default_factory=lambda: PolicySpec(name="table"))
     """Step-time model: {name = "table"} (measured kernel tables, roofline fallback) or a user
     class {name = "pkg.mod:Name", args = {...}}, built as Name(model=, gpu=, tp=, **args)."""
 
     def __post_init__(self) -> None:
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if not 0.0 <= self.swap_space_gib <= 65536:
             raise ValueError(f"engine.swap_space_gib must be in [0, 65536] GiB, got "
                              f"{self.swap_space_gib}")
@@ -246,6 +252,11 @@ class SimConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    quantization: str | None = None
+    """Weight/activation quantization, vLLM's ``--quantization``: None (the checkpoint's own
+    dtype) | fp8 | fp8_static | fp8_block | int8_wo | int4_wo | sq | nvfp4, or for MoE experts
+    w4afp8 | w4a16_mxfp4 (AIConfigurator's names; vLLM's awq, gptq, modelopt_fp4, mxfp4 map
+    onto them). ``fleetsim gpus`` lists the modes each GPU runs (docs/perf_model.md)."""
     perf_backend: str = "auto"
     """Performance model: auto (measured tables, roofline where none) | roofline."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
@@ -276,6 +287,8 @@ class SimConfig:
         names = [p.name for p in self.cluster.pools]
         if len(set(names)) != len(names):
             raise ValueError(f"cluster.pools names must be unique, got {names}")
+        if self.quantization is not None:
+            quant_mode(self.quantization)
         if self.perf_backend not in ("auto", "roofline"):
             raise ValueError(
                 f"perf_backend must be 'auto' or 'roofline', got {self.perf_backend!r}")

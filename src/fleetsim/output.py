@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # rich is imported where a table is printed: it costs start-up
+    from rich.console import Console
     from rich.table import Table
 
 FORMATS = ("table", "csv", "json")
@@ -115,3 +116,22 @@ def emit(fmt: str, data: Any, table: Callable[[], Table | Sequence[Table]]) -> N
         tables = table()
         for t in ([tables] if isinstance(tables, Table) else tables):
             print_table(t)
+
+
+def progress_bar(console: Console, label: str) -> Any:
+    """The progress bar of a command made of N similar jobs (sweep points, reproduction runs,
+    plan shapes, report sections): done out of N, a note (``task.fields["note"]``), time
+    elapsed and the estimated time left, on ``console`` (stderr), cleared when done. Add
+    the task with ``note=""``."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                    TimeRemainingColumn(), console=console, transient=True)

@@ -67,6 +67,22 @@ def check_out_dir(out: Path, flag: str = "--out", force: bool | None = None) -> 
     _check_can_create_in(out.parent, flag, out)
 
 
+def fresh_out_dir(base: Path) -> Path:
+    """The folder of a command run without ``--out``: ``base`` while it holds no results, else
+    the first free ``base-2``, ``base-3``, ... A bare command thus always runs (right after
+    ``make run`` too) and never replaces earlier results; ``--out`` keeps the refuse-to-replace
+    rule."""
+    def taken(path: Path) -> bool:
+        return path.exists() and (not path.is_dir() or any(True for _ in path.iterdir()))
+
+    if not taken(base):
+        return base
+    n = 2
+    while taken(base.with_name(f"{base.name}-{n}")):
+        n += 1
+    return base.with_name(f"{base.name}-{n}")
+
+
 def check_out_file(path: Path, flag: str) -> None:
     """Fail now if the file ``path`` cannot be written (a folder, or an unwritable place)."""
     if path.is_dir():
@@ -103,6 +119,9 @@ class StagedFolder:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.out.name}.",
                                           dir=self.out.parent))
+        # mkdtemp makes 0700 (private while staged); the results folder it becomes gets
+        # what mkdir would have given it: 0777 less the umask.
+        os.chmod(self.path, 0o777 & ~current_umask())
         return self.path
 
     def discard(self) -> None:
@@ -161,11 +180,27 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux allows (/proc), else by
+    setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_file(path: Path, data: str | bytes) -> None:
     """One file, atomically: a temporary name in the same folder, then a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # as open() would create it, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, path)

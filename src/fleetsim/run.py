@@ -16,8 +16,10 @@ from fleetsim.config import SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec, get_gpu
+from fleetsim.metrics.overload import overload_check
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
+from fleetsim.models.quantization import quantize
 from fleetsim.moe.serving import EpStepModel
 from fleetsim.native import engine_build
 from fleetsim.perf import kv_capacity_blocks
@@ -120,6 +122,7 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
                     ) -> StepTimeModel:
     """The step model ``config.engine`` names, for one replica of ``tp`` ``gpu``s."""
     eng = config.engine
+    model = quantize(model, config.quantization, eng.kv_cache_dtype)
     return make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
                            backend=config.perf_backend, step_overhead_s=eng.step_overhead_s,
                            step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
@@ -131,6 +134,7 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
     """Runtime pools (step model, KV blocks, link bandwidth) and their descriptions."""
     eng, link = config.engine, config.cluster.link
+    model = quantize(model, config.quantization, eng.kv_cache_dtype)
     setups: list[PoolSetup] = []
     infos: list[dict] = []
     gpus = {}
@@ -230,8 +234,8 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
     """Simulate ``config``; ``progress`` (optional) is called now and then with the
     simulated time, the first and the last arrival time (s)."""
     streams = seed_streams(config.seed, ("workload", "routing"))
-    model = get_model(config.model)
     eng = config.engine
+    model = quantize(get_model(config.model), config.quantization, eng.kv_cache_dtype)
     pools, pool_infos = build_pools(config, model)
     source: Any = None
     num_over_long = 0
@@ -323,7 +327,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None) -> RunRe
                                "max_context_tokens": model.max_context_tokens}
     if config.workload.max_concurrency is not None:
         summary["max_concurrency"] = config.workload.max_concurrency
-    summary["overload"] = overload_check(summary, records, workload)
+    summary["overload"] = overload_check(summary, workload.arrival_s)
     summary["kv_cache"]["num_kv_blocks"] = int(pools[0].num_kv_blocks)
     summary["kv_cache"]["num_prefix_evictions"] = sum(
         r.kv.prefix.num_evicted for r in cluster.replicas)
@@ -367,43 +371,6 @@ def _progress(progress: Callable[..., None] | None, workload: Workload) -> Progr
         return None
     first, last = float(workload.arrival_s[0]), float(workload.arrival_s[-1])
     return lambda now_s: progress(now_s, first, last)
-
-
-def overload_check(summary: dict[str, Any], records: Records,
-                   workload: Workload) -> dict[str, Any]:
-    """Whether the queue grew for the whole run, the offered load (requests/s) and the
-    offered load over capacity.
-
-    Offered load is the arrival count over the arrivals' span; capacity is estimated by the
-    completion rate over the makespan, which an overloaded system drains at. The queue
-    "grew for the whole run" when the waiting queue, averaged over each quarter of the
-    arrivals' span, rose quarter after quarter and the run drained well after the last
-    arrival (more than a quarter of the span)."""
-    tl = summary.get("timeline") or {}
-    waiting = tl.get("mean_waiting") or []
-    n = summary["num_requests"]
-    span = float(workload.arrival_s[-1] - workload.arrival_s[0]) if len(workload) else 0.0
-    makespan = summary["makespan_s"]
-    finished = summary["num_finished"]
-    ratio = None
-    if span > 0 and makespan > 0 and finished:
-        ratio = (n / span) / (finished / makespan)
-    grew = False
-    if span > 0 and len(waiting) >= 8:
-        edges = np.asarray(tl["bin_start_s"]) - float(workload.arrival_s[0])
-        inside = [w for e, w in zip(edges, waiting, strict=True) if e < span]
-        if len(inside) >= 4:
-            q = np.array_split(np.asarray(inside, dtype=float), 4)
-            means = [float(x.mean()) for x in q]
-            grew = (all(b > a for a, b in zip(means, means[1:], strict=False))
-                    and makespan > 1.25 * span and means[-1] >= 2)
-    out: dict[str, Any] = {"queue_grew": grew, "offered_over_capacity": ratio,
-                           "offered_requests_per_s": n / span if span > 0 else None}
-    if grew and ratio is not None:
-        out["warning"] = (f"queue grew for the whole run: offered load is about "
-                          f"{ratio:.1f} x capacity; lower the rate (workload.rate_scale) or "
-                          f"add replicas")
-    return out
 
 
 def _routing_report(config: SimConfig, router: Any, decode_router: Any,

@@ -25,7 +25,7 @@ ALLOWED = {
     "esp": {"hardware", "models", "perf"},
     "programs": {"core", "serving", "policies", "workloads", "perf", "models", "hardware",
                  "metrics"},
-    "config": {"metrics", "moe", "policies", "programs", "workloads"},
+    "config": {"metrics", "models", "moe", "policies", "programs", "workloads"},
     "run": {"config", "hardware", "metrics", "models", "moe", "native", "perf", "policies",
             "programs", "serving", "workloads"},
     "configdoc": {"config"},
@@ -47,6 +47,7 @@ ALLOWED = {
     "native": set(),
     "__init__": {"native"},
     "cli": None,  # the front end may import anything
+    "__main__": None,  # `python -m fleetsim`: the front end's other door
 }
 LEAVES = {"errors", "configutil", "formatting", "inputs", "output", "registry"}  # shared helpers
 

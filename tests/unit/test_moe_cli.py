@@ -164,3 +164,16 @@ def test_compare_figure_states_its_setup_and_draws_the_tables_numbers():
     assert lines["eplb_stale k=4"].get_linestyle() == "--"
     assert lines["eplb"].get_linestyle() == "-"
     assert algorithm("eplb_hier_stale k=1") == "eplb_hier"
+
+
+def test_all_is_the_stress_scenarios_and_a_measured_preset_runs_by_name(capsys):
+    from fleetsim.moe.compare import STRESS_SCENARIOS
+    assert cli._scenarios(None) == list(STRESS_SCENARIOS) == cli._scenarios(["all"])
+    assert "ou" not in STRESS_SCENARIOS  # uncalibrated (uniform) on its own
+    args = parse(*SMALL, "--tokens-per-gpu", "512", "--scenario", "ultraep-qwen3-235b-train",
+                 "--json")
+    assert cli.run(args) == 0
+    rows = {r["balancer"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {r["scenario"] for r in rows.values()} == {"ultraep-qwen3-235b-train"}
+    # the calibrated skew is there for the static placement and the exact-load planner fixes it
+    assert rows["none"]["imbalance"] > 1.3 > rows["quota"]["imbalance"]

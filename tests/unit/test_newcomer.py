@@ -68,6 +68,33 @@ def test_format_csv_and_json(capsys):
     assert code == 0 and isinstance(json.loads(out), list)
 
 
+def test_a_bare_run_after_make_run_writes_a_folder_of_its_own(tmp_path, capsys, monkeypatch):
+    """`make run` fills results/default; the next bare `fleetsim run` must not refuse (issue
+    24): it writes results/default-2, then -3, and never touches the earlier folders."""
+    monkeypatch.chdir(tmp_path)
+    assert cli(capsys, "run", "--out", "results/default", "--force", *FAST)[0] == 0
+    first = (tmp_path / "results/default/summary.json").read_text()
+    for n in (2, 3):
+        code, out, err = cli(capsys, "run", *FAST)
+        assert code == 0, err
+        assert f"results/default-{n}/" in out + err
+        assert (tmp_path / f"results/default-{n}/summary.json").exists()
+    assert (tmp_path / "results/default/summary.json").read_text() == first
+
+
+def test_fresh_out_dir_takes_the_first_free_name(tmp_path):
+    from fleetsim.results import fresh_out_dir
+
+    base = tmp_path / "results" / "exp"
+    assert fresh_out_dir(base) == base  # nothing there yet
+    base.mkdir(parents=True)
+    assert fresh_out_dir(base) == base  # an empty folder is free
+    (base / "summary.json").write_text("{}")
+    (tmp_path / "results" / "exp-2").mkdir()
+    (tmp_path / "results" / "exp-2" / "summary.json").write_text("{}")
+    assert fresh_out_dir(base) == tmp_path / "results" / "exp-3"
+
+
 def test_run_refuses_to_replace_earlier_results_without_force(tmp_path, capsys):
     out = tmp_path / "o"
     assert cli(capsys, "run", "--out", str(out), *FAST)[0] == 0

@@ -44,7 +44,7 @@ def test_eviction_order_follows_the_policy(policy, order):
 def test_every_eviction_policy_keeps_the_kv_invariants(policy):
     """A prefix-heavy trace on a small cache, debug checks after every step."""
     cfg = {"policy": {"eviction": policy}, "engine": {"num_kv_blocks": 6000, "debug": True},
-           "workload": {"trace": "../shared/traces/mooncake_fast25/conversation_trace.jsonl",
+           "workload": {"trace": "embedded:mooncake_conversation_10min",
                         "max_requests": 80}}
     s = run(config_from_dict(cfg)).summary
     assert s["num_finished"] == 80

@@ -1,6 +1,6 @@
 """The README's examples run as written: every `.venv/bin/fleetsim` command of its "Using it"
-block, from a copy of the repository's layout (``examples/``, ``.venv`` and, when present,
-``../shared``), and its TOML example is ``examples/exp.toml`` verbatim and sane.
+block, from a copy of the repository's layout (``examples/`` and ``.venv``, nothing beside it),
+and its TOML example is ``examples/exp.toml`` verbatim and sane.
 
 ``make run`` and ``make test`` lines are not executed here (``make test`` runs this test)."""
 
@@ -44,9 +44,6 @@ def sandbox(tmp_path):
     repo.mkdir()
     for name in ("examples", ".venv"):
         (repo / name).symlink_to(ROOT / name)
-    shared = ROOT.parent / "shared"
-    if shared.is_dir():
-        (tmp_path / "shared").symlink_to(shared)
     return repo
 
 
@@ -59,8 +56,6 @@ def test_the_readme_lists_the_commands():
 @pytest.mark.slow
 @pytest.mark.parametrize("commands", CASES, ids=[c[0].split("#")[0][18:60] for c in CASES])
 def test_readme_command_runs_as_written(sandbox, commands):
-    if "../shared/" in commands[0] and not (sandbox.parent / "shared").exists():
-        pytest.skip("the shared traces folder (../shared) is not on this machine")
     for cmd in commands:
         proc = subprocess.run(["bash", "-c", cmd], cwd=sandbox, capture_output=True,
                               text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})

@@ -207,7 +207,7 @@ def test_training_state_bytes_reject_bad_values():
 def tiny_runs():
     from fleetsim.repro.relibra import RelibraSetup, run_workload
     setup = RelibraSetup(num_batches=1, microbatches_per_batch=3, num_layers=4)
-    return setup, run_workload(setup, "rl")
+    return setup, run_workload(setup, "ultraep-qwen3-235b-prefill-stem")
 
 
 def test_every_policy_pays_what_it_moves_and_none_beats_the_ideal(tiny_runs):
@@ -231,7 +231,7 @@ def test_every_policy_pays_what_it_moves_and_none_beats_the_ideal(tiny_runs):
 def test_same_setup_gives_identical_results(tiny_runs):
     from fleetsim.repro.relibra import run_workload
     setup, runs = tiny_runs
-    again = run_workload(setup, "rl")
+    again = run_workload(setup, "ultraep-qwen3-235b-prefill-stem")
     for policy, rows in runs.items():
         assert [r.total_s for r in again[policy]] == [r.total_s for r in rows]
 
@@ -240,7 +240,7 @@ def test_same_setup_gives_identical_results(tiny_runs):
     ("ep=48", "ep: got 48"),
     ("gpus_per_node=32", "gpus_per_node: got 32"),
     ("num_spare_slots_per_gpu=0", "num_spare_slots_per_gpu: got 0"),
-    ("zipf_alpha=-1", "zipf_alpha: got -1"),
+    ("autocorr=1", "autocorr: got 1"),
     ("gpu=nosuch", "gpu: got 'nosuch'"),
     ("nosuchkey=1", "nosuchkey"),
 ])

@@ -154,7 +154,7 @@ def test_measured_moe_rows_never_beat_the_gpus_peak():
 
 @pytest.mark.parametrize(("setting", "needle"), [
     ("ep=48", "ep: got 48"),
-    ("zipf_alpha=-1", "zipf_alpha: got -1"),
+    ("autocorr=1", "autocorr: got 1"),
     ("num_layers=0", "num_layers: got 0"),
     ("nosuchkey=1", "nosuchkey"),
 ])

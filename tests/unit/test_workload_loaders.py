@@ -122,7 +122,8 @@ def test_embedded_trace() -> None:
     readme = data.joinpath("README.md").read_text()
     assert "b469a113cedca53ddc3bdea71a143dc4b7d8700c" in readme
     assert "Splitwise" in readme
-    assert set(EMBEDDED_TRACES) == {"azure_conv_2023", "sharegpt_lengths",
+    assert set(EMBEDDED_TRACES) == {"azure_conv_2023", "azure_conv_2023_hour",
+                                    "azure_code_2023_hour", "sharegpt_lengths",
                                     "mooncake_conversation_10min"}
 
 
@@ -297,42 +298,35 @@ def test_mooncake_block_size_is_fixed(tmp_path: Path) -> None:
     assert "512" in msg
 
 
-# --- the real shared traces (read-only, outside the repo) --------------------------------------
-
-TRACES = Path(__file__).parents[2] / ".." / "shared" / "traces"
-
-
-def shared(rel: str) -> Path:
-    path = TRACES / rel
-    if not path.is_file():
-        pytest.skip(f"shared trace {rel} not present at {TRACES}")
-    return path
+# --- the embedded slices of the real traces (src/fleetsim/data/README.md) ----------------------
+# Their bytes are checked against the README's SHA-256 in test_self_contained.py; here, that the
+# loaders read them as the README describes.
 
 
-def test_real_azure_conv() -> None:
-    w = load_trace(shared("azure_llm_2023/AzureLLMInferenceTrace_conv.csv"))
-    assert len(w) == 19_366
-    assert w.num_prompt_tokens.mean() == pytest.approx(1155, abs=1)
-    assert w.num_output_tokens.mean() == pytest.approx(211, abs=1)
-    assert w.arrival_s[-1] == pytest.approx(3502, abs=1)
+def test_embedded_azure_conv_slice() -> None:
+    w = load_trace("embedded:azure_conv_2023")
+    assert len(w) == 4_424
+    assert w.arrival_s[0] == 0.0 and w.arrival_s[-1] == pytest.approx(899.88, abs=0.01)
 
 
-def test_real_azure_code() -> None:
-    w = load_azure_csv(shared("azure_llm_2023/AzureLLMInferenceTrace_code.csv"))
-    assert len(w) == 8_819
-    assert w.num_prompt_tokens.mean() == pytest.approx(2048, abs=1)
-
-
-def test_real_mooncake_conversation() -> None:
-    w = load_trace(shared("mooncake_fast25/conversation_trace.jsonl"))
-    assert len(w) == 12_031
-    assert w.num_prompt_tokens.mean() == pytest.approx(12_035, abs=1)
-    assert w.num_output_tokens.mean() == pytest.approx(343, abs=1)
+def test_embedded_mooncake_slice() -> None:
+    w = load_trace("embedded:mooncake_conversation_10min")
+    assert len(w) == 1_750
+    assert w.num_prompt_tokens.mean() == pytest.approx(13_992, abs=1)
     assert w.hash_ids is not None
-    assert sum(map(len, w.hash_ids)) == 288_500
+    assert len({h for ids in w.hash_ids for h in ids}) == 34_850
 
 
-def test_embedded_slice_is_a_prefix_of_the_shared_trace() -> None:
-    full = shared("azure_llm_2023/AzureLLMInferenceTrace_conv.csv").read_bytes()
-    embedded = resources.files("fleetsim").joinpath("data", "azure_conv_2023_slice.csv")
-    assert full.startswith(embedded.read_bytes())
+def test_embedded_azure_hours_are_the_whole_traces() -> None:
+    """The statistics of the whole files (data/README.md); the 15-minute default is their
+    conversation trace's head, row for row."""
+    conv = load_trace("embedded:azure_conv_2023_hour")
+    assert len(conv) == 19_366
+    assert conv.num_prompt_tokens.mean() == pytest.approx(1155, abs=1)
+    assert conv.num_output_tokens.mean() == pytest.approx(211, abs=1)
+    assert conv.arrival_s[-1] == pytest.approx(3502, abs=1)
+    head = load_trace("embedded:azure_conv_2023")
+    assert np.array_equal(conv.arrival_s[: len(head)], head.arrival_s)
+    code = load_trace("embedded:azure_code_2023_hour")
+    assert len(code) == 8_819
+    assert code.num_prompt_tokens.mean() == pytest.approx(2048, abs=1)

@@ -69,19 +69,10 @@ def test_lognormal_clips_to_one_token() -> None:
     assert x.min() == 1
 
 
-def test_empirical_from_sharegpt_stats_or_embedded() -> None:
-    shared = (
-        Path(__file__).parents[2]
-        / ".."
-        / "shared"
-        / "traces"
-        / "length_stats"
-        / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
-    )
-    if shared.is_file():
-        dist = Empirical.from_file(shared, "num_decode_tokens")
-        assert len(dist.values) == 30_731
-        assert dist.mean == pytest.approx(439, abs=1)
+def test_empirical_from_sharegpt_stats_and_the_azure_slice() -> None:
+    dist = Empirical.from_file("embedded:sharegpt_lengths", "num_decode_tokens")
+    assert len(dist.values) == 30_731  # data/README.md: every row of etalon's file
+    assert dist.mean == pytest.approx(439, abs=1)
     dist = Empirical.from_file("embedded:azure_conv_2023", "GeneratedTokens")
     assert dist.mean == pytest.approx(
         load_trace("embedded:azure_conv_2023").num_output_tokens.mean()

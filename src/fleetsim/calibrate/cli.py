@@ -156,7 +156,7 @@ def _report(config: Any, params: dict[str, float], names: list[str], rows: list[
 def _table(report: dict[str, Any]) -> list[Table]:
     units = {"step_overhead_s": (1e3, "ms"), "step_overhead_per_seq_s": (1e6, "us"),
              "kernel_time_scale": (1.0, "x")}
-    t1 = Table(title=f"calibrated: {report['model']} on {report['tp']}x {report['gpu']}")
+    t1 = Table(title=f"calibrated: {report['model']} on {report['gpu']} (TP {report['tp']})")
     for col in ("parameter", "value", "fitted"):
         t1.add_column(col)
     for k, v in report["params"].items():

@@ -32,6 +32,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
 from fleetsim.inputs import read_json, read_text
 from fleetsim.models import get_model
+from fleetsim.models.quantization import quantize
 from fleetsim.perf import build_step_model
 from fleetsim.run import run
 from fleetsim.vllm_json import vllm_result
@@ -208,7 +209,8 @@ def load_step_csv(path: str) -> np.ndarray:
 def kernel_times_s(config: SimConfig, rows: np.ndarray) -> np.ndarray:
     """The built-in model's kernel (GPU) time of each step: no CPU overhead, scale 1."""
     pool = config.pools[0]
-    sm = build_step_model(get_model(config.model), get_gpu(pool.gpu, config.hardware.catalog),
+    model = quantize(get_model(config.model), config.quantization, config.engine.kv_cache_dtype)
+    sm = build_step_model(model, get_gpu(pool.gpu, config.hardware.catalog),
                           pool.tp, config.perf_backend, step_overhead_s=0.0)
     out = []
     for n, kv, new, ctx, _ in rows.tolist():

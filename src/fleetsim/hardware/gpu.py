@@ -29,8 +29,9 @@ class GPUSpec:
     """Canonical name, e.g. ``"H100-SXM"``."""
     peak_bf16_flops: float
     """Dense BF16 tensor-core peak, FLOP/s."""
-    peak_fp8_flops: float
-    """Dense FP8 tensor-core peak, FLOP/s (equal to BF16 on GPUs without FP8 units)."""
+    peak_fp8_flops: float | None = None
+    """Dense FP8 tensor-core peak, FLOP/s; None (unset) on GPUs without FP8 tensor cores
+    (A100), whose FP8 checkpoints run weight-only (``fp8_gemm_flops``)."""
     hbm_bytes: float
     """Device memory the driver reports, bytes (what vLLM's memory utilization applies to)."""
     hbm_bw_bytes_per_s: float
@@ -48,14 +49,20 @@ class GPUSpec:
     pcie_bw_bytes_per_s: float = 32e9
     """GPU-host link (PCIe), one direction, bytes/s: what swapping KV to host memory crosses
     (default PCIe Gen4 x16, 64 GB/s bidirectional)."""
+    peak_int8_ops: float | None = None
+    """Dense INT8 tensor-core peak, op/s (W8A8 ``sq``); None: not given, INT8 modes refused."""
+    peak_fp4_flops: float | None = None
+    """Dense FP4 (NVFP4/MXFP4) tensor-core peak, FLOP/s; None: no FP4 units (pre-Blackwell)."""
     pcie_latency_s: float = 1e-5
     """Setup latency of one GPU-host copy, seconds (no datasheet gives it: 10 us, the order
     of a cudaMemcpyAsync launch and DMA setup; an assumption)."""
 
     def __post_init__(self) -> None:
+        if self.peak_fp8_flops is not None and not self.peak_fp8_flops > 0:
+            raise ValueError(f"peak_fp8_flops must be > 0 (or left out on a GPU without FP8 "
+                             f"tensor cores), got {self.peak_fp8_flops}")
         for field in (
             "peak_bf16_flops",
-            "peak_fp8_flops",
             "hbm_bytes",
             "hbm_bw_bytes_per_s",
             "nvlink_bw_bytes_per_s",
@@ -64,6 +71,10 @@ class GPUSpec:
         ):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{field} must be > 0, got {getattr(self, field)}")
+        for field in ("peak_int8_ops", "peak_fp4_flops"):
+            value = getattr(self, field)
+            if value is not None and not value > 0:
+                raise ValueError(f"{field} must be > 0 or unset, got {value}")
         if self.num_gpus_per_node < 1:
             raise ValueError(f"num_gpus_per_node must be >= 1, got {self.num_gpus_per_node}")
         if self.price_per_hour_usd < 0:
@@ -71,18 +82,46 @@ class GPUSpec:
         if not 0 <= self.pcie_latency_s <= 1:
             raise ValueError(f"pcie_latency_s must be in [0, 1] s, got {self.pcie_latency_s}")
 
+    @property
+    def compute_formats(self) -> tuple[str, ...]:
+        """Tensor-core formats this GPU computes in (``bf16``, ``fp8``, ``int8``, ``fp4``)."""
+        out = ["bf16"]
+        if self.peak_fp8_flops is not None and self.peak_fp8_flops > self.peak_bf16_flops:
+            out.append("fp8")
+        if self.peak_int8_ops is not None:
+            out.append("int8")
+        if self.peak_fp4_flops is not None:
+            out.append("fp4")
+        return tuple(out)
+
+    def peak_flops(self, compute: str) -> float:
+        """Dense tensor-core peak of a compute format (``bf16``, ``fp8``, ``int8``, ``fp4``),
+        per second; whether the GPU has those units at all is ``compute_formats``."""
+        peak = {"bf16": self.peak_bf16_flops, "fp8": self.fp8_gemm_flops,
+                "int8": self.peak_int8_ops, "fp4": self.peak_fp4_flops}[compute]
+        if peak is None:
+            raise ValueError(f"{self.name} has no {compute} tensor cores")
+        return peak
+
+    @property
+    def fp8_gemm_flops(self) -> float:
+        """Peak FLOP/s of a GEMM with FP8 weights: the FP8 tensor-core peak, or without FP8
+        units the BF16 one (vLLM runs FP8 checkpoints there as weight-only FP8, W8A16, with
+        Marlin kernels that dequantize to 16-bit before the tensor cores)."""
+        return self.peak_fp8_flops if self.peak_fp8_flops is not None else self.peak_bf16_flops
+
 
 # Prices are approximate 2025 on-demand list prices per GPU-hour (Lambda / AWS public price
 # pages); they drift often, so edit them (or override in a catalog TOML) for real cost studies.
 _BUILTIN: tuple[GPUSpec, ...] = (
     # NVIDIA A100 datasheet (80GB SXM): 312 TF BF16 dense, 2,039 GB/s HBM2e, NVLink 600 GB/s
-    # bidirectional; DGX A100 has one 200 Gb/s HDR NIC per GPU. No FP8 units: FP8 = BF16 rate.
+    # bidirectional; DGX A100 has one 200 Gb/s HDR NIC per GPU. The datasheet lists no FP8
+    # (Ampere's tensor cores have none), so peak_fp8_flops is left out.
     # Price: Lambda on-demand 8x A100-80GB SXM, ~$1.79/GPU-h.
     GPUSpec(
         name="A100-80GB-SXM",
         pcie_bw_bytes_per_s=32e9,  # PCIe Gen4 x16: 64 GB/s bidirectional (A100 datasheet)
         peak_bf16_flops=312e12,
-        peak_fp8_flops=312e12,
         hbm_bytes=81920 * _MIB,
         hbm_bw_bytes_per_s=2039 * _GB,
         nvlink_bw_bytes_per_s=300 * _GB,
@@ -90,6 +129,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         num_gpus_per_node=8,
         price_per_hour_usd=1.79,
         aic_system="a100_sxm",
+        peak_int8_ops=624e12,  # A100 datasheet: INT8 624 TOPS dense (1,248 sparse); no FP4
     ),
     # NVIDIA H100 datasheet (SXM5): 989 TF BF16 / 1,979 TF FP8 dense, 3.35 TB/s HBM3, NVLink
     # 900 GB/s bidirectional; DGX H100 has one 400 Gb/s NDR NIC per GPU.
@@ -106,6 +146,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         num_gpus_per_node=8,
         price_per_hour_usd=2.99,
         aic_system="h100_sxm",
+        peak_int8_ops=1979e12,  # H100 datasheet: INT8 1,979 TOPS dense; Hopper has no FP4
     ),
     # NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
     # Price: typical neocloud on-demand ~$3.50/GPU-h (assumption).
@@ -121,6 +162,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         num_gpus_per_node=8,
         price_per_hour_usd=3.50,
         aic_system="h200_sxm",
+        peak_int8_ops=1979e12,  # H200 datasheet: INT8 3,958 TOPS sparse = 1,979 dense
     ),
     # NVIDIA H20 (China SKU) product brief: 148 TF BF16 / 296 TF FP8 dense, 96 GB HBM3 at
     # 4.0 TB/s, NVLink 900 GB/s. No aiconfigurator tables: roofline only.
@@ -137,6 +179,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         num_gpus_per_node=8,
         price_per_hour_usd=1.50,
         aic_system=None,
+        peak_int8_ops=296e12,  # H20 product brief: INT8 296 TOPS dense
     ),
     # NVIDIA H800 SXM5 (China SKU of the H100) datasheet: the H100 SXM's compute (989 TF BF16 /
     # 1,979 TF FP8 dense) and memory (80 GB HBM3 at 3.35 TB/s), NVLink cut to 400 GB/s
@@ -158,6 +201,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         num_gpus_per_node=8,
         price_per_hour_usd=round(2.85 * 1.50, 2),
         aic_system="h100_sxm",
+        peak_int8_ops=1979e12,  # H800 SXM5 datasheet: INT8 3,958 TOPS sparse = 1,979 dense
     ),
     # NVIDIA L40S datasheet: 362 TF BF16 / 733 TF FP8 dense, 48 GB GDDR6 at 864 GB/s, no NVLink
     # (PCIe Gen4 x16, 32 GB/s per direction). Price: AWS g6e.xlarge ~$1.86/h for one L40S.
@@ -173,6 +217,7 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         num_gpus_per_node=8,
         price_per_hour_usd=1.86,
         aic_system="l40s",
+        peak_int8_ops=733e12,  # L40S datasheet: INT8 733 TOPS dense; Ada has no FP4
     ),
     # NVIDIA HGX B200 datasheet (8 GPUs: 36 PF BF16 / 72 PF FP8 sparse, 1.44 TB HBM3e at
     # 64 TB/s, NVLink 5 1.8 TB/s per GPU bidirectional) divided per GPU, dense = sparse / 2.
@@ -189,6 +234,9 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         num_gpus_per_node=8,
         price_per_hour_usd=4.99,
         aic_system="b200_sxm",
+        # HGX B200 datasheet: 144 PF FP4 and 72 POPS INT8 sparse for 8 GPUs -> per GPU dense
+        peak_int8_ops=4500e12,
+        peak_fp4_flops=9000e12,
     ),
     # NVIDIA GB200 NVL72 (rack-scale: 72 Blackwell GPUs in one NVLink domain). Per GPU, from
     # NVIDIA's Blackwell datasheet as aiconfigurator-core's systems/gb200.yaml records it
@@ -209,6 +257,10 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         num_gpus_per_node=72,
         price_per_hour_usd=10.00,
         aic_system="gb200",
+        # GB200 NVL72 datasheet: 1,440 PF FP4 and 720 POPS INT8 sparse for 72 GPUs -> per GPU
+        # dense (the same halving that gives the 5 PF FP8 above)
+        peak_int8_ops=5000e12,
+        peak_fp4_flops=10000e12,
     ),
 )
 

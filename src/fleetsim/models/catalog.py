@@ -10,6 +10,7 @@ from typing import Any
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import check_number, read_json
+from fleetsim.models.quantization import quantize
 from fleetsim.models.spec import ModelSpec
 
 _BUILTIN: tuple[ModelSpec, ...] = (
@@ -311,11 +312,30 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     stem = path.parent.name if path.name == "config.json" else path.stem.removesuffix("_config")
     name = cfg.get("_name_or_path") or stem or "hf-model"
     try:
-        return ModelSpec(name=str(name), **_fields_from_hf(cfg, path))
+        spec = ModelSpec(name=str(name), **_fields_from_hf(cfg, path))
     except ValueError as err:
         if isinstance(err, FleetsimInputError):
             raise
         raise FleetsimInputError(f"model {path}", name, str(err)) from None
+    mode = _checkpoint_mode(cfg, spec)
+    return quantize(spec, mode) if mode else spec
+
+
+def _checkpoint_mode(cfg: Mapping[str, Any], spec: ModelSpec) -> str | None:
+    """The quantization mode a checkpoint's ``quantization_config`` implies, as vLLM reads it
+    (``quant_method``; AWQ/GPTQ ``bits``; ModelOpt ``quant_algo``). FP8 checkpoints keep the
+    one-byte ``weight_dtype_bytes`` they always had; unknown methods are priced as BF16."""
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    method = str(quant.get("quant_method", "")).lower()
+    if method in ("awq", "gptq"):
+        return {4: "int4_wo", 8: "int8_wo"}.get(quant.get("bits", quant.get("w_bit")))
+    if method == "mxfp4" and spec.is_moe:
+        return "w4a16_mxfp4"
+    if method == "modelopt":
+        return {"FP8": "fp8_static", "NVFP4": "nvfp4"}.get(str(quant.get("quant_algo", "")))
+    return None
 
 
 # config.json key -> largest sane value (the smallest is 1 unless noted in _fields_from_hf)

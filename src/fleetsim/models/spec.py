@@ -8,6 +8,10 @@ vocabulary are split across ``tp`` ranks; KV heads are replicated when ``tp > nu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetsim.models.quantization import QuantMode
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -65,6 +69,9 @@ class ModelSpec:
     """MLA per-head rotary width (the decoupled RoPE key is cached once per token)."""
     v_head_dim: int = 0
     """MLA per-head value width."""
+    quantization: QuantMode | None = None
+    """How the linear layers are quantized when served (``models.quantization.quantize``);
+    None: the checkpoint's own dtype, ``weight_dtype_bytes`` for every weight."""
 
     def __post_init__(self) -> None:
         for field in (
@@ -171,6 +178,8 @@ class ModelSpec:
 
     def weight_bytes_per_gpu(self, tp: int = 1) -> int:
         """Weight bytes resident on one TP rank."""
+        if self.quantization is not None:
+            return self._quantized_weight_bytes_per_gpu(tp, self.quantization)
         elems = (
             self.num_layers * self.attention_params_per_gpu(tp)
             + self.mlp_params_per_gpu(tp)
@@ -179,6 +188,22 @@ class ModelSpec:
         # Norms and embeddings stay in 16-bit even in fp8 checkpoints; counted at dtype size,
         # a <1% error for the models we ship.
         return elems * self.weight_dtype_bytes + (2 * self.num_layers + 1) * self.hidden_size * 2
+
+    def _quantized_weight_bytes_per_gpu(self, tp: int, q: QuantMode) -> int:
+        """Linear layers at the mode's bits (dense and routed experts apart); embeddings, LM
+        head, norms and routers in 16 bits, as vLLM's quantizers leave them."""
+        h = self.hidden_size
+        experts = routers = 0
+        if self.is_moe:
+            inter = _ceil_div(self.moe_intermediate_size, tp)
+            experts = self.num_moe_layers * 3 * h * inter * self.num_experts
+            routers = self.num_moe_layers * h * self.num_experts
+        dense = (self.num_layers * self.attention_params_per_gpu(tp)
+                 + self.mlp_params_per_gpu(tp) - experts - routers)
+        sixteen_bit = (self.embedding_params_per_gpu(tp) + routers
+                       + (2 * self.num_layers + 1) * h)
+        return int(dense * q.dense.weight_bytes + experts * q.experts.weight_bytes
+                   + sixteen_bit * 2)
 
     def kv_bytes_per_token_per_gpu(self, tp: int = 1) -> int:
         """KV-cache bytes one token occupies on one TP rank, all layers.

@@ -17,6 +17,7 @@ from fleetsim.moe.compute import (
 )
 from fleetsim.moe.eplb import rebalance_experts
 from fleetsim.moe.importers import load_sglang_dump, load_vllm_window
+from fleetsim.moe.load_presets import LOAD_PRESETS, LoadPreset, calibrate_log_sd, preset_spec
 from fleetsim.moe.loads import LoadSpec, make_loads
 from fleetsim.moe.placement import BalanceView, Placement, imbalance, moved_experts
 from fleetsim.moe.quota import QuotaPlanner, plan_quotas
@@ -32,6 +33,7 @@ from fleetsim.moe.two_timescale import TwoTimescalePlanner
 
 __all__ = [
     "BALANCERS",
+    "LOAD_PRESETS",
     "BalanceView",
     "CompareRow",
     "CompareSetup",
@@ -40,6 +42,7 @@ __all__ = [
     "ExpertParallelConfig",
     "ExpertParallelStepModel",
     "LayerTimes",
+    "LoadPreset",
     "LoadSpec",
     "MoeLayerSpec",
     "Placement",
@@ -47,6 +50,7 @@ __all__ = [
     "RooflineExpertCompute",
     "TableExpertCompute",
     "TwoTimescalePlanner",
+    "calibrate_log_sd",
     "ideal_times",
     "imbalance",
     "layer_times",
@@ -58,6 +62,7 @@ __all__ = [
     "moe_layer_time_s",
     "moved_experts",
     "plan_quotas",
+    "preset_spec",
     "rebalance_experts",
     "register_balancer",
     "run_compare",

@@ -13,8 +13,14 @@ import time
 from pathlib import Path
 
 from fleetsim.errors import FleetsimInputError
-from fleetsim.moe.compare import CompareRow, CompareSetup, run_compare
-from fleetsim.moe.loads import SCENARIOS
+from fleetsim.moe.compare import (
+    COMPARE_LOADS,
+    STRESS_SCENARIOS,
+    CompareRow,
+    CompareSetup,
+    run_compare,
+)
+from fleetsim.moe.load_presets import LOAD_PRESETS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
@@ -30,7 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="append",
         dest="scenarios",
         metavar="NAME",
-        help=f"load scenario, repeatable ({', '.join(SCENARIOS)}, or all); default: all",
+        help=f"load, repeatable: a synthetic scenario ({', '.join(STRESS_SCENARIOS)}, or all "
+        f"of them) or a measured preset ({', '.join(LOAD_PRESETS)}); default: all",
     )
     cmp.add_argument("--num-gpus", type=int, default=64, help="GPUs in the EP group")
     cmp.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per NVLink node")
@@ -53,14 +60,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _scenarios(names: list[str] | None) -> list[str]:
-    if not names or "all" in names:
-        return list(SCENARIOS)
-    for name in names:
-        if name not in SCENARIOS:
+    names = names or ["all"]
+    expanded = [s for name in names for s in (STRESS_SCENARIOS if name == "all" else (name,))]
+    for name in expanded:
+        if name not in COMPARE_LOADS:
             raise FleetsimInputError(
-                "--scenario", name, f"use one of {', '.join(SCENARIOS)} or all"
+                "--scenario", name, f"use one of {', '.join(COMPARE_LOADS)} or all"
             )
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(expanded))
 
 
 def _setups(args: argparse.Namespace) -> list[CompareSetup]:

@@ -21,6 +21,7 @@ import numpy as np
 from fleetsim.errors import FleetsimInputError
 from fleetsim.moe.balancers import make_balancer
 from fleetsim.moe.compute import EpHardware, ExpertCompute, MoeLayerSpec, default_compute
+from fleetsim.moe.load_presets import LOAD_PRESETS, preset_spec
 from fleetsim.moe.loads import SCENARIOS, LoadSpec, make_loads
 from fleetsim.moe.placement import BalanceView, Placement, check_layout, imbalance, moved_experts
 from fleetsim.moe.step_model import ExpertParallelConfig, ideal_times, layer_times
@@ -44,7 +45,12 @@ DEFAULT_BALANCERS: tuple[tuple[str, str, Mapping[str, object]], ...] = (
 )
 
 # Tokens per GPU per microbatch when not given: a prefill/training chunk, or a decode step.
-DEFAULT_TOKENS_PER_GPU = {"zipf": 4096, "drift": 4096, "rl": 4096, "rl_switch": 4096, "decode": 128}
+DEFAULT_TOKENS_PER_GPU = {"zipf": 4096, "drift": 4096, "rl": 4096, "rl_switch": 4096, "decode": 128,
+                          "ou": 4096}
+# What ``moe compare`` runs: the synthetic stress scenarios (``all``) and the measured presets
+# (the ``ou`` generator calibrated to a published max/mean, ``moe/load_presets.py``).
+STRESS_SCENARIOS = tuple(s for s in SCENARIOS if s != "ou")
+COMPARE_LOADS = (*STRESS_SCENARIOS, *LOAD_PRESETS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +58,8 @@ class CompareSetup:
     """One scenario of the comparison."""
 
     scenario: str = "rl"
-    """Load scenario: zipf, drift, rl or decode."""
+    """Load: a synthetic scenario (zipf, drift, rl, rl_switch, decode) or a measured preset
+    (``moe/load_presets.py``, e.g. ultraep-qwen3-235b-train)."""
     num_gpus: int = 64
     """GPUs in the EP group."""
     gpus_per_node: int = 8
@@ -73,9 +80,9 @@ class CompareSetup:
     """Seed of the load trace."""
 
     def __post_init__(self) -> None:
-        if self.scenario not in SCENARIOS:
+        if self.scenario not in COMPARE_LOADS:
             raise FleetsimInputError(
-                "scenario", self.scenario, f"use one of {', '.join(SCENARIOS)}"
+                "scenario", self.scenario, f"use one of {', '.join(COMPARE_LOADS)}"
             )
         if self.num_microbatches < 2:
             raise FleetsimInputError("num_microbatches", self.num_microbatches, "must be >= 2")
@@ -92,7 +99,7 @@ class CompareSetup:
 
     @property
     def tokens_per_gpu(self) -> int:
-        return self.num_tokens_per_gpu or DEFAULT_TOKENS_PER_GPU[self.scenario]
+        return self.num_tokens_per_gpu or DEFAULT_TOKENS_PER_GPU.get(self.scenario, 4096)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +166,12 @@ def run_compare(
         num_tokens=setup.tokens_per_gpu * setup.num_gpus,
         top_k=spec.top_k,
     )
-    loads = make_loads(setup.scenario, load_spec, setup.seed)
+    if setup.scenario in LOAD_PRESETS:
+        # the preset's measured max/mean on this expert count at the preset's EP size
+        calibrated = preset_spec(setup.scenario, load_spec, tokens_per_gpu=setup.tokens_per_gpu)
+        loads = make_loads("ou", calibrated, setup.seed)
+    else:
+        loads = make_loads(setup.scenario, load_spec, setup.seed)
     eps = [
         ExpertParallelConfig(
             num_gpus=setup.num_gpus,

@@ -97,7 +97,7 @@ class EpHardware:
     def from_gpu(cls, gpu: GPUSpec, *, fp8: bool = True) -> EpHardware:
         """The numbers of a ``fleetsim.hardware.GPUSpec``; ``fp8`` picks the GEMM peak."""
         return cls(
-            peak_flops=gpu.peak_fp8_flops if fp8 else gpu.peak_bf16_flops,
+            peak_flops=gpu.fp8_gemm_flops if fp8 else gpu.peak_bf16_flops,
             hbm_bytes_per_s=gpu.hbm_bw_bytes_per_s,
             intra_node_bytes_per_s=gpu.nvlink_bw_bytes_per_s,
             inter_node_bytes_per_s=gpu.network_bw_bytes_per_s,

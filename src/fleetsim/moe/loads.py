@@ -13,6 +13,13 @@ expert popularity. The scenarios differ in how popularity evolves:
   that holds for a phase, then switches), so history is right except on switch steps.
 - ``decode``: stationary Zipf with few tokens per microbatch (decode steps), so sampling
   noise dominates.
+- ``ou``: log-normal popularity whose log-weights follow a stationary AR(1) (a sampled
+  Ornstein-Uhlenbeck process): every microbatch has the same skew, whatever the run length.
+  Its dispersion ``log_sd`` comes from a measured max/mean GPU load (``moe/load_presets.py``).
+
+``zipf``, ``drift``, ``rl``, ``rl_switch`` and ``decode`` have no measured source for their skew
+(``zipf_alpha`` 0.6, the walk's step, the hot experts' boost): stress cases. ``drift`` has no
+mean reversion, so its skew grows with the run length.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from numpy.typing import NDArray
 
 from fleetsim.errors import FleetsimInputError
 
-SCENARIOS = ("zipf", "drift", "rl", "rl_switch", "decode")
+SCENARIOS = ("zipf", "drift", "rl", "rl_switch", "decode", "ou")
 
 # Microbatches between hot-set switches in ``rl_switch``.
 RL_SWITCH_EVERY = 20
@@ -46,6 +53,13 @@ class LoadSpec:
     """Experts each token is routed to."""
     zipf_alpha: float = 0.6
     """Popularity of the expert of rank r is proportional to r ** -zipf_alpha."""
+    log_sd: float = 0.0
+    """``ou``: stationary standard deviation of an expert's log-popularity (0 = uniform); set
+    it from a measured max/mean with ``load_presets.calibrate_log_sd``."""
+    autocorr: float = 0.9
+    """``ou``: correlation of an expert's log-popularity between consecutive microbatches
+    (AR(1) coefficient). Not measured in any source we found; it matters only to planners that
+    plan from history (EPLB), since the others see each microbatch's exact load."""
 
     def __post_init__(self) -> None:
         for name in ("num_microbatches", "num_layers", "num_experts", "num_tokens", "top_k"):
@@ -58,6 +72,12 @@ class LoadSpec:
             )
         if not (self.zipf_alpha >= 0 and np.isfinite(self.zipf_alpha)):
             raise FleetsimInputError("zipf_alpha", self.zipf_alpha, "must be a finite number >= 0")
+        if not (self.log_sd >= 0 and np.isfinite(self.log_sd)):
+            raise FleetsimInputError("log_sd", self.log_sd, "must be a finite number >= 0")
+        if not 0 <= self.autocorr < 1:
+            raise FleetsimInputError(
+                "autocorr", self.autocorr, "must be in [0, 1) (1 would never revert to the mean)"
+            )
 
 
 def _zipf_logits(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
@@ -137,6 +157,21 @@ def rl_switch_logits(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.flo
     return rl_logits(spec, rng, shift_every=RL_SWITCH_EVERY)
 
 
+def ou_logits(spec: LoadSpec, rng: np.random.Generator) -> NDArray[np.float64]:
+    """Log-popularity as a stationary Gaussian AR(1) per (layer, expert):
+    ``x[t] = autocorr * x[t-1] + sqrt(1 - autocorr**2) * log_sd * eps[t]``, with ``x[0]`` drawn
+    from the stationary law N(0, log_sd**2). Every microbatch's marginal is that same law, so the
+    skew does not grow with the run length (``drift``'s random walk has variance t * step**2)."""
+    shape = (spec.num_microbatches, spec.num_layers, spec.num_experts)
+    eps = rng.standard_normal(shape)
+    x = np.empty(shape)
+    x[0] = spec.log_sd * eps[0]
+    innovation_sd = spec.log_sd * np.sqrt(1.0 - spec.autocorr**2)
+    for t in range(1, spec.num_microbatches):
+        x[t] = spec.autocorr * x[t - 1] + innovation_sd * eps[t]
+    return x
+
+
 # scenario -> logits generator; ``decode`` is stationary Zipf meant for few tokens per step.
 LOGITS_BY_SCENARIO = {
     "zipf": zipf_logits,
@@ -144,6 +179,7 @@ LOGITS_BY_SCENARIO = {
     "rl": rl_logits,
     "rl_switch": rl_switch_logits,
     "decode": zipf_logits,
+    "ou": ou_logits,
 }
 
 
@@ -157,7 +193,8 @@ def make_popularity(scenario: str, spec: LoadSpec, rng: np.random.Generator) -> 
 
 def make_loads(scenario: str, spec: LoadSpec, seed: int) -> NDArray[np.float64]:
     """(num_microbatches, num_layers, num_experts) routed tokens of a named scenario
-    (``zipf``, ``drift``, ``rl``, ``rl_switch``, ``decode``), reproducible from ``seed``."""
+    (``zipf``, ``drift``, ``rl``, ``rl_switch``, ``decode``, ``ou``), reproducible from
+    ``seed``."""
     rng = np.random.default_rng(seed)
     p = make_popularity(scenario, spec, rng)
     return sample_loads(p, spec.num_tokens, spec.top_k, rng)

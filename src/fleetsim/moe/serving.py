@@ -26,8 +26,12 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
 from fleetsim.moe.compute import EpHardware, MoeLayerSpec, default_compute
+from fleetsim.moe.load_presets import LOAD_PRESETS
 from fleetsim.moe.loads import SCENARIOS
 from fleetsim.moe.step_model import ExpertParallelConfig, ExpertParallelStepModel
+
+# "ou" alone is uncalibrated (uniform); its measured forms are the presets.
+EP_SCENARIOS = (*(s for s in SCENARIOS if s != "ou"), *LOAD_PRESETS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,13 +45,14 @@ class PoolEpConfig:
     num_spare_slots_per_gpu: int = 1
     """Redundant expert slots per GPU (EPLB's num_redundant_experts / EP size)."""
     scenario: str = "zipf"
-    """Synthetic routing used to measure the balancer: zipf | drift | rl | decode."""
+    """Routing used to measure the balancer: a synthetic scenario (zipf | drift | rl |
+    rl_switch | decode) or a measured preset (e.g. ultraep-qwen3-235b-prefill-stem)."""
     num_calibration_steps: int = 24
     """Steps of the balancer simulated to measure its slowdown (more: steadier figure)."""
 
     def __post_init__(self) -> None:
-        if self.scenario not in SCENARIOS:
-            raise ValueError(f"ep.scenario must be one of {', '.join(SCENARIOS)}, "
+        if self.scenario not in EP_SCENARIOS:
+            raise ValueError(f"ep.scenario must be one of {', '.join(EP_SCENARIOS)}, "
                              f"got {self.scenario!r}")
         if self.num_calibration_steps < 1:
             raise ValueError(f"ep.num_calibration_steps must be >= 1, got "
@@ -68,6 +73,12 @@ class EpStepModel:
         if not model.is_moe:
             raise FleetsimInputError("ep", model.name, "expert parallelism needs a MoE model; "
                                      "remove the ep table")
+        q = model.quantization
+        if q is not None and q.name not in ("fp8", "fp8_static", "fp8_block"):
+            # its expert model (moe/compute.py) knows BF16 and FP8 weights only
+            raise FleetsimInputError("quantization", q.name,
+                                     "expert parallelism prices BF16 and FP8 experts only; use "
+                                     "fp8 or fp8_block, or remove the ep table")
         if model.num_experts % tp:
             raise FleetsimInputError("ep", f"{model.num_experts} experts over {tp} GPUs",
                                      "the EP group (the replica's tp) must divide the experts")

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from fleetsim.errors import FleetsimInputError
 from fleetsim.moe.balancers import ExpertBalancer, make_balancer
 from fleetsim.moe.compute import EpHardware, ExpertCompute, MoeLayerSpec, default_compute
+from fleetsim.moe.load_presets import LOAD_PRESETS, preset_spec
 from fleetsim.moe.loads import LoadSpec, make_popularity, sample_loads
 from fleetsim.moe.placement import BalanceView, Placement, moved_experts
 
@@ -206,6 +207,10 @@ class ExpertParallelStepModel:
             num_experts=self.spec.num_experts,
             top_k=self.spec.top_k,
         )
+        if scenario in LOAD_PRESETS:
+            # a measured max/mean (moe/load_presets.py) on this layer shape at the preset's EP
+            pattern_spec = preset_spec(scenario, pattern_spec, tokens_per_gpu=4096)
+            scenario = "ou"
         self.popularity = make_popularity(scenario, pattern_spec, self.rng)
         self.previous: Placement | None = None
         self.history: list[FloatArray] = []

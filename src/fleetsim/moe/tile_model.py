@@ -1,5 +1,5 @@
 """ExpertPlex's tile-aware latency model of expert GEMMs and its online SM re-allocation
-(``../shared/papers/moe.md`` section 4.3).
+(ExpertPlex, arXiv:2607.18002: the abstract and a third-party summary of the paper).
 
 An expert GEMM with ``m`` routed tokens runs ``ceil(m / M_t)`` row tiles whatever ``m`` is inside
 a tile, so a GPU's expert latency follows its tile count ``x_moe = sum_{e: m_e>0} ceil(m_e/M_t)``

@@ -37,6 +37,28 @@ def check_tp(model: ModelSpec, gpu: GPUSpec, tp: int) -> None:
         )
 
 
+# Why a mode is refused, per missing tensor-core format (the fix names what vLLM would do).
+_MISSING_FORMAT_FIX = {
+    "fp8": "has no FP8 tensor cores (FP8 needs Ada, Hopper or Blackwell; its datasheet gives "
+           "no FP8 rate); vLLM would run an FP8 checkpoint weight-only there (FP8 Marlin, "
+           "W8A16), which fleetsim prices as quantization = \"int8_wo\"",
+    "fp4": "has no FP4 tensor cores (FP4 is Blackwell-only: B200, GB200); use fp8 or int4_wo",
+    "int8": "has no INT8 rate in the GPU catalog (peak_int8_ops); add it or use fp8",
+}
+
+
+def check_quantization(model: ModelSpec, gpu: GPUSpec) -> None:
+    """Raise ``FleetsimInputError`` unless ``gpu`` has the tensor cores ``model``'s
+    quantization computes in (weight-only modes compute in BF16 and run anywhere)."""
+    q = model.quantization
+    if q is None:
+        return
+    for fmt in q.compute_formats:
+        if fmt not in gpu.compute_formats:
+            raise FleetsimInputError("quantization", q.name,
+                                     f"{gpu.name} {_MISSING_FORMAT_FIX[fmt]}")
+
+
 def build_step_model(
     model: ModelSpec,
     gpu: GPUSpec,
@@ -64,6 +86,7 @@ def build_step_model(
     if backend not in BACKENDS:
         raise FleetsimInputError("backend", backend, f"use one of {', '.join(BACKENDS)}")
     check_tp(model, gpu, tp)
+    check_quantization(model, gpu)
     if not 0.0 <= step_overhead_s < 1.0:
         raise FleetsimInputError(
             "step_overhead_s", step_overhead_s, "must be in [0, 1) seconds, e.g. 0.0015"
@@ -102,6 +125,8 @@ class StepBreakdown:
     by_class_s: dict[str, float]  # op class -> seconds for the whole step
     per_layer_s: dict[str, float]  # op class -> seconds in one (average) layer
     sources: dict[str, str]  # op class -> "measured: ..." or "roofline"
+    quantization: str | None = None  # the model's quantization mode, None: its own dtype
+    kv_cache_dtype: str = "auto"  # "fp8" for a one-byte cache
 
 
 def predict_breakdown(
@@ -158,6 +183,8 @@ def predict_breakdown(
         by_class_s=by_class,
         per_layer_s=per_layer,
         sources=dict(sm.sources),
+        quantization=model.quantization.name if model.quantization else None,
+        kv_cache_dtype="fp8" if model.kv_dtype_bytes == 1 else "auto",
     )
 
 
@@ -172,6 +199,9 @@ def breakdown_to_dict(b: StepBreakdown) -> dict[str, Any]:
         "decode_batch": b.decode_batch,
         "prefill_context_tokens": b.prefill_context_tokens,
         "total_s": b.total_s,
+        # only when set, so default output reads as it always has
+        **({"quantization": b.quantization} if b.quantization else {}),
+        **({"kv_cache_dtype": b.kv_cache_dtype} if b.kv_cache_dtype != "auto" else {}),
         "ops": {
             k: {
                 "total_s": b.by_class_s[k],
@@ -193,7 +223,10 @@ def breakdown_table(b: StepBreakdown):  # -> rich.table.Table (rich imported laz
     if b.decode_batch:
         parts.append(f"decode batch {b.decode_batch} at context {b.context_tokens}")
     what = " + ".join(parts)
-    table = Table(title=f"{b.model} on {b.gpu} x{b.tp}: {what} = {b.total_s * 1e3:.3f} ms")
+    dtypes = ", ".join(x for x in (b.quantization,
+                                   "kv fp8" if b.kv_cache_dtype == "fp8" else None) if x)
+    model = f"{b.model} ({dtypes})" if dtypes else b.model
+    table = Table(title=f"{model} on {b.gpu} x{b.tp}: {what} = {b.total_s * 1e3:.3f} ms")
     for col, justify in (
         ("op", "left"),
         ("per layer ms", "right"),

@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
+from fleetsim.models.quantization import BF16, QuantPart
 from fleetsim.perf import roofline as rl
 from fleetsim.perf.tables import Table, known_systems, load_table
 
@@ -142,6 +143,25 @@ def _interp_rows(rows: Table, msg: F64) -> F64:
     return _interp_linear_tail(msg, xs, rows.columns["latency_s"][order])
 
 
+def _parts(model: ModelSpec) -> tuple[QuantPart, QuantPart]:
+    """(dense layers, routed experts) of ``model`` as served. Without a quantization setting,
+    the checkpoint's dtype prices both, as fleetsim always has: FP8 (block tables first, as
+    DeepSeek-V3 ships) or BF16."""
+    if model.quantization is not None:
+        return model.quantization.dense, model.quantization.experts
+    if model.weight_dtype_bytes == 1:
+        part = QuantPart(8, "fp8", ("fp8_block", "fp8"))
+        return part, part
+    return BF16, BF16
+
+
+def _roofline_tag(part: QuantPart) -> str:
+    """What a roofline prices: the mode's bytes and compute format (no table measures it)."""
+    if part == BF16:
+        return ""
+    return f"{part.weight_bits:g}-bit weights, {part.compute} compute"
+
+
 class OpTimes:
     """Kernel-time functions for one model on one GPU at one TP degree."""
 
@@ -154,26 +174,37 @@ class OpTimes:
                 f"gpu {gpu.name}: aic_system", self.system,
                 f"no measured tables of that name (known: {', '.join(systems)}); fix it, or "
                 f"leave it unset for the roofline model")
-        fp8 = model.weight_dtype_bytes == 1
-        self.peak_flops = gpu.peak_fp8_flops if fp8 else gpu.peak_bf16_flops
-        self.gemm_dtypes = ("fp8_block", "fp8") if fp8 else ("bfloat16",)
+        self.dense, self.experts = _parts(model)
+        self.peak_flops = gpu.peak_flops(self.dense.compute)
+        # Attention computes in FP8 when the cache is FP8 and the GPU has FP8 units (vLLM's
+        # FlashAttention-3 path quantizes the queries too: docs/features/quantization/
+        # quantized_kvcache.md); a checkpoint without a quantization setting keeps its old
+        # pricing (its weights' format) so default results do not move.
+        if model.kv_dtype_bytes == 1 and "fp8" in gpu.compute_formats:
+            self.attn_peak_flops = gpu.peak_flops("fp8")
+        elif model.quantization is None:
+            self.attn_peak_flops = self.peak_flops
+        else:
+            self.attn_peak_flops = gpu.peak_bf16_flops
+        self.kv_cache_dtype = "fp8" if model.kv_dtype_bytes == 1 else "bfloat16"
         self.heads = -(-model.num_attention_heads // tp)
         self.kv_heads = -(-model.num_kv_heads // tp)
         self.sources: dict[str, set[str]] = {}
 
-    def _note(self, op: str, label: str) -> None:
+    def _note(self, op: str, label: str, mode: str = "") -> None:
+        """Record where ``op``'s numbers come from; ``mode`` names a non-BF16 format priced
+        (left out for unquantized checkpoints, whose sources read as they always have)."""
+        if mode and (self.model.quantization is not None or self.kv_cache_dtype != "bfloat16"):
+            label = f"{label} ({mode})"
         self.sources.setdefault(op, set()).add(label)
 
     # ---- GEMM ----
-    def gemm_s(self, m: F64, n: int, k: int, wbytes: float | None = None) -> F64:
-        """(m x k) @ (k x n) for every m in the array; m == 0 costs 0."""
-        wbytes = self.model.weight_dtype_bytes if wbytes is None else wbytes
-        dtypes = self.gemm_dtypes if wbytes == self.model.weight_dtype_bytes else ("bfloat16",)
-        peak = (
-            self.peak_flops
-            if wbytes == self.model.weight_dtype_bytes
-            else (self.gpu.peak_bf16_flops)
-        )
+    def gemm_s(self, m: F64, n: int, k: int, part: QuantPart | None = None) -> F64:
+        """(m x k) @ (k x n) for every m in the array; m == 0 costs 0. ``part``: how the
+        weights are stored and computed (default: the model's dense layers)."""
+        part = self.dense if part is None else part
+        dtypes, wbytes = part.tables, part.weight_bytes
+        peak = self.gpu.peak_flops(part.compute)
         bw = self.gpu.hbm_bw_bytes_per_s
         grid = None
         for dtype in dtypes if self.system else ():
@@ -181,11 +212,11 @@ class OpTimes:
             if grid is not None:
                 break
         if grid is None:
-            self._note("gemm", ROOFLINE)
+            self._note("gemm", ROOFLINE, _roofline_tag(part))
             out = np.array([rl.gemm_s(x, n, k, peak, bw, wbytes) for x in m])
             return np.where(m > 0, out, 0.0)
         ms, lns, lks, ratio, label = grid
-        self._note("gemm", "measured: " + label)
+        self._note("gemm", "measured: " + label, dtype)
         t_at_ms = np.exp(_bilinear(lns, lks, ratio, np.log(n), np.log(k))) * _ideal_gemm_s(
             ms, n, k, peak, bw, wbytes
         )
@@ -204,14 +235,15 @@ class OpTimes:
             "vllm",
             filename,
             cols,
-            kv_cache_dtype="bfloat16",
+            kv_cache_dtype=self.kv_cache_dtype,
             window_size=0,
         )
         if table is None:  # older tables (A100, vLLM 0.14) have no sliding-window column
             table = load_table(
-                self.system, "attention", "vllm", filename, cols, kv_cache_dtype="bfloat16"
+                self.system, "attention", "vllm", filename, cols,
+                kv_cache_dtype=self.kv_cache_dtype,
             )
-        if table is None:
+        if table is None or len(table) == 0:  # e.g. no FP8-cache rows: roofline
             return None
         for f in (1, 2, 4, 8, 16):
             if self.heads % f or self.kv_heads % f:
@@ -233,7 +265,7 @@ class OpTimes:
             rows, f = found
             rows = rows.where(batch_size=f)
             if len(rows) >= 2:
-                self._note("attention", "measured: " + rows.label)
+                self._note("attention", "measured: " + rows.label, self._kv_tag)
                 isl = np.unique(rows.columns["isl"]).astype(float)
                 lat = np.array(
                     [rows.columns["latency_s"][rows.columns["isl"] == x].min() for x in isl]
@@ -243,7 +275,7 @@ class OpTimes:
                 tail = s > isl[-1]
                 out[tail] = lat[-1] * (s[tail] / isl[-1]) ** 2
                 return out
-        self._note("attention", ROOFLINE)
+        self._note("attention", ROOFLINE, self._kv_tag)
         if m.uses_mla:
             flops = 2.0 * s * s / 2 * self.heads * (m.head_dim + m.v_head_dim)
         else:
@@ -251,10 +283,14 @@ class OpTimes:
         kv = s * self.kv_bytes_per_token_layer
         return np.array(
             [
-                rl.attention_s(a, b, self.peak_flops, self.gpu.hbm_bw_bytes_per_s)
+                rl.attention_s(a, b, self.attn_peak_flops, self.gpu.hbm_bw_bytes_per_s)
                 for a, b in zip(flops, kv, strict=True)
             ]
         )
+
+    @property
+    def _kv_tag(self) -> str:
+        return "kv fp8" if self.kv_cache_dtype == "fp8" else ""
 
     @property
     def kv_bytes_per_token_layer(self) -> float:
@@ -270,28 +306,29 @@ class OpTimes:
         if found is not None:
             fit = _fit_decode_attention(*found)
             if fit is not None:
-                self._note("attention", "measured: " + found[0].label)
+                self._note("attention", "measured: " + found[0].label, self._kv_tag)
                 bsa, a, c = fit
                 a_out = np.interp(batches, bsa, a)
                 tail = batches > bsa[-1]
                 a_out[tail] = a[-1] * batches[tail] / bsa[-1]
                 return a_out, np.full_like(batches, c)
-        self._note("attention", ROOFLINE)
+        self._note("attention", ROOFLINE, self._kv_tag)
         m = self.model
         if m.uses_mla:  # absorbed MLA decode: each head attends over the 576-wide latent
             flops_per_tok = 2.0 * self.heads * (m.kv_lora_rank * 2 + m.qk_rope_head_dim)
         else:
             flops_per_tok = 4.0 * self.heads * m.head_dim
         c_val = max(
-            flops_per_tok / (self.peak_flops * rl.ATTN_COMPUTE_EFF), self.kv_read_s_per_token()
+            flops_per_tok / (self.attn_peak_flops * rl.ATTN_COMPUTE_EFF),
+            self.kv_read_s_per_token(),
         )
         return np.full_like(batches, rl.KERNEL_FLOOR_S), np.full_like(batches, c_val)
 
     # ---- MoE ----
     def moe_s(self, tokens: F64) -> F64:
         """Routed experts of one MoE layer for ``tokens`` tokens entering it (TP-sharded)."""
-        m = self.model
-        for dtype in ("fp8_block", "fp8") if m.weight_dtype_bytes == 1 else ("bfloat16",):
+        m, part = self.model, self.experts
+        for dtype in part.tables:
             table = (
                 load_table(
                     self.system,
@@ -322,18 +359,19 @@ class OpTimes:
             lat = np.array(
                 [rows.columns["latency_s"][rows.columns["num_tokens"] == x].min() for x in nt]
             )
-            self._note("moe", "measured: " + rows.label)
+            self._note("moe", "measured: " + rows.label, dtype)
             return np.where(tokens > 0, _interp_linear_tail(tokens, nt, lat), 0.0)
-        self._note("moe", ROOFLINE)
+        self._note("moe", ROOFLINE, _roofline_tag(part))
         inter = -(-m.moe_intermediate_size // self.tp)
-        per_expert_bytes = 3.0 * m.hidden_size * inter * m.weight_dtype_bytes
+        per_expert_bytes = 3.0 * m.hidden_size * inter * part.weight_bytes
         routed = tokens * m.num_experts_per_token
         touched = np.minimum(float(m.num_experts), routed)  # experts that receive any token
         flops = 2.0 * routed * 3 * m.hidden_size * inter
         bytes_moved = touched * per_expert_bytes + routed * m.hidden_size * 2 * 2
         out = np.array(
             [
-                rl.grouped_gemm_s(a, b, self.peak_flops, self.gpu.hbm_bw_bytes_per_s)
+                rl.grouped_gemm_s(a, b, self.gpu.peak_flops(part.compute),
+                                  self.gpu.hbm_bw_bytes_per_s)
                 for a, b in zip(flops, bytes_moved, strict=True)
             ]
         )

@@ -14,7 +14,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.perf.breakdown import build_step_model
+from fleetsim.perf.breakdown import build_step_model, check_quantization
 from fleetsim.registry import lookup, make_registry
 
 STEP_MODELS, register_step_model = make_registry("step model")
@@ -41,6 +41,7 @@ def make_step_model(
     """The step model ``name`` for one replica; the overheads and the kernel scale go to the
     built-in model only."""
     factory = lookup(STEP_MODELS, name, f"{where}.name")
+    check_quantization(model, gpu)
     if factory is build_step_model:
         if args:
             raise FleetsimInputError(f"{where}.args", dict(args), "the table model takes none; "

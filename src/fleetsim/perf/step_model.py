@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
+from fleetsim.models.quantization import BF16
 from fleetsim.perf import roofline as rl
 from fleetsim.perf.ops import OpTimes
 
@@ -165,7 +166,7 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
     gemm = m.num_layers * proj + (m.num_layers - m.num_moe_layers) * dense_mlp
     moe = np.zeros_like(T)
     if m.is_moe:
-        router = ops.gemm_s(T, m.num_experts, h, wbytes=2)
+        router = ops.gemm_s(T, m.num_experts, h, part=BF16)  # routers stay 16-bit
         shared: NDArray[np.float64] | float = 0.0
         if m.num_shared_experts:
             sh = -(-m.moe_intermediate_size * m.num_shared_experts // tp)
@@ -180,7 +181,7 @@ def _build_grids(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: bool) -> _
         T > 0, np.maximum(elem_bytes / (gpu.hbm_bw_bytes_per_s * rl.GEMM_MEMORY_EFF), floor), 0.0
     )
     # --- per sequence: LM head on the sampled positions, and the sampler over the vocab ---
-    lm_head = ops.gemm_s(T, -(-m.vocab_size // tp), h, wbytes=2)
+    lm_head = ops.gemm_s(T, -(-m.vocab_size // tp), h, part=BF16)
     sampling = np.where(
         T > 0, T * m.vocab_size * 4.0 * 4 / (gpu.hbm_bw_bytes_per_s * rl.GEMM_MEMORY_EFF), 0.0
     )

@@ -30,6 +30,7 @@ import numpy as np
 
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
+from fleetsim.models.quantization import BF16
 from fleetsim.perf import roofline as rl
 from fleetsim.perf.breakdown import build_step_model
 from fleetsim.perf.ops import OpTimes
@@ -98,7 +99,7 @@ def _attention_and_head(model: ModelSpec, gpu: GPUSpec, tp: int, use_tables: boo
                                      np.geomspace(1024, 2**21, 400)]))
     attn = model.num_layers * ops.prefill_attention_s(grid)
     attn[0] = 0.0
-    head = ops.gemm_s(grid, -(-model.vocab_size // tp), model.hidden_size, wbytes=2)
+    head = ops.gemm_s(grid, -(-model.vocab_size // tp), model.hidden_size, part=BF16)
     head[0] = 0.0
     attn, head = np.maximum.accumulate(attn), np.maximum.accumulate(head)
     last = float(grid[-1])

@@ -8,7 +8,8 @@ driver (``fleetsim.rl.agentic_rollout``) keeps a ``TrajectoryPlan`` in each prog
 placement chose. The routers and the ordering read it; on a plain request (no program) every
 policy falls back to least-requests routing and arrival order.
 
-Routers (the paper's baselines, ``../shared/papers/scheduling.md`` section 3):
+Routers (the paper's baselines, as its evaluation names them; from secondary summaries of the
+paper, whose body could not be read):
 - ``least_requests``: slime, per-step least-load routing: every step goes to the worker with
   the fewest calls in flight (running plus waiting), wherever the trajectory's KV is;
 - ``sticky``: verl, cache-aware sticky placement: a trajectory's first step goes to the least
@@ -97,7 +98,7 @@ class StickySkew:
 
     skew_threshold: float = 1.5
     """Load over mean above which balance wins over stickiness (our assumption: the paper's
-    threshold is not in our notes)."""
+    threshold is not in what we could read)."""
     replica_by_trajectory: dict[int, int] = field(default_factory=dict)
     """program id -> the replica its calls stick to."""
     num_skew_routes: int = 0

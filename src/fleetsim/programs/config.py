@@ -56,7 +56,8 @@ class ProgramWorkloadConfig:
     """The generator's parameters (its dataclass in fleetsim.programs.generators)."""
     tool_trace: str | None = None
     """Resample every tool time from real tool latencies: the agentcgroup_swe traces
-    (``../shared/traces/agentic/agentcgroup_swe/``, GPL-2.0: read in place, never copied)."""
+    (the ``experiments/*/attempt_1/trace.jsonl`` logs of ``yunwei37/agentcgroup`` on GitHub,
+    AgentCgroup, arXiv 2602.09345; GPL-2.0: read from the user's copy, never shipped)."""
     tool_names: tuple[str, ...] = ()
     """With tool_trace: the tool types to draw from (e.g. ["Bash"]; empty: every tool)."""
     tool_kv: str = "drop"

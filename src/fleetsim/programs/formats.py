@@ -235,7 +235,7 @@ def load_weka(path: str | os.PathLike[str], *, max_programs: int | None,
 
 
 # ---- tau-bench trajectories (sierra-research/tau-bench, MIT) ------------------------------
-CHARS_PER_TOKEN = 4  # the traces README's rule of thumb for these character counts
+CHARS_PER_TOKEN = 4  # the common ~4 characters per English token rule of thumb
 
 
 def _chars(message: dict[str, Any]) -> int:

@@ -3,18 +3,22 @@ mix of the four. Each generator's parameters are a frozen dataclass with cited d
 
 Token counts: a call's prompt is its first parent's context (prompt + output) plus new text
 (the tool result and the next message); ``dag.assign_hash_ids`` then shares the parent's
-blocks. Sources of the defaults (``../shared/traces/README.md``, ``../shared/papers/
-scheduling.md`` section 12):
+blocks. Sources of the defaults (public datasets and papers; the percentiles of the tau-bench
+and PolyTrace files are our own statistics over those public files):
 
 - chat turns: prompt and output lengths resampled from the embedded ShareGPT lengths (the
   etalon ShareGPT sample, Llama-2 tokenizer); turns per conversation geometric with mean 3.95
-  (the GitHub Copilot agent dataset card: 3.95 turns per session);
-- tool-use chains (BFCL/tau-bench-like): LLM calls per chain geometric with mean 11 (tau-bench
-  GPT-4o airline: assistant calls p50 11), system prompt 1,539 tokens (6,155 characters / 4),
-  each step's new text lognormal with median 167 tokens (tool result p50 667 characters / 4),
-  outputs lognormal with median 53 tokens (assistant message p50 213 characters / 4);
-- tool latency: lognormal, median 0.5 s and p90 1.4 s (Heddle's 0.4-1.4 s for code, search
-  and math tools; Search-R1's p50 0.16 / p90 1.13 s in PolyTrace);
+  (the GitHub Copilot coding-agent dataset card in ``Azure/AzurePublicDataset``, Liu et al.,
+  arXiv 2608.00101: 3.95 turns per session);
+- tool-use chains (BFCL/tau-bench-like): LLM calls per chain geometric with mean 11 (tau-bench,
+  ``sierra-research/tau-bench`` ``historical_trajectories/gpt-4o-airline.json``, MIT:
+  assistant calls p50 11), system prompt 1,539 tokens (6,155 characters / 4), each step's new
+  text lognormal with median 167 tokens (tool result p50 667 characters / 4), outputs lognormal
+  with median 53 tokens (assistant message p50 213 characters / 4);
+- tool latency: lognormal, median 0.5 s and p90 1.4 s (Heddle, arXiv 2603.28101: 0.4-1.4 s for
+  code, search and math tools, from a secondary summary of the paper; Search-R1's p50 0.16 /
+  p90 1.13 s in PolyTrace, ``Zhou-jiecheng/PolyTrace``
+  ``search_r1/profile/multiturn_workload_log/``, arXiv 2509.25279);
 - LATS: 5 children per expansion (LATS, Zhou et al. 2023, n = 5 on HotpotQA), depth 3 (our
   choice, to keep a tree near 16 calls), each child followed by an environment step;
 - map-reduce: fan-out 8 (the Copilot card's 7.83 LLM calls per turn), one reducer.

@@ -1,11 +1,11 @@
 """Tool latencies measured in real agent runs, per tool type, for resampling a program's tool
 times: the headless Claude Code runs on SWE-rebench tasks (AgentCgroup, arXiv 2602.09345;
-``../shared/traces/agentic/agentcgroup_swe/``).
+the session logs ``experiments/all_images_{haiku,local}/<task>/attempt_1/trace.jsonl`` of the
+GitHub repository ``yunwei37/agentcgroup``).
 
 That set is GPL-2.0: fleetsim never ships or copies it. It is read at run time from the path
-the user gives (the ``.tar.xz`` or its unpacked ``experiments/`` folder); only the latencies
-(tool_result timestamp minus tool_use timestamp, as the traces README measures them) are kept
-in memory.
+the user gives (a ``.tar.xz`` of those logs or the unpacked ``experiments/`` folder); only the
+latencies (tool_result timestamp minus tool_use timestamp) are kept in memory.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ a report is made)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from fleetsim.errors import FleetsimInputError
@@ -12,10 +13,12 @@ DEFAULT_NAME = "report.html"
 
 
 def write_report(path: str | Path, out: str | Path | None = None,
-                 made_on: str | None = None) -> Path:
+                 made_on: str | None = None,
+                 progress: Callable[[str], None] | None = None) -> Path:
     """Read whatever ``path`` holds (see ``fleetsim.report.load``), write one self-contained
     HTML page to ``out`` (default: ``<path>/report.html``) and return its path. ``made_on``
-    (e.g. "2026-12-01 16:05 UTC", read from the clock by the caller) dates the page."""
+    (e.g. "2026-12-01 16:05 UTC", read from the clock by the caller) dates the page;
+    ``progress`` is called after each of its ``html.NUM_SECTIONS`` sections."""
     from fleetsim.report.load import load_inputs
 
     inputs = load_inputs(path)  # input errors first: they do not need matplotlib
@@ -33,7 +36,7 @@ def write_report(path: str | Path, out: str | Path | None = None,
     if target.is_dir():
         raise FleetsimInputError("--out", str(target), "it is a folder; give an .html file path")
     check_out_file(target, "--out")
-    write_file(target, render(inputs, made_on))
+    write_file(target, render(inputs, made_on, progress))
     return target
 
 

@@ -20,15 +20,26 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import sys
     from datetime import UTC, datetime
 
-    from fleetsim.report import write_report
+    from rich.console import Console
 
-    if sys.stderr.isatty():
-        print(f"reading {args.dir} and drawing the report...", file=sys.stderr, flush=True)
+    from fleetsim.output import progress_bar
+    from fleetsim.report import write_report
+    from fleetsim.report.html import NUM_SECTIONS
+
     # The front end reads the clock, so that the package below it never does.
     made_on = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    path = write_report(args.dir, args.out, made_on)
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        path = write_report(args.dir, args.out, made_on)
+    else:
+        with progress_bar(console, "report") as bar:
+            task = bar.add_task("report", total=NUM_SECTIONS, note=f"reading {args.dir}")
+
+            def progress(title: str) -> None:
+                bar.update(task, advance=1, note=f"drew {title}")
+
+            path = write_report(args.dir, args.out, made_on, progress)
     print(f"report written to {path}")
     return 0

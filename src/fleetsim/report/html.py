@@ -16,6 +16,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from fleetsim import __version__
+from fleetsim.formatting import hardware_label
 from fleetsim.report import figures as F
 from fleetsim.report.layout import Layout, fit, layout, workload_mix
 from fleetsim.report.load import ReportInputs, RunData
@@ -37,6 +38,7 @@ table { border-collapse: collapse; font-size: 0.85em; margin: 0.8em 0; }
 th, td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; }
 th { background: #f4f4f4; } td.l, th.l { text-align: left; }
 tr.failed td { background: #fff0f0; }
+tr.overloaded td { background: #fff6e5; }
 """
 
 DPI = 110
@@ -55,24 +57,36 @@ def img(fig: Figure, alt: str, caption: str = "") -> str:
             f"{cap}</figure>")
 
 
-def render(inputs: ReportInputs, made_on: str | None = None) -> str:
+NUM_SECTIONS = 5
+"""Sections ``render`` draws, one ``progress`` call each."""
+
+
+def render(inputs: ReportInputs, made_on: str | None = None,
+           progress: Callable[[str], None] | None = None) -> str:
     """The whole page for what ``load_inputs`` found; ``made_on`` (a date the caller read
-    from the clock) goes in the header."""
+    from the clock) goes in the header; ``progress`` (optional) is called with each
+    section's title once it is drawn."""
+    done = progress or (lambda title: None)
     parts = [f"<h1>fleetsim report</h1><p class=src>{escape(str(inputs.path))}: "
              f"{escape(describe(inputs))}</p>", header(inputs, made_on)]
     parts.append(section("Summary", summary_tables(inputs)))
+    done("Summary")
     parts.append(section(F.TITLE_CDF, list(_per_source(inputs, F.latency_cdfs, F.TITLE_CDF)),
                          "no requests.csv with TTFT/TPOT/E2E columns found"))
+    done(F.TITLE_CDF)
     parts.append(section(F.TITLE_SLO, list(_slo_figures(inputs)),
                          "needs a sweep over workload.rate_scale or workload.rate_per_s, or a "
                          "goodput search"))
+    done(F.TITLE_SLO)
     parts.append(section(F.TITLE_QUEUE,
                          list(_per_source(inputs, F.queue_over_time, F.TITLE_QUEUE)),
                          "no timeline with queue columns (mean_waiting, mean_running) in the "
                          "summaries"))
+    done(F.TITLE_QUEUE)
     parts.append(section(F.TITLE_PARETO, list(pareto_figures(inputs)),
                          "needs a capacity plan (plan.json), or sweep points or several runs "
                          "whose summaries report cost"))
+    done(F.TITLE_PARETO)
     body = "\n".join(parts)
     return (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
             f"<title>fleetsim report: {escape(inputs.path.name or str(inputs.path))}</title>"
@@ -113,7 +127,7 @@ def _hardware(run: RunData) -> str | None:
     s = run.summary
     if not s.get("gpu"):
         return None
-    return f"{s.get('num_replicas', '?')}x {s['gpu']}, TP {s.get('tp', '?')}"
+    return hardware_label(s)
 
 
 def _written_on(inputs: ReportInputs) -> str | None:
@@ -253,8 +267,29 @@ RUN_COLUMNS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 
+def overload_warnings(inputs: ReportInputs) -> list[str]:
+    """One warning paragraph per run or sweep point whose summary says it was overloaded
+    (``summary["overload"]["warning"]``): its latencies are a growing queue's, not the
+    service's."""
+    named = [(r.label, r) for r in inputs.runs]
+    for sweep in inputs.sweeps:
+        values = {str(row.get("index")): row for row in sweep.rows}
+        for r in sweep.runs:
+            row = values.get(str(r.path.name), {})
+            grid = ", ".join(f"{k}={row.get(k)}" for k in sweep.keys)
+            named.append((f"sweep {sweep.path.name} point {r.path.name}"
+                          + (f" ({grid})" if grid else ""), r))
+    return [f"<p class=warn>{escape(label)}: {escape(str(warning))}</p>"
+            for label, r in named if (warning := _overload_warning(r))]
+
+
+def _overload_warning(run: RunData) -> str | None:
+    overload = run.summary.get("overload")
+    return overload.get("warning") if isinstance(overload, dict) else None
+
+
 def summary_tables(inputs: ReportInputs) -> list[str]:
-    out = []
+    out = overload_warnings(inputs)
     if inputs.runs:
         out.append(_runs_table(inputs.runs, [r.label for r in inputs.runs], "run"))
     for sweep in inputs.sweeps:
@@ -299,7 +334,11 @@ def _sweep_table(sweep: Any) -> str:
             continue
         cells = "".join(f"<td>{_cell(_get(run.summary, path), kind)}</td>"
                         for _, path, kind in cols)
-        rows.append(f"<tr><td>{row.get('index')}</td>{keys}<td class=l>ok</td>{cells}</tr>")
+        warning = _overload_warning(run)
+        status = (f"<tr class=overloaded><td>{row.get('index')}</td>{keys}"
+                  f"<td class=l title=\"{escape(warning)}\">overloaded</td>" if warning
+                  else f"<tr><td>{row.get('index')}</td>{keys}<td class=l>ok</td>")
+        rows.append(f"{status}{cells}</tr>")
     return "<div class=scroll><table>" + head + "".join(rows) + "</table></div>"
 
 
@@ -317,14 +356,26 @@ def _pools_table(pools: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 def _plan_table(plan: Any) -> str:
+    """The plan's shapes by cost; with ``verified`` picks (``search.plan.verify_picks``), the
+    attainment each reached on the whole workload at its goodput."""
+    verified = any(isinstance(p.get("verified"), dict) for p in plan.points)
     head = ("<tr><th class=l>shape</th><th>GPUs</th><th>$/hour</th><th>goodput (req/s)</th>"
-            "<th>$/M tokens</th><th class=l>Pareto front</th></tr>")
+            "<th>$/M tokens</th><th class=l>Pareto front</th>"
+            + ("<th>SLO met on the whole workload</th>" if verified else "") + "</tr>")
     points = sorted(plan.points, key=lambda p: p["usd_per_hour"])
-    rows = [f"<tr><td class=l>{escape(p['label'])}</td><td>{_cell(p.get('num_gpus'), 'int')}"
-            f"</td><td>{_cell(p['usd_per_hour'], 'num')}</td>"
-            f"<td>{_cell(p['goodput_requests_per_s'], 'num')}</td>"
-            f"<td>{_cell(p.get('usd_per_million_tokens'), 'num')}</td>"
-            f"<td class=l>{'yes' if p['on_front'] else ''}</td></tr>" for p in points]
+    rows = []
+    for p in points:
+        v = p.get("verified") if isinstance(p.get("verified"), dict) else None
+        check = "" if not verified else (
+            "<td>–</td>" if v is None else
+            f"<td>{_cell(v.get('attainment'), 'pct')}"
+            f"{'' if v.get('met') else ' (under the target: the goodput is overstated)'}</td>")
+        rows.append(f"<tr><td class=l>{escape(p['label'])}</td>"
+                    f"<td>{_cell(p.get('num_gpus'), 'int')}</td>"
+                    f"<td>{_cell(p['usd_per_hour'], 'num')}</td>"
+                    f"<td>{_cell(p['goodput_requests_per_s'], 'num')}</td>"
+                    f"<td>{_cell(p.get('usd_per_million_tokens'), 'num')}</td>"
+                    f"<td class=l>{'yes' if p['on_front'] else ''}</td>{check}</tr>")
     return "<div class=scroll><table>" + head + "".join(rows) + "</table></div>"
 
 

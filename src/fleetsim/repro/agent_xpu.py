@@ -1,8 +1,8 @@
 """Agent.xpu (arXiv:2506.24045): reactive and proactive LLM flows on a laptop SoC's NPU and iGPU,
 against an iGPU-only engine and a static NPU-iGPU tensor partition.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 10; only the two
-abstracts of the paper could be read, so the mechanisms are theirs and the numbers ours):
+Parameters and their sources (the paper's two arXiv abstracts, v1 and v2; only they could be
+read, not the body, so the mechanisms are theirs and the numbers ours):
 - SoC: Intel Core Ultra 7 258V (Lunar Lake), the paper's "Intel Core Ultra SoC" [our reading
   of the platform]; peaks from Intel's figures (NPU 48 INT8 TOPS, Arc 140V 64 INT8 TOPS,
   LPDDR5X-8533 at 136.5 GB/s), efficiencies from public measurements on that chip

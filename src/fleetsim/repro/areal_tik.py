@@ -1,8 +1,10 @@
-"""AReaL-TIK / KernelBraid (arXiv 2609.35140 per our notes): bitwise-aligned unified rollout
-and training kernels let the trainer reuse the rollout's log-probabilities, removing the
-recompute forward pass, at the price of slower attention kernels.
+"""AReaL-TIK / KernelBraid (arXiv 2609.35140, as a secondary summary of the paper gives it):
+bitwise-aligned unified rollout and training kernels let the trainer reuse the rollout's
+log-probabilities, removing the recompute forward pass, at the price of slower attention
+kernels.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 4):
+Parameters and their sources ([P]: the public repository areal-project/AReaL-TIK, Apache-2.0,
+read directly; [S]: a secondary summary of the paper, whose body could not be read):
 - the kernel slowdowns on H20: vendor over unified latency 0.710 for decode attention
   (FlashInfer) and 0.964 for prefill attention (FA3), from the public
   ``experimental/figures/attention_performance.csv`` of areal-project/AReaL-TIK [P]; the
@@ -12,7 +14,7 @@ Parameters and their sources (``../shared/papers/scheduling.md`` section 4):
   (one-step staleness, finished samples streamed to the trainer);
 - H20 GPUs, end-to-end throughput averaged over configurations (the paper: 12 configs, 1.10x
   on average) [S];
-- our choices (the 12 configs are not in our notes): Qwen2.5-7B GRPO on 16 H20 split 12
+- our choices (the 12 configs are not in what we could read): Qwen2.5-7B GRPO on 16 H20 split 12
   generation / 4 training (8 = 6 + 2 with --quick), 128 prompts x 8 samples, maximum response
   lengths 4K / 8K / 16K with PolyTrace's DAPO group lengths scaled by cap / 20,480 (as the
   StreamRL entry), 3 steps. H20 has no measured tables: its times are roofline.

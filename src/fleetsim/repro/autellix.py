@@ -3,8 +3,10 @@ service along the critical path, multi-level queues) with its locality-aware bal
 against vLLM's call-level FCFS, on program latency.
 
 Parameters and their sources:
-- the scheduler and the balancer: ``../shared/papers/scheduling.md`` section 1 ("Baseline to
-  build: Autellix PLAS/ATLAS"); queue boundaries and the pinning threshold are our
+- the scheduler and the balancer: PLAS and ATLAS (least attained service per program, along
+  the critical path for DAGs, discretised into multi-level queues) and the locality-aware
+  balancer, as the paper's abstract and well-known secondary descriptions give them (no
+  official code is public); queue boundaries and the pinning threshold are our
   assumptions (``fleetsim.policies.programs``);
 - workloads: ShareGPT-like chat chains, BFCL-like tool-use chains and LATS trees (the paper's
   three), Poisson program arrivals (the paper's), generators' defaults

@@ -40,9 +40,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
             _print_list(list(REPRODUCTIONS.values()))
         return 0
     repro = get_reproduction(args.name)
-    from fleetsim.results import check_out_dir
+    from fleetsim.results import check_out_dir, fresh_out_dir
 
-    out = Path(args.out) if args.out else Path("results") / "repro" / repro.key
+    out = Path(args.out) if args.out else fresh_out_dir(Path("results") / "repro" / repro.key)
     check_out_dir(out)
     comparison, ctx, took_s = _run(repro, args)
     from fleetsim.repro.frame import to_document
@@ -66,8 +66,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 
 def _run(repro: Any, args: argparse.Namespace) -> tuple[Any, Any, float]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from fleetsim.output import progress_bar
     from fleetsim.repro.frame import run_reproduction
 
     console = Console(stderr=True)
@@ -77,13 +76,11 @@ def _run(repro: Any, args: argparse.Namespace) -> tuple[Any, Any, float]:
     if not console.is_terminal:
         comparison, ctx = run_reproduction(repro, quick=args.quick, overrides=args.overrides)
         return comparison, ctx, time.perf_counter() - start
-    with Progress(TextColumn(f"{repro.key}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[now]}"), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("runs", total=total, now="")
+    with progress_bar(console, repro.key) as bar:
+        task = bar.add_task("runs", total=total, note="")
 
         def progress(label: str) -> None:
-            bar.update(task, advance=0 if bar.tasks[0].fields["now"] == "" else 1, now=label)
+            bar.update(task, advance=0 if bar.tasks[0].fields["note"] == "" else 1, note=label)
 
         comparison, ctx = run_reproduction(repro, quick=args.quick, overrides=args.overrides,
                                            progress=progress)

@@ -4,8 +4,8 @@ phases' expert work at GEMM tile boundaries. Against PD colocation and instance-
 disaggregation, by goodput (the highest request rate at which 90% of requests meet both the
 TTFT and the TPOT SLO).
 
-What we know of the paper is a summary (``../shared/papers/moe.md`` section 4.3; PAPERS.md MoE
-section); the paper's text was not found by our search. Taken from it [paper]: the mechanism,
+What we know of the paper (arXiv 2607.18002 v2) is its abstract and a third-party summary of
+it; the paper's text was not found by our search. Taken from it [paper]: the mechanism,
 the tile latency model x_moe = sum_{e: m_e>0} ceil(m_e/M_t), the SM re-allocation
 q' = min(Q_max, ceil_c(q * x_moe / x*_moe)), APK's measured cost (decode +8%, prefill 1.12x vs
 exclusive runs), the metric and the headlines (goodput 2.01x vs instance-level PD, 1.66x vs
@@ -23,7 +23,7 @@ lacks):
   requests per GPU; instances of 8 GPUs (a full bf16 copy of the model fits with room for KV);
 - ShareGPT rows (``embedded:sharegpt_lengths``, vLLM's benchmark filter: prompt <= 1,024,
   prompt + output <= 2,048), Poisson arrivals; SLOs TTFT <= 2 s and TPOT <= 100 ms, 90% of
-  requests meeting both (the paper's SLO values are not in our notes);
+  requests meeting both (the paper's SLO values are not in what we could read);
 - every system gets its best split of the budget (PD: prefill vs decode instances; ExpertPlex:
   pool size and attention GPUs per phase), found by the same rate sweep.
 """
@@ -297,7 +297,7 @@ def compare(ctx: ReproContext) -> Comparison:
 EXPERTPLEX = add(Reproduction(
     key="expertplex",
     paper=Paper(title="ExpertPlex: MoE serving with prefill and decode sharing one expert pool "
-                      "through adaptive persistent kernels", id="moe.md section 4.3 (summary)"),
+                      "through adaptive persistent kernels", id="arXiv:2607.18002"),
     claim="Goodput up to 2.01x over instance-level PD disaggregation and 1.66x over PD "
           "colocation; APK costs decode +8% and prefill 1.12x vs exclusive runs.",
     setup="Qwen3-235B-A22B bf16 on HGX H200 (8 GPUs per NVLink node), 32 GPUs per system "

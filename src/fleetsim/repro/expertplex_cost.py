@@ -31,7 +31,8 @@ H200_SMS = 132
 """SMs of an H100/H200 SXM (NVIDIA H100 datasheet; H200 is the same GH100 die)."""
 APK_DECODE_SLOWDOWN = 1.08
 APK_PREFILL_SLOWDOWN = 1.12
-"""ExpertPlex's measured cost of its persistent kernels vs exclusive runs [paper, moe.md 4.3]."""
+"""ExpertPlex's measured cost of its persistent kernels vs exclusive runs [paper, arXiv
+2607.18002, via a third-party summary]."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

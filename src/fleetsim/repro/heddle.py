@@ -1,9 +1,9 @@
 """Heddle (arXiv:2603.28101): trajectory-centric agentic RL rollout against slime, verl and
 verl*, on rollout throughput.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 3; the paper's body
-was not readable, so the mechanisms come from its abstract and secondary notes [S], the DP
-recurrence and the migration rule are our reconstruction [R]):
+Parameters and their sources (the paper's body was not readable, so the mechanisms come from
+its abstract and two secondary summaries of the paper [S], the DP recurrence and the
+migration rule are our reconstruction [R]):
 - Heddle: progressive priority (the trajectory predicted longest first, refined after every
   step, preemptive), presorted-DP placement, migration of a mispredicted trajectory's KV in
   its tool wait (``fleetsim.rl.agentic_rollout``), and the trajectory-adaptive resource
@@ -13,7 +13,7 @@ recurrence and the migration rule are our reconstruction [R]):
   entry's TP, Fix-1, Fix-8: the paper's fixed-MP ablation);
 - baselines, all FCFS with homogeneous MP [S]: slime (per-step least-load routing), verl
   (sticky: a trajectory's steps follow its first, least-loaded worker), verl* (sticky until
-  the worker's load passes 1.5x the mean: our threshold, the paper's is not in our notes);
+  the worker's load passes 1.5x the mean: our threshold, the paper's is not in what we could read);
 - Qwen3-8B, 14B and 32B (the paper's) at TP 1, 2 and 4 (our choice: the baselines'
   homogeneous MP and the resource manager's start) on H100
   (the paper: Hopper GPUs); 16 GPUs and 128 prompts x 16 samples per batch (the paper: 64

@@ -2,7 +2,8 @@
 priority and joint placement on heterogeneous prefill/decode pools against Workflow-FCFS,
 Workflow-LLF and Autellix ATLAS, on the SLO scales Req95 and Req99 over programs.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 1):
+Parameters and their sources (the paper's abstract, a secondary summary of the paper and a
+2026 survey table of agent-serving evaluations; the body could not be read):
 - pools: heterogeneous prefill and decode pools of A100, H100 and H200 (the paper's), 16
   instances (the survey table: 16-20 simulated instances); the split per GPU type is our
   assumption (no public config): prefill H200 x2, H100 x2, A100 x2; decode H200 x3, H100 x3,

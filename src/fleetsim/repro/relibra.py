@@ -1,10 +1,9 @@
 """ReLibra (arXiv:2605.08639): MoE load balancing for RL training with routing replay, against
 Megatron-LM (no balancing), EPLB given the batch's true loads (an oracle) and force-balanced.
 
-Sources: the paper's abstract (the body was not readable here; ``../shared/papers/moe.md``
-section 4.2), R3 (arXiv:2510.11370: rollout routing replay records the rollout's expert
-choices and replays them in training, so a batch's token-to-expert routing is known before
-the step) and the project's MoE notes (sections 1, 3 and 7). What the abstract states:
+Sources: the paper's abstract (the body was not readable here) and R3 (arXiv:2510.11370:
+rollout routing replay records the rollout's expert choices and replays them in training, so
+a batch's token-to-expert routing is known before the step). What the abstract states:
 - two timescales matched to the network's hierarchy: per batch (inter-batch), *reorder*
   experts across nodes for batch-level cross-node balance (scale-out network, amortised over
   the batch); per micro-batch (intra-batch), *replicate* experts inside a node (NVLink) to
@@ -34,10 +33,16 @@ Our choices where the abstract is silent (each a field of ``RelibraSetup``):
   its end; ReLibra's per-micro-batch replicas are copied over NVLink with UltraEP's relay
   tree and, being known ahead (routing replay), hidden behind the layer's attention; plan and
   reroute are computed ahead, off the critical path;
-- expert load: fleetsim's generators (``moe/loads.py``), Zipf 0.6 popularity per layer:
-  ``rl`` (4 hot experts per layer redrawn every micro-batch: the abstract's "hot experts can
-  shift frequently across micro-batches"), ``rl_switch`` (hot experts held for 20
-  micro-batches) and ``drift`` (log-popularity random walk).
+- expert load: the ``ou`` generator (``moe/loads.py``: log-normal popularity whose log-weights
+  follow a stationary AR(1)) at each of the seven max/mean GPU loads without balancing that
+  UltraEP's blog publishes (``moe/load_presets.py``: Megatron-LM training at EP64, 1.30 /
+  2.23 / 2.86; SGLang prefill 2.06 / 3.09 / 3.68 / 4.01). ReLibra publishes no load
+  statistic; the UltraEP blog says RL training loads, lacking pre-training's balancing
+  regulation, show "strong dynamics similar to inference prefill, as observed in ReLibra", so
+  the prefill presets are the RL-like ones. Each is calibrated on Qwen3-235B's shape at its
+  measured EP size (EP64; GLM-4.7's EP40, 4 experts per GPU, at EP32, the same 4 per GPU), so
+  at this EP32 the max/mean is what that routing gives on 4 experts per GPU (lower). The
+  load's correlation between consecutive micro-batches (``autocorr`` 0.9) is unpublished.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from fleetsim.moe.batch_pass import (
     run_two_timescale,
 )
 from fleetsim.moe.ep_pass import EpPassModel
+from fleetsim.moe.load_presets import get_preset, preset_spec
 from fleetsim.moe.loads import LoadSpec, make_loads
 from fleetsim.repro.frame import (
     Comparison,
@@ -79,7 +85,12 @@ from fleetsim.repro.frame import (
 )
 
 POLICIES = ("relibra", "megatron", "eplb_oracle", "force_balanced")
-WORKLOADS = ("rl", "rl_switch", "drift")
+WORKLOADS = ("ultraep-deepseek-v3-train", "ultraep-glm4.5-106b-train",
+             "ultraep-qwen3-235b-train", "ultraep-glm4.7-358b-prefill-mixed",
+             "ultraep-glm4.7-358b-prefill-stem", "ultraep-qwen3-235b-prefill-stem",
+             "ultraep-qwen3-235b-prefill-mixed")
+"""The load presets (``moe/load_presets.py``) the comparison sweeps."""
+ABLATION_WORKLOADS = ("ultraep-qwen3-235b-train", "ultraep-qwen3-235b-prefill-stem")
 PAPER_VS_MEGATRON, PAPER_VS_EPLB = 1.6, 1.2
 PAPER_IDEAL_GAP = (0.06, 0.10)
 """The abstract's "up to 1.6x", "up to 1.2x" and "within 6%-10%" of the ideal."""
@@ -102,7 +113,8 @@ class RelibraSetup:
     num_spare_slots_per_gpu: int = 2
     tokens_per_gpu: int = 4096
     max_swaps_per_batch: int = 8
-    zipf_alpha: float = 0.6
+    autocorr: float = 0.9
+    """Correlation of the expert load between consecutive micro-batches (unpublished)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -123,8 +135,8 @@ class RelibraSetup:
         if self.max_swaps_per_batch < 0:
             raise FleetsimInputError("max_swaps_per_batch", self.max_swaps_per_batch,
                                      "must be >= 0")
-        if not 0 <= self.zipf_alpha <= 3:
-            raise FleetsimInputError("zipf_alpha", self.zipf_alpha, "must be in [0, 3]")
+        if not 0 <= self.autocorr < 1:
+            raise FleetsimInputError("autocorr", self.autocorr, "must be in [0, 1)")
 
 
 QUICK = {"num_batches": 1, "microbatches_per_batch": 4, "num_layers": 16}
@@ -145,15 +157,17 @@ def pass_model_for(setup: RelibraSetup, num_spare_slots_per_gpu: int | None = No
                        num_spare_slots_per_gpu=spare)
 
 
-def make_workload(setup: RelibraSetup, scenario: str) -> TrainingBatches:
+def make_workload(setup: RelibraSetup, preset: str) -> TrainingBatches:
+    """Batches of Qwen3-235B training micro-batches routed as the load preset measured."""
     pass_model = pass_model_for(setup)
     model = get_model("qwen3-235b")
     num_batches = setup.num_warmup_batches + setup.num_batches
     spec = LoadSpec(num_microbatches=num_batches * setup.microbatches_per_batch,
                     num_layers=setup.num_layers, num_experts=model.num_experts,
                     num_tokens=setup.tokens_per_gpu * setup.ep,
-                    top_k=model.num_experts_per_token, zipf_alpha=setup.zipf_alpha)
-    loads = make_loads(scenario, spec, setup.seed)
+                    top_k=model.num_experts_per_token, autocorr=setup.autocorr)
+    loads = make_loads("ou", preset_spec(preset, spec, tokens_per_gpu=setup.tokens_per_gpu),
+                       setup.seed)
     batches = list(loads.reshape(num_batches, setup.microbatches_per_batch, *loads.shape[1:]))
     return TrainingBatches(pass_model, batches, max_swaps_per_batch=setup.max_swaps_per_batch)
 
@@ -209,7 +223,6 @@ def compare(ctx: ReproContext) -> Comparison:
     comparison = _comparison(results, summaries)
     if not ctx.quick:
         comparison.notes.extend(ablations(setup, ctx))
-        comparison.notes.extend(skew_sweep(setup, ctx))
     return comparison
 
 
@@ -237,7 +250,8 @@ def _comparison(results: dict[str, dict[str, float | None]],
     for k in WORKLOADS:
         s = {p: summaries[(p, k)] for p in POLICIES}
         notes.append(
-            f"{k}: max/mean GPU load megatron {s['megatron']['imbalance']:.2f}, eplb_oracle "
+            f"{k} (published {get_preset(k).max_over_mean:.2f} at EP{get_preset(k).ep}): "
+            f"max/mean GPU load at EP32 megatron {s['megatron']['imbalance']:.2f}, eplb_oracle "
             f"{s['eplb_oracle']['imbalance']:.2f}, relibra {s['relibra']['imbalance']:.3f}; "
             f"max/mean node load megatron {s['megatron']['node_imbalance']:.3f}, eplb_oracle "
             f"{s['eplb_oracle']['node_imbalance']:.3f}, relibra "
@@ -256,7 +270,7 @@ def ablations(setup: RelibraSetup, ctx: ReproContext) -> list[str]:
     """Each timescale alone, EPLB with its moves free and EPLB re-planned every micro-batch,
     on every workload."""
     notes = []
-    for scenario in WORKLOADS:
+    for scenario in ABLATION_WORKLOADS:
         if ctx.progress is not None:
             ctx.progress(f"{scenario} ablations")
         runners: dict[str, Runner] = {
@@ -285,28 +299,6 @@ def _exposed_ms(rows: list[BatchResult], setup: RelibraSetup) -> float:
     return float(per_batch) * 94 / setup.num_layers * 1e3
 
 
-SWEEP_ALPHAS = (0.0, 0.3)
-
-
-def skew_sweep(setup: RelibraSetup, ctx: ReproContext) -> list[str]:
-    """The gain over Megatron-LM follows the imbalance Megatron-LM suffers: the same runs at
-    milder base skews (the hot experts of ``rl`` and the walk of ``drift`` stay)."""
-    notes = []
-    for alpha in SWEEP_ALPHAS:
-        for scenario in ("rl", "drift"):
-            if ctx.progress is not None:
-                ctx.progress(f"{scenario}, zipf_alpha={alpha}")
-            runs = run_workload(dataclasses.replace(setup, zipf_alpha=alpha), scenario)
-            total = {p: sum(r.total_s for r in rows) for p, rows in runs.items()}
-            imb = float(np.mean([p.imbalance for r in runs["megatron"] for p in r.passes]))
-            notes.append(
-                f"skew sweep, {scenario}, zipf_alpha={alpha}: megatron max/mean {imb:.2f}; "
-                f"relibra / megatron {total['megatron'] / total['relibra']:.2f}x, relibra / "
-                f"eplb_oracle {total['eplb_oracle'] / total['relibra']:.2f}x, relibra share of "
-                f"ideal {total['force_balanced'] / total['relibra']:.1%}")
-    return notes
-
-
 RELIBRA = add(Reproduction(
     key="relibra",
     paper=Paper(title="ReLibra: Routing-Replay-Guided Load Balancing for MoE Training in "
@@ -315,8 +307,9 @@ RELIBRA = add(Reproduction(
           "EPLB is given oracle loads; within 6-10% of an idealized balanced baseline.",
     setup="Qwen3-235B-A22B bf16 RL training (forward + backward), EP32 over 4 nodes of 8 "
           "H200, 4,096 tokens per GPU per micro-batch, 8 micro-batches per batch, 2 spare "
-          "slots per GPU; expert loads from fleetsim's rl, rl_switch and drift generators "
-          "(Zipf 0.6); 4 scored batches x 94 layers after 1 warm-up batch (--quick: 1 batch "
+          "slots per GPU; expert loads: stationary log-normal loads calibrated to each of the "
+          "seven max/mean GPU loads UltraEP's blog publishes without balancing (1.30-4.01 at "
+          "EP64/EP40); 4 scored batches x 94 layers after 1 warm-up batch (--quick: 1 batch "
           "of 4 micro-batches x 16 layers)",
     system="relibra",
     baselines=("megatron", "eplb_oracle", "force_balanced"),
@@ -325,8 +318,10 @@ RELIBRA = add(Reproduction(
     ratio_definition="relibra / megatron training throughput, best workload (the paper's "
                      "'up to')",
     paper_ratio=PAPER_VS_MEGATRON,
-    loads=Loads(name="expert-load workload", unit="generator", values=(1.0, 2.0, 3.0),
-                quick_values=(1.0, 2.0, 3.0), labels=WORKLOADS),
+    loads=Loads(name="expert-load preset (published max/mean without balancing)",
+                unit="preset", values=tuple(float(i + 1) for i in range(len(WORKLOADS))),
+                quick_values=tuple(float(i + 1) for i in range(len(WORKLOADS))),
+                labels=WORKLOADS),
     compare=compare,
     headline_metric=Metric(name="share of force-balanced throughput, mean over workloads",
                            unit="fraction", direction="higher"),

@@ -3,8 +3,8 @@ migrated onto few instances, the freed GPUs running reference/reward/critic infe
 intra-stage fusion (actor and critic training in one fused pipeline schedule found by
 simulated annealing), against DeepSpeed-Chat-like and ReaLHF-like schedules.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 6 [S]; the paper's
-body was not readable):
+Parameters and their sources ([S]: a secondary summary of the paper, whose body was not
+readable; [P]: the public FlexFusion solver, github.com/FlexFusion/FlexFusion, Apache-2.0):
 - PPO with actor, critic, reference (actor's shape) and reward model (critic's shape); the
   LLaMA models' shapes from their config.json (the model catalog) [S: LLaMA 13B/33B/65B];
 - global batch 512 prompts, mini-batch 64 (8 optimizer steps per RL step), one sample per
@@ -12,7 +12,7 @@ body was not readable):
 - migration threshold 20% of the batch still generating [S];
 - Hopper GPUs: H800 (8 per node, NVLink, 8 x 200 Gb/s RoCE: the catalog's H800), 256 of
   them (32 in --quick) [S: 32 nodes x 8 Hopper];
-- our choices (not in our notes): the actor LLaMA-65B with critic LLaMA-33B (the largest of
+- our choices (not in what we could read): the actor LLaMA-65B with critic LLaMA-33B (the largest of
   the paper's pairs; --quick: 13B/13B), training tp 4 (LLaMA-33B's 52 heads take tp 4) x pp
   4, 8 or 16, whichever is fastest for the system (ReaLHF's layout search, in small), with
   about one sample per micro-batch, inference tp 4 x pp 1, generation tp 8, response

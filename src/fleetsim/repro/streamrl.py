@@ -1,8 +1,8 @@
 """StreamRL (arXiv:2504.15930): disaggregated stream generation against verl's colocated
 pipeline.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 5; the paper's body
-was not readable, so these come from its abstract and secondary notes [S]):
+Parameters and their sources (the paper's body was not readable, so these come from its
+abstract and secondary summaries of the paper [S]):
 - systems: verl (colocated: generation, inference, training in turn on every GPU); StreamRL
   synchronous (generation and training pools, finished groups streamed to the trainer,
   skewness-aware dispatch, stage balancing) and one-step asynchronous [S];
@@ -12,7 +12,7 @@ was not readable, so these come from its abstract and secondary notes [S]):
   to dedicated instances, longest first (Alg. 2, L_alpha = P90, L_r = P50) [S];
 - Qwen2.5-7B on H800 (the paper: Qwen2.5 7B/32B/72B on up to 128 H800) [S], maximum response
   lengths 5K, 10K and 20K tokens [S];
-- our choices (not in our notes of the paper): 32 GPUs (16 in --quick), 512 prompts x 16
+- our choices (not in what we could read of the paper): 32 GPUs (16 in --quick), 512 prompts x 16
   samples per step (64 x 16 in --quick), 4 steps (steady state from the 2nd), verl's rollout
   defaults for both systems except that StreamRL's dedicated generation GPUs give vLLM 90%
   of their memory (vLLM's default) instead of verl's 50%;
@@ -128,8 +128,9 @@ STREAMRL = add(Reproduction(
     claim="Up to 2.66x higher throughput (samples/s) than verl with one-step asynchrony; "
           "1.12-2.12x synchronous.",
     setup=f"Qwen2.5-7B GRPO on {NUM_GPUS} H800 ({QUICK_GPUS} with --quick), {PROMPTS} prompts x "
-          f"{GROUP} samples per step, max response 5K/10K/20K (DeepCoder-14B group lengths "
-          f"scaled to the cap), {STEPS} steps; StreamRL's split by stage balancing",
+          f"{GROUP} samples per step, max response 5K/10K/20K (PolyTrace's DAPO Qwen2.5-32B "
+          f"group lengths scaled to the cap), {STEPS} steps; StreamRL's split by stage "
+          f"balancing",
     system="streamrl-async",
     baselines=("verl", "streamrl-sync"),
     baseline="verl",

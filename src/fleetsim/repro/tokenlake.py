@@ -1,9 +1,8 @@
 """TokenLake (arXiv:2508.17219): a cluster-wide segment-level prefix-cache pool with a
 load-balancing scheduler, against cache-aware routing over per-replica caches.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 9; only the
-abstract and the paper's section 3 were readable, so the evaluation setup is ours where
-marked):
+Parameters and their sources (only the abstract and the paper's section 3, in extracted
+text, were readable, so the evaluation setup is ours where marked):
 - the mechanism: ``fleetsim.policies.tokenlake`` (segments = Mooncake's 512-token hash
   blocks pooled over the replicas' caches, each cached once, heavy hitters copied to up to 2
   replicas, remote reads paid over the KV links as the smaller of query and KV, load-only

@@ -31,14 +31,14 @@ def add_parser(sub: Any) -> None:
 
 def cmd_rl_run(args: argparse.Namespace) -> int:
     from fleetsim.errors import FleetsimInputError
-    from fleetsim.results import StagedFolder, check_out_dir, write_json
+    from fleetsim.results import StagedFolder, check_out_dir, fresh_out_dir, write_json
     from fleetsim.rl import load_rl_config, run_rl
     from fleetsim.rl.results import gantt, write_timeline_csv
 
     if args.gantt_steps < 1:
         raise FleetsimInputError("--gantt-steps", args.gantt_steps, "draw at least 1 step")
     cfg = load_rl_config(args.config, args.overrides)
-    out = Path(args.out) if args.out else Path("results") / "rl" / cfg.system.name
+    out = Path(args.out) if args.out else fresh_out_dir(Path("results") / "rl" / cfg.system.name)
     check_out_dir(out)
     result = run_rl(cfg)
     summary = result.summary

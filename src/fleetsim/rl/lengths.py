@@ -21,7 +21,8 @@ from numpy.typing import NDArray
 
 from fleetsim.rl.config import RLConfig
 
-DEFAULT_PROMPT_TOKENS = 152  # median prompt of the DAPO run (../shared/traces/README.md)
+# median prompt of PolyTrace's DAPO run (the embedded polytrace_grpo_groups.csv)
+DEFAULT_PROMPT_TOKENS = 152
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 GPU budget into workers of different model parallelism (high TP for the long-tail
 trajectories, whose per-token time it lowers; low TP for the short ones, whose throughput it
 raises), searched by simulated annealing initialised from the sorted assignment
-(``../shared/papers/scheduling.md`` section 3 [S]; the move set, the schedule and the score
-below are our reconstruction [R]).
+(from secondary summaries of the paper, whose body could not be read; the move set, the
+schedule and the score below are our reconstruction).
 
 A *split* is the workers' TPs, highest first; every TP is a power of two within a node
 (``NODE_GPUS``) that the model fits at, and they sum to the budget. Its GPUs are handed out

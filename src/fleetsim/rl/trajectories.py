@@ -6,12 +6,13 @@ Each prompt draws one logged GRPO group of PolyTrace's DAPO Qwen2.5-32B run (the
 trajectory whose turns draw their output lengths from that group's logged lengths (with
 replacement), scaled by ``length_scale``, so a hard prompt's samples are long together. Turns
 per trajectory follow PolyTrace's Search-R1 multi-turn tool RL log (1 turn 7.7%, 2 43%, 3 34%,
-4 11%, 5 5%; ``../shared/traces/README.md``). Between turns a tool runs (lognormal, median
-0.5 s, p90 1.4 s: Heddle's 0.4-1.4 s, the ``tool_chain`` generator's law) and its result joins
-the context (lognormal, median 507 tokens, p99 1,453: Search-R1's tool results). A turn's
-prompt is the whole context so far, so its KV extends the previous turn's; a trajectory ends
-at its last turn or when its context reaches ``max_context_tokens`` (the last turn is cut
-there: a truncated rollout).
+4 11%, 5 5%; our count over ``search_r1/profile/multiturn_workload_log/`` of
+``Zhou-jiecheng/PolyTrace``, Apache-2.0, arXiv 2509.25279). Between turns a tool runs
+(lognormal, median 0.5 s, p90 1.4 s: Heddle's 0.4-1.4 s, the ``tool_chain`` generator's law)
+and its result joins the context (lognormal, median 507 tokens, p99 1,453: Search-R1's tool
+results). A turn's prompt is the whole context so far, so its KV extends the previous turn's;
+a trajectory ends at its last turn or when its context reaches ``max_context_tokens`` (the
+last turn is cut there: a truncated rollout).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from fleetsim.programs.generators import SIGMA_TOOL
 from fleetsim.rl.lengths import polytrace_groups
 
 # PolyTrace Search-R1 (Qwen2.5-7B, 2,048 trajectories per step): share of trajectories by
-# number of LLM turns, 1 to 5 (../shared/traces/README.md, rl/polytrace).
+# number of LLM turns, 1 to 5 (our count over the public PolyTrace logs
+# Zhou-jiecheng/PolyTrace search_r1/profile/multiturn_workload_log/, Apache-2.0).
 SEARCH_R1_TURN_SHARES = (0.077, 0.43, 0.34, 0.11, 0.05)
 TOOL_RESULT_MEDIAN_TOKENS = 507.0  # Search-R1 tool result p50
 TOOL_RESULT_SIGMA = math.log(1453 / 507) / 2.3263  # lognormal through p50 507 and p99 1,453

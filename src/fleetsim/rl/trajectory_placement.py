@@ -1,19 +1,19 @@
 """Heddle's trajectory-aware placement: sort trajectories by predicted length, then group
 them onto workers by dynamic programming so that the slowest worker finishes first
 (arXiv 2603.28101, "presorted dynamic programming"; the recurrence is our reconstruction
-from ``../shared/papers/scheduling.md`` section 3 [R]).
+from secondary summaries of the paper, whose body could not be read).
 
 With trajectories sorted longest first (``L[0] >= L[1] >= ...``) and contiguous groups,
 ``f[k][i] = min over j <= i of max(f[k-1][j], C(j, i))`` places the first ``i`` on ``k``
-workers (``j == i``: worker ``k`` gets none). The notes' group cost is ``L[j] * T(size)``:
+workers (``j == i``: worker ``k`` gets none). The reconstructed group cost is ``L[j] * T(size)``:
 the group's longest trajectory's tokens times the per-token time at that batch size
 (interference: a bigger batch decodes each token slower). A worker decodes at most ``B``
 trajectories at once (its KV, its ``max_running``), so fleetsim's cost adds the group's
 total work: ``C(j, i) = T(b) * max(L[j], S(j, i) / b)`` with ``b = min(size, B)`` and ``S``
 the group's summed tokens (the makespan bound of a machine with ``b`` slots; for
-``size <= B`` it is the notes' cost, since a mean never exceeds the maximum). Without it a
+``size <= B`` it is the reconstructed cost, since a mean never exceeds the maximum). Without it a
 group of many short trajectories looks as cheap as its longest one and the DP piles them
-onto one worker. With the notes' cost alone, contiguous groups of the sorted order lose
+onto one worker. With the reconstructed cost alone, contiguous groups of the sorted order lose
 nothing (a longer trajectory swapped into a shorter group never lowers either cost); with
 the work term the problem holds a partition problem and contiguity is a restriction, the
 one Heddle's presorted DP makes: the DP is then optimal among contiguous groupings (tests

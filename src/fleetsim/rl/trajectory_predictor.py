@@ -2,8 +2,9 @@
 after each step (Heddle, arXiv 2603.28101, section "trajectory-level scheduling").
 
 Heddle trains a predictor on the prompt plus the runtime context and re-predicts after every
-step; our notes give only its quality (after step 2: recall of the longest 20% above 0.8,
-Pearson above 0.7; ``../shared/papers/scheduling.md`` section 3), not the model. So fleetsim
+step; the secondary summaries of the paper (its body could not be read) give only its
+quality (after step 2: recall of the longest 20% above 0.8, Pearson above 0.7), not the
+model. So fleetsim
 does not predict from text: it models a calibrated regression predictor of a given quality.
 In log space, with ``X`` a trajectory's log total tokens (batch mean ``mu``, s.d. ``s``) and
 ``r`` the predictor's correlation, the prediction is

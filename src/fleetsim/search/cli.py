@@ -7,6 +7,7 @@ The main CLI calls ``add_parser(subparsers)``; each command builds a config the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -18,7 +19,7 @@ from rich.table import Table
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
-from fleetsim.output import print_table
+from fleetsim.output import print_table, progress_bar
 
 DEFAULT_PLAN_GPUS = "h100,a100,h200"
 EXIT_NOTHING_FEASIBLE = 1
@@ -196,7 +197,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
     from fleetsim.results import StagedFolder, check_out_dir, check_out_file
     from fleetsim.search.goodput import check_search_args
-    from fleetsim.search.plan import enumerate_shapes, plan, plan_to_dict
+    from fleetsim.search.plan import enumerate_shapes, plan, plan_to_dict, verify_picks
 
     check_search_args(args.target, None, None, args.tol, args.max_runs)
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
@@ -240,24 +241,36 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  f"--max-gpus to at least {tps[0]}")
     err_console = Console(stderr=True)
     show = err_console.is_terminal and not args.json
+    bar = progress_bar(err_console, "plan") if show else None
+    task = bar.add_task("plan", total=len(shapes), note="") if bar is not None else None
     done = [0]
 
     def on_point(point: Any) -> None:
         done[0] += 1
-        if show:
+        if bar is not None:
             rate = point.goodput_rate_per_s
-            err_console.print(f"  [{done[0]}/{len(shapes)}] {point.shape.name}: " + (
+            bar.console.print(f"  [{done[0]}/{len(shapes)}] {point.shape.name}: " + (
                 "infeasible" if point.goodput is None else f"{_fmt(rate)} req/s"))
+            bar.update(task, advance=1, note=point.shape.name)
 
     if show:
         err_console.print(f"planning {len(shapes)} cluster shapes (one goodput search each)")
-
-    points = plan(config, shapes, target=args.target, rel_tol=args.tol,
-                  max_runs=args.max_runs, requests_per_gpu=args.requests_per_gpu or None,
-                  on_point=on_point)
+    with bar if bar is not None else contextlib.nullcontext():
+        points = plan(config, shapes, target=args.target, rel_tol=args.tol,
+                      max_runs=args.max_runs, requests_per_gpu=args.requests_per_gpu or None,
+                      on_point=on_point)
     result = plan_to_dict(points, target=args.target,
                           requests_per_gpu=args.requests_per_gpu or None, config=config,
                           total_gpus=args.total_gpus, target_rate_per_s=args.target_rate)
+
+    def on_verified(row: dict[str, Any]) -> None:
+        if show:
+            v = row["verified"]
+            err_console.print(f"  verified {row['shape']} at {_fmt(v['rate_per_s'])} req/s on "
+                              f"{v['num_requests']:,} requests: {100 * v['attainment']:.1f}% "
+                              f"met")
+
+    verify_picks(config, points, result, args.requests_per_gpu or None, on_verified)
     if not result["front"]:  # nothing to plan with: say so, and keep earlier results
         if args.json:
             print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
@@ -278,6 +291,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"plot written to {args.plot}", file=sys.stderr)
     if args.json:
         print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
+        for line in plan_caveats(result):
+            print(f"fleetsim: {line}", file=sys.stderr)
     else:
         _print_plan(result, config)
     return 0
@@ -288,23 +303,50 @@ def _print_plan(result: dict[str, Any], config: Any) -> None:
     table = Table(title=f"Pareto front: goodput ({100 * result['target']:g}% within TTFT<="
                   f"{config.slo.ttft_s:g}s, TPOT<={config.slo.tpot_s:g}s) per $/hour")
     table.add_column("shape", no_wrap=True)
-    for col in ("GPUs", "goodput (req/s)", "$/hour", "$/M tokens", "$/M output tok"):
+    verified = any("verified" in rows[i] for i in result["front"])
+    cols = ("GPUs", "goodput (req/s)", "$/hour", "$/M tokens", "$/M output tok")
+    for col in cols + (("SLO met on the whole workload",) if verified else ()):
         table.add_column(col, justify="right")
     for i in result["front"]:
         r = rows[i]
-        table.add_row(r["shape"], str(r["num_gpus"]), _fmt(r["goodput_requests_per_s"]),
-                      f"{r['usd_per_hour']:.2f}", _fmt(r["usd_per_million_tokens"]),
-                      _fmt(r["usd_per_million_output_tokens"]))
+        cells = [r["shape"], str(r["num_gpus"]), _fmt(r["goodput_requests_per_s"]),
+                 f"{r['usd_per_hour']:.2f}", _fmt(r["usd_per_million_tokens"]),
+                 _fmt(r["usd_per_million_output_tokens"])]
+        if verified:
+            v = r.get("verified")
+            cells.append("-" if v is None else f"{100 * v['attainment']:.1f}%"
+                         + ("" if v["met"] else " (caveat below)"))
+        table.add_row(*cells)
     num_feasible = sum(1 for r in rows if "infeasible" not in r)
     table.caption = (f"{num_feasible} feasible shape(s) searched, "
                      f"{len(result['front'])} on the front")
     print_table(table)
     _print_per_user_front(result)
+    for line in plan_caveats(result):
+        print(line)
     for r in rows:
         if "infeasible" in r:
             print(f"infeasible: {r['shape']}: {r['infeasible']}")
         elif r["goodput_requests_per_s"] is None:
             print(f"no goodput: {r['shape']} misses the SLO at every rate tried")
+
+
+def plan_caveats(result: dict[str, Any]) -> list[str]:
+    """One line per pick whose goodput, searched on a cut workload, missed the target when
+    run at that rate on the whole workload (``verified``)."""
+    out = []
+    for r in result["points"]:
+        v = r.get("verified")
+        if v is None or v["met"]:
+            continue
+        out.append(
+            f"caveat: {r['shape']}: {_fmt(r['goodput_requests_per_s'])} req/s was searched on "
+            f"{result['requests_per_gpu']:,} requests per GPU; run at that rate on the whole "
+            f"workload ({v['num_requests']:,} requests) {100 * v['attainment']:.1f}% meet the "
+            f"SLO, under the {100 * result['target']:g}% target: a short slice overstates "
+            f"goodput (raise --requests-per-gpu, 0 for the whole workload, or check with "
+            f"fleetsim goodput)")
+    return out
 
 
 def _print_per_user_front(result: dict[str, Any]) -> None:

@@ -50,6 +50,10 @@ def vllm_serve_commands(config: SimConfig, pools: Sequence[PoolConfig]) -> list[
                 "--max-num-batched-tokens", str(eng.max_batched_tokens),
                 "--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}",
                 "--block-size", str(eng.block_size)]
+        if config.quantization is not None:
+            cmd += ["--quantization", _vllm_quantization(config.quantization)]
+        if eng.kv_cache_dtype != "auto":
+            cmd += ["--kv-cache-dtype", eng.kv_cache_dtype]
         if not eng.enable_prefix_caching:
             cmd.append("--no-enable-prefix-caching")
         if args.get("enable_chunked_prefill") is False:
@@ -63,6 +67,20 @@ def vllm_serve_commands(config: SimConfig, pools: Sequence[PoolConfig]) -> list[
         line = shlex.join(cmd)
         lines.append(line if pool.role == "mixed" else f"# {pool.role}: {line}")
     return lines
+
+
+# AIConfigurator's mode names that are not vLLM --quantization methods, mapped to the method
+# that serves such a checkpoint (vLLM's model_executor/layers/quantization/ registry); vLLM
+# reads DeepSeek's block-wise fp8 from the checkpoint as "fp8", ModelOpt checkpoints as
+# "modelopt"/"modelopt_fp4", AWQ/GPTQ int4 as "awq".
+_VLLM_METHOD = {"fp8_block": "fp8", "fp8_static": "modelopt", "nvfp4": "modelopt_fp4",
+                "int4_wo": "awq", "w4a16_mxfp4": "mxfp4"}
+
+
+def _vllm_quantization(name: str) -> str:
+    """The ``--quantization`` value vLLM takes for fleetsim's mode ``name``; modes vLLM has no
+    method of its own for (int8_wo, sq, w4afp8) are passed as given, for the reader to map."""
+    return _VLLM_METHOD.get(name, name)
 
 
 def deployment_row(row: Mapping[str, Any], output_tokens_per_request: float,

@@ -18,7 +18,14 @@ from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
 from fleetsim.search.deploy import deployment_row, per_user_front, vllm_serve_commands
-from fleetsim.search.goodput import GoodputResult, goodput_search, goodput_to_dict
+from fleetsim.search.goodput import (
+    GoodputResult,
+    base_rate_per_s,
+    config_at_scale,
+    goodput_search,
+    goodput_to_dict,
+    probe_config,
+)
 
 DEFAULT_PD_RATIOS = ((1, 1), (1, 2), (2, 1))
 """(prefill replicas, decode replicas) tried with ``--pd``."""
@@ -188,6 +195,34 @@ def plan(
         if on_point is not None:
             on_point(point)
     return points
+
+
+def verify_picks(config: SimConfig, points: Sequence[PlanPoint], result: dict[str, Any],
+                 requests_per_gpu: int | None,
+                 on_verified: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Check every shape on either front of ``result`` (``plan_to_dict``'s) at the goodput
+    it reports, on the config's whole workload; adds ``verified`` to those rows (mutates).
+
+    A goodput searched on ``requests_per_gpu`` requests per GPU is overstated when the queue
+    has no time to build up in so short a slice (docs/search_and_plan.md: up to 1.9x on H100
+    at 250 per GPU); one run at the reported rate on the uncut workload says whether the
+    pick holds. Nothing runs when the searches were not cut (they already saw that workload).
+    ``verified``: ``rate_per_s``, ``num_requests``, ``attainment``, ``met`` (attainment >=
+    the target)."""
+    if all(_cut(config, p.shape, requests_per_gpu) is config for p in points):
+        return
+    rows = result["points"]
+    for i in sorted(set(result["front"]) | set(result["per_user_front"])):
+        rate = rows[i].get("goodput_requests_per_s")
+        if not rate:
+            continue
+        full = points[i].shape.apply(config)
+        attainment, extra = probe_config(config_at_scale(full, rate / base_rate_per_s(full)))
+        rows[i]["verified"] = {"rate_per_s": rate, "num_requests": extra["num_requests"],
+                               "attainment": attainment,
+                               "met": attainment >= result["target"]}
+        if on_verified is not None:
+            on_verified(rows[i])
 
 
 def _cut(config: SimConfig, shape: Shape, requests_per_gpu: int | None) -> SimConfig:

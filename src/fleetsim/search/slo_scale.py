@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
+from fleetsim.models.quantization import quantize
 from fleetsim.perf import StepTimeModel
 from fleetsim.run import pool_step_model
 from fleetsim.serving.standalone import standalone_latency_s
@@ -70,7 +71,8 @@ def idle_transfer_s(config: SimConfig, prefill: PoolConfig, decode: PoolConfig,
     decode replica and for a busy link, which is queueing, not standalone latency.
     """
     link = config.cluster.link
-    model = get_model(config.model)
+    # the cache as served: an FP8 cache moves half the bytes
+    model = quantize(get_model(config.model), config.quantization, config.engine.kv_cache_dtype)
 
     def bw(pool: PoolConfig) -> float:
         gpu = get_gpu(pool.gpu, config.hardware.catalog)

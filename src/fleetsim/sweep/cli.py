@@ -44,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fleetsim.results import check_out_dir
+    from fleetsim.results import check_out_dir, fresh_out_dir
     from fleetsim.sweep import load_spec
 
     if args.workers is not None and args.workers < 1:
@@ -52,7 +52,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers > MAX_WORKERS:
         raise FleetsimInputError("--workers", args.workers, f"must be at most {MAX_WORKERS}")
     spec = load_spec(args.spec, args.overrides, args.grid)
-    out = Path(args.out) if args.out else Path("results") / Path(args.spec).stem
+    out = Path(args.out) if args.out else fresh_out_dir(Path("results") / Path(args.spec).stem)
     check_out_dir(out, force=args.force)
     existed = out.exists()
     if args.ray_address is not None:
@@ -77,6 +77,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if r["status"] != "ok":
                 stdout.print(f"[red]point {r['index']} failed[/red]: {escape(r['error'])}",
                                 highlight=False)
+            elif r.get("overload_warning"):
+                stdout.print(f"[yellow]point {r['index']} overloaded[/yellow]: "
+                             f"{escape(r['overload_warning'])}", highlight=False)
     where = f"Ray ({args.ray_address})" if backend == "ray" else (
         f"{workers} worker processes" if backend == "process" else "this process")
     written = (f"results in {out}/ (sweep.csv, sweep.json, points/)" if num_ok or not existed
@@ -93,18 +96,16 @@ def _run_with_progress(spec: Any, out: Path, backend: str, workers: int | None,
     kwargs = {"backend": backend, "workers": workers, "ray_address": ray_address}
     if not console.is_terminal:
         return run_sweep(spec, out, **kwargs)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from fleetsim.output import progress_bar
 
-    with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[failed]}"), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("sweep", total=spec.num_points, failed="")
+    with progress_bar(console, "sweep") as bar:
+        task = bar.add_task("sweep", total=spec.num_points, note="")
         num_failed = 0
 
         def on_result(result: Any) -> None:
             nonlocal num_failed
             num_failed += result.status != "ok"
-            bar.update(task, advance=1, failed=f"{num_failed} failed" if num_failed else "")
+            bar.update(task, advance=1, note=f"{num_failed} failed" if num_failed else "")
 
         return run_sweep(spec, out, on_result=on_result, **kwargs)
 
@@ -137,5 +138,6 @@ def sweep_table(keys: tuple[str, ...], rows: list[dict[str, Any]]) -> Table:
             v = r.get(col)
             cells.append(f"{100 * v:.1f}%" if col == "slo_attainment" and v is not None
                          else _fmt(v) if v is None or abs(v) >= 100 else f"{v:.4g}")
-        table.add_row(*values, "ok", *cells)
+        status = "[yellow]overloaded[/yellow]" if r.get("overload_warning") else "ok"
+        table.add_row(*values, status, *cells)
     return table

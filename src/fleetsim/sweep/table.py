@@ -33,6 +33,8 @@ METRICS: dict[str, tuple[str, ...]] = {
     "goodput_requests_per_s": ("slo", "goodput_requests_per_s"),
     "usd_per_hour": ("cost", "usd_per_hour"),
     "usd_per_million_tokens": ("cost", "usd_per_million_tokens"),
+    "offered_over_capacity": ("overload", "offered_over_capacity"),
+    "overload_warning": ("overload", "warning"),
 }
 POINTS_DIR = "points"
 

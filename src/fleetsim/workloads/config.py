@@ -24,6 +24,7 @@ from fleetsim.workloads.distributions import (
     Uniform,
 )
 from fleetsim.workloads.loaders import FORMATS, load_trace, read_column
+from fleetsim.workloads.rate_profile import RateProfile, swing
 from fleetsim.workloads.synthetic import (
     ArrivalProcess,
     AtOnce,
@@ -194,6 +195,11 @@ class WorkloadConfig:
     """Synthetic, instead of prompt_tokens and output_tokens: (prompt, output) rows of one
     file resampled together, e.g. {path = "embedded:sharegpt_lengths", max_prompt_tokens =
     1024, max_total_tokens = 2048} as vLLM's ShareGPT benchmark."""
+    rate_profile: tuple[tuple[float, float], ...] | None = None
+    """Traffic that swings: [[time_s, multiplier], ...] points of a piecewise-linear multiplier
+    of the arrival rate over simulated time (after rate_scale), its first and last values held
+    before and after them, e.g. [[0, 0.5], [600, 2.0], [1200, 0.5]]. Trace or synthetic; the
+    arrivals are time-rescaled, so a trace keeps its burstiness and order (docs/workloads.md)."""
     max_concurrency: int | None = None
     """Closed loop: at most this many requests in flight; a request is sent at its arrival
     time or, when all slots are busy, as soon as one frees (vLLM bench's --max-concurrency).
@@ -233,6 +239,8 @@ class WorkloadConfig:
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1 (or unset for an open loop), got "
                              f"{self.max_concurrency}")
+        if self.rate_profile is not None:
+            self.profile()  # its own checks, with the reason in the message
         if self.is_synthetic:
             self._check_synthetic()
         else:
@@ -280,7 +288,8 @@ class WorkloadConfig:
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("a synthetic workload needs num_requests or duration_s (or both)")
         if self.num_requests is None and self.duration_s is not None and self.rate_per_s:
-            expected = self.rate_per_s * (self.start_s + self.duration_s) * self.rate_scale
+            expected = self.rate_per_s * self._swung_s(self.start_s + self.duration_s) \
+                * self.rate_scale
             if expected > MAX_REQUESTS:
                 raise ValueError(
                     f"rate_per_s x (start_s + duration_s) asks for ~{expected:.3g} requests, "
@@ -304,6 +313,20 @@ class WorkloadConfig:
         if not at_once:
             self.arrival_process()  # runs the process's own checks on rate_per_s and cv
 
+    def profile(self) -> RateProfile | None:
+        """The rate profile, or None."""
+        if self.rate_profile is None:
+            return None
+        try:
+            return RateProfile.from_points(self.rate_profile)
+        except ValueError as err:
+            raise ValueError(f"rate_profile: {err}") from None
+
+    def _swung_s(self, end_s: float) -> float:
+        """Seconds of the unswung process that real time [0, end_s] holds."""
+        profile = self.profile()
+        return end_s if profile is None else float(profile.cumulative(end_s))
+
     def arrival_process(self) -> ArrivalProcess:
         """The synthetic arrival process (before rate_scale)."""
         rate = float(self.rate_per_s)  # type: ignore[arg-type]
@@ -323,7 +346,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     if cfg.is_synthetic:
         until_s = None
         if cfg.duration_s is not None:  # generate up to the window's end, in unscaled time
-            until_s = (cfg.start_s + cfg.duration_s) * cfg.rate_scale
+            until_s = cfg._swung_s(cfg.start_s + cfg.duration_s) * cfg.rate_scale
         lengths = _lengths(cfg)
         if cfg.arrival == "at_once":
             workload = synthesize(
@@ -342,6 +365,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
         assert cfg.trace is not None  # is_synthetic covers None
         workload = load_trace(cfg.trace, cfg.format, hash_block_tokens=cfg.hash_block_tokens)
     workload = scale_rate(workload, cfg.rate_scale)
+    workload = swing(workload, cfg.profile())
     workload = time_slice(workload, cfg.start_s, cfg.duration_s)
     workload = head(workload, cfg.max_requests)
     if len(workload) and workload.arrival_s[-1] > MAX_TIME_S:

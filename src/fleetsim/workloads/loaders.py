@@ -38,6 +38,8 @@ from fleetsim.workloads.workload import Workload
 
 EMBEDDED_TRACES: dict[str, tuple[str, str]] = {
     "azure_conv_2023": ("azure_conv_2023_slice.csv", "azure"),
+    "azure_conv_2023_hour": ("azure_conv_2023_hour.csv", "azure"),
+    "azure_code_2023_hour": ("azure_code_2023_hour.csv", "azure"),
     "sharegpt_lengths": ("sharegpt_lengths.csv", "lengths"),
     "mooncake_conversation_10min": ("mooncake_conversation_10min.jsonl", "mooncake"),
 }
