@@ -221,7 +221,7 @@ def _write_entry(entry: Path, cols: dict[str, NDArray]) -> None:
         entry.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=entry.stem, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
         os.replace(tmp, entry)
         tmp = None
