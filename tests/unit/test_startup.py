@@ -195,6 +195,16 @@ def test_an_unwritable_cache_falls_back_to_parquet(tmp_path, monkeypatch, cache)
     _same(first, _load(num_gpus=2))
 
 
+def test_no_absolute_cache_folder_means_no_disk_cache(cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("FLEETSIM_CACHE_DIR", "relative/cache")
+    monkeypatch.chdir(tmp_path)
+    fresh = _load(num_gpus=2)
+    assert len(fresh) > 0 and not (tmp_path / "relative").exists()
+    monkeypatch.delenv("FLEETSIM_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tables.cache_dir() == tmp_path / "xdg" / "fleetsim" / "tables"
+
+
 def test_writes_leave_no_temporary_files(cache):
     _load(num_gpus=2)
     _load(num_gpus=4)

@@ -166,14 +166,19 @@ def _plain(values: NDArray) -> NDArray:
 CACHE_FORMAT = 1  # bump when what an entry holds, or how it is filtered, changes
 
 
-def cache_dir() -> Path:
+def cache_dir() -> Path | None:
     """Where table entries live: ``$FLEETSIM_CACHE_DIR/tables``, else
-    ``$XDG_CACHE_HOME/fleetsim/tables``, else ``~/.cache/fleetsim/tables``."""
+    ``$XDG_CACHE_HOME/fleetsim/tables``, else ``~/.cache/fleetsim/tables``; None (no disk
+    cache) when none of these is an absolute path (no home folder, say)."""
     base = os.environ.get("FLEETSIM_CACHE_DIR")
     if base:
-        return Path(base) / "tables"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "fleetsim" / "tables"
+        folder = Path(base) / "tables"
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                               ".cache")
+        folder = Path(xdg) / "fleetsim" / "tables"
+    # a relative folder would land wherever the command happens to run
+    return folder if folder.is_absolute() else None
 
 
 @functools.cache
@@ -189,15 +194,18 @@ def _aic_version() -> str:
 
 
 def _cache_entry(path: Path, columns: tuple[str, ...], filters: dict[str, object]) -> Path | None:
-    """The entry file for this read of ``path``, or None if the file cannot be stat'ed."""
+    """The entry file for this read of ``path``, or None (no disk cache for it)."""
     try:
         st = path.stat()
     except OSError:  # pragma: no cover
         return None
     key = repr((CACHE_FORMAT, _aic_version(), str(path.resolve()), st.st_size, st.st_mtime_ns,
                 columns, sorted((k, repr(v)) for k, v in filters.items())))
+    folder = cache_dir()
+    if folder is None:
+        return None
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-    return cache_dir() / f"{path.stem}-{digest}.npz"
+    return folder / f"{path.stem}-{digest}.npz"
 
 
 def _read_entry(entry: Path) -> dict[str, NDArray] | None:
