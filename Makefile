@@ -43,6 +43,7 @@ test: setup native
 	$(PY) -m pytest -n 2 tests
 
 bench: setup native
+	$(PY) benchmarks/startup.py
 	$(PY) benchmarks/azure_conv_replay.py
 	$(PY) benchmarks/cluster_scale.py
 

@@ -15,19 +15,17 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.formatting import fmt_number as _fmt
 from fleetsim.output import add_format_flag, emit, output_format, print_table
-from fleetsim.results import add_force_flag
-from fleetsim.vllm_json import add_vllm_json_flags
-from fleetsim.workloads.shorthand import add_workload_flags, workload_overrides
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 EXIT_INPUT_ERROR = 2
 
@@ -37,8 +35,8 @@ class Terminated(BaseException):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_commands_needed(argv)).parse_args(argv)
     previous = _on_sigterm_raise()
     try:
         handler = getattr(args, "handler", None) or args.func
@@ -91,13 +89,56 @@ def print_json(data: Any) -> None:
     print(to_json(data))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The ``fleetsim`` parser: every command, or (``commands`` given) only those.
+
+    Building every command imports every package that owns one (numpy, the reproductions,
+    the servers...), about a second of start-up, so ``main`` builds only the command it was
+    asked for; help and unknown commands get the full parser.
+    """
     parser = argparse.ArgumentParser(
         prog="fleetsim",
         description="Simulate LLM serving on GPU clusters: latency, goodput and cost.",
     )
-    parser.add_argument("--version", action="version", version=version_line())
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
+    for name, add in CORE_COMMANDS.items():
+        if commands is None or name in commands:
+            add(sub)
+    _add_optional_commands(sub, commands)
+    return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, with the line computed only when asked for (argparse's own action
+    needs the text while the parser is built)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "show program's version number and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def _commands_needed(argv: Sequence[str]) -> tuple[str, ...] | None:
+    """The commands ``argv`` can reach: its command alone, none for a bare ``--version``,
+    or None (all) for help, no command or an unknown one (argparse then lists them all)."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is None:
+        top_help = any(a in ("-h", "--help") for a in argv)
+        return () if "--version" in argv and not top_help else None
+    known = {*CORE_COMMANDS, *(c for names in COMMAND_MODULES.values() for c in names)}
+    return (command,) if command in known else None
+
+
+def _add_run(sub: Any) -> None:
+    from fleetsim.results import add_force_flag
+    from fleetsim.vllm_json import add_vllm_json_flags
+    from fleetsim.workloads.shorthand import add_workload_flags
 
     p = sub.add_parser("run", help="run a simulation (defaults: embedded Azure trace, "
                        "Llama-3.1-8B on one H100)")
@@ -123,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_vllm_json_flags(p)
     p.set_defaults(handler=cmd_run)
 
+
+def _add_perf(sub: Any) -> None:
     p = sub.add_parser("perf", help="predicted step time and its per-op breakdown")
     p.add_argument("--model", required=True)
     p.add_argument("--gpu", required=True)
@@ -148,15 +191,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_format_flag(p)
     p.set_defaults(handler=cmd_perf)
 
+
+def _add_models(sub: Any) -> None:
     p = sub.add_parser("models", help="list the model catalog")
     add_format_flag(p)
     p.set_defaults(handler=cmd_models)
 
+
+def _add_gpus(sub: Any) -> None:
     p = sub.add_parser("gpus", help="list the GPU catalog")
     p.add_argument("--catalog", default=None, help="TOML file with extra GPUs")
     add_format_flag(p)
     p.set_defaults(handler=cmd_gpus)
 
+
+def _add_trace(sub: Any) -> None:
     p = sub.add_parser("trace", help="inspect workload traces")
     tsub = p.add_subparsers(dest="trace_command", required=True)
     q = tsub.add_parser("info", help="describe a trace file (or embedded:azure_conv_2023)")
@@ -164,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_format_flag(q)
     q.set_defaults(handler=cmd_trace_info)
 
+
+def _add_config(sub: Any) -> None:
     p = sub.add_parser("config", help="the config reference: every key, its default and doc")
     p.add_argument("--dump", action="store_true",
                    help="print the full default config as TOML, each key with its doc")
@@ -171,21 +222,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the reference as Markdown (docs/config.md is this output)")
     p.set_defaults(handler=cmd_config)
 
-    _add_optional_commands(sub)
-    return parser
 
+# Commands this module defines, in the order help lists them.
+CORE_COMMANDS: dict[str, Callable[[Any], None]] = {
+    "run": _add_run, "perf": _add_perf, "models": _add_models, "gpus": _add_gpus,
+    "trace": _add_trace, "config": _add_config,
+}
 
 # Packages that own a command expose ``add_parser(subparsers)`` in a ``cli`` module; the
-# parser they register sets ``handler`` to a function taking the parsed args.
-COMMAND_MODULES = ("fleetsim.moe.cli", "fleetsim.search.cli", "fleetsim.sweep.cli",
-                   "fleetsim.report.cli", "fleetsim.repro.cli", "fleetsim.live.cli",
-                   "fleetsim.rl.cli", "fleetsim.calibrate.cli")
+# parser they register sets ``handler`` to a function taking the parsed args. Each module is
+# listed with the commands it registers, so that only the one asked for is imported
+# (tests/unit/test_startup.py checks this list against what the modules register).
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "fleetsim.moe.cli": ("moe",),
+    "fleetsim.search.cli": ("goodput", "slo-scale", "plan"),
+    "fleetsim.sweep.cli": ("sweep",),
+    "fleetsim.report.cli": ("report",),
+    "fleetsim.repro.cli": ("repro",),
+    "fleetsim.live.cli": ("emulate", "gateway", "load", "compare"),
+    "fleetsim.rl.cli": ("rl",),
+    "fleetsim.calibrate.cli": ("calibrate",),
+}
 
 
-def _add_optional_commands(sub: Any) -> None:
+def _add_optional_commands(sub: Any, commands: Collection[str] | None = None) -> None:
     import importlib
 
-    for name in COMMAND_MODULES:
+    for name, owned in COMMAND_MODULES.items():
+        if commands is not None and not set(owned) & set(commands):
+            continue
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as err:
@@ -197,7 +262,7 @@ def _add_optional_commands(sub: Any) -> None:
 
 # ---- run ------------------------------------------------------------------------------
 def version_line() -> str:
-    from fleetsim.run import engine_build
+    from fleetsim.native import engine_build
 
     return f"fleetsim {engine_build()}"
 
@@ -211,9 +276,12 @@ def bench_date() -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from fleetsim.config import load_config
     from fleetsim.results import check_out_dir, check_out_file, fresh_out_dir, write_run
     from fleetsim.vllm_json import parse_metrics, parse_percentiles, vllm_result
+    from fleetsim.workloads.shorthand import workload_overrides
 
     fmt = output_format(args)
     # vLLM's benchmark result reports ITL: record it for --vllm-json.
@@ -312,6 +380,8 @@ ITL_OFF_HINT = "¹ ITL not recorded: turn it on with --set engine.track_itl=true
 
 def summary_table(s: dict[str, Any]) -> Table:
     """The run summary as a table: latency percentiles, then throughput and SLO figures."""
+    from rich.table import Table
+
     from fleetsim.formatting import hardware_label
 
     table = Table(title=f"{s['model']} on {hardware_label(s)} — {s['workload']}")
@@ -447,6 +517,8 @@ def _check_perf_step(args: argparse.Namespace, model: str, max_context: int, cap
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
     from fleetsim.models import list_models
 
     models = list_models()
@@ -490,6 +562,8 @@ def _model_row(m: Any) -> dict[str, Any]:
 def cmd_gpus(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from rich.table import Table
+
     from fleetsim.hardware import list_gpus
     from fleetsim.models.quantization import modes_for
 
@@ -528,6 +602,7 @@ def trace_info_tables(name: str, info: dict[str, Any]) -> list[Table]:
     """``trace info`` for people: labelled rows with units, one number format per kind
     (counts and tokens with thousands separators, shares in %), and a sentence where a
     statistic does not apply; ``--format json|csv`` keeps the raw keys."""
+    from rich.table import Table
 
     def num(v: Any, spec: str = ",.0f", unit: str = "") -> str:
         return "–" if v is None else f"{v:{spec}}{unit}"

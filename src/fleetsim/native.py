@@ -15,7 +15,6 @@ sources regardless.
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
@@ -87,9 +86,11 @@ STATE = {"engine": "python", "why": "FLEETSIM_PURE is set" if os.environ.get("FL
          else ""}
 
 
-class CompiledModules(importlib.abc.MetaPathFinder):
+class CompiledModules:
     """Finds exactly the compiled modules (``fleetsim.serving.replica`` -> its extension
-    file in the build); every other name is left to the normal finders."""
+    file in the build); every other name is left to the normal finders. A meta path finder
+    by protocol (``find_spec``): subclassing ``importlib.abc.MetaPathFinder`` would import
+    ``importlib.resources`` at every start (25 ms)."""
 
     def __init__(self, files: dict[str, Path]) -> None:
         self.files = files  # module name -> extension file
@@ -138,3 +139,10 @@ def engine() -> str:
     if STATE["engine"] == "mypyc":
         return "mypyc"
     return f"python ({STATE['why']})" if STATE["why"] else "python"
+
+
+def engine_build() -> str:
+    """fleetsim's version and which engine ran: "0.1.0, mypyc" or "0.1.0, python (why)"."""
+    from fleetsim import __version__
+
+    return f"{__version__}, {engine()}"

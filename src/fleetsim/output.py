@@ -13,11 +13,11 @@ import csv
 import io
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:  # rich is imported where a table is printed: it costs start-up
+    from rich.console import Console
+    from rich.table import Table
 
 FORMATS = ("table", "csv", "json")
 
@@ -38,6 +38,9 @@ def output_format(args: argparse.Namespace) -> str:
 
 def print_table(table: Table, file: Any = None) -> None:
     """``table`` in full: boxed on a terminal, plain when piped, never truncated."""
+    from rich import box
+    from rich.console import Console
+
     out = file if file is not None else sys.stdout
     probe = Console(file=out)
     terminal = probe.is_terminal
@@ -108,6 +111,8 @@ def emit(fmt: str, data: Any, table: Callable[[], Table | Sequence[Table]]) -> N
     elif fmt == "csv":
         print_csv(data)
     else:
+        from rich.table import Table
+
         tables = table()
         for t in ([tables] if isinstance(tables, Table) else tables):
             print_table(t)

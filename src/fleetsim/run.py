@@ -21,6 +21,7 @@ from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.models.quantization import quantize
 from fleetsim.moe.serving import EpStepModel
+from fleetsim.native import engine_build
 from fleetsim.perf import kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.perf.plugins import make_step_model
@@ -388,14 +389,6 @@ def _progress(progress: Callable[..., None] | None, workload: Workload) -> Progr
         return None
     first, last = float(workload.arrival_s[0]), float(workload.arrival_s[-1])
     return lambda now_s: progress(now_s, first, last)
-
-
-def engine_build() -> str:
-    """fleetsim's version and which engine ran: "0.1.0, mypyc" or "0.1.0, python (why)"."""
-    from fleetsim import __version__
-    from fleetsim.native import engine
-
-    return f"{__version__}, {engine()}"
 
 
 def _routing_report(config: SimConfig, router: Any, decode_router: Any,

@@ -47,17 +47,31 @@ def _gemm_ratio_grid(system: str, dtype: str, peak: float, bw: float, wbytes: fl
     mm, nn, kk = np.meshgrid(ms.astype(float), ns.astype(float), ks.astype(float), indexing="ij")
     ratio = np.log(lat / _ideal_gemm_s(mm, nn, kk, peak, bw, wbytes))
     if not np.isfinite(ratio).all():  # sparse grids (fp8_block): nearest measured (n, k)
-        ln, lk = np.meshgrid(np.log(ns), np.log(ks), indexing="ij")
-        for i in range(len(ms)):
-            ok = np.isfinite(ratio[i])
-            if not ok.any():
-                ratio[i] = np.nan
-                continue
-            d = (ln[..., None] - ln[ok]) ** 2 + (lk[..., None] - lk[ok]) ** 2
-            ratio[i] = ratio[i][ok][np.argmin(d, axis=-1)]
+        ratio = _fill_unmeasured(ratio, np.log(ns), np.log(ks))
         keep = np.isfinite(ratio).all(axis=(1, 2))
         ms, ratio = ms[keep], ratio[keep]
     return ms.astype(float), np.log(ns), np.log(ks), ratio, table.label
+
+
+def _fill_unmeasured(ratio: F64, lns: F64, lks: F64) -> F64:
+    """``ratio[m]`` with each non-finite (n, k) cell set to the row's nearest finite one in
+    (log n, log k); a row with no finite cell becomes all NaN. Returns a new array."""
+    ratio = ratio.copy()
+    ln, lk = np.meshgrid(lns, lks, indexing="ij")
+    # the nearest measured cell depends only on which cells were measured, and most m rows
+    # share one pattern: find it once per pattern (0.2 s per table when done for every row)
+    nearest_by_pattern: dict[bytes, NDArray[np.intp]] = {}
+    for i in range(ratio.shape[0]):
+        ok = np.isfinite(ratio[i])
+        if not ok.any():
+            ratio[i] = np.nan
+            continue
+        nearest = nearest_by_pattern.get(ok.tobytes())
+        if nearest is None:
+            d = (ln[..., None] - ln[ok]) ** 2 + (lk[..., None] - lk[ok]) ** 2
+            nearest = nearest_by_pattern[ok.tobytes()] = np.argmin(d, axis=-1)
+        ratio[i] = ratio[i][ok][nearest]
+    return ratio
 
 
 def _bilinear(xs: F64, ys: F64, grid: F64, x: float, y: float) -> F64:
