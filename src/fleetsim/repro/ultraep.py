@@ -252,6 +252,10 @@ ULTRAEP = add(Reproduction(
     metric=Metric(name="throughput / force-balanced", unit="fraction", direction="higher"),
     ratio_definition="ultraep / megatron throughput, training on NVL72",
     paper_ratio=1.42,
+    paper_ratio_source="the paper's training result (our notes' summary of arXiv:2606.04101 "
+                       "and the project's blog): 1.42x over Megatron-LM; whether that figure "
+                       "was measured on an NVL72 rack, as the ratio is, is not stated there",
+    paper_best=None,
     loads=Loads(name="phase and NVLink domain", unit="setting", values=(1.0, 2.0, 3.0, 4.0),
                 quick_values=(1.0, 2.0, 3.0, 4.0), labels=tuple(SETTINGS)),
     compare=compare,
