@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup native run test bench lint clean
+.PHONY: setup native run test bench lint clean scoreboard
 
 setup: $(STAMP)
 
@@ -32,6 +32,12 @@ run: setup native
 test: setup native
 	FLEETSIM_PURE=1 $(PY) -m pytest -n 2 tests
 	$(PY) -m pytest -n 2 tests
+
+# Re-record docs/scoreboard.json from a full run of every reproduction (5-10 minutes on two
+# busy cores) and regenerate the table of docs/reproductions.md from it.
+scoreboard: setup native
+	$(VENV)/bin/fleetsim repro all --record docs/scoreboard.json
+	$(PY) -m fleetsim.repro.scoreboard docs/scoreboard.json docs/reproductions.md
 
 bench: setup native
 	$(PY) benchmarks/azure_conv_replay.py
