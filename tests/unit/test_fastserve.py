@@ -178,7 +178,7 @@ def test_only_the_artifacts_eager_vllm_runs_pay_the_launch_overhead():
     from fleetsim.perf.step_model import STEP_OVERHEAD_S
     from fleetsim.repro.fastserve import EAGER_OVERHEAD_S, POLICIES, config
 
-    assert EAGER_OVERHEAD_S == pytest.approx(1.5e-3 * 40 / 32)
+    assert pytest.approx(1.5e-3 * 40 / 32) == EAGER_OVERHEAD_S
     for policy in POLICIES:
         got = config(policy, 1.0, 10)["engine"]["step_overhead_s"]
         eager = policy in ("vllm", "vllm-chunked")

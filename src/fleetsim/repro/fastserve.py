@@ -145,6 +145,7 @@ def compare(ctx: ReproContext) -> Comparison:
     ratio = better_ratio(at_slo["fastserve"], at_slo["vllm"], "higher")
     tail_ratio = better_ratio(tail_at_slo["fastserve"], tail_at_slo["vllm"], "higher")
     last = rates[-1]
+    graphs_ratio = better_ratio(at_slo["fastserve"], at_slo["vllm-graphs"], "higher")
     notes = [f"fastserve vs vllm at the SLO: mean {fmt(ratio, 'x')} (paper "
              f"{PAPER_AT_SLO['mean']}x), p95 {fmt(tail_ratio, 'x')} (paper "
              f"{PAPER_AT_SLO['p95']}x); fastserve vs fcfs "
@@ -152,7 +153,7 @@ def compare(ctx: ReproContext) -> Comparison:
              f"{PAPER_VS_FCFS}x)",
              f"vllm's --enforce-eager costs {EAGER_OVERHEAD_S * 1e3:.2f} ms per step (vLLM PR "
              f"#1440, scaled to 40 layers); with CUDA graphs (vllm-graphs) fastserve's ratio "
-             f"would be {fmt(better_ratio(at_slo['fastserve'], at_slo['vllm-graphs'], 'higher'), 'x')}",
+             f"would be {fmt(graphs_ratio, 'x')}",
              f"throughput at the SLO (mean latency per output token <= {SLO_S_PER_TOKEN} s), "
              "req/s: " + ", ".join(f"{p} {_fmt_rate(v, last)}" for p, v in at_slo.items()),
              f"throughput at the tail SLO (p95 latency per output token <= "

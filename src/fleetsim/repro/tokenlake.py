@@ -46,8 +46,8 @@ from fleetsim.repro.frame import (
     add,
     better_ratio,
     fmt,
-    is_bound,
     fmt_ratios,
+    is_bound,
 )
 from fleetsim.run import RunResult
 
