@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from fleetsim.errors import FleetsimInputError
@@ -137,7 +138,7 @@ def _run_on_ray(fn: Callable[[T], R], items: Sequence[T], address: str, workers:
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                yield _result_of(lambda ref=ref: ray.get(ref), refs[ref], on_failure)
+                yield _result_of(partial(ray.get, ref), refs[ref], on_failure)
     finally:
         if started_here:
             ray.shutdown()
