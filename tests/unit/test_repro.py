@@ -182,3 +182,19 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path / "x")] if argv[0] == "run" else argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_repro_all_on_ray_matches_the_process_pool(tmp_path, capsys, monkeypatch):
+    """--ray local runs the entries as Ray tasks (the sweep's runner) with the same results."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'fleetsim[ray]')")
+    names = ("relibra",)
+    monkeypatch.setattr(fleetsim.repro, "REPRODUCTIONS", {n: REPRODUCTIONS[n] for n in names})
+    boards = []
+    for flags in (["--ray", "local", "--workers", "1"], ["--workers", "1"]):
+        assert main(["repro", "all", "--quick", "--json", "--out",
+                     str(tmp_path / flags[0].strip("-")), *flags]) == 0
+        boards.append(json.loads(capsys.readouterr().out))
+    ray_board, local_board = boards
+    assert [d["results"] for d in ray_board["entries"]] == [
+        d["results"] for d in local_board["entries"]]
