@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +78,74 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass(frozen=True, slots=True)
+class EntryTask:
+    """One reproduction to run in a worker."""
+
+    name: str
+    quick: bool
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EntryResult:
+    """What a worker sends back: the document and the comparison (for the figure), or the
+    error of an entry that failed."""
+
+    name: str
+    document: dict[str, Any] | None
+    comparison: Any = None
+    error: str | None = None
+
+
+def run_entry(task: EntryTask) -> EntryResult:
+    """Run one reproduction; never raises (a failed entry carries its message)."""
+    from fleetsim.errors import FleetsimInputError
+    from fleetsim.repro import get_reproduction
+    from fleetsim.repro.frame import run_reproduction, to_document
+
+    try:
+        repro = get_reproduction(task.name)
+        start = time.perf_counter()
+        comparison, _ = run_reproduction(repro, quick=task.quick, overrides=task.overrides)
+        doc = to_document(repro, comparison, quick=task.quick)
+        doc["wall_s"] = round(time.perf_counter() - start, 2)
+    except FleetsimInputError as err:
+        return EntryResult(task.name, None, error=str(err))
+    except Exception as err:  # noqa: BLE001 - one failed entry never stops the others
+        return EntryResult(task.name, None, error=f"{type(err).__name__}: {err}")
+    return EntryResult(task.name, doc, comparison)
+
+
+def _worker_died(task: EntryTask, message: str) -> EntryResult:
+    return EntryResult(task.name, None, error=message)
+
+
+def run_all(names: Sequence[str], *, quick: bool, overrides: Sequence[str], backend: str,
+            workers: int | None, ray_address: str | None,
+            on_result: Callable[[EntryResult], None] | None = None) -> list[EntryResult]:
+    """Run every entry in ``names`` as an independent task; results in ``names``' order."""
+    from fleetsim.sweep.runner import run_tasks
+
+    tasks = [EntryTask(n, quick, tuple(overrides)) for n in names]
+    got: dict[str, EntryResult] = {}
+    results: Iterator[EntryResult] = run_tasks(
+        run_entry, tasks, backend=backend, workers=workers, ray_address=ray_address,
+        on_worker_failure=_worker_died, preload=("fleetsim.repro",))
+    for result in results:
+        got[result.name] = result
+        if on_result is not None:
+            on_result(result)
+    return [got[n] for n in names]
+
+
 def cmd_all(args: argparse.Namespace) -> int:
     """Every entry as an independent task; one scoreboard (JSON, HTML with the figures)."""
     import os
 
     from fleetsim.errors import FleetsimInputError
     from fleetsim.repro import REPRODUCTIONS
-    from fleetsim.repro.scoreboard import run_all, scoreboard
+    from fleetsim.repro.scoreboard import scoreboard
     from fleetsim.results import check_out_dir, write_json
     from fleetsim.sweep.cli import MAX_WORKERS
 
@@ -110,7 +173,7 @@ def cmd_all(args: argparse.Namespace) -> int:
     results = run_all(names, quick=args.quick, overrides=args.overrides, backend=backend,
                       workers=workers, ray_address=args.ray_address, on_result=progress)
     took_s = time.perf_counter() - start
-    board = scoreboard(results)
+    board = scoreboard([r.document for r in results])
     _write_board(out, board, results)
     failed = [r for r in results if r.error]
     if args.record and not failed:

@@ -1,7 +1,7 @@
-"""``fleetsim repro all``: every reproduction, run as independent tasks over the machine's
-cores (or Ray), gathered into one scoreboard: ``{"entries": [document, ...]}`` as JSON, an
-HTML page with each entry's key figure, and the "where each stands" table of
-docs/reproductions.md, which is generated from a recorded scoreboard (docs/scoreboard.json).
+"""The scoreboard of ``fleetsim repro all`` (every reproduction run as an independent task
+over the machine's cores or Ray, ``fleetsim.repro.cli``): ``{"entries": [document, ...]}`` as
+JSON, an HTML page with each entry's key figure, and the "where each stands" table of
+docs/reproductions.md, generated from a recorded scoreboard (docs/scoreboard.json).
 
 Re-record after a change to any entry (a full run, 5-10 minutes on 2 busy cores)::
 
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import html
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,70 +27,9 @@ RERECORD = ("re-record with `make scoreboard` (a full run of every entry), or re
             "docs/scoreboard.json docs/reproductions.md`")
 
 
-@dataclass(frozen=True, slots=True)
-class EntryTask:
-    """One reproduction to run in a worker."""
-
-    name: str
-    quick: bool
-    overrides: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class EntryResult:
-    """What a worker sends back: the document and the comparison (for the figure), or the
-    error of an entry that failed."""
-
-    name: str
-    document: dict[str, Any] | None
-    comparison: Any = None
-    error: str | None = None
-
-
-def run_entry(task: EntryTask) -> EntryResult:
-    """Run one reproduction; never raises (a failed entry carries its message)."""
-    from fleetsim.errors import FleetsimInputError
-    from fleetsim.repro import get_reproduction
-    from fleetsim.repro.frame import run_reproduction, to_document
-
-    try:
-        repro = get_reproduction(task.name)
-        start = time.perf_counter()
-        comparison, _ = run_reproduction(repro, quick=task.quick, overrides=task.overrides)
-        doc = to_document(repro, comparison, quick=task.quick)
-        doc["wall_s"] = round(time.perf_counter() - start, 2)
-    except FleetsimInputError as err:
-        return EntryResult(task.name, None, error=str(err))
-    except Exception as err:  # noqa: BLE001 - one failed entry never stops the others
-        return EntryResult(task.name, None, error=f"{type(err).__name__}: {err}")
-    return EntryResult(task.name, doc, comparison)
-
-
-def _worker_died(task: EntryTask, message: str) -> EntryResult:
-    return EntryResult(task.name, None, error=message)
-
-
-def run_all(names: Sequence[str], *, quick: bool, overrides: Sequence[str], backend: str,
-            workers: int | None, ray_address: str | None,
-            on_result: Callable[[EntryResult], None] | None = None) -> list[EntryResult]:
-    """Run every entry in ``names`` as an independent task; results in ``names``' order."""
-    from fleetsim.sweep.runner import run_tasks
-
-    tasks = [EntryTask(n, quick, tuple(overrides)) for n in names]
-    got: dict[str, EntryResult] = {}
-    results: Iterator[EntryResult] = run_tasks(
-        run_entry, tasks, backend=backend, workers=workers, ray_address=ray_address,
-        on_worker_failure=_worker_died, preload=("fleetsim.repro",))
-    for result in results:
-        got[result.name] = result
-        if on_result is not None:
-            on_result(result)
-    return [got[n] for n in names]
-
-
-def scoreboard(results: Sequence[EntryResult]) -> dict[str, Any]:
-    """The scoreboard document: the entries that ran, in order."""
-    return {"entries": [r.document for r in results if r.document is not None]}
+def scoreboard(documents: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+    """The scoreboard document: the entries that ran (None: failed), in order."""
+    return {"entries": [doc for doc in documents if doc is not None]}
 
 
 # -- the table ---------------------------------------------------------------------------
