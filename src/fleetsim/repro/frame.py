@@ -6,7 +6,10 @@ record holds the paper (title, id), the headline as published, the metric and it
 the system and the baselines, and the published ratio (system over baseline, in the better
 direction). Its ``compare(ctx)`` function builds one config per (policy, load level), runs
 each through ``ctx.run`` and returns a ``Comparison``: the metric per policy and load, and
-fleetsim's ratio computed by the paper's own definition. ``run_reproduction`` does the rest:
+fleetsim's ratio computed by the paper's own definition, whether it is a bound, and the
+ablations' ratios (``attribution``). The record also holds the published value for the
+setting fleetsim runs (``paper_ratio``, with its source) apart from the paper's best "up to"
+figure (``paper_best``). ``run_reproduction`` does the rest:
 progress, timing and the JSON document (``to_document``), which has the same keys for every
 entry (docs/reproductions.md).
 """
@@ -208,8 +211,9 @@ def run_reproduction(repro: Reproduction, *, quick: bool = False,
 
 def attribution_note(repro: Reproduction, comparison: Comparison) -> str:
     """The note that reads ``comparison.attribution``: each ablation's ratio next to the
-    system's and the share of the system's gain the removed mechanism carries (on a log
-    scale, so that shares of successive removals add up), or that no ablation runs."""
+    system's and the share of the system's gain the removed mechanism carries, 1 -
+    log(ablation) / log(system) (a ratio's share on a log scale: 2x of a 4x gain is half of
+    it), or that no ablation runs."""
     if not comparison.attribution:
         return (f"attribution: none measured; this entry runs no ablation of {repro.system} "
                 f"(its mechanisms removed one at a time) yet, so which mechanism carries the "
