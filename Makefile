@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed-test
 
-.PHONY: setup setup-run native run test bench lint clean
+.PHONY: setup setup-run native run test bench lint clean scoreboard
 
 setup-run: $(RUN_STAMP)
 setup: $(STAMP)
@@ -41,6 +41,12 @@ run: setup-run native
 test: setup native
 	FLEETSIM_PURE=1 $(PY) -m pytest -n 2 tests
 	$(PY) -m pytest -n 2 tests
+
+# Re-record docs/scoreboard.json from a full run of every reproduction (5-10 minutes on two
+# busy cores) and regenerate the table of docs/reproductions.md from it.
+scoreboard: setup native
+	$(VENV)/bin/fleetsim repro all --record docs/scoreboard.json
+	$(PY) -m fleetsim.repro.scoreboard docs/scoreboard.json docs/reproductions.md
 
 bench: setup native
 	$(PY) benchmarks/startup.py

@@ -33,6 +33,7 @@ RESULT_NAMES = frozenset({
     "plan.json",  # plan
     "report.html",  # report, written into the folder it reports on
     "repro.json", "figure.png", "runs",  # repro
+    "scoreboard.json", "scoreboard.html", "figures",  # repro all
     "timeline.csv", "gantt.png",  # rl run
 })
 """Names fleetsim writes in a results folder; a folder holding anything else is not replaced."""

@@ -117,3 +117,73 @@ def test_fastserve_beats_vllm_in_the_papers_direction_under_load():
         assert result.summary["num_unfinished"] == 0
         mean[policy] = float(np.mean(latency_per_output_token(result.records.requests)))
     assert mean["fastserve"] < 0.8 * mean["vllm"]
+
+
+# --- the two mechanisms beside the MLFQ: starvation promotion and proactive swapping ----------
+
+@pytest.mark.parametrize("promote", [True, False])
+def test_starvation_promotion_bounds_a_demoted_jobs_wait(promote):
+    """Batch of one, 0.01 s steps. A long job runs alone for 0.5 s and is demoted; then a
+    short job arrives every 0.03 s for 9 s, each needing exactly 0.03 s: higher-priority
+    work for every slot. With promotion (checked every 50 iterations, limit 0.5 s) the long
+    job is back at the top within 0.5 s + 50 steps of its last run; without it (a period
+    never reached) it waits for the whole stream."""
+    n = 300
+    w = make_workload([0.0] + [0.5 + 0.03 * i for i in range(n)], [10] * (n + 1),
+                      [300] + [3] * n)
+    policy = FastServePlanner(max_batch_size=1, starvation_limit_s=0.5,
+                              starvation_period=50 if promote else 10**9)
+    rec, _ = _run(w, policy, ConstantStepModel(0.01), blocks=4000, track_itl=True)
+    longest_wait_s = by_id(rec, "itl_max_s")[0]
+    if promote:
+        assert longest_wait_s <= 0.5 + 50 * 0.01 + 0.01 + 1e-9
+    else:
+        assert longest_wait_s > 5.0
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_proactive_swapping_keeps_kv_instead_of_recomputing(swap):
+    """The reproduction's FastServe on a GPU holding only 300 KV blocks (16 tokens each) at
+    3 req/s: with proactive swapping, low-priority jobs move to host memory and come back
+    with their KV (no token is recomputed) and the per-token latency is lower; without it
+    the engine can only preempt by recompute."""
+    import numpy as np
+
+    from fleetsim.config import config_from_dict
+    from fleetsim.repro.fastserve import config, latency_per_output_token
+    from fleetsim.run import run
+
+    mean = {}
+    for on in (True, False):
+        data = config("fastserve", 3.0, 150)
+        data["engine"]["num_kv_blocks"] = 300
+        data["policy"]["batching"]["args"]["proactive_swap"] = on
+        result = run(config_from_dict(data))
+        assert result.summary["num_unfinished"] == 0
+        mean[on] = float(np.mean(latency_per_output_token(result.records.requests)))
+        if on == swap:
+            summary = result.summary
+    if swap:
+        assert summary["num_swaps"] > 0
+        assert summary["num_recomputed_tokens"] == 0
+    else:
+        assert summary["num_swaps"] == 0
+        assert summary["num_recomputed_tokens"] > 0
+    assert mean[True] < 0.9 * mean[False]
+
+
+def test_only_the_artifacts_eager_vllm_runs_pay_the_launch_overhead():
+    """vLLM and vLLM+CP ran with --enforce-eager in the artifact; FastServe's engine and
+    vllm-graphs did not. The overhead is PR #1440's 1.5 ms per step scaled to 40 layers."""
+    from fleetsim.perf.step_model import STEP_OVERHEAD_S
+    from fleetsim.repro.fastserve import EAGER_OVERHEAD_S, POLICIES, config
+
+    assert pytest.approx(1.5e-3 * 40 / 32) == EAGER_OVERHEAD_S
+    for policy in POLICIES:
+        got = config(policy, 1.0, 10)["engine"]["step_overhead_s"]
+        eager = policy in ("vllm", "vllm-chunked")
+        assert got == pytest.approx(STEP_OVERHEAD_S + (EAGER_OVERHEAD_S if eager else 0.0))
+    plain, graphs = config("vllm", 1.0, 10), config("vllm-graphs", 1.0, 10)
+    plain["engine"].pop("step_overhead_s")
+    graphs["engine"].pop("step_overhead_s")
+    assert plain == graphs  # the same vLLM otherwise

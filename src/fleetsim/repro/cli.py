@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ def add_parser(sub: Any) -> None:
         "repro", help="rerun a research paper's headline comparison ('list' to see them)",
         description="Rerun a paper's comparison (its system and baselines, on its kind of "
                     "workload and loads) and print fleetsim's ratio next to the published one.")
-    p.add_argument("name", help="a reproduction key, or 'list'")
+    p.add_argument("name", help="a reproduction key, 'list', or 'all' (every entry: one "
+                                "scoreboard)")
     p.add_argument("--quick", action="store_true",
                    help="a smaller slice: the same policies and code paths, in seconds")
     p.add_argument("--json", action="store_true", help="print the result document as JSON")
@@ -27,6 +30,14 @@ def add_parser(sub: Any) -> None:
     add_force_flag(p)
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override a config key in every run")
+    p.add_argument("--workers", type=int, default=None,
+                   help="all: entries run at once (default: CPU count; 1 runs them here)")
+    p.add_argument("--ray", dest="ray_address", default=None, metavar="ADDRESS",
+                   help="all: run entries as Ray tasks (local, auto or ray://HOST:PORT), as "
+                        "fleetsim sweep does")
+    p.add_argument("--record", metavar="FILE",
+                   help="all: also write the scoreboard JSON to FILE (a full run only; "
+                        "docs/scoreboard.json is the record the docs' table comes from)")
     p.set_defaults(handler=cmd_repro)
 
 
@@ -41,6 +52,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
         else:
             _print_list(list(REPRODUCTIONS.values()))
         return 0
+    if args.name == "all":
+        return cmd_all(args)
     repro = get_reproduction(args.name)
     from fleetsim.results import check_out_dir, fresh_out_dir
 
@@ -65,6 +78,147 @@ def cmd_repro(args: argparse.Namespace) -> int:
         where = f"{out}/ (repro.json, runs/<policy>/<load>/" + (", figure.png)" if figure else ")")
         console.print(f"results written to {where} in {took_s:.1f} s", soft_wrap=True)
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class EntryTask:
+    """One reproduction to run in a worker."""
+
+    name: str
+    quick: bool
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EntryResult:
+    """What a worker sends back: the document and the comparison (for the figure), or the
+    error of an entry that failed."""
+
+    name: str
+    document: dict[str, Any] | None
+    comparison: Any = None
+    error: str | None = None
+
+
+def run_entry(task: EntryTask) -> EntryResult:
+    """Run one reproduction; never raises (a failed entry carries its message)."""
+    from fleetsim.errors import FleetsimInputError
+    from fleetsim.repro import get_reproduction
+    from fleetsim.repro.frame import run_reproduction, to_document
+
+    try:
+        repro = get_reproduction(task.name)
+        start = time.perf_counter()
+        comparison, _ = run_reproduction(repro, quick=task.quick, overrides=task.overrides)
+        doc = to_document(repro, comparison, quick=task.quick)
+        doc["wall_s"] = round(time.perf_counter() - start, 2)
+    except FleetsimInputError as err:
+        return EntryResult(task.name, None, error=str(err))
+    except Exception as err:  # noqa: BLE001 - one failed entry never stops the others
+        return EntryResult(task.name, None, error=f"{type(err).__name__}: {err}")
+    return EntryResult(task.name, doc, comparison)
+
+
+def _worker_died(task: EntryTask, message: str) -> EntryResult:
+    return EntryResult(task.name, None, error=message)
+
+
+def run_all(names: Sequence[str], *, quick: bool, overrides: Sequence[str], backend: str,
+            workers: int | None, ray_address: str | None,
+            on_result: Callable[[EntryResult], None] | None = None) -> list[EntryResult]:
+    """Run every entry in ``names`` as an independent task; results in ``names``' order."""
+    from fleetsim.sweep.runner import run_tasks
+
+    tasks = [EntryTask(n, quick, tuple(overrides)) for n in names]
+    got: dict[str, EntryResult] = {}
+    results: Iterator[EntryResult] = run_tasks(
+        run_entry, tasks, backend=backend, workers=workers, ray_address=ray_address,
+        on_worker_failure=_worker_died, preload=("fleetsim.repro",))
+    for result in results:
+        got[result.name] = result
+        if on_result is not None:
+            on_result(result)
+    return [got[n] for n in names]
+
+
+def cmd_all(args: argparse.Namespace) -> int:
+    """Every entry as an independent task; one scoreboard (JSON, HTML with the figures)."""
+    import os
+
+    from fleetsim.errors import FleetsimInputError
+    from fleetsim.repro import REPRODUCTIONS
+    from fleetsim.repro.scoreboard import scoreboard
+    from fleetsim.results import check_out_dir, write_json
+    from fleetsim.sweep.cli import MAX_WORKERS
+
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise FleetsimInputError("--workers", args.workers, f"must be in [1, {MAX_WORKERS}]")
+    if args.record and args.quick:
+        raise FleetsimInputError("--record", args.record, "records full runs only: drop "
+                                 "--quick (the record is what quick slices are checked against)")
+    out = Path(args.out) if args.out else Path("results") / "repro" / "all"
+    check_out_dir(out)
+    if args.ray_address is not None:
+        backend, workers = "ray", args.workers
+    else:
+        workers = args.workers or os.cpu_count() or 1
+        backend = "inline" if workers == 1 else "process"
+    names = sorted(REPRODUCTIONS)
+    console = Console(stderr=True)
+    start = time.perf_counter()
+
+    def progress(result: Any) -> None:
+        state = "failed: " + result.error if result.error else (
+            f"{result.document['wall_s']:.1f} s")
+        console.print(f"{result.name}: {state}", soft_wrap=True, highlight=False)
+
+    results = run_all(names, quick=args.quick, overrides=args.overrides, backend=backend,
+                      workers=workers, ray_address=args.ray_address, on_result=progress)
+    took_s = time.perf_counter() - start
+    board = scoreboard([r.document for r in results])
+    _write_board(out, board, results)
+    failed = [r for r in results if r.error]
+    if args.record and not failed:
+        write_json(Path(args.record), board)
+    if args.json:
+        from fleetsim.cli import print_json
+
+        print_json(board)
+    else:
+        from fleetsim.repro.scoreboard import table_rows
+
+        for line in table_rows(board):
+            print(line)
+    where = f"Ray ({args.ray_address})" if backend == "ray" else f"{workers} worker(s)"
+    console.print(f"{len(results) - len(failed)}/{len(results)} entries in {took_s:.1f} s on "
+                  f"{where}; scoreboard in {out}/ (scoreboard.json, scoreboard.html, "
+                  f"figures/)" + (f"; recorded to {args.record}" if args.record and not failed
+                                  else ""), soft_wrap=True)
+    for r in failed:
+        console.print(f"{r.name} failed: {r.error}", soft_wrap=True, highlight=False)
+    return 1 if failed else 0
+
+
+def _write_board(out: Path, board: dict[str, Any], results: list[Any]) -> None:
+    from fleetsim.repro import get_reproduction
+    from fleetsim.repro.scoreboard import write_html
+    from fleetsim.results import StagedFolder, write_json
+
+    with StagedFolder(out) as tmp:
+        write_json(tmp / "scoreboard.json", board)
+        figures: dict[str, str] = {}
+        try:
+            from fleetsim.repro.plot import key_figure
+        except ImportError:  # matplotlib is optional: the page without figures
+            key_figure = None
+        if key_figure is not None:
+            (tmp / "figures").mkdir()
+            for r in results:
+                if r.document is not None:
+                    figures[r.name] = f"figures/{_safe(r.name)}.png"
+                    key_figure(get_reproduction(r.name), r.comparison, r.document,
+                               tmp / figures[r.name])
+        write_html(tmp / "scoreboard.html", board, figures)
 
 
 def _run(repro: Any, args: argparse.Namespace) -> tuple[Any, Any, float]:
@@ -98,7 +252,8 @@ def _console() -> Console:
 def _listing(repro: Any) -> dict[str, Any]:
     return {"name": repro.key, "paper": {"title": repro.paper.title, "id": repro.paper.id},
             "claim": repro.claim, "setup": repro.setup, "system": repro.system,
-            "baselines": list(repro.baselines), "paper_ratio": repro.paper_ratio}
+            "baselines": list(repro.baselines), "paper_ratio": repro.paper_ratio,
+            "paper_ratio_source": repro.paper_ratio_source, "paper_best": repro.paper_best}
 
 
 def _print_list(repros: list[Any]) -> None:
@@ -133,12 +288,23 @@ def _result_table(repro: Any, doc: dict[str, Any]) -> Table:
 def _ratio_line(repro: Any, doc: dict[str, Any]) -> str:
     ratio = doc["ratio"]
     ours = f"{ratio:.2f}x" if ratio is not None else "not measurable (see notes)"
+    if ratio is not None and doc["ratio_is_bound"]:
+        ours = f"at least {ours}" if ratio >= 1 else f"a bound, {ours}"
     if not doc["paper_setting"]:  # no headline ratio passed off as the paper's comparison
         return (f"{repro.system} vs {repro.baseline}: fleetsim {ours} under {_sets(doc)}, "
                 f"which leaves the paper's setting: not comparable to the paper's "
                 f"{repro.paper_ratio:.2f}x ({repro.ratio_definition})")
     return (f"{repro.system} vs {repro.baseline}: fleetsim {ours}, paper "
-            f"{repro.paper_ratio:.2f}x ({repro.ratio_definition})")
+            f"{paper_figure(doc)} ({repro.ratio_definition})")
+
+
+def paper_figure(doc: dict[str, Any]) -> str:
+    """The published value for fleetsim's setting, and the paper's best where it differs."""
+    panel, best = doc["paper_ratio"], doc["paper_best"]
+    text = "n/a for this setting" if panel is None else f"{panel:.2f}x"
+    if best is not None and best != panel:
+        text += f" (up to {best:.2f}x)"
+    return text
 
 
 def _sets(doc: dict[str, Any]) -> str:

@@ -6,7 +6,10 @@ record holds the paper (title, id), the headline as published, the metric and it
 the system and the baselines, and the published ratio (system over baseline, in the better
 direction). Its ``compare(ctx)`` function builds one config per (policy, load level), runs
 each through ``ctx.run`` and returns a ``Comparison``: the metric per policy and load, and
-fleetsim's ratio computed by the paper's own definition. ``run_reproduction`` does the rest:
+fleetsim's ratio computed by the paper's own definition, whether it is a bound, and the
+ablations' ratios (``attribution``). The record also holds the published value for the
+setting fleetsim runs (``paper_ratio``, with its source) apart from the paper's best "up to"
+figure (``paper_best``). ``run_reproduction`` does the rest:
 progress, timing and the JSON document (``to_document``), which has the same keys for every
 entry (docs/reproductions.md).
 """
@@ -76,8 +79,16 @@ class Reproduction:
     """The baseline the headline ratio is against."""
     metric: Metric
     ratio_definition: str
-    paper_ratio: float
-    """The published headline as system over baseline, in the better direction (>= 1)."""
+    paper_ratio: float | None
+    """The published value for the setting fleetsim runs (the figure or table, model and
+    dataset of ``setup``), in the form of ``ratio_definition``: system over baseline in the
+    better direction. None where that panel's value is not recoverable from the paper or its
+    artifact (``paper_ratio_source`` says why)."""
+    paper_ratio_source: str
+    """Where ``paper_ratio`` comes from (figure, table or artifact file), or why it is None."""
+    paper_best: float | None
+    """The paper's best ("up to") figure over all its settings, system over baseline; None
+    where the paper states none (e.g. only an average)."""
     loads: Loads
     compare: Callable[[ReproContext], Comparison]
     headline_metric: Metric | None = None
@@ -99,6 +110,17 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     reference: tuple[str, float] | None = None
     """A level of ``metric`` drawn across the key figure (e.g. ``("SLO", 0.3)``)."""
+    attribution: dict[str, float | None] = field(default_factory=dict)
+    """ablation -> its ratio against ``Reproduction.baseline``, in the form of ``ratio``. An
+    ablation is the system with one of its mechanisms removed, on the same engine (e.g.
+    FastServe's engine with FCFS instead of its MLFQ); the mechanism carries the gain the
+    ablation loses. Empty where the entry runs no ablation (a note says so)."""
+    attribution_reference: float | None = None
+    """The system's own ratio in the attribution's form, where that is not ``ratio``'s (e.g.
+    on one model where ``ratio`` is the best over models); the note compares with it."""
+    ratio_is_bound: bool = False
+    """True where ``ratio`` is a bound, not a measurement: the sweep did not bracket a
+    crossing it is computed from (a policy still within its SLO at the highest load)."""
 
 
 _Setup = TypeVar("_Setup")
@@ -185,7 +207,36 @@ def run_reproduction(repro: Reproduction, *, quick: bool = False,
                      ) -> tuple[Comparison, ReproContext]:
     """Run ``repro``'s comparison; returns it and the context holding every run."""
     ctx = ReproContext(quick=quick, overrides=overrides, progress=progress)
-    return repro.compare(ctx), ctx
+    comparison = repro.compare(ctx)
+    comparison.notes.append(attribution_note(repro, comparison))
+    return comparison, ctx
+
+
+def attribution_note(repro: Reproduction, comparison: Comparison) -> str:
+    """The note that reads ``comparison.attribution``: each ablation's ratio next to the
+    system's and the share of the system's gain the removed mechanism carries, 1 -
+    log(ablation) / log(system) (a ratio's share on a log scale: 2x of a 4x gain is half of
+    it), or that no ablation runs."""
+    if not comparison.attribution:
+        return (f"attribution: none measured; this entry runs no ablation of {repro.system} "
+                f"(its mechanisms removed one at a time) yet, so which mechanism carries the "
+                f"ratio is not shown")
+    ratio = (comparison.ratio if comparison.attribution_reference is None
+             else comparison.attribution_reference)
+    parts = []
+    for name, value in comparison.attribution.items():
+        share = (None if value is None or ratio is None or ratio <= 1.0 or value <= 0.0
+                 else 1.0 - math.log(value) / math.log(ratio))
+        parts.append(f"{name} {fmt(value, 'x')}"
+                     + ("" if share is None else f" (the removed mechanism carries {share:.0%})"))
+    return (f"attribution, ablations against {repro.baseline} in the ratio's form "
+            f"({repro.system}: {fmt(ratio, 'x')}): " + ", ".join(parts))
+
+
+def is_bound(top: float, *crossings: float | None) -> bool:
+    """Whether a ratio of ``crossings`` (loads where a curve crosses its SLO) is a bound: one
+    of them never crossed within a sweep whose highest load is ``top``."""
+    return any(c is not None and c >= top for c in crossings)
 
 
 def to_document(repro: Reproduction, comparison: Comparison, *, quick: bool,
@@ -214,7 +265,11 @@ def to_document(repro: Reproduction, comparison: Comparison, *, quick: bool,
         "headline": comparison.headline,
         "ratio_definition": repro.ratio_definition,
         "paper_ratio": repro.paper_ratio,
+        "paper_ratio_source": repro.paper_ratio_source,
+        "paper_best": repro.paper_best,
         "ratio": comparison.ratio,
+        "ratio_is_bound": comparison.ratio_is_bound,
+        "attribution": comparison.attribution,
         "loads": {"name": loads.name, "unit": loads.unit,
                   "values": list(loads.quick_values if quick else loads.values),
                   "labels": list(loads.labels)},

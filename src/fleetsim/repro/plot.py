@@ -34,8 +34,10 @@ def key_figure(repro: Any, comparison: Any, doc: dict[str, Any], path: Path) -> 
     ratio = doc["ratio"]
     ours = f"{ratio:.2f}x" if ratio is not None else "n/a"
     title = textwrap.fill(f"{repro.paper.title} ({repro.paper.id})", 70)
+    from fleetsim.repro.cli import paper_figure
+
     ax.set_title(f"{title}\n{repro.system} vs {repro.baseline}: fleetsim {ours}, paper "
-                 f"{repro.paper_ratio:.2f}x", fontsize=9)
+                 f"{paper_figure(doc)}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -304,6 +304,11 @@ ULTRAEP = add(Reproduction(
     ratio_definition="ultraep / megatron throughput, training on NVL72, mean over the three "
                      "training skews (the paper's 1.42x is the mean over its three models)",
     paper_ratio=1.42,
+    paper_ratio_source="the UltraEP blog's evaluation figures (Dots-Infra/UltraEP, "
+                       "docs/blog_v1.md): 1.20x / 1.39x / 1.66x over Megatron-LM in training "
+                       "on DeepSeek-V3 / GLM4.5-106B / Qwen3-235B, mean 1.42x, the paper's "
+                       "headline (arXiv:2606.04101)",
+    paper_best=None,
     loads=Loads(name="phase, NVLink domain and measured skew (model, max/mean)", unit="setting",
                 values=tuple(float(i + 1) for i in range(len(SETTINGS))),
                 quick_values=tuple(float(i + 1) for i in range(len(SETTINGS))),

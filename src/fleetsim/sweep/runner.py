@@ -1,4 +1,5 @@
-"""Run the points of a sweep: in this process, in local worker processes, or as Ray tasks.
+"""Run the points of a sweep (or any independent tasks, ``run_tasks``): in this process, in
+local worker processes, or as Ray tasks.
 
 Every backend calls the same pure ``run_point`` and gets back the same ``PointResult``, so
 a point's results do not depend on where it ran (each point's config carries its seed).
@@ -14,12 +15,15 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.sweep.spec import Point
 
 BACKENDS = ("inline", "process", "ray")
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -64,40 +68,56 @@ def run_points(
     ray_address: str | None = None,
 ) -> Iterator[PointResult]:
     """Yield each point's result as it finishes (completion order, not index order)."""
+    yield from run_tasks(run_point, points, backend=backend, workers=workers,
+                         ray_address=ray_address, on_worker_failure=_failed_point)
+
+
+def run_tasks(
+    fn: Callable[[T], R], items: Sequence[T], *, backend: str = "process",
+    workers: int | None = None, ray_address: str | None = None,
+    on_worker_failure: Callable[[T, str], R], preload: Sequence[str] = (),
+) -> Iterator[R]:
+    """Yield ``fn(item)`` for each item as it finishes (completion order), in this process,
+    in local worker processes or as Ray tasks. ``fn`` is a module-level function that never
+    raises; a worker that dies (killed, out of memory) gives ``on_worker_failure(item,
+    message)`` instead. ``preload``: modules the fork server imports once for every worker."""
     if backend not in BACKENDS:
         raise FleetsimInputError("backend", backend, f"use one of {', '.join(BACKENDS)}")
-    if not points:
+    if not items:
         return
     if backend == "inline":
-        yield from map(run_point, points)
+        yield from map(fn, items)
     elif backend == "process":
-        yield from _run_in_processes(points, workers or os.cpu_count() or 1)
+        yield from _run_in_processes(fn, items, workers or os.cpu_count() or 1,
+                                     on_worker_failure, preload)
     else:
-        yield from _run_on_ray(points, ray_address or "local", workers)
+        yield from _run_on_ray(fn, items, ray_address or "local", workers, on_worker_failure)
 
 
-def _run_in_processes(points: Sequence[Point], workers: int) -> Iterator[PointResult]:
+def _run_in_processes(fn: Callable[[T], R], items: Sequence[T], workers: int,
+                      on_failure: Callable[[T, str], R], preload: Sequence[str]
+                      ) -> Iterator[R]:
     # forkserver/spawn: a fresh interpreter per worker, never a fork of a process that may
     # hold threads (rich's progress refresher, Ray); forkserver starts workers faster.
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if context.get_start_method() == "forkserver":
         # Import the simulator once in the fork server, not once per worker (~0.5 s each).
-        context.set_forkserver_preload(["fleetsim.run", "fleetsim.sweep.runner"])
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(points)), mp_context=context)
+        context.set_forkserver_preload(["fleetsim.run", "fleetsim.sweep.runner", *preload])
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=context)
     try:
-        futures: dict[Future[PointResult], Point] = {pool.submit(run_point, p): p for p in points}
+        futures: dict[Future[R], T] = {pool.submit(fn, item): item for item in items}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                yield _result_of(future.result, futures[future])
-    finally:  # on Ctrl-C, drop the points not started instead of running them all first
+                yield _result_of(future.result, futures[future], on_failure)
+    finally:  # on Ctrl-C, drop the items not started instead of running them all first
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_on_ray(points: Sequence[Point], address: str, workers: int | None
-                ) -> Iterator[PointResult]:
+def _run_on_ray(fn: Callable[[T], R], items: Sequence[T], address: str, workers: int | None,
+                on_failure: Callable[[T, str], R]) -> Iterator[R]:
     ray = import_ray()
     started_here = False
     if not ray.is_initialized():
@@ -112,25 +132,29 @@ def _run_on_ray(points: Sequence[Point], address: str, workers: int | None
                                      f"ray://HOST:PORT of a running cluster") from None
         started_here = True
     try:
-        task = ray.remote(num_cpus=1, max_retries=0)(run_point)
-        refs = {task.remote(p): p for p in points}
+        task = ray.remote(num_cpus=1, max_retries=0)(fn)
+        refs = {task.remote(item): item for item in items}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                yield _result_of(lambda ref=ref: ray.get(ref), refs[ref])
+                yield _result_of(partial(ray.get, ref), refs[ref], on_failure)
     finally:
         if started_here:
             ray.shutdown()
 
 
-def _result_of(get: Callable[[], PointResult], point: Point) -> PointResult:
-    # run_point never raises; this catches the worker itself dying (killed, out of memory).
+def _result_of(get: Callable[[], R], item: T, on_failure: Callable[[T, str], R]) -> R:
+    # fn never raises; this catches the worker itself dying (killed, out of memory).
     try:
         return get()
     except Exception as err:  # noqa: BLE001
-        return PointResult(index=point.index, values=dict(point.values), status="failed",
-                           error=f"worker failed: {type(err).__name__}: {err}")
+        return on_failure(item, f"worker failed: {type(err).__name__}: {err}")
+
+
+def _failed_point(point: Point, message: str) -> PointResult:
+    return PointResult(index=point.index, values=dict(point.values), status="failed",
+                       error=message)
 
 
 def import_ray() -> Any:
