@@ -43,9 +43,9 @@ def _gemm_ratio_grid(system: str, dtype: str, peak: float, bw: float, wbytes: fl
     order = np.lexsort((c["latency_s"], flat))
     first = np.unique(flat[order], return_index=True)[1]
     lat[flat[order][first]] = c["latency_s"][order][first]
-    lat = lat.reshape(len(ms), len(ns), len(ks))
+    grid = lat.reshape(len(ms), len(ns), len(ks))
     mm, nn, kk = np.meshgrid(ms.astype(float), ns.astype(float), ks.astype(float), indexing="ij")
-    ratio = np.log(lat / _ideal_gemm_s(mm, nn, kk, peak, bw, wbytes))
+    ratio = np.log(grid / _ideal_gemm_s(mm, nn, kk, peak, bw, wbytes))
     if not np.isfinite(ratio).all():  # sparse grids (fp8_block): nearest measured (n, k)
         ratio = _fill_unmeasured(ratio, np.log(ns), np.log(ks))
         keep = np.isfinite(ratio).all(axis=(1, 2))
