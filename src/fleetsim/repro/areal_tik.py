@@ -8,16 +8,24 @@ Parameters and their sources (``../shared/papers/scheduling.md`` section 4):
   ``experimental/figures/attention_performance.csv`` of areal-project/AReaL-TIK [P]; the
   unified kernels serve rollout (decode and prefill) and every training-side forward;
 - the baseline: AReaL with log-prob recomputation (an extra actor forward over prompt plus
-  response) [P code, S paper]; both run AReaL's asynchronous, disaggregated pipeline
-  (one-step staleness, finished samples streamed to the trainer);
+  response) [P code, S paper]; both run AReaL's disaggregated pipeline *synchronously*
+  (``max_head_offpolicyness = 0``: the trainer takes a whole batch generated with the current
+  weights). The mechanism needs that setting: in AReaL's asynchronous mode the recompute pass
+  (``actor.recompute_logprob: true``) produces the *proximal* policy's log-probs for the
+  decoupled PPO loss (``use_decoupled_loss: true``, inclusionAI/AReaL
+  ``examples/math/gsm8k_grpo.yaml``), which are not the rollout's and which matching kernels
+  cannot replace; only when the behaviour and proximal policies coincide (synchronous) is the
+  rollout's log-prob the recomputed one;
+- AReaL's default split of generation and training GPUs: half and half
+  (``allocation_mode: sglang:d4p1t1+d4p1t1`` on 8 GPUs in the same file), so 16 H20 are 8
+  generation + 8 training (4 + 4 with --quick);
 - H20 GPUs, end-to-end throughput averaged over configurations (the paper: 12 configs, 1.10x
   on average) [S];
-- our choices (the 12 configs are not in our notes): Qwen2.5-7B GRPO on 16 H20 split 12
-  generation / 4 training (8 = 6 + 2 with --quick), 128 prompts x 8 samples, maximum response
-  lengths 4K / 8K / 16K with PolyTrace's DAPO group lengths scaled by cap / 20,480 (as the
-  StreamRL entry), 3 steps. H20 has no measured tables: its times are roofline.
-- caveat [S]: with decoupled PPO the proximal policy's log-probs still need a forward pass;
-  like the paper's headline we count only the behaviour (old) log-prob pass as removed.
+- our choices (the 12 configs are not public in our notes: models, lengths and H20 counts
+  are ours): Qwen2.5-7B GRPO on 16 H20, 128 prompts x 8 samples, maximum response
+  lengths 4K / 8K / 16K with PolyTrace's DeepCoder-14B group lengths scaled by cap / 16,000
+  (reasoning-length responses, as the StreamRL entry, which says why), 3 steps. H20 has no
+  measured tables: its times are roofline.
 """
 
 from __future__ import annotations
@@ -40,25 +48,26 @@ from fleetsim.rl.runs import run_kept
 H20_DECODE_VENDOR_OVER_UNIFIED = 0.710  # attention_performance.csv, H20 decode vs FlashInfer
 H20_PREFILL_VENDOR_OVER_UNIFIED = 0.964  # attention_performance.csv, H20 prefill vs FA3
 MODEL = "qwen2.5-7b"
-GPUS, QUICK_GPUS = (12, 4), (6, 2)  # (generation, training)
+GPUS, QUICK_GPUS = (8, 8), (4, 4)  # (generation, training): AReaL's d4+d4 half split
 PROMPTS, QUICK_PROMPTS = 128, 32
 GROUP = 8
 STEPS = 3
 MAX_LENGTHS = (4096.0, 8192.0, 16384.0)
 QUICK_LENGTHS = (8192.0,)
-RUN_CAP = 20480  # DAPO's maximum response length (as in the StreamRL entry)
+RUN_CAP = 16000  # DeepCoder-14B's response cap in PolyTrace's run (as in the StreamRL entry)
 
 
 def config(tik: bool, max_len: int, gpus: tuple[int, int], prompts: int) -> dict[str, Any]:
-    system: dict[str, Any] = {"name": "areal-tik" if tik else "areal", "streaming": True,
-                              "staleness": 1, "recompute_logprobs": not tik}
+    # Synchronous: the precondition of log-prob reuse (module docstring).
+    system: dict[str, Any] = {"name": "areal-tik" if tik else "areal", "streaming": False,
+                              "staleness": 0, "recompute_logprobs": not tik}
     if tik:
         system["rollout_decode_attention_slowdown"] = 1 / H20_DECODE_VENDOR_OVER_UNIFIED
         system["rollout_prefill_attention_slowdown"] = 1 / H20_PREFILL_VENDOR_OVER_UNIFIED
     return {
         "num_steps": STEPS, "actor": MODEL, "num_prompts_per_step": prompts,
         "samples_per_prompt": GROUP, "max_response_tokens": max_len,
-        "lengths": {"kind": "polytrace", "run": "dapo-qwen2.5-32b",
+        "lengths": {"kind": "polytrace", "run": "deepcoder-14b",
                     "scale": max_len / RUN_CAP},
         "pools": [{"name": "generation", "gpu": "h20", "num_gpus": gpus[0],
                    "stages": ["generation"]},
@@ -101,7 +110,8 @@ AREAL_TIK = add(Reproduction(
           "recomputation, over 12 configurations on H20.",
     setup=f"Qwen2.5-7B GRPO on {sum(GPUS)} H20 ({GPUS[0]} generation + {GPUS[1]} training; "
           f"{sum(QUICK_GPUS)} with --quick), {PROMPTS} prompts x {GROUP} samples, max response "
-          f"4K/8K/16K (DAPO group lengths scaled to the cap), one-step asynchronous streaming; "
+          f"4K/8K/16K (DeepCoder group lengths scaled to the cap), synchronous (the mechanism's "
+          f"precondition), AReaL's half split; "
           f"unified kernels: decode attention x{1 / H20_DECODE_VENDOR_OVER_UNIFIED:.3f}, "
           f"prefill x{1 / H20_PREFILL_VENDOR_OVER_UNIFIED:.3f} slower",
     system="areal-tik",
