@@ -14,8 +14,11 @@ Parameters and their sources (``../shared/papers/scheduling.md`` section 4):
   (``actor.recompute_logprob: true``) produces the *proximal* policy's log-probs for the
   decoupled PPO loss (``use_decoupled_loss: true``, inclusionAI/AReaL
   ``examples/math/gsm8k_grpo.yaml``), which are not the rollout's and which matching kernels
-  cannot replace; only when the behaviour and proximal policies coincide (synchronous) is the
-  rollout's log-prob the recomputed one;
+  cannot replace: ``areal/engine/ppo/actor.py`` takes the behaviour log-probs "FROM
+  INFERENCE" and recomputes the proximal ones by a forward pass under the decoupled loss, and
+  only in standard on-policy PPO lets the recomputed values overwrite the inference ones
+  (``compute_advantages``). So only when the behaviour and proximal policies coincide
+  (synchronous) is the recompute pass the one matching kernels make redundant;
 - AReaL's default split of generation and training GPUs: half and half
   (``allocation_mode: sglang:d4p1t1+d4p1t1`` on 8 GPUs in the same file), so 16 H20 are 8
   generation + 8 training (4 + 4 with --quick);
