@@ -163,3 +163,15 @@ def test_the_areal_tik_entry_runs_synchronously_on_areals_half_split():
         assert cfg.system.staleness == 0 and not cfg.system.streaming
         gen, train = (p.num_gpus for p in cfg.pools)
         assert gen == train
+
+
+def test_the_streamrl_entry_sizes_the_colocation_cost_its_inputs_leave_out():
+    """The note says how many seconds per verl step would lift streamrl-sync / verl to the
+    paper's lowest 1.12x: 100 samples at 10/s (a 10 s step) need 100 x 1.12 / 10 - 10 = 1.2 s."""
+    from fleetsim.repro import streamrl
+
+    results = {"streamrl-sync": {"5K": 10.0}, "verl": {"5K": 10.0}}
+    note = streamrl._missing_cost_note("5K", 100, results, 1.0)
+    assert "verl's step 10.0 s" in note and "1.12x with 1.2 s more" in note
+    faster = {"streamrl-sync": {"5K": 20.0}, "verl": {"5K": 10.0}}
+    assert "with 0.0 s more" in streamrl._missing_cost_note("5K", 100, faster, 2.0)
