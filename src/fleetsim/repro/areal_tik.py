@@ -2,7 +2,8 @@
 and training kernels let the trainer reuse the rollout's log-probabilities, removing the
 recompute forward pass, at the price of slower attention kernels.
 
-Parameters and their sources (``../shared/papers/scheduling.md`` section 4):
+Parameters and their sources ([P]: the public areal-project/AReaL-TIK and inclusionAI/AReaL
+repositories; [S]: secondary summaries of the paper):
 - the kernel slowdowns on H20: vendor over unified latency 0.710 for decode attention
   (FlashInfer) and 0.964 for prefill attention (FA3), from the public
   ``experimental/figures/attention_performance.csv`` of areal-project/AReaL-TIK [P]; the

@@ -3,9 +3,9 @@ pipeline.
 
 The baselines and the published ratios. The abstract [P] says "up to 2.66x compared to
 existing state-of-the-art systems" without naming the system; the paper's evaluation compares
-against verl (colocated) and ColocationRL (StepFun's in-house colocated framework). Our notes'
-results table [S] (``../shared/papers/scheduling.md`` section 5, from secondary summaries; the
-paper's body was not readable with our tools) gives: synchronous StreamRL over verl
+against verl (colocated) and ColocationRL (StepFun's in-house colocated framework). The
+secondary summaries of its evaluation [S] (an RL-systems survey's results table; the paper's
+body was not readable with our tools) give: synchronous StreamRL over verl
 1.12-2.12x, over ColocationRL 1.06-1.41x; asynchronous over ColocationRL 1.30-2.66x. So the
 2.66x is against ColocationRL, not verl, which fleetsim cannot model (in-house, unpublished
 costs); the entry models verl, and its headline compares asynchronous StreamRL with verl
