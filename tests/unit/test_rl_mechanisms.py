@@ -122,3 +122,56 @@ def test_unified_kernel_slowdowns_slow_the_phases_they_name():
     assert slow_decode["generation"] > base["generation"]
     assert slow_decode["actor_train"] == pytest.approx(base["actor_train"], rel=1e-9)
     assert slow_prefill["reference"] > base["reference"]  # training-side forwards too
+
+
+# ---- verl's measured switch from training to rollout (colocated) ----------------------
+def test_a_measured_colocated_switch_replaces_the_modelled_all_gather():
+    """verl pays its measured ``timing_s/update_weights`` every step instead of the bf16
+    all-gather alone, and the step grows by the difference."""
+    plain = run_rl(rl_config_from_dict({**COLOCATED, "num_steps": 2}))
+    switched = run_rl(rl_config_from_dict({**COLOCATED, "num_steps": 2,
+                                           "system": {"colocated_switch_s": 3.0}}))
+    gather = plain.summary["steps"][1]["stages_s"]["weight_sync"]
+    assert 0 < gather < 3.0
+    assert switched.summary["steps"][1]["stages_s"]["weight_sync"] == pytest.approx(3.0)
+    step = plain.summary["steps"][1]["stages_s"]
+    step_switched = switched.summary["steps"][1]["stages_s"]
+    assert sum(step_switched.values()) - sum(step.values()) == pytest.approx(3.0 - gather)
+
+
+def test_the_colocated_switch_is_refused_on_a_disaggregated_job():
+    with pytest.raises(Exception, match="colocated_switch_s"):
+        rl_config_from_dict({**SKEWED, "system": {"colocated_switch_s": 3.0}})
+
+
+def test_the_streamrl_entry_charges_verl_its_measured_switch_and_uses_reasoning_lengths():
+    from fleetsim.repro import streamrl
+
+    cfg = rl_config_from_dict(streamrl.verl(5000, 16, 8, 1))
+    # issue #7203's 3.5 s for a 9B model, scaled to Qwen2.5-7B's weight bytes (15.2 GB).
+    assert cfg.system.colocated_switch_s == pytest.approx(3.5 * 15.23e9 / 18e9, rel=0.01)
+    assert cfg.lengths.run == "deepcoder-14b"
+    assert cfg.lengths.scale == pytest.approx(5000 / 16000)
+
+
+def test_the_areal_tik_entry_runs_synchronously_on_areals_half_split():
+    """Log-prob reuse stands only when the proximal policy is the behaviour policy."""
+    from fleetsim.repro import areal_tik
+
+    for tik in (True, False):
+        cfg = rl_config_from_dict(areal_tik.config(tik, 8192, areal_tik.GPUS, 8))
+        assert cfg.system.staleness == 0 and not cfg.system.streaming
+        gen, train = (p.num_gpus for p in cfg.pools)
+        assert gen == train
+
+
+def test_the_streamrl_entry_sizes_the_colocation_cost_its_inputs_leave_out():
+    """The note says how many seconds per verl step would lift streamrl-sync / verl to the
+    paper's lowest 1.12x: 100 samples at 10/s (a 10 s step) need 100 x 1.12 / 10 - 10 = 1.2 s."""
+    from fleetsim.repro import streamrl
+
+    results = {"streamrl-sync": {"5K": 10.0}, "verl": {"5K": 10.0}}
+    note = streamrl._missing_cost_note("5K", 100, results, 1.0)
+    assert "verl's step 10.0 s" in note and "1.12x with 1.2 s more" in note
+    faster = {"streamrl-sync": {"5K": 20.0}, "verl": {"5K": 10.0}}
+    assert "with 0.0 s more" in streamrl._missing_cost_note("5K", 100, faster, 2.0)

@@ -3,23 +3,34 @@ bitwise-aligned unified rollout and training kernels let the trainer reuse the r
 log-probabilities, removing the recompute forward pass, at the price of slower attention
 kernels.
 
-Parameters and their sources ([P]: the public repository areal-project/AReaL-TIK, Apache-2.0,
-read directly; [S]: a secondary summary of the paper, whose body could not be read):
+Parameters and their sources ([P]: the public areal-project/AReaL-TIK and inclusionAI/AReaL
+repositories; [S]: secondary summaries of the paper):
 - the kernel slowdowns on H20: vendor over unified latency 0.710 for decode attention
   (FlashInfer) and 0.964 for prefill attention (FA3), from the public
   ``experimental/figures/attention_performance.csv`` of areal-project/AReaL-TIK [P]; the
   unified kernels serve rollout (decode and prefill) and every training-side forward;
 - the baseline: AReaL with log-prob recomputation (an extra actor forward over prompt plus
-  response) [P code, S paper]; both run AReaL's asynchronous, disaggregated pipeline
-  (one-step staleness, finished samples streamed to the trainer);
+  response) [P code, S paper]; both run AReaL's disaggregated pipeline *synchronously*
+  (``max_head_offpolicyness = 0``: the trainer takes a whole batch generated with the current
+  weights). The mechanism needs that setting: in AReaL's asynchronous mode the recompute pass
+  (``actor.recompute_logprob: true``) produces the *proximal* policy's log-probs for the
+  decoupled PPO loss (``use_decoupled_loss: true``, inclusionAI/AReaL
+  ``examples/math/gsm8k_grpo.yaml``), which are not the rollout's and which matching kernels
+  cannot replace: ``areal/engine/ppo/actor.py`` takes the behaviour log-probs "FROM
+  INFERENCE" and recomputes the proximal ones by a forward pass under the decoupled loss, and
+  only in standard on-policy PPO lets the recomputed values overwrite the inference ones
+  (``compute_advantages``). So only when the behaviour and proximal policies coincide
+  (synchronous) is the recompute pass the one matching kernels make redundant;
+- AReaL's default split of generation and training GPUs: half and half
+  (``allocation_mode: sglang:d4p1t1+d4p1t1`` on 8 GPUs in the same file), so 16 H20 are 8
+  generation + 8 training (4 + 4 with --quick);
 - H20 GPUs, end-to-end throughput averaged over configurations (the paper: 12 configs, 1.10x
   on average) [S];
-- our choices (the 12 configs are not in what we could read): Qwen2.5-7B GRPO on 16 H20 split 12
-  generation / 4 training (8 = 6 + 2 with --quick), 128 prompts x 8 samples, maximum response
-  lengths 4K / 8K / 16K with PolyTrace's DAPO group lengths scaled by cap / 20,480 (as the
-  StreamRL entry), 3 steps. H20 has no measured tables: its times are roofline.
-- caveat [S]: with decoupled PPO the proximal policy's log-probs still need a forward pass;
-  like the paper's headline we count only the behaviour (old) log-prob pass as removed.
+- our choices (the 12 configs are not in what we could read: models, lengths and H20 counts
+  are ours): Qwen2.5-7B GRPO on 16 H20, 128 prompts x 8 samples, maximum response
+  lengths 4K / 8K / 16K with PolyTrace's DeepCoder-14B group lengths scaled by cap / 16,000
+  (reasoning-length responses, as the StreamRL entry, which says why), 3 steps. H20 has no
+  measured tables: its times are roofline.
 """
 
 from __future__ import annotations
@@ -42,25 +53,26 @@ from fleetsim.rl.runs import run_kept
 H20_DECODE_VENDOR_OVER_UNIFIED = 0.710  # attention_performance.csv, H20 decode vs FlashInfer
 H20_PREFILL_VENDOR_OVER_UNIFIED = 0.964  # attention_performance.csv, H20 prefill vs FA3
 MODEL = "qwen2.5-7b"
-GPUS, QUICK_GPUS = (12, 4), (6, 2)  # (generation, training)
+GPUS, QUICK_GPUS = (8, 8), (4, 4)  # (generation, training): AReaL's d4+d4 half split
 PROMPTS, QUICK_PROMPTS = 128, 32
 GROUP = 8
 STEPS = 3
 MAX_LENGTHS = (4096.0, 8192.0, 16384.0)
 QUICK_LENGTHS = (8192.0,)
-RUN_CAP = 20480  # DAPO's maximum response length (as in the StreamRL entry)
+RUN_CAP = 16000  # DeepCoder-14B's response cap in PolyTrace's run (as in the StreamRL entry)
 
 
 def config(tik: bool, max_len: int, gpus: tuple[int, int], prompts: int) -> dict[str, Any]:
-    system: dict[str, Any] = {"name": "areal-tik" if tik else "areal", "streaming": True,
-                              "staleness": 1, "recompute_logprobs": not tik}
+    # Synchronous: the precondition of log-prob reuse (module docstring).
+    system: dict[str, Any] = {"name": "areal-tik" if tik else "areal", "streaming": False,
+                              "staleness": 0, "recompute_logprobs": not tik}
     if tik:
         system["rollout_decode_attention_slowdown"] = 1 / H20_DECODE_VENDOR_OVER_UNIFIED
         system["rollout_prefill_attention_slowdown"] = 1 / H20_PREFILL_VENDOR_OVER_UNIFIED
     return {
         "num_steps": STEPS, "actor": MODEL, "num_prompts_per_step": prompts,
         "samples_per_prompt": GROUP, "max_response_tokens": max_len,
-        "lengths": {"kind": "polytrace", "run": "dapo-qwen2.5-32b",
+        "lengths": {"kind": "polytrace", "run": "deepcoder-14b",
                     "scale": max_len / RUN_CAP},
         "pools": [{"name": "generation", "gpu": "h20", "num_gpus": gpus[0],
                    "stages": ["generation"]},
@@ -103,7 +115,8 @@ AREAL_TIK = add(Reproduction(
           "recomputation, over 12 configurations on H20.",
     setup=f"Qwen2.5-7B GRPO on {sum(GPUS)} H20 ({GPUS[0]} generation + {GPUS[1]} training; "
           f"{sum(QUICK_GPUS)} with --quick), {PROMPTS} prompts x {GROUP} samples, max response "
-          f"4K/8K/16K (DAPO group lengths scaled to the cap), one-step asynchronous streaming; "
+          f"4K/8K/16K (DeepCoder group lengths scaled to the cap), synchronous (the mechanism's "
+          f"precondition), AReaL's half split; "
           f"unified kernels: decode attention x{1 / H20_DECODE_VENDOR_OVER_UNIFIED:.3f}, "
           f"prefill x{1 / H20_PREFILL_VENDOR_OVER_UNIFIED:.3f} slower",
     system="areal-tik",
@@ -114,7 +127,7 @@ AREAL_TIK = add(Reproduction(
     paper_ratio=1.10,
     paper_ratio_source="abstract: 1.10x averaged over the paper's 12 H20 configurations, the "
                        "same averaging as the ratio; the 12 configurations and their own "
-                       "values are not in our notes, so the average stands for the panel",
+                       "values are not in what we could read, so the average stands for the panel",
     paper_best=None,
     loads=Loads(name="max response length", unit="tokens", values=MAX_LENGTHS,
                 quick_values=QUICK_LENGTHS),

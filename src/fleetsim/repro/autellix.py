@@ -122,8 +122,8 @@ AUTELLIX = add(Reproduction(
                      "over the workloads",
     paper_ratio=None,
     paper_ratio_source="not recoverable: the paper's load levels, model, GPU and program "
-                       "traces are not in our notes, and its 4-15x is throughput of programs "
-                       "at the same latency, not a JCT ratio at one rate",
+                       "traces are not in what we could read, and its 4-15x is throughput of "
+                       "programs at the same latency, not a JCT ratio at one rate",
     paper_best=15.0,
     loads=Loads(name="program rate", unit="programs/s", values=RATES,
                 quick_values=QUICK_RATES),

@@ -314,8 +314,8 @@ EXPERTPLEX = add(Reproduction(
     metric=Metric(name="SLO attainment", unit="fraction", direction="higher"),
     ratio_definition="expertplex / pd_instance goodput (req/s at 90% SLO attainment)",
     paper_ratio=None,
-    paper_ratio_source="not recoverable: only a summary of the paper is in our notes "
-                       "(moe.md section 4.3), giving its best goodput ratios, not the "
+    paper_ratio_source="not recoverable: only a summary of the paper could be read "
+                       "(a secondary summary), giving its best goodput ratios, not the "
                        "panel of this model, GPU and rate range",
     paper_best=2.01,
     loads=Loads(name="request rate", unit="req/s per GPU", values=RATES_PER_GPU,

@@ -265,12 +265,12 @@ HEDDLE = add(Reproduction(
     ratio_definition="largest heddle / baseline tokens/s over models and the baselines verl, "
                      "verl-star (the paper's verl*) and slime",
     # The ratio is the largest over models and baselines, the form of the paper's "up to";
-    # the per-model figure values are not in our notes.
+    # the per-model figure values are not in what we could read.
     paper_ratio=2.5,
     paper_ratio_source="abstract: up to 2.5x over slime, verl and verl* across the paper's "
                        "Qwen3 sizes (per baseline: 1.4-2.3x verl, 1.1-2.4x verl*, 1.2-2.5x "
                        "slime), the maximum the ratio also takes; the per-model values of its "
-                       "throughput figure are not recoverable from our notes",
+                       "throughput figure are not recoverable from what we could read",
     paper_best=2.5,
     loads=Loads(name="Qwen3 model size", unit="B parameters",
                 values=tuple(float(_label(m)) for m, _ in MODELS),

@@ -160,6 +160,11 @@ class SystemConfig:
     """Rollout prefill attention, and the attention of every training-side forward pass,
     take this many times longer (AReaL-TIK: 1 / 0.964 on H20)."""
 
+    colocated_switch_s: float | None = None
+    """Colocated jobs: measured seconds per step to hand the GPUs from training to rollout
+    (verl's ``timing_s/update_weights``: resharding to the rollout layout, the engine's wake-up
+    and KV cache re-allocation); replaces the modelled bf16 all-gather. None: the all-gather
+    alone (a lower bound)."""
     generation_rounds: int = 1
     """Generate the batch in this many static rounds, each starting when the previous one has
     wholly finished (DeepSpeed-Chat's hybrid engine generates a batch at a time); 1: the
@@ -177,6 +182,9 @@ class SystemConfig:
     of micro-batch counts; seeded by the job's seed)."""
 
     def __post_init__(self) -> None:
+        if self.colocated_switch_s is not None and not 0 <= self.colocated_switch_s <= 3600:
+            raise ValueError(f"colocated_switch_s must be in 0..3600 seconds (a measured "
+                             f"timing_s/update_weights) or absent, got {self.colocated_switch_s}")
         if self.generation_rounds < 1:
             raise ValueError(f"generation_rounds must be >= 1, got {self.generation_rounds}")
         if self.tail_migration_fraction is not None and not (
@@ -271,6 +279,9 @@ class RLConfig:
         if sysc.tail_migration_fraction is not None and len(self.pools) != 1:
             raise ValueError("system.tail_migration_fraction frees generation GPUs for the "
                              "inference passes: it needs a colocated job (one pool)")
+        if sysc.colocated_switch_s is not None and len(self.pools) != 1:
+            raise ValueError("system.colocated_switch_s is the colocated engine's switch from "
+                             "training to rollout: it needs a colocated job (one pool); drop it")
         if sysc.generation_rounds > self.num_prompts_per_step:
             raise ValueError(f"system.generation_rounds must be <= num_prompts_per_step "
                              f"({self.num_prompts_per_step}), got {sysc.generation_rounds}")

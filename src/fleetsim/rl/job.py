@@ -387,8 +387,11 @@ class RLJob:
 
     # ---- weights -------------------------------------------------------------------------
     def colocated_sync_s(self) -> float:
-        """verl's resharding to the rollout layout: every GPU gathers the bf16 weights over the
-        pool (NVLink inside a node, the network beyond)."""
+        """verl's switch to the rollout layout: the measured ``system.colocated_switch_s`` when
+        given, else the resharding alone: every GPU gathers the bf16 weights over the pool
+        (NVLink inside a node, the network beyond)."""
+        if self.cfg.system.colocated_switch_s is not None:
+            return self.cfg.system.colocated_switch_s
         pool = self.gen_pool
         gpu = self.gpus[pool.name]
         n = pool.num_gpus
