@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from fleetsim.core.simulator import Simulator
 from fleetsim.serving.kv_cache import HostPool, KVCache
+from fleetsim.serving.ports import ReplicaPort
 from fleetsim.serving.request import RELOADING, Request
 from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
 
@@ -42,20 +42,11 @@ KV_EXPIRE: Final = 35  # a kept record's time-to-live ends (after transfers, bef
 RETENTION_MODES: Final = ("keep", "offload")
 
 
-class KeptPort(Protocol):
+class KeptPort(ReplicaPort, Protocol):
     """What kept KV may do with its replica, and no more (``Replica`` implements it): read
     its id, clock and KV cache; make its state exact and wake it; hold a follow-up while its
     parent's KV reloads, then queue it."""
 
-    @property
-    def replica_id(self) -> int: ...
-    @property
-    def sim(self) -> Simulator: ...
-    @property
-    def kv(self) -> KVCache: ...
-    def interrupt(self) -> None: ...
-    def wake(self) -> None: ...
-    def adopt(self, req: Request) -> None: ...
     def queue_arrived(self, req: Request) -> None: ...
 
 

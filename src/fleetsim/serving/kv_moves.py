@@ -18,9 +18,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
-from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
-from fleetsim.serving.kv_cache import HostPool, KVCache
+from fleetsim.serving.kv_cache import HostPool
+from fleetsim.serving.ports import ReplicaPort
 from fleetsim.serving.request import (
     HANDED_OFF,
     IN_TRANSFER,
@@ -36,27 +36,18 @@ from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_e
 Holding = tuple[int, tuple[int, ...], int]  # (private blocks, hash ids, cached entries)
 
 
-class MovesPort(Protocol):
+class MovesPort(ReplicaPort, Protocol):
     """What the KV moves may do with their replica, and no more (``Replica`` implements it):
     read its id, clock, KV cache and batch; make its state exact and wake it; take a request
     in or let one go; put one whose KV landed into the batch or take one out of it; and pass
     a request that left on to the cluster."""
 
     @property
-    def replica_id(self) -> int: ...
-    @property
-    def sim(self) -> Simulator: ...
-    @property
-    def kv(self) -> KVCache: ...
-    @property
     def running(self) -> Sequence[Request]: ...
     @property
     def max_running_total(self) -> int: ...
     @property
     def moves(self) -> KVMoves: ...
-    def interrupt(self) -> None: ...
-    def wake(self) -> None: ...
-    def adopt(self, req: Request) -> None: ...
     def forget(self, req: Request) -> None: ...
     def add_load_tokens(self, num_tokens: int) -> None: ...
     def join_running(self, req: Request) -> None: ...

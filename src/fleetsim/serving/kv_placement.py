@@ -22,27 +22,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fleetsim.core.simulator import Simulator
 from fleetsim.serving.kv_cache import KVCache
+from fleetsim.serving.ports import ReplicaPort
 from fleetsim.serving.request import RELOADING, Request
 from fleetsim.serving.transfers import TransferService
 
 
-class PlacementPort(Protocol):
+class PlacementPort(ReplicaPort, Protocol):
     """What placement may do with a replica (``Replica`` implements it)."""
 
     @property
-    def replica_id(self) -> int: ...
-    @property
-    def sim(self) -> Simulator: ...
-    @property
-    def kv(self) -> KVCache: ...
-    @property
     def waiting(self) -> Sequence[Request]: ...
     prefix_fetch: Callable[[PlacementPort, Request], bool] | None
-    def interrupt(self) -> None: ...
-    def wake(self) -> None: ...
-    def adopt(self, req: Request) -> None: ...
     def queue_arrived(self, req: Request) -> None: ...
 
 
