@@ -34,8 +34,9 @@ bodies = st.one_of(
     st.fixed_dictionaries({"model": st.just(MODEL)},
                           optional={k: json_value for k in KEYS if k != "model"}),
     json_value)
+# Printable ASCII; no leading or trailing blank (the client itself refuses to send one).
 header_text = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7e),
-                      max_size=60)
+                      max_size=60).map(str.strip)
 headers = st.dictionaries(st.sampled_from(["x-request-id", "content-type", "accept",
                                            "authorization", "x-fleetsim-anything"]),
                           header_text, max_size=3)
