@@ -335,18 +335,10 @@ async def _load_with_progress(args: argparse.Namespace, workload: Any, model: st
           "lag_warn_s": args.lag_warn_ms / 1e3}
     if args.disable_tqdm or not console.is_terminal:
         return await run_load(workload, args.url, **kw)
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from fleetsim.output import progress_bar
 
-    with Progress(TextColumn("load"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("load", total=len(workload))
+    with progress_bar(console, "load") as bar:
+        task = bar.add_task("load", total=len(workload), note="")
         return await run_load(workload, args.url, **kw,
                               on_done=lambda _: bar.advance(task))
 
