@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_reliability import assert_one_line_exit_2, run_cli  # the first round's helpers
 
 import fleetsim
 from fleetsim.cli import main
@@ -19,19 +20,6 @@ from fleetsim.errors import FleetsimInputError
 
 SRC = str(Path(fleetsim.__file__).resolve().parents[1])
 
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_exit_2(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.startswith("fleetsim: error: "), err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, err
 
 
 @pytest.fixture(autouse=True)
