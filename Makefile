@@ -48,10 +48,13 @@ scoreboard: setup native
 	$(VENV)/bin/fleetsim repro all --record docs/scoreboard.json
 	$(PY) -m fleetsim.repro.scoreboard docs/scoreboard.json docs/reproductions.md
 
+# `make bench VIDUR=~/vidur VIDUR_PYTHON=~/vidur/env/bin/python` also runs Vidur on the same work
+# and prints the ratio (benchmarks/vidur_compare.py).
 bench: setup native
 	$(PY) benchmarks/startup.py
 	$(PY) benchmarks/azure_conv_replay.py
 	$(PY) benchmarks/cluster_scale.py
+	$(PY) benchmarks/vidur_compare.py $(if $(VIDUR),--vidur $(VIDUR) --vidur-python $(or $(VIDUR_PYTHON),$(PY)))
 
 lint: setup
 	$(PY) -m pip install --quiet ruff
