@@ -152,6 +152,28 @@ def error(fn, *args, **kw) -> str:  # noqa: ANN001
     return msg
 
 
+def test_an_embedded_column_is_parsed_once_and_each_caller_owns_its_copy(monkeypatch) -> None:
+    from fleetsim.workloads import loaders
+
+    first = loaders.read_column("embedded:sharegpt_lengths", "num_decode_tokens")
+    parsed = []
+    monkeypatch.setattr(loaders, "_read_column", lambda *a: parsed.append(a))
+    first[:] = 0  # a caller changing its array changes nobody else's
+    again = loaders.read_column("embedded:sharegpt_lengths", "num_decode_tokens")
+    assert not parsed and again.min() >= 1 and len(again) == len(first)
+    assert again is not loaders.read_column("embedded:sharegpt_lengths", "num_decode_tokens")
+
+
+def test_a_file_column_is_read_from_the_file_each_time(tmp_path: Path) -> None:
+    from fleetsim.workloads.loaders import read_column
+
+    path = tmp_path / "lengths.csv"
+    path.write_text("n\n5\n")
+    assert read_column(path, "n").tolist() == [5]
+    path.write_text("n\n7\n")  # a user's file may change between runs
+    assert read_column(str(path), "n").tolist() == [7]
+
+
 def test_missing_file(tmp_path: Path) -> None:
     msg = error(load_trace, tmp_path / "nope.csv")
     assert "nope.csv" in msg
