@@ -131,6 +131,7 @@ class FastServePlanner:
         changed."""
         changed: list[int] = []
         starving = self._iterations % self.starvation_period == 0
+        quantum_s = self._quantum_s
         for req in jobs:
             state = req.policy_state
             if not isinstance(state, JobState):
@@ -139,7 +140,7 @@ class FastServePlanner:
                 changed.append(req.id)
                 continue
             level = state.level
-            if req.service_s - state.level_entry_service_s > self._quantum_s(level):
+            if req.service_s - state.level_entry_service_s > quantum_s(level):
                 state.level = level + 1
                 state.level_entry_service_s = req.service_s
             if starving and now_s - state.last_run_s >= self.starvation_limit_s:
@@ -163,7 +164,11 @@ class FastServePlanner:
         rekey: list[int] = []
         if self.scheduler == "mlfq":
             rekey = self._update_levels(view, running + waiting + swapped, now_s)
-        jobs = sorted(running + waiting + swapped, key=self._priority)
+        if self.scheduler == "mlfq":  # every job has its JobState now: mlfq_key, inlined
+            jobs = sorted(running + waiting + swapped,
+                          key=lambda r: (r.policy_state.level, r.arrival_s, r.id))
+        else:
+            jobs = sorted(running + waiting + swapped, key=self._priority)
         kv = view.kv
         available = kv.num_available_blocks
         budget = view.max_batched_tokens
