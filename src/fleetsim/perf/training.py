@@ -132,9 +132,10 @@ class Layout:
     """Bytes per gradient element in the data-parallel reduction (fp32)."""
     zero3: bool = False
     """ZeRO-3: bf16 parameters all-gathered over the data-parallel ranks for every
-    micro-batch's forward and again for its backward, prefetched under the compute (a
-    micro-batch takes the longer of the two), and the gradients reduce-scattered (half an
-    all-reduce's traffic; Rajbhandari et al., arXiv:1910.02054, sec. 7.2.2)."""
+    micro-batch's forward and again for its backward, and the bf16 gradients reduce-scattered
+    during that backward (Rajbhandari et al., arXiv:1910.02054, sec. 7.2.2; DeepSpeed-Chat's
+    ``ds_utils.py``: overlap_comm, prefetching), all under the compute: a forward takes the
+    longer of its compute and one gather, a backward of its compute and two."""
 
     @property
     def num_gpus(self) -> int:
@@ -230,8 +231,10 @@ class PassModel:
                 continue
             stages = [self._stage_s(mb) for mb in pack(rank, lay.micro_batch_tokens)]
             if lay.zero3:
+                # The backward gathers the parameters again and reduce-scatters the bf16
+                # gradients as it makes them (DeepSpeed's overlap_comm): twice the traffic.
                 gather = self.param_gather_s()
-                stages = [(max(f, gather), max(b, gather) if self.train else b, bb)
+                stages = [(max(f, gather), max(b, 2 * gather) if self.train else b, bb)
                           for f, b, bb in stages]
             num_mb = max(num_mb, len(stages))
             compute = sum(f + b for f, b, _ in stages)
@@ -263,14 +266,14 @@ class PassModel:
         return worst
 
     def grad_reduce_s(self) -> float:
-        """Ring all-reduce of this GPU's gradient shard over the data-parallel group (ZeRO-3:
-        a reduce-scatter, half the traffic)."""
+        """Ring all-reduce of this GPU's gradient shard over the data-parallel group once the
+        mini-batch is done; 0 under ZeRO-3, which reduce-scatters each micro-batch's gradients
+        inside its backward (``run``)."""
         dp = self.layout.dp
-        if dp <= 1:
+        if dp <= 1 or self.layout.zero3:
             return 0.0
         num_bytes = self.params_per_gpu * self.layout.grad_reduce_bytes
-        rounds = 1 if self.layout.zero3 else 2
-        return rounds * (dp - 1) / dp * num_bytes / (self._dp_bw * rl.ALLREDUCE_BW_EFF)
+        return 2 * (dp - 1) / dp * num_bytes / (self._dp_bw * rl.ALLREDUCE_BW_EFF)
 
     def param_gather_s(self) -> float:
         """ZeRO-3: ring all-gather of this tensor/pipeline shard's bf16 parameters from the
