@@ -15,19 +15,28 @@ readable; [P]: the public FlexFusion solver, github.com/FlexFusion/FlexFusion, A
 - our choices (not in what we could read): the actor LLaMA-65B with critic LLaMA-33B (the largest of
   the paper's pairs; --quick: 13B/13B), training tp 4 (LLaMA-33B's 52 heads take tp 4) x pp
   4, 8 or 16, whichever is fastest for the system (ReaLHF's layout search, in small), with
-  about one sample per micro-batch, inference tp 4 x pp 1, generation tp 8, response
-  lengths the DAPO GRPO lengths of PolyTrace scaled to the cap (HH-RLHF's are not in our
-  traces), prompts of 256 tokens, 2 steps (the second is the steady state measured).
+  about one sample per micro-batch, inference tp 4 x pp 1, generation tp 8, prompts of 256
+  tokens, 2 steps (the second is the steady state measured);
+- response lengths: ShareGPT's chat answers (``embedded:sharegpt_lengths``, Llama-2 tokenizer,
+  mean 439 tokens, none above 1,024: the source's filter), capped at each maximum; HH-RLHF's
+  generated lengths for these models are not published, and ShareGPT is the chat-answer
+  distribution the authors' group evaluates serving on (FastServe, DistServe).
 
 Systems, as fleetsim models them (docs/reproductions.md says what each leaves out):
-- ``deepspeed-chat``: colocated, every stage in turn; generation in static rounds of one
-  (raised) mini-batch of 256 prompts (the paper raised DS-Chat's to 256, favouring it);
-  training on mini-batches of 256 with ZeRO-style data parallelism (tp 4, no pipeline),
-  actor then critic;
+- ``deepspeed-chat``: as its step 3 runs (DeepSpeedExamples ``dschat/rlhf/ppo_trainer.py``,
+  ``dschat/utils/ds_utils.py``, ``training_scripts/opt/multi_node/run_66b.sh``): colocated,
+  hybrid-engine generation with inference tp 8 in static rounds of one (raised) mini-batch of
+  256 prompts (the paper raised DS-Chat's to 256, favouring it), each round padded to its
+  longest answer (HF ``generate`` with ``synced_gpus``) and preceded by a gather of the ZeRO-3
+  shards; experience passes and training ZeRO-3 data parallel (tp 1, no pipeline), parameters
+  gathered per micro-batch, actor then critic; its efficiency is its own: its samples/s are
+  fleetsim's model of it times (modelled / published) step time of DeepSpeed-Chat's Table 2
+  run nearest the actor (``ds_chat_published_run``);
 - ``realhf``: colocated, every stage in turn with its own parallel layout (ReaLHF's
   parameter reallocation), continuous batching over the whole batch, actor and critic
   trained one after the other with 1F1B pipelines (also what RLHFuse-Base is here);
-- ``rlhfuse``: ``realhf`` plus tail migration and the fused actor/critic pipeline.
+- ``rlhfuse``: ``realhf`` plus tail migration and the fused actor/critic pipeline;
+  ``rlhfuse-no-inter`` / ``rlhfuse-no-intra``: each fusion removed in turn (attribution).
 """
 
 from __future__ import annotations
@@ -60,7 +69,6 @@ DS_CHAT_ROUND = 256  # DeepSpeed-Chat's mini-batch (generation and training), as
 STEPS = 2
 MAX_LENGTHS = (512.0, 1024.0, 2048.0)
 QUICK_LENGTHS = (1024.0,)
-RUN_CAP = 20480  # DAPO's maximum response length: scale its lengths to each cap
 PROMPT_TOKENS = 256  # HH-RLHF prompts are short dialogues (our choice)
 TAIL_FRACTION = 0.2
 PIPELINE_STAGES = (4, 8, 16)  # the training layouts ReaLHF and RLHFuse choose from (tp 4)
@@ -249,7 +257,7 @@ RLHFUSE = add(Reproduction(
     setup=f"PPO, LLaMA-65B actor / LLaMA-33B critic (reference and reward of the same shapes) "
           f"on {NUM_GPUS} H800 ({QUICK_GPUS} and 13B/13B with --quick), {PROMPTS} prompts "
           f"per step ({QUICK_PROMPTS} with --quick), mini-batch {MINI_BATCH}, max generation "
-          f"512/1024/2048 (DAPO lengths scaled to the cap), tail migration at "
+          f"512/1024/2048 (ShareGPT's chat answers, capped), tail migration at "
           f"{TAIL_FRACTION:.0%} left, {STEPS} steps",
     system="rlhfuse",
     baselines=("deepspeed-chat", "realhf", "rlhfuse-no-inter", "rlhfuse-no-intra"),
