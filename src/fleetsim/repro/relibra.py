@@ -191,6 +191,8 @@ def summarize(rows: list[BatchResult], ideal_s: float, setup: RelibraSetup) -> d
     return {
         "share_of_ideal": ideal_s / total,
         "batch_s": total / len(rows) * scale,
+        "microbatches_per_batch": setup.microbatches_per_batch,
+        "gpu": setup.gpu,
         "tokens_per_s_per_gpu": setup.tokens_per_gpu * len(passes) / (total * scale),
         "imbalance": float(np.mean([p.imbalance for p in passes])),
         "node_imbalance": float(np.mean([r.node_imbalance for r in rows])),
@@ -275,12 +277,12 @@ def _step_parts_notes(summaries: dict[tuple[str, str], dict[str, Any]]) -> list[
     layout for this model (``moe/outer.py``; the bubble's share does not depend on the GPU)."""
     k = "ultraep-qwen3-235b-train"
     ideal = summaries[("force_balanced", k)]
-    setup = RelibraSetup()
-    model, gpu = get_model("qwen3-235b"), get_gpu(setup.gpu)
+    model, gpu = get_model("qwen3-235b"), get_gpu(ideal["gpu"])
     spec = MoeLayerSpec.from_model(model)
     parts = ideal["breakdown_s_per_batch"]
-    microbatch_s = sum(parts.values()) / setup.microbatches_per_batch
-    tokens = setup.tokens_per_gpu * setup.microbatches_per_batch
+    per_batch = ideal["microbatches_per_batch"]
+    microbatch_s = sum(parts.values()) / per_batch
+    tokens = ideal["tokens_per_s_per_gpu"] * ideal["batch_s"]  # one batch, per GPU
     flops = tokens * spec.top_k * spec.flops_per_routed_token * 3 * spec.num_moe_layers
     tflops = flops / parts["expert_s"] / 1e12
     total = sum(parts.values())
