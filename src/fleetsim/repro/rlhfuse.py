@@ -205,6 +205,14 @@ def compare(ctx: ReproContext) -> Comparison:
                  f"ReaLHF, 1.2-1.4x vs RLHFuse-Base)")
     # realhf is also RLHFuse-Base here (RLHFuse's engine without the two fusions), in the
     # ratio's form: the largest over the lengths against deepspeed-chat
+    def vs_base(name: str) -> list[float | None]:
+        return [better_ratio(results[name][x], results["realhf"][x], "higher")
+                for x in results[name]]
+
+    notes.append(f"against RLHFuse-Base (realhf) per length: both fusions "
+                 f"{fmt_ratios(vs_base('rlhfuse'))}, the fused pipeline alone "
+                 f"{fmt_ratios(vs_base('rlhfuse-no-inter'))}, tail migration alone "
+                 f"{fmt_ratios(vs_base('rlhfuse-no-intra'))} (paper: 1.2-1.4x both)")
     attribution: dict[str, float | None] = {}
     for name in ("realhf", "rlhfuse-no-inter", "rlhfuse-no-intra"):
         got = [r for r in (better_ratio(results[name][x], results["deepspeed-chat"][x],
