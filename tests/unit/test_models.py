@@ -35,6 +35,7 @@ def test_catalog_has_required_models():
         ("Qwen3-235B-A22B", 235.1),
         ("DeepSeek-V3", 671.0),
         ("OPT-13B", 12.85),  # facebook/opt-13b: 12.85B with its biases, which we omit
+        ("OPT-66B", 65.7),  # facebook/opt-66b (OPT paper, arXiv:2205.01068, Table 1: 66B)
     ],
 )
 def test_param_counts_match_published_sizes(name, billions):

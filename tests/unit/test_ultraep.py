@@ -162,3 +162,24 @@ def test_bad_input_is_one_line_and_exit_2(setting, needle, capsys):
     assert main(["repro", "ultraep", "--quick", "--set", setting]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+# ---- the step's parts outside the EP micro-batch (issue 22) ------------------------------
+def test_outer_parts_follow_interleaved_1f1b_and_spread_per_step_costs_over_the_step():
+    from fleetsim.errors import FleetsimInputError
+    from fleetsim.hardware import get_gpu
+    from fleetsim.models import get_model
+    from fleetsim.moe.outer import OuterLayout, outer_s
+
+    model, gpu = get_model("qwen3-235b"), get_gpu("gb200-nvl72")
+    base = outer_s(model, gpu, OuterLayout(), 1.0)
+    assert base["bubble"] == pytest.approx(7 / (3 * 256))  # (p - 1) / (v m) of the compute
+    twice = outer_s(model, gpu, OuterLayout(num_microbatches=512), 1.0)
+    for part in ("bubble", "grad_reduce", "optimizer"):  # once per step: halves per micro-batch
+        assert twice[part] == pytest.approx(base[part] / 2)
+    assert twice["p2p"] == pytest.approx(base["p2p"])  # every micro-batch crosses the stages
+    flat = outer_s(model, gpu, OuterLayout(pp=1), 1.0)
+    assert flat["bubble"] == flat["p2p"] == 0.0
+    assert 0 < sum(base.values()) < 0.02  # about 1% of a micro-batch in this layout
+    with pytest.raises(FleetsimInputError, match="vp"):
+        OuterLayout(vp=0)

@@ -90,6 +90,37 @@ _BUILTIN: tuple[ModelSpec, ...] = (
         max_context_tokens=2048,
         tie_word_embeddings=True,
     ),
+    # facebook/opt-66b config.json: 64 layers, hidden 9216, 72 heads, ffn_dim 36864 (ReLU MLP),
+    # 2,048 positions, tied LM head. DeepSpeed-Chat's largest published actor (its Table 2).
+    ModelSpec(
+        name="OPT-66B",
+        num_layers=64,
+        hidden_size=9216,
+        num_attention_heads=72,
+        num_kv_heads=72,
+        head_dim=128,
+        intermediate_size=36864,
+        gated_mlp=False,
+        vocab_size=50272,
+        max_context_tokens=2048,
+        tie_word_embeddings=True,
+    ),
+    # facebook/opt-350m config.json: 24 layers, hidden 1024, 16 heads, ffn_dim 4096; its
+    # 512-wide embedding and the project_in/out matrices are taken as 1024-wide (a <1% error
+    # in its FLOPs). DeepSpeed-Chat's reward and critic model in its published runs.
+    ModelSpec(
+        name="OPT-350M",
+        num_layers=24,
+        hidden_size=1024,
+        num_attention_heads=16,
+        num_kv_heads=16,
+        head_dim=64,
+        intermediate_size=4096,
+        gated_mlp=False,
+        vocab_size=50272,
+        max_context_tokens=2048,
+        tie_word_embeddings=True,
+    ),
     # Qwen/Qwen2.5-72B-Instruct config.json
     ModelSpec(
         name="Qwen2.5-72B",
@@ -243,6 +274,8 @@ HF_IDS = {
     "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
     "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
     "facebook/opt-13b": "opt-13b",
+    "facebook/opt-66b": "opt-66b",
+    "facebook/opt-350m": "opt-350m",
     "meta-llama/Llama-2-7b-hf": "llama-2-7b",
     "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b",
     "meta-llama/Llama-2-70b-hf": "llama-2-70b",

@@ -36,6 +36,7 @@ from fleetsim.perf.breakdown import build_step_model
 from fleetsim.perf.ops import OpTimes
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+BF16_BYTES = 2
 BACKWARD_OVER_FORWARD = 2.0
 """Backward FLOPs over forward FLOPs (input and weight gradients: 2x; 6N per token in all)."""
 OPTIMIZER_BYTES_PER_PARAM = 34.0
@@ -129,6 +130,12 @@ class Layout:
     """The gradient reduction overlaps the last micro-batch's backward pass."""
     grad_reduce_bytes: int = 4
     """Bytes per gradient element in the data-parallel reduction (fp32)."""
+    zero3: bool = False
+    """ZeRO-3: bf16 parameters all-gathered over the data-parallel ranks for every
+    micro-batch's forward and again for its backward, and the bf16 gradients reduce-scattered
+    during that backward (Rajbhandari et al., arXiv:1910.02054, sec. 7.2.2; DeepSpeed-Chat's
+    ``ds_utils.py``: overlap_comm, prefetching), all under the compute: a forward takes the
+    longer of its compute and one gather, a backward of its compute and two."""
 
     @property
     def num_gpus(self) -> int:
@@ -223,6 +230,12 @@ class PassModel:
             if not rank:
                 continue
             stages = [self._stage_s(mb) for mb in pack(rank, lay.micro_batch_tokens)]
+            if lay.zero3:
+                # The backward gathers the parameters again and reduce-scatters the bf16
+                # gradients as it makes them (DeepSpeed's overlap_comm): twice the traffic.
+                gather = self.param_gather_s()
+                stages = [(max(f, gather), max(b, 2 * gather) if self.train else b, bb)
+                          for f, b, bb in stages]
             num_mb = max(num_mb, len(stages))
             compute = sum(f + b for f, b, _ in stages)
             longest = max(f + b for f, b, _ in stages)
@@ -253,12 +266,24 @@ class PassModel:
         return worst
 
     def grad_reduce_s(self) -> float:
-        """Ring all-reduce of this GPU's gradient shard over the data-parallel group."""
+        """Ring all-reduce of this GPU's gradient shard over the data-parallel group once the
+        mini-batch is done; 0 under ZeRO-3, which reduce-scatters each micro-batch's gradients
+        inside its backward (``run``)."""
         dp = self.layout.dp
-        if dp <= 1:
+        if dp <= 1 or self.layout.zero3:
             return 0.0
         num_bytes = self.params_per_gpu * self.layout.grad_reduce_bytes
         return 2 * (dp - 1) / dp * num_bytes / (self._dp_bw * rl.ALLREDUCE_BW_EFF)
+
+    def param_gather_s(self) -> float:
+        """ZeRO-3: ring all-gather of this tensor/pipeline shard's bf16 parameters from the
+        data-parallel ranks (each GPU receives ``(dp - 1) / dp`` of them), once per forward or
+        backward of a micro-batch; 0 without ZeRO-3 or data parallelism."""
+        dp = self.layout.dp
+        if not self.layout.zero3 or dp <= 1:
+            return 0.0
+        num_bytes = self.params_per_gpu * BF16_BYTES
+        return (dp - 1) / dp * num_bytes / (self._dp_bw * rl.ALLREDUCE_BW_EFF)
 
     def optimizer_s(self) -> float:
         """Mixed-precision Adam over this GPU's parameters (memory-bound), the optimizer state

@@ -67,9 +67,11 @@ from fleetsim.moe.batch_pass import (
     run_static,
     run_two_timescale,
 )
+from fleetsim.moe.compute import MoeLayerSpec
 from fleetsim.moe.ep_pass import EpPassModel
 from fleetsim.moe.load_presets import get_preset, preset_spec
 from fleetsim.moe.loads import LoadSpec, make_loads
+from fleetsim.moe.outer import OuterLayout, outer_s
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
@@ -189,6 +191,8 @@ def summarize(rows: list[BatchResult], ideal_s: float, setup: RelibraSetup) -> d
     return {
         "share_of_ideal": ideal_s / total,
         "batch_s": total / len(rows) * scale,
+        "microbatches_per_batch": setup.microbatches_per_batch,
+        "gpu": setup.gpu,
         "tokens_per_s_per_gpu": setup.tokens_per_gpu * len(passes) / (total * scale),
         "imbalance": float(np.mean([p.imbalance for p in passes])),
         "node_imbalance": float(np.mean([r.node_imbalance for r in rows])),
@@ -263,7 +267,33 @@ def _comparison(results: dict[str, dict[str, float | None]],
                 f"{k} {p}: per batch of {s[p]['batch_s']:.2f} s, moved "
                 f"{moved['network']:.1f} GB over the network and {moved['nvlink']:.1f} GB over "
                 f"NVLink; exposed " + ", ".join(f"{n} {v:.1f} ms" for n, v in exp.items()))
+    notes.extend(_step_parts_notes(summaries))
     return Comparison(results=results, ratio=best, headline=headline, notes=notes)
+
+
+def _step_parts_notes(summaries: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """The force-balanced micro-batch's parts at Qwen3's training skew (the expert GEMMs'
+    training efficiency, the non-MoE share) and the time outside it on Megatron-Bridge's
+    layout for this model (``moe/outer.py``; the bubble's share does not depend on the GPU)."""
+    k = "ultraep-qwen3-235b-train"
+    ideal = summaries[("force_balanced", k)]
+    model, gpu = get_model("qwen3-235b"), get_gpu(ideal["gpu"])
+    spec = MoeLayerSpec.from_model(model)
+    parts = ideal["breakdown_s_per_batch"]
+    per_batch = ideal["microbatches_per_batch"]
+    microbatch_s = sum(parts.values()) / per_batch
+    tokens = ideal["tokens_per_s_per_gpu"] * ideal["batch_s"]  # one batch, per GPU
+    flops = tokens * spec.top_k * spec.flops_per_routed_token * 3 * spec.num_moe_layers
+    tflops = flops / parts["expert_s"] / 1e12
+    total = sum(parts.values())
+    outer = outer_s(model, gpu, OuterLayout(), microbatch_s)
+    return [f"{k} force-balanced micro-batch ({microbatch_s:.3f} s): dense part "
+            f"{parts['dense_s'] / total:.0%}, expert GEMMs {parts['expert_s'] / total:.0%} (at "
+            f"{tflops:.0f} TFLOPS forward + backward, {tflops * 1e12 / gpu.peak_bf16_flops:.0%} "
+            f"of the bf16 peak), all-to-alls {parts['all_to_all_s'] / total:.0%}; outside it "
+            f"(Megatron-Bridge's Qwen3-235B layout: PP 8, VP 3, GA 256, DP 32): "
+            + ", ".join(f"{n} {v * 1e3:.2f} ms" for n, v in outer.items())
+            + f", {sum(outer.values()) / microbatch_s:.1%} of the micro-batch"]
 
 
 def ablations(setup: RelibraSetup, ctx: ReproContext) -> list[str]:

@@ -15,23 +15,33 @@ readable; [P]: the public FlexFusion solver, github.com/FlexFusion/FlexFusion, A
 - our choices (not in what we could read): the actor LLaMA-65B with critic LLaMA-33B (the largest of
   the paper's pairs; --quick: 13B/13B), training tp 4 (LLaMA-33B's 52 heads take tp 4) x pp
   4, 8 or 16, whichever is fastest for the system (ReaLHF's layout search, in small), with
-  about one sample per micro-batch, inference tp 4 x pp 1, generation tp 8, response
-  lengths the DAPO GRPO lengths of PolyTrace scaled to the cap (HH-RLHF's are not in our
-  traces), prompts of 256 tokens, 2 steps (the second is the steady state measured).
+  about one sample per micro-batch, inference tp 4 x pp 1, generation tp 8, prompts of 256
+  tokens, 2 steps (the second is the steady state measured);
+- response lengths: ShareGPT's chat answers (``embedded:sharegpt_lengths``, Llama-2 tokenizer,
+  mean 439 tokens, none above 1,024: the source's filter), capped at each maximum; HH-RLHF's
+  generated lengths for these models are not published, and ShareGPT is the chat-answer
+  distribution the authors' group evaluates serving on (FastServe, DistServe).
 
 Systems, as fleetsim models them (docs/reproductions.md says what each leaves out):
-- ``deepspeed-chat``: colocated, every stage in turn; generation in static rounds of one
-  (raised) mini-batch of 256 prompts (the paper raised DS-Chat's to 256, favouring it);
-  training on mini-batches of 256 with ZeRO-style data parallelism (tp 4, no pipeline),
-  actor then critic;
+- ``deepspeed-chat``: as its step 3 runs (DeepSpeedExamples ``dschat/rlhf/ppo_trainer.py``,
+  ``dschat/utils/ds_utils.py``, ``training_scripts/opt/multi_node/run_66b.sh``): colocated,
+  hybrid-engine generation with inference tp 8 in static rounds of one (raised) mini-batch of
+  256 prompts (the paper raised DS-Chat's to 256, favouring it), each round padded to its
+  longest answer (HF ``generate`` with ``synced_gpus``) and preceded by a gather of the ZeRO-3
+  shards; experience passes and training ZeRO-3 data parallel (tp 1, no pipeline), parameters
+  gathered per micro-batch, actor then critic; its efficiency is its own: its samples/s are
+  fleetsim's model of it times (modelled / published) step time of DeepSpeed-Chat's Table 2
+  run nearest the actor (``ds_chat_published_run``);
 - ``realhf``: colocated, every stage in turn with its own parallel layout (ReaLHF's
   parameter reallocation), continuous batching over the whole batch, actor and critic
   trained one after the other with 1F1B pipelines (also what RLHFuse-Base is here);
-- ``rlhfuse``: ``realhf`` plus tail migration and the fused actor/critic pipeline.
+- ``rlhfuse``: ``realhf`` plus tail migration and the fused actor/critic pipeline;
+  ``rlhfuse-no-inter`` / ``rlhfuse-no-intra``: each fusion removed in turn (attribution).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fleetsim.repro.frame import (
@@ -59,7 +69,6 @@ DS_CHAT_ROUND = 256  # DeepSpeed-Chat's mini-batch (generation and training), as
 STEPS = 2
 MAX_LENGTHS = (512.0, 1024.0, 2048.0)
 QUICK_LENGTHS = (1024.0,)
-RUN_CAP = 20480  # DAPO's maximum response length: scale its lengths to each cap
 PROMPT_TOKENS = 256  # HH-RLHF prompts are short dialogues (our choice)
 TAIL_FRACTION = 0.2
 PIPELINE_STAGES = (4, 8, 16)  # the training layouts ReaLHF and RLHFuse choose from (tp 4)
@@ -71,8 +80,7 @@ def base(max_len: int, gpus: int, prompts: int, pair: tuple[str, str]) -> dict[s
         "num_prompts_per_step": prompts, "samples_per_prompt": 1,
         "ppo_mini_batches": max(1, prompts // MINI_BATCH),
         "max_response_tokens": max_len,
-        "lengths": {"kind": "polytrace", "run": "dapo-qwen2.5-32b", "scale": max_len / RUN_CAP,
-                    "prompt_tokens": PROMPT_TOKENS},
+        "lengths": {"kind": "sharegpt", "prompt_tokens": PROMPT_TOKENS},
         "pools": [{"name": "colocated", "gpu": GPU, "num_gpus": gpus}],
         "generation": {"tp": 8},
         "inference": {"tp": 4, "pp": 1},
@@ -80,18 +88,69 @@ def base(max_len: int, gpus: int, prompts: int, pair: tuple[str, str]) -> dict[s
     }
 
 
+def deepspeed_chat(b: dict[str, Any], max_len: int, prompts: int) -> dict[str, Any]:
+    """DeepSpeed-Chat as its step 3 runs (DeepSpeedExamples, ``dschat/rlhf/ppo_trainer.py``
+    and ``training_scripts/opt/multi_node/run_66b.sh``): the hybrid engine generates with
+    inference tp 8 in static rounds of one mini-batch (HF ``generate``, padded to the round's
+    longest answer, ``synced_gpus`` under ZeRO-3), gathering the ZeRO-3 shards before each
+    round; the experience passes and training run ZeRO-3 data parallel (no tensor or pipeline
+    parallelism in its training engine), parameters all-gathered per micro-batch, one sample
+    per micro-batch (``per_device_train_batch_size``), actor then critic."""
+    rounds = max(1, prompts // DS_CHAT_ROUND)
+    # per_device_train_batch_size = per_device_generation_batch_size, no gradient accumulation
+    # (run_66b.sh): a rank's share of the round is one micro-batch.
+    per_rank = math.ceil(min(prompts, DS_CHAT_ROUND) / b["pools"][0]["num_gpus"])
+    zero3 = {"tp": 1, "pp": 1, "zero3": True,
+             "micro_batch_tokens": per_rank * (max_len + PROMPT_TOKENS)}
+    return {**b, "ppo_mini_batches": rounds, "training": zero3, "inference": zero3,
+            "system": {"name": "deepspeed-chat", "generation_rounds": rounds,
+                       "pad_to_longest": True}}
+
+
+# DeepSpeed-Chat's own published step 3 times (arXiv:2308.01320 and the DeepSpeed blog,
+# Table 2, "Multi-Node 64x A100-80G": OPT-13B 1.25 h, OPT-66B 7.5 h per epoch), with its
+# benchmark setting (DeepSpeedExamples, training/step3_rlhf_finetuning/BenckmarkSetting.md):
+# 264,292 samples per epoch, prompts of 256 tokens, fixed-length answers of 256 tokens, a
+# global batch of 1,024, critic and reward OPT-350M.
+DS_CHAT_HOURS = {"opt-66b": 7.5, "opt-13b": 1.25}
+DS_CHAT_EPOCH_SAMPLES = 264_292
+DS_CHAT_BATCH, DS_CHAT_GPUS, DS_CHAT_TOKENS = 1024, 64, 256
+DS_CHAT_ROW = {PAIR[0]: "opt-66b", QUICK_PAIR[0]: "opt-13b"}  # the row nearest the actor
+
+
+def ds_chat_published_run(actor: str) -> tuple[float, float]:
+    """(fleetsim's step time, DeepSpeed-Chat's published one) in seconds, for DeepSpeed-Chat's
+    own Table 2 run of ``actor``: the efficiency its hybrid engine and ZeRO-3 reach in
+    practice, which the mechanism model (``deepspeed_chat``) does not know."""
+    published = DS_CHAT_HOURS[actor] * 3600 / DS_CHAT_EPOCH_SAMPLES * DS_CHAT_BATCH
+    tokens = DS_CHAT_BATCH // DS_CHAT_GPUS * 2 * DS_CHAT_TOKENS
+    zero3 = {"tp": 1, "pp": 1, "zero3": True, "micro_batch_tokens": tokens}
+    data = {"num_steps": STEPS, "algorithm": "ppo", "actor": actor, "critic": "opt-350m",
+            "num_prompts_per_step": DS_CHAT_BATCH, "samples_per_prompt": 1,
+            "ppo_mini_batches": 1, "max_response_tokens": DS_CHAT_TOKENS,
+            "lengths": {"kind": "fixed", "value": DS_CHAT_TOKENS,
+                        "prompt_tokens": DS_CHAT_TOKENS},
+            "pools": [{"name": "colocated", "gpu": "a100-80gb-sxm", "num_gpus": DS_CHAT_GPUS}],
+            "generation": {"tp": 8}, "inference": zero3, "training": zero3,
+            "system": {"name": "deepspeed-chat", "generation_rounds": 1,
+                       "pad_to_longest": True}}
+    result = run_rl(rl_config_from_dict(data))
+    return DS_CHAT_BATCH / result.summary["steady_samples_per_s"], published
+
+
 def systems(max_len: int, gpus: int, prompts: int, pair: tuple[str, str]
             ) -> dict[str, dict[str, Any]]:
     b = base(max_len, gpus, prompts, pair)
     return {
-        "deepspeed-chat": {**b, "ppo_mini_batches": max(1, prompts // DS_CHAT_ROUND),
-                           "training": {"tp": 4, "pp": 1,
-                                             "micro_batch_tokens": max_len + PROMPT_TOKENS},
-                           "system": {"name": "deepspeed-chat", "generation_rounds":
-                                      max(1, prompts // DS_CHAT_ROUND)}},
+        "deepspeed-chat": deepspeed_chat(b, max_len, prompts),
         "realhf": {**b, "system": {"name": "realhf"}},
         "rlhfuse": {**b, "system": {"name": "rlhfuse", "tail_migration_fraction": TAIL_FRACTION,
                                     "fuse_training": True}},
+        # the attribution: each fusion removed in turn
+        "rlhfuse-no-inter": {**b, "system": {"name": "rlhfuse-no-inter",
+                                             "fuse_training": True}},
+        "rlhfuse-no-intra": {**b, "system": {"name": "rlhfuse-no-intra",
+                                             "tail_migration_fraction": TAIL_FRACTION}},
     }
 
 
@@ -101,9 +160,16 @@ def compare(ctx: ReproContext) -> Comparison:
     prompts = QUICK_PROMPTS if quick else PROMPTS
     pair = QUICK_PAIR if quick else PAIR
     lengths = QUICK_LENGTHS if quick else MAX_LENGTHS
-    names = ("rlhfuse", "realhf", "deepspeed-chat")
+    names = ("rlhfuse", "realhf", "deepspeed-chat", "rlhfuse-no-inter", "rlhfuse-no-intra")
     results: dict[str, dict[str, float | None]] = {p: {} for p in names}
     notes: list[str] = []
+    row = DS_CHAT_ROW[pair[0]]
+    modelled_s, published_s = ds_chat_published_run(row)
+    ds_speed = modelled_s / published_s  # < 1: DeepSpeed-Chat is slower than modelled
+    notes.append(f"deepspeed-chat's efficiency: its Table 2 run ({row}, {DS_CHAT_GPUS} A100-80G, "
+                 f"{DS_CHAT_BATCH} x {DS_CHAT_TOKENS}+{DS_CHAT_TOKENS} tokens) takes "
+                 f"{published_s:.1f} s per step as published, {modelled_s:.1f} s as fleetsim "
+                 f"models its mechanisms: its samples/s below are the model's x {ds_speed:.2f}")
     vs_ds, vs_realhf = [], []
     for max_len in (int(x) for x in lengths):
         label = str(max_len)
@@ -122,6 +188,12 @@ def compare(ctx: ReproContext) -> Comparison:
                              f"pp {', '.join(map(str, PIPELINE_STAGES))} that fit)")
             summaries[policy] = result.summary
             results[policy][label] = summaries[policy]["steady_samples_per_s"]
+            if policy == "deepspeed-chat":
+                modelled = results[policy][label]
+                results[policy][label] = modelled * ds_speed
+                notes.append(f"{label}: deepspeed-chat's mechanisms alone give {modelled:.2f} "
+                             f"samples/s (rlhfuse / that: "
+                             f"{results['rlhfuse'][label] / modelled:.2f}x)")
         vs_ds.append(better_ratio(results["rlhfuse"][label], results["deepspeed-chat"][label],
                                   "higher"))
         vs_realhf.append(better_ratio(results["rlhfuse"][label], results["realhf"][label],
@@ -133,10 +205,21 @@ def compare(ctx: ReproContext) -> Comparison:
                  f"ReaLHF, 1.2-1.4x vs RLHFuse-Base)")
     # realhf is also RLHFuse-Base here (RLHFuse's engine without the two fusions), in the
     # ratio's form: the largest over the lengths against deepspeed-chat
-    base = [r for r in (better_ratio(results["realhf"][x], results["deepspeed-chat"][x],
-                                     "higher") for x in results["realhf"]) if r is not None]
+    def vs_base(name: str) -> list[float | None]:
+        return [better_ratio(results[name][x], results["realhf"][x], "higher")
+                for x in results[name]]
+
+    notes.append(f"against RLHFuse-Base (realhf) per length: both fusions "
+                 f"{fmt_ratios(vs_base('rlhfuse'))}, the fused pipeline alone "
+                 f"{fmt_ratios(vs_base('rlhfuse-no-inter'))}, tail migration alone "
+                 f"{fmt_ratios(vs_base('rlhfuse-no-intra'))} (paper: 1.2-1.4x both)")
+    attribution: dict[str, float | None] = {}
+    for name in ("realhf", "rlhfuse-no-inter", "rlhfuse-no-intra"):
+        got = [r for r in (better_ratio(results[name][x], results["deepspeed-chat"][x],
+                                        "higher") for x in results[name]) if r is not None]
+        attribution[name] = max(got) if got else None
     return Comparison(results=results, ratio=max(valid) if valid else None, notes=notes,
-                      attribution={"realhf": max(base) if base else None})
+                      attribution=attribution)
 
 
 def best_pipeline(data: dict[str, Any], overrides: tuple[str, ...]) -> tuple[int, RLResult]:
@@ -182,10 +265,10 @@ RLHFUSE = add(Reproduction(
     setup=f"PPO, LLaMA-65B actor / LLaMA-33B critic (reference and reward of the same shapes) "
           f"on {NUM_GPUS} H800 ({QUICK_GPUS} and 13B/13B with --quick), {PROMPTS} prompts "
           f"per step ({QUICK_PROMPTS} with --quick), mini-batch {MINI_BATCH}, max generation "
-          f"512/1024/2048 (DAPO lengths scaled to the cap), tail migration at "
+          f"512/1024/2048 (ShareGPT's chat answers, capped), tail migration at "
           f"{TAIL_FRACTION:.0%} left, {STEPS} steps",
     system="rlhfuse",
-    baselines=("deepspeed-chat", "realhf"),
+    baselines=("deepspeed-chat", "realhf", "rlhfuse-no-inter", "rlhfuse-no-intra"),
     baseline="deepspeed-chat",
     metric=Metric(name="steady-state throughput", unit="samples/s", direction="higher"),
     ratio_definition="largest rlhfuse / deepspeed-chat samples/s over the max lengths",

@@ -49,9 +49,11 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
 from fleetsim.moe.balancers import EplbStale, NoBalancing
+from fleetsim.moe.compute import MoeLayerSpec
 from fleetsim.moe.ep_pass import EpPassModel, PassBreakdown, Planner, run_pass
 from fleetsim.moe.load_presets import LoadPreset, get_preset, preset_spec
 from fleetsim.moe.loads import LoadSpec, make_loads
+from fleetsim.moe.outer import OuterLayout, outer_s
 from fleetsim.moe.placement import BalanceView, Placement, static_phy2log
 from fleetsim.moe.quota import plan_view
 from fleetsim.repro.frame import (
@@ -280,7 +282,49 @@ def _comparison(results: dict[str, dict[str, float | None]],
             f"{ops['forward_exposed']:.3f} ms (paper < 0.3 ms), backward "
             f"{ops['backward_exposed']:.3f} ms; exposed share of the micro-batch "
             f"{s['exposed_share']:.1%} (blog: 1-2%)")
+    notes.extend(_step_parts_notes(summaries))
     return Comparison(results=results, ratio=headline_ratio, headline=headline, notes=notes)
+
+
+# SonicMoE's Blackwell blog (Dao-AILab/sonic-moe, assets/2026-04-22-sonicmoe-blackwell.md,
+# sec. 4): its backward dH grouped GEMM on Qwen3-235B-A22B's expert shape (T 32,768, d 4,096,
+# n 1,536, E 128, K 8) on B300 runs at 1,078 TFLOPS (1,213 as a GEMM alone): a measured
+# training-side grouped-GEMM efficiency for this shape.
+SONICMOE_DH_TFLOPS = (1078.0, 1213.0)
+
+
+def _step_parts_notes(summaries: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """The step's other parts at Qwen3's training skew on NVL72: the expert GEMMs' training
+    efficiency and the time outside the EP micro-batch (Megatron-Bridge's layout), against
+    each policy's micro-batch."""
+    label = next(k for k in _labels_of(("ultraep-qwen3-235b-train",)))
+    model, gpu = get_model("qwen3-235b"), get_gpu(SETTINGS[label][1])
+    ideal = summaries[("force_balanced", label)]
+    spec = MoeLayerSpec.from_model(model)
+    tokens = ideal["tokens_per_s_per_gpu"] * ideal["microbatch_s"]
+    # forward + backward (2x) of the three expert GEMMs over every routed token, 94 layers
+    flops = tokens * spec.top_k * spec.flops_per_routed_token * 3 * spec.num_moe_layers
+    tflops = flops / ideal["breakdown_s"]["expert_s"] / 1e12
+    outer = outer_s(model, gpu, OuterLayout(), ideal["microbatch_s"])
+    parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in outer.items())
+    shares = {p: sum(outer_s(model, gpu, OuterLayout(), summaries[(p, label)]["microbatch_s"])
+                     .values()) / summaries[(p, label)]["microbatch_s"] for p in POLICIES}
+    ex = summaries[("ultraep", label)]
+    outer_total = sum(outer_s(model, gpu, OuterLayout(), ex["microbatch_s"]).values())
+    return [
+        f"{label}: expert GEMMs (forward + backward) at {tflops:.0f} TFLOPS, "
+        f"{tflops * 1e12 / gpu.peak_bf16_flops:.0%} of the bf16 peak (SonicMoE's training "
+        f"dH kernel on this shape: {SONICMOE_DH_TFLOPS[0]:.0f}-{SONICMOE_DH_TFLOPS[1]:.0f} "
+        f"TFLOPS on B300); dense part {ideal['breakdown_s']['dense_s']:.3f} s, experts "
+        f"{ideal['breakdown_s']['expert_s']:.3f} s, all-to-alls "
+        f"{ideal['breakdown_s']['all_to_all_s']:.3f} s of a {ideal['microbatch_s']:.3f} s "
+        f"force-balanced micro-batch",
+        f"{label}: outside the EP micro-batch (Megatron-Bridge's GB200 layout: PP 8, VP 3, "
+        f"GA 256, DP 32), per force-balanced micro-batch: {parts}; share of each policy's "
+        f"micro-batch: " + ", ".join(f"{p} {v:.1%}" for p, v in shares.items())
+        + f"; UltraEP's exposed share with it: "
+        f"{ex['exposed_share'] / (1 + outer_total / ex['microbatch_s']):.1%} (blog: 1-2%)",
+    ]
 
 
 ULTRAEP = add(Reproduction(

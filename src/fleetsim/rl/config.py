@@ -20,7 +20,7 @@ from fleetsim.inputs import MAX_REQUESTS, read_toml
 
 STAGES = ("generation", "inference", "training")
 ALGORITHMS = ("grpo", "ppo")
-LENGTH_KINDS = ("polytrace", "lognormal", "fixed")
+LENGTH_KINDS = ("polytrace", "lognormal", "fixed", "sharegpt")
 POLYTRACE_RUNS = ("dapo-qwen2.5-32b", "deepcoder-14b")
 DISPATCH = ("round_robin", "skewness_aware")
 MAX_SAMPLES_PER_STEP = 2**20
@@ -36,7 +36,8 @@ class LengthsConfig:
     inside a GRPO group."""
 
     kind: str = "polytrace"
-    """polytrace (real GRPO groups, resampled) | lognormal (hierarchical fit) | fixed."""
+    """polytrace (real GRPO groups, resampled) | lognormal (hierarchical fit) | fixed |
+    sharegpt (chat answers: ShareGPT's output lengths, resampled per sample)."""
     run: str = "dapo-qwen2.5-32b"
     """polytrace: which run's groups: dapo-qwen2.5-32b | deepcoder-14b."""
     scale: float = 1.0
@@ -119,6 +120,11 @@ class ParallelConfig:
     """Activation recomputation: none | selective | full (verl's examples enable gradient
     checkpointing)."""
     overlap_grad_reduce: bool = True
+    zero3: bool = False
+    """ZeRO-3 (DeepSpeed's stage 3): parameters sharded over the data-parallel ranks and
+    all-gathered for every micro-batch's forward (and again for its backward), the gradients
+    reduce-scattered (Rajbhandari et al., arXiv:1910.02054, sec. 7.2.2); DeepSpeed prefetches
+    the next layers' shards, so a micro-batch takes the longer of its compute and its gathers."""
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.pp < 1:
@@ -128,6 +134,10 @@ class ParallelConfig:
         if self.recompute not in ("none", "selective", "full"):
             raise ValueError(f"recompute must be none, selective or full, got "
                              f"{self.recompute!r}")
+        if self.zero3 and self.pp > 1:
+            raise ValueError(f"zero3 shards parameters over data-parallel ranks without "
+                             f"pipeline stages (DeepSpeed: ZeRO-3 is not combined with its "
+                             f"pipeline engine), got pp={self.pp}; set pp = 1 or zero3 = false")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,6 +179,11 @@ class SystemConfig:
     """Generate the batch in this many static rounds, each starting when the previous one has
     wholly finished (DeepSpeed-Chat's hybrid engine generates a batch at a time); 1: the
     whole batch at once with continuous batching."""
+    pad_to_longest: bool = False
+    """Every sample of a generation round computes until the round's longest one ends, and the
+    inference and training passes run over the padded sequences (HuggingFace ``generate`` on a
+    static batch with ``synced_gpus`` under ZeRO-3, as DeepSpeed-Chat's
+    ``dschat/rlhf/ppo_trainer.py`` generates); false: each sample stops at its own end."""
     tail_migration_fraction: float | None = None
     """RLHFuse's inter-stage fusion: when this share of the samples is still generating,
     move them (with their KV) onto as few generation instances as hold them and run the

@@ -19,7 +19,7 @@ Every stage is timed by the performance model: generation by the serving engine 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -152,7 +152,7 @@ class RLJob:
         gpus = self.cfg.pool_of(stage).num_gpus if num_gpus is None else num_gpus
         return Layout(tp=par.tp, pp=par.pp, dp=max(1, gpus // (par.tp * par.pp)),
                       micro_batch_tokens=par.micro_batch_tokens, recompute=par.recompute,
-                      overlap_grad_reduce=par.overlap_grad_reduce)
+                      overlap_grad_reduce=par.overlap_grad_reduce, zero3=par.zero3)
 
     def _check_layouts(self) -> None:
         cfg = self.cfg
@@ -275,6 +275,14 @@ class RLJob:
         bounds = [round(j * cfg.num_prompts_per_step / rounds) * g for j in range(rounds + 1)]
         rec.rounds = [(order[a:b], replica[a:b]) for a, b in zip(bounds, bounds[1:],
                                                                    strict=False)][::-1]
+        if cfg.system.pad_to_longest:
+            # A static batch computes every row until its longest ends (padding tokens).
+            resp = batch.response_tokens.copy()
+            for idx, _ in rec.rounds:
+                rows = np.asarray(idx, dtype=np.int64)
+                if len(rows):
+                    resp[rows] = resp[rows].max()
+            rec.batch = replace(batch, response_tokens=resp)
         self._submit_round(k, rec)
         return rec
 
@@ -438,8 +446,11 @@ class RLJob:
         """verl: sync weights, generate, score, train; every stage on every GPU, in turn."""
         cfg = self.cfg
         pool = self.gen_pool
+        # ZeRO-3 with a hybrid engine (DeepSpeed-Chat) gathers the sharded weights into the
+        # inference layout before every generate call: once per static round.
+        syncs = cfg.system.generation_rounds if cfg.training.zero3 else 1
         for k in range(cfg.num_steps):
-            yield from self._stage(k, "weight_sync", pool, self.colocated_sync_s())
+            yield from self._stage(k, "weight_sync", pool, syncs * self.colocated_sync_s())
             rec = self._start_generation(k)
             scored: list[int] = []
             if cfg.system.tail_migration_fraction is not None:

@@ -8,6 +8,9 @@ keep their own difficulty. ``lognormal`` is a hierarchical fit to the same DAPO 
 ``log L = mean_log + a_prompt + e_sample`` with ``a ~ N(0, between_sd)`` and
 ``e ~ N(0, within_sd)``. Lengths are multiplied by ``scale``, rounded and capped at
 ``max_response_tokens`` (a capped sample is a truncated rollout, as DeepCoder's 16K hits).
+``sharegpt`` draws each sample's response (and, unless ``prompt_tokens`` is set, its prompt)
+from one row of ShareGPT's chat lengths (``embedded:sharegpt_lengths``: a chat assistant's
+answers, for RLHF on dialogue prompts), samples independent of each other.
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ def polytrace_groups(run: str) -> tuple[tuple[int, tuple[int, ...]], ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=1)
+def sharegpt_rows() -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """(prompt, answer) token counts of every ShareGPT row (fleetsim/data/README.md)."""
+    from fleetsim.workloads.loaders import read_column
+
+    src = "embedded:sharegpt_lengths"
+    return read_column(src, "num_prefill_tokens"), read_column(src, "num_decode_tokens")
+
+
 def sample_step(cfg: RLConfig, rng: np.random.Generator) -> StepBatch:
     """Draw one step's batch (``num_prompts_per_step`` groups of ``samples_per_prompt``)."""
     lc = cfg.lengths
@@ -73,6 +85,11 @@ def sample_step(cfg: RLConfig, rng: np.random.Generator) -> StepBatch:
         a = rng.normal(0.0, lc.between_sd, size=(n, 1))
         e = rng.normal(0.0, lc.within_sd, size=(n, g))
         resp = np.exp(lc.mean_log + a + e)
+    elif lc.kind == "sharegpt":
+        prompt_col, answer_col = sharegpt_rows()
+        rows = rng.integers(0, len(answer_col), size=(n, g))
+        prompts = prompt_col[rows[:, 0]].astype(np.int64)
+        resp = answer_col[rows].astype(np.float64)
     else:
         prompts = np.full(n, DEFAULT_PROMPT_TOKENS, dtype=np.int64)
         resp = np.full((n, g), float(lc.value))
