@@ -188,3 +188,24 @@ def test_405b_runs_on_two_nodes_and_the_label_says_so(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "TP 8 x PP 2 (16 GPUs)" in out
+
+
+def test_plan_explores_pp_and_prints_its_flag():
+    from fleetsim.search.deploy import vllm_serve_commands
+    from fleetsim.search.plan import enumerate_shapes, plan, plan_to_dict
+
+    shapes = enumerate_shapes(["h100"], [8], 16, pps=[1, 2])
+    names = [s.name for s in shapes]
+    assert names == ["1x H100-SXM tp8", "2x H100-SXM tp8", "1x H100-SXM tp8pp2"]
+    assert [s.num_gpus for s in shapes] == [8, 16, 16]
+    config = load_config(None, ["model=llama-3.1-405b", "workload.max_requests=30",
+                                "perf_backend=roofline"])
+    (line,) = vllm_serve_commands(config, shapes[2].pools)
+    assert "--tensor-parallel-size 8 --pipeline-parallel-size 2 " in line
+    assert shapes[2].apply(config).hardware.pp == 2
+    # 405B in bf16: one node cannot hold it, two nodes in a pipeline can
+    points = plan(config, [shapes[0], shapes[2]], max_runs=1)
+    out = plan_to_dict(points, target=0.9, config=config)
+    assert out["infeasible"] == ["1x H100-SXM tp8"]
+    assert out["points"][1]["pools"][0]["pp"] == 2
+    assert "--pipeline-parallel-size 2" in out["points"][1]["vllm_serve"][0]
