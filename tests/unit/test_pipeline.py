@@ -209,3 +209,22 @@ def test_plan_explores_pp_and_prints_its_flag():
     assert out["infeasible"] == ["1x H100-SXM tp8"]
     assert out["points"][1]["pools"][0]["pp"] == 2
     assert "--pipeline-parallel-size 2" in out["points"][1]["vllm_serve"][0]
+
+
+def test_pools_take_pp_and_price_every_gpu():
+    """A P/D cluster whose decode pool is a two-stage pipeline: it runs, its summary says
+    pp, and its cost counts tp x pp GPUs."""
+    from fleetsim.run import run
+
+    config = config_from_dict({
+        "model": "llama-3.1-70b", "perf_backend": "roofline",
+        "workload": {"max_requests": 20},
+        "cluster": {"pools": [
+            {"name": "pre", "gpu": "h100", "tp": 4, "role": "prefill"},
+            {"name": "dec", "gpu": "h100", "tp": 4, "pp": 2, "role": "decode"}]}})
+    summary = run(config).summary
+    assert summary["num_finished"] == 20
+    pre, dec = summary["pools"]
+    assert "pp" not in pre and dec["pp"] == 2
+    assert dec["usd_per_hour"] == pytest.approx(2 * pre["usd_per_hour"])
+    assert dec["num_kv_blocks"] > 2 * pre["num_kv_blocks"]
