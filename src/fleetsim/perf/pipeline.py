@@ -21,7 +21,8 @@ micro-batch per stage time"). With fewer requests than stages (``m < pp``) the p
 part-empty: that is vLLM's bubble. The micro-batches are the step's work split evenly (the
 steady state of a loaded replica; vLLM's greedy batch queue can leave them uneven after a
 burst). With async scheduling (vLLM >= 0.14 with PP, PR #32359) the CPU cost leaves the trip
-and only ``async_step_gap_s`` remains in it.
+and only ``async_step_gap_s`` remains in it. The engine's one token budget covers the whole
+step (vLLM gives each in-flight batch its own; docs/parallelism.md says when that matters).
 """
 
 from __future__ import annotations
