@@ -228,3 +228,12 @@ def test_pools_take_pp_and_price_every_gpu():
     assert "pp" not in pre and dec["pp"] == 2
     assert dec["usd_per_hour"] == pytest.approx(2 * pre["usd_per_hour"])
     assert dec["num_kv_blocks"] > 2 * pre["num_kv_blocks"]
+
+
+@pytest.mark.parametrize("value", ["0", "two"])
+def test_plan_pp_flag_is_checked(capsys, value):
+    from fleetsim.cli import main
+
+    assert main(["plan", "--pp", value]) == 2
+    err = capsys.readouterr().err
+    assert "--pp" in err and err.count("\n") == 1
