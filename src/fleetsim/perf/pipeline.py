@@ -99,6 +99,28 @@ def p2p_s(message_bytes: float, bw_bytes_per_s: float) -> float:
     return rl.ALLREDUCE_LATENCY_S + message_bytes / (bw_bytes_per_s * rl.ALLREDUCE_BW_EFF)
 
 
+def cyclic_period_s(stage_s: Sequence[float], cpu_s: float, sends_s: float, m: int,
+                    trip_cpu_s: float | None = None) -> float:
+    """Steady-state time between two passes of one micro-batch when ``m`` identical
+    micro-batches cycle through the CPU (``cpu_s`` each) and the stages (``stage_s``, one
+    server each) with the sends (``sends_s`` in all) as pure delays: the larger of one
+    micro-batch's trip and the busiest server's work per cycle (a closed tandem queue with
+    deterministic service). ``trip_cpu_s``: the CPU time on the trip (async scheduling
+    overlaps it; None: ``cpu_s``)."""
+    trip = (cpu_s if trip_cpu_s is None else trip_cpu_s) + sends_s
+    busiest = 0.0
+    for t in stage_s:
+        trip += t
+        if t > busiest:
+            busiest = t
+    period = trip
+    if m * busiest > period:
+        period = m * busiest
+    if m * cpu_s > period:
+        period = m * cpu_s
+    return period
+
+
 class PipelineStepModel:
     """``StepTimeModel`` of a replica of ``pp`` stages (``tp`` GPUs each): the period of
     vLLM V1's batch-queue pipeline (module docstring). ``stages[s]`` is the stage's kernel
@@ -148,19 +170,9 @@ class PipelineStepModel:
 
     def _period(self, cpu: float, sends: float, fixed: list[float], per_kv: list[float],
                 kv: float, m: int) -> float:
-        trip = (self.async_step_gap_s if self.async_scheduling else cpu) + sends
-        busiest = 0.0
-        for f, c in zip(fixed, per_kv, strict=True):
-            t = f + c * kv
-            trip += t
-            if t > busiest:
-                busiest = t
-        period = trip
-        if m * busiest > period:
-            period = m * busiest
-        if m * cpu > period:
-            period = m * cpu
-        return period
+        return cyclic_period_s([f + c * kv for f, c in zip(fixed, per_kv, strict=True)],
+                               cpu, sends, m,
+                               self.async_step_gap_s if self.async_scheduling else cpu)
 
     def step_time_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
                     decode_kv_tokens: int) -> float:
