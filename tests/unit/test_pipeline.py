@@ -237,3 +237,11 @@ def test_plan_pp_flag_is_checked(capsys, value):
     assert main(["plan", "--pp", value]) == 2
     err = capsys.readouterr().err
     assert "--pp" in err and err.count("\n") == 1
+
+
+def test_step_csv_calibration_refuses_a_pipeline():
+    from fleetsim.calibrate.fit import kernel_times_s
+
+    config = load_config(None, ["model=llama-3.1-70b", "hardware.tp=4", "hardware.pp=2"])
+    with pytest.raises(FleetsimInputError, match="one forward pass"):
+        kernel_times_s(config, np.array([[8.0, 8000.0, 0.0, 0.0, 0.03]]))
