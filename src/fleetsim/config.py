@@ -38,7 +38,8 @@ class HardwareConfig:
     num_replicas: int = 1
     """Identical mixed replicas (when ``cluster.pools`` is empty)."""
     ep: PoolEpConfig | None = None
-    """Expert parallelism over the replica's TP GPUs (MoE models), e.g. {balancer = "quota"}."""
+    """Expert parallelism over the replica's TP GPUs (each stage's, with pp) (MoE models), e.g.
+    {balancer = "quota"}."""
     catalog: str | None = None
     """Optional TOML file adding GPUs ([[gpu]] tables, same fields as the built-ins)."""
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetsim.config import SimConfig
+from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec, get_gpu
@@ -24,7 +24,12 @@ from fleetsim.moe.serving import EpStepModel
 from fleetsim.native import engine_build
 from fleetsim.perf import kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.perf.pipeline import pipeline_kv_capacity_blocks, stage_layer_ranges, stage_spec
+from fleetsim.perf.pipeline import (
+    PipelineStepModel,
+    pipeline_kv_capacity_blocks,
+    stage_layer_ranges,
+    stage_spec,
+)
 from fleetsim.perf.plugins import make_step_model
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
@@ -157,10 +162,9 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         try:
             gpu = get_gpu(pool.gpu, config.hardware.catalog)
             step_model = pool_step_model(config, model, gpu, pool.tp, pool.pp)
-            if pool.ep is not None:
-                if pool.pp > 1:
-                    raise FleetsimInputError("pp", pool.pp, "expert parallelism is priced over "
-                                             "one stage's GPUs; use pp = 1 with an ep table")
+            if pool.ep is not None and pool.pp > 1:
+                step_model = pipeline_with_ep(config, model, gpu, pool, step_model)
+            elif pool.ep is not None:
                 step_model = EpStepModel(step_model, model, gpu, pool.tp, pool.ep,
                                          seed=config.seed)
             if pool.pp > 1:
@@ -197,9 +201,27 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
             "perf_sources": dict(getattr(step_model, "sources", {})),
             **({"ep_balance_ratio": step_model.balance_ratio}
                if isinstance(step_model, EpStepModel) else {}),
+            **({"ep_balance_ratio": step_model.ep_balance_ratio}
+               if getattr(step_model, "ep_balance_ratio", None) is not None else {}),
         })
     _check_link_reachable(config, gpus)
     return setups, infos
+
+
+def pipeline_with_ep(config: SimConfig, model: ModelSpec, gpu: GPUSpec, pool: PoolConfig,
+                     pipeline: StepTimeModel) -> StepTimeModel:
+    """A pipeline replica whose stages spread their experts over their ``tp`` GPUs (vLLM's
+    expert parallelism with PP: the EP group is a stage's TP group, inside a node): the EP
+    model of the whole replica priced once, each stage taking its share of the MoE layers."""
+    if not isinstance(pipeline, PipelineStepModel):  # make_step_model refuses plug-ins at pp>1
+        raise FleetsimInputError("pp", pool.pp, "expert parallelism with pp needs the table "
+                                 "step model")
+    whole = EpStepModel(pool_step_model(config, model, gpu, pool.tp), model, gpu, pool.tp,
+                        pool.ep, seed=config.seed)
+    out = pipeline.with_moe_delta(whole._moe_delta_s, model.num_moe_layers,
+                                  whole.sources["moe"] + " (per stage, its MoE layers)")
+    out.ep_balance_ratio = whole.balance_ratio
+    return out
 
 
 def _check_swap_space(config: SimConfig) -> None:

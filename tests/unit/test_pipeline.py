@@ -10,6 +10,7 @@ from fleetsim.config import config_from_dict, load_config
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
+from fleetsim.models.quantization import quantize
 from fleetsim.perf import build_step_model, kv_capacity_blocks
 from fleetsim.perf.pipeline import (
     build_pipeline_step_model,
@@ -245,3 +246,35 @@ def test_step_csv_calibration_refuses_a_pipeline():
     config = load_config(None, ["model=llama-3.1-70b", "hardware.tp=4", "hardware.pp=2"])
     with pytest.raises(FleetsimInputError, match="one forward pass"):
         kernel_times_s(config, np.array([[8.0, 8000.0, 0.0, 0.0, 0.03]]))
+
+
+def test_expert_parallel_stages_take_their_share_of_the_moe_layers():
+    """DeepSeek-V3 (61 layers, the first 3 dense) on pp=2: stages of 31 and 30 layers hold
+    28 and 30 of its 58 MoE layers; a change of the MoE time of all layers lands on the stages
+    in that proportion, and the vectorized decode path stays bit-exact."""
+    model = quantize(get_model("deepseek-v3"), "fp8_block")
+    sm = build_pipeline_step_model(model, H100, 8, 2, "roofline", **OVERHEADS)
+    ep = sm.with_moe_delta(lambda tokens: 0.004, model.num_moe_layers, "test")
+    assert ep.moe_share == [28 / 58, 30 / 58]
+    # one request: the trip crosses both stages, so it pays the whole change
+    assert ep.step_time_s((), 1, 500) == pytest.approx(sm.step_time_s((), 1, 500) + 0.004,
+                                                      rel=1e-12)
+    kv = np.array([0, 999, 123_456], dtype=np.int64)
+    assert ep.decode_step_times_s(16, kv).tolist() == [ep.step_time_s((), 16, int(k))
+                                                       for k in kv]
+    assert sm.moe_delta_s is None  # a copy: the plain pipeline is untouched
+
+
+def test_deepseek_v3_fp8_needs_two_nodes_and_runs_with_ep_and_pp(tmp_path):
+    from fleetsim.run import run
+
+    base = {"model": "deepseek-v3", "quantization": "fp8_block", "perf_backend": "roofline",
+            "workload": {"max_requests": 10},
+            "hardware": {"gpu": "h100", "tp": 8, "ep": {"balancer": "eplb"}}}
+    with pytest.raises(FleetsimInputError, match="weights"):
+        run(config_from_dict(base))
+    summary = run(config_from_dict({**base, "hardware": {**base["hardware"], "pp": 2}})).summary
+    assert summary["num_finished"] == 10
+    pool = summary["pools"][0]
+    assert pool["pp"] == 2 and pool["ep_balance_ratio"] >= 1.0
+    assert "per stage" in summary["perf_sources"]["moe"]

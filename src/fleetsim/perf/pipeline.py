@@ -27,8 +27,9 @@ step (vLLM gives each in-flight batch its own; docs/parallelism.md says when tha
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -141,12 +142,28 @@ class PipelineStepModel:
         self.step_overhead_per_seq_s = float(step_overhead_per_seq_s)
         self.async_scheduling = bool(async_scheduling)
         self.async_step_gap_s = float(async_step_gap_s)
+        # Expert parallelism inside each stage (``with_moe_delta``): all MoE layers' change from
+        # the TP MoE at a token count, and each stage's share of those layers.
+        self.moe_delta_s: Callable[[float], float] | None = None
+        self.moe_share = [0.0] * self.pp
+        self.ep_balance_ratio: float | None = None  # the EP balancer's slowdown, when set
         first = self.stages[0]
         self.sources = dict(getattr(first, "sources", {}))
         links = ", ".join(f"{b / 1e9:g} GB/s" for b in self.send_bw)
         self.sources["pipeline"] = (
             f"{self.pp} stages of {[s.model.num_layers for s in self.stages]} layers, "
             f"activations over {links} per GPU; vLLM V1 batch queue of {self.pp} micro-batches")
+
+    def with_moe_delta(self, moe_delta_s: Callable[[float], float], num_moe_layers: int,
+                       source: str) -> PipelineStepModel:
+        """A copy whose stages run their MoE layers the way ``moe_delta_s`` prices them (the
+        change from the TP MoE of all ``num_moe_layers``, at a token count: an
+        ``EpStepModel``'s), each stage its share of the layers."""
+        out = copy.copy(self)
+        out.moe_delta_s = moe_delta_s
+        out.moe_share = [s.model.num_moe_layers / num_moe_layers for s in self.stages]
+        out.sources = {**self.sources, "moe": source}
+        return out
 
     def _parts_s(self, num_tokens: float, num_seqs: float, num_decode: float,
                  prefill_att_s: Sequence[float] | None
@@ -160,6 +177,8 @@ class PipelineStepModel:
             t = s._tok.at(num_tokens) + s._dec_a.at(num_decode)
             if i == last:  # the LM head and the sampler run on the last stage only
                 t = t + s._seq.at(num_seqs)
+            if self.moe_delta_s is not None:
+                t = t + self.moe_share[i] * self.moe_delta_s(num_tokens)
             fixed.append(t if prefill_att_s is None else t + prefill_att_s[i])
             per_kv.append(s._dec_c.at(num_decode))
         msg = self.send_bytes_per_token * num_tokens
