@@ -278,3 +278,14 @@ def test_deepseek_v3_fp8_needs_two_nodes_and_runs_with_ep_and_pp(tmp_path):
     pool = summary["pools"][0]
     assert pool["pp"] == 2 and pool["ep_balance_ratio"] >= 1.0
     assert "per stage" in summary["perf_sources"]["moe"]
+
+
+def test_run_pp_shorthand(tmp_path, capsys):
+    from fleetsim.cli import main
+
+    assert main(["run", "--out", str(tmp_path / "o"), "--pp", "0"]) == 2
+    assert "--pp" in capsys.readouterr().err
+    code = main(["run", "--out", str(tmp_path / "p"), "--tp", "2", "--pp", "2",
+                 "--set", "workload.max_requests=10", "--set", "perf_backend=roofline"])
+    assert code == 0
+    assert "TP 2 x PP 2 (4 GPUs)" in capsys.readouterr().out
