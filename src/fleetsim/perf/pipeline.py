@@ -9,20 +9,21 @@ stage's layers). Between stages vLLM sends the hidden state and the residual (bf
 token, each TP rank a 1/tp slice (``send_tensor_dict(..., all_gather_group=tp)``).
 
 Scheduling follows vLLM V1's engine core (``EngineCore.step_with_batch_queue``,
-vllm/v1/engine/core.py, v0.10-v0.14): a batch queue of ``max_concurrent_batches = pp``
-in-flight batches, each scheduled from the requests not already in flight, so up to ``pp``
-micro-batches share the pipeline and each request is in at most one of them. A request's next
-token is scheduled only after its micro-batch has left the last stage, so in steady state the
-time between two steps of a request (the engine's step time here) is the period of a cyclic
-pipeline of ``m = min(num_seqs, pp)`` equal micro-batches: the larger of one micro-batch's
-trip (CPU cost + every stage + every send; "latency is the sum over stages") and the busiest
-resource's work per cycle (``m`` x the slowest stage, ``m`` x the CPU cost; "throughput is one
-micro-batch per stage time"). With fewer requests than stages (``m < pp``) the pipeline runs
-part-empty: that is vLLM's bubble. The micro-batches are the step's work split evenly (the
-steady state of a loaded replica; vLLM's greedy batch queue can leave them uneven after a
-burst). With async scheduling (vLLM >= 0.14 with PP, PR #32359) the CPU cost leaves the trip
-and only ``async_step_gap_s`` remains in it. The engine's one token budget covers the whole
-step (vLLM gives each in-flight batch its own; docs/parallelism.md says when that matters).
+vllm/v1/engine/core.py, as of v0.14, January 2026; the batch queue is older): a batch queue of
+``max_concurrent_batches = pp`` in-flight batches, each scheduled from the requests not already
+in flight, so up to ``pp`` micro-batches share the pipeline and each request is in at most one
+of them. A request's next token is scheduled only after its micro-batch has left the last
+stage, so in steady state the time between two steps of a request (the engine's step time here)
+is the period of a cyclic pipeline of ``m = min(num_seqs, pp)`` equal micro-batches: the larger
+of one micro-batch's trip (CPU cost + every stage + every send; "latency is the sum over
+stages") and the busiest resource's work per cycle (``m`` x the slowest stage, ``m`` x the CPU
+cost; "throughput is one micro-batch per stage time"). With fewer requests than stages (``m <
+pp``) the pipeline runs part-empty: that is vLLM's bubble. The micro-batches are the step's
+work split evenly (the steady state of a loaded replica; vLLM's greedy batch queue can leave
+them uneven after a burst). With async scheduling (vLLM >= 0.14 with PP, PR #32359) the CPU
+cost leaves the trip and only ``async_step_gap_s`` remains in it. The engine's one token budget
+covers the whole step (vLLM gives each in-flight batch its own; docs/parallelism.md says when
+that matters).
 """
 
 from __future__ import annotations
