@@ -155,6 +155,8 @@ def _add_run(sub: Any) -> None:
                    help="= --set model=NAME (a catalog name, a HF repo id or a config.json)")
     g.add_argument("--gpu", default=None, help="= --set hardware.gpu=NAME (see fleetsim gpus)")
     g.add_argument("--tp", default=None, metavar="N", help="= --set hardware.tp=N")
+    g.add_argument("--pp", default=None, metavar="N",
+                   help="= --set hardware.pp=N (pipeline stages; vLLM's -pp)")
     add_workload_flags(p)
     p.add_argument("--vllm-json", metavar="FILE", default=None,
                    help="also write the result as `vllm bench serve` writes it (ms, its keys)")
@@ -321,9 +323,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def hardware_overrides(args: argparse.Namespace) -> list[str]:
-    """The ``--set`` items that ``run --model/--gpu/--tp`` stand for. The names are checked
-    where ``--set`` values are (the catalogs, when the config loads); ``--tp`` here, naming
-    the flag."""
+    """The ``--set`` items that ``run --model/--gpu/--tp/--pp`` stand for. The names are
+    checked where ``--set`` values are (the catalogs, when the config loads); ``--tp`` and
+    ``--pp`` here, naming the flag."""
     out = []
     if args.model is not None:
         out.append(f"model={json.dumps(args.model)}")
@@ -338,6 +340,15 @@ def hardware_overrides(args: argparse.Namespace) -> list[str]:
         if tp < 1:
             raise FleetsimInputError("--tp", args.tp, "must be >= 1 (GPUs per replica)")
         out.append(f"hardware.tp={tp}")
+    if getattr(args, "pp", None) is not None:
+        try:
+            pp = int(args.pp)
+        except ValueError:
+            raise FleetsimInputError("--pp", args.pp, "expected an integer >= 1, e.g. --pp 2"
+                                     ) from None
+        if pp < 1:
+            raise FleetsimInputError("--pp", args.pp, "must be >= 1 (pipeline stages)")
+        out.append(f"hardware.pp={pp}")
     return out
 
 

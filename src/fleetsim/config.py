@@ -31,17 +31,23 @@ class HardwareConfig:
     gpu: str = "h100-sxm"
     """GPU name from ``fleetsim gpus`` (or from ``catalog``)."""
     tp: int = 1
-    """Tensor-parallel degree: GPUs per replica."""
+    """Tensor-parallel degree: GPUs per pipeline stage (inside one node's NVLink domain)."""
+    pp: int = 1
+    """Pipeline-parallel degree (vLLM's pipeline_parallel_size): stages of ``tp`` GPUs each,
+    on consecutive GPUs, across nodes when tp x pp exceeds a node (docs/parallelism.md)."""
     num_replicas: int = 1
     """Identical mixed replicas (when ``cluster.pools`` is empty)."""
     ep: PoolEpConfig | None = None
-    """Expert parallelism over the replica's TP GPUs (MoE models), e.g. {balancer = "quota"}."""
+    """Expert parallelism over the replica's TP GPUs (each stage's, with pp) (MoE models), e.g.
+    {balancer = "quota"}."""
     catalog: str | None = None
     """Optional TOML file adding GPUs ([[gpu]] tables, same fields as the built-ins)."""
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"hardware.tp must be >= 1, got {self.tp}")
+        if self.pp < 1:
+            raise ValueError(f"hardware.pp must be >= 1 (1: no pipeline), got {self.pp}")
         if self.num_replicas < 1:
             raise ValueError(f"hardware.num_replicas must be >= 1, got {self.num_replicas}")
 
@@ -174,7 +180,9 @@ class PoolConfig:
     num_replicas: int = 1
     """Replicas in the pool."""
     tp: int = 1
-    """Tensor-parallel degree: GPUs per replica (at most the GPUs of one node)."""
+    """Tensor-parallel degree: GPUs per pipeline stage (at most the GPUs of one node)."""
+    pp: int = 1
+    """Pipeline-parallel degree: stages per replica, so a replica has tp x pp GPUs."""
     role: str = "mixed"
     """mixed (prefill and decode) | prefill (hands KV to a decode pool) | decode."""
     ep: PoolEpConfig | None = None
@@ -187,6 +195,8 @@ class PoolConfig:
             raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
         if self.tp < 1:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.pp < 1:
+            raise ValueError(f"pp must be >= 1 (1: no pipeline), got {self.pp}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -274,7 +284,7 @@ class SimConfig:
             return self.cluster.pools
         hw = self.hardware
         return (PoolConfig(name="default", gpu=hw.gpu, num_replicas=hw.num_replicas, tp=hw.tp,
-                           ep=hw.ep),)
+                           pp=hw.pp, ep=hw.ep),)
 
     def __post_init__(self) -> None:
         roles = {p.role for p in self.cluster.pools}
@@ -330,11 +340,33 @@ VLLM_ENGINE_ALIASES = {
     "max_num_batched_tokens": "max_batched_tokens",
     "max_num_seqs": "max_running",
 }
+# ... and in [hardware] (vLLM's parallel config).
+VLLM_HARDWARE_ALIASES = {
+    "tensor_parallel_size": "tp",
+    "pipeline_parallel_size": "pp",
+}
+
+
+def _hardware_names(data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """``[hardware]`` written with vLLM's parallel sizes becomes fleetsim's tp and pp."""
+    hardware = data.get("hardware")
+    if not isinstance(hardware, Mapping) or not set(hardware) & set(VLLM_HARDWARE_ALIASES):
+        return data
+    hardware = dict(hardware)
+    for alias, name in VLLM_HARDWARE_ALIASES.items():
+        if alias in hardware:
+            if name in hardware:
+                raise FleetsimInputError(f"{where}.hardware.{alias}", hardware[alias],
+                                         f"hardware.{name} is set too; keep one of the two")
+            hardware[name] = hardware.pop(alias)
+    return {**data, "hardware": hardware}
 
 
 def _vllm_names(data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     """``[engine]`` written with vLLM's names: max_num_batched_tokens, max_num_seqs and
-    enable_chunked_prefill (a batching policy argument here) become fleetsim's."""
+    enable_chunked_prefill (a batching policy argument here) become fleetsim's; so do
+    ``[hardware]``'s tensor_parallel_size and pipeline_parallel_size."""
+    data = _hardware_names(data, where)
     engine = data.get("engine")
     if not isinstance(engine, Mapping) or not (
             set(engine) & {*VLLM_ENGINE_ALIASES, "enable_chunked_prefill"}):
@@ -372,6 +404,8 @@ def _vllm_key(key: str) -> str:
     table, _, name = key.partition(".")
     if table == "engine" and name in VLLM_ENGINE_ALIASES:
         return f"engine.{VLLM_ENGINE_ALIASES[name]}"
+    if table == "hardware" and name in VLLM_HARDWARE_ALIASES:
+        return f"hardware.{VLLM_HARDWARE_ALIASES[name]}"
     if key == "engine.enable_chunked_prefill":
         return "policy.batching.args.enable_chunked_prefill"
     return key

@@ -15,17 +15,19 @@ def fmt_number(v: float | None) -> str:
 def hardware_label(summary: dict) -> str:
     """What a run ran on, from its summary: replicas x GPU and TP per pool, with the pools'
     roles when there is more than one pool ("prefill 1x H200, TP 1 + decode 2x A100, TP 1");
-    a replica of TP > 1 spans that many GPUs, so their total is given too."""
+    a replica of TP x PP > 1 spans that many GPUs, so their total is given too."""
     pools = [p for p in summary.get("pools") or [] if isinstance(p, dict)]
     if not pools:  # a summary written before pools were recorded
         pools = [{"gpu": summary.get("gpu", "?"), "num_replicas": summary.get("num_replicas"),
                   "tp": summary.get("tp")}]
     parts = []
     for p in pools:
-        n, tp = p.get("num_replicas"), p.get("tp")
+        n, tp, pp = p.get("num_replicas"), p.get("tp"), p.get("pp", 1)
         tp_text = f"TP {tp}" if tp is not None else "TP ?"
-        if isinstance(n, int) and isinstance(tp, int) and tp > 1:
-            tp_text += f" ({n * tp} GPUs)"
+        if isinstance(pp, int) and pp > 1:
+            tp_text += f" x PP {pp}"
+        if isinstance(n, int) and isinstance(tp, int) and isinstance(pp, int) and tp * pp > 1:
+            tp_text += f" ({n * tp * pp} GPUs)"
         role = f"{p['role']} " if len(pools) > 1 and p.get("role") else ""
         parts.append(f"{role}{n if n is not None else '?'}x {p.get('gpu', '?')}, {tp_text}")
     return " + ".join(parts)

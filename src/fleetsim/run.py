@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetsim.config import SimConfig
+from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import GPUSpec, get_gpu
@@ -24,6 +24,12 @@ from fleetsim.moe.serving import EpStepModel
 from fleetsim.native import engine_build
 from fleetsim.perf import kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.perf.pipeline import (
+    PipelineStepModel,
+    pipeline_kv_capacity_blocks,
+    stage_layer_ranges,
+    stage_spec,
+)
 from fleetsim.perf.plugins import make_step_model
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
@@ -119,9 +125,9 @@ def _pool_error(where: str, err: FleetsimInputError) -> FleetsimInputError:
     return FleetsimInputError(f"{where}: {err.where}", err.value, err.fix)
 
 
-def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
+def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int, pp: int = 1
                     ) -> StepTimeModel:
-    """The step model ``config.engine`` names, for one replica of ``tp`` ``gpu``s."""
+    """The step model ``config.engine`` names, for one replica of ``tp`` x ``pp`` ``gpu``s."""
     eng = config.engine
     model = quantize(model, config.quantization, eng.kv_cache_dtype)
     return make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
@@ -129,7 +135,7 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
                            step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
                            kernel_time_scale=eng.kernel_time_scale,
                            async_scheduling=eng.async_scheduling,
-                           async_step_gap_s=eng.async_step_gap_s)
+                           async_step_gap_s=eng.async_step_gap_s, pp=pp)
 
 
 def engine_settings(config: SimConfig, model: ModelSpec) -> EngineSettings:
@@ -155,39 +161,67 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         where = f"cluster.pools[{i}] ({pool.name})" if config.cluster.pools else "hardware"
         try:
             gpu = get_gpu(pool.gpu, config.hardware.catalog)
-            step_model = pool_step_model(config, model, gpu, pool.tp)
-            if pool.ep is not None:
+            step_model = pool_step_model(config, model, gpu, pool.tp, pool.pp)
+            if pool.ep is not None and pool.pp > 1:
+                step_model = pipeline_with_ep(config, model, gpu, pool, step_model)
+            elif pool.ep is not None:
                 step_model = EpStepModel(step_model, model, gpu, pool.tp, pool.ep,
                                          seed=config.seed)
-            num_kv_blocks = eng.num_kv_blocks or kv_capacity_blocks(
-                model, gpu, pool.tp, eng.block_size, eng.gpu_memory_utilization,
-                max_batched_tokens=eng.max_batched_tokens)
+            if pool.pp > 1:
+                num_kv_blocks = eng.num_kv_blocks or pipeline_kv_capacity_blocks(
+                    model, gpu, pool.tp, pool.pp, eng.block_size, eng.gpu_memory_utilization,
+                    max_batched_tokens=eng.max_batched_tokens)
+            else:
+                num_kv_blocks = eng.num_kv_blocks or kv_capacity_blocks(
+                    model, gpu, pool.tp, eng.block_size, eng.gpu_memory_utilization,
+                    max_batched_tokens=eng.max_batched_tokens)
         except FleetsimInputError as err:
             raise _pool_error(where, err) from None
         gpus[pool.name] = gpu
         per_gpu_bw = link.bw_bytes_per_s or (
             gpu.nvlink_bw_bytes_per_s if link.placement == "intra_node"
             else gpu.network_bw_bytes_per_s)
+        num_gpus = pool.tp * pool.pp  # a replica's GPUs: every one sends its KV shard
         setups.append(PoolSetup(
             name=pool.name, role=pool.role, num_replicas=pool.num_replicas,
             step_model=step_model, num_kv_blocks=num_kv_blocks,
-            link_bw_bytes_per_s=per_gpu_bw * pool.tp,
+            link_bw_bytes_per_s=per_gpu_bw * num_gpus,
             num_host_kv_blocks=host_kv_blocks(model, pool.tp, eng.block_size,
-                                              eng.swap_space_gib),
+                                              eng.swap_space_gib, pool.pp),
             host_bw_bytes_per_s=(eng.host_link_bw_bytes_per_s
-                                 or gpu.pcie_bw_bytes_per_s) * pool.tp,
+                                 or gpu.pcie_bw_bytes_per_s) * num_gpus,
             host_latency_s=(eng.host_link_latency_s if eng.host_link_latency_s is not None
                             else gpu.pcie_latency_s)))
         infos.append({
             "name": pool.name, "gpu": gpu.name, "role": pool.role,
-            "num_replicas": pool.num_replicas, "tp": pool.tp, "num_kv_blocks": num_kv_blocks,
-            "usd_per_hour": gpu.price_per_hour_usd * pool.tp * pool.num_replicas,
+            "num_replicas": pool.num_replicas, "tp": pool.tp,
+            **({"pp": pool.pp} if pool.pp > 1 else {}),  # default output reads as it did
+            "num_kv_blocks": num_kv_blocks,
+            "usd_per_hour": gpu.price_per_hour_usd * num_gpus * pool.num_replicas,
             "perf_sources": dict(getattr(step_model, "sources", {})),
             **({"ep_balance_ratio": step_model.balance_ratio}
                if isinstance(step_model, EpStepModel) else {}),
+            **({"ep_balance_ratio": step_model.ep_balance_ratio}
+               if getattr(step_model, "ep_balance_ratio", None) is not None else {}),
         })
     _check_link_reachable(config, gpus)
     return setups, infos
+
+
+def pipeline_with_ep(config: SimConfig, model: ModelSpec, gpu: GPUSpec, pool: PoolConfig,
+                     pipeline: StepTimeModel) -> StepTimeModel:
+    """A pipeline replica whose stages spread their experts over their ``tp`` GPUs (vLLM's
+    expert parallelism with PP: the EP group is a stage's TP group, inside a node): the EP
+    model of the whole replica priced once, each stage taking its share of the MoE layers."""
+    if not isinstance(pipeline, PipelineStepModel):  # make_step_model refuses plug-ins at pp>1
+        raise FleetsimInputError("pp", pool.pp, "expert parallelism with pp needs the table "
+                                 "step model")
+    whole = EpStepModel(pool_step_model(config, model, gpu, pool.tp), model, gpu, pool.tp,
+                        pool.ep, seed=config.seed)
+    out = pipeline.with_moe_delta(whole._moe_delta_s, model.num_moe_layers,
+                                  whole.sources["moe"] + " (per stage, its MoE layers)")
+    out.ep_balance_ratio = whole.balance_ratio
+    return out
 
 
 def _check_swap_space(config: SimConfig) -> None:
@@ -219,9 +253,14 @@ def _kv_retention(config: SimConfig) -> KVRetention | None:
     return KVRetention(mode=programs.tool_kv, ttl_s=programs.kv_ttl_s)
 
 
-def host_kv_blocks(model: ModelSpec, tp: int, block_size: int, swap_space_gib: float) -> int:
+def host_kv_blocks(model: ModelSpec, tp: int, block_size: int, swap_space_gib: float,
+                   pp: int = 1) -> int:
     """KV blocks of a replica's host tier: ``swap_space_gib`` per GPU, as vLLM sizes its
-    swap space (each GPU swaps its own shard of every block)."""
+    swap space (each GPU swaps its own shard of every block: its heads of its stage's
+    layers, the largest stage's setting the count)."""
+    if pp > 1:
+        a, b = max(stage_layer_ranges(model.num_layers, pp), key=lambda r: r[1] - r[0])
+        model = stage_spec(model, a, b)
     block_bytes_per_gpu = model.kv_bytes_per_token_per_gpu(tp) * block_size
     return int(swap_space_gib * 2**30 // block_bytes_per_gpu)
 
@@ -236,7 +275,7 @@ def _check_link_reachable(config: SimConfig, gpus: dict) -> None:
     for p in pre:
         for d in dec:
             gp, gd = gpus[p.name], gpus[d.name]
-            if gp.name != gd.name or p.tp + d.tp > gp.num_gpus_per_node:
+            if gp.name != gd.name or p.tp * p.pp + d.tp * d.pp > gp.num_gpus_per_node:
                 raise FleetsimInputError(
                     "cluster.link.placement", "intra_node",
                     f"pools {p.name} ({gp.name} x{p.tp}) and {d.name} ({gd.name} x{d.tp}) "

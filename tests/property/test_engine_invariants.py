@@ -161,3 +161,42 @@ def test_fast_forward_is_exact_for_models_with_only_vectorized_decode(
     assert np.array_equal(slow.itl_gaps_s, fast.itl_gaps_s)
     assert np.array_equal(slow.itl_counts, fast.itl_counts)
     assert slow.num_steps == fast.num_steps
+
+
+def _pipeline_models():
+    from fleetsim.hardware import get_gpu
+    from fleetsim.models import get_model
+    from fleetsim.perf.pipeline import build_pipeline_step_model
+
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h100")
+    return {pp: build_pipeline_step_model(
+        model, gpu, 1, pp, "roofline", step_overhead_s=1.5e-3, step_overhead_per_seq_s=1e-5,
+        kernel_time_scale=1.0, async_scheduling=pp == 4, async_step_gap_s=160e-6)
+        for pp in (2, 3, 4)}
+
+
+PIPELINES = _pipeline_models()
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=workloads(), kv_blocks=st.integers(6, 64), pp=st.sampled_from([2, 3, 4]),
+       max_running=st.integers(1, 8), stop_at_arrivals=st.booleans())
+def test_pipeline_replica_fast_forward_equals_stepping(workload, kv_blocks, pp, max_running,
+                                                       stop_at_arrivals):
+    """A pp-stage replica (vLLM's batch-queue period, ``perf/pipeline.py``): tokens conserved,
+    KV never overcommitted, and windows give exactly the step-by-step results."""
+    assume(_fits(workload, kv_blocks))
+    kw = dict(kv_blocks=kv_blocks, max_running=max_running, max_batched_tokens=128,
+              step_model=PIPELINES[pp], block_size=BLOCK)
+    slow, _ = simulate(workload, fast_forward=False, **kw)
+    fast, replica = simulate(workload, fast_forward=True,
+                             windows_stop_at_arrivals=stop_at_arrivals, **kw)
+    r = fast.requests
+    assert len(r["request_id"]) == len(workload)
+    assert fast.timeline["num_tokens"].sum() == r["num_computed_tokens"].sum()
+    assert (fast.timeline["num_used_blocks"] <= kv_blocks).all()
+    assert replica.kv.num_used_blocks == 0
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    assert np.array_equal(slow.itl_gaps_s, fast.itl_gaps_s)
+    assert slow.num_steps == fast.num_steps

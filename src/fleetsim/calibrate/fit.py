@@ -236,6 +236,10 @@ def load_step_csv(path: str) -> np.ndarray:
 def kernel_times_s(config: SimConfig, rows: np.ndarray) -> np.ndarray:
     """The built-in model's kernel (GPU) time of each step: no CPU overhead, scale 1."""
     pool = config.pools[0]
+    if pool.pp > 1:  # the CSV's steps are one forward pass, not a pipeline's period
+        raise FleetsimInputError("hardware.pp", pool.pp, "step-time CSVs calibrate one "
+                                 "forward pass (pp = 1); fit on steps of the stage's GPUs at "
+                                 "pp = 1, or fit a pp run from its vllm bench serve JSON")
     model = quantize(get_model(config.model), config.quantization, config.engine.kv_cache_dtype)
     context = model.max_context_tokens
     for i, (n, kv, new, ctx, _) in enumerate(rows.tolist()):

@@ -219,6 +219,26 @@ _BUILTIN: tuple[GPUSpec, ...] = (
         aic_system="l40s",
         peak_int8_ops=733e12,  # L40S datasheet: INT8 733 TOPS dense; Ada has no FP4
     ),
+    # NVIDIA L4 datasheet (Ada, 72 W, PCIe card): 242 TF BF16 / 485 TF FP8 / 485 TOPS INT8 with
+    # sparsity, so 121 / 242.5 / 242.5 dense; 24 GB GDDR6 at 300 GB/s (nvidia-smi reports
+    # 23,034 MiB); no NVLink: GPUs talk over PCIe Gen4 x16 (64 GB/s bidirectional). Nodes: GCP
+    # g2-standard-96 (8 L4, 100 Gb/s of network for the machine, 12.5 GB/s / 8 per GPU;
+    # cloud.google.com/compute/docs/gpus, G2 machine types). No aiconfigurator tables: roofline.
+    # Price: GCP g2-standard-96 on demand, about $8 per machine-hour, ~$1.00/GPU-h (assumption).
+    GPUSpec(
+        name="L4",
+        pcie_bw_bytes_per_s=32e9,
+        peak_bf16_flops=121e12,
+        peak_fp8_flops=242.5e12,
+        hbm_bytes=23034 * _MIB,
+        hbm_bw_bytes_per_s=300 * _GB,
+        nvlink_bw_bytes_per_s=32 * _GB,  # PCIe Gen4 x16, one direction
+        network_bw_bytes_per_s=12.5 * _GB / 8,
+        num_gpus_per_node=8,
+        price_per_hour_usd=1.00,
+        aic_system=None,
+        peak_int8_ops=242.5e12,
+    ),
     # NVIDIA HGX B200 datasheet (8 GPUs: 36 PF BF16 / 72 PF FP8 sparse, 1.44 TB HBM3e at
     # 64 TB/s, NVLink 5 1.8 TB/s per GPU bidirectional) divided per GPU, dense = sparse / 2.
     # Price: Lambda on-demand 8x B200, ~$4.99/GPU-h.
@@ -277,6 +297,8 @@ _ALIASES = {
     "h200-sxm": "H200",
     "h200_sxm": "H200",
     "l40s-48gb": "L40S",
+    "l4-24gb": "L4",
+    "nvidia-l4": "L4",
     "b200-sxm": "B200",
     "b200_sxm": "B200",
     "gb200": "GB200-NVL72",

@@ -38,6 +38,19 @@ _BUILTIN: tuple[ModelSpec, ...] = (
         vocab_size=128256,
         max_context_tokens=131072,
     ),
+    # meta-llama/Llama-3.1-405B config.json (126 layers: more than one 8-GPU node holds in
+    # bf16, so it is served with tp=8 x pp=2 over two nodes, or in fp8 on one)
+    ModelSpec(
+        name="Llama-3.1-405B",
+        num_layers=126,
+        hidden_size=16384,
+        num_attention_heads=128,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=53248,
+        vocab_size=128256,
+        max_context_tokens=131072,
+    ),
     # meta-llama/Llama-2-7b-hf config.json (MHA: 32 KV heads)
     ModelSpec(
         name="Llama-2-7B",
@@ -241,6 +254,10 @@ _ALIASES = {
     "meta-llama-3.1-70b": "Llama-3.1-70B",
     "llama-3.1-70b-instruct": "Llama-3.1-70B",
     "meta-llama/llama-3.1-70b": "Llama-3.1-70B",
+    "llama3.1-405b": "Llama-3.1-405B",
+    "meta-llama-3.1-405b": "Llama-3.1-405B",
+    "llama-3.1-405b-instruct": "Llama-3.1-405B",
+    "meta-llama/llama-3.1-405b": "Llama-3.1-405B",
     "llama2-7b": "Llama-2-7B",
     "llama-2-7b-hf": "Llama-2-7B",
     "meta-llama/llama-2-7b-hf": "Llama-2-7B",
@@ -273,6 +290,8 @@ HF_IDS = {
     "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
     "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
     "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Llama-3.1-405B-Instruct": "llama-3.1-405b",
+    "meta-llama/Llama-3.1-405B": "llama-3.1-405b",
     "facebook/opt-13b": "opt-13b",
     "facebook/opt-66b": "opt-66b",
     "facebook/opt-350m": "opt-350m",

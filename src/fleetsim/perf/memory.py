@@ -77,7 +77,8 @@ def kv_capacity_blocks(
             tp,
             f"{model.name} needs {weights / 1e9:.1f} GB of weights per GPU at tp={tp} but "
             f"{gpu.name} offers {budget / 1e9:.1f} GB at gpu_memory_utilization="
-            f"{gpu_memory_utilization}; use a larger tp (more GPUs per replica) or a bigger GPU",
+            f"{gpu_memory_utilization}; use a larger tp (more GPUs per replica), pipeline "
+            f"stages (pp, across nodes when tp fills one) or a bigger GPU",
         )
     if free < small_block:
         raise FleetsimInputError(

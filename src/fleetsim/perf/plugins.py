@@ -15,6 +15,12 @@ from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.perf.breakdown import build_step_model, check_quantization
+from fleetsim.perf.pipeline import build_pipeline_step_model
+from fleetsim.perf.step_model import (
+    ASYNC_STEP_GAP_S,
+    STEP_OVERHEAD_PER_SEQ_S,
+    STEP_OVERHEAD_S,
+)
 from fleetsim.registry import lookup, make_registry
 
 STEP_MODELS, register_step_model = make_registry("step model")
@@ -37,11 +43,16 @@ def make_step_model(
     async_scheduling: bool | None = None,
     async_step_gap_s: float | None = None,
     where: str = "engine.step_model",
+    pp: int = 1,
 ) -> StepTimeModel:
-    """The step model ``name`` for one replica; the overheads and the kernel scale go to the
-    built-in model only."""
+    """The step model ``name`` for one replica (``tp`` x ``pp`` GPUs); the overheads and the
+    kernel scale go to the built-in model only."""
     factory = lookup(STEP_MODELS, name, f"{where}.name")
     check_quantization(model, gpu)
+    if pp > 1 and factory is not build_step_model:
+        raise FleetsimInputError("pp", pp, f"pipeline stages are priced by the table step "
+                                 f"model; {name!r} prices a whole replica, so use pp = 1 "
+                                 "with it")
     if factory is build_step_model:
         if args:
             raise FleetsimInputError(f"{where}.args", dict(args), "the table model takes none; "
@@ -52,6 +63,11 @@ def make_step_model(
                                        ("async_scheduling", async_scheduling),
                                        ("async_step_gap_s", async_step_gap_s))
                      if v is not None}
+        if pp > 1:
+            return build_pipeline_step_model(model, gpu, tp, pp, backend, **{
+                "step_overhead_s": STEP_OVERHEAD_S, "step_overhead_per_seq_s":
+                STEP_OVERHEAD_PER_SEQ_S, "kernel_time_scale": 1.0, "async_scheduling": False,
+                "async_step_gap_s": ASYNC_STEP_GAP_S, **overheads})
         return build_step_model(model, gpu, tp, backend, **overheads)
     try:
         step_model = factory(model=model, gpu=gpu, tp=tp, **dict(args))

@@ -75,6 +75,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--target-rate", type=float, default=None, metavar="REQ_PER_S",
                    help="request rate to serve: GPUs each shape needs for it")
     p.add_argument("--tp", default="1", help="comma-separated TP degrees (default 1)")
+    p.add_argument("--pp", default="1", help="comma-separated pipeline-parallel degrees, e.g. "
+                   "1,2 (default 1): a replica is tp x pp GPUs, across nodes past one")
     p.add_argument("--pd", action="store_true",
                    help="also try prefill/decode pools (1P1D, 1P2D, 2P1D, across GPU types)")
     p.add_argument("--requests-per-gpu", type=int, default=1000,
@@ -206,6 +208,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not gpus:
         raise FleetsimInputError("--gpus", args.gpus, "name at least one GPU, e.g. h100,a100")
     tps = _int_list("--tp", args.tp)
+    pps = _int_list("--pp", args.pp)
     if args.total_gpus is not None and not 1 <= args.total_gpus <= MAX_PLAN_GPUS:
         raise FleetsimInputError("--total-gpus", args.total_gpus,
                                  f"must be in [1, {MAX_PLAN_GPUS}]")
@@ -234,13 +237,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     try:
         shapes = enumerate_shapes(gpus, tps, args.max_gpus, pd=args.pd,
-                                  catalog=config.hardware.catalog)
+                                  catalog=config.hardware.catalog, pps=pps)
     except FleetsimInputError as err:
         raise FleetsimInputError("--gpus", err.value, err.fix) from None
     if not shapes:
         raise FleetsimInputError("--max-gpus", args.max_gpus,
-                                 f"no shape fits: the smallest --tp is {tps[0]}; raise "
-                                 f"--max-gpus to at least {tps[0]}")
+                                 f"no shape fits: the smallest --tp x --pp is "
+                                 f"{tps[0] * pps[0]}; raise --max-gpus to at least "
+                                 f"{tps[0] * pps[0]}")
     err_console = Console(stderr=True)
     show = err_console.is_terminal and not args.json
     bar = progress_bar(err_console, "plan") if show else None

@@ -35,7 +35,7 @@ def hf_repo_id(model: str) -> str:
 
 
 def vllm_serve_commands(config: SimConfig, pools: Sequence[PoolConfig]) -> list[str]:
-    """One ``vllm serve`` line per pool, with the engine limits of ``config``: TP, replicas as
+    """One ``vllm serve`` line per pool, with the engine limits of ``config``: TP, PP, replicas as
     ``--data-parallel-size``, and for prefill/decode pools a NIXL KV connector (vLLM's
     disaggregated prefill also needs its proxy in front, not shown)."""
     eng = config.engine
@@ -44,6 +44,8 @@ def vllm_serve_commands(config: SimConfig, pools: Sequence[PoolConfig]) -> list[
     for pool in pools:
         cmd = ["vllm", "serve", hf_repo_id(config.model),
                "--tensor-parallel-size", str(pool.tp)]
+        if pool.pp > 1:
+            cmd += ["--pipeline-parallel-size", str(pool.pp)]
         if pool.num_replicas > 1:
             cmd += ["--data-parallel-size", str(pool.num_replicas)]
         cmd += ["--max-num-seqs", str(eng.max_running),

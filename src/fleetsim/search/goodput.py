@@ -165,7 +165,7 @@ def check_slo_reachable(config: SimConfig, target: float, sample: int = 2000) ->
     best_tpot = np.full(len(prompt), np.inf)
     for pool in config.pools:
         step = pool_step_model(config, model, get_gpu(pool.gpu, config.hardware.catalog),
-                               pool.tp)
+                               pool.tp, pool.pp)
         if pool.role != "decode":
             cache: dict[int, float] = {}
             ttft = [cache.setdefault(p, prefill_time_s(step, p, budget)) if p not in cache

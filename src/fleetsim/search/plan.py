@@ -39,17 +39,18 @@ class Shape:
 
     @property
     def name(self) -> str:
-        """Short label, e.g. ``2x H100-SXM tp1`` or ``1P(H200 tp1)+2D(A100 tp1)``."""
+        """Short label, e.g. ``2x H100-SXM tp1``, ``1x H100-SXM tp8pp2`` or
+        ``1P(H200 tp1)+2D(A100 tp1)``."""
         if len(self.pools) == 1:
             p = self.pools[0]
-            return f"{p.num_replicas}x {p.gpu} tp{p.tp}"
+            return f"{p.num_replicas}x {p.gpu} {_layout(p)}"
         pre, dec = self.pools
-        return (f"{pre.num_replicas}P({pre.gpu} tp{pre.tp})+"
-                f"{dec.num_replicas}D({dec.gpu} tp{dec.tp})")
+        return (f"{pre.num_replicas}P({pre.gpu} {_layout(pre)})+"
+                f"{dec.num_replicas}D({dec.gpu} {_layout(dec)})")
 
     @property
     def num_gpus(self) -> int:
-        return sum(p.tp * p.num_replicas for p in self.pools)
+        return sum(p.tp * p.pp * p.num_replicas for p in self.pools)
 
     @property
     def is_pd(self) -> bool:
@@ -58,21 +59,25 @@ class Shape:
     def family(self) -> tuple[Any, ...]:
         """Shapes that differ only in replica counts (scaled versions of each other)."""
         if not self.is_pd:
-            return ("mixed", self.pools[0].gpu, self.pools[0].tp)
+            return ("mixed", self.pools[0].gpu, self.pools[0].tp, self.pools[0].pp)
         pre, dec = self.pools
-        return ("pd", pre.gpu, pre.tp, dec.gpu, dec.tp,
+        return ("pd", pre.gpu, pre.tp, pre.pp, dec.gpu, dec.tp, dec.pp,
                 pre.num_replicas / dec.num_replicas)
 
     def apply(self, config: SimConfig) -> SimConfig:
         """``config`` served by this shape (single mixed pools use the ``hardware`` shorthand)."""
         if not self.is_pd:
             p = self.pools[0]
-            hw = dataclasses.replace(config.hardware, gpu=p.gpu, tp=p.tp,
+            hw = dataclasses.replace(config.hardware, gpu=p.gpu, tp=p.tp, pp=p.pp,
                                      num_replicas=p.num_replicas)
             return dataclasses.replace(
                 config, hardware=hw, cluster=dataclasses.replace(config.cluster, pools=()))
         return dataclasses.replace(
             config, cluster=dataclasses.replace(config.cluster, pools=self.pools))
+
+
+def _layout(p: PoolConfig) -> str:
+    return f"tp{p.tp}" + (f"pp{p.pp}" if p.pp > 1 else "")
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -86,31 +91,43 @@ def _powers_of_two(limit: int) -> list[int]:
 def enumerate_shapes(
     gpus: Sequence[str], tps: Sequence[int], max_gpus: int, *, pd: bool = False,
     pd_ratios: Iterable[tuple[int, int]] = DEFAULT_PD_RATIOS, catalog: str | None = None,
+    pps: Sequence[int] = (1,),
 ) -> list[Shape]:
-    """Mixed shapes (each GPU x TP x power-of-two replicas within ``max_gpus``) and, with
-    ``pd``, prefill/decode shapes for each ratio, each (prefill GPU, decode GPU) pair and TP,
-    scaled by powers of two while they fit ``max_gpus``. GPU names are canonicalized."""
+    """Mixed shapes (each GPU x TP x PP x power-of-two replicas within ``max_gpus``) and,
+    with ``pd``, prefill/decode shapes for each ratio, each (prefill GPU, decode GPU) pair,
+    TP and PP, scaled by powers of two while they fit ``max_gpus``. GPU names are
+    canonicalized."""
     names = [get_gpu(g, catalog).name for g in gpus]
     names = list(dict.fromkeys(names))
     shapes: list[Shape] = []
     for gpu in names:
-        shapes.extend(Shape((PoolConfig(name="mixed", gpu=gpu, tp=tp, num_replicas=n),))
-                      for tp in tps for n in _powers_of_two(max_gpus // tp))
+        shapes.extend(Shape((PoolConfig(name="mixed", gpu=gpu, tp=tp, pp=pp, num_replicas=n),))
+                      for tp in tps for pp in pps
+                      for n in _powers_of_two(max_gpus // (tp * pp)))
     if not pd:
         return shapes
     for num_pre, num_dec in pd_ratios:
         for pre_gpu in names:
             for dec_gpu in names:
                 for tp in tps:
-                    for k in _powers_of_two(max_gpus):
-                        pre = PoolConfig(name="prefill", gpu=pre_gpu, tp=tp,
-                                         num_replicas=num_pre * k, role="prefill")
-                        dec = PoolConfig(name="decode", gpu=dec_gpu, tp=tp,
-                                         num_replicas=num_dec * k, role="decode")
-                        shape = Shape((pre, dec))
-                        if shape.num_gpus > max_gpus:
-                            break
-                        shapes.append(shape)
+                    for pp in pps:
+                        shapes.extend(_pd_shapes(pre_gpu, dec_gpu, tp, pp, num_pre, num_dec,
+                                                 max_gpus))
+    return shapes
+
+
+def _pd_shapes(pre_gpu: str, dec_gpu: str, tp: int, pp: int, num_pre: int, num_dec: int,
+               max_gpus: int) -> list[Shape]:
+    shapes: list[Shape] = []
+    for k in _powers_of_two(max_gpus):
+        pre = PoolConfig(name="prefill", gpu=pre_gpu, tp=tp, pp=pp, num_replicas=num_pre * k,
+                         role="prefill")
+        dec = PoolConfig(name="decode", gpu=dec_gpu, tp=tp, pp=pp, num_replicas=num_dec * k,
+                         role="decode")
+        shape = Shape((pre, dec))
+        if shape.num_gpus > max_gpus:
+            break
+        shapes.append(shape)
     return shapes
 
 
@@ -246,8 +263,9 @@ def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
         row: dict[str, Any] = {
             "shape": p.shape.name,
             "num_gpus": p.shape.num_gpus,
-            "pools": [{"name": q.name, "gpu": q.gpu, "tp": q.tp, "num_replicas": q.num_replicas,
-                       "role": q.role} for q in p.shape.pools],
+            "pools": [{"name": q.name, "gpu": q.gpu, "tp": q.tp,
+                       **({"pp": q.pp} if q.pp > 1 else {}),
+                       "num_replicas": q.num_replicas, "role": q.role} for q in p.shape.pools],
         }
         if p.goodput is None:
             row["infeasible"] = p.infeasible

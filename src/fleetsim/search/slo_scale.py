@@ -53,7 +53,7 @@ def req_slo_scale(latency_s: NDArray[np.float64], standalone_s: NDArray[np.float
 def _step_model(config: SimConfig, pool: PoolConfig) -> StepTimeModel:
     model = get_model(config.model)
     gpu = get_gpu(pool.gpu, config.hardware.catalog)
-    return pool_step_model(config, model, gpu, pool.tp)
+    return pool_step_model(config, model, gpu, pool.tp, pool.pp)
 
 
 def _pool_of_replica(replica_ids: NDArray[np.int64],
@@ -79,7 +79,7 @@ def idle_transfer_s(config: SimConfig, prefill: PoolConfig, decode: PoolConfig,
         per_gpu = link.bw_bytes_per_s or (
             gpu.nvlink_bw_bytes_per_s if link.placement == "intra_node"
             else gpu.network_bw_bytes_per_s)
-        return per_gpu * pool.tp
+        return per_gpu * pool.tp * pool.pp
 
     num_bytes = float(model.kv_bytes_per_token()) * num_prompt_tokens
     return link.latency_s + num_bytes / min(bw(prefill), bw(decode))
