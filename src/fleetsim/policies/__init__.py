@@ -10,6 +10,7 @@ from fleetsim.policies.batching import (
 )
 from fleetsim.policies.eviction import EVICTION_POLICIES, make_eviction
 from fleetsim.policies.fastserve import FastServePlanner
+from fleetsim.policies.group_planners import GROUP_PLANNERS, make_group_planner
 from fleetsim.policies.ordering import ORDERING_POLICIES, make_ordering, register_ordering
 from fleetsim.policies.programs import (
     AutellixATLAS,
@@ -56,6 +57,8 @@ __all__ = [
     "make_batch_policy",
     "make_eviction",
     "make_ordering",
+    "GROUP_PLANNERS",
+    "make_group_planner",
     "register_batch",
     "register_ordering",
 ]
