@@ -1,6 +1,7 @@
 """Every pluggable decision. Importing this package registers the built-in policies."""
 
 from fleetsim.policies import cache_aware, tokenlake  # noqa: F401  (register routers)
+from fleetsim.policies import esp as _esp  # noqa: F401  (registers the esp group planner)
 from fleetsim.policies.batching import (
     BATCH_POLICIES,
     PrefillFirstPlanner,

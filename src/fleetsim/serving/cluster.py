@@ -423,15 +423,15 @@ def simulate(
         hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,
         # A lone replica knows its next input: the next arrival in the heap.
         next_input_hint_s=sim.peek_s if single else None)
-    if group is not None:
-        if len(pools) != 1:
-            raise ValueError(f"an instance group is one pool of instances, got {len(pools)} "
-                             f"pools")
-        cluster.group = InstanceGroup(sim, cluster.replicas, group)
     src = source if source is not None else WorkloadSource(workload)
     if progress is not None:
         src = _Progress(src, progress, progress_every, sim)
     cluster.attach_source(src)
+    if group is not None:  # (after the source: the group hears of finishes after it)
+        if len(pools) != 1:
+            raise ValueError(f"an instance group is one pool of instances, got {len(pools)} "
+                             f"pools")
+        cluster.group = InstanceGroup(sim, cluster.replicas, group)
     for controller in controllers:
         cluster.add_controller(controller)
     # The loop allocates many short-lived objects and no reference cycles (reference

@@ -121,6 +121,8 @@ class GroupView(Protocol):
     @property
     def num_kv_blocks_per_instance(self) -> int: ...
     @property
+    def block_size(self) -> int: ...
+    @property
     def waiting(self) -> Sequence[Request]: ...
     @property
     def members(self) -> Sequence[ReplicaView]: ...
@@ -133,7 +135,8 @@ class GroupView(Protocol):
 
 class GroupPlanner(Protocol):
     """Plans an instance group at its boundaries: when a request arrives, when a member runs
-    out of work, and at the time its last plan asked for. Returning the current allocation
+    out of work, after a step in which a request finished, and at the time its last plan
+    asked for. Returning the current allocation
     changes nothing; another one is applied at the next common step boundary of the members
     it changes (their fast-forward windows are cut back to the step in progress)."""
 

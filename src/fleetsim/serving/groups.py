@@ -6,7 +6,9 @@ A group owns ``num_instances`` instances (one tensor-parallel group of GPUs each
 engine (``Replica``), member ``m`` running on the instances the planner gives it, as one
 replica of degree ``len(instances)`` (the group's step model at that degree, the instances'
 blocks together). Requests arrive in the group's queue; the group planner (``GroupPlanner``,
-``contract.py``) assigns them to members and changes the allocation.
+``contract.py``) assigns them to members and changes the allocation. It is asked when a
+request arrives, when a member runs out of work, after a step in which a request finished,
+and at the time its last plan named.
 
 Why this is exact under fast-forward: an allocation change is one more event that cuts a
 window, as an arrival does. The members it changes are interrupted (``Replica.interrupt``:
@@ -69,6 +71,10 @@ class _View:
         return self._group.blocks_per_instance
 
     @property
+    def block_size(self) -> int:
+        return self._group.members[0].kv.block_size
+
+    @property
     def waiting(self) -> Sequence[Request]:
         return self._group.waiting
 
@@ -105,10 +111,15 @@ class InstanceGroup:
         self.num_regroups = 0
         self._pending: GroupPlan | None = None  # an allocation waiting for its boundary
         self._held: set[int] = set()  # members still stepping towards it
-        self._wake_s: float | None = None
+        self._wake_s: float | None = None  # the last plan's wake-up (earlier ones lapse)
+        self._finish_wakes: set[float] = set()  # replans after finishes, by time
         self._replan_asked = False
         for m in self.members:
             m.on_idle = self._on_idle
+            # A finish frees KV and a running slot, which admission waits for: plan again
+            # after the step ends (windows stop at finishes when someone listens, so this
+            # is exact under fast-forward). Chained after a request source's hook, if any.
+            m.on_finish = _chain(m.on_finish, self._on_finish)
         if GROUP_WAKE not in sim.kind_names:
             sim.on(GROUP_WAKE, InstanceGroup._on_wake, "group_wake")
         self.replan()  # the initial allocation, before any arrival
@@ -130,9 +141,19 @@ class InstanceGroup:
         if self.waiting or self._pending is not None:
             self.replan()
 
+    def _on_finish(self, req: Request) -> None:
+        now_s = self.sim.now_s
+        if now_s not in self._finish_wakes:
+            self._finish_wakes.add(now_s)
+            self.sim.schedule(now_s, GROUP_WAKE, self)
+
     def _on_wake(self) -> None:
-        if self.sim.now_s == self._wake_s:
+        now_s = self.sim.now_s
+        due = now_s == self._wake_s or now_s in self._finish_wakes
+        if now_s == self._wake_s:
             self._wake_s = None
+        self._finish_wakes.discard(now_s)
+        if due:
             self.replan()
 
     # ---- planning --------------------------------------------------------------------
@@ -144,8 +165,11 @@ class InstanceGroup:
         plan = self.planner.plan(self.view, self.sim.now_s)
         self._check(plan)
         if plan.wake_s is not None and plan.wake_s > self.sim.now_s:
-            self._wake_s = plan.wake_s
-            self.sim.schedule(plan.wake_s, GROUP_WAKE, self)
+            if plan.wake_s != self._wake_s:
+                self._wake_s = plan.wake_s
+                self.sim.schedule(plan.wake_s, GROUP_WAKE, self)
+        else:
+            self._wake_s = None
         if plan.instances_by_member == self.instances_by_member:
             self._assign(plan)
             return
@@ -251,3 +275,15 @@ class InstanceGroup:
             dst.adopt(req)
             dst.kv.allocate(req, held)
             dst.join_running(req)
+
+
+def _chain(first: Callable[[Request], None] | None, then: Callable[[Request], None]
+           ) -> Callable[[Request], None]:
+    if first is None:
+        return then
+
+    def both(req: Request) -> None:
+        first(req)
+        then(req)
+
+    return both
