@@ -211,7 +211,8 @@ def group_setup(config: SimConfig, model: ModelSpec, pools: list[PoolSetup]) -> 
             by_degree[k] = EspStepModel(cost, k, group.min_compute_bound_batch)
         return by_degree[k]
 
-    return GroupSetup(planner=make_group_planner(group.planner), step_model_for=step_model_for)
+    return GroupSetup(planner=make_group_planner(group.planner), step_model_for=step_model_for,
+                      kv_move_s=cost.migration_s)
 
 
 def _check_swap_space(config: SimConfig) -> None:

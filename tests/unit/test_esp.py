@@ -225,7 +225,7 @@ def test_a_chunk_with_context_costs_more_than_without(cost):
 
 # -- LoongServe on the one engine: the esp group planner -------------------------------------
 def _esp_run(*, elastic=True, seed=0, n=50, capacity=210_000, fast_forward=True,
-             prompts=None, outputs=None, arrival=None):
+             prompts=None, outputs=None, arrival=None, **planner_args):
     from fleetsim.config import config_from_dict
     from fleetsim.repro.loongserve_ablation import group_config
     from fleetsim.run import run
@@ -241,6 +241,7 @@ def _esp_run(*, elastic=True, seed=0, n=50, capacity=210_000, fast_forward=True,
                        max_out_of_order=4)
     cfg["engine"] |= {"num_kv_blocks": capacity // 16, "debug": True,
                       "fast_forward": fast_forward}
+    cfg["group"]["planner"]["args"] |= planner_args
     wl = Workload(arrival_s=arrival, num_prompt_tokens=np.asarray(prompts, dtype=np.int64),
                   num_output_tokens=np.asarray(outputs, dtype=np.int64))
     return run(config_from_dict(cfg), workload=wl)
@@ -281,6 +282,22 @@ def test_a_long_decode_keeps_two_full_instances_plus_room_to_grow():
     r = result.records.requests
     assert r["num_preemptions"][0] == 0 and np.isfinite(r["finish_s"][0])
     assert result.summary["group"]["dop_histogram"] == {4: 1}
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_idle_instances_are_refilled_during_a_long_prefill(refill):
+    """A 150k-token prompt prefills on three instances beside a short decode on the fourth
+    (admitted narrow: a finished request's long output makes the decodes' expected wait
+    long); the decode ends, and a short request arriving then prefills on the freed instance
+    at once (the code's greedy refill) instead of waiting for the long prefill to end."""
+    result = _esp_run(prompts=[100, 1_000, 150_000, 500], outputs=[1000, 150, 2, 5],
+                      arrival=np.array([0.0, 11.0, 11.5, 13.5]), refill_idle=refill)
+    r = result.records.requests
+    first = dict(zip(r["request_id"].tolist(), r["first_token_s"].tolist(), strict=True))
+    finish = dict(zip(r["request_id"].tolist(), r["finish_s"].tolist(), strict=True))
+    assert finish[1] < 13.5 < first[2]  # the setting: the decode is done, the long prefill not
+    assert (first[3] < first[2]) == refill
+    assert result.summary["group"]["num_refills"] == (1 if refill else 0)
 
 
 def test_tight_memory_runs_clean():
@@ -370,3 +387,21 @@ def test_ablation_attainment_and_its_crossing():
     assert max_rate_at_attainment((1, 2, 3), (1.0, 0.95, 0.85)) == pytest.approx(2.5)
     assert max_rate_at_attainment((1, 2), (0.95, 0.92)) == 2  # a lower bound
     assert max_rate_at_attainment((1, 2), (0.5, 0.4)) is None
+
+
+def test_the_example_runs_from_fleetsim_run(tmp_path, capsys):
+    """``[group]`` is reachable from the command line: examples/loongserve.toml runs, and the
+    summary says what the planner did."""
+    import json
+    from pathlib import Path
+
+    from fleetsim.cli import main
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "loongserve.toml"
+    out = tmp_path / "o"
+    code = main(["run", str(example), "--out", str(out), "--set", "workload.num_requests=12"])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_finished"] == 12
+    assert summary["group"]["num_prefill_batches"] >= 1
+    assert json.loads((out / "config.json").read_text())["group"]["planner"]["name"] == "esp"

@@ -143,6 +143,44 @@ def test_widening_serves_long_prompts_faster_than_fixed_narrow_members():
 
 
 @dataclass
+class PackOntoOne:
+    """A test planner that merges: arrivals alternate between two one-instance members;
+    every tenth arrival, member 1's requests (and KV) merge into member 0, whose instance
+    then holds both, and member 1 is off until the group is next idle."""
+
+    num_arrivals: int = 0
+
+    def plan(self, view: GroupView, now_s: float) -> GroupPlan:
+        current = view.instances_by_member
+        members = view.members
+        idle = all(not m.running and not m.waiting for m in members)
+        if current[1] == () and idle:
+            return GroupPlan(((0,), (1,)), tuple((r.id, 0) for r in view.waiting))
+        assign, merge = [], ()
+        alloc = current
+        for r in view.waiting:
+            self.num_arrivals += 1
+            if alloc[1] and self.num_arrivals % 10 == 0:
+                alloc, merge = ((0,), ()), ((1, 0),)
+            assign.append((r.id, 1 if alloc[1] and self.num_arrivals % 2 else 0))
+        return GroupPlan(alloc, tuple(assign), None, merge)
+
+
+def test_merges_move_requests_with_their_kv_exactly():
+    # members are 2x the golden test's size, so member 0 can hold member 1's KV
+    wl = workload(n=160, seed=6, rate=8.0)
+    fast, c_fast = run(wl, num_instances=2, blocks=2 * BLOCKS, group=GroupSetup(
+        planner=PackOntoOne(), step_model_for=model_for), fast_forward=True)
+    slow, _ = run(wl, num_instances=2, blocks=2 * BLOCKS, group=GroupSetup(
+        planner=PackOntoOne(), step_model_for=model_for), fast_forward=False)
+    same_requests(fast, slow)
+    assert len(fast.requests["request_id"]) == 160
+    assert c_fast.group.num_regroups >= 20  # merges, then splits back when idle
+    for member in c_fast.replicas:
+        assert member.kv.num_used_blocks == 0 and not member.running
+
+
+@dataclass
 class Bad:
     plan_to_return: GroupPlan
 
@@ -155,6 +193,8 @@ class Bad:
     (GroupPlan(((0,),)), "gives 1 members"),
     (GroupPlan(((0, 5), ())), "out of 0..1"),
     (GroupPlan(((0, 1), ()), ((0, 1),)), "assigns request 0 to member 1"),
+    (GroupPlan(((0,), (1,)), (), None, ((1, 1),)), "merges member 1 into 1"),
+    (GroupPlan(((0, 1), ()), (), None, ((0, 1),)), "merges member 0 into 1"),
 ])
 def test_bad_group_plans_fail_loudly(plan, match):
     wl = workload(n=5)

@@ -105,11 +105,14 @@ class GroupPlan(NamedTuple):
     them (with their KV, which stays on those instances) to the member that takes its lowest
     instance. ``assign``: (waiting request id, member) pairs, queued there once the
     allocation is in place. ``wake_s``: plan again then (None: at the next arrival or idle
-    member only)."""
+    member only). ``merge``: (member, into member) pairs: every request of the first joins
+    the second, its KV moved onto the second's instances (the move's time is not charged:
+    the planner weighs it, ``GroupView.kv_move_s``)."""
 
     instances_by_member: tuple[tuple[int, ...], ...]
     assign: tuple[tuple[int, int], ...] = ()
     wake_s: float | None = None
+    merge: tuple[tuple[int, int], ...] = ()
 
 
 class GroupView(Protocol):
@@ -131,6 +134,8 @@ class GroupView(Protocol):
     def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
                     num_decode: int, kv_tokens: int) -> float:
         """One step of a member of ``degree`` instances (the group's step model)."""
+    def kv_move_s(self, num_tokens: int) -> float:
+        """Seconds to move ``num_tokens`` of KV from one instance to another."""
 
 
 class GroupPlanner(Protocol):

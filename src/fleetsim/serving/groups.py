@@ -52,6 +52,9 @@ class GroupSetup:
     """Assigns requests and changes the allocation."""
     step_model_for: StepModelFor
     """Step model of a member of k instances (``k = 1`` is the pool's own)."""
+    kv_move_s: Callable[[int], float] | None = None
+    """Seconds to move KV tokens between two instances, for planners that weigh a merge
+    (None: free)."""
 
 
 class _View:
@@ -91,6 +94,10 @@ class _View:
         return self._group.step_model(degree).step_time_s(prefill_chunks, num_decode,
                                                           kv_tokens)
 
+    def kv_move_s(self, num_tokens: int) -> float:
+        move = self._group.kv_move_s
+        return move(num_tokens) if move is not None and num_tokens > 0 else 0.0
+
 
 class InstanceGroup:
     """The group over ``members`` (replicas on ``sim``, one per instance, built alike)."""
@@ -102,6 +109,7 @@ class InstanceGroup:
         self.members = list(members)
         self.planner = setup.planner
         self._step_model_for = setup.step_model_for
+        self.kv_move_s = setup.kv_move_s
         self._models: dict[int, StepTimeModel] = {}
         self.blocks_per_instance = members[0].kv.num_blocks
         self.waiting: list[Request] = []
@@ -170,12 +178,13 @@ class InstanceGroup:
                 self.sim.schedule(plan.wake_s, GROUP_WAKE, self)
         else:
             self._wake_s = None
-        if plan.instances_by_member == self.instances_by_member:
+        if plan.instances_by_member == self.instances_by_member and not plan.merge:
             self._assign(plan)
             return
         self._pending = plan
-        changed = [m for m, (old, new) in enumerate(zip(
-            self.instances_by_member, plan.instances_by_member, strict=True)) if old != new]
+        changed = sorted({m for m, (old, new) in enumerate(zip(
+            self.instances_by_member, plan.instances_by_member, strict=True)) if old != new}
+            | {m for pair in plan.merge for m in pair})
         for m in changed:
             member = self.members[m]
             member.interrupt()  # cut its window back to the step in progress
@@ -203,6 +212,13 @@ class InstanceGroup:
                     raise PlanError(f"group plan uses instance {i} twice or out of 0..{n - 1}: "
                                     f"{plan}")
                 seen.add(i)
+        merged: set[int] = set()
+        for src, dst in plan.merge:
+            if (src == dst or src in merged or not 0 <= src < n or not 0 <= dst < n
+                    or not alloc[dst] or dst in merged):
+                raise PlanError(f"group plan merges member {src} into {dst}: not two distinct "
+                                f"members, the second with instances after the plan: {plan}")
+            merged.add(src)
         waiting = {r.id for r in self.waiting}
         for rid, m in plan.assign:
             if rid not in waiting or not 0 <= m < n or not alloc[m]:
@@ -217,10 +233,11 @@ class InstanceGroup:
         assert plan is not None
         old, new = self.instances_by_member, plan.instances_by_member
         bpi = self.blocks_per_instance
-        heirs: dict[int, int] = {}  # member left without instances -> who takes its requests
+        heirs: dict[int, int] = dict(plan.merge)  # member -> who takes its requests
         owner = {i: m for m, insts in enumerate(new) for i in insts}
         for m, insts in enumerate(old):
-            if insts and not new[m] and (self.members[m].running or self.members[m].waiting):
+            if m not in heirs and insts and not new[m] and (
+                    self.members[m].running or self.members[m].waiting):
                 if min(insts) not in owner:
                     raise PlanError(f"group plan turns member {m} off while it holds requests, "
                                     f"and no member takes its instance {min(insts)}")
@@ -237,10 +254,10 @@ class InstanceGroup:
         self.instances_by_member = new
         self._pending = None
         self.num_regroups += 1
-        for m, insts in enumerate(new):
-            if insts != old[m]:
-                self.members[m].group_hold = None
-                self.members[m].wake()
+        for m in sorted({m for m, insts in enumerate(new) if insts != old[m]}
+                        | {m for pair in plan.merge for m in pair}):
+            self.members[m].group_hold = None
+            self.members[m].wake()
         self._assign(plan)
         if self._replan_asked:
             self._replan_asked = False
@@ -265,6 +282,11 @@ class InstanceGroup:
             taken = src.take_waiting(req.id)
             assert taken is not None
             dst.submit(taken)
+        need = sum(src.kv.num_held_blocks(r) for r in src.running)
+        if need > dst.kv.num_available_blocks:
+            raise PlanError(f"group moves {need} KV blocks of replica {src.replica_id} into "
+                            f"replica {dst.replica_id}, which has "
+                            f"{dst.kv.num_available_blocks} available")
         for req in list(src.running):
             assert req.state == RUNNING
             src.leave_running(req, "regroups")
