@@ -250,6 +250,34 @@ class ClusterConfig:
                              f"{self.frontend_overhead_s}")
 
 
+GROUP_STEP_MODELS = ("esp",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupConfig:
+    """The replicas of the one pool as an instance group (docs/groups.md): members of one or
+    more instances whose membership and degree of parallelism a group planner changes at run
+    time. LoongServe's elastic sequence parallelism is ``planner = {name = "esp"}``."""
+
+    planner: PolicySpec = field(default_factory=lambda: PolicySpec(name="esp"))
+    """Group planner and its args: esp | fixed | pkg.mod:Class, e.g.
+    {name = "esp", args = {max_out_of_order = 8}}."""
+    step_model: str = "esp"
+    """How a member of k instances steps: esp (sequence-parallel prefill over the k
+    instances, multi-master decode with its KV spread over them; fleetsim.esp.cost)."""
+    min_compute_bound_batch: int = 128
+    """Decode requests per master instance (LoongServe's
+    --min_comp_bound_decoding_batch_size)."""
+
+    def __post_init__(self) -> None:
+        if self.step_model not in GROUP_STEP_MODELS:
+            raise ValueError(f"group.step_model must be one of {', '.join(GROUP_STEP_MODELS)}, "
+                             f"got {self.step_model!r}")
+        if self.min_compute_bound_batch < 1:
+            raise ValueError(f"group.min_compute_bound_batch must be >= 1, got "
+                             f"{self.min_compute_bound_batch}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     """One simulation run."""
@@ -276,6 +304,8 @@ class SimConfig:
     slo: SLOConfig = field(default_factory=SLOConfig)
     until_s: float | None = None
     """Stop simulating at this simulated time (None: run until every request finishes)."""
+    group: GroupConfig | None = None
+    """Run the pool's replicas as one instance group (docs/groups.md; None: replicas)."""
 
     @property
     def pools(self) -> tuple[PoolConfig, ...]:
@@ -302,6 +332,11 @@ class SimConfig:
         if self.perf_backend not in ("auto", "roofline"):
             raise ValueError(
                 f"perf_backend must be 'auto' or 'roofline', got {self.perf_backend!r}")
+        if self.group is not None and (len(self.pools) != 1 or self.pools[0].role != "mixed"
+                                       or self.programs is not None):
+            raise ValueError("group needs one mixed pool (hardware.num_replicas instances of "
+                             "hardware.tp GPUs) and a workload, not programs; remove "
+                             "cluster.pools / programs or drop [group]")
         if self.until_s is not None and not self.until_s > 0:
             raise ValueError(f"until_s must be > 0 seconds or unset, got {self.until_s}")
         if self.programs is not None and self.workload != WorkloadConfig():

@@ -15,6 +15,7 @@ import numpy as np
 from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
+from fleetsim.esp.cost import EspCostModel, EspStepModel
 from fleetsim.hardware import GPUSpec, get_gpu
 from fleetsim.metrics.overload import overload_check
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
@@ -22,7 +23,7 @@ from fleetsim.models import ModelSpec, get_model
 from fleetsim.models.quantization import quantize
 from fleetsim.moe.serving import EpStepModel
 from fleetsim.native import engine_build
-from fleetsim.perf import kv_capacity_blocks
+from fleetsim.perf import TableStepModel, kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.perf.pipeline import (
     PipelineStepModel,
@@ -31,13 +32,14 @@ from fleetsim.perf.pipeline import (
     stage_spec,
 )
 from fleetsim.perf.plugins import make_step_model
-from fleetsim.policies import make_batch_policy, make_ordering
+from fleetsim.policies import make_batch_policy, make_group_planner, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.routing import make_router
 from fleetsim.programs.metrics import program_summary
 from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate
+from fleetsim.serving.groups import GroupSetup
 from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.settings import EngineSettings, PlugIns
@@ -224,6 +226,29 @@ def pipeline_with_ep(config: SimConfig, model: ModelSpec, gpu: GPUSpec, pool: Po
     return out
 
 
+def group_setup(config: SimConfig, model: ModelSpec, pools: list[PoolSetup]) -> GroupSetup:
+    """The instance group ``config.group`` describes over the one pool's replicas: its
+    planner, and members of k instances priced by the ESP step model over the pool's own."""
+    group = config.group
+    assert group is not None
+    pool = config.pools[0]
+    step = pools[0].step_model
+    if not isinstance(step, TableStepModel):
+        raise FleetsimInputError("group.step_model", group.step_model,
+                                 "esp prices a member from the built-in table step model; "
+                                 "unset engine.step_model (and hardware.ep; pp stays 1)")
+    cost = EspCostModel(model, get_gpu(pool.gpu, config.hardware.catalog), pool.tp, step=step)
+    by_degree: dict[int, EspStepModel] = {}
+
+    def step_model_for(k: int) -> EspStepModel:
+        if k not in by_degree:
+            by_degree[k] = EspStepModel(cost, k, group.min_compute_bound_batch)
+        return by_degree[k]
+
+    return GroupSetup(planner=make_group_planner(group.planner), step_model_for=step_model_for,
+                      kv_move_s=cost.migration_s)
+
+
 def _check_swap_space(config: SimConfig) -> None:
     """A planner that swaps needs a host tier."""
     policy = make_batch_policy(config.policy.batching)
@@ -318,7 +343,12 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
         raise FleetsimInputError(
             "engine.block_size", eng.block_size,
             f"must divide the trace's hash block of {workload.hash_block_tokens} tokens")
-    check_fits(workload, model, _largest_reachable_blocks(pools), eng.block_size)
+    group = group_setup(config, model, pools) if config.group is not None else None
+    if group is not None:  # members: the one pool's instances, each step model the group's
+        pools = [replace(pools[0], step_model=group.step_model_for(1))]
+    reachable = (pools[0].num_kv_blocks * pools[0].num_replicas if group is not None
+                 else _largest_reachable_blocks(pools))
+    check_fits(workload, model, reachable, eng.block_size)
     _check_budget_covers_prompts(config, workload)
     _check_swap_space(config)
     kv_retention = _kv_retention(config)
@@ -349,7 +379,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
             rng=streams["routing"])
         records, cluster = simulate(workload, pools, settings, plugins,
                                     progress=_progress(progress, workload),
-                                    source=tracker or source)
+                                    source=tracker or source, group=group)
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
     if config.programs is not None:
@@ -362,7 +392,10 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
         num_arrived=num_arrived,
         first_arrival_s=float(workload.arrival_s[0]),
         slo=config.slo,
-        num_kv_blocks_by_replica={r.replica_id: r.kv.num_blocks for r in cluster.replicas},
+        # (an instance group's members change size: each instance's own blocks count)
+        num_kv_blocks_by_replica={
+            r.replica_id: (cluster.group.blocks_per_instance if cluster.group is not None
+                           else r.kv.num_blocks) for r in cluster.replicas},
     )
     summary["pools"] = pool_summaries(records, summary, pool_infos, replica_pool,
                                       float(workload.arrival_s[0]))
@@ -385,6 +418,10 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
         r.kv.prefix.num_evicted for r in cluster.replicas)
     summary["routing"] = _routing_report(config, router, decode_router,
                                          any(p.role == "decode" for p in pools))
+    if cluster.group is not None:
+        report = getattr(cluster.group.planner, "report", None)
+        summary["group"] = {"num_regroups": cluster.group.num_regroups,
+                            **(report() if report is not None else {})}
     program_rows = source.records() if config.programs is not None else None
     if program_rows is not None:
         summary["programs"] = program_summary(program_rows)

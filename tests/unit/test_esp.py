@@ -1,6 +1,7 @@
 """Elastic sequence parallelism (fleetsim.esp, LoongServe): the prefill DP against brute force,
-the pause rule at its boundary, scale-down placement, migration and ESP costs, and the gang
-engine's invariants and determinism."""
+the pause rule at its boundary, scale-down placement, migration and ESP costs, the ESP step
+model, and LoongServe as a group planner on the one engine (invariants, fast-forward equal to
+stepping, determinism, the config section's bad input)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from fleetsim.esp import (
     DecodeShard,
     EspConfig,
     EspCostModel,
-    EspEngine,
-    EspRequest,
+    EspStepModel,
     fit_analytical,
     plan_objective,
     plan_prefill,
@@ -202,71 +202,133 @@ def test_analytical_fit_tracks_the_cost_model(analytical):
     assert analytical.predict_s(4, 1e5, 1e10) < analytical.predict_s(1, 1e5, 1e10)
 
 
-# -- the engine --------------------------------------------------------------------------
-def _requests(seed: int, n: int = 60) -> list[EspRequest]:
+# -- the ESP step model (a member of k instances) -------------------------------------------
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_step_model_prices_prefill_and_decode_as_the_cost_model(cost, k):
+    step = EspStepModel(cost, k, 128)
+    assert step.step_time_s([(40_000, 0), (900, 0)], 0, 0) == cost.prefill_s([40_000, 900], k)
+    for n, kv in ((1, 5_000), (64, 2_000_000), (300, 9_000_000)):
+        masters = max(1, min(k, n // 128))
+        spread = cost.decode_s(n, [DecodeShard(n, kv // k)] * k, masters)
+        assert step.step_time_s((), n, kv) == pytest.approx(spread, rel=1e-9)
+        # what fast-forward windows add up is the step, bit for bit
+        base, per_kv, extra = step.decode_terms_s(n)
+        assert step.step_time_s((), n, kv) == (base + per_kv * float(kv)) + extra
+        arr = step.decode_step_times_s(n, np.array([kv], dtype=np.int64))
+        assert float(arr[0]) == step.step_time_s((), n, kv)
+
+
+def test_a_chunk_with_context_costs_more_than_without(cost):
+    step = EspStepModel(cost, 4, 128)
+    assert step.step_time_s([(10_000, 50_000)], 0, 0) > step.step_time_s([(10_000, 0)], 0, 0)
+
+
+# -- LoongServe on the one engine: the esp group planner -------------------------------------
+def _esp_run(*, elastic=True, seed=0, n=50, capacity=210_000, fast_forward=True,
+             prompts=None, outputs=None, arrival=None, **planner_args):
+    from fleetsim.config import config_from_dict
+    from fleetsim.repro.loongserve_ablation import group_config
+    from fleetsim.run import run
+    from fleetsim.workloads import Workload
+
     rng = np.random.default_rng(seed)
-    arrival = np.cumsum(rng.exponential(2.0, n))
-    prompt = np.exp(rng.uniform(np.log(50), np.log(120_000), n)).astype(int)
-    out = rng.integers(2, 300, n)
-    return [EspRequest(id=i, arrival_s=float(arrival[i]), num_prompt_tokens=int(prompt[i]),
-                       num_output_tokens=int(out[i])) for i in range(n)]
+    if prompts is None:
+        prompts = np.exp(rng.uniform(np.log(50), np.log(120_000), n)).astype(np.int64)
+        outputs = rng.integers(2, 300, n)
+    if arrival is None:
+        arrival = np.cumsum(rng.exponential(2.0, len(prompts)))
+    cfg = group_config("lwm-text-1m", "a100", 2, 4, elastic=elastic, max_running=1024,
+                       max_out_of_order=4)
+    cfg["engine"] |= {"num_kv_blocks": capacity // 16, "debug": True,
+                      "fast_forward": fast_forward}
+    cfg["group"]["planner"]["args"] |= planner_args
+    wl = Workload(arrival_s=arrival, num_prompt_tokens=np.asarray(prompts, dtype=np.int64),
+                  num_output_tokens=np.asarray(outputs, dtype=np.int64))
+    return run(config_from_dict(cfg), workload=wl)
 
 
-def _run(cost, analytical, **kw):
-    reqs = _requests(kw.pop("seed", 0), kw.pop("n", 60))
-    engine = EspEngine(EspConfig(debug=True, **kw), cost, analytical)
-    engine.run(reqs)
-    return reqs, engine
+def _columns(result):
+    r = result.records.requests
+    order = np.argsort(r["request_id"])
+    return {c: r[c][order] for c in ("first_scheduled_s", "first_token_s", "finish_s",
+                                      "replica_id", "num_preemptions")}
 
 
-def test_engine_serves_every_request_with_its_ledger_checked(cost, analytical):
-    reqs, engine = _run(cost, analytical)
-    for r in reqs:
-        assert r.finish_s is not None and r.first_token_s is not None
-        assert r.arrival_s <= r.first_scheduled_s <= r.first_token_s <= r.finish_s
-        assert r.num_emitted == r.num_output_tokens and not r.kv
-    assert engine.gang.used == [0] * 4
-    assert engine.stats.num_prefill_batches >= engine.stats.num_prefill_iterations > 0
-    assert len(engine.stats.dop_histogram) > 1  # the DoP really varies
+def test_esp_group_serves_everyone_with_a_varying_degree():
+    result = _esp_run()
+    r = result.records.requests
+    assert len(r["request_id"]) == 50
+    assert np.all(r["arrival_s"] <= r["first_scheduled_s"])
+    assert np.all(r["first_scheduled_s"] <= r["first_token_s"])
+    assert np.all(r["first_token_s"] <= r["finish_s"])
+    group = result.summary["group"]
+    assert group["num_regroups"] > 0 and group["num_prefill_batches"] > 0
+    assert len(group["dop_histogram"]) > 1  # the degree of parallelism really varies
+    assert group["analytical_model_mean_rel_error"] < 0.10
 
 
-def test_engine_is_deterministic(cost, analytical):
-    a, ea = _run(cost, analytical, seed=5)
-    b, eb = _run(cost, analytical, seed=5)
-    assert [(r.first_token_s, r.finish_s) for r in a] == [(r.first_token_s, r.finish_s)
-                                                          for r in b]
-    assert ea.stats == eb.stats
+def test_esp_group_fast_forward_equals_stepping_and_is_deterministic():
+    fast, again, slow = _esp_run(seed=5), _esp_run(seed=5), _esp_run(seed=5,
+                                                                      fast_forward=False)
+    for col, values in _columns(fast).items():
+        assert np.array_equal(values, _columns(slow)[col]), col
+        assert np.array_equal(values, _columns(again)[col]), col
 
 
-def test_decode_scales_up_when_its_instances_are_full(cost, analytical):
-    # the prompt fills two instances exactly (scale-down keeps it there, releasing the other
-    # two); the first decode token needs a third instance
-    req = EspRequest(id=0, arrival_s=0.0, num_prompt_tokens=120_000, num_output_tokens=50)
-    engine = EspEngine(EspConfig(max_tokens_per_instance=60_000, debug=True), cost,
-                       analytical)
-    engine.run([req])
-    assert req.finish_s is not None and engine.stats.num_scale_ups == 1
-    # prefilled on all four, kept on two (proactive scale-down), decoded on three
-    assert engine.stats.dop_histogram == {4: 1}
+def test_a_long_decode_keeps_two_full_instances_plus_room_to_grow():
+    # the prompt fills two instances exactly: prefilled wide, kept on three (its KV and the
+    # next iterations' tokens), never preempted
+    result = _esp_run(capacity=60_000, prompts=[120_000], outputs=[50])
+    r = result.records.requests
+    assert r["num_preemptions"][0] == 0 and np.isfinite(r["finish_s"][0])
+    assert result.summary["group"]["dop_histogram"] == {4: 1}
 
 
-def test_tight_memory_runs_clean(cost, analytical):
-    reqs, engine = _run(cost, analytical, max_tokens_per_instance=60_000, seed=2, n=40)
-    assert all(r.finish_s is not None for r in reqs)
-    assert engine.gang.used == [0] * 4
+@pytest.mark.parametrize("refill", [True, False])
+def test_idle_instances_are_refilled_during_a_long_prefill(refill):
+    """A 150k-token prompt prefills on three instances beside a short decode on the fourth
+    (admitted narrow: a finished request's long output makes the decodes' expected wait
+    long); the decode ends, and a short request arriving then prefills on the freed instance
+    at once (the code's greedy refill) instead of waiting for the long prefill to end."""
+    result = _esp_run(prompts=[100, 1_000, 150_000, 500], outputs=[1000, 150, 2, 5],
+                      arrival=np.array([0.0, 11.0, 11.5, 13.5]), refill_idle=refill)
+    r = result.records.requests
+    first = dict(zip(r["request_id"].tolist(), r["first_token_s"].tolist(), strict=True))
+    finish = dict(zip(r["request_id"].tolist(), r["finish_s"].tolist(), strict=True))
+    assert finish[1] < 13.5 < first[2]  # the setting: the decode is done, the long prefill not
+    assert (first[3] < first[2]) == refill
+    assert result.summary["group"]["num_refills"] == (1 if refill else 0)
 
 
-def test_elastic_beats_fixed_parallelism_on_a_mixed_load(cost, analytical):
+def test_tight_memory_runs_clean():
+    result = _esp_run(capacity=60_000, seed=2, n=40)
+    assert len(result.records.requests["request_id"]) == 40
+
+
+def test_elastic_beats_fixed_parallelism_on_a_mixed_load():
+    # the reproduction's Mixed lengths (ShareGPT, L-Eval, LV-Eval) at 0.3 req/s, where the
+    # fixed degree queues short requests behind long prefills
+    from fleetsim.repro.loongserve_workload import workload
+
+    wl = workload("mixed", 60, 0.3, seed=0)
+
     def mean_per_token(elastic: bool) -> float:
-        reqs, _ = _run(cost, analytical, elastic=elastic, seed=1, n=80)
-        return float(np.mean([(r.finish_s - r.arrival_s) / (r.num_prompt_tokens
-                                                             + r.num_output_tokens)
-                              for r in reqs]))
-    assert mean_per_token(True) < mean_per_token(False)
+        r = _esp_run(elastic=elastic, prompts=wl.num_prompt_tokens,
+                     outputs=wl.num_output_tokens, arrival=wl.arrival_s).records.requests
+        return float(np.mean((r["finish_s"] - r["arrival_s"])
+                             / (r["num_prompt_tokens"] + r["num_output_tokens"])))
+    assert mean_per_token(True) < 0.8 * mean_per_token(False)
+
+
+def test_without_esp_the_group_is_one_member_of_every_instance():
+    result = _esp_run(elastic=False, n=30)
+    assert set(result.records.requests["replica_id"].tolist()) == {0}
+    assert result.summary["group"]["dop_histogram"] == {
+        4: result.summary["group"]["num_prefill_batches"]}
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"num_instances": 0}, "num_instances must be >= 1"),
+    ({"max_running": 0}, "max_running must be >= 1"),
     ({"max_prefill_s": 0.0}, "max_prefill_s and avg_decoding_s must be > 0"),
     ({"max_out_of_order": -1}, "max_wait_steps and max_out_of_order must be >= 0"),
 ])
@@ -275,11 +337,21 @@ def test_bad_config_names_the_field(kwargs, needle):
         EspConfig(**kwargs)
 
 
-def test_a_request_larger_than_the_gang_is_refused(cost, analytical):
-    engine = EspEngine(EspConfig(max_tokens_per_instance=1000), cost, analytical)
-    with pytest.raises(ValueError, match="exceed the gang's 4000"):
-        engine.run([EspRequest(id=0, arrival_s=0.0, num_prompt_tokens=3990,
-                               num_output_tokens=20)])
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--set", "group.step_model=tp"], "group.step_model must be one of esp"),
+    (["--set", "group.min_compute_bound_batch=0"], "min_compute_bound_batch"),
+    (["--set", "group.planner={name='esp', args={max_prefill_s=0}}"], "max_prefill_s"),
+    (["--set", "group.planner={name='espy'}"], "known policies"),
+    (["--set", "group.planner={name='esp'}", "--set", "programs.rate_per_s=1"], "group needs"),
+])
+def test_bad_group_section_is_one_line_exit_2(tmp_path, capsys, args, needle):
+    from fleetsim.cli import main
+    code = main(["run", "--out", str(tmp_path / "o"), "--set", "model=lwm-text-1m",
+                 "--set", "hardware.gpu=a100", "--set", "hardware.tp=2",
+                 "--set", "hardware.num_replicas=4", *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
 # -- the Zipf mixes and the ablation's metric (repro loongserve) -------------------------
@@ -306,12 +378,30 @@ def test_ablation_attainment_and_its_crossing():
         def predict_s(k, s1, s2):
             return 1.0
 
-    def req(ttft, tpot, out=11):
-        return EspRequest(id=0, arrival_s=0.0, num_prompt_tokens=100, num_output_tokens=out,
-                          first_token_s=ttft, finish_s=ttft + tpot * (out - 1))
     # TTFT bound max(25 x 1 s, 15 s) = 25 s; TPOT bound 50 ms
-    reqs = [req(24.0, 0.04), req(26.0, 0.04), req(1.0, 0.06), req(1.0, 0.0, out=1)]
-    assert attainment(reqs, Flat()) == 0.5
+    rows = [(24.0, 0.04, 11), (26.0, 0.04, 11), (1.0, 0.06, 11), (1.0, 0.0, 1)]
+    columns = {"arrival_s": [0.0] * 4, "first_token_s": [t for t, _, _ in rows],
+               "finish_s": [t + tpot * (o - 1) for t, tpot, o in rows],
+               "num_prompt_tokens": [100] * 4, "num_output_tokens": [o for _, _, o in rows]}
+    assert attainment(columns, Flat()) == 0.5
     assert max_rate_at_attainment((1, 2, 3), (1.0, 0.95, 0.85)) == pytest.approx(2.5)
     assert max_rate_at_attainment((1, 2), (0.95, 0.92)) == 2  # a lower bound
     assert max_rate_at_attainment((1, 2), (0.5, 0.4)) is None
+
+
+def test_the_example_runs_from_fleetsim_run(tmp_path, capsys):
+    """``[group]`` is reachable from the command line: examples/loongserve.toml runs, and the
+    summary says what the planner did."""
+    import json
+    from pathlib import Path
+
+    from fleetsim.cli import main
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "loongserve.toml"
+    out = tmp_path / "o"
+    code = main(["run", str(example), "--out", str(out), "--set", "workload.num_requests=12"])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_finished"] == 12
+    assert summary["group"]["num_prefill_batches"] >= 1
+    assert json.loads((out / "config.json").read_text())["group"]["planner"]["name"] == "esp"

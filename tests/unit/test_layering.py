@@ -20,15 +20,15 @@ ALLOWED = {
     "workloads": set(),
     "perf": {"hardware", "models"},
     "serving": {"core", "perf", "workloads"},
-    "policies": {"serving"},
+    "policies": {"serving", "esp"},
     "metrics": {"serving"},
     "moe": {"hardware", "models", "perf"},
     "esp": {"hardware", "models", "perf"},
     "programs": {"core", "serving", "policies", "workloads", "perf", "models", "hardware",
                  "metrics"},
     "config": {"metrics", "models", "moe", "policies", "programs", "workloads"},
-    "run": {"config", "hardware", "metrics", "models", "moe", "native", "perf", "policies",
-            "programs", "serving", "workloads"},
+    "run": {"config", "esp", "hardware", "metrics", "models", "moe", "native", "perf",
+            "policies", "programs", "serving", "workloads"},
     "configdoc": {"config"},
     "vllm_json": {"metrics"},
     "search": {"config", "hardware", "metrics", "models", "perf", "policies", "programs",
@@ -154,3 +154,42 @@ def test_nothing_under_src_reads_the_wall_clock():
                    "import time")
         offenders.extend(f"{path.relative_to(SRC)}: {n}" for n in needles if n in text)
     assert not offenders
+
+
+def _advances_a_clock(tree: ast.AST) -> list[int]:
+    """Lines where a loop moves a clock forward: inside a ``while``, an assignment to a name
+    or attribute called ``now``/``now_s``/``clock`` (the shape of a simulation loop)."""
+    lines = []
+    for loop in ast.walk(tree):
+        if not isinstance(loop, ast.While):
+            continue
+        for node in ast.walk(loop):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AugAssign) else [])
+            for t in targets:
+                name = t.attr if isinstance(t, ast.Attribute) else getattr(t, "id", "")
+                if name in ("now", "now_s", "clock", "clock_s"):
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_detector_finds_a_simulation_loop():
+    loop = ast.parse("while heap:\n    self.now = heap.pop()\n")
+    assert _advances_a_clock(loop) == [2]
+    assert _advances_a_clock(ast.parse("for x in y:\n    now_s = x\n")) == []
+
+
+def test_esp_has_no_simulation_loop_of_its_own():
+    """LoongServe runs on the one engine: ``esp/`` holds its cost model, DP and rules, the
+    group planner (``policies/esp.py``) plans, and only ``core/`` and ``serving/`` advance
+    simulated time (the ESP loop, ``esp/engine.py``, is gone and must not come back)."""
+    assert not (SRC / "esp" / "engine.py").exists()
+    paths = [*(SRC / "esp").rglob("*.py"), *(SRC / "policies").rglob("*.py"),
+             *(SRC / "repro").glob("loongserve*.py")]
+    offenders = {str(p.relative_to(SRC)): lines for p in paths
+                 if (lines := _advances_a_clock(ast.parse(p.read_text())))}
+    assert not offenders, f"a simulation loop outside serving/ and core/: {offenders}"
+    for path in (SRC / "esp").rglob("*.py"):
+        imports = _all_imports(path)
+        assert not {"heapq", "fleetsim.core", "fleetsim.serving"} & {
+            m if m == "heapq" else ".".join(m.split(".")[:2]) for m in imports}, path.name

@@ -1,22 +1,24 @@
-"""Elastic sequence parallelism (LoongServe, SOSP'24): its cost model, its prefill-batching DP,
-its elastic rules and a gang engine that runs them (docs/reproductions.md, ``loongserve``)."""
+"""Elastic sequence parallelism (LoongServe, SOSP'24): its cost model and the step model of a
+member of k instances, its prefill-batching DP, its admission and elastic rules. The scheduler
+that uses them is a group planner of the one engine (``policies/esp.py`` on
+``serving/groups.py``; docs/reproductions.md, ``loongserve``)."""
 
 from fleetsim.esp.config import EspConfig
-from fleetsim.esp.cost import AnalyticalModel, DecodeShard, EspCostModel, fit_analytical
+from fleetsim.esp.cost import (
+    AnalyticalModel,
+    DecodeShard,
+    EspCostModel,
+    EspStepModel,
+    fit_analytical,
+)
 from fleetsim.esp.dp import PrefillBatch, PrefillPlan, plan_objective, plan_prefill
-from fleetsim.esp.engine import EspEngine, EspStats
-from fleetsim.esp.state import DecodeBatch, EspRequest, Gang
 
 __all__ = [
     "AnalyticalModel",
-    "DecodeBatch",
     "DecodeShard",
     "EspConfig",
     "EspCostModel",
-    "EspEngine",
-    "EspRequest",
-    "EspStats",
-    "Gang",
+    "EspStepModel",
     "PrefillBatch",
     "PrefillPlan",
     "fit_analytical",

@@ -8,19 +8,39 @@ that, when preempting every decode for it costs the decodes less per token than 
 it (the code's "undecided" requests). Up to ``max_out_of_order`` admissions in a row may skip
 a request that cannot go yet. Without ESP (``generate_new_req_list_fixed_sp``): FCFS while the
 reservation and the running limit allow.
+
+The rule reads plain numbers (``Pending``, ``Resident``, KV used per instance), so any engine
+can ask it; the group planner (``policies/esp.py``) does.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from fleetsim.esp.config import EspConfig
-from fleetsim.esp.state import EspRequest, Gang
 
 Predictor = Callable[[int, float, float], float]
+
+
+class Pending(NamedTuple):
+    """A waiting request as admission sees it."""
+
+    prefill_tokens: int
+    """Tokens its prefill computes (the prompt, and what it generated before a pause)."""
+    num_remaining: int
+    """Output tokens still to emit."""
+
+
+class Resident(NamedTuple):
+    """A running request as admission sees it."""
+
+    kv_tokens: int
+    num_remaining: int
+    num_emitted: int
 
 
 class Admission:
@@ -33,33 +53,34 @@ class Admission:
         self._num_finished = 0
         self._sum_finished_output = 0
 
-    def finished(self, req: EspRequest) -> None:
+    def finished(self, num_output_tokens: int) -> None:
         self._num_finished += 1
-        self._sum_finished_output += req.num_output_tokens
+        self._sum_finished_output += num_output_tokens
 
-    def take(self, waiting: Sequence[EspRequest], gang: Gang, predict: Predictor
-             ) -> list[EspRequest]:
-        """The requests of ``waiting`` (in queue order) the next prefill iteration takes."""
+    def take(self, waiting: Sequence[Pending], running: Sequence[Resident],
+             used_by_instance: Sequence[int], capacity: int, predict: Predictor) -> list[int]:
+        """Indices into ``waiting`` (in queue order) the next prefill iteration takes, given
+        the running requests and the KV tokens used on each of the instances (``capacity``
+        each)."""
         if not self.cfg.elastic:
-            return self._take_fixed(waiting, gang)
+            return self._take_fixed(waiting, running, used_by_instance, capacity)
         cfg = self.cfg
-        k_all, cap = cfg.num_instances, gang.capacity
-        running = gang.running()
+        k_all, cap = len(used_by_instance), capacity
         entries = [(r.kv_tokens, r.num_remaining) for r in running]
         total = k_all * cap
-        used = sum(gang.used)
+        used = sum(used_by_instance)
         budget = min(cfg.batch_max_tokens, total - used)
         max_idle = k_all - math.ceil(used / cap)
         wait_s = self.expected_wait_s(running)
         inv_decode = sum(1.0 / max(1, r.num_emitted) for r in running)
         allow_ooe = self._num_ooe < cfg.max_out_of_order
-        new: list[EspRequest] = []
-        undecided: list[EspRequest] = []
+        new: list[int] = []
+        undecided: list[int] = []
         take_undecided, may_undecide = 0, True
         s1 = s2 = u1 = u2 = 0
         u_inv = 0.0
         skipped_before: int | None = None
-        for req in waiting:
+        for at, req in enumerate(waiting):
             length = req.prefill_tokens
             entry = (length, req.num_remaining - 1)
             if (len(running) + len(new) + len(undecided) < cfg.max_running
@@ -71,12 +92,12 @@ class Admission:
                     if t_now - t_best <= wait_s and (not new or t_now <= cfg.max_prefill_s):
                         if undecided and skipped_before is None:
                             skipped_before = len(new)
-                        new.append(req)
+                        new.append(at)
                         entries.append(entry)
                         s1, s2 = s1 + length, s2 + length * length
                         continue
                 if may_undecide and s1 + u1 + length <= budget:
-                    undecided.append(req)
+                    undecided.append(at)
                     entries.append(entry)
                     u1, u2, u_inv = u1 + length, u2 + length * length, u_inv + 1.0 / length
                     t_preempt = predict(k_all, s1 + u1, s2 + u2)
@@ -96,25 +117,25 @@ class Admission:
             self._num_ooe = self._num_ooe + 1 if out_of_order else 0
         return chosen
 
-    def _take_fixed(self, waiting: Sequence[EspRequest], gang: Gang) -> list[EspRequest]:
+    def _take_fixed(self, waiting: Sequence[Pending], running: Sequence[Resident],
+                    used_by_instance: Sequence[int], capacity: int) -> list[int]:
         cfg = self.cfg
-        running = gang.running()
         entries = [(r.kv_tokens, r.num_remaining) for r in running]
-        total = cfg.num_instances * gang.capacity
-        budget = min(cfg.batch_max_tokens, total - sum(gang.used))
-        new: list[EspRequest] = []
+        total = len(used_by_instance) * capacity
+        budget = min(cfg.batch_max_tokens, total - sum(used_by_instance))
+        new: list[int] = []
         s1 = 0
-        for req in waiting:
+        for at, req in enumerate(waiting):
             entry = (req.prefill_tokens, req.num_remaining - 1)
             if (len(running) + len(new) >= cfg.max_running or s1 + req.prefill_tokens > budget
                     or not reservation_fits(entries + [entry], total)):
                 break
-            new.append(req)
+            new.append(at)
             entries.append(entry)
             s1 += req.prefill_tokens
         return new
 
-    def expected_wait_s(self, running: Sequence[EspRequest]) -> float:
+    def expected_wait_s(self, running: Sequence[Resident]) -> float:
         """How long the running decodes are expected to keep their instances: iterations
         left (at least 10; the finished requests' mean output less what each has emitted;
         a tenth of what each has emitted) times ``avg_decoding_s``."""

@@ -1,4 +1,4 @@
-"""LoongServe's server flags, as the gang engine takes them."""
+"""LoongServe's scheduler flags, as its admission rule takes them (``esp.admission``)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EspConfig:
-    """LoongServe's server flags in the artifact (``test/longserve/5-start-api-server.py``)."""
+    """LoongServe's scheduler flags in the artifact (``test/longserve/5-start-api-server.py``);
+    the group planner ``esp`` (``policies/esp.py``) takes them as its args."""
 
-    num_instances: int = 4
-    """Instances (``--sp_world_size 4``)."""
-    max_tokens_per_instance: int = 210_000
-    """KV tokens per instance (``--max_total_token_num`` for TP 2)."""
     max_running: int = 1024
     """``--running_max_req_size`` (1,024 for ShareGPT and Mixed, 256 for L-Eval, LV-Eval)."""
     max_wait_steps: int = 10
@@ -27,16 +24,11 @@ class EspConfig:
     avg_decoding_s: float = 0.022
     """Decode iteration time the admission's wait estimate assumes (``--avg_decoding_time``
     22 ms)."""
-    min_compute_bound_batch: int = 128
-    """Requests per decode master (``--min_comp_bound_decoding_batch_size``)."""
     elastic: bool = True
     """False: LoongServe without ESP (every prefill on all instances, no pausing rule)."""
-    debug: bool = False
-    """Check the KV ledger after every iteration."""
 
     def __post_init__(self) -> None:
-        for name in ("num_instances", "max_tokens_per_instance", "max_running",
-                     "batch_max_tokens", "min_compute_bound_batch"):
+        for name in ("max_running", "batch_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_wait_steps < 0 or self.max_out_of_order < 0:

@@ -28,10 +28,11 @@ GPU of the instance moving its shard in parallel.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from fleetsim.hardware import GPUSpec
 from fleetsim.models import ModelSpec
@@ -62,9 +63,13 @@ class EspCostModel:
     """Seconds of ESP prefill, multi-master decode and KV migration for one model on instances
     of ``tp`` GPUs each."""
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int) -> None:
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int,
+                 step: TableStepModel | None = None) -> None:
+        """``step``: the instance's step model (default: the built-in one for ``model`` on
+        ``tp`` ``gpu``s, with the engine's default overheads)."""
         self.model, self.gpu, self.tp = model, gpu, tp
-        step = build_step_model(model, gpu, tp=tp)
+        if step is None:
+            step = build_step_model(model, gpu, tp=tp)
         assert isinstance(step, TableStepModel)  # the built-in model: it has breakdown_s
         self.step = step
         self.kv_bytes_per_token_per_gpu = model.kv_bytes_per_token_per_gpu(tp)
@@ -75,14 +80,20 @@ class EspCostModel:
     # -- prefill -------------------------------------------------------------------------
     def prefill_s(self, lengths: Sequence[int], k: int) -> float:
         """One prefill iteration of ``lengths`` on ``k`` instances (sequence parallel)."""
-        if k < 1 or not lengths:
-            raise ValueError(f"prefill needs k >= 1 and a request, got k={k}, {len(lengths)}")
-        chunks = [(-(-n // k), n * (k - 1) // (2 * k)) for n in lengths]
-        compute = self.step.step_time_s(chunks, 0, 0)
+        return self.prefill_chunks_s([(n, 0) for n in lengths], k)
+
+    def prefill_chunks_s(self, chunks: Sequence[tuple[int, int]], k: int) -> float:
+        """Prefill chunks ``(new tokens q, cached context c)`` on ``k`` instances: each
+        instance computes ``q/k`` queries against ``c + q(k-1)/(2k)`` keys on average, so
+        its query-key pairs are ``(q/k) c + q^2/(2k)``, its share of the chunk's."""
+        if k < 1 or not chunks:
+            raise ValueError(f"prefill needs k >= 1 and a request, got k={k}, {len(chunks)}")
+        shares = [(-(-q // k), c + q * (k - 1) // (2 * k)) for q, c in chunks]
+        compute = self.step.step_time_s(shares, 0, 0)
         if k == 1:
             return compute
-        attention = self.step.breakdown_s(chunks, 0, 0)["attention"]
-        return compute + max(0.0, self.ring_s(sum(lengths), k) - attention)
+        attention = self.step.breakdown_s(shares, 0, 0)["attention"]
+        return compute + max(0.0, self.ring_s(sum(q for q, _ in chunks), k) - attention)
 
     def ring_s(self, num_tokens: int, k: int) -> float:
         """The ring's KV exchange of a prefill of ``num_tokens`` on ``k`` instances."""
@@ -104,6 +115,29 @@ class EspCostModel:
         exchange = layers * 2 * (LINK_LATENCY_S + message / self.link_bw_bytes_per_s)
         return linear + attention + exchange
 
+    def decode_terms_s(self, num_requests: int, k: int, num_masters: int
+                       ) -> tuple[float, float, float]:
+        """``decode_s`` of ``num_requests`` whose KV is spread evenly over ``k`` instances,
+        as ``(base, per total KV token, exchange)``: one step costs
+        ``(base + per_kv * kv_tokens) + exchange``."""
+        masters = max(1, min(num_masters, num_requests))
+        linear = self._linear_s(math.ceil(num_requests / masters))
+        a, c = self._attention_terms(num_requests)
+        if k <= 1 and masters == 1:
+            return linear + a, c, 0.0
+        layers = self.model.num_layers
+        message = num_requests * self.model.hidden_size / self.tp * ACT_BYTES
+        exchange = layers * 2 * (LINK_LATENCY_S + message / self.link_bw_bytes_per_s)
+        return linear + a, c / k, exchange
+
+    def _attention_terms(self, n: int) -> tuple[float, float]:
+        ac = self._dec_attn.get(n)
+        if ac is None:
+            a = self.step.breakdown_s((), n, 0)["attention"]
+            c = (self.step.breakdown_s((), n, 1_000_000)["attention"] - a) / 1_000_000
+            ac = self._dec_attn[n] = (a, c)
+        return ac
+
     def _linear_s(self, num_tokens: int) -> float:
         t = self._linear.get(num_tokens)
         if t is None:
@@ -116,12 +150,8 @@ class EspCostModel:
         n = shard.num_requests
         if n == 0:
             return 0.0
-        ac = self._dec_attn.get(n)
-        if ac is None:
-            a = self.step.breakdown_s((), n, 0)["attention"]
-            c = (self.step.breakdown_s((), n, 1_000_000)["attention"] - a) / 1_000_000
-            ac = self._dec_attn[n] = (a, c)
-        return ac[0] + ac[1] * shard.num_kv_tokens
+        a, c = self._attention_terms(n)
+        return a + c * shard.num_kv_tokens
 
     # -- migration -----------------------------------------------------------------------
     def migration_s(self, num_tokens: int) -> float:
@@ -130,6 +160,49 @@ class EspCostModel:
             return 0.0
         return LINK_LATENCY_S + (num_tokens * self.kv_bytes_per_token_per_gpu
                                  / self.link_bw_bytes_per_s)
+
+
+class EspStepModel:
+    """The engine's step model (``perf.base.StepTimeModel``) of a member of ``degree`` ESP
+    instances (``serving/groups.py``): prefill chunks sequence parallel over the member's
+    instances, decodes multi-master with the batch's KV spread evenly over them (the
+    member's KV is one pool: where each token lies within it is not tracked).
+
+    A decode-only step is ``(base + per_kv * kv) + exchange`` from ``decode_terms_s``, the
+    same floats the engine's fast-forward windows add up."""
+
+    def __init__(self, cost: EspCostModel, degree: int, min_compute_bound_batch: int) -> None:
+        if degree < 1:
+            raise ValueError(f"degree must be >= 1, got {degree}")
+        self.cost, self.degree = cost, degree
+        self.min_compute_bound_batch = min_compute_bound_batch
+        self.sources = cost.step.sources
+        self._terms: dict[int, tuple[float, float, float]] = {}
+
+    def decode_terms_s(self, num_decode: int) -> tuple[float, float, float]:
+        terms = self._terms.get(num_decode)
+        if terms is None:
+            masters = max(1, min(self.degree, num_decode // self.min_compute_bound_batch))
+            terms = self._terms[num_decode] = self.cost.decode_terms_s(
+                num_decode, self.degree, masters)
+        return terms
+
+    def step_time_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
+                    decode_kv_tokens: int) -> float:
+        t = self.cost.prefill_chunks_s(prefill_chunks, self.degree) if prefill_chunks else 0.0
+        if num_decode:
+            base, per_kv, extra = self.decode_terms_s(num_decode)
+            d = base + per_kv * float(decode_kv_tokens)
+            if extra:
+                d = d + extra
+            t = d if not prefill_chunks else t + d
+        return t
+
+    def decode_step_times_s(self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
+                            ) -> NDArray[np.float64]:
+        base, per_kv, extra = self.decode_terms_s(num_decode)
+        out: NDArray[np.float64] = (base + per_kv * decode_kv_tokens.astype(np.float64)) + extra
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +227,12 @@ class AnalyticalModel:
         return a + b * sum_tokens + c * sum_sq_tokens
 
 
-def fit_analytical(cost: EspCostModel, max_k: int, max_tokens_per_instance: int
-                   ) -> AnalyticalModel:
-    """Least-squares fit (relative error) of A_k, B_k, C_k to ``cost.prefill_s`` on the
-    artifact's profiling grid, keeping the points whose batch fits ``k`` instances."""
+def fit_analytical(cost: EspCostModel | Callable[[Sequence[int], int], float], max_k: int,
+                   max_tokens_per_instance: int) -> AnalyticalModel:
+    """Least-squares fit (relative error) of A_k, B_k, C_k to ``cost.prefill_s`` (or a
+    ``(lengths, k) -> seconds`` profile) on the artifact's profiling grid, keeping the points
+    whose batch fits ``k`` instances."""
+    prefill_s = cost.prefill_s if isinstance(cost, EspCostModel) else cost
     coefs: list[tuple[float, float, float]] = []
     errors: list[float] = []
     for k in range(1, max_k + 1):
@@ -168,7 +243,7 @@ def fit_analytical(cost: EspCostModel, max_k: int, max_tokens_per_instance: int
                 if n * length > k * max_tokens_per_instance:
                     continue
                 rows.append((1.0, n * length, n * length * length))
-                times.append(cost.prefill_s([length] * n, k))
+                times.append(prefill_s([length] * n, k))
         x, t = np.asarray(rows, dtype=np.float64), np.asarray(times, dtype=np.float64)
         sol, *_ = np.linalg.lstsq(x / t[:, None], np.ones_like(t), rcond=None)
         coefs.append((float(sol[0]), float(sol[1]), float(sol[2])))

@@ -90,7 +90,7 @@ class _Piecewise:
         return cls(xs.tolist(), ys.tolist(), [*sl.tolist(), float(sl[-1])])
 
     def __call__(self, x: float) -> float:
-        return self.lookup()(x)
+        return self.at(x)  # (``lookup()`` builds a closure: for loops that call it often)
 
     def at(self, x: float) -> float:
         """y(x), as ``lookup()(x)``: a method, so the compiled engine calls it directly."""

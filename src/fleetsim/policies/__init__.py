@@ -1,6 +1,7 @@
 """Every pluggable decision. Importing this package registers the built-in policies."""
 
 from fleetsim.policies import cache_aware, tokenlake  # noqa: F401  (register routers)
+from fleetsim.policies import esp as _esp  # noqa: F401  (registers the esp group planner)
 from fleetsim.policies.batching import (
     BATCH_POLICIES,
     PrefillFirstPlanner,
@@ -10,6 +11,7 @@ from fleetsim.policies.batching import (
 )
 from fleetsim.policies.eviction import EVICTION_POLICIES, make_eviction
 from fleetsim.policies.fastserve import FastServePlanner
+from fleetsim.policies.group_planners import GROUP_PLANNERS, make_group_planner
 from fleetsim.policies.ordering import ORDERING_POLICIES, make_ordering, register_ordering
 from fleetsim.policies.programs import (
     AutellixATLAS,
@@ -56,6 +58,8 @@ __all__ = [
     "make_batch_policy",
     "make_eviction",
     "make_ordering",
+    "GROUP_PLANNERS",
+    "make_group_planner",
     "register_batch",
     "register_ordering",
 ]

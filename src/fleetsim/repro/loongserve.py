@@ -8,10 +8,12 @@ README.md`` and ``test/longserve/5-start-api-server.py``), except where marked:
 - LWM-Text-1M (the Llama-2-7B shape, 1M context), 8 A800/A100-80GB SXM in one node; we use the
   catalog's A100 (its NVLink 300 GB/s per direction; the A800's is 200 GB/s);
 - ``loongserve``: 4 instances of TP 2 (``-tp 2 -sp 4``), 210,000 KV tokens per instance, 10
-  decode iterations between admissions, a 5 s prefill limit, 128 requests per decode master
-  (``fleetsim.esp``, whose engine follows ``router/manager.py``); the scheduler predicts with
+  decode iterations between admissions, a 5 s prefill limit, 128 requests per decode master:
+  an instance group of the main engine (``serving/groups.py``) planned by the ``esp`` group
+  planner (``policies/esp.py``, which follows ``router/manager.py``), each member priced by
+  the ESP step model (``esp/cost.py``); the scheduler predicts with
   ``T_k = A_k + B_k sum(l) + C_k sum(l^2)`` fitted, like the artifact, to profiled prefills,
-  and here the profile is fleetsim's ESP cost model;
+  and here the profile is the group's step model;
 - ``vllm``: one TP 8 replica, no chunked prefill (v0's prefill-first scheduler), 600,000
   batched tokens, 1,024 sequences, ``--gpu-memory-utilization 0.98``;
 - ``lightllm-sf``: one TP 8 replica with SplitFuse chunks of the dataset's
@@ -37,19 +39,11 @@ README.md`` and ``test/longserve/5-start-api-server.py``), except where marked:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from fleetsim.esp import (
-    DecodeShard,
-    EspConfig,
-    EspCostModel,
-    EspEngine,
-    EspRequest,
-    fit_analytical,
-)
+from fleetsim.esp import DecodeShard, EspCostModel, fit_analytical
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
 from fleetsim.repro.frame import (
@@ -64,7 +58,13 @@ from fleetsim.repro.frame import (
     fmt,
     is_bound,
 )
-from fleetsim.repro.loongserve_ablation import Layouts, ablation, ablation_notes
+from fleetsim.repro.loongserve_ablation import (
+    CAPACITY,
+    Layouts,
+    ablation,
+    ablation_notes,
+    group_config,
+)
 from fleetsim.repro.loongserve_workload import workload
 from fleetsim.workloads import Workload
 
@@ -137,7 +137,7 @@ def compare(ctx: ReproContext) -> Comparison:
 # -- one run ---------------------------------------------------------------------------
 def _esp_models() -> tuple[EspCostModel, Any]:
     cost = EspCostModel(get_model(MODEL), get_gpu(GPU), INSTANCE_TP)
-    return cost, fit_analytical(cost, NUM_INSTANCES, EspConfig().max_tokens_per_instance)
+    return cost, fit_analytical(cost, NUM_INSTANCES, CAPACITY[INSTANCE_TP])
 
 
 def systems_for(dataset: str) -> tuple[str, ...]:
@@ -149,32 +149,6 @@ def systems_for(dataset: str) -> tuple[str, ...]:
 
 def _run(ctx: ReproContext, system: str, dataset: str, rate: float, seed: int, wl: Workload,
          esp: tuple[EspCostModel, Any]) -> tuple[float, float, float]:
-    if system.startswith("loongserve"):
-        cfg = EspConfig(max_running=MAX_RUNNING[dataset], max_out_of_order=MAX_OOE[dataset],
-                        elastic=system == "loongserve")
-        reqs = [EspRequest(id=i, arrival_s=float(a), num_prompt_tokens=int(p),
-                           num_output_tokens=int(o))
-                for i, (a, p, o) in enumerate(zip(wl.arrival_s, wl.num_prompt_tokens,
-                                                   wl.num_output_tokens, strict=True))]
-        engine = EspEngine(cfg, *esp)
-        engine.run(reqs)
-        columns = esp_request_columns(reqs)
-        metrics = latency_metrics(columns["arrival_s"], columns["first_token_s"],
-                                  columns["finish_s"], columns["num_prompt_tokens"],
-                                  columns["num_output_tokens"])
-        runs: dict[tuple[str, str], Any] = ctx.runs  # the writer reads RunResult's shape
-        runs[(system, f"{dataset} {rate:g}")] = EspRun(
-            summary={"system": system, "dataset": dataset, "rate_per_s": rate,
-                     "num_requests": len(reqs), "per_token_latency_s": metrics[0],
-                     "input_token_latency_s": metrics[1],
-                     "output_token_latency_s": metrics[2],
-                     "analytical_model_mean_rel_error": esp[1].mean_rel_error,
-                     "esp": asdict(engine.stats)},
-            config={"model": MODEL, "gpu": GPU, "instance_tp": INSTANCE_TP,
-                    "esp": asdict(cfg), "workload": wl.name, "seed": seed,
-                    "step_model": dict(esp[0].step.sources)},
-            records=_Requests(columns))
-        return metrics
     result = ctx.run(system, f"{dataset} {rate:g}", baseline_config(system, dataset),
                      workload=wl)
     req = result.records.requests
@@ -183,8 +157,13 @@ def _run(ctx: ReproContext, system: str, dataset: str, rate: float, seed: int, w
 
 
 def baseline_config(system: str, dataset: str) -> dict[str, Any]:
-    """The fleetsim config of a baseline (its layout from the artifact's server flags); the
-    workload is given to ``run`` in memory."""
+    """The fleetsim config of a system (its layout from the artifact's server flags); the
+    workload is given to ``run`` in memory. LoongServe, with and without ESP, is an instance
+    group of the 4 TP 2 instances planned by the ``esp`` group planner."""
+    if system in ("loongserve", "loongserve-no-esp"):
+        return group_config(MODEL, GPU, INSTANCE_TP, NUM_INSTANCES,
+                            elastic=system == "loongserve", max_running=MAX_RUNNING[dataset],
+                            max_out_of_order=MAX_OOE[dataset])
     base: dict[str, Any] = {
         "model": MODEL,
         "hardware": {"gpu": GPU, "tp": 8},
@@ -214,45 +193,6 @@ def baseline_config(system: str, dataset: str) -> dict[str, Any]:
     else:
         raise ValueError(f"unknown baseline {system!r}")
     return base
-
-
-@dataclass(frozen=True, slots=True)
-class _Requests:
-    requests: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class EspRun:
-    """An ESP run shaped as a serving ``RunResult`` for ``fleetsim repro``'s writer."""
-
-    summary: dict[str, Any]
-    config: dict[str, Any]
-    records: _Requests
-
-
-def esp_request_columns(reqs: Sequence[EspRequest]) -> dict[str, Any]:
-    """The ESP engine's requests as ``requests.csv`` columns (one gang: replica 0; no
-    per-token intervals kept, no swaps, prefix hits or P/D transfers)."""
-    n = len(reqs)
-    finish = np.array([r.finish_s for r in reqs], dtype=np.float64)
-    return {
-        "replica_id": np.zeros(n, dtype=np.int64),
-        "prefill_replica_id": np.zeros(n, dtype=np.int64),
-        "first_scheduled_s": np.array([r.first_scheduled_s for r in reqs], dtype=np.float64),
-        "last_token_s": finish,
-        "itl_p99_s": np.full(n, np.nan),
-        "itl_max_s": np.full(n, np.nan),
-        "num_swaps": np.zeros(n, dtype=np.int64),
-        "num_prefix_hit_tokens": np.zeros(n, dtype=np.int64),
-        "kv_transfer_s": np.zeros(n),
-        "request_id": np.array([r.id for r in reqs], dtype=np.int64),
-        "arrival_s": np.array([r.arrival_s for r in reqs]),
-        "num_prompt_tokens": np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64),
-        "num_output_tokens": np.array([r.num_output_tokens for r in reqs], dtype=np.int64),
-        "first_token_s": np.array([r.first_token_s for r in reqs], dtype=np.float64),
-        "finish_s": finish,
-        "num_preemptions": np.array([r.num_paused for r in reqs], dtype=np.int64),
-    }
 
 
 # -- metrics -----------------------------------------------------------------------------

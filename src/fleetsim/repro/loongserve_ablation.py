@@ -19,20 +19,18 @@ From ``test/longserve/ae-plot-fig-10-11-12.py`` (``draw_fig_12``) and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fleetsim.esp import (
-    AnalyticalModel,
-    EspConfig,
-    EspCostModel,
-    EspEngine,
-    EspRequest,
-    fit_analytical,
-)
+import numpy as np
+
+from fleetsim.config import config_from_dict
+from fleetsim.esp import AnalyticalModel, EspCostModel, fit_analytical
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
 from fleetsim.repro.loongserve_workload import workload
+from fleetsim.run import run
+from fleetsim.workloads import Workload
 
 ALPHAS = (1.0, 1.2, 1.4)
 RATES: dict[float, tuple[float, ...]] = {1.0: (0.25, 0.5, 0.75, 1.0, 1.25, 1.5),
@@ -43,49 +41,80 @@ TTFT_TOL, TTFT_FLOOR_S, TPOT_SLO_S, ATTAINMENT = 25.0, 15.0, 0.050, 0.90
 MAX_OOE, MAX_RUNNING = 64, 1024
 VARIANTS = ("loongserve", "no-esp tp2 sp4", "no-esp tp8", "no-esp tp2 x4")
 CAPACITY = {2: 210_000, 8: 900_000}  # --max_total_token_num by TP (get_lightllm_params)
+BATCH_MAX_TOKENS = 500_000  # --batch_max_tokens
+COLUMNS = ("arrival_s", "first_token_s", "finish_s", "num_prompt_tokens", "num_output_tokens")
 
 
 class Layouts:
-    """The cost models and fitted predictors of the TP 2 and TP 8 instances."""
+    """The model and GPU of the layouts, and the scheduler's fitted predictor of the TP 2
+    instance (the SLO's standalone time: the artifact's ``Profiler``)."""
 
     def __init__(self, model: str, gpu: str) -> None:
-        m, g = get_model(model), get_gpu(gpu)
-        self.cost = {tp: EspCostModel(m, g, tp) for tp in (2, 8)}
-        self.fit: dict[int, AnalyticalModel] = {
-            2: fit_analytical(self.cost[2], 4, CAPACITY[2]),
-            8: fit_analytical(self.cost[8], 1, CAPACITY[8])}
+        self.model, self.gpu = model, gpu
+        cost = EspCostModel(get_model(model), get_gpu(gpu), 2)
+        self.fit: dict[int, AnalyticalModel] = {2: fit_analytical(cost, 4, CAPACITY[2])}
 
 
-def run_variant(variant: str, reqs: list[EspRequest], layouts: Layouts) -> None:
-    """Serve ``reqs`` (in place) on the variant's layout of the 8 GPUs."""
-    def engine(tp: int, instances: int, elastic: bool) -> EspEngine:
-        cfg = EspConfig(num_instances=instances, max_tokens_per_instance=CAPACITY[tp],
-                        max_running=MAX_RUNNING, max_out_of_order=MAX_OOE, elastic=elastic)
-        return EspEngine(cfg, layouts.cost[tp], layouts.fit[tp])
+def group_config(model: str, gpu: str, tp: int, num_instances: int, *, elastic: bool,
+                 max_running: int, max_out_of_order: int) -> dict[str, Any]:
+    """A LoongServe layout as a fleetsim config: ``num_instances`` instances of ``tp`` GPUs
+    planned by the ``esp`` group planner (``elastic`` False: one member of every instance,
+    the fixed degree of "w/o ESP")."""
+    return {
+        "model": model,
+        "hardware": {"gpu": gpu, "tp": tp, "num_replicas": num_instances},
+        "engine": {"num_kv_blocks": CAPACITY[tp] // 16, "max_batched_tokens": BATCH_MAX_TOKENS,
+                   "max_running": max_running, "enable_prefix_caching": False,
+                   "swap_space_gib": 0.0},
+        # a member prefills its whole batch in one iteration, then decodes (the code's
+        # prefill and decode iterations)
+        "policy": {"batching": {"name": "prefill_first"}},
+        "group": {"planner": {"name": "esp", "args": {
+            "elastic": elastic, "max_running": max_running,
+            "max_out_of_order": max_out_of_order}}},
+        "slo": {"ttft_s": 1e6, "tpot_s": 1e6},
+        "seed": 0,
+    }
+
+
+def run_variant(variant: str, wl: Workload, layouts: Layouts) -> dict[str, Any]:
+    """Serve ``wl`` on the variant's layout of the 8 GPUs; the requests' columns."""
+    def serve(tp: int, instances: int, elastic: bool, part: Workload) -> Mapping[str, Any]:
+        cfg = group_config(layouts.model, layouts.gpu, tp, instances, elastic=elastic,
+                           max_running=MAX_RUNNING, max_out_of_order=MAX_OOE)
+        return run(config_from_dict(cfg), workload=part).records.requests
     if variant == "loongserve":
-        engine(2, 4, True).run(reqs)
-    elif variant == "no-esp tp2 sp4":
-        engine(2, 4, False).run(reqs)
-    elif variant == "no-esp tp8":
-        engine(8, 1, False).run(reqs)
-    elif variant == "no-esp tp2 x4":
-        for k in range(4):  # the proxy's round robin, in arrival order
-            engine(2, 1, False).run(reqs[k::4])
-    else:
-        raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+        return {c: serve(2, 4, True, wl)[c] for c in COLUMNS}
+    if variant == "no-esp tp2 sp4":
+        return {c: serve(2, 4, False, wl)[c] for c in COLUMNS}
+    if variant == "no-esp tp8":
+        return {c: serve(8, 1, False, wl)[c] for c in COLUMNS}
+    if variant == "no-esp tp2 x4":
+        parts = [serve(2, 1, False, _every(wl, k, 4)) for k in range(4)]  # the proxy's round
+        return {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}  # robin
+    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
 
 
-def attainment(reqs: Sequence[EspRequest], fit: AnalyticalModel) -> float:
-    """Share of requests within both SLOs (``get_both_slo_attainment``, per request)."""
+def _every(wl: Workload, start: int, step: int) -> Workload:
+    return Workload(arrival_s=wl.arrival_s[start::step],
+                    num_prompt_tokens=wl.num_prompt_tokens[start::step],
+                    num_output_tokens=wl.num_output_tokens[start::step],
+                    name=f"{wl.name} [{start}::{step}]")
+
+
+def attainment(requests: Mapping[str, Any], fit: Any) -> float:
+    """Share of requests within both SLOs (``get_both_slo_attainment``, per request), from
+    their columns (``COLUMNS``)."""
+    arrival, first, finish = (np.asarray(requests[c], dtype=np.float64)
+                              for c in ("arrival_s", "first_token_s", "finish_s"))
+    prompt = np.asarray(requests["num_prompt_tokens"], dtype=np.float64)
+    out = np.asarray(requests["num_output_tokens"], dtype=np.float64)
     ok = 0
-    for r in reqs:
-        assert r.first_token_s is not None and r.finish_s is not None
-        n = r.num_prompt_tokens
+    for a, f, e, n, o in zip(arrival, first, finish, prompt, out, strict=True):
         ttft_slo = max(TTFT_TOL * fit.predict_s(4, n, n * n), TTFT_FLOOR_S)
-        tpot = ((r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
-                if r.num_output_tokens > 1 else 0.0)
-        ok += r.first_token_s - r.arrival_s <= ttft_slo and tpot <= TPOT_SLO_S
-    return ok / len(reqs)
+        tpot = (e - f) / (o - 1) if o > 1 else 0.0
+        ok += f - a <= ttft_slo and tpot <= TPOT_SLO_S
+    return ok / len(arrival)
 
 
 def max_rate_at_attainment(rates: Sequence[float], values: Sequence[float]) -> float | None:
@@ -112,13 +141,8 @@ def ablation(layouts: Layouts, seed: int, progress: Any = None,
             for variant in VARIANTS:
                 if progress is not None:
                     progress(f"{variant} zipf{alpha:g} @ {rate:g} req/s")
-                reqs = [EspRequest(id=i, arrival_s=float(a), num_prompt_tokens=int(p),
-                                   num_output_tokens=int(o))
-                        for i, (a, p, o) in enumerate(zip(
-                            wl.arrival_s, wl.num_prompt_tokens, wl.num_output_tokens,
-                            strict=True))]
-                run_variant(variant, reqs, layouts)
-                out[alpha][variant].append(attainment(reqs, layouts.fit[2]))
+                out[alpha][variant].append(attainment(run_variant(variant, wl, layouts),
+                                                      layouts.fit[2]))
     return out
 
 

@@ -36,6 +36,7 @@ from fleetsim.serving.contract import (
     Router,
     SourceContext,
 )
+from fleetsim.serving.groups import GroupSetup, InstanceGroup
 from fleetsim.serving.kv_cache import HostPool, KVCache
 from fleetsim.serving.kv_keep import KV_EXPIRE, KVRetention, on_expire
 from fleetsim.serving.kv_placement import KVPlacement
@@ -121,6 +122,9 @@ class Cluster:
         self.pool_of: list[str] = []  # replica_id -> pool name
         self.source: RequestSource | None = None
         self.controllers: list[Controller] = []
+        # A cluster whose replicas are the instances of one group (``groups.py``) sends
+        # every arrival to the group's queue: its planner assigns it.
+        self.group: InstanceGroup | None = None
         self._next_request_id = 0
         entry: list[ReplicaView] = []
         decode: list[ReplicaView] = []
@@ -210,6 +214,9 @@ class Cluster:
     def route(self, req: Request) -> None:
         """Send an arriving request to the replica the router picks, among those whose KV
         cache can hold it whole (routers never see a replica too small for the request)."""
+        if self.group is not None:
+            self.group.submit(req)
+            return
         view = self._capable(self.entry_view, req, self._entry_min_blocks)
         i = self.router.route(view, req, self.sim.now_s)
         self.replicas[self._chosen(view, i, self.router, "cluster.router")].submit(req)
@@ -393,9 +400,13 @@ def simulate(
     controllers: Sequence[Controller] = (),
     progress: ProgressFn | None = None,
     progress_every: int = 2000,
+    group: GroupSetup | None = None,
 ) -> tuple[Records, Cluster]:
     """Simulate ``workload`` (or ``source``, which then supplies the requests) on a cluster
     of ``pools`` until ``settings.until_s``; returns the records and the cluster.
+
+    ``group``: the replicas of the one pool are the instances of an instance group
+    (``groups.py``), planned by its planner.
 
     ``progress`` is called with the simulated time every ``progress_every`` arrivals.
     """
@@ -416,6 +427,11 @@ def simulate(
     if progress is not None:
         src = _Progress(src, progress, progress_every, sim)
     cluster.attach_source(src)
+    if group is not None:  # (after the source: the group hears of finishes after it)
+        if len(pools) != 1:
+            raise ValueError(f"an instance group is one pool of instances, got {len(pools)} "
+                             f"pools")
+        cluster.group = InstanceGroup(sim, cluster.replicas, group)
     for controller in controllers:
         cluster.add_controller(controller)
     # The loop allocates many short-lived objects and no reference cycles (reference

@@ -1,5 +1,5 @@
-"""The engine's plug-in contract: what a batching policy, an ordering key, a router, a request
-source and a controller are to the engine, typed once, here.
+"""The engine's plug-in contract: what a batching policy, an ordering key, a router, a group
+planner, a request source and a controller are to the engine, typed once, here.
 
 The engine (``replica.py``, ``cluster.py``) is written against these protocols only, and
 ``fleetsim.policies`` implements them; policies re-export the names from their old homes
@@ -93,6 +93,59 @@ class Router(Protocol):
     manages more than the choice (TokenLake's cluster-wide prefix pool)."""
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int: ...
+
+
+# ---- instance groups -----------------------------------------------------------------------
+class GroupPlan(NamedTuple):
+    """An instance group's allocation and its assignments (``groups.py``).
+
+    ``instances_by_member[m]``: the instances member ``m`` runs on, one entry per member
+    (empty: the member is off); the sets are disjoint, and a member's degree of parallelism
+    is its set's size. A member that loses all its instances while it holds requests hands
+    them (with their KV, which stays on those instances) to the member that takes its lowest
+    instance. ``assign``: (waiting request id, member) pairs, queued there once the
+    allocation is in place. ``wake_s``: plan again then (None: at the next arrival or idle
+    member only). ``merge``: (member, into member) pairs: every request of the first joins
+    the second, its KV moved onto the second's instances (the move's time is not charged:
+    the planner weighs it, ``GroupView.kv_move_s``)."""
+
+    instances_by_member: tuple[tuple[int, ...], ...]
+    assign: tuple[tuple[int, int], ...] = ()
+    wake_s: float | None = None
+    merge: tuple[tuple[int, int], ...] = ()
+
+
+class GroupView(Protocol):
+    """What a group planner reads, exact at now: the group's queue (requests not yet given
+    to a member, in arrival order), its members (replica views) and their instances."""
+
+    @property
+    def num_instances(self) -> int: ...
+    @property
+    def num_kv_blocks_per_instance(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def waiting(self) -> Sequence[Request]: ...
+    @property
+    def members(self) -> Sequence[ReplicaView]: ...
+    @property
+    def instances_by_member(self) -> tuple[tuple[int, ...], ...]: ...
+    def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
+                    num_decode: int, kv_tokens: int) -> float:
+        """One step of a member of ``degree`` instances (the group's step model)."""
+    def kv_move_s(self, num_tokens: int) -> float:
+        """Seconds to move ``num_tokens`` of KV from one instance to another."""
+
+
+class GroupPlanner(Protocol):
+    """Plans an instance group at its boundaries: when a request arrives, when a member runs
+    out of work, after a step in which a request finished, and at the time its last plan
+    asked for. Returning the current allocation
+    changes nothing; another one is applied at the next common step boundary of the members
+    it changes (their fast-forward windows are cut back to the step in progress)."""
+
+    def plan(self, view: GroupView, now_s: float) -> GroupPlan: ...
 
 
 # ---- request sources -----------------------------------------------------------------------

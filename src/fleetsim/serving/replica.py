@@ -140,6 +140,10 @@ class Replica:
         # Migrations asked for from outside (a controller), applied at the next step
         # boundary: request_id -> destination replica.
         self._migrations: dict[int, int] = {}
+        # An instance group (``groups.py``) holds a member at its next step boundary while it
+        # changes the member's instances, and hears when a member runs out of work.
+        self.group_hold: Callable[[Replica], None] | None = None
+        self.on_idle: Callable[[Replica], None] | None = None
         self.batch_policy: BatchPolicy = batch_policy
         self.order_key = order_key
         self.fast_forward = False
@@ -237,8 +241,9 @@ class Replica:
         return self.moves.swapped
 
     def wake(self) -> None:
-        """Plan a step now if the replica is idle (after all same-time inputs)."""
-        if not self.busy:
+        """Plan a step now if the replica is idle (after all same-time inputs), unless an
+        instance group holds it at this boundary (it wakes it when done)."""
+        if not self.busy and self.group_hold is None:
             self.busy = True
             self.sim.schedule(self.sim.now_s, WAKE_UP, self)
 
@@ -300,10 +305,38 @@ class Replica:
     def _is_decoding(req: Request) -> bool:
         return req.num_output_tokens > 0 and req.num_computed_tokens == req.num_tokens - 1
 
+    def regroup(self, step_model: StepTimeModel, num_kv_blocks: int) -> None:
+        """Take a new step model and KV capacity between steps (an instance group gave this
+        member other instances, ``groups.py``). Shrinking evicts unreferenced cached
+        prefixes first; the blocks requests hold must still fit."""
+        if self._step is not None:
+            raise PlanError(f"replica {self.replica_id} regrouped in the middle of a step")
+        kv = self.kv
+        delta = num_kv_blocks - kv.num_blocks
+        if delta < 0:
+            if kv.num_available_blocks < -delta:
+                raise PlanError(f"group shrinks replica {self.replica_id} to {num_kv_blocks} "
+                                f"KV blocks, but its requests hold {kv.num_used_blocks}")
+            kv.take_blocks(-delta)
+        else:
+            kv.num_free_blocks += delta
+        kv.num_blocks = num_kv_blocks
+        self.step_model = step_model
+        self._windows = DecodeWindows(kv, step_model, self._next_input_hint_s, self._timeline)
+
     # ---- step phase 1: plan ----------------------------------------------------------
     def wake_up(self) -> None:
-        """Handler of ``WAKE_UP``: the idle replica starts stepping."""
+        """Handler of ``WAKE_UP``: the idle replica starts stepping (unless a group holds it
+        meanwhile: the group wakes it again once it has changed its instances)."""
+        if self.group_hold is not None:
+            self.busy = False
+            return
         self._start_step()
+
+    @property
+    def at_boundary(self) -> bool:
+        """No step is in flight (a group may change this member's instances now)."""
+        return self._step is None
 
     def holds(self, request_id: int) -> bool:
         """Is the request queued here (waiting, running, or its KV moving through)?"""
@@ -397,6 +430,8 @@ class Replica:
         if not running:
             if not self.waiting and not self.swapped:
                 self.busy = False
+                if self.on_idle is not None:
+                    self.on_idle(self)
                 return
         elif (self._decode_all_when_idle and not self.waiting and not self.swapped
               and not self._num_prefilling and len(running) <= self.max_batched_tokens
@@ -696,6 +731,11 @@ class Replica:
             self._check()
         if done and self.moves.incoming:  # KV waiting to move in may fit now
             self.moves.start_incoming()
+        hold = self.group_hold
+        if hold is not None:  # a group changes this member's instances at this boundary
+            self.busy = False
+            hold(self)
+            return
         self._start_step()
 
     def _commit_window(self, step: Step, now_s: float) -> list[Request]:

@@ -1,0 +1,311 @@
+"""Instance groups: instances planned together, whose membership and degree of parallelism
+change at run time (LoongServe's elastic sequence parallelism, arXiv 2404.09526, is one).
+
+A group owns ``num_instances`` instances (one tensor-parallel group of GPUs each, with
+``num_kv_blocks_per_instance`` KV blocks) and as many *members*: ordinary replicas of the
+engine (``Replica``), member ``m`` running on the instances the planner gives it, as one
+replica of degree ``len(instances)`` (the group's step model at that degree, the instances'
+blocks together). Requests arrive in the group's queue; the group planner (``GroupPlanner``,
+``contract.py``) assigns them to members and changes the allocation. It is asked when a
+request arrives, when a member runs out of work, after a step in which a request finished,
+and at the time its last plan named.
+
+Why this is exact under fast-forward: an allocation change is one more event that cuts a
+window, as an arrival does. The members it changes are interrupted (``Replica.interrupt``:
+the window is cut back to the step in progress) and held at their next step boundary; once
+all of them are there (the common boundary), the group resizes them (``Replica.regroup``),
+moves the requests of members left without instances, and wakes them. Members the change
+does not touch keep stepping (and keep their windows).
+
+A request moved between members keeps its KV on its instances: no bytes move, and its
+cached-prefix references become private blocks of the new member. Members of a group do
+not swap or hand off KV (the group refuses a change while a member has moves in flight).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from fleetsim.core.simulator import Simulator
+from fleetsim.errors import PlanError
+from fleetsim.perf.base import StepTimeModel
+from fleetsim.serving.contract import GroupPlan, GroupPlanner
+from fleetsim.serving.replica import Replica
+from fleetsim.serving.request import RUNNING, WAITING, Request
+from fleetsim.serving.views import ReplicaView
+
+GROUP_WAKE: Final = 45  # a planner's own wake-up: after same-time step ends, before wake-ups
+
+StepModelFor = Callable[[int], StepTimeModel]
+"""degree of parallelism (instances) -> the step model of a member of that degree."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupSetup:
+    """An instance group as the engine needs it: its planner and its step models. The
+    instances are the replicas of the cluster's one pool (``num_replicas`` instances of
+    ``num_kv_blocks`` each)."""
+
+    planner: GroupPlanner
+    """Assigns requests and changes the allocation."""
+    step_model_for: StepModelFor
+    """Step model of a member of k instances (``k = 1`` is the pool's own)."""
+    kv_move_s: Callable[[int], float] | None = None
+    """Seconds to move KV tokens between two instances, for planners that weigh a merge
+    (None: free)."""
+
+
+class _View:
+    """The ``GroupView`` of one group (read by its planner)."""
+
+    __slots__ = ("_group",)
+
+    def __init__(self, group: InstanceGroup) -> None:
+        self._group = group
+
+    @property
+    def num_instances(self) -> int:
+        return len(self._group.members)
+
+    @property
+    def num_kv_blocks_per_instance(self) -> int:
+        return self._group.blocks_per_instance
+
+    @property
+    def block_size(self) -> int:
+        return self._group.members[0].kv.block_size
+
+    @property
+    def waiting(self) -> Sequence[Request]:
+        return self._group.waiting
+
+    @property
+    def members(self) -> Sequence[ReplicaView]:
+        return [m.view for m in self._group.members]
+
+    @property
+    def instances_by_member(self) -> tuple[tuple[int, ...], ...]:
+        return self._group.instances_by_member
+
+    def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
+                    num_decode: int, kv_tokens: int) -> float:
+        return self._group.step_model(degree).step_time_s(prefill_chunks, num_decode,
+                                                          kv_tokens)
+
+    def kv_move_s(self, num_tokens: int) -> float:
+        move = self._group.kv_move_s
+        return move(num_tokens) if move is not None and num_tokens > 0 else 0.0
+
+
+class InstanceGroup:
+    """The group over ``members`` (replicas on ``sim``, one per instance, built alike)."""
+
+    def __init__(self, sim: Simulator, members: Sequence[Replica], setup: GroupSetup) -> None:
+        if not members:
+            raise ValueError("an instance group needs at least one instance")
+        self.sim = sim
+        self.members = list(members)
+        self.planner = setup.planner
+        self._step_model_for = setup.step_model_for
+        self.kv_move_s = setup.kv_move_s
+        self._models: dict[int, StepTimeModel] = {}
+        self.blocks_per_instance = members[0].kv.num_blocks
+        self.waiting: list[Request] = []
+        self.instances_by_member: tuple[tuple[int, ...], ...] = tuple(
+            (i,) for i in range(len(members)))
+        self.view = _View(self)
+        self.num_regroups = 0
+        self._pending: GroupPlan | None = None  # an allocation waiting for its boundary
+        self._held: set[int] = set()  # members still stepping towards it
+        self._wake_s: float | None = None  # the last plan's wake-up (earlier ones lapse)
+        self._finish_wakes: set[float] = set()  # replans after finishes, by time
+        self._replan_asked = False
+        for m in self.members:
+            m.on_idle = self._on_idle
+            # A finish frees KV and a running slot, which admission waits for: plan again
+            # after the step ends (windows stop at finishes when someone listens, so this
+            # is exact under fast-forward). Chained after a request source's hook, if any.
+            m.on_finish = _chain(m.on_finish, self._on_finish)
+        if GROUP_WAKE not in sim.kind_names:
+            sim.on(GROUP_WAKE, InstanceGroup._on_wake, "group_wake")
+        self.replan()  # the initial allocation, before any arrival
+
+    def step_model(self, degree: int) -> StepTimeModel:
+        model = self._models.get(degree)
+        if model is None:
+            model = self._models[degree] = self._step_model_for(degree)
+        return model
+
+    # ---- inputs ----------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """A request arrives at the group: it waits in the group's queue for the planner."""
+        req.state = WAITING
+        self.waiting.append(req)
+        self.replan()
+
+    def _on_idle(self, member: Replica) -> None:
+        if self.waiting or self._pending is not None:
+            self.replan()
+
+    def _on_finish(self, req: Request) -> None:
+        now_s = self.sim.now_s
+        if now_s not in self._finish_wakes:
+            self._finish_wakes.add(now_s)
+            self.sim.schedule(now_s, GROUP_WAKE, self)
+
+    def _on_wake(self) -> None:
+        now_s = self.sim.now_s
+        due = now_s == self._wake_s or now_s in self._finish_wakes
+        if now_s == self._wake_s:
+            self._wake_s = None
+        self._finish_wakes.discard(now_s)
+        if due:
+            self.replan()
+
+    # ---- planning --------------------------------------------------------------------
+    def replan(self) -> None:
+        """Ask the planner now (deferred while an allocation waits for its boundary)."""
+        if self._pending is not None:
+            self._replan_asked = True
+            return
+        plan = self.planner.plan(self.view, self.sim.now_s)
+        self._check(plan)
+        if plan.wake_s is not None and plan.wake_s > self.sim.now_s:
+            if plan.wake_s != self._wake_s:
+                self._wake_s = plan.wake_s
+                self.sim.schedule(plan.wake_s, GROUP_WAKE, self)
+        else:
+            self._wake_s = None
+        if plan.instances_by_member == self.instances_by_member and not plan.merge:
+            self._assign(plan)
+            return
+        self._pending = plan
+        changed = sorted({m for m, (old, new) in enumerate(zip(
+            self.instances_by_member, plan.instances_by_member, strict=True)) if old != new}
+            | {m for pair in plan.merge for m in pair})
+        for m in changed:
+            member = self.members[m]
+            member.interrupt()  # cut its window back to the step in progress
+            member.group_hold = self._at_boundary
+            if not member.at_boundary:
+                self._held.add(m)
+        if not self._held:
+            self._apply()
+
+    def _at_boundary(self, member: Replica) -> None:
+        self._held.discard(self.members.index(member))
+        if not self._held and self._pending is not None:
+            self._apply()
+
+    def _check(self, plan: GroupPlan) -> None:
+        n = len(self.members)
+        alloc = plan.instances_by_member
+        if len(alloc) != n:
+            raise PlanError(f"group plan gives {len(alloc)} members instances, the group has "
+                            f"{n}: {plan}")
+        seen: set[int] = set()
+        for insts in alloc:
+            for i in insts:
+                if not 0 <= i < n or i in seen:
+                    raise PlanError(f"group plan uses instance {i} twice or out of 0..{n - 1}: "
+                                    f"{plan}")
+                seen.add(i)
+        merged: set[int] = set()
+        for src, dst in plan.merge:
+            if (src == dst or src in merged or not 0 <= src < n or not 0 <= dst < n
+                    or not alloc[dst] or dst in merged):
+                raise PlanError(f"group plan merges member {src} into {dst}: not two distinct "
+                                f"members, the second with instances after the plan: {plan}")
+            merged.add(src)
+        waiting = {r.id for r in self.waiting}
+        for rid, m in plan.assign:
+            if rid not in waiting or not 0 <= m < n or not alloc[m]:
+                raise PlanError(f"group plan assigns request {rid} to member {m}: not a waiting "
+                                f"request, or not a member with instances: {plan}")
+            waiting.discard(rid)
+
+    # ---- applying --------------------------------------------------------------------
+    def _apply(self) -> None:
+        """The common boundary: every member the plan changes is between steps."""
+        plan = self._pending
+        assert plan is not None
+        old, new = self.instances_by_member, plan.instances_by_member
+        bpi = self.blocks_per_instance
+        heirs: dict[int, int] = dict(plan.merge)  # member -> who takes its requests
+        owner = {i: m for m, insts in enumerate(new) for i in insts}
+        for m, insts in enumerate(old):
+            if m not in heirs and insts and not new[m] and (
+                    self.members[m].running or self.members[m].waiting):
+                if min(insts) not in owner:
+                    raise PlanError(f"group plan turns member {m} off while it holds requests, "
+                                    f"and no member takes its instance {min(insts)}")
+                heirs[m] = owner[min(insts)]
+        # Grow first, move, then shrink: a member's blocks always fit its capacity.
+        for m, insts in enumerate(new):
+            if len(insts) > len(old[m]):
+                self.members[m].regroup(self.step_model(len(insts)), len(insts) * bpi)
+        for src, dst in heirs.items():
+            self._move_all(self.members[src], self.members[dst])
+        for m, insts in enumerate(new):
+            if len(insts) < len(old[m]):
+                self.members[m].regroup(self.step_model(max(1, len(insts))), len(insts) * bpi)
+        self.instances_by_member = new
+        self._pending = None
+        self.num_regroups += 1
+        for m in sorted({m for m, insts in enumerate(new) if insts != old[m]}
+                        | {m for pair in plan.merge for m in pair}):
+            self.members[m].group_hold = None
+            self.members[m].wake()
+        self._assign(plan)
+        if self._replan_asked:
+            self._replan_asked = False
+            self.replan()
+
+    def _assign(self, plan: GroupPlan) -> None:
+        if not plan.assign:
+            return
+        by_id = {r.id: r for r in self.waiting}
+        for rid, m in plan.assign:
+            req = by_id.pop(rid)
+            self.members[m].submit(req)
+        self.waiting = [r for r in self.waiting if r.id in by_id]
+
+    def _move_all(self, src: Replica, dst: Replica) -> None:
+        """Every request of ``src`` joins ``dst``; running ones keep their KV (as private
+        blocks: the instances holding it now belong to ``dst``)."""
+        if src.swapped or src.moves.holds_blocks_for_others() or src.moves.incoming:
+            raise PlanError(f"group moves the requests of replica {src.replica_id} while its "
+                            f"KV moves (swap or handoff): not supported in a group")
+        for req in list(src.waiting):
+            taken = src.take_waiting(req.id)
+            assert taken is not None
+            dst.submit(taken)
+        need = sum(src.kv.num_held_blocks(r) for r in src.running)
+        if need > dst.kv.num_available_blocks:
+            raise PlanError(f"group moves {need} KV blocks of replica {src.replica_id} into "
+                            f"replica {dst.replica_id}, which has "
+                            f"{dst.kv.num_available_blocks} available")
+        for req in list(src.running):
+            assert req.state == RUNNING
+            src.leave_running(req, "regroups")
+            src.forget(req)
+            src.add_load_tokens(-(req.num_tokens - req.num_computed_tokens))
+            held = src.kv.num_held_blocks(req)
+            src.kv.release(req)
+            dst.adopt(req)
+            dst.kv.allocate(req, held)
+            dst.join_running(req)
+
+
+def _chain(first: Callable[[Request], None] | None, then: Callable[[Request], None]
+           ) -> Callable[[Request], None]:
+    if first is None:
+        return then
+
+    def both(req: Request) -> None:
+        first(req)
+        then(req)
+
+    return both
