@@ -314,6 +314,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fleetsim: skipped {result.summary['num_unserved_skipped']} row(s) of the trace "
               f"that no server served (served: false)", file=sys.stderr)
     written = f"results written to {out}/ (summary.json, requests.csv, config.json)"
+    if "elastic" in result.summary:
+        written = written[:-1] + ", elastic_timeline.json)"
     if args.vllm_json:
         written += f"; vLLM-style result in {args.vllm_json}"
     print(written, file=sys.stderr if fmt != "table" else sys.stdout)

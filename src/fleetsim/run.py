@@ -27,11 +27,13 @@ from fleetsim.perf.base import StepTimeModel
 from fleetsim.perf.plugins import make_step_model
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
+from fleetsim.policies.planners import make_planner, make_trigger
 from fleetsim.policies.routing import make_router
 from fleetsim.programs.metrics import program_summary
 from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate
+from fleetsim.serving.elastic_control import ElasticController, elastic_pools
 from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.settings import EngineSettings, PlugIns
@@ -308,9 +310,11 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
             order_key=make_ordering(config.policy.ordering), router=router,
             decode_router=decode_router, eviction_key=make_eviction(config.policy.eviction),
             rng=streams["routing"])
+        elastic = _elastic_controller(config, model, pools, float(workload.arrival_s[0]))
         records, cluster = simulate(workload, pools, settings, plugins,
                                     progress=_progress(progress, workload),
-                                    source=tracker or source)
+                                    source=tracker or source,
+                                    controllers=[elastic] if elastic is not None else ())
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
     if config.programs is not None:
@@ -360,6 +364,10 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
         "workload": workload.name, "perf_sources": first["perf_sources"],
         **summary,
     }
+    if elastic is not None:
+        end_s = float(np.nanmax(records.requests["finish_s"])) if len(
+            records.requests["finish_s"]) else cluster.now_s
+        summary["elastic"] = elastic.report(end_s)
     if workload.num_unserved_skipped:
         summary["num_unserved_skipped"] = workload.num_unserved_skipped
     summary["engine_build"] = engine_build()
@@ -368,6 +376,23 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
     if given is not None:  # the config's trace or generator was not used: say what was
         plain["workload"] = {**plain["workload"], "trace": None, "given": given.name}
     return RunResult(plain, summary, records, workload, unfinished, program_rows)
+
+
+def _elastic_controller(config: SimConfig, model: ModelSpec, pools: list[PoolSetup],
+                        start_s: float) -> ElasticController | None:
+    """The controller of ``[elastic]`` (None without it); bad planner or trigger names and
+    arguments fail here, before the run."""
+    ec = config.elastic
+    if ec is None:
+        return None
+    planner = make_planner(ec.planner) if ec.planner is not None else None
+    trigger = make_trigger(ec.trigger)
+    tp = {p.name: p.tp for p in config.pools}
+    # The weights one replica loads: every GPU's shard (replicated layers on each).
+    weights = {name: float(model.weight_bytes_per_gpu(t) * t) for name, t in tp.items()}
+    return ElasticController(ec, elastic_pools(pools, weights, tp), planner=planner,
+                             trigger=trigger, block_size=config.engine.block_size,
+                             max_running=config.engine.max_running, start_s=start_s)
 
 
 def _tool_kv_report(config: SimConfig, cluster: Any) -> dict[str, Any]:
