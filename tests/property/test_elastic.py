@@ -90,3 +90,42 @@ def test_reconfigured_runs_finish_every_request_once_and_match_stepping(
     for col, values in slow.requests.items():
         assert np.array_equal(values, fast.requests[col], equal_nan=True), col
     assert sched.elastic.timeline == run_elastic(w, setup, ops, True)[2].elastic.timeline
+
+
+def run_planned(w, setup, schedule, planner_name, rule, fast_forward):
+    from fleetsim.elastic_config import ElasticConfig, GpuChange
+    from fleetsim.policies.planners import make_planner, make_trigger
+    from fleetsim.registry import PolicySpec
+    from fleetsim.serving.elastic_control import ElasticController, elastic_pools
+
+    config = ElasticConfig(
+        schedule=tuple(GpuChange(at_s=t, pool=setup[i % len(setup)].name, num_gpus=g)
+                       for t, i, g in schedule),
+        monitor_interval_s=0.5, leave_rule=rule, planner=PolicySpec(name=planner_name),
+        trigger=PolicySpec(name="always"))
+    ctl = ElasticController(
+        config, elastic_pools(setup, {p.name: 1e6 for p in setup}, {p.name: 1 for p in setup}),
+        planner=make_planner(config.planner), trigger=make_trigger(config.trigger),
+        block_size=16, max_running=8)
+    rec, cluster = sim(w, setup, max_running=8, fast_forward=fast_forward, controllers=[ctl])
+    return rec, cluster, ctl
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 80), rate=st.sampled_from([20.0, 200.0]),
+       shape=st.sampled_from(["mixed", "pd"]), planner=st.sampled_from(["sla", "concurrency"]),
+       rule=st.sampled_from(["drain", "requeue"]),
+       schedule=st.lists(st.tuples(st.floats(0.0, 3.0), st.integers(0, 1), st.integers(1, 4)),
+                         max_size=4))
+def test_planned_runs_finish_every_request_once_and_match_stepping(
+        seed, n, rate, shape, planner, rule, schedule):
+    w = random_workload(n, seed=seed, rate=rate)
+    base = (pools(mixed=1, blocks=2000) if shape == "mixed"
+            else pools(prefill=1, decode=1, blocks=2000, bw=1e9))
+    setup = [replace(p, host_bw_bytes_per_s=1e8) for p in base]
+    fast, cluster, ctl = run_planned(w, setup, schedule, planner, rule, True)
+    slow, _, ctl_slow = run_planned(w, setup, schedule, planner, rule, False)
+    assert sorted(fast.requests["request_id"].tolist()) == list(range(n))
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    assert ctl.elastic.timeline == ctl_slow.elastic.timeline
