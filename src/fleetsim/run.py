@@ -33,7 +33,12 @@ from fleetsim.programs.metrics import program_summary
 from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate
-from fleetsim.serving.elastic_control import ElasticController, elastic_pools
+from fleetsim.serving.elastic_control import (
+    ControlSettings,
+    ElasticController,
+    GpuChange,
+    elastic_pools,
+)
 from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.settings import EngineSettings, PlugIns
@@ -390,7 +395,12 @@ def _elastic_controller(config: SimConfig, model: ModelSpec, pools: list[PoolSet
     tp = {p.name: p.tp for p in config.pools}
     # The weights one replica loads: every GPU's shard (replicated layers on each).
     weights = {name: float(model.weight_bytes_per_gpu(t) * t) for name, t in tp.items()}
-    return ElasticController(ec, elastic_pools(pools, weights, tp), planner=planner,
+    settings = ControlSettings(
+        schedule=tuple(GpuChange(at_s=c.at_s, pool=c.pool, num_gpus=c.num_gpus)
+                       for c in ec.schedule),
+        leave_rule=ec.leave_rule, load_from=ec.load_from, startup_s=ec.startup_s,
+        monitor_interval_s=ec.monitor_interval_s, plan_overhead_s=ec.plan_overhead_s)
+    return ElasticController(settings, elastic_pools(pools, weights, tp), planner=planner,
                              trigger=trigger, block_size=config.engine.block_size,
                              max_running=config.engine.max_running, start_s=start_s)
 

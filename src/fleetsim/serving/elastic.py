@@ -24,7 +24,7 @@ The verbs (``add``, ``remove``, ``flip``) are a controller's; each has a modelle
   ``remove`` does (by the same rule), then reloads its weights from host and starts again in
   the new role on the same GPUs.
 
-Invariants (``tests/property/test_elastic.py``): every request finishes exactly once under any
+Invariants (``tests/property/test_elastic_invariants.py``): every request finishes exactly once under any
 schedule of these verbs, with decode fast-forward on or off alike; the last serving entry
 replica (and, while prefill replicas serve, the last decode one) never leaves.
 """

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from fleetsim.elastic_config import ElasticConfig, GpuChange
 from fleetsim.serving.cluster import Cluster
 from fleetsim.serving.contract import (
     Deployment,
@@ -29,6 +29,27 @@ from fleetsim.serving.contract import (
 from fleetsim.serving.elastic import LOADING, SERVING, ElasticCluster, ElasticPool
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuChange:
+    """From ``at_s`` on, ``pool`` has ``num_gpus`` GPUs (``elastic.schedule``)."""
+
+    at_s: float
+    pool: str
+    num_gpus: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlSettings:
+    """How the controller runs (``[elastic]``, validated there; see ``elastic_config.py``)."""
+
+    schedule: tuple[GpuChange, ...] = ()
+    leave_rule: str = "drain"
+    load_from: str = "host"
+    startup_s: float = 0.0
+    monitor_interval_s: float = 30.0
+    plan_overhead_s: float = 0.0
 
 
 class _CountingSource:
@@ -59,7 +80,7 @@ class _CountingSource:
 class ElasticController:
     """Drives an ``ElasticCluster`` from ``config`` (a ``Controller``: see ``contract.py``)."""
 
-    def __init__(self, config: ElasticConfig, pools: Sequence[ElasticPool], *,
+    def __init__(self, config: ControlSettings, pools: Sequence[ElasticPool], *,
                  planner: DeploymentPlanner | None, trigger: ReplanTrigger,
                  block_size: int, max_running: int, start_s: float = 0.0) -> None:
         self.config = config

@@ -93,20 +93,23 @@ def test_reconfigured_runs_finish_every_request_once_and_match_stepping(
 
 
 def run_planned(w, setup, schedule, planner_name, rule, fast_forward):
-    from fleetsim.elastic_config import ElasticConfig, GpuChange
     from fleetsim.policies.planners import make_planner, make_trigger
     from fleetsim.registry import PolicySpec
-    from fleetsim.serving.elastic_control import ElasticController, elastic_pools
+    from fleetsim.serving.elastic_control import (
+        ControlSettings,
+        ElasticController,
+        GpuChange,
+        elastic_pools,
+    )
 
-    config = ElasticConfig(
+    config = ControlSettings(
         schedule=tuple(GpuChange(at_s=t, pool=setup[i % len(setup)].name, num_gpus=g)
                        for t, i, g in schedule),
-        monitor_interval_s=0.5, leave_rule=rule, planner=PolicySpec(name=planner_name),
-        trigger=PolicySpec(name="always"))
+        monitor_interval_s=0.5, leave_rule=rule)
     ctl = ElasticController(
         config, elastic_pools(setup, {p.name: 1e6 for p in setup}, {p.name: 1 for p in setup}),
-        planner=make_planner(config.planner), trigger=make_trigger(config.trigger),
-        block_size=16, max_running=8)
+        planner=make_planner(PolicySpec(name=planner_name)),
+        trigger=make_trigger(PolicySpec(name="always")), block_size=16, max_running=8)
     rec, cluster = sim(w, setup, max_running=8, fast_forward=fast_forward, controllers=[ctl])
     return rec, cluster, ctl
 
