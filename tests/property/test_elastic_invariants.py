@@ -13,7 +13,7 @@ from tests.unit.test_cluster import pools, random_workload, sim
 from fleetsim.serving.elastic import LEAVING, SERVING, ElasticCluster, ElasticPool
 
 OPS = st.tuples(
-    st.floats(0.0, 4.0), st.sampled_from(["add", "remove", "flip"]),
+    st.floats(0.0, 4.0), st.sampled_from(["add", "remove", "flip", "reshape"]),
     st.integers(0, 7), st.sampled_from(["drain", "requeue"]),
     st.sampled_from(["host", "peer"]), st.sampled_from(["mixed", "prefill", "decode"]))
 
@@ -51,6 +51,8 @@ class RandomSchedule:
                     continue
                 if verb == "remove":
                     e.remove(r.replica_id, rule)
+                elif verb == "reshape":  # (into its own pool: the mechanics are the same)
+                    e.reshape(r.replica_id, r.pool, rule, load_from)
                 elif r.role != role and r.pool != "m" and role != "mixed":
                     e.flip(r.replica_id, role, rule)
                 else:

@@ -134,3 +134,23 @@ def test_static_cluster_has_no_elastic_state_and_costs_nothing():
     for col, values in base.requests.items():
         assert (values == rec.requests[col]).all() or math.isnan(values[0]), col
     assert ctl.elastic.timeline == []
+
+
+def test_reshape_replaces_a_replica_by_one_of_another_tp_once_its_gpus_are_free():
+    from fleetsim.perf.base import LinearStepModel
+    from fleetsim.serving.cluster import PoolSetup
+
+    big = PoolSetup(name="tp4", role="mixed", num_replicas=0,
+                    step_model=LinearStepModel(0.001, 2e-5, 5e-8), num_kv_blocks=8000,
+                    link_bw_bytes_per_s=math.inf, host_bw_bytes_per_s=1e10)
+    setup = [*pools(mixed=2), big]
+    ctl = At([0.5], lambda e, t: e.reshape(1, "tp4"), weight_bytes=1e9)
+    rec, cluster = run_with(steady(), setup, ctl)
+    e = ctl.elastic
+    retired = next(t for t in e.timeline if t["action"] == "retired")
+    add = next(t for t in e.timeline if t["action"] == "add")
+    assert add["time_s"] == retired["time_s"] and add["pool"] == "tp4"
+    assert [t["action"] for t in e.timeline][0] == "reshape"
+    assert cluster.replicas[2].pool == "tp4" and e.state[2] == SERVING and e.state[1] == RETIRED
+    assert (rec.requests["replica_id"] == 2).any()
+    assert sorted(rec.requests["request_id"].tolist()) == list(range(40))

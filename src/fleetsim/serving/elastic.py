@@ -18,15 +18,18 @@ The verbs (``add``, ``remove``, ``flip``) are a controller's; each has a modelle
   and recomputed where it lands (``Replica.evict_all``: counted as a preemption by recompute,
   ``num_recomputed_tokens``); only KV already moving (a swap, a P/D handoff) is waited for.
   Requeue frees the GPUs sooner and pays in recomputed prefill; drain pays in GPU time.
+* **Reshaping** (``reshape``): a replica changes TP. Engines fix TP at start-up, so it
+  leaves by the rule and, once its GPUs are free, a replica of the target pool (another
+  ``tp``, performance model and KV size) joins in its role, loading as a join does.
 * **Flipping** (``flip``): a replica changes role (prefill, decode, mixed). Today's engines
   run the roles as separate worker processes (Dynamo's planner stops one and starts the
   other; vLLM's and SGLang's P/D workers take their role at start-up), so a flip leaves as
   ``remove`` does (by the same rule), then reloads its weights from host and starts again in
   the new role on the same GPUs.
 
-Invariants (``tests/property/test_elastic_invariants.py``): every request finishes exactly once under any
-schedule of these verbs, with decode fast-forward on or off alike; the last serving entry
-replica (and, while prefill replicas serve, the last decode one) never leaves.
+Invariants (``tests/property/test_elastic_invariants.py``): every request finishes exactly
+once under any schedule of these verbs, with decode fast-forward on or off alike; the last
+serving entry replica (and, while prefill replicas serve, the last decode one) never leaves.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class ElasticCluster:
         self.startup_s = startup_s
         self.state: dict[int, str] = {}  # replica_id -> loading | serving | leaving | retired
         self._after_leave: dict[int, str | None] = {}  # replica_id -> role to flip to
+        self._rejoin: dict[int, tuple[str, str]] = {}  # replica_id -> (pool, load_from)
         self._since_s: dict[int, float] = {}  # replica_id -> when its GPUs were taken
         self.gpu_seconds_done = 0.0
         self.timeline: list[dict[str, Any]] = []
@@ -151,6 +155,21 @@ class ElasticCluster:
             raise ValueError(f"flip: replica {replica_id} is already {role}")
         self._leave(replica_id, rule, role, "flip")
 
+    def reshape(self, replica_id: int, pool: str, rule: str = "drain",
+                load_from: str = "host") -> None:
+        """Change a replica's parallelism: it leaves by ``rule``, and once its GPUs are free a
+        replica of ``pool`` (another TP degree, its own performance model and KV size) joins
+        in its role. Engines fix TP at start-up, so this is a leave and a join in sequence."""
+        if pool not in self.pools:
+            raise ValueError(f"reshape: no pool {pool!r} (pools: {sorted(self.pools)})")
+        if load_from not in LOAD_SOURCES:
+            raise ValueError(f"reshape: load_from must be one of {LOAD_SOURCES}, got "
+                             f"{load_from!r}")
+        self._leave(replica_id, rule, None, "reshape")
+        self._rejoin[replica_id] = (pool, load_from)
+        if self.state[replica_id] == RETIRED:  # it was empty: left at once
+            self._join_after(self.cluster.replicas[replica_id])
+
     # ---- mechanics -------------------------------------------------------------------
     def _leave(self, rid: int, rule: str, then_role: str | None, action: str) -> None:
         if rule not in LEAVE_RULES:
@@ -202,10 +221,16 @@ class ElasticCluster:
             self.gpu_seconds_done += (self.pools[replica.pool].num_gpus_per_replica
                                       * (now_s - self._since_s.pop(rid)))
             self._note("retired", replica)
+            if replica.replica_id in self._rejoin:
+                self._join_after(replica)
         else:
             replica.role = role
             self.state[rid] = LOADING
             self._load(replica, "host", "restart")
+
+    def _join_after(self, replica: Replica) -> None:
+        pool, load_from = self._rejoin.pop(replica.replica_id)
+        self.add(pool, replica.role, load_from)
 
     def _load(self, replica: Replica, load_from: str, action: str) -> None:
         cluster = self.cluster
