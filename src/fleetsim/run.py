@@ -372,7 +372,12 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
     if elastic is not None:
         end_s = float(np.nanmax(records.requests["finish_s"])) if len(
             records.requests["finish_s"]) else cluster.now_s
-        summary["elastic"] = elastic.report(end_s)
+        summary["elastic"] = report = elastic.report(end_s)
+        # What the GPUs held cost (the summary's ``cost`` prices the initial deployment).
+        usd_per_gpu_s = {p["name"]: p["usd_per_hour"] / 3600 / (p["tp"] * p["num_replicas"])
+                         for p in pool_infos}
+        report["usd"] = sum(usd_per_gpu_s[name] * s
+                            for name, s in report["gpu_seconds_by_pool"].items())
     if workload.num_unserved_skipped:
         summary["num_unserved_skipped"] = workload.num_unserved_skipped
     summary["engine_build"] = engine_build()

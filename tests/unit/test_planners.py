@@ -123,6 +123,10 @@ def test_schedule_joins_and_leaves_and_every_request_finishes():
     ids = sorted(r.records.requests["request_id"].tolist())
     assert ids == list(range(len(r.workload)))
     assert set(r.records.requests["replica_id"].tolist()) == {0, 1, 2}
+    # One GPU per replica: the run held 1 GPU throughout, 2 more from 60 s until they left.
+    assert e["gpu_seconds"] == pytest.approx(e["gpu_seconds_by_pool"]["default"])
+    assert 1 * 150 + 2 * 90 <= e["gpu_seconds"] <= 1 * 240 + 2 * 100 + 300
+    assert e["usd"] == pytest.approx(e["gpu_seconds"] * r.summary["cost"]["usd_per_hour"] / 3600)
 
 
 def test_planner_beats_static_on_a_swing_and_overhead_delays_its_plans():

@@ -85,7 +85,7 @@ class ElasticCluster:
         self._after_leave: dict[int, str | None] = {}  # replica_id -> role to flip to
         self._rejoin: dict[int, tuple[str, str]] = {}  # replica_id -> (pool, load_from)
         self._since_s: dict[int, float] = {}  # replica_id -> when its GPUs were taken
-        self.gpu_seconds_done = 0.0
+        self._done_by_pool: dict[str, float] = {}  # pool -> GPU-seconds of retired replicas
         self.timeline: list[dict[str, Any]] = []
         self.num_requeued = 0
         for r in cluster.replicas:
@@ -107,10 +107,20 @@ class ElasticCluster:
                    if self.state[r.replica_id] != RETIRED)
 
     def gpu_seconds(self, now_s: float) -> float:
-        """GPU-seconds held from the start until ``now_s``."""
-        held = sum(self.pools[r.pool].num_gpus_per_replica * (now_s - self._since_s[r.replica_id])
-                   for r in self.cluster.replicas if self.state[r.replica_id] != RETIRED)
-        return self.gpu_seconds_done + held
+        """GPU-seconds held from the start until ``now_s`` (a replica that joined later
+        counts nothing)."""
+        return sum(self.gpu_seconds_by_pool(now_s).values())
+
+    def gpu_seconds_by_pool(self, now_s: float) -> dict[str, float]:
+        """pool -> GPU-seconds its replicas held until ``now_s``."""
+        out = dict.fromkeys(self.pools, 0.0)
+        for pool, seconds in self._done_by_pool.items():
+            out[pool] += seconds
+        for r in self.cluster.replicas:
+            if self.state[r.replica_id] != RETIRED:
+                out[r.pool] += (self.pools[r.pool].num_gpus_per_replica
+                                * max(0.0, now_s - self._since_s[r.replica_id]))
+        return out
 
     def can_leave(self, replica_id: int) -> bool:
         """Would routing still work without this replica? At least one serving entry
@@ -218,8 +228,8 @@ class ElasticCluster:
         if role is None:
             self.state[rid] = RETIRED
             now_s = self.cluster.now_s
-            self.gpu_seconds_done += (self.pools[replica.pool].num_gpus_per_replica
-                                      * (now_s - self._since_s.pop(rid)))
+            self._done_by_pool[replica.pool] = self._done_by_pool.get(replica.pool, 0.0) + (
+                self.pools[replica.pool].num_gpus_per_replica * (now_s - self._since_s.pop(rid)))
             self._note("retired", replica)
             if replica.replica_id in self._rejoin:
                 self._join_after(replica)
@@ -278,7 +288,9 @@ class ElasticCluster:
 
     def report(self, now_s: float) -> dict[str, Any]:
         """The summary's ``elastic`` section: GPU-seconds, requeues, the change timeline."""
-        return {"gpu_seconds": self.gpu_seconds(now_s), "num_requeued": self.num_requeued,
+        return {"gpu_seconds": self.gpu_seconds(now_s),
+                "gpu_seconds_by_pool": self.gpu_seconds_by_pool(now_s),
+                "num_requeued": self.num_requeued,
                 "num_changes": sum(e["action"] in ("add", "remove", "flip")
                                    for e in self.timeline),
                 "timeline": self.timeline}
