@@ -167,3 +167,15 @@ def test_cli_writes_the_timeline(tmp_path, capsys):
     assert code == 0
     timeline = json.loads((out / "elastic_timeline.json").read_text())
     assert [t["action"] for t in timeline][:2] == ["gpus", "add"]
+
+
+def test_sla_planner_linear_predictor_continues_a_ramp():
+    # 10 then 20 req/s: the linear forecast is 30 req/s (3.3 prefill replicas -> 4), the
+    # constant one 20 (2.2 -> 3).
+    constant, linear = SlaPlanner(itl_s=0.03), SlaPlanner(itl_s=0.03, predictor="linear")
+    for planner in (constant, linear):
+        planner.plan(PD, window(), 60.0)
+    assert constant.plan(PD, window(num_arrivals=1200), 120.0)[("p", "prefill")] == 3
+    assert linear.plan(PD, window(num_arrivals=1200), 120.0)[("p", "prefill")] == 4
+    with pytest.raises(ValueError, match="predictor"):
+        SlaPlanner(predictor="prophet")

@@ -98,13 +98,19 @@ class SlaPlanner:
     """Time-to-first-token target, seconds."""
     itl_s: float = 0.05
     """Inter-token latency target, seconds."""
+    predictor: str = "constant"
+    """Next interval's request rate: constant (the last one's, Dynamo's ``constant``) |
+    linear (2 x last - previous, the one-step forecast of ARIMA(0,2,0): a ramp continues)."""
     _isl: float = field(default=math.nan, repr=False)
+    _last_rate: float = field(default=math.nan, repr=False)
     _osl: float = field(default=math.nan, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.itl_s > 0):
             raise ValueError(f"ttft_s and itl_s must be > 0 seconds, got {self.ttft_s}, "
                              f"{self.itl_s}")
+        if self.predictor not in ("constant", "linear"):
+            raise ValueError(f"predictor must be constant or linear, got {self.predictor!r}")
 
     def plan(self, pools: Sequence[PoolState], window: MonitorWindow,
              now_s: float) -> Deployment:
@@ -116,6 +122,9 @@ class SlaPlanner:
         if math.isnan(self._isl) or math.isnan(self._osl):
             return {}  # nothing measured yet: keep the deployment
         rate = window.num_arrivals / window.interval_s
+        last, self._last_rate = self._last_rate, rate
+        if self.predictor == "linear" and not math.isnan(last):
+            rate = max(0.0, 2 * rate - last)
         isl, osl = max(1, round(self._isl)), max(1.0, self._osl)
         context = isl + int(osl / 2)  # Dynamo: next_isl + next_osl / 2
         out: dict[tuple[str, str], int] = {}
