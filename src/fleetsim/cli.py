@@ -420,6 +420,13 @@ def summary_table(s: dict[str, Any]) -> Table:
     if fit.get("num_over_long"):
         rows.append((f"over-long requests ({fit['over_long']}, context "
                      f"{fit['max_context_tokens']:,})", f"{fit['num_over_long']:,}"))
+    elastic = s.get("elastic")
+    if elastic is not None:
+        rows.append(("elastic: changes / plans / requeued",
+                     f"{elastic['num_changes']:,} / {elastic['num_plans']:,} / "
+                     f"{elastic['num_requeued']:,}"))
+        rows.append(("elastic: GPU-seconds held (USD)",
+                     f"{elastic['gpu_seconds']:,.0f} ({elastic['usd']:,.2f})"))
     for label, value in rows:
         table.add_row(label, value, "", "", "")
     caption = f"fleetsim {s['engine_build']}" if s.get("engine_build") else ""

@@ -163,8 +163,9 @@ def test_cli_writes_the_timeline(tmp_path, capsys):
     out = tmp_path / "o"
     code = main(["run", "--out", str(out), "--set", "workload.max_requests=30",
                  "--set", 'elastic.schedule=[{at_s=1,pool="default",num_gpus=2}]'])
-    capsys.readouterr()
+    stdout, _ = capsys.readouterr()
     assert code == 0
+    assert "elastic: changes / plans / requeued" in stdout
     timeline = json.loads((out / "elastic_timeline.json").read_text())
     assert [t["action"] for t in timeline][:2] == ["gpus", "add"]
 
