@@ -180,3 +180,18 @@ def test_sla_planner_linear_predictor_continues_a_ramp():
     assert linear.plan(PD, window(num_arrivals=1200), 120.0)[("p", "prefill")] == 4
     with pytest.raises(ValueError, match="predictor"):
         SlaPlanner(predictor="prophet")
+
+
+class BadPlanner:
+    def plan(self, pools, window, now_s):
+        return {("default", "mixed"): 1.5}
+
+
+def test_a_planner_returning_a_bad_plan_is_named_with_exit_2(tmp_path, capsys):
+    code = main(["run", "--out", str(tmp_path / "o"), "--set", "workload.max_requests=40",
+                 "--set", "elastic.monitor_interval_s=1",
+                 "--set", "elastic.planner.name=tests.unit.test_planners:BadPlanner"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert "elastic.planner (BadPlanner)" in err and "replicas >= 0" in err
+    assert "Traceback" not in err

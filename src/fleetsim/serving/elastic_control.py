@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleetsim.errors import FleetsimInputError
 from fleetsim.serving.cluster import Cluster
 from fleetsim.serving.contract import (
     Deployment,
@@ -26,7 +27,7 @@ from fleetsim.serving.contract import (
     RequestSource,
     SourceContext,
 )
-from fleetsim.serving.elastic import LOADING, SERVING, ElasticCluster, ElasticPool
+from fleetsim.serving.elastic import LOADING, ROLES, SERVING, ElasticCluster, ElasticPool
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
 
@@ -243,9 +244,8 @@ class ElasticController:
         e = self.elastic
         assert e is not None
         rule, load_from = self.config.leave_rule, self.config.load_from
+        self._check_plan(plan)
         for (pool, role), target in sorted(plan.items()):
-            if pool not in self.pools:
-                raise ValueError(f"planner: no pool {pool!r} (pools: {sorted(self.pools)})")
             surplus = self._least_loaded(e.replicas_in(SERVING, pool, role))
             num_now = len(surplus) + len(e.replicas_in(LOADING, pool, role))
             for r in surplus[:max(0, num_now - max(target, 0))]:
@@ -264,6 +264,18 @@ class ElasticController:
             room = self.max_replicas[pool] - self._num_held(pool)
             for _ in range(min(target - num_now, room)):
                 e.add(pool, role, load_from)
+
+    def _check_plan(self, plan: Deployment) -> None:
+        """A plan names pools of this cluster, roles and whole replica counts >= 0 (a buggy
+        planner fails at the plan it got wrong, STYLE.md section 5)."""
+        for key, n in plan.items():
+            ok = (isinstance(key, tuple) and len(key) == 2 and key[0] in self.pools
+                  and key[1] in ROLES and type(n) is int and n >= 0)
+            if not ok:
+                raise FleetsimInputError(
+                    f"elastic.planner ({type(self.planner).__name__})", f"{key!r}: {n!r}",
+                    f"plan() must return {{(pool, role): replicas >= 0}} with pools "
+                    f"{sorted(self.pools)} and roles {list(ROLES)}")
 
     def report(self, now_s: float) -> dict[str, Any]:
         """The summary's ``elastic`` section."""
