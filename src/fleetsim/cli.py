@@ -316,6 +316,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fleetsim: skipped {result.summary['num_unserved_skipped']} row(s) of the trace "
               f"that no server served (served: false)", file=sys.stderr)
     written = f"results written to {out}/ (summary.json, requests.csv, config.json)"
+    if "elastic" in result.summary:
+        written = written[:-1] + ", elastic_timeline.json)"
     if args.vllm_json:
         written += f"; vLLM-style result in {args.vllm_json}"
     print(written, file=sys.stderr if fmt != "table" else sys.stdout)
@@ -429,6 +431,13 @@ def summary_table(s: dict[str, Any]) -> Table:
     if fit.get("num_over_long"):
         rows.append((f"over-long requests ({fit['over_long']}, context "
                      f"{fit['max_context_tokens']:,})", f"{fit['num_over_long']:,}"))
+    elastic = s.get("elastic")
+    if elastic is not None:
+        rows.append(("elastic: changes / plans / requeued",
+                     f"{elastic['num_changes']:,} / {elastic['num_plans']:,} / "
+                     f"{elastic['num_requeued']:,}"))
+        rows.append(("elastic: GPU-seconds held (USD)",
+                     f"{elastic['gpu_seconds']:,.0f} ({elastic['usd']:,.2f})"))
     for label, value in rows:
         table.add_row(label, value, "", "", "")
     caption = f"fleetsim {s['engine_build']}" if s.get("engine_build") else ""

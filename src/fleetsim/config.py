@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetsim.configutil import apply_overrides, from_dict
+from fleetsim.elastic_config import ElasticConfig, check_elastic
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import read_toml
 from fleetsim.metrics.summary import SLOConfig
@@ -306,6 +307,8 @@ class SimConfig:
     """Stop simulating at this simulated time (None: run until every request finishes)."""
     group: GroupConfig | None = None
     """Run the pool's replicas as one instance group (docs/groups.md; None: replicas)."""
+    elastic: ElasticConfig | None = None
+    """An elastic cluster: GPUs joining and leaving, a deployment planner (docs/elastic.md)."""
 
     @property
     def pools(self) -> tuple[PoolConfig, ...]:
@@ -339,6 +342,11 @@ class SimConfig:
                              "cluster.pools / programs or drop [group]")
         if self.until_s is not None and not self.until_s > 0:
             raise ValueError(f"until_s must be > 0 seconds or unset, got {self.until_s}")
+        if self.elastic is not None:
+            if self.group is not None:
+                raise ValueError("group and elastic cannot be combined yet: an instance group "
+                                 "plans over fixed instances; drop [group] or [elastic]")
+            check_elastic(self.elastic, self.pools, self.programs is not None)
         if self.programs is not None and self.workload != WorkloadConfig():
             # An error, not a warning: programs replace the workload, so a workload key set
             # beside them (a rate, --isl) would be ignored while the user believes it applies.

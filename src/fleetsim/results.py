@@ -35,6 +35,7 @@ RESULT_NAMES = frozenset({
     "repro.json", "figure.png", "runs",  # repro
     "scoreboard.json", "scoreboard.html", "figures",  # repro all
     "timeline.csv", "gantt.png",  # rl run
+    "elastic_timeline.json",  # run with [elastic]
 })
 """Names fleetsim writes in a results folder; a folder holding anything else is not replaced."""
 TMP_PREFIX = ".fleetsim-"
@@ -294,6 +295,8 @@ def write_run_files(folder: Path, summary: dict[str, Any], config: dict[str, Any
     write_json(folder / "summary.json", summary)
     write_json(folder / "config.json", config)
     write_requests_csv(folder / "requests.csv", requests, unfinished)
+    if "elastic" in summary:  # the deployment changes of an elastic run, in time order
+        write_json(folder / "elastic_timeline.json", summary["elastic"]["timeline"])
 
 
 def write_run(out: Path, summary: dict[str, Any], config: dict[str, Any],

@@ -34,11 +34,18 @@ from fleetsim.perf.pipeline import (
 from fleetsim.perf.plugins import make_step_model
 from fleetsim.policies import make_batch_policy, make_group_planner, make_ordering
 from fleetsim.policies.eviction import make_eviction
+from fleetsim.policies.planners import make_planner, make_trigger
 from fleetsim.policies.routing import make_router
 from fleetsim.programs.metrics import program_summary
 from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate
+from fleetsim.serving.elastic_control import (
+    ControlSettings,
+    ElasticController,
+    GpuChange,
+    elastic_pools,
+)
 from fleetsim.serving.groups import GroupSetup
 from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
@@ -377,9 +384,11 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
             order_key=make_ordering(config.policy.ordering), router=router,
             decode_router=decode_router, eviction_key=make_eviction(config.policy.eviction),
             rng=streams["routing"])
+        elastic = _elastic_controller(config, model, pools, float(workload.arrival_s[0]))
         records, cluster = simulate(workload, pools, settings, plugins,
                                     progress=_progress(progress, workload),
-                                    source=tracker or source, group=group)
+                                    source=tracker or source, group=group,
+                                    controllers=[elastic] if elastic is not None else ())
     except Exception as err:  # a user plug-in that raised: name the config field that loaded it
         raise plugin_error(err, _plugin_names(config)) or err from None
     if config.programs is not None:
@@ -436,6 +445,15 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
         "workload": workload.name, "perf_sources": first["perf_sources"],
         **summary,
     }
+    if elastic is not None:
+        end_s = float(np.nanmax(records.requests["finish_s"])) if len(
+            records.requests["finish_s"]) else cluster.now_s
+        summary["elastic"] = report = elastic.report(end_s)
+        # What the GPUs held cost (the summary's ``cost`` prices the initial deployment).
+        usd_per_gpu_s = {p["name"]: p["usd_per_hour"] / 3600 / (p["tp"] * p["num_replicas"])
+                         for p in pool_infos}
+        report["usd"] = sum(usd_per_gpu_s[name] * s
+                            for name, s in report["gpu_seconds_by_pool"].items())
     if workload.num_unserved_skipped:
         summary["num_unserved_skipped"] = workload.num_unserved_skipped
     summary["engine_build"] = engine_build()
@@ -444,6 +462,28 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
     if given is not None:  # the config's trace or generator was not used: say what was
         plain["workload"] = {**plain["workload"], "trace": None, "given": given.name}
     return RunResult(plain, summary, records, workload, unfinished, program_rows)
+
+
+def _elastic_controller(config: SimConfig, model: ModelSpec, pools: list[PoolSetup],
+                        start_s: float) -> ElasticController | None:
+    """The controller of ``[elastic]`` (None without it); bad planner or trigger names and
+    arguments fail here, before the run."""
+    ec = config.elastic
+    if ec is None:
+        return None
+    planner = make_planner(ec.planner) if ec.planner is not None else None
+    trigger = make_trigger(ec.trigger)
+    tp = {p.name: p.tp for p in config.pools}
+    # The weights one replica loads: every GPU's shard (replicated layers on each).
+    weights = {name: float(model.weight_bytes_per_gpu(t) * t) for name, t in tp.items()}
+    settings = ControlSettings(
+        schedule=tuple(GpuChange(at_s=c.at_s, pool=c.pool, num_gpus=c.num_gpus)
+                       for c in ec.schedule),
+        leave_rule=ec.leave_rule, load_from=ec.load_from, startup_s=ec.startup_s,
+        monitor_interval_s=ec.monitor_interval_s, plan_overhead_s=ec.plan_overhead_s)
+    return ElasticController(settings, elastic_pools(pools, weights, tp), planner=planner,
+                             trigger=trigger, block_size=config.engine.block_size,
+                             max_running=config.engine.max_running, start_s=start_s)
 
 
 def _tool_kv_report(config: SimConfig, cluster: Any) -> dict[str, Any]:

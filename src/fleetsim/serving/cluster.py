@@ -126,34 +126,16 @@ class Cluster:
         # every arrival to the group's queue: its planner assigns it.
         self.group: InstanceGroup | None = None
         self._next_request_id = 0
+        self._make_replica = make_replica
+        self._block_size = block_size
+        self._kv_args = (hash_block_tokens, enable_prefix_caching, eviction_key)
+        self._kv_bytes_per_token = kv_bytes_per_token
+        self._kv_retention = kv_retention
         entry: list[ReplicaView] = []
         decode: list[ReplicaView] = []
         for pool in pools:
             for _ in range(pool.num_replicas):
-                rid = len(self.replicas)
-                kv = KVCache(pool.num_kv_blocks, block_size, hash_block_tokens,
-                             enable_prefix_caching, PrefixCache(eviction_key))
-                host = None
-                if pool.num_host_kv_blocks:
-                    # Swaps cross the replica's PCIe link (the host endpoint's bandwidth),
-                    # not its KV link.
-                    host = HostPool(pool.num_host_kv_blocks)
-                    self.transfers.add_endpoint(host_endpoint(rid), pool.host_bw_bytes_per_s,
-                                                pool.host_bw_bytes_per_s)
-                    self.transfers.add_endpoint(gpu_dma_endpoint(rid), math.inf, math.inf)
-                self.transfers.add_endpoint(rid, pool.link_bw_bytes_per_s,
-                                            pool.link_bw_bytes_per_s)
-                replica = make_replica(
-                    step_model=pool.step_model, kv=kv, replica_id=rid, role=pool.role,
-                    pool=pool.name, on_handoff=self._on_handoff,
-                    transfers=self.transfers, host=host, kv_bytes_per_token=kv_bytes_per_token,
-                    host_latency_s=pool.host_latency_s,
-                    # Only a mixed replica takes the follow-up that would reuse kept KV (in
-                    # P/D a call's KV ends on a decode replica, its follow-up prefills
-                    # elsewhere).
-                    retention=kv_retention if pool.role == "mixed" else None)
-                self.replicas.append(replica)
-                self.pool_of.append(pool.name)
+                replica = self.new_replica(pool, pool.role)
                 (decode if pool.role == "decode" else entry).append(replica.view)
         recorder.pool_of = self.pool_of
         # Prefix KV put into a replica from outside it (a pool's reads, a migrated context)
@@ -161,9 +143,7 @@ class Cluster:
         self.kv_placement = KVPlacement(self.replicas, self.transfers, kv_bytes_per_token)
         self.entry_view = ClusterView(entry, rng, decode)
         self.decode_view = ClusterView(decode, rng)
-        self._block_size = block_size
-        self._entry_min_blocks = min(v.num_kv_blocks for v in entry)
-        self._decode_min_blocks = min((v.num_kv_blocks for v in decode), default=0)
+        self.set_serving(entry, decode)
         # A router that manages more than the choice (a cluster-wide prefix pool) is given
         # the cluster once, before any arrival.
         attach = getattr(router, "attach", None)
@@ -174,6 +154,49 @@ class Cluster:
         sim.on(WAKE_UP, Replica.wake_up, "wake_up")
         sim.on(CONTROLLER_TICK, self._on_tick, "controller_tick")
         sim.on(KV_EXPIRE, on_expire, "kv_expire")
+
+    def new_replica(self, pool: PoolSetup, role: str) -> Replica:
+        """Build one replica of ``pool`` in ``role`` with the next id, its KV cache and its
+        transfer endpoints (the constructor's, and an elastic cluster's at run time). It is
+        in no routing view until ``set_serving`` puts it there."""
+        rid = len(self.replicas)
+        hash_block_tokens, enable_prefix_caching, eviction_key = self._kv_args
+        kv = KVCache(pool.num_kv_blocks, self._block_size, hash_block_tokens,
+                     enable_prefix_caching, PrefixCache(eviction_key))
+        host = None
+        if pool.num_host_kv_blocks:
+            # Swaps cross the replica's PCIe link (the host endpoint's bandwidth),
+            # not its KV link.
+            host = HostPool(pool.num_host_kv_blocks)
+            self.transfers.add_endpoint(host_endpoint(rid), pool.host_bw_bytes_per_s,
+                                        pool.host_bw_bytes_per_s)
+            self.transfers.add_endpoint(gpu_dma_endpoint(rid), math.inf, math.inf)
+        self.transfers.add_endpoint(rid, pool.link_bw_bytes_per_s, pool.link_bw_bytes_per_s)
+        replica = self._make_replica(
+            step_model=pool.step_model, kv=kv, replica_id=rid, role=role,
+            pool=pool.name, on_handoff=self._on_handoff,
+            transfers=self.transfers, host=host, kv_bytes_per_token=self._kv_bytes_per_token,
+            host_latency_s=pool.host_latency_s,
+            # Only a mixed replica takes the follow-up that would reuse kept KV (in
+            # P/D a call's KV ends on a decode replica, its follow-up prefills
+            # elsewhere).
+            retention=self._kv_retention if role == "mixed" else None)
+        if self.source is not None and self.source.wants_finishes:
+            replica.on_finish = self._on_finish
+        self.replicas.append(replica)
+        self.pool_of.append(pool.name)
+        return replica
+
+    def set_serving(self, entry: Sequence[ReplicaView], decode: Sequence[ReplicaView]) -> None:
+        """The replicas the routers choose from from now on: ``entry`` (mixed or prefill)
+        and ``decode`` (an elastic cluster changes them as replicas join, leave or flip)."""
+        if not entry:
+            raise ValueError("a cluster needs at least one serving entry replica")
+        self.entry_view.replicas = list(entry)
+        self.entry_view.next_stage = list(decode)
+        self.decode_view.replicas = self.entry_view.next_stage
+        self._entry_min_blocks = min(v.num_kv_blocks for v in entry)
+        self._decode_min_blocks = min((v.num_kv_blocks for v in decode), default=0)
 
     # ---- the source ------------------------------------------------------------------
     @property

@@ -11,10 +11,12 @@ method that reads an exact view at ``now_s`` and returns a plan or a choice (STY
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
+from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import KVView, ReplicaView
 
@@ -192,3 +194,68 @@ class Controller(Protocol):
 
 MakeBatchPolicy = Callable[[], BatchPolicy]
 """Builds one fresh batching policy (one per replica: policies may keep per-replica state)."""
+
+
+# ---- deployment planners and re-planning triggers (``serving/elastic_control.py``) ---------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolState:
+    """One pool as a deployment planner sees it at a monitoring point."""
+
+    name: str
+    role: str
+    """The pool's configured role (mixed, or prefill/decode of a P/D cluster)."""
+    num_gpus_per_replica: int
+    max_replicas: int
+    """Replicas the GPUs the pool has now can hold (the join/leave schedule moves it)."""
+    num_replicas_by_role: Mapping[str, int]
+    """role -> replicas serving or loading in it now (leaving ones not counted)."""
+    step_model: StepTimeModel
+    """The pool's performance model: what a planner profiles instead of a GPU."""
+    num_kv_blocks: int
+    block_size: int
+    max_running: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MonitorWindow:
+    """What was measured over the last monitoring interval ``[start_s, end_s)``: arrivals
+    (count and prompt lengths, as a front end sees them) and the requests that finished in
+    it (output lengths and latencies). Means are NaN when nothing was counted."""
+
+    start_s: float
+    end_s: float
+    num_arrivals: int
+    mean_prompt_tokens: float
+    num_finished: int
+    mean_output_tokens: float
+    mean_ttft_s: float
+    mean_itl_s: float
+    """Mean time per output token after the first, over finished requests."""
+    num_waiting: int
+    """Requests queued (not running) on serving replicas at ``end_s``."""
+    num_in_flight_by_role: Mapping[str, int]
+    """role -> requests running or waiting on serving replicas of that role at ``end_s``."""
+
+    @property
+    def interval_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+Deployment = Mapping[tuple[str, str], int]
+"""A planner's plan: (pool name, role) -> replicas. Pairs left out keep their count; the
+engine clamps each pool to its ``max_replicas`` and keeps one replica of every stage."""
+
+
+class DeploymentPlanner(Protocol):
+    """``plan(pools, window, now_s) -> Deployment``: the replicas each pool should run in
+    each role, from the pools' state and the last monitoring window (STYLE.md section 5: a
+    view in, a plan out). May keep state (the static planner remembers its first plan)."""
+
+    def plan(self, pools: Sequence[PoolState], window: MonitorWindow,
+             now_s: float) -> Deployment: ...
+
+
+class ReplanTrigger(Protocol):
+    """``should_replan(window) -> bool``: is this monitoring point one to plan at?"""
+
+    def should_replan(self, window: MonitorWindow) -> bool: ...

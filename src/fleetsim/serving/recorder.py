@@ -147,6 +147,19 @@ class Recorder:
             e2e = online.sum_e2e_s_by_pool
             e2e[pool] = e2e.get(pool, 0.0) + (req.finish_s - req.arrival_s)
 
+    @property
+    def num_finished(self) -> int:
+        """Requests finished so far."""
+        return len(self._rows) // len(REQUEST_COLUMNS)
+
+    def finished_since(self, start: int) -> list[tuple[float, float, float, int]]:
+        """``(arrival_s, first_token_s, finish_s, num_output_tokens)`` of the requests that
+        finished after the first ``start`` (a monitor's window)."""
+        width = len(REQUEST_COLUMNS)
+        rows = self._rows
+        return [(rows[i + 2], rows[i + 6], rows[i + 7], int(rows[i + 4]))
+                for i in range(start * width, len(rows), width)]
+
     def on_abort(self, replica_id: int, req: Request) -> None:
         assert req.abort_reason is not None
         self.aborted.append(AbortedRequest(

@@ -105,6 +105,8 @@ class Replica:
         self.pool = pool
         self.on_handoff = on_handoff  # the cluster routes a handed-off request on
         self.on_finish = on_finish  # a request source wants to know (programs, RL)
+        # An elastic cluster waits for a leaving replica to run dry (``serving/elastic.py``).
+        self.on_idle: Callable[[Replica], None] | None = None
         self.moves = KVMoves(self, transfers, host, kv_bytes_per_token, host_latency_s)
         self.track_itl = track_itl  # inter-token gaps (serving/itl.py), when asked for
         self.host = host
@@ -352,6 +354,30 @@ class Replica:
         self.forget(req)
         self._load_tokens -= req.num_tokens - req.num_computed_tokens
         return req
+
+    def evict_all(self) -> list[Request]:
+        """Take every waiting and running request out now, for an elastic cluster to queue
+        elsewhere: a running one leaves the batch and its KV is dropped (its work in the
+        step in progress and since its last admission is lost, counted as recomputed, as a
+        preemption by recompute). Requests whose KV is moving (swaps, handoffs) stay."""
+        self.interrupt()
+        out: list[Request] = []
+        for req in list(self.running):
+            self.leave_running(req, "re-queues")
+            self._drop_from_step(req)
+            self.kv.release(req)
+            self._load_tokens -= req.num_tokens - req.num_computed_tokens
+            req.num_recomputed_tokens += req.num_computed_tokens - req.num_prefix_hit_tokens
+            req.num_computed_tokens = 0
+            req.num_preemptions += 1
+            req.state = WAITING
+            self.forget(req)
+            out.append(req)
+        for req in list(self.waiting):
+            taken = self.take_waiting(req.id)
+            assert taken is not None
+            out.append(taken)
+        return out
 
     def abort(self, request_id: int, reason: str) -> bool:
         """End a request now, before it finishes (its client left): a waiting one leaves the
