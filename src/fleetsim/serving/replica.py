@@ -105,7 +105,9 @@ class Replica:
         self.pool = pool
         self.on_handoff = on_handoff  # the cluster routes a handed-off request on
         self.on_finish = on_finish  # a request source wants to know (programs, RL)
-        # An elastic cluster waits for a leaving replica to run dry (``serving/elastic.py``).
+        # Told when the replica runs out of work: an elastic cluster waits for a leaving
+        # replica to run dry (``serving/elastic.py``), an instance group hears of an idle
+        # member (``serving/groups.py``). One owner at a time (config refuses both at once).
         self.on_idle: Callable[[Replica], None] | None = None
         self.moves = KVMoves(self, transfers, host, kv_bytes_per_token, host_latency_s)
         self.track_itl = track_itl  # inter-token gaps (serving/itl.py), when asked for
@@ -145,7 +147,6 @@ class Replica:
         # An instance group (``groups.py``) holds a member at its next step boundary while it
         # changes the member's instances, and hears when a member runs out of work.
         self.group_hold: Callable[[Replica], None] | None = None
-        self.on_idle: Callable[[Replica], None] | None = None
         self.batch_policy: BatchPolicy = batch_policy
         self.order_key = order_key
         self.fast_forward = False
