@@ -20,11 +20,13 @@ from fleetsim.metrics.overload import overload_check
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.models.quantization import quantize
+from fleetsim.models.speculative import SpeculativeConfig, tokens_per_step
 from fleetsim.moe.serving import EpStepModel
 from fleetsim.native import engine_build
 from fleetsim.perf import kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.perf.plugins import make_step_model
+from fleetsim.perf.speculative import SpeculativeStepModel
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.routing import make_router
@@ -36,6 +38,7 @@ from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
+from fleetsim.serving.speculative import Emission
 from fleetsim.workloads import Workload, build_workload
 from fleetsim.workloads.transforms import fit_context
 
@@ -124,12 +127,25 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int
     """The step model ``config.engine`` names, for one replica of ``tp`` ``gpu``s."""
     eng = config.engine
     model = quantize(model, config.quantization, eng.kv_cache_dtype)
-    return make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
-                           backend=config.perf_backend, step_overhead_s=eng.step_overhead_s,
-                           step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
-                           kernel_time_scale=eng.kernel_time_scale,
-                           async_scheduling=eng.async_scheduling,
-                           async_step_gap_s=eng.async_step_gap_s)
+    step_model = make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
+                                 backend=config.perf_backend,
+                                 step_overhead_s=eng.step_overhead_s,
+                                 step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
+                                 kernel_time_scale=eng.kernel_time_scale,
+                                 async_scheduling=eng.async_scheduling,
+                                 async_step_gap_s=eng.async_step_gap_s)
+    if eng.speculative is not None:
+        step_model = SpeculativeStepModel(step_model, model, eng.speculative)
+    return step_model
+
+
+def speculative_emission(spec: SpeculativeConfig | None) -> Emission | None:
+    """The engine's emission schedule for ``engine.speculative`` (None: off)."""
+    if spec is None:
+        return None
+    tau = tokens_per_step(spec)
+    return Emission(tau.numerator, tau.denominator, spec.num_speculative_tokens,
+                    spec.uses_draft_kv)
 
 
 def engine_settings(config: SimConfig, model: ModelSpec) -> EngineSettings:
@@ -141,7 +157,8 @@ def engine_settings(config: SimConfig, model: ModelSpec) -> EngineSettings:
         max_running=eng.max_running, enable_prefix_caching=eng.enable_prefix_caching,
         fast_forward=eng.fast_forward, debug=eng.debug,
         kv_bytes_per_token=float(model.kv_bytes_per_token()),
-        link_latency_s=config.cluster.link.latency_s)
+        link_latency_s=config.cluster.link.latency_s,
+        speculative=speculative_emission(eng.speculative))
 
 
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
@@ -156,6 +173,11 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         try:
             gpu = get_gpu(pool.gpu, config.hardware.catalog)
             step_model = pool_step_model(config, model, gpu, pool.tp)
+            if pool.ep is not None and eng.speculative is not None:
+                raise FleetsimInputError(
+                    "engine.speculative", eng.speculative.method,
+                    "speculative decoding is not priced with expert parallelism yet; remove "
+                    "hardware.ep or engine.speculative")
             if pool.ep is not None:
                 step_model = EpStepModel(step_model, model, gpu, pool.tp, pool.ep,
                                          seed=config.seed)

@@ -369,7 +369,7 @@ def build_cluster(
             max_batched_tokens=settings.max_batched_tokens, max_running=settings.max_running,
             fast_forward=settings.fast_forward, debug=settings.debug,
             next_input_hint_s=next_input_hint_s, timeline=timeline,
-            track_itl=settings.track_itl, **kw)
+            track_itl=settings.track_itl, speculative=settings.speculative, **kw)
         replica.until_s = settings.until_s
         return replica
 

@@ -25,9 +25,10 @@ def blocks_short(req: Request, num_tokens: int, block_size: int, blocks_per_entr
     """Blocks ``req`` lacks to hold ``num_tokens`` tokens of KV (negative: it holds more).
 
     The one copy of the block-growth formula: the engine, fast-forward windows and the
-    planners' helpers all call it (a direct call in the compiled engine).
+    planners' helpers all call it (a direct call in the compiled engine). A speculating
+    request also holds its lookahead slots (``Request.num_lookahead_tokens``).
     """
-    return (-(-num_tokens // block_size) - req.num_private_blocks
+    return (-(-(num_tokens + req.num_lookahead_tokens) // block_size) - req.num_private_blocks
             - req.num_cached_entries * blocks_per_entry)
 
 
