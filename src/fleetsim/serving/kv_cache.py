@@ -121,7 +121,8 @@ class KVCache:
         m = self.num_matched_entries(req)
         hit_tokens = m * (self.hash_block_tokens or 0)
         pinned = self.prefix.num_unreferenced(req.hash_ids[:m]) * self.blocks_per_entry
-        new_private = self.num_blocks_for(hit_tokens + num_new_tokens) - m * self.blocks_per_entry
+        new_private = (self.num_blocks_for(hit_tokens + num_new_tokens + req.num_lookahead_tokens)
+                       - m * self.blocks_per_entry)
         return pinned + max(0, new_private)
 
     def num_prefix_hit_tokens(self, req: Request) -> int:
