@@ -215,3 +215,37 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, sets, needle):
     err = capsys.readouterr().err
     assert code == 2
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+# ---- plan: the speculative on/off axis and the vllm serve lines ----------------------------
+def test_plan_tries_each_shape_with_and_without_speculation():
+    from fleetsim.search.deploy import vllm_serve_commands
+    from fleetsim.search.plan import enumerate_shapes
+
+    on = spec(draft_model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+    plain = enumerate_shapes(["h100"], [1], 2)
+    both = enumerate_shapes(["h100"], [1], 2, speculative=(None, on))
+    assert len(both) == 2 * len(plain)
+    assert [s.name for s in both] == [s.name for s in plain] + [
+        f"{s.name} eagle3 k3" for s in plain]
+    config = _config()
+    off_cfg, on_cfg = both[0].apply(config), both[len(plain)].apply(config)
+    assert off_cfg.engine.speculative is None and on_cfg.engine.speculative == on
+    assert both[0].family() != both[len(plain)].family()
+    (line,) = vllm_serve_commands(on_cfg, both[len(plain)].pools)
+    assert ("--speculative-config '{\"method\": \"eagle3\", \"model\": "
+            "\"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B\", \"num_speculative_tokens\": 3}'") in line
+    (line,) = vllm_serve_commands(off_cfg, both[0].pools)
+    assert "--speculative-config" not in line
+
+
+@pytest.mark.parametrize(("flag", "needle"), [
+    ("eagle3", "write METHOD:K"),
+    ("eagle3:0", "num_speculative_tokens must be >= 1"),
+    ("medusa:2", "method must be one of"),
+    ("ngram:3", "ngram has no published acceptance"),
+])
+def test_plan_refuses_bad_speculative_flags(capsys, flag, needle):
+    code = main(["plan", "--gpus", "h100", "--max-gpus", "1", "--speculative", flag])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
