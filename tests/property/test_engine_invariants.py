@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 from tests.conftest import make_workload, simulate
 
 from fleetsim.perf.base import LinearStepModel
-from fleetsim.serving.speculative import Emission
 from fleetsim.policies import (
     BATCH_POLICIES,
     ORDERING_POLICIES,
     PolicySpec,
     make_batch_policy,
 )
+from fleetsim.serving.speculative import Emission
 
 # Every registered batching policy with its default args, plus the argument variants that
 # change its behaviour: new registrations are covered without editing this list.
