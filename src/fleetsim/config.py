@@ -104,7 +104,7 @@ class EngineConfig:
     """Speculative decoding, vLLM's ``--speculative-config``: {method = "eagle3" | "eagle" |
     "mtp" | "ngram", num_speculative_tokens = k, acceptance = rate or [k rates] |
     mean_accepted_tokens = tau} (acceptance defaults to a published figure per method;
-    docs/serving.md). Each decode step drafts k tokens and verifies k + 1."""
+    docs/engine.md). Each decode step drafts k tokens and verifies k + 1."""
     step_model: PolicySpec = field(default_factory=lambda: PolicySpec(name="table"))
     """Step-time model: {name = "table"} (measured kernel tables, roofline fallback) or a user
     class {name = "pkg.mod:Name", args = {...}}, built as Name(model=, gpu=, tp=, **args)."""

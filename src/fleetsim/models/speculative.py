@@ -58,7 +58,7 @@ class SpeculativeConfig:
     acceptance: float | tuple[float, ...] | None = None
     """Per-position acceptance rate in (0, 1], one for all positions or a list of k (the i-th
     given the ones before were accepted); None: ``mean_accepted_tokens`` or the method's
-    published figure (docs/serving.md)."""
+    published figure (docs/engine.md)."""
     mean_accepted_tokens: float | None = None
     """Mean tokens emitted per step, bonus token included (vLLM's "mean acceptance length"),
     in [1, k + 1]; instead of ``acceptance``."""

@@ -81,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    metavar="METHOD:K[,...]",
                    help="the speculative on/off axis: each shape without speculation and with "
                         "each METHOD:K (eagle3:3, mtp:1, ...; acceptance defaults per method, "
-                        "docs/serving.md), or, with no value, with the config's "
+                        "docs/engine.md), or, with no value, with the config's "
                         "engine.speculative")
     p.add_argument("--requests-per-gpu", type=int, default=1000,
                    help="cut the workload to N x GPUs requests per probe when the config "
