@@ -118,11 +118,10 @@ class Replica:
         # queue it itself (``queue_arrived``) once they land; False lets it queue now.
         self.prefix_fetch: Callable[[PlacementPort, Request], bool] | None = None
         # Speculative decoding: decode steps emit a scheduled number of tokens
-        # (``serving/speculative.py``). Fast-forward windows assume one token per decode step,
-        # so a speculating replica steps one at a time (same results, more events).
+        # (``serving/speculative.py``); windows follow the same schedule.
         self.speculative = speculative
         self._lookahead = speculative.num_lookahead_tokens if speculative is not None else 0
-        self._fast_forward_wanted = fast_forward and speculative is None
+        self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
         self._timeline = timeline
         # Known tokens still to compute over all queued requests: prefill backlog plus one per
@@ -133,7 +132,7 @@ class Replica:
         # counter above already left them out (``load_tokens`` adds back those still ahead).
         self._finish_times: list[float] = []
         self._step: Step | None = None
-        self._windows = DecodeWindows(kv, step_model, next_input_hint_s, timeline)
+        self._windows = DecodeWindows(kv, step_model, next_input_hint_s, timeline, speculative)
         self.running: list[Request] = []
         self.waiting: list[Request] = []
         self._running_keys: list[tuple] = []
@@ -664,14 +663,20 @@ class Replica:
         rows: list[Row] = []
         ends = w.ends
         n, a, t = len(step.decodes), 0, step.start_s
+        # tokens emitted through step x: one per decoder and step, or the speculative schedule
+        emitted = self._windows.emitted_through if w.emitted0 else None
         for left in w.finish_steps:
             if left > a:
-                rows.append((ends[left - 1], ends[left - 1] - t, 0.0, left - a, n * (left - a),
+                tokens = (n * (left - a) if emitted is None
+                          else emitted(step, left) - emitted(step, a))
+                rows.append((ends[left - 1], ends[left - 1] - t, 0.0, left - a, tokens,
                              n, step.num_waiting))
                 a, t = left, ends[left - 1]
             n -= 1
         if num_steps > a:
-            rows.append((horizon_s, horizon_s - t, 0.0, num_steps - a, n * (num_steps - a), n,
+            tokens = (n * (num_steps - a) if emitted is None
+                      else emitted(step, num_steps) - emitted(step, a))
+            rows.append((horizon_s, horizon_s - t, 0.0, num_steps - a, tokens, n,
                          step.num_waiting))
         if rows:
             end_s, busy_s, _, steps, tokens, running, waiting = rows[-1]
