@@ -45,6 +45,7 @@ from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
 from fleetsim.serving.request import Request
 from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.serving.sources import WorkloadSource
+from fleetsim.serving.speculative import Emission
 from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
 from fleetsim.serving.views import ReplicaView
 from fleetsim.serving.window import Step
@@ -468,6 +469,7 @@ def simulate_cluster(
     track_itl: bool = False,
     kv_retention: KVRetention | None = None,
     frontend_overhead_s: float = 0.0,
+    speculative: Emission | None = None,
 ) -> tuple[Records, Cluster]:
     """``simulate`` with the settings and plug-ins as keywords (the field docs of
     ``EngineSettings`` and ``PlugIns`` say what each is): for scripts and tests that set a
@@ -478,7 +480,7 @@ def simulate_cluster(
         track_itl=track_itl, kv_bytes_per_token=kv_bytes_per_token,
         link_latency_s=link_latency_s, frontend_overhead_s=frontend_overhead_s,
         kv_retention=kv_retention, until_s=until_s, timeline=timeline,
-        windows_stop_at_arrivals=windows_stop_at_arrivals)
+        windows_stop_at_arrivals=windows_stop_at_arrivals, speculative=speculative)
     plugins = PlugIns(make_batch_policy=make_batch_policy, order_key=order_key, router=router,
                       decode_router=decode_router, eviction_key=eviction_key, rng=rng)
     return simulate(workload, pools, settings, plugins, source=source,
