@@ -54,6 +54,7 @@ def simulate(
     batch_policy=None,
     timeline=None,
     track_itl=True,
+    speculative=None,
 ):
     """One replica with a constant (or given) step model; returns (records, replica)."""
     model = step_model or ConstantStepModel(step_time_s)
@@ -64,7 +65,7 @@ def simulate(
         max_running=max_running, enable_prefix_caching=prefix_caching,
         fast_forward=fast_forward, debug=debug, until_s=until_s,
         windows_stop_at_arrivals=windows_stop_at_arrivals, timeline=timeline,
-        track_itl=track_itl,
+        track_itl=track_itl, speculative=speculative,
     )
 
 

@@ -19,6 +19,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import read_toml
 from fleetsim.metrics.summary import SLOConfig
 from fleetsim.models.quantization import check_kv_cache_dtype, quant_mode
+from fleetsim.models.speculative import SpeculativeConfig
 from fleetsim.moe.serving import PoolEpConfig
 from fleetsim.programs.config import ProgramWorkloadConfig
 from fleetsim.registry import PolicySpec
@@ -106,6 +107,11 @@ class EngineConfig:
     """KV-cache element type, vLLM's ``--kv-cache-dtype``: auto (the model's, BF16) | bfloat16 |
     fp8 (also fp8_e4m3, fp8_e5m2): half the bytes per cached token, so twice the KV blocks,
     and FP8 attention where the GPU has FP8 units (docs/perf_model.md)."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding, vLLM's ``--speculative-config``: {method = "eagle3" | "eagle" |
+    "mtp" | "ngram", num_speculative_tokens = k, acceptance = rate or [k rates] |
+    mean_accepted_tokens = tau} (acceptance defaults to a published figure per method;
+    docs/engine.md). Each decode step drafts k tokens and verifies k + 1."""
     step_model: PolicySpec = field(default_factory=lambda: PolicySpec(name="table"))
     """Step-time model: {name = "table"} (measured kernel tables, roofline fallback) or a user
     class {name = "pkg.mod:Name", args = {...}}, built as Name(model=, gpu=, tp=, **args)."""

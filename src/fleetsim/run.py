@@ -21,6 +21,7 @@ from fleetsim.metrics.overload import overload_check
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.models.quantization import quantize
+from fleetsim.models.speculative import SpeculativeConfig, tokens_per_step
 from fleetsim.moe.serving import EpStepModel
 from fleetsim.native import engine_build
 from fleetsim.perf import TableStepModel, kv_capacity_blocks
@@ -32,6 +33,7 @@ from fleetsim.perf.pipeline import (
     stage_spec,
 )
 from fleetsim.perf.plugins import make_step_model
+from fleetsim.perf.speculative import SpeculativeStepModel
 from fleetsim.policies import make_batch_policy, make_group_planner, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.planners import make_planner, make_trigger
@@ -51,6 +53,7 @@ from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
+from fleetsim.serving.speculative import Emission
 from fleetsim.workloads import Workload, build_workload
 from fleetsim.workloads.transforms import fit_context
 
@@ -139,12 +142,30 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int, 
     """The step model ``config.engine`` names, for one replica of ``tp`` x ``pp`` ``gpu``s."""
     eng = config.engine
     model = quantize(model, config.quantization, eng.kv_cache_dtype)
-    return make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
-                           backend=config.perf_backend, step_overhead_s=eng.step_overhead_s,
-                           step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
-                           kernel_time_scale=eng.kernel_time_scale,
-                           async_scheduling=eng.async_scheduling,
-                           async_step_gap_s=eng.async_step_gap_s, pp=pp)
+    step_model = make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
+                                 backend=config.perf_backend,
+                                 step_overhead_s=eng.step_overhead_s,
+                                 step_overhead_per_seq_s=eng.step_overhead_per_seq_s,
+                                 kernel_time_scale=eng.kernel_time_scale,
+                                 async_scheduling=eng.async_scheduling,
+                                 async_step_gap_s=eng.async_step_gap_s, pp=pp)
+    if eng.speculative is not None:
+        if pp > 1:
+            raise FleetsimInputError(
+                "engine.speculative", eng.speculative.method,
+                "speculative decoding is not priced with pipeline parallelism yet; remove "
+                "hardware.pp or engine.speculative")
+        step_model = SpeculativeStepModel(step_model, model, eng.speculative)
+    return step_model
+
+
+def speculative_emission(spec: SpeculativeConfig | None) -> Emission | None:
+    """The engine's emission schedule for ``engine.speculative`` (None: off)."""
+    if spec is None:
+        return None
+    tau = tokens_per_step(spec)
+    return Emission(tau.numerator, tau.denominator, spec.num_speculative_tokens,
+                    spec.uses_draft_kv)
 
 
 def engine_settings(config: SimConfig, model: ModelSpec) -> EngineSettings:
@@ -156,7 +177,8 @@ def engine_settings(config: SimConfig, model: ModelSpec) -> EngineSettings:
         max_running=eng.max_running, enable_prefix_caching=eng.enable_prefix_caching,
         fast_forward=eng.fast_forward, debug=eng.debug,
         kv_bytes_per_token=float(model.kv_bytes_per_token()),
-        link_latency_s=config.cluster.link.latency_s)
+        link_latency_s=config.cluster.link.latency_s,
+        speculative=speculative_emission(eng.speculative))
 
 
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
@@ -170,6 +192,11 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         where = f"cluster.pools[{i}] ({pool.name})" if config.cluster.pools else "hardware"
         try:
             gpu = get_gpu(pool.gpu, config.hardware.catalog)
+            if pool.ep is not None and eng.speculative is not None:
+                raise FleetsimInputError(
+                    "engine.speculative", eng.speculative.method,
+                    "speculative decoding is not priced with expert parallelism yet; remove "
+                    "hardware.ep or engine.speculative")
             step_model = pool_step_model(config, model, gpu, pool.tp, pool.pp)
             if pool.ep is not None and pool.pp > 1:
                 step_model = pipeline_with_ep(config, model, gpu, pool, step_model)
@@ -243,7 +270,8 @@ def group_setup(config: SimConfig, model: ModelSpec, pools: list[PoolSetup]) -> 
     if not isinstance(step, TableStepModel):
         raise FleetsimInputError("group.step_model", group.step_model,
                                  "esp prices a member from the built-in table step model; "
-                                 "unset engine.step_model (and hardware.ep; pp stays 1)")
+                                 "unset engine.step_model, hardware.ep, hardware.pp and "
+                                 "engine.speculative")
     cost = EspCostModel(model, get_gpu(pool.gpu, config.hardware.catalog), pool.tp, step=step)
     by_degree: dict[int, EspStepModel] = {}
 

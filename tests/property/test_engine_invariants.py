@@ -14,6 +14,7 @@ from fleetsim.policies import (
     PolicySpec,
     make_batch_policy,
 )
+from fleetsim.serving.speculative import Emission
 
 # Every registered batching policy with its default args, plus the argument variants that
 # change its behaviour: new registrations are covered without editing this list.
@@ -200,3 +201,75 @@ def test_pipeline_replica_fast_forward_equals_stepping(workload, kv_blocks, pp, 
         assert np.array_equal(values, fast.requests[col], equal_nan=True), col
     assert np.array_equal(slow.itl_gaps_s, fast.itl_gaps_s)
     assert slow.num_steps == fast.num_steps
+
+
+@st.composite
+def emissions(draw):
+    """A speculating replica's schedule: k draft tokens, tau in [1, k + 1] (to 1/1000)."""
+    k = draw(st.integers(1, 7))
+    tau_num = draw(st.integers(1000, (k + 1) * 1000))
+    return Emission(tau_num, 1000, k, draft_kv=draw(st.booleans()))
+
+
+@settings(max_examples=120, deadline=None)
+@given(workload=workloads(), kv_blocks=st.integers(4, 64),
+       ordering=st.sampled_from(sorted(ORDERING_POLICIES)),
+       budget=st.sampled_from([16, 64, 512]), max_running=st.integers(1, 8),
+       spec=st.sampled_from(POLICY_SPECS), emission=emissions())
+def test_speculative_steps_conserve_tokens_and_kv(
+        workload, kv_blocks, ordering, budget, max_running, spec, emission):
+    """Speculating replicas keep every invariant (debug checks on: KV conservation, the load
+    counter, queue states) for every policy: all finish with their output lengths, computed
+    tokens are conserved, KV use stays within capacity with the lookahead slots held, and no
+    decode step emits more than k + 1 tokens."""
+    # every request must fit with its lookahead slots (vLLM would refuse it otherwise)
+    total = workload.num_prompt_tokens + workload.num_output_tokens
+    assume(bool((-(-(total + emission.num_lookahead_tokens) // BLOCK) <= kv_blocks).all()))
+    policy = _policy(spec)
+    assume(policy.splits_prompts or int(total.max()) <= budget)
+    rec, replica = simulate(workload, kv_blocks=kv_blocks, ordering=ordering,
+                            max_batched_tokens=budget, max_running=max_running,
+                            batch_policy=policy, debug=True, speculative=emission, **common)
+    r = rec.requests
+    assert len(r["request_id"]) == len(workload)
+    order = np.argsort(r["request_id"])
+    assert (r["num_output_tokens"][order] == workload.num_output_tokens).all()
+    assert (r["num_computed_tokens"] == r["num_prompt_tokens"] - r["num_prefix_hit_tokens"]
+            + r["num_output_tokens"] - 1 + r["num_recomputed_tokens"]).all()
+    assert rec.timeline["num_tokens"].sum() == r["num_computed_tokens"].sum()
+    assert (rec.timeline["num_used_blocks"] <= kv_blocks).all()
+    assert np.all(np.diff(rec.timeline["end_s"]) >= 0)
+    assert replica.kv.num_used_blocks == 0
+    # a decoding request's gaps: one per step, each step at most k + 1 tokens
+    assert (rec.itl_counts.sum() >= np.maximum(
+        0, -(-(r["num_output_tokens"] - 1) // emission.max_tokens)).sum())
+
+
+@settings(max_examples=120, deadline=None)
+@given(workload=workloads(), kv_blocks=st.integers(8, 64), emission=emissions(),
+       ordering=st.sampled_from(sorted(ORDERING_POLICIES)), max_running=st.integers(1, 8),
+       stop_at_arrivals=st.booleans(), spec=st.sampled_from(POLICY_SPECS))
+def test_speculative_fast_forward_equals_step_by_step(
+        workload, kv_blocks, emission, ordering, max_running, stop_at_arrivals, spec):
+    """Windows of speculating decoders (each on its own emission schedule, finishing and
+    taking blocks at the steps the schedule says) give exactly the step-by-step results, for
+    every policy, with windows stopped at arrivals or cut back when one comes."""
+    total = workload.num_prompt_tokens + workload.num_output_tokens
+    assume(bool((-(-(total + emission.num_lookahead_tokens) // BLOCK) <= kv_blocks).all()))
+    splits = _policy(spec).splits_prompts
+    if not splits:
+        assume(int(total.max()) <= 512)
+    kw = dict(kv_blocks=kv_blocks, ordering=ordering, max_running=max_running,
+              max_batched_tokens=128 if splits else 512, speculative=emission, **common)
+    slow, _ = simulate(workload, fast_forward=False, batch_policy=_policy(spec), **kw)
+    fast, _ = simulate(workload, fast_forward=True, windows_stop_at_arrivals=stop_at_arrivals,
+                       batch_policy=_policy(spec), **kw)
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    assert np.array_equal(slow.itl_gaps_s, fast.itl_gaps_s)
+    assert np.array_equal(slow.itl_counts, fast.itl_counts)
+    assert slow.num_steps == fast.num_steps
+    assert slow.timeline["num_tokens"].sum() == fast.timeline["num_tokens"].sum()
+    assert np.isclose(slow.kv_block_seconds_by_replica[0], fast.kv_block_seconds_by_replica[0],
+                      rtol=1e-9)
+    assert np.isclose(slow.busy_s_by_replica[0], fast.busy_s_by_replica[0], rtol=1e-9)

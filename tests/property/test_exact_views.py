@@ -12,6 +12,7 @@ from tests.unit.test_cluster import pools, random_workload, sim
 
 from fleetsim.metrics.summary import timeline_bins
 from fleetsim.perf.base import LinearStepModel
+from fleetsim.serving.speculative import Emission
 
 
 class KVReadingRouter:
@@ -46,6 +47,31 @@ def test_a_router_reading_kv_and_token_counts_decides_the_same_with_fast_forward
     fast_router, slow_router = KVReadingRouter(), KVReadingRouter()
     fast, cluster = sim(w, setup, fast_router, max_running=8)
     slow, _ = sim(w, setup, slow_router, max_running=8, fast_forward=False)
+    assert fast_router.log == slow_router.log
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    for replica in cluster.replicas:
+        assert replica.kv.num_used_blocks == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 40),
+       rate=st.sampled_from([5.0, 50.0, 500.0]), shape=st.sampled_from(["mixed", "pd"]),
+       blocks=st.sampled_from([80, 2000]), k=st.integers(1, 5),
+       tau_milli=st.integers(1000, 6000), draft_kv=st.booleans())
+def test_speculating_replicas_read_exactly_mid_window(seed, n, rate, shape, blocks, k,
+                                                      tau_milli, draft_kv):
+    """The router test above on speculating replicas: windows cut back by every arrival and
+    transfer leave the replicas exactly as step by step (tokens emitted on the schedule,
+    lookahead blocks held)."""
+    emission = Emission(min(tau_milli, (k + 1) * 1000), 1000, k, draft_kv)
+    w = random_workload(n, seed=seed, rate=rate, hash_ids=True)
+    setup = (pools(mixed=2, blocks=blocks) if shape == "mixed"
+             else pools(prefill=2, decode=2, blocks=blocks, bw=1e9))
+    fast_router, slow_router = KVReadingRouter(), KVReadingRouter()
+    fast, cluster = sim(w, setup, fast_router, max_running=8, speculative=emission)
+    slow, _ = sim(w, setup, slow_router, max_running=8, fast_forward=False,
+                  speculative=emission)
     assert fast_router.log == slow_router.log
     for col, values in slow.requests.items():
         assert np.array_equal(values, fast.requests[col], equal_nan=True), col

@@ -311,6 +311,34 @@ class TableStepModel:
         excess = self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs - kernels_s
         return excess if excess > self.async_step_gap_s else self.async_step_gap_s
 
+    def step_parts_s(self, prefill_chunks: Sequence[tuple[int, int]], num_tokens: int,
+                     num_seqs: int, num_decode: int, decode_kv_tokens: int) -> float:
+        """GPU kernel seconds of a step with these counts, for models that change a step's
+        shape (speculative decoding: ``perf/speculative.py``); ``num_tokens`` and
+        ``num_seqs`` may exceed the chunks' and decodes' own (verified draft positions).
+        Add ``cpu_s`` for the step's time."""
+        k = self._tok.at(num_tokens) + self._seq.at(num_seqs)
+        k = k + self._dec_a.at(num_decode) + self._dec_c.at(num_decode) * decode_kv_tokens
+        if prefill_chunks:
+            k += self._prefill_attention_s(prefill_chunks)
+        return k
+
+    def cpu_s(self, num_seqs: int, kernels_s: float) -> float:
+        """CPU seconds the GPU waits for in a step of ``num_seqs`` sequences whose kernels
+        take ``kernels_s`` (all of the CPU cost when synchronous)."""
+        if self.async_scheduling:
+            return self._exposed_cpu_s(num_seqs, kernels_s)
+        return self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs
+
+    def layer_pass_s(self, num_tokens: int, num_decode: int, decode_kv_tokens: int,
+                     num_layers: int) -> float:
+        """Kernel seconds of one average layer (token-indexed terms and decode attention,
+        divided by ``num_layers``) over ``num_tokens`` tokens, plus the LM head and sampler
+        for ``num_decode`` sequences: a one-layer draft head of the model's shape."""
+        layers = (self._tok.at(num_tokens) + self._dec_a.at(num_decode)
+                  + self._dec_c.at(num_decode) * decode_kv_tokens) / num_layers
+        return layers + self._seq.at(num_decode)
+
     def per_sequence_s(self, num_seqs: int) -> float:
         """Seconds of the terms priced per sampled sequence: LM head GEMM and sampling."""
         return self._seq.at(num_seqs)

@@ -79,6 +79,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    "1,2 (default 1): a replica is tp x pp GPUs, across nodes past one")
     p.add_argument("--pd", action="store_true",
                    help="also try prefill/decode pools (1P1D, 1P2D, 2P1D, across GPU types)")
+    p.add_argument("--speculative", nargs="?", const="config", default=None,
+                   metavar="METHOD:K[,...]",
+                   help="the speculative on/off axis: each shape without speculation and with "
+                        "each METHOD:K (eagle3:3, mtp:1, ...; acceptance defaults per method, "
+                        "docs/engine.md), or, with no value, with the config's "
+                        "engine.speculative")
     p.add_argument("--requests-per-gpu", type=int, default=1000,
                    help="cut the workload to N x GPUs requests per probe when the config "
                         "sets neither max_requests nor duration_s (default 1000; 0: no cut)")
@@ -197,6 +203,35 @@ def _int_list(flag: str, text: str) -> list[int]:
     return sorted(set(values))
 
 
+def _speculative_axis(text: str | None, config: Any) -> list[Any]:
+    """``--speculative``'s settings to try: none given, the config's own; otherwise off plus
+    the config's engine.speculative (no value) or each METHOD:K."""
+    from fleetsim.models.speculative import SpeculativeConfig
+
+    own = config.engine.speculative
+    if text is None:
+        return [own]
+    if text == "config":
+        if own is None:
+            raise FleetsimInputError("--speculative", "(no value)", "the config sets no "
+                                     "engine.speculative; give METHOD:K, e.g. eagle3:3")
+        return [None, own]
+    axis: list[Any] = [None]
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        method, sep, k = item.partition(":")
+        if not sep or not k.strip().isdigit():
+            raise FleetsimInputError("--speculative", item, "write METHOD:K, e.g. eagle3:3")
+        method = method.strip()
+        # the config's draft checkpoint serves the same method at any k
+        draft = own.draft_model if own is not None and own.method == method else None
+        try:
+            axis.append(SpeculativeConfig(method=method, num_speculative_tokens=int(k),
+                                          draft_model=draft))
+        except ValueError as err:
+            raise FleetsimInputError("--speculative", item, str(err)) from None
+    return axis
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
     from fleetsim.results import StagedFolder, check_out_dir, check_out_file
@@ -237,7 +272,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     try:
         shapes = enumerate_shapes(gpus, tps, args.max_gpus, pd=args.pd,
-                                  catalog=config.hardware.catalog, pps=pps)
+                                  catalog=config.hardware.catalog, pps=pps,
+                                  speculative=_speculative_axis(args.speculative, config))
     except FleetsimInputError as err:
         raise FleetsimInputError("--gpus", err.value, err.fix) from None
     if not shapes:
@@ -352,6 +388,13 @@ def plan_caveats(result: dict[str, Any]) -> list[str]:
             f"SLO, under the {100 * result['target']:g}% target: a short slice overstates "
             f"goodput (raise --requests-per-gpu, 0 for the whole workload, or check with "
             f"fleetsim goodput)")
+    drafts = sorted({r["speculative"]["method"] for r in result["points"]
+                     if r.get("speculative", {}).get("method") in ("eagle", "eagle3")
+                     and '"model"' not in " ".join(r.get("vllm_serve", ()))})
+    if drafts:
+        out.append(f"caveat: vLLM's {'/'.join(drafts)} needs the draft checkpoint in "
+                   f"--speculative-config (\"model\": ...); set engine.speculative.draft_model "
+                   f"to print it")
     return out
 
 

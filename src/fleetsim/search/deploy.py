@@ -20,6 +20,7 @@ from typing import Any
 
 from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.models.catalog import HF_IDS
+from fleetsim.models.speculative import vllm_speculative_json
 
 
 def hf_repo_id(model: str) -> str:
@@ -56,6 +57,8 @@ def vllm_serve_commands(config: SimConfig, pools: Sequence[PoolConfig]) -> list[
             cmd += ["--quantization", _vllm_quantization(config.quantization)]
         if eng.kv_cache_dtype != "auto":
             cmd += ["--kv-cache-dtype", eng.kv_cache_dtype]
+        if eng.speculative is not None:
+            cmd += ["--speculative-config", vllm_speculative_json(eng.speculative)]
         if not eng.enable_prefix_caching:
             cmd.append("--no-enable-prefix-caching")
         if args.get("enable_chunked_prefill") is False:

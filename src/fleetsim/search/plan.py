@@ -17,6 +17,7 @@ from typing import Any
 from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
+from fleetsim.models.speculative import SpeculativeConfig
 from fleetsim.search.deploy import deployment_row, per_user_front, vllm_serve_commands
 from fleetsim.search.goodput import (
     GoodputResult,
@@ -36,17 +37,21 @@ class Shape:
     """One cluster layout: its pools (a single mixed pool, or a prefill and a decode pool)."""
 
     pools: tuple[PoolConfig, ...]
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding of every replica (``engine.speculative``; None: off)."""
 
     @property
     def name(self) -> str:
-        """Short label, e.g. ``2x H100-SXM tp1``, ``1x H100-SXM tp8pp2`` or
-        ``1P(H200 tp1)+2D(A100 tp1)``."""
+        """Short label, e.g. ``2x H100-SXM tp1``, ``1x H100-SXM tp8pp2``,
+        ``1P(H200 tp1)+2D(A100 tp1)`` or ``1x H100-SXM tp1 eagle3 k3``."""
+        spec = self.speculative
+        tail = "" if spec is None else f" {spec.method} k{spec.num_speculative_tokens}"
         if len(self.pools) == 1:
             p = self.pools[0]
-            return f"{p.num_replicas}x {p.gpu} {_layout(p)}"
+            return f"{p.num_replicas}x {p.gpu} {_layout(p)}{tail}"
         pre, dec = self.pools
         return (f"{pre.num_replicas}P({pre.gpu} {_layout(pre)})+"
-                f"{dec.num_replicas}D({dec.gpu} {_layout(dec)})")
+                f"{dec.num_replicas}D({dec.gpu} {_layout(dec)}){tail}")
 
     @property
     def num_gpus(self) -> int:
@@ -59,13 +64,17 @@ class Shape:
     def family(self) -> tuple[Any, ...]:
         """Shapes that differ only in replica counts (scaled versions of each other)."""
         if not self.is_pd:
-            return ("mixed", self.pools[0].gpu, self.pools[0].tp, self.pools[0].pp)
+            return ("mixed", self.pools[0].gpu, self.pools[0].tp, self.pools[0].pp,
+                    self.speculative)
         pre, dec = self.pools
         return ("pd", pre.gpu, pre.tp, pre.pp, dec.gpu, dec.tp, dec.pp,
-                pre.num_replicas / dec.num_replicas)
+                pre.num_replicas / dec.num_replicas, self.speculative)
 
     def apply(self, config: SimConfig) -> SimConfig:
         """``config`` served by this shape (single mixed pools use the ``hardware`` shorthand)."""
+        if self.speculative != config.engine.speculative:
+            config = dataclasses.replace(config, engine=dataclasses.replace(
+                config.engine, speculative=self.speculative))
         if not self.is_pd:
             p = self.pools[0]
             hw = dataclasses.replace(config.hardware, gpu=p.gpu, tp=p.tp, pp=p.pp,
@@ -92,11 +101,22 @@ def enumerate_shapes(
     gpus: Sequence[str], tps: Sequence[int], max_gpus: int, *, pd: bool = False,
     pd_ratios: Iterable[tuple[int, int]] = DEFAULT_PD_RATIOS, catalog: str | None = None,
     pps: Sequence[int] = (1,),
+    speculative: Sequence[SpeculativeConfig | None] = (None,),
 ) -> list[Shape]:
     """Mixed shapes (each GPU x TP x PP x power-of-two replicas within ``max_gpus``) and,
     with ``pd``, prefill/decode shapes for each ratio, each (prefill GPU, decode GPU) pair,
-    TP and PP, scaled by powers of two while they fit ``max_gpus``. GPU names are
-    canonicalized."""
+    TP and PP, scaled by powers of two while they fit ``max_gpus``; each once per
+    ``speculative`` setting (the speculative on/off axis; speculation is not priced with
+    pipeline stages, so a shape with pp > 1 runs without it). GPU names are canonicalized."""
+    shapes = _layouts(gpus, tps, max_gpus, pd, pd_ratios, catalog, pps)
+    return [dataclasses.replace(shape, speculative=spec)
+            for spec in speculative for shape in shapes
+            if spec is None or all(p.pp == 1 for p in shape.pools)]
+
+
+def _layouts(gpus: Sequence[str], tps: Sequence[int], max_gpus: int, pd: bool,
+             pd_ratios: Iterable[tuple[int, int]], catalog: str | None,
+             pps: Sequence[int]) -> list[Shape]:
     names = [get_gpu(g, catalog).name for g in gpus]
     names = list(dict.fromkeys(names))
     shapes: list[Shape] = []
@@ -267,6 +287,10 @@ def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
                        **({"pp": q.pp} if q.pp > 1 else {}),
                        "num_replicas": q.num_replicas, "role": q.role} for q in p.shape.pools],
         }
+        spec = p.shape.speculative
+        if spec is not None:
+            row["speculative"] = {"method": spec.method,
+                                  "num_speculative_tokens": spec.num_speculative_tokens}
         if p.goodput is None:
             row["infeasible"] = p.infeasible
         else:
@@ -285,7 +309,7 @@ def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
                                           best.get("tpot_mean_s"), total_gpus,
                                           target_rate_per_s))
             if config is not None:
-                row["vllm_serve"] = vllm_serve_commands(config, p.shape.pools)
+                row["vllm_serve"] = vllm_serve_commands(p.shape.apply(config), p.shape.pools)
         rows.append(row)
     feasible = [i for i, p in enumerate(points) if p.goodput is not None]
     front = pareto_front([(points[i].usd_per_hour or 0.0, points[i].goodput_rate_per_s or 0.0)

@@ -46,6 +46,7 @@ from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
 from fleetsim.serving.request import Request
 from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.serving.sources import WorkloadSource
+from fleetsim.serving.speculative import Emission
 from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
 from fleetsim.serving.views import ReplicaView
 from fleetsim.serving.window import Step
@@ -399,7 +400,7 @@ def build_cluster(
             max_batched_tokens=settings.max_batched_tokens, max_running=settings.max_running,
             fast_forward=settings.fast_forward, debug=settings.debug,
             next_input_hint_s=next_input_hint_s, timeline=timeline,
-            track_itl=settings.track_itl, **kw)
+            track_itl=settings.track_itl, speculative=settings.speculative, **kw)
         replica.until_s = settings.until_s
         return replica
 
@@ -507,6 +508,7 @@ def simulate_cluster(
     track_itl: bool = False,
     kv_retention: KVRetention | None = None,
     frontend_overhead_s: float = 0.0,
+    speculative: Emission | None = None,
 ) -> tuple[Records, Cluster]:
     """``simulate`` with the settings and plug-ins as keywords (the field docs of
     ``EngineSettings`` and ``PlugIns`` say what each is): for scripts and tests that set a
@@ -517,7 +519,7 @@ def simulate_cluster(
         track_itl=track_itl, kv_bytes_per_token=kv_bytes_per_token,
         link_latency_s=link_latency_s, frontend_overhead_s=frontend_overhead_s,
         kv_retention=kv_retention, until_s=until_s, timeline=timeline,
-        windows_stop_at_arrivals=windows_stop_at_arrivals)
+        windows_stop_at_arrivals=windows_stop_at_arrivals, speculative=speculative)
     plugins = PlugIns(make_batch_policy=make_batch_policy, order_key=order_key, router=router,
                       decode_router=decode_router, eviction_key=eviction_key, rng=rng)
     return simulate(workload, pools, settings, plugins, source=source,

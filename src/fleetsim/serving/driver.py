@@ -14,6 +14,7 @@ from fleetsim.serving.recorder import Records
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import Request
 from fleetsim.serving.settings import EngineSettings, PlugIns
+from fleetsim.serving.speculative import Emission
 from fleetsim.workloads.workload import Workload
 
 __all__ = ["ProgressFn", "simulate_replica"]
@@ -37,6 +38,7 @@ def simulate_replica(
     windows_stop_at_arrivals: bool = True,
     timeline: tuple[float, float] | None = None,
     track_itl: bool = False,
+    speculative: Emission | None = None,
 ) -> tuple[Records, Replica]:
     """Simulate one replica serving ``workload``; returns the records and the replica.
 
@@ -49,7 +51,7 @@ def simulate_replica(
         block_size=block_size, max_batched_tokens=max_batched_tokens, max_running=max_running,
         enable_prefix_caching=enable_prefix_caching, fast_forward=fast_forward, debug=debug,
         track_itl=track_itl, until_s=until_s, timeline=timeline,
-        windows_stop_at_arrivals=windows_stop_at_arrivals)
+        windows_stop_at_arrivals=windows_stop_at_arrivals, speculative=speculative)
     plugins = PlugIns(make_batch_policy=lambda: batch_policy, order_key=order_key,
                       router=OnlyReplica(), decode_router=OnlyReplica(),
                       rng=np.random.default_rng(0))

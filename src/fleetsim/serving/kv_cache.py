@@ -25,9 +25,10 @@ def blocks_short(req: Request, num_tokens: int, block_size: int, blocks_per_entr
     """Blocks ``req`` lacks to hold ``num_tokens`` tokens of KV (negative: it holds more).
 
     The one copy of the block-growth formula: the engine, fast-forward windows and the
-    planners' helpers all call it (a direct call in the compiled engine).
+    planners' helpers all call it (a direct call in the compiled engine). A speculating
+    request also holds its lookahead slots (``Request.num_lookahead_tokens``).
     """
-    return (-(-num_tokens // block_size) - req.num_private_blocks
+    return (-(-(num_tokens + req.num_lookahead_tokens) // block_size) - req.num_private_blocks
             - req.num_cached_entries * blocks_per_entry)
 
 
@@ -120,7 +121,8 @@ class KVCache:
         m = self.num_matched_entries(req)
         hit_tokens = m * (self.hash_block_tokens or 0)
         pinned = self.prefix.num_unreferenced(req.hash_ids[:m]) * self.blocks_per_entry
-        new_private = self.num_blocks_for(hit_tokens + num_new_tokens) - m * self.blocks_per_entry
+        new_private = (self.num_blocks_for(hit_tokens + num_new_tokens + req.num_lookahead_tokens)
+                       - m * self.blocks_per_entry)
         return pinned + max(0, new_private)
 
     def num_prefix_hit_tokens(self, req: Request) -> int:

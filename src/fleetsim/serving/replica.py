@@ -46,6 +46,7 @@ from fleetsim.serving.request import (
     WAITING,
     Request,
 )
+from fleetsim.serving.speculative import Emission
 from fleetsim.serving.transfers import TransferService
 from fleetsim.serving.views import ReplicaView
 from fleetsim.serving.window import DecodeWindows, Step
@@ -92,6 +93,7 @@ class Replica:
         host_latency_s: float = 0.0,
         track_itl: bool = False,
         retention: KVRetention | None = None,
+        speculative: Emission | None = None,
     ) -> None:
         self.sim = sim
         self.step_model = step_model
@@ -119,6 +121,10 @@ class Replica:
         # first, fetch the prefix segments other replicas hold into this one's cache, and
         # queue it itself (``queue_arrived``) once they land; False lets it queue now.
         self.prefix_fetch: Callable[[PlacementPort, Request], bool] | None = None
+        # Speculative decoding: decode steps emit a scheduled number of tokens
+        # (``serving/speculative.py``); windows follow the same schedule.
+        self.speculative = speculative
+        self._lookahead = speculative.num_lookahead_tokens if speculative is not None else 0
         self._fast_forward_wanted = fast_forward
         self._next_input_hint_s = next_input_hint_s
         self._timeline = timeline
@@ -130,7 +136,7 @@ class Replica:
         # counter above already left them out (``load_tokens`` adds back those still ahead).
         self._finish_times: list[float] = []
         self._step: Step | None = None
-        self._windows = DecodeWindows(kv, step_model, next_input_hint_s, timeline)
+        self._windows = DecodeWindows(kv, step_model, next_input_hint_s, timeline, speculative)
         self.running: list[Request] = []
         self.waiting: list[Request] = []
         self._running_keys: list[tuple] = []
@@ -216,6 +222,7 @@ class Replica:
             self._end_aborted(req)
             return
         req.state = WAITING
+        req.num_lookahead_tokens = self._lookahead
         self._by_id[req.id] = req
         self._load_tokens += req.num_tokens - req.num_computed_tokens
         self._enqueue(self.waiting, self._waiting_keys, req)
@@ -287,6 +294,7 @@ class Replica:
         at the next step (or, if it was aborted on the way, leaves now)."""
         self.interrupt()
         req.state = RUNNING
+        req.num_lookahead_tokens = self._lookahead
         if req.abort_reason is not None:
             self._free_and_end(req)  # (its tokens never entered the load counter here)
             return
@@ -717,14 +725,20 @@ class Replica:
         rows: list[Row] = []
         ends = w.ends
         n, a, t = len(step.decodes), 0, step.start_s
+        # tokens emitted through step x: one per decoder and step, or the speculative schedule
+        emitted = self._windows.emitted_through if w.emitted0 else None
         for left in w.finish_steps:
             if left > a:
-                rows.append((ends[left - 1], ends[left - 1] - t, 0.0, left - a, n * (left - a),
+                tokens = (n * (left - a) if emitted is None
+                          else emitted(step, left) - emitted(step, a))
+                rows.append((ends[left - 1], ends[left - 1] - t, 0.0, left - a, tokens,
                              n, step.num_waiting))
                 a, t = left, ends[left - 1]
             n -= 1
         if num_steps > a:
-            rows.append((horizon_s, horizon_s - t, 0.0, num_steps - a, n * (num_steps - a), n,
+            tokens = (n * (num_steps - a) if emitted is None
+                      else emitted(step, num_steps) - emitted(step, a))
+            rows.append((horizon_s, horizon_s - t, 0.0, num_steps - a, tokens, n,
                          step.num_waiting))
         if rows:
             end_s, busy_s, _, steps, tokens, running, waiting = rows[-1]
@@ -802,14 +816,17 @@ class Replica:
                         handoff.append(r)
             elif r.num_output_tokens and r.num_computed_tokens == r.num_tokens - 1:
                 self._num_prefilling -= 1  # a recompute's last token: it decodes from now on
-        for r in step.decodes:
-            r.num_computed_tokens += 1
-            r.num_computed_tokens_total += 1
-            r.service_s += step_s
-            r.num_output_tokens += 1
-            if r.num_output_tokens >= r.max_output_tokens:
-                done.append(r)
-                self._load_tokens -= 1
+        if self.speculative is None:
+            for r in step.decodes:
+                r.num_computed_tokens += 1
+                r.num_computed_tokens_total += 1
+                r.service_s += step_s
+                r.num_output_tokens += 1
+                if r.num_output_tokens >= r.max_output_tokens:
+                    done.append(r)
+                    self._load_tokens -= 1
+        else:
+            step.num_tokens += self._commit_speculative(step.decodes, step_s, done)
         for r in done:
             self._finish(r, now_s)
         for r in handoff:
@@ -832,6 +849,29 @@ class Replica:
             self.replica_id, now_s, now_s - step.start_s, self._pending_kv_seconds, 1,
             step.num_tokens, kv.num_used_blocks, step.num_running, step.num_waiting)
         return done
+
+    def _commit_speculative(self, decodes: list[Request], step_s: float,
+                            done: list[Request]) -> int:
+        """Commit speculating decodes: each emits its scheduled tokens (at most what it has
+        left); returns the tokens emitted beyond one per decode. The load counter is
+        unchanged by a decode that goes on (as many computed as emitted)."""
+        spec = self.speculative
+        assert spec is not None
+        extra = 0
+        for r in decodes:
+            left = r.max_output_tokens - r.num_output_tokens
+            e = spec.next_tokens(r.num_output_tokens - 1)
+            if e > left:
+                e = left
+            r.num_computed_tokens += e
+            r.num_computed_tokens_total += e
+            r.service_s += step_s
+            r.num_output_tokens += e
+            extra += e - 1
+            if e == left:
+                done.append(r)
+                self._load_tokens -= 1
+        return extra
 
     def _finish(self, r: Request, t: float) -> None:
         self._dequeue(self.running, self._running_keys, r)

@@ -58,6 +58,10 @@ class Request:
     """Output tokens emitted so far."""
     num_private_blocks: int = 0
     """KV blocks this request owns alone (not shared through the prefix cache)."""
+    num_lookahead_tokens: int = 0
+    """KV slots held past the computed tokens for speculative decoding (the draft positions a
+    step verifies, and the drafter's own; ``serving/speculative.py``); set by the replica that
+    queues the request, 0 where it does not speculate."""
     num_cached_entries: int = 0
     """Leading prefix-cache entries this request holds a reference to."""
     num_prefix_hit_tokens: int = 0

@@ -19,6 +19,7 @@ from fleetsim.serving.contract import MakeBatchPolicy, Router
 from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.prefix_cache import EvictionKey
 from fleetsim.serving.request import Request
+from fleetsim.serving.speculative import Emission
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +54,9 @@ class EngineSettings:
     timeline: tuple[float, float] | None = None
     """(origin, bin width) of the time series, seconds (None: ``simulate`` derives it from
     the workload; replicas built directly then keep no bins)."""
+    speculative: Emission | None = None
+    """Speculative decoding's emission schedule and KV lookahead (``speculative.py``; None:
+    one token per decode step)."""
     windows_stop_at_arrivals: bool = True
     """A lone replica stops fast-forward windows at the next arrival instead of cutting
     them back when it comes: same results, less work."""

@@ -34,6 +34,7 @@ import numpy as np
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.kv_cache import KVCache, blocks_short
 from fleetsim.serving.request import Request
+from fleetsim.serving.speculative import Emission
 
 FinishFn = Callable[[Request, float], None]
 
@@ -66,12 +67,16 @@ class Window:
     block-seconds, the decoders that finish at its last step (``at_end``) and the earlier
     finish steps (``finish_steps``)."""
 
-    __slots__ = ("at_end", "ends", "finish_steps", "kv_seconds", "lefts", "settled", "used0")
+    __slots__ = ("at_end", "emitted0", "ends", "finish_steps", "kv_seconds", "lefts", "settled",
+                 "used0")
 
     def __init__(self, ends: list[float], used0: int, lefts: list[int]) -> None:
         self.ends = ends
         self.used0 = used0
         self.lefts = lefts
+        # Speculative decoding: each decoder's (tokens emitted past its first, tokens left)
+        # when the window opened, in ``Step.decodes`` order (empty otherwise).
+        self.emitted0: list[tuple[int, int]] = []
         self.settled = False
         self.kv_seconds = 0.0
         self.at_end: list[Request] = []
@@ -83,9 +88,13 @@ class DecodeWindows:
 
     def __init__(self, kv: KVCache, step_model: StepTimeModel,
                  next_input_hint_s: Callable[[], float] | None,
-                 timeline: tuple[float, float] | None = None) -> None:
+                 timeline: tuple[float, float] | None = None,
+                 speculative: Emission | None = None) -> None:
         self.kv = kv
         self.step_model = step_model
+        # Speculative decoding: decoders emit on their schedule (``speculative.py``), so
+        # windows count steps and tokens apart (``_open_speculative``).
+        self.spec = speculative
         # The timeline's bins (origin, width): a window never runs past the next bin edge.
         self.bin_origin_s, self.bin_s = timeline if timeline is not None else (0.0, math.inf)
         # When the driver knows when the next outside input comes, windows stop there;
@@ -107,6 +116,8 @@ class DecodeWindows:
         (nothing waits and the policy decodes all when idle), so the window goes on past
         finishes, with fewer decoders, instead of stopping at the first one.
         """
+        if self.spec is not None:
+            return self._open_speculative(step, until_s, through, self.spec)
         decodes = step.decodes
         n = len(decodes)
         kv = self.kv
@@ -153,6 +164,17 @@ class DecodeWindows:
                 ends = self._ends_python(start_s, n, kv_tokens, k, finishes)
             else:
                 ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes)
+        step.window = Window(ends, kv.num_used_blocks + first_need, lefts)
+        return self._finish_open(step, until_s, edge_s)
+
+    def _finish_open(self, step: Step, until_s: float, edge_s: float) -> float:
+        """Cut the window's k steps at the next input, ``until_s`` or the bin edge, and set
+        its length."""
+        w = step.window
+        assert w is not None
+        ends = w.ends
+        k = len(ends)
+        hint = self.next_input_hint_s
         steps = k
         if hint is not None or until_s < math.inf or edge_s < math.inf:
             # End after the first step that ends at or after the next input (stopping early
@@ -169,9 +191,70 @@ class DecodeWindows:
             if edge_s < last_s:
                 cut = min(cut, max(0, bisect.bisect_right(ends, edge_s) - 1))
             steps = 1 + cut
-        step.window = Window(ends, kv.num_used_blocks + first_need, lefts)
         self.set_steps(step, steps)
         return step.end_s
+
+    def _open_speculative(self, step: Step, until_s: float, through: bool,
+                          spec: Emission) -> float | None:
+        """``open`` for a speculating replica. Decoder i, having emitted ``d_i`` tokens past
+        its first with ``l_i`` to go, has emitted ``G_i(j) = spec.emitted(d_i, j)`` after j
+        steps and finishes after ``spec.steps_for(d_i, l_i)``; step j's KV is the sum of
+        ``computed_i + G_i(j)`` over the decoders still in, summed per step with numpy (the
+        decoders' schedules are out of phase), and its time ``step_time_s((), n_j, kv_j)``
+        added in order, as step by step adds them."""
+        decodes = step.decodes
+        n = len(decodes)
+        kv = self.kv
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        first_need = 0
+        lefts: list[int] = []
+        emitted0: list[tuple[int, int]] = []
+        for r in decodes:
+            need = blocks_short(r, r.num_computed_tokens + 1, bs, per_entry)
+            if need > 0:
+                first_need += need
+            d, todo = r.num_output_tokens - 1, r.max_output_tokens - r.num_output_tokens
+            emitted0.append((d, todo))
+            lefts.append(spec.steps_for(d, todo))
+        free = kv.num_free_blocks - first_need
+        if free < 0:
+            return None
+        max_steps = max(lefts) if through else min(lefts)
+        start_s = step.start_s
+        edge_s = self.next_edge_s(start_s)
+        if max_steps < 2:
+            k = 1
+        elif self.next_input_hint_s is None and until_s == math.inf and edge_s == math.inf:
+            k = max_steps if max_steps < self.cap else self._capped()
+        else:
+            first_s = self.step_model.step_time_s(
+                (), n, sum(r.num_computed_tokens for r in decodes))
+            k = 1 if start_s + first_s >= min(until_s, edge_s) else self._cap_steps(
+                max_steps, start_s, first_s, until_s, edge_s)
+        # Stop early (always exact) to bound the (decoders x steps) arrays below.
+        k = min(k, max(1, (1 << 20) // n))
+        if k > 1:
+            k = _spec_steps_within(decodes, emitted0, spec, bs, per_entry, free, k)
+        computed = np.array([r.num_computed_tokens for r in decodes], dtype=np.int64)
+        d0 = np.array([d for d, _ in emitted0], dtype=np.int64)
+        p, q = spec.tau_num, spec.tau_den
+        js = np.arange(k, dtype=np.int64)
+        m0 = -((-(d0 + 1) * q) // p) - 1  # Emission._last_step
+        tokens = computed[:, None] + np.maximum(
+            ((m0[:, None] + js[None, :]) * p) // q - d0[:, None], 0)
+        active = js[None, :] < np.array(lefts, dtype=np.int64)[:, None]
+        kv_by_step = np.where(active, tokens, 0).sum(axis=0).tolist()
+        size_by_step = active.sum(axis=0).tolist()
+        step_time = self.step_model.step_time_s
+        ends: list[float] = []
+        t = start_s
+        for size, kv_j in zip(size_by_step, kv_by_step, strict=True):
+            t += step_time((), size, kv_j)
+            ends.append(t)
+        w = Window(ends, kv.num_used_blocks + first_need, lefts)
+        w.emitted0 = emitted0
+        step.window = w
+        return self._finish_open(step, until_s, edge_s)
 
     def _ends_python(self, start_s: float, n: int, kv_tokens: int, k: int,
                      finishes: list[tuple[int, int]]) -> list[float]:
@@ -254,6 +337,9 @@ class DecodeWindows:
         ``at_end``. Computes the KV block-seconds of the committed steps."""
         w = step.window
         assert w is not None and not w.settled
+        if self.spec is not None:
+            self._settle_speculative(step, num_commit, finish, self.spec)
+            return
         w.settled = True
         kv = self.kv
         bs, per_entry = kv.block_size, kv.blocks_per_entry
@@ -300,6 +386,74 @@ class DecodeWindows:
                 late -= (horizon_s - t) * (used - kv.num_used_blocks)
                 w.finish_steps.append(left)
         w.kv_seconds = w.used0 * (horizon_s - step.start_s) + late
+
+    def _settle_speculative(self, step: Step, num_commit: int, finish: FinishFn,
+                            spec: Emission) -> None:
+        """``settle`` for a speculating replica: the same accounting, with each decoder's
+        tokens after j steps and its block boundaries from its emission schedule."""
+        w = step.window
+        assert w is not None
+        w.settled = True
+        kv = self.kv
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        k, m = step.num_steps, num_commit
+        ends = w.ends
+        horizon_s = ends[m - 1] if m else step.start_s
+        taken = 0
+        late = 0.0
+        before: list[tuple[int, int, Request]] = []
+        at_end = w.at_end
+        for i, (r, left) in enumerate(zip(step.decodes, w.lefts, strict=True)):
+            d, todo = w.emitted0[i]
+            c = r.num_computed_tokens
+            s_i = left if left < k else k
+            t_i = left if left < m else m
+            first = blocks_short(r, c + 1, bs, per_entry)
+            held = r.num_private_blocks + r.num_cached_entries * per_entry
+            # Tokens it must emit before a step needs one block more (step j holds
+            # c + G(j) + 1 slots plus the lookahead, as the plan allocates them).
+            short = (held + (first if first > 0 else 0)) * bs - c - r.num_lookahead_tokens
+            stop = s_i if s_i < m else m
+            j = spec.steps_for(d, short)
+            while j < stop:
+                late += horizon_s - ends[j - 1]
+                short += bs
+                j = spec.steps_for(d, short)
+            extra = blocks_short(r, c + spec.emitted(d, s_i - 1) + 1, bs, per_entry)
+            if extra > 0:
+                r.num_private_blocks += extra
+                taken += extra
+            got = todo if t_i == left else spec.emitted(d, t_i)
+            r.num_computed_tokens = c + got
+            r.num_computed_tokens_total += got
+            if t_i:
+                r.service_s += ends[t_i - 1] - step.start_s
+            r.num_output_tokens += got
+            if left < k:
+                before.append((left, i, r))
+            elif left == k and m == k:
+                at_end.append(r)
+        kv.num_free_blocks -= taken
+        if before:
+            before.sort()
+            for left, _, r in before:
+                t = ends[left - 1]
+                used = kv.num_used_blocks
+                finish(r, t)
+                late -= (horizon_s - t) * (used - kv.num_used_blocks)
+                w.finish_steps.append(left)
+        w.kv_seconds = w.used0 * (horizon_s - step.start_s) + late
+
+    def emitted_through(self, step: Step, num_steps: int) -> int:
+        """Tokens the decoders of ``step``'s speculative window emit in its first
+        ``num_steps`` steps (each stops at its output limit)."""
+        spec = self.spec
+        w = step.window
+        assert spec is not None and w is not None
+        total = 0
+        for (d, todo), left in zip(w.emitted0, w.lefts, strict=True):
+            total += todo if left <= num_steps else spec.emitted(d, num_steps)
+        return total
 
     @staticmethod
     def set_steps(step: Step, steps: int) -> None:
@@ -350,6 +504,28 @@ def _steps_within(decodes: list[Request], bs: int, per_entry: int, free: int, k:
         while j < k:
             new_blocks[j] += 1
             j += bs
+    taken = 0
+    for j, b in enumerate(new_blocks):
+        taken += b
+        if taken > free:
+            return j
+    return k
+
+
+def _spec_steps_within(decodes: list[Request], emitted0: list[tuple[int, int]], spec: Emission,
+                       bs: int, per_entry: int, free: int, k: int) -> int:
+    """``_steps_within`` for speculating decoders: block boundaries from the schedule."""
+    new_blocks = [0] * k
+    for r, (d, _) in zip(decodes, emitted0, strict=True):
+        c = r.num_computed_tokens
+        first = blocks_short(r, c + 1, bs, per_entry)
+        held = r.num_private_blocks + r.num_cached_entries * per_entry
+        short = (held + (first if first > 0 else 0)) * bs - c - r.num_lookahead_tokens
+        j = spec.steps_for(d, short)
+        while j < k:
+            new_blocks[j] += 1
+            short += bs
+            j = spec.steps_for(d, short)
     taken = 0
     for j, b in enumerate(new_blocks):
         taken += b
