@@ -27,6 +27,9 @@ from fleetsim.search.goodput import (
     probe_config,
 )
 
+UNQUANTIZED = "bf16"
+"""``Shape.quantization`` of the checkpoint's own 16-bit weights (``quantization = None``)."""
+
 DEFAULT_PD_RATIOS = ((1, 1), (1, 2), (2, 1))
 """(prefill replicas, decode replicas) tried with ``--pd``."""
 
@@ -36,17 +39,22 @@ class Shape:
     """One cluster layout: its pools (a single mixed pool, or a prefill and a decode pool)."""
 
     pools: tuple[PoolConfig, ...]
+    quantization: str | None = None
+    """Weight/activation mode of every replica, set per mode tried by ``search/quant_axis.py``:
+    a ``quantization`` mode, ``bf16`` for none (the checkpoint's own dtype), or None to keep
+    the config's own setting."""
 
     @property
     def name(self) -> str:
-        """Short label, e.g. ``2x H100-SXM tp1``, ``1x H100-SXM tp8pp2`` or
-        ``1P(H200 tp1)+2D(A100 tp1)``."""
+        """Short label, e.g. ``2x H100-SXM tp1``, ``1x H100-SXM tp8pp2``,
+        ``1P(H200 tp1)+2D(A100 tp1)`` or ``1x H100-SXM tp4 fp8``."""
+        tail = "" if self.quantization is None else f" {self.quantization}"
         if len(self.pools) == 1:
             p = self.pools[0]
-            return f"{p.num_replicas}x {p.gpu} {_layout(p)}"
+            return f"{p.num_replicas}x {p.gpu} {_layout(p)}{tail}"
         pre, dec = self.pools
         return (f"{pre.num_replicas}P({pre.gpu} {_layout(pre)})+"
-                f"{dec.num_replicas}D({dec.gpu} {_layout(dec)})")
+                f"{dec.num_replicas}D({dec.gpu} {_layout(dec)}){tail}")
 
     @property
     def num_gpus(self) -> int:
@@ -59,13 +67,18 @@ class Shape:
     def family(self) -> tuple[Any, ...]:
         """Shapes that differ only in replica counts (scaled versions of each other)."""
         if not self.is_pd:
-            return ("mixed", self.pools[0].gpu, self.pools[0].tp, self.pools[0].pp)
+            return ("mixed", self.pools[0].gpu, self.pools[0].tp, self.pools[0].pp,
+                    self.quantization)
         pre, dec = self.pools
         return ("pd", pre.gpu, pre.tp, pre.pp, dec.gpu, dec.tp, dec.pp,
-                pre.num_replicas / dec.num_replicas)
+                pre.num_replicas / dec.num_replicas, self.quantization)
 
     def apply(self, config: SimConfig) -> SimConfig:
         """``config`` served by this shape (single mixed pools use the ``hardware`` shorthand)."""
+        if self.quantization is not None:
+            mode = None if self.quantization == UNQUANTIZED else self.quantization
+            if mode != config.quantization:
+                config = dataclasses.replace(config, quantization=mode)
         if not self.is_pd:
             p = self.pools[0]
             hw = dataclasses.replace(config.hardware, gpu=p.gpu, tp=p.tp, pp=p.pp,
@@ -263,6 +276,7 @@ def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
         row: dict[str, Any] = {
             "shape": p.shape.name,
             "num_gpus": p.shape.num_gpus,
+            **({"quantization": p.shape.quantization} if p.shape.quantization else {}),
             "pools": [{"name": q.name, "gpu": q.gpu, "tp": q.tp,
                        **({"pp": q.pp} if q.pp > 1 else {}),
                        "num_replicas": q.num_replicas, "role": q.role} for q in p.shape.pools],
@@ -285,7 +299,7 @@ def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
                                           best.get("tpot_mean_s"), total_gpus,
                                           target_rate_per_s))
             if config is not None:
-                row["vllm_serve"] = vllm_serve_commands(config, p.shape.pools)
+                row["vllm_serve"] = vllm_serve_commands(p.shape.apply(config), p.shape.pools)
         rows.append(row)
     feasible = [i for i, p in enumerate(points) if p.goodput is not None]
     front = pareto_front([(points[i].usd_per_hour or 0.0, points[i].goodput_rate_per_s or 0.0)
