@@ -172,6 +172,9 @@ def _add_perf(sub: Any) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--gpu", required=True)
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline stages: with N > 1, each stage's time, the sends between "
+                   "stages and the step time the engine uses (docs/perf_model.md)")
     p.add_argument("--backend", default="auto", choices=("auto", "roofline"))
     p.add_argument("--gpu-catalog", default=None, help="TOML file with extra GPUs")
     p.add_argument("--prefill-tokens", type=int, help="one prefill chunk of N tokens")
@@ -476,7 +479,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
     for name, lo, hi in (("prefill_tokens", 1, MAX_TOKENS), ("decode_batch", 1, MAX_TOKENS),
                          ("context", 0, MAX_TOKENS), ("prefill_context", 0, MAX_TOKENS),
-                         ("tp", 1, 1024)):
+                         ("tp", 1, 1024), ("pp", 1, 1024)):
         v = getattr(args, name)
         if v is not None:
             check_number(v, f"--{name.replace('_', '-')}", lo=lo, hi=hi, integer=True)
@@ -495,6 +498,8 @@ def cmd_perf(args: argparse.Namespace) -> int:
         raise FleetsimInputError("--tp", args.tp, f"a {gpu.name} node has "
                                  f"{gpu.num_gpus_per_node} GPUs; tensor parallelism stays in one")
     block_size = 16
+    if args.pp > 1:
+        return _perf_pipeline(args, model, gpu, block_size)
     # a shape whose weights do not fit is an error; so is a step whose KV does not
     capacity = kv_capacity_blocks(model, gpu, args.tp, block_size) * block_size
     _check_perf_step(args, model.name, model.max_context_tokens, capacity, gpu.name, block_size)
@@ -503,6 +508,32 @@ def cmd_perf(args: argparse.Namespace) -> int:
                           prefill_context_tokens=args.prefill_context, backend=args.backend,
                           async_scheduling=args.async_scheduling)
     emit(output_format(args), breakdown_to_dict(b), lambda: breakdown_table(b))
+    return 0
+
+
+def _perf_pipeline(args: argparse.Namespace, model: Any, gpu: Any, block_size: int) -> int:
+    """``fleetsim perf --pp N``: the step's stages, sends and period (perf/pipeline_breakdown)."""
+    from fleetsim.perf.pipeline import check_pp, pipeline_kv_capacity_blocks
+    from fleetsim.perf.pipeline_breakdown import (
+        pipeline_breakdown_table,
+        pipeline_breakdown_to_dict,
+        predict_pipeline_breakdown,
+    )
+
+    try:
+        check_pp(model, gpu, args.tp, args.pp)
+        capacity = pipeline_kv_capacity_blocks(model, gpu, args.tp, args.pp,
+                                               block_size) * block_size
+    except FleetsimInputError as err:  # name the flag, as the other checks here do
+        raise FleetsimInputError(f"--{err.where}", err.value, err.fix) from None
+    _check_perf_step(args, model.name, model.max_context_tokens, capacity, gpu.name, block_size)
+    b = predict_pipeline_breakdown(model, gpu, args.tp, args.pp,
+                                   prefill_tokens=args.prefill_tokens,
+                                   context_tokens=args.context or 0,
+                                   decode_batch=args.decode_batch,
+                                   prefill_context_tokens=args.prefill_context,
+                                   backend=args.backend, async_scheduling=args.async_scheduling)
+    emit(output_format(args), pipeline_breakdown_to_dict(b), lambda: pipeline_breakdown_table(b))
     return 0
 
 

@@ -77,6 +77,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--tp", default="1", help="comma-separated TP degrees (default 1)")
     p.add_argument("--pp", default="1", help="comma-separated pipeline-parallel degrees, e.g. "
                    "1,2 (default 1): a replica is tp x pp GPUs, across nodes past one")
+    p.add_argument("--quantization", default=None, metavar="MODE[,MODE...]",
+                   help="the quantization axis: each shape once per mode, e.g. bf16,fp8 "
+                        "(bf16: the checkpoint's own dtype; fp8, fp8_block, int4_wo, nvfp4, "
+                        "...); modes a GPU lacks are skipped with a note (default: the "
+                        "config's quantization)")
     p.add_argument("--pd", action="store_true",
                    help="also try prefill/decode pools (1P1D, 1P2D, 2P1D, across GPU types)")
     p.add_argument("--speculative", nargs="?", const="config", default=None,
@@ -232,6 +237,25 @@ def _speculative_axis(text: str | None, config: Any) -> list[Any]:
     return axis
 
 
+def _quantization_axis(text: str | None, shapes: list[Any], config: Any
+                       ) -> tuple[list[Any], list[str]]:
+    """``--quantization``: every shape once per mode its GPUs run, and the skip notes; none
+    given, the shapes as they are (each with the config's own quantization)."""
+    if text is None:
+        return shapes, []
+    from fleetsim.models import get_model
+    from fleetsim.search.quant_axis import parse_quantization_axis, with_quantization
+
+    model = get_model(config.model)
+    modes = parse_quantization_axis(text, model)
+    out, skipped = with_quantization(shapes, modes, model, config.hardware.catalog)
+    if not out:
+        raise FleetsimInputError("--quantization", text, "no GPU of --gpus runs "
+                                 f"{'/'.join(modes)} ({'; '.join(skipped)}); add bf16 or "
+                                 "a GPU that does (fleetsim gpus lists each GPU's modes)")
+    return out, skipped
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
     from fleetsim.results import StagedFolder, check_out_dir, check_out_file
@@ -281,6 +305,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                  f"no shape fits: the smallest --tp x --pp is "
                                  f"{tps[0] * pps[0]}; raise --max-gpus to at least "
                                  f"{tps[0] * pps[0]}")
+    shapes, skipped = _quantization_axis(args.quantization, shapes, config)
     err_console = Console(stderr=True)
     show = err_console.is_terminal and not args.json
     bar = progress_bar(err_console, "plan") if show else None
@@ -304,6 +329,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     result = plan_to_dict(points, target=args.target,
                           requests_per_gpu=args.requests_per_gpu or None, config=config,
                           total_gpus=args.total_gpus, target_rate_per_s=args.target_rate)
+    if skipped:
+        result["skipped"] = skipped
 
     def on_verified(row: dict[str, Any]) -> None:
         if show:
@@ -333,7 +360,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"plot written to {args.plot}", file=sys.stderr)
     if args.json:
         print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
-        for line in plan_caveats(result):
+        for line in plan_caveats(result) + result.get("skipped", []):
             print(f"fleetsim: {line}", file=sys.stderr)
     else:
         _print_plan(result, config)
@@ -364,7 +391,7 @@ def _print_plan(result: dict[str, Any], config: Any) -> None:
                      f"{len(result['front'])} on the front")
     print_table(table)
     _print_per_user_front(result)
-    for line in plan_caveats(result):
+    for line in plan_caveats(result) + result.get("skipped", []):
         print(line)
     for r in rows:
         if "infeasible" in r:

@@ -28,6 +28,9 @@ from fleetsim.search.goodput import (
     probe_config,
 )
 
+UNQUANTIZED = "bf16"
+"""``Shape.quantization`` of the checkpoint's own 16-bit weights (``quantization = None``)."""
+
 DEFAULT_PD_RATIOS = ((1, 1), (1, 2), (2, 1))
 """(prefill replicas, decode replicas) tried with ``--pd``."""
 
@@ -39,13 +42,18 @@ class Shape:
     pools: tuple[PoolConfig, ...]
     speculative: SpeculativeConfig | None = None
     """Speculative decoding of every replica (``engine.speculative``; None: off)."""
+    quantization: str | None = None
+    """Weight/activation mode of every replica, set per mode tried by ``search/quant_axis.py``:
+    a ``quantization`` mode, ``bf16`` for none (the checkpoint's own dtype), or None to keep
+    the config's own setting."""
 
     @property
     def name(self) -> str:
         """Short label, e.g. ``2x H100-SXM tp1``, ``1x H100-SXM tp8pp2``,
-        ``1P(H200 tp1)+2D(A100 tp1)`` or ``1x H100-SXM tp1 eagle3 k3``."""
+        ``1P(H200 tp1)+2D(A100 tp1)``, ``1x H100-SXM tp4 fp8`` or ``1x H100-SXM tp1 eagle3 k3``."""
         spec = self.speculative
-        tail = "" if spec is None else f" {spec.method} k{spec.num_speculative_tokens}"
+        tail = "" if self.quantization is None else f" {self.quantization}"
+        tail += "" if spec is None else f" {spec.method} k{spec.num_speculative_tokens}"
         if len(self.pools) == 1:
             p = self.pools[0]
             return f"{p.num_replicas}x {p.gpu} {_layout(p)}{tail}"
@@ -65,16 +73,20 @@ class Shape:
         """Shapes that differ only in replica counts (scaled versions of each other)."""
         if not self.is_pd:
             return ("mixed", self.pools[0].gpu, self.pools[0].tp, self.pools[0].pp,
-                    self.speculative)
+                    self.quantization, self.speculative)
         pre, dec = self.pools
         return ("pd", pre.gpu, pre.tp, pre.pp, dec.gpu, dec.tp, dec.pp,
-                pre.num_replicas / dec.num_replicas, self.speculative)
+                pre.num_replicas / dec.num_replicas, self.quantization, self.speculative)
 
     def apply(self, config: SimConfig) -> SimConfig:
         """``config`` served by this shape (single mixed pools use the ``hardware`` shorthand)."""
         if self.speculative != config.engine.speculative:
             config = dataclasses.replace(config, engine=dataclasses.replace(
                 config.engine, speculative=self.speculative))
+        if self.quantization is not None:
+            mode = None if self.quantization == UNQUANTIZED else self.quantization
+            if mode != config.quantization:
+                config = dataclasses.replace(config, quantization=mode)
         if not self.is_pd:
             p = self.pools[0]
             hw = dataclasses.replace(config.hardware, gpu=p.gpu, tp=p.tp, pp=p.pp,
@@ -283,6 +295,7 @@ def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
         row: dict[str, Any] = {
             "shape": p.shape.name,
             "num_gpus": p.shape.num_gpus,
+            **({"quantization": p.shape.quantization} if p.shape.quantization else {}),
             "pools": [{"name": q.name, "gpu": q.gpu, "tp": q.tp,
                        **({"pp": q.pp} if q.pp > 1 else {}),
                        "num_replicas": q.num_replicas, "role": q.role} for q in p.shape.pools],
