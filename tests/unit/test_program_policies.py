@@ -251,3 +251,39 @@ def test_speed_aware_router_sends_each_stage_where_it_ends_first():
     call = tagged(2, arrival_s=0.0, program_arrival_s=0.0)
     SpeedAware().route(_View([slow_idle, fast_busy]), call, 0.0)
     assert call.program.policy is None
+
+
+class _BatchReplica(_Replica):
+    """A decode replica whose step time grows with its batch."""
+
+    def step_time_s(self, chunks, num_decode, kv):
+        return self._decode_step_s * num_decode
+
+
+def test_decode_estimates_count_the_calls_waiting_on_a_decode_replica():
+    """Two equal decode replicas, three calls already waiting on the first: the call goes
+    to the second (a batch of one, not four)."""
+    busy = _BatchReplica(0, 0, 1e-4, role="decode", decode_step_s=0.01)
+    idle = _BatchReplica(1, 0, 1e-4, role="decode", decode_step_s=0.01)
+    busy.waiting = tuple(Request(id=10 + i, arrival_s=0.0, num_prompt_tokens=10,
+                                 max_output_tokens=5) for i in range(3))
+    req = Request(id=1, arrival_s=0.0, num_prompt_tokens=100, max_output_tokens=50)
+    for router in (SpeedAware(), HexAGenTPlacement()):
+        assert router.route(_View([busy, idle]), req, 0.0) == 1
+
+
+def test_hexagent_replans_the_decode_stage_at_the_handoff():
+    """The plan chose the slower decode replica (made at prefill routing); at the handoff a
+    faster one would finish the call sooner: with ``replan_decode`` the call goes there,
+    without it the planned replica keeps it while it can hold the call."""
+    slow = _Replica(0, 0, 1e-4, role="decode", decode_step_s=0.008)
+    fast = _Replica(1, 0, 1e-4, role="decode", decode_step_s=0.005)
+    req = tagged(1, arrival_s=0.0, program_arrival_s=0.0)
+    req.num_prompt_tokens, req.max_output_tokens = 1000, 100
+    from fleetsim.policies.programs import Plan
+
+    req.program.policy = Plan(decode_replica_id=0, delta_s=1.0)
+    assert HexAGenTPlacement().route(_View([slow, fast]), req, 0.0) == 1
+    assert HexAGenTPlacement(replan_decode=False).route(_View([slow, fast]), req, 0.0) == 0
+    fast._decode_step_s = 0.008  # equal now: the planned replica first among equals
+    assert HexAGenTPlacement().route(_View([slow, fast]), req, 0.0) == 0

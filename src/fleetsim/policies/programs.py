@@ -329,6 +329,13 @@ class HexAGenTPlacement:
     without a performance model (the live gateway's) are weighed by backlog plus prompt tokens
     alone."""
 
+    replan_decode: bool = True
+    """At the handoff, send the call to another decode replica when that would now finish
+    its decode sooner than the planned one (the plan was made at prefill routing, before the
+    prefill queue; measured on LATS at 8 programs/s, stale plans kept the A100 decode
+    replicas idle while the H200s queued). Our addition within the paper's Delta (decode wait
+    plus decode); False: the handoff checks KV feasibility only, the paper's check as we have
+    it."""
     _per_token_s: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
@@ -360,7 +367,11 @@ class HexAGenTPlacement:
         if isinstance(plan, Plan):
             for i, d in enumerate(reps):
                 if d.replica_id == plan.decode_replica_id and self._fits(d, req):
-                    return i
+                    if not self.replan_decode:
+                        return i
+                    # the planned replica first among equals
+                    return min(range(len(reps)), key=lambda j: (
+                        self._decode_s(reps[j], req), j != i, j))
         return min(range(len(reps)), key=lambda i: (self._decode_s(reps[i], req), i))
 
     def _prefill_s(self, r: Any, req: Request) -> float:
@@ -377,14 +388,16 @@ class HexAGenTPlacement:
 
     def _decode_s(self, d: Any, req: Request) -> float:
         """Decode wait + decode seconds of ``req`` on ``d``: its output tokens at the step
-        time of d's batch plus this call (each at this call's mean context), doubled where
+        time of d's batch plus this call (the calls running there at their contexts, those
+        waiting or arriving there and this one at this call's mean context), doubled where
         d cannot take it now (it waits about one such decode)."""
         step = getattr(d, "step_time_s", None)
         if step is None:
             return 0.0
-        batch = len(d.running) + d.num_incoming + 1
+        queued = len(d.waiting) + d.num_incoming + 1
         context = req.num_prompt_tokens + req.max_output_tokens // 2
-        decode_s = req.max_output_tokens * float(step([], batch, batch * context))
+        kv_tokens = sum(r.num_tokens for r in d.running) + queued * context
+        decode_s = req.max_output_tokens * float(step([], len(d.running) + queued, kv_tokens))
         return decode_s if self._fits(d, req) else 2 * decode_s
 
     @staticmethod
