@@ -50,9 +50,9 @@ from fleetsim.repro.frame import (
     fmt,
 )
 
-NUM_PROGRAMS, QUICK_PROGRAMS = 200, 60
+NUM_PROGRAMS, QUICK_PROGRAMS = 200, 200  # quick: one setting of the full run
 WORKLOADS = ("chain", "tool_chain", "lats", "mixed")
-QUICK_WORKLOADS = ("mixed",)
+QUICK_WORKLOADS = ("lats",)
 MODELS = {"llama-3.1-70b": 4, "qwen3-235b": 8}  # model -> TP
 RATES = (4.0, 8.0)  # programs per second (our choice: the cluster from light to loaded)
 QUICK_RATES = (8.0,)
