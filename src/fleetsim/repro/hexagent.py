@@ -12,7 +12,7 @@ Parameters and their sources (the paper's abstract, a secondary summary of the p
 - models: Llama-3.1-70B and Qwen3-235B-A22B (the paper's);
 - workloads: chat chains (ShareGPT), tool-use chains (BFCL), LATS trees and their mix, at a
   fixed program rate (the paper's), ``NUM_PROGRAMS`` programs per run (the paper: 100-400);
-- the rates: our choice, light and loaded (not tuned toward a result);
+- the rates: our choice, from light load to growing baseline tails (not tuned toward a result);
 - W-LLF's deadline scale s is searched over ``LLF_SCALES`` (a deadline-driven policy: one
   run per s), keeping the best ReqX per setting;
 - the scheduler's own decision time is taken off the critical path, as the paper does
@@ -191,7 +191,7 @@ HEXAGENT = add(Reproduction(
           "(maximum -45.0% and -80.5%).",
     setup="Heterogeneous P/D pools (prefill H200x2, H100x2, A100x2; decode H200x3, H100x3, "
           "A100x4), Llama-3.1-70B (TP4) and Qwen3-235B-A22B (TP8), chat chains, tool-use "
-          "chains, LATS trees and their mix at fixed rates of 4 and 8 programs/s, "
+          "chains, LATS trees and their mix at fixed rates of 4, 8 and 12 programs/s, "
           f"{NUM_PROGRAMS} programs per run; baselines with speed-aware routers",
     system="hexagent",
     baselines=(*BASELINES, *ABLATIONS),
