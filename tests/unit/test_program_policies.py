@@ -7,7 +7,7 @@ import pytest
 
 from fleetsim.config import config_from_dict
 from fleetsim.policies import make_batch_policy
-from fleetsim.policies.programs import AutellixLocality, HexAGenTPlacement
+from fleetsim.policies.programs import AutellixLocality, HexAGenTPlacement, SpeedAware
 from fleetsim.programs import Call, Program
 from fleetsim.programs.source import ProgramCall, ProgramState
 from fleetsim.registry import PolicySpec
@@ -178,7 +178,8 @@ def test_waiting_calls_are_rekeyed_as_their_program_attains_service(tmp_path, na
     path's service, none: a2 stays first.)"""
     a1, a2, b1 = _first_scheduled_on_one_slot(
         tmp_path, name, [Program(0.0, (Call(100, 400), Call(100, 5)), kind="a"),
-                         Program(0.1, (Call(100, 5),), kind="b")])
+                         Program(0.1, (Call(100, 5),), kind="b")],
+        {"preemptive": False})  # the order of waiting calls alone (no preemption)
     assert a1 == 0.0
     if name == "plas":
         assert b1 < a2
@@ -200,7 +201,7 @@ def test_hexagent_reevaluates_risk_as_time_passes(tmp_path):
     assert y < x
 
 
-def _first_scheduled_on_one_slot(tmp_path, policy, programs):
+def _first_scheduled_on_one_slot(tmp_path, policy, programs, args=None):
     """When each call (in id order) was first scheduled, with one running slot."""
     from fleetsim.programs import dump_jsonl
 
@@ -208,9 +209,81 @@ def _first_scheduled_on_one_slot(tmp_path, policy, programs):
     path.write_text(dump_jsonl(programs))
     cfg = config_from_dict({
         "engine": {"max_running": 1, "debug": True},
-        "policy": {"batching": {"name": policy}},
+        "policy": {"batching": {"name": policy, "args": args or {}}},
         "programs": {"generator": "jsonl", "path": str(path), "arrival": "trace"}})
     req = run(cfg).records.requests
     first = dict(zip(req["request_id"].tolist(), req["first_scheduled_s"].tolist(),
                      strict=True))
     return [first[i] for i in sorted(first)]
+
+
+@pytest.mark.parametrize("name", ["plas", "atlas"])
+def test_autellix_preempts_a_demoted_call_for_a_new_program(tmp_path, name):
+    """One running slot. Program A's one long call (400 output tokens, about 3 s) runs past
+    the top queues' quanta (1 s, 2 s), so it is demoted; program B's short call arrives at
+    1.5 s in the top queue and preempts it: B runs at once, and A's call runs again after.
+    Without preemption B waits for A's call to finish."""
+    programs = [Program(0.0, (Call(100, 400),), kind="a"),
+                Program(1.5, (Call(100, 5),), kind="b")]
+    a, b = _first_scheduled_on_one_slot(tmp_path, name, programs)
+    a_np, b_np = _first_scheduled_on_one_slot(tmp_path, name, programs,
+                                              {"preemptive": False})
+    assert a == a_np == 0.0
+    assert b == pytest.approx(1.5, abs=0.05)
+    assert b_np > 2.5  # after A's whole call
+
+
+def test_speed_aware_router_sends_each_stage_where_it_ends_first():
+    """Prefill: the faster replica unless its backlog makes it finish later; decode: the
+    faster step unless it has no KV room for the call (then it waits about one decode)."""
+    slow_idle, fast_busy = (_Replica(0, 0, 3e-4, role="prefill"),
+                            _Replica(1, 1000, 1e-4, role="prefill"))
+    req = Request(id=1, arrival_s=0.0, num_prompt_tokens=1000, max_output_tokens=100)
+    assert SpeedAware().route(_View([slow_idle, fast_busy]), req, 0.0) == 1
+    fast_busy.load_tokens = 9000
+    assert SpeedAware().route(_View([slow_idle, fast_busy]), req, 0.0) == 0
+    slow = _Replica(2, 0, 1e-4, role="decode", decode_step_s=0.008)
+    fast = _Replica(3, 0, 1e-4, role="decode", decode_step_s=0.005)
+    assert SpeedAware().route(_View([slow, fast]), req, 0.0) == 1
+    fast.kv = _KV(0)
+    assert SpeedAware().route(_View([slow, fast]), req, 0.0) == 0
+    # it plans nothing for the batching policy (HexAGenT's Delta is its own)
+    call = tagged(2, arrival_s=0.0, program_arrival_s=0.0)
+    SpeedAware().route(_View([slow_idle, fast_busy]), call, 0.0)
+    assert call.program.policy is None
+
+
+class _BatchReplica(_Replica):
+    """A decode replica whose step time grows with its batch."""
+
+    def step_time_s(self, chunks, num_decode, kv):
+        return self._decode_step_s * num_decode
+
+
+def test_decode_estimates_count_the_calls_waiting_on_a_decode_replica():
+    """Two equal decode replicas, three calls already waiting on the first: the call goes
+    to the second (a batch of one, not four)."""
+    busy = _BatchReplica(0, 0, 1e-4, role="decode", decode_step_s=0.01)
+    idle = _BatchReplica(1, 0, 1e-4, role="decode", decode_step_s=0.01)
+    busy.waiting = tuple(Request(id=10 + i, arrival_s=0.0, num_prompt_tokens=10,
+                                 max_output_tokens=5) for i in range(3))
+    req = Request(id=1, arrival_s=0.0, num_prompt_tokens=100, max_output_tokens=50)
+    for router in (SpeedAware(), HexAGenTPlacement()):
+        assert router.route(_View([busy, idle]), req, 0.0) == 1
+
+
+def test_hexagent_replans_the_decode_stage_at_the_handoff():
+    """The plan chose the slower decode replica (made at prefill routing); at the handoff a
+    faster one would finish the call sooner: with ``replan_decode`` the call goes there,
+    without it the planned replica keeps it while it can hold the call."""
+    slow = _Replica(0, 0, 1e-4, role="decode", decode_step_s=0.008)
+    fast = _Replica(1, 0, 1e-4, role="decode", decode_step_s=0.005)
+    req = tagged(1, arrival_s=0.0, program_arrival_s=0.0)
+    req.num_prompt_tokens, req.max_output_tokens = 1000, 100
+    from fleetsim.policies.programs import Plan
+
+    req.program.policy = Plan(decode_replica_id=0, delta_s=1.0)
+    assert HexAGenTPlacement().route(_View([slow, fast]), req, 0.0) == 1
+    assert HexAGenTPlacement(replan_decode=False).route(_View([slow, fast]), req, 0.0) == 0
+    fast._decode_step_s = 0.008  # equal now: the planned replica first among equals
+    assert HexAGenTPlacement().route(_View([slow, fast]), req, 0.0) == 0

@@ -43,7 +43,7 @@ from fleetsim.policies.batching import TokenBudgetPlanner, register_batch
 from fleetsim.policies.routing import register_router
 from fleetsim.serving.capabilities import Capabilities
 from fleetsim.serving.contract import ClusterView, StepPlan
-from fleetsim.serving.request import Request
+from fleetsim.serving.request import RUNNING, Request
 from fleetsim.serving.views import ReplicaView
 
 Key = tuple[float, ...]
@@ -109,6 +109,12 @@ class AutellixPLAS(_ProgramOrdered):
     starvation_ratio: float = 3.0
     """A call that waited this many times its program's attained service (counted when it
     enters a queue) goes to the top queue (anti-starvation)."""
+    preemptive: bool = True
+    """Preempt running calls of lower queues for a waiting call of a higher one that KV or
+    the running slots keep out (Autellix's schedulers "preempt and prioritize LLM calls
+    based on their programs' previously completed calls", arXiv 2502.13965 abstract; a call
+    that exhausts its queue's quantum is demoted, its Figure 10). A running call's queue
+    counts its own service too. False: order only (queues, no preemption)."""
 
     capabilities = Capabilities(fast_forward_safe=False, decodes_all_when_idle=True)
 
@@ -125,12 +131,52 @@ class AutellixPLAS(_ProgramOrdered):
         return float(tag.program.service_s)
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
-        # The key each waiting call was queued under is kept in its policy_state.
-        stale = tuple(r.id for r in view.waiting
+        # The key each queued call was queued under is kept in its policy_state. Running
+        # calls are re-keyed only while calls wait: their order matters then alone (whom to
+        # preempt), and a plan of only re-keys needs a waiting call to plan again for.
+        queued = (*view.waiting, *view.running) if self.preemptive and view.waiting else (
+            view.waiting)
+        stale = tuple(r.id for r in queued
                       if r.program is not None and self._key(r, now_s) != r.policy_state)
         if stale:
             return StepPlan({}, rekey=stale)
-        return TokenBudgetPlanner.plan(self, view, now_s)
+        plan = TokenBudgetPlanner.plan(self, view, now_s)
+        if not self.preemptive or plan.preempt or plan.swap_out or not view.waiting:
+            return plan
+        return self._preempt_for(view, plan)
+
+    def _preempt_for(self, view: ReplicaView, plan: StepPlan) -> StepPlan:
+        """``plan`` with the lowest-queue running calls preempted (recompute, vLLM's default
+        for one sequence) when the first waiting call it left out is in a higher queue and
+        KV blocks or a running slot, not the token budget, keep it out."""
+        tokens = plan.tokens_by_request
+        head = next((r for r in view.waiting if r.id not in tokens), None)
+        budget = view.max_batched_tokens - sum(tokens.values())
+        if head is None or budget <= 0 or not isinstance(head.policy_state, tuple):
+            return plan
+        kv = view.kv
+        need = kv.admission_blocks(head, max(1, min(
+            head.num_tokens - kv.num_prefix_hit_tokens(head), budget)))
+        free = kv.num_available_blocks - sum(
+            kv.blocks_needed(r, tokens[r.id]) if r.state == RUNNING
+            else kv.admission_blocks(r, tokens[r.id])
+            for r in (*view.running, *view.waiting) if r.id in tokens)
+        slots = (view.max_running - len(view.running) - view.num_swapping_in
+                 - sum(1 for r in view.waiting if r.id in tokens))
+        victims: list[Request] = []
+        for r in reversed(view.running):  # worst first (the queue is sorted best first)
+            if free >= need and slots >= 1:
+                break
+            if not isinstance(r.policy_state, tuple) or r.policy_state[0] <= head.policy_state[0]:
+                return plan  # no lower-queue call left to make room: no preemption
+            victims.append(r)
+            free += kv.reclaimable_blocks(r) + (kv.blocks_needed(r, tokens[r.id])
+                                                if r.id in tokens else 0)
+            slots += 1
+        if not victims or free < need or slots < 1:
+            return plan
+        out = {rid: n for rid, n in tokens.items() if rid not in {r.id for r in victims}}
+        return StepPlan(out, preempt=tuple(r.id for r in victims))
 
     def key(self, req: Request, now_s: float) -> Key:
         key = self._key(req, now_s)
@@ -141,7 +187,9 @@ class AutellixPLAS(_ProgramOrdered):
         tag = _tag(req)
         if tag is None:
             return (0, req.arrival_s, req.id)
-        service = self.service_s(tag)
+        # A preemptive scheduler counts the call's own service too: a call that exhausts its
+        # queue's quantum while it runs is demoted (the paper's Figure 10).
+        service = self.service_s(tag) + (req.service_s if self.preemptive else 0.0)
         waited = now_s - tag.program.arrival_s - service
         level = _level(service, self.base_quantum_s, self.quantum_ratio, self.num_levels)
         if service > 0 and waited > self.starvation_ratio * service:
@@ -281,6 +329,13 @@ class HexAGenTPlacement:
     without a performance model (the live gateway's) are weighed by backlog plus prompt tokens
     alone."""
 
+    replan_decode: bool = True
+    """At the handoff, send the call to another decode replica when that would now finish
+    its decode sooner than the planned one (the plan was made at prefill routing, before the
+    prefill queue; measured on LATS at 8 programs/s, stale plans kept the A100 decode
+    replicas idle while the H200s queued). Our addition within the paper's Delta (decode wait
+    plus decode); False: the handoff checks KV feasibility only, the paper's check as we have
+    it."""
     _per_token_s: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
@@ -312,7 +367,11 @@ class HexAGenTPlacement:
         if isinstance(plan, Plan):
             for i, d in enumerate(reps):
                 if d.replica_id == plan.decode_replica_id and self._fits(d, req):
-                    return i
+                    if not self.replan_decode:
+                        return i
+                    # the planned replica first among equals
+                    return min(range(len(reps)), key=lambda j: (
+                        self._decode_s(reps[j], req), j != i, j))
         return min(range(len(reps)), key=lambda i: (self._decode_s(reps[i], req), i))
 
     def _prefill_s(self, r: Any, req: Request) -> float:
@@ -329,14 +388,16 @@ class HexAGenTPlacement:
 
     def _decode_s(self, d: Any, req: Request) -> float:
         """Decode wait + decode seconds of ``req`` on ``d``: its output tokens at the step
-        time of d's batch plus this call (each at this call's mean context), doubled where
+        time of d's batch plus this call (the calls running there at their contexts, those
+        waiting or arriving there and this one at this call's mean context), doubled where
         d cannot take it now (it waits about one such decode)."""
         step = getattr(d, "step_time_s", None)
         if step is None:
             return 0.0
-        batch = len(d.running) + d.num_incoming + 1
+        queued = len(d.waiting) + d.num_incoming + 1
         context = req.num_prompt_tokens + req.max_output_tokens // 2
-        decode_s = req.max_output_tokens * float(step([], batch, batch * context))
+        kv_tokens = sum(r.num_tokens for r in d.running) + queued * context
+        decode_s = req.max_output_tokens * float(step([], len(d.running) + queued, kv_tokens))
         return decode_s if self._fits(d, req) else 2 * decode_s
 
     @staticmethod
@@ -347,3 +408,25 @@ class HexAGenTPlacement:
         need = kv.num_blocks_for(req.num_prompt_tokens + req.max_output_tokens)
         return bool(need <= kv.num_available_blocks
                     and len(d.running) + d.num_incoming < d.max_running)
+
+
+@register_router("speed_aware")
+@dataclass(slots=True)
+class SpeedAware(HexAGenTPlacement):
+    """A speed-aware router for baselines on heterogeneous pools: each stage on its own, the
+    replica where the call would finish its stage first, by HexAGenT's stage estimates
+    (prefill: backlog plus prompt at that replica's per-token prefill time; decode: output
+    tokens at the step time of the replica's batch plus one, doubled where it cannot take the
+    call now). No joint plan, no Delta for the batching policy, no transfer term: the
+    least-loaded router made aware of GPU speed, so that a baseline does not lose to
+    HexAGenT only for sending calls to A100s as readily as to H200s (our construction; the
+    paper names its baselines' schedulers, not their routers)."""
+
+    def route(self, view: ClusterView, req: Request, now_s: float) -> int:
+        reps: Sequence[Any] = view.replicas
+        if reps and getattr(reps[0], "role", "mixed") == "decode":
+            return min(range(len(reps)), key=lambda i: (self._decode_s(reps[i], req), i))
+        if reps and getattr(reps[0], "role", "mixed") == "prefill":
+            return min(range(len(reps)), key=lambda i: (self._prefill_s(reps[i], req), i))
+        return min(range(len(reps)), key=lambda i: (
+            self._prefill_s(reps[i], req) + self._decode_s(reps[i], req), i))
