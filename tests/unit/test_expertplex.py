@@ -10,8 +10,19 @@ import numpy as np
 import pytest
 
 from fleetsim.cli import main
+from fleetsim.expert_pool import Limits, pools, simulate
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
+from fleetsim.moe.expertplex import (
+    APK_DECODE_SLOWDOWN,
+    APK_PREFILL_SLOWDOWN,
+    CostModel,
+    InstanceSplit,
+    InstanceSteps,
+    SmPolicy,
+    SystemLayout,
+    sm_policy,
+)
 from fleetsim.moe.tile_model import (
     TileLatency,
     ceil_to,
@@ -19,14 +30,12 @@ from fleetsim.moe.tile_model import (
     reallocate_sms,
     tiles,
 )
-from fleetsim.repro.expertplex import ExpertPlexSetup, _Sweep, goodput, layouts, sm_policy
-from fleetsim.repro.expertplex_cost import (
-    APK_DECODE_SLOWDOWN,
-    APK_PREFILL_SLOWDOWN,
-    CostModel,
-    SmPolicy,
-)
-from fleetsim.repro.expertplex_sim import Limits, SystemLayout, simulate
+from fleetsim.policies import TokenBudgetPlanner, make_ordering
+from fleetsim.policies.routing import LeastLoaded
+from fleetsim.repro.expertplex import ExpertPlexSetup, _Sweep, goodput, layouts
+from fleetsim.serving.cluster import PoolSetup, simulate_cluster
+from fleetsim.serving.shared_steps import SharedStepModel
+from fleetsim.workloads.workload import Workload
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +126,8 @@ def _requests(n: int, rate: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def test_shared_pool_couples_the_phases(cost):
-    """Decode steps run slower while prefill uses the pool: decode alone vs with prompts."""
+    """Decode steps run slower while prefill uses the pool: decode alone vs with prompts
+    (on the engine: the two attention groups' steps are jobs on one SM pool)."""
     layout = SystemLayout(kind="expertplex", prefill_gpus=(4,), decode_gpus=(4,), pool=8)
     limits = Limits(token_budget_per_gpu=2048, max_decode_per_gpu=128)
     policy = SmPolicy(q_ref=66, x_ref=cost.tiles_per_gpu(512, 8), q_max=116, cluster=2)
@@ -144,7 +154,8 @@ def test_colocation_interferes_and_pd_does_not(cost):
 def test_decode_sm_reference_meets_the_tpot_slo(cost):
     setup = ExpertPlexSetup()
     layout = SystemLayout(kind="expertplex", prefill_gpus=(8,), decode_gpus=(16,), pool=8)
-    policy = sm_policy(setup, cost, layout, 600.0)
+    policy = sm_policy(cost, layout, 600.0, max_decode_per_gpu=setup.max_decode_per_gpu,
+                       tpot_slo_s=setup.tpot_slo_s, sm_cluster=setup.sm_cluster)
     largest = setup.max_decode_per_gpu * 16
     step, _ = cost.plex_decode_s(largest, largest * 600, 16, 8, 32, policy.q_ref)
     assert step <= 0.9 * setup.tpot_slo_s or policy.q_ref == policy.q_max
@@ -184,3 +195,38 @@ def test_bad_input_is_one_line_and_exit_2(setting, needle, capsys):
     assert main(["repro", "expertplex", "--quick", "--set", setting]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["colocated", "pd"])
+def test_golden_instances_on_their_own_pool_equal_the_plain_pd_cluster(cost, kind):
+    """The shared-resource port in its trivial form: each instance's steps as jobs on its own
+    expert shard's SMs (``InstanceSplit``, one resource per replica) give the engine's plain
+    colocated / P/D cluster results (``InstanceSteps``), request by request."""
+    layout = (SystemLayout(kind="colocated", prefill_gpus=(8, 8)) if kind == "colocated"
+              else SystemLayout(kind="pd", prefill_gpus=(8,), decode_gpus=(8,)))
+    policy = SmPolicy(q_ref=116, x_ref=1.0, q_max=116, cluster=2)
+    plain = pools(layout, cost, policy)
+    shared = [PoolSetup(name=p.name, role=p.role, num_replicas=p.num_replicas,
+                        step_model=SharedStepModel(InstanceSplit(cost, 8), "shard",
+                                                   float(cost.num_sms), per_replica=True),
+                        num_kv_blocks=p.num_kv_blocks, link_bw_bytes_per_s=p.link_bw_bytes_per_s)
+              for p in plain]
+    assert all(isinstance(p.step_model, InstanceSteps) for p in plain)
+    arrivals, prompts, outputs = _requests(120, 30.0)
+    w = Workload(arrival_s=arrivals, num_prompt_tokens=prompts.astype(np.int64),
+                 num_output_tokens=outputs.astype(np.int64))
+    recs = []
+    for setup in (plain, shared):
+        rec, cluster = simulate_cluster(
+            w, setup, router=LeastLoaded(), decode_router=LeastLoaded(),
+            make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
+            rng=np.random.default_rng(0), kv_bytes_per_token=float(
+                cost.model.kv_bytes_per_token()), link_latency_s=0.0, block_size=16,
+            max_batched_tokens=17408, max_running=1024, debug=True)
+        recs.append(rec.requests)
+    assert cluster.resources is not None and len(cluster.resources.capacity) == len(
+        cluster.replicas)  # one shard per instance, each its own resource
+    for col in ("request_id", "replica_id", "num_computed_tokens"):
+        assert recs[0][col].tolist() == recs[1][col].tolist()
+    for col in ("first_token_s", "finish_s"):
+        assert recs[1][col] == pytest.approx(recs[0][col], rel=1e-9)

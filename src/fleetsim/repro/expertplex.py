@@ -15,7 +15,9 @@ lacks):
   on NVLink, 50 GB/s network per GPU), 32 GPUs for every system (--quick: 16);
 - step times from fleetsim's measured H200 tables (dense part per GPU: ``perf``; expert GEMMs
   from the MoE table priced in tiles, ``moe/tile_model.py``; all-to-alls:
-  ``moe/step_model.all_to_all_s``), the same for all three systems (``expertplex_cost.py``);
+  ``moe/step_model.all_to_all_s``), the same for all three systems (``moe/expertplex.py``),
+  run on fleetsim's engine: ExpertPlex's pool is a shared resource whose SMs the two
+  attention groups' steps draw on as jobs (``serving/shared_steps.py``);
 - M_t = 64 (Hopper's wgmma instruction computes 64-row tiles), 132 SMs (H200 datasheet),
   clusters of c = 2 SMs, Q_max = 7/8 of the SMs; decode's reference allocation: x*_moe the
   tiles of its largest batch, q the fewest SMs with which that step meets 90% of the TPOT SLO;
@@ -36,11 +38,10 @@ from typing import Any
 import numpy as np
 
 from fleetsim.errors import FleetsimInputError
+from fleetsim.expert_pool import Limits, attainment, simulate
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
-from fleetsim.moe.tile_model import ceil_to
-from fleetsim.repro.expertplex_cost import CostModel, SmPolicy
-from fleetsim.repro.expertplex_sim import Limits, SystemLayout, attainment, simulate
+from fleetsim.moe.expertplex import CostModel, SystemLayout, sm_policy
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
@@ -149,34 +150,6 @@ def layouts(setup: ExpertPlexSetup, cost: CostModel) -> dict[str, list[SystemLay
     return out
 
 
-TPOT_HEADROOM = 0.9
-"""Decode's SMs are sized for a step of 90% of the TPOT SLO (our choice: room for the steps a
-prefill-heavy moment slows)."""
-
-
-def sm_policy(setup: ExpertPlexSetup, cost: CostModel, layout: SystemLayout,
-              mean_context: float) -> SmPolicy:
-    """Decode's reference allocation x*_moe -> q: the fewest SMs (whole clusters, at most
-    Q_max) with which a step of decode's largest batch, at the workload's mean context, meets
-    90% of the TPOT SLO; x*_moe is that batch's tile count. Online, q' scales with the tiles
-    of the batch decode actually runs (``reallocate_sms``)."""
-    q_max = min(ceil_to(cost.num_sms * 7 / 8, setup.sm_cluster), cost.num_sms)
-    if layout.kind != "expertplex":
-        return SmPolicy(q_ref=q_max, x_ref=1.0, q_max=q_max, cluster=setup.sm_cluster)
-    gpus = sum(layout.decode_gpus)
-    largest = setup.max_decode_per_gpu * gpus
-    kv = int(largest * mean_context)
-    span = layout.total_gpus
-    q_ref = q_max
-    for q in range(setup.sm_cluster, q_max + 1, setup.sm_cluster):
-        step, _ = cost.plex_decode_s(largest, kv, gpus, layout.pool, span, q)
-        if step <= TPOT_HEADROOM * setup.tpot_slo_s:
-            q_ref = q
-            break
-    return SmPolicy(q_ref=q_ref, x_ref=cost.tiles_per_gpu(largest, layout.pool), q_max=q_max,
-                    cluster=setup.sm_cluster)
-
-
 def workload(setup: ExpertPlexSetup, num_requests: int
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(unit-rate Poisson arrival times, prompts, outputs): the same requests for every system,
@@ -219,7 +192,10 @@ class _Sweep:
         """(SLO attainment, summary) per rate; after two failing rates the sweep stops (NaN:
         not run, nothing claimed)."""
         out: list[tuple[float, dict[str, Any]]] = []
-        policy = sm_policy(self.setup, self.cost, layout, self.mean_context)
+        setup = self.setup
+        policy = sm_policy(self.cost, layout, self.mean_context,
+                           max_decode_per_gpu=setup.max_decode_per_gpu,
+                           tpot_slo_s=setup.tpot_slo_s, sm_cluster=setup.sm_cluster)
         fails = 0
         for rate in self.rates:
             if fails >= 2:

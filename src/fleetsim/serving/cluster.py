@@ -148,7 +148,7 @@ class Cluster:
                 if isinstance(pool.step_model, SharedStepModel):
                     if self.resources is None:
                         self.resources = SharedResources(sim)
-                    shared = shared_port(self.resources, pool.step_model, pool.name)
+                    shared = shared_port(self.resources, pool.step_model, pool.name, rid)
                 replica = make_replica(
                     step_model=pool.step_model, kv=kv, replica_id=rid, role=pool.role,
                     pool=pool.name, on_handoff=self._on_handoff,

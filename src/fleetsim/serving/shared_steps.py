@@ -44,10 +44,12 @@ class StepDemand(NamedTuple):
 
 
 class StepSplit(Protocol):
-    """Splits a step (the arguments of ``StepTimeModel.step_time_s``) into its parts."""
+    """Splits a step (the arguments of ``StepTimeModel.step_time_s``) into its parts: a
+    ``StepDemand`` or a plain ``(private_s, work, weight)`` tuple (so a cost model outside
+    ``serving/`` need not import it)."""
 
     def split(self, chunks: Sequence[tuple[int, int]], num_decode: int,
-              kv_tokens: int) -> StepDemand: ...
+              kv_tokens: int) -> tuple[float, float, float]: ...
 
 
 class SharedStepModel:
@@ -57,7 +59,8 @@ class SharedStepModel:
     steps as jobs when the resource is shared."""
 
     def __init__(self, split: StepSplit, resource: ResourceKey, capacity_per_s: float, *,
-                 max_rate: float = math.inf, overlap: bool = False) -> None:
+                 max_rate: float = math.inf, overlap: bool = False,
+                 per_replica: bool = False) -> None:
         if not capacity_per_s > 0:
             raise ValueError(f"capacity_per_s must be > 0, got {capacity_per_s}")
         if not max_rate > 0:
@@ -67,17 +70,20 @@ class SharedStepModel:
         self.capacity_per_s = float(capacity_per_s)
         self.max_rate = float(max_rate)
         self.overlap = overlap
+        # Each replica of the pool gets its own copy of the resource (an instance's own
+        # expert shard) instead of all sharing one.
+        self.per_replica = per_replica
         self.alone_rate = min(self.max_rate, self.capacity_per_s)
 
     def demand(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                kv_tokens: int) -> StepDemand:
-        return self.splitter.split(chunks, num_decode, kv_tokens)
+        return StepDemand(*self.splitter.split(chunks, num_decode, kv_tokens))
 
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                     kv_tokens: int) -> float:
-        d = self.splitter.split(chunks, num_decode, kv_tokens)
-        shared_s = d.work / self.alone_rate
-        return max(d.private_s, shared_s) if self.overlap else d.private_s + shared_s
+        private_s, work = self.splitter.split(chunks, num_decode, kv_tokens)[:2]
+        shared_s = work / self.alone_rate
+        return max(private_s, shared_s) if self.overlap else private_s + shared_s
 
     def decode_step_times_s(self, num_decode: int, kv_tokens: np.ndarray) -> np.ndarray:
         return np.array([self.step_time_s((), num_decode, int(kv)) for kv in kv_tokens])
@@ -88,10 +94,11 @@ class SharedSteps:
     step runs alone (priced by the model, holding the resource) or as a job, and turns a
     held step into a job when someone else comes."""
 
-    def __init__(self, service: SharedResources, model: SharedStepModel, client: str) -> None:
+    def __init__(self, service: SharedResources, model: SharedStepModel, client: str,
+                 resource: ResourceKey) -> None:
         self.service = service
         self.model = model
-        self.uses = {model.resource: 1.0}
+        self.uses = {resource: 1.0}
         self.client = client
         self.replica: Replica | None = None
         self._hold: Hold | None = None
@@ -135,7 +142,7 @@ class SharedSteps:
             private_s = 0.0
             delay = d.private_s if delay_s is None else delay_s
         self._job = self.service.start(
-            d.work if work is None else work, self.uses, self._on_done, weight=d.weight,
+            d.work if work is None else max(0.0, work), self.uses, self._on_done, weight=d.weight,
             max_rate=self.model.max_rate, delay_s=delay, client=self.client)
         self._job_private_end_s = replica.sim.now_s + private_s
         self._job_step = step
@@ -184,13 +191,16 @@ def _step_args(step: Step) -> tuple[list[tuple[int, int]], int, int]:
 
 
 
-def shared_port(service: SharedResources, model: SharedStepModel, client: str) -> SharedSteps:
-    """A replica's port onto ``model``'s resource, declared on ``service`` by its first user
-    (every user must give it the same capacity)."""
-    have = service.capacity.get(model.resource)
+def shared_port(service: SharedResources, model: SharedStepModel, client: str,
+                replica_id: int) -> SharedSteps:
+    """Replica ``replica_id``'s port onto ``model``'s resource (its own copy when
+    ``per_replica``), declared on ``service`` by its first user (every user must give it the
+    same capacity)."""
+    key = (model.resource, replica_id) if model.per_replica else model.resource
+    have = service.capacity.get(key)
     if have is None:
-        service.add(model.resource, model.capacity_per_s)
+        service.add(key, model.capacity_per_s)
     elif have != model.capacity_per_s:
         raise ValueError(f"shared resource {model.resource!r}: one pool gives it "
                          f"{have} units/s, another {model.capacity_per_s}; give one capacity")
-    return SharedSteps(service, model, client)
+    return SharedSteps(service, model, client, key)
