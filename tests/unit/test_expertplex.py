@@ -91,13 +91,31 @@ def test_tile_latency_fits_a_linear_table_exactly_and_scales_with_sms():
 def test_fewer_sms_on_the_shared_pool_slow_a_phase(cost):
     full = cost.plex_decode_s(256, 256 * 500, 8, 8, 24, cost.num_sms)[1]
     half = cost.plex_decode_s(256, 256 * 500, 8, 8, 24, cost.num_sms // 2)[1]
+    _, work = cost.expert_parts(256, 8)
+    assert half - full == pytest.approx(cost.layers * work / cost.num_sms * APK_DECODE_SLOWDOWN)
+
+
+def test_expert_cost_reads_the_weights_of_every_active_expert(cost):
+    """At decode sizes a GPU reads each active expert once: its time grows with the experts it
+    holds (weight reads), not only with routed tokens; at prefill sizes compute dominates."""
+    spec, hbm = cost.spec, cost.hw.hbm_bytes_per_s
+    # 2,048 tokens x top-8 over 128 experts: 128 per expert, every expert active.
+    for pool in (8, 16):
+        assert cost.weight_read_s(2048, pool) == pytest.approx(
+            128 / pool * spec.expert_bytes / hbm, rel=1e-6)
+    # A decode batch: the same routed tokens per GPU cost more on a GPU with more experts.
+    fixed8, work8 = cost.expert_parts(256, 8)
+    fixed16, work16 = cost.expert_parts(512, 16)  # same routed tokens per GPU, half the experts
+    assert work8 > work16 and fixed8 == fixed16 == cost.hw.kernel_overhead_s
+    assert work16 / cost.num_sms == pytest.approx(cost.weight_read_s(512, 16))
+    # A long prefill chunk is compute-bound: the tiles' time, above the weight reads.
     lat = cost.tile_latency(8)
-    x = cost.tiles_per_gpu(256, 8)
-    assert half - full == pytest.approx(cost.layers * lat.per_tile_s * x * APK_DECODE_SLOWDOWN)
+    _, work = cost.expert_parts(16384, 8)
+    assert work / cost.num_sms == pytest.approx(lat.per_tile_s * cost.tiles_per_gpu(16384, 8))
+    assert work / cost.num_sms > cost.weight_read_s(16384, 8)
 
 
 def test_apk_overheads_are_applied_to_expert_gemms(cost):
-    lat = cost.tile_latency(8)
     _, expert = cost.plex_decode_s(256, 0, 8, 8, 24, cost.num_sms)
     assert expert == pytest.approx(cost.layers * cost.expert_s(256, 8) * 1.08)
     assert APK_DECODE_SLOWDOWN == 1.08 and APK_PREFILL_SLOWDOWN == 1.12
@@ -105,8 +123,7 @@ def test_apk_overheads_are_applied_to_expert_gemms(cost):
     plain = cost.dense_s(chunks, 0, 0, 8) + cost.layers * (
         cost.a2a_s(4000, 8, 24) + cost.expert_s(4000, 8))
     plex = cost.plex_prefill_s(chunks, 8, 8, 24, cost.num_sms)
-    extra = cost.layers * (lat.fixed_s + lat.per_tile_s * cost.tiles_per_gpu(4000, 8)) * 0.12
-    assert plex - plain == pytest.approx(extra)
+    assert plex - plain == pytest.approx(cost.layers * cost.expert_s(4000, 8) * 0.12)
 
 
 def test_every_system_gets_the_same_gpu_budget(cost):

@@ -16,6 +16,7 @@ tiles (``moe/tile_model.py``). The three systems differ only in which GPUs hold 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -62,6 +63,9 @@ class CostModel:
     nvlink_domain: int = 8
     """GPUs that reach each other over NVLink (HGX H200: 8); the rest over the network."""
     _tiles: dict[int, TileLatency] = field(default_factory=dict)
+    _tiles_memo: dict[tuple[float, int], float] = field(default_factory=dict)
+    _parts_memo: dict[tuple[float, int], tuple[float, float]] = field(default_factory=dict)
+    _a2a_memo: dict[tuple[float, int, int], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.spec = MoeLayerSpec.from_model(self.model)
@@ -79,24 +83,61 @@ class CostModel:
 
     def tiles_per_gpu(self, tokens: float, pool: int) -> float:
         """Expected x_moe of one pool GPU for one layer of ``tokens`` tokens."""
+        key = (tokens, pool)
+        x = self._tiles_memo.get(key)
+        if x is None:
+            mean = tokens * self.spec.top_k / self.spec.num_experts
+            x = self.spec.num_experts / pool * expected_tiles_per_expert(mean, self.tile_m)
+            self._tiles_memo[key] = x
+        return x
+
+    def weight_read_s(self, tokens: float, pool: int) -> float:
+        """One pool GPU's HBM time to read the weights of its experts that get a token, for
+        one layer: a grouped GEMM reads each active expert once, whatever its tokens
+        (``RooflineExpertCompute``). Routing is Poisson per expert (as the tile count's
+        expectation): an expert is active with probability 1 - exp(-mean routed tokens)."""
         mean = tokens * self.spec.top_k / self.spec.num_experts
-        return self.spec.num_experts / pool * expected_tiles_per_expert(mean, self.tile_m)
+        active = self.spec.num_experts / pool * -math.expm1(-mean)
+        return active * self.spec.expert_bytes / self.hw.hbm_bytes_per_s
 
     def expert_s(self, tokens: float, pool: int, sms: int | None = None) -> float:
-        return self.tile_latency(pool).seconds(self.tiles_per_gpu(tokens, pool), sms)
+        """One layer's expert GEMMs on one pool GPU with ``sms`` of its SMs (all when None)."""
+        fixed, work = self.expert_parts(tokens, pool)
+        if work <= 0:
+            return 0.0
+        return fixed + work / (self.num_sms if sms is None else sms)
 
     def expert_parts(self, tokens: float, pool: int) -> tuple[float, float]:
         """One layer's expert GEMMs of ``tokens`` tokens on a pool of ``pool`` GPUs as (fixed
-        seconds, SM-seconds of tiles): on q SMs they take ``fixed + work / q``
-        (``TileLatency.seconds``)."""
-        lat = self.tile_latency(pool)
-        x = self.tiles_per_gpu(tokens, pool)
-        if x <= 0:
-            return 0.0, 0.0
-        return lat.fixed_s, lat.per_tile_s * x * lat.num_sms
+        seconds, SM-seconds): on q SMs they take ``fixed + work / q``. The work is the larger
+        of the tiles' compute (the paper's x_moe model, its slope fitted on the measured
+        table, ``TileLatency``) and the weight reads of the GPU's active experts
+        (``weight_read_s``: what a decode-sized batch on many experts per GPU pays, and what
+        one shared copy of the experts saves); both scale with the SMs given (a share of
+        the SMs draws that share of the bandwidth: our assumption). The fixed part is the
+        grouped GEMM's launch (``EpHardware.kernel_overhead_s``)."""
+        key = (tokens, pool)
+        parts = self._parts_memo.get(key)
+        if parts is None:
+            x = self.tiles_per_gpu(tokens, pool)
+            if x <= 0:
+                parts = (0.0, 0.0)
+            else:
+                lat = self.tile_latency(pool)
+                busy = max(lat.per_tile_s * x, self.weight_read_s(tokens, pool))
+                parts = (self.hw.kernel_overhead_s, busy * self.num_sms)
+            self._parts_memo[key] = parts
+        return parts
 
     def a2a_s(self, tokens: float, pool: int, span: int) -> float:
         """Dispatch + combine of one layer: ``span`` GPUs take part (attention and pool)."""
+        key = (tokens, pool, span)
+        t = self._a2a_memo.get(key)
+        if t is None:
+            t = self._a2a_memo[key] = self._a2a(tokens, pool, span)
+        return t
+
+    def _a2a(self, tokens: float, pool: int, span: int) -> float:
         node = min(span, self.nvlink_domain)
         span = -(-span // node) * node
         ep = ExpertParallelConfig(num_gpus=span, gpus_per_node=node, balancer="none")
@@ -139,9 +180,8 @@ class CostModel:
                        sms: float) -> float:
         """ExpertPlex's prefill step; ``sms`` its mean SM share of the pool over the step."""
         tokens = sum(chunks)
-        lat = self.tile_latency(pool)
-        x = self.tiles_per_gpu(tokens, pool)
-        expert = (lat.fixed_s + lat.per_tile_s * x * lat.num_sms / sms) * APK_PREFILL_SLOWDOWN
+        fixed, work = self.expert_parts(tokens, pool)
+        expert = (fixed + work / sms) * APK_PREFILL_SLOWDOWN if work > 0 else 0.0
         return self.dense_s(chunks, 0, 0, gpus) + self.layers * (
             self.a2a_s(tokens, pool, span) + expert)
 
