@@ -6,10 +6,14 @@ on a shared resource (``serving/shared_steps.py``); and the three systems Expert
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fleetsim.config import SimConfig
+from fleetsim.errors import FleetsimInputError
+from fleetsim.hardware import get_gpu
+from fleetsim.models import ModelSpec
 from fleetsim.moe.expertplex import (
     CostModel,
     InstanceSteps,
@@ -18,6 +22,7 @@ from fleetsim.moe.expertplex import (
     SmPolicy,
     SystemLayout,
 )
+from fleetsim.moe.tile_model import ceil_to
 from fleetsim.policies import TokenBudgetPlanner, make_ordering
 from fleetsim.policies.routing import LeastLoaded
 from fleetsim.serving.cluster import PoolSetup, simulate_cluster
@@ -124,3 +129,54 @@ def attainment(out: Outcome, ttft_slo: float, tpot_slo: float) -> float:
     """Share of requests meeting both SLOs (one-token outputs: TTFT only)."""
     ok = (out.ttft <= ttft_slo) & (np.isnan(out.tpot) | (out.tpot <= tpot_slo))
     return float(ok.mean())
+
+
+def shared_expert_pools(config: SimConfig, model: ModelSpec, setups: list[PoolSetup],
+                        infos: list[dict]) -> list[PoolSetup]:
+    """``config.cluster.expert_pool``: the prefill and decode pools' steps become jobs on one
+    shared expert pool (``PlexSplit`` on a ``SharedStepModel``), their KV the HBM their
+    non-expert weights leave. ``infos`` (the pools' descriptions) are updated in place."""
+    ep = config.cluster.expert_pool
+    assert ep is not None
+    where = "cluster.expert_pool"
+    if not model.is_moe:
+        raise FleetsimInputError("model", model.name,
+                                 f"{where} needs an MoE model (fleetsim models)")
+    by_role = {p.role: p for p in config.pools}
+    if sorted(p.role for p in config.pools) != ["decode", "prefill"]:
+        raise FleetsimInputError("cluster.pools", [p.role for p in config.pools],
+                                 f"{where} needs one prefill pool and one decode pool")
+    for p in config.pools:
+        if p.num_replicas != 1:
+            raise FleetsimInputError(f"cluster.pools ({p.name}).num_replicas", p.num_replicas,
+                                     f"{where} takes one attention group per phase: set 1 "
+                                     f"and give the group its GPUs with tp")
+    try:
+        gpu = get_gpu(ep.gpu or by_role["prefill"].gpu, config.hardware.catalog)
+    except FleetsimInputError as err:
+        raise FleetsimInputError(f"{where}.gpu", ep.gpu, err.fix) from None
+    cost = CostModel(model, gpu, ep.tile_m, nvlink_domain=ep.nvlink_domain)
+    if cost.spec.num_experts % ep.num_gpus:
+        raise FleetsimInputError(f"{where}.num_gpus", ep.num_gpus,
+                                 f"must divide the model's {cost.spec.num_experts} experts")
+    dense, experts = weight_bytes(cost)
+    if experts / ep.num_gpus > gpu.hbm_bytes * GPU_MEMORY_UTILIZATION:
+        raise FleetsimInputError(f"{where}.num_gpus", ep.num_gpus,
+                                 f"{experts / 1e9:.0f} GB of experts do not fit; use more GPUs")
+    if ep.decode_sms is not None and ep.decode_sms > cost.num_sms:
+        raise FleetsimInputError(f"{where}.decode_sms", ep.decode_sms,
+                                 f"must be at most the GPU's {cost.num_sms} SMs")
+    q_max = min(ceil_to(cost.num_sms * 7 / 8, ep.sm_cluster), cost.num_sms)
+    policy = SmPolicy(q_ref=ep.decode_sms or q_max,
+                      x_ref=cost.tiles_per_gpu(config.engine.max_running, ep.num_gpus),
+                      q_max=max(q_max, ep.decode_sms or 0), cluster=ep.sm_cluster)
+    alloc = PoolAllocator(cost, policy, ep.num_gpus)
+    span = sum(p.tp for p in config.pools) + ep.num_gpus
+    out = []
+    for setup, pool, info in zip(setups, config.pools, infos, strict=True):
+        model_ = SharedStepModel(PlexSplit(cost, pool.tp, span, pool.role, alloc),
+                                 "expert_pool", float(cost.num_sms), overlap=ep.overlap)
+        blocks = config.engine.num_kv_blocks or kv_blocks(cost, pool.tp, dense)
+        out.append(replace(setup, step_model=model_, num_kv_blocks=blocks))
+        info.update(num_kv_blocks=blocks, expert_pool_gpus=ep.num_gpus)
+    return out

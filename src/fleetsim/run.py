@@ -15,6 +15,7 @@ import numpy as np
 from fleetsim.config import SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
+from fleetsim.expert_pool import shared_expert_pools
 from fleetsim.hardware import GPUSpec, get_gpu
 from fleetsim.metrics.overload import overload_check
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
@@ -187,6 +188,8 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
                if isinstance(step_model, EpStepModel) else {}),
         })
     _check_link_reachable(config, gpus)
+    if config.cluster.expert_pool is not None:
+        setups = shared_expert_pools(config, model, setups, infos)
     return setups, infos
 
 

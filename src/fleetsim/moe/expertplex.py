@@ -333,3 +333,43 @@ def sm_policy(cost: CostModel, layout: SystemLayout, mean_context: float, *,
             break
     return SmPolicy(q_ref=q_ref, x_ref=cost.tiles_per_gpu(largest, layout.pool), q_max=q_max,
                     cluster=sm_cluster)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertPoolConfig:
+    """A shared expert pool (ExpertPlex): the cluster's prefill and decode pools keep
+    attention on their own GPUs (data-parallel over each replica's ``tp`` GPUs) and run every
+    MoE layer's routed experts on one pool of GPUs whose SMs the two phases share."""
+
+    num_gpus: int
+    """GPUs of the shared pool; it holds one copy of the routed experts, split evenly (must
+    divide the model's experts)."""
+    gpu: str | None = None
+    """GPU of the pool from ``fleetsim gpus`` (None: the prefill pool's)."""
+    decode_sms: int | None = None
+    """SMs decode keeps while prefill has expert work, at a batch of ``engine.max_running``;
+    smaller batches keep proportionally fewer (the paper's q' = ceil_c(q x_moe / x*_moe)).
+    None: 7/8 of the SMs (our choice: room for prefill at decode's largest batch)."""
+    sm_cluster: int = 2
+    """SMs handed out together (a thread-block cluster of 2 on Hopper)."""
+    tile_m: int = 64
+    """Rows of a GEMM tile (Hopper's wgmma computes 64-row tiles)."""
+    overlap: bool = False
+    """Each replica overlaps its attention with its expert work (two micro-batches in
+    flight): a step takes max(attention, experts) instead of their sum."""
+    nvlink_domain: int = 8
+    """GPUs that reach each other over NVLink (HGX: 8); the all-to-alls cross the network
+    beyond."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpus", "sm_cluster", "tile_m", "nvlink_domain"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"cluster.expert_pool.{name} must be an integer >= 1, got "
+                                 f"{value!r}")
+        if self.decode_sms is not None and (
+                isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int)
+                or self.decode_sms < self.sm_cluster):
+            raise ValueError(f"cluster.expert_pool.decode_sms must be an integer >= "
+                             f"sm_cluster ({self.sm_cluster}) or unset, got "
+                             f"{self.decode_sms!r}")
