@@ -64,7 +64,8 @@ def weight_bytes(cost: CostModel) -> tuple[float, float]:
     return total - experts, experts
 
 
-def pools(layout: SystemLayout, cost: CostModel, policy: SmPolicy) -> list[PoolSetup]:
+def pools(layout: SystemLayout, cost: CostModel, policy: SmPolicy, *,
+          overlap: bool = False) -> list[PoolSetup]:
     """The layout's replicas: colocated instances, P and D instances, or ExpertPlex's two
     attention groups on one shared expert pool (capacity: the pool GPUs' SMs)."""
     dense, experts = weight_bytes(cost)
@@ -87,7 +88,7 @@ def pools(layout: SystemLayout, cost: CostModel, policy: SmPolicy) -> list[PoolS
     out = []
     for role, g in (("prefill", layout.prefill_gpus[0]), ("decode", layout.decode_gpus[0])):
         model = SharedStepModel(PlexSplit(cost, g, span, role, alloc), "expert_pool",
-                                float(cost.num_sms))
+                                float(cost.num_sms), overlap=overlap)
         out.append(PoolSetup(name=role, role=role, num_replicas=1, step_model=model,
                              num_kv_blocks=kv_blocks(cost, g, dense),
                              link_bw_bytes_per_s=g * nic))
@@ -95,7 +96,8 @@ def pools(layout: SystemLayout, cost: CostModel, policy: SmPolicy) -> list[PoolS
 
 
 def simulate(layout: SystemLayout, cost: CostModel, limits: Limits, sm: SmPolicy,
-             arrivals: np.ndarray, prompts: np.ndarray, outputs: np.ndarray) -> Outcome:
+             arrivals: np.ndarray, prompts: np.ndarray, outputs: np.ndarray, *,
+             overlap: bool = False) -> Outcome:
     """Run every request to completion on the engine; TTFT and TPOT (NaN for one-token
     outputs) per request, in request order."""
     groups = layout.prefill_gpus + layout.decode_gpus
@@ -104,7 +106,8 @@ def simulate(layout: SystemLayout, cost: CostModel, limits: Limits, sm: SmPolicy
                  num_prompt_tokens=np.asarray(prompts, dtype=np.int64),
                  num_output_tokens=np.asarray(outputs, dtype=np.int64))
     rec, _ = simulate_cluster(
-        w, pools(layout, cost, sm), router=LeastLoaded(), decode_router=LeastLoaded(),
+        w, pools(layout, cost, sm, overlap=overlap), router=LeastLoaded(),
+        decode_router=LeastLoaded(),
         make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
         rng=np.random.default_rng(0), kv_bytes_per_token=float(cost.model.kv_bytes_per_token()),
         link_latency_s=0.0, block_size=BLOCK_SIZE,
