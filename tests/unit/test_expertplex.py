@@ -247,3 +247,22 @@ def test_golden_instances_on_their_own_pool_equal_the_plain_pd_cluster(cost, kin
         assert recs[0][col].tolist() == recs[1][col].tolist()
     for col in ("first_token_s", "finish_s"):
         assert recs[1][col] == pytest.approx(recs[0][col], rel=1e-9)
+
+
+@pytest.mark.parametrize("num_decode", [1, 7, 8, 13, 300])
+def test_vectorized_decode_steps_equal_single_steps_bit_for_bit(cost, num_decode):
+    """Windows price decode steps with ``decode_step_times_s``, stepping with
+    ``step_time_s``: they must give the same floats, or fast-forward would not equal
+    stepping."""
+    from fleetsim.moe.expertplex import PlexSplit, PoolAllocator
+
+    kv = np.arange(1000, 1020) * num_decode
+    inst = InstanceSteps(cost, 8)
+    assert inst.decode_step_times_s(num_decode, kv).tolist() == [
+        inst.step_time_s((), num_decode, int(k)) for k in kv]
+    alloc = PoolAllocator(cost, SmPolicy(q_ref=60, x_ref=10.0, q_max=116, cluster=2), 16)
+    for overlap in (False, True):
+        m = SharedStepModel(PlexSplit(cost, 8, 32, "decode", alloc), "pool", 132.0,
+                            overlap=overlap)
+        assert m.decode_step_times_s(num_decode, kv).tolist() == [
+            m.step_time_s((), num_decode, int(k)) for k in kv]

@@ -161,6 +161,17 @@ class CostModel:
             worst = max(worst, t)
         return worst
 
+    def dense_decode_s(self, decode: int, kv_tokens: np.ndarray, gpus: int) -> np.ndarray:
+        """``dense_s((), decode, kv, gpus)`` for each ``kv`` in the array, vectorized: the
+        same float operations (the first GPU holds the most decodes; the table model's
+        vectorized decode equals its scalar one), so windows equal step by step."""
+        if not decode:
+            return np.zeros(len(kv_tokens))
+        n0 = decode // gpus + (1 if decode % gpus else 0)
+        kv_g = np.asarray(kv_tokens, dtype=np.int64) * n0 // decode
+        t = self.dense.decode_step_times_s(n0, kv_g) - self._moe(n0)
+        return np.maximum(t, 0.0)
+
     def colocated_step_s(self, chunks: Sequence[int], decode: int, kv: int, gpus: int
                          ) -> float:
         """One step of an instance (both phases) or of a PD instance (one of them)."""
@@ -232,7 +243,9 @@ class InstanceSteps:
                                           self.gpus)
 
     def decode_step_times_s(self, num_decode: int, kv_tokens: np.ndarray) -> np.ndarray:
-        return np.array([self.step_time_s((), num_decode, int(kv)) for kv in kv_tokens])
+        cost, gpus = self.cost, self.gpus
+        moe = cost.a2a_s(num_decode, gpus, gpus) + cost.expert_s(num_decode, gpus)
+        return cost.dense_decode_s(num_decode, kv_tokens, gpus) + cost.layers * moe
 
 
 class InstanceSplit:
@@ -305,6 +318,16 @@ class PlexSplit:
         weight = (self.allocator.decode_weight(num_decode) if self.phase == "decode"
                   else self.allocator.prefill_weight())
         return private, cost.layers * work * self.slowdown, weight
+
+    def decode_private_s(self, num_decode: int, kv_tokens: np.ndarray
+                         ) -> tuple[np.ndarray, float]:
+        """(private seconds for each ``kv``, shared work) of decode-only steps, vectorized
+        with the same float operations as ``split``."""
+        cost, pool = self.cost, self.allocator.pool
+        fixed, work = cost.expert_parts(num_decode, pool)
+        private = cost.dense_decode_s(num_decode, kv_tokens, self.gpus) + cost.layers * (
+            cost.a2a_s(num_decode, pool, self.span) + fixed * self.slowdown)
+        return private, cost.layers * work * self.slowdown
 
 
 TPOT_HEADROOM = 0.9
