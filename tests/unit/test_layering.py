@@ -156,3 +156,16 @@ def test_nothing_under_src_reads_the_wall_clock():
                    "import time")
         offenders.extend(f"{path.relative_to(SRC)}: {n}" for n in needles if n in text)
     assert not offenders
+
+
+def test_repro_holds_no_event_loop_or_step_model():
+    """A reproduction is data plus a short function: no event loop of its own (a heap of
+    events) and no step model in ``repro/``; mechanisms live in ``moe/``, ``serving/`` or
+    ``policies/`` and run on the engine (ExpertPlex's private loop was folded in)."""
+    offenders = []
+    for path in (SRC / "repro").rglob("*.py"):
+        text = path.read_text()
+        if "heapq" in _all_imports(path) or "def step_time_s" in text or "def split(" in text:
+            offenders.append(path.name)
+    assert not offenders, f"move the mechanism out of repro/: {offenders}"
+    assert not (SRC / "repro" / "expertplex_sim.py").exists()
