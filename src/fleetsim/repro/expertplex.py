@@ -13,8 +13,9 @@ colocation). Our choices (the summary names MiniMax-M2.7 / GLM-5.1, which fleets
 lacks):
 - Qwen3-235B-A22B (catalog; 128 experts, top-8, 94 layers) in bf16 on HGX H200 nodes (8 GPUs
   on NVLink, 50 GB/s network per GPU), 32 GPUs for every system (--quick: 16);
-- step times from fleetsim's measured H200 tables (dense part per GPU: ``perf``; expert GEMMs
-  from the MoE table priced in tiles, ``moe/tile_model.py``; all-to-alls:
+- step times from fleetsim's measured H200 tables (dense part per GPU: ``perf``; expert GEMMs:
+  the larger of the tiles' compute, slope fitted on the MoE table, ``moe/tile_model.py``, and
+  the HBM reads of each GPU's active experts, plus the GEMM launch; all-to-alls:
   ``moe/step_model.all_to_all_s``), the same for all three systems (``moe/expertplex.py``),
   run on fleetsim's engine: ExpertPlex's pool is a shared resource whose SMs the two
   attention groups' steps draw on as jobs (``serving/shared_steps.py``);
@@ -23,6 +24,7 @@ lacks):
   tiles of its largest batch, q the fewest SMs with which that step meets 90% of the TPOT SLO;
 - vLLM-style continuous batching, 2,048 prompt tokens per GPU per step, at most 128 decoding
   requests per GPU; instances of 8 GPUs (a full bf16 copy of the model fits with room for KV);
+  KV in what the weights leave of 90% of HBM (attention GPUs of ExpertPlex: no experts);
 - ShareGPT rows (``embedded:sharegpt_lengths``, vLLM's benchmark filter: prompt <= 1,024,
   prompt + output <= 2,048), Poisson arrivals; SLOs TTFT <= 2 s and TPOT <= 100 ms, 90% of
   requests meeting both (the paper's SLO values are not in what we could read);
