@@ -20,6 +20,7 @@ from fleetsim.inputs import read_toml
 from fleetsim.metrics.summary import SLOConfig
 from fleetsim.models.quantization import check_kv_cache_dtype, quant_mode
 from fleetsim.models.speculative import SpeculativeConfig
+from fleetsim.moe.expertplex import ExpertPoolConfig
 from fleetsim.moe.serving import PoolEpConfig
 from fleetsim.programs.config import ProgramWorkloadConfig
 from fleetsim.registry import PolicySpec
@@ -244,6 +245,9 @@ class ClusterConfig:
     decode_router: PolicySpec = field(default_factory=lambda: PolicySpec(name="least_loaded"))
     """Picks the decode replica for each finished prefill (P/D only)."""
     link: LinkConfig = field(default_factory=LinkConfig)
+    expert_pool: ExpertPoolConfig | None = None
+    """A shared expert pool for the prefill and decode pools (MoE models; docs/config.md,
+    ExpertPlex), e.g. {num_gpus = 8}."""
     frontend_overhead_s: float = 0.0
     """Time a request spends between the client and the engine (HTTP both ways, API server),
     seconds: each request reaches the engine this long after it was sent, so its TTFT and E2E

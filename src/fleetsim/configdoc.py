@@ -37,9 +37,11 @@ def _type_name(hint: Any) -> str:
     return re.sub(r"\b(?:[a-z_]+\.)+", "", text)
 
 
-def rows(cls: type = SimConfig, prefix: str = "", default_obj: Any = None
-         ) -> list[dict[str, Any]]:
-    """One row per leaf key (nested config tables expanded), in declaration order."""
+def rows(cls: type = SimConfig, prefix: str = "", default_obj: Any = None, *,
+         expand_optional: bool = False) -> list[dict[str, Any]]:
+    """One row per leaf key (nested config tables expanded), in declaration order;
+    ``expand_optional``: also the keys of optional tables unset by default (the reference
+    lists them; the TOML dump must not, or loading it back would set them)."""
     out: list[dict[str, Any]] = []
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
@@ -52,9 +54,43 @@ def rows(cls: type = SimConfig, prefix: str = "", default_obj: Any = None
         if dataclasses.is_dataclass(hint) and dataclasses.is_dataclass(value):
             out.append({"key": key, "table": True,
                         "doc": docs.get(f.name) or (hint.__doc__ or "").strip().split("\n")[0]})
-            out.extend(rows(hint, f"{key}.", value))  # type: ignore[arg-type]
+            out.extend(rows(hint, f"{key}.", value,  # type: ignore[arg-type]
+                            expand_optional=expand_optional))
+            continue
+        section = _optional_section(hint) if expand_optional and value is None else None
+        if section is not None:
+            # An optional table with required keys (no default object to read): its keys
+            # with their declared defaults.
+            # (listed after all the other tables: ``deferred``)
+            out.append({"key": key, "table": True, "deferred": True,
+                        "doc": docs.get(f.name, "") + " Optional: unset by default."})
+            out.extend({**r, "deferred": True} for r in _declared_rows(section, f"{key}."))
             continue
         out.append({"key": key, "type": _type_name(hint), "default": _plain(value),
+                    "doc": docs.get(f.name, "")})
+    return out
+
+
+def _optional_section(hint: Any) -> type | None:
+    """X when ``hint`` is ``X | None`` with X a config dataclass."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(args) == 1 and dataclasses.is_dataclass(args[0]) and type(None) in typing.get_args(
+            hint):
+        return args[0]  # type: ignore[return-value]
+    return None
+
+
+def _declared_rows(cls: type, prefix: str) -> list[dict[str, Any]]:
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    out = []
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        has_factory = f.default_factory is not dataclasses.MISSING
+        required = f.default is dataclasses.MISSING and not has_factory
+        default = None if required else _plain(f.default_factory() if has_factory
+                                               else f.default)
+        out.append({"key": f"{prefix}{f.name}", "type": _type_name(hints[f.name]),
+                    "default": default, "required": required,
                     "doc": docs.get(f.name, "")})
     return out
 
@@ -124,11 +160,14 @@ def config_markdown() -> str:
     header = ["| key | type | default | meaning |", "|---|---|---|---|"]
     section = "top level"
     out += [f"## {section}", "", *header]
-    for r in rows():
+    every = rows(expand_optional=True)
+    for r in [r for r in every if not r.get("deferred")] + [r for r in every
+                                                             if r.get("deferred")]:
         if r.get("table"):
             out += ["", f"## `[{r['key']}]`", "", r["doc"], "", *header]
             continue
-        default = "unset" if r["default"] is None else f"`{_toml_value(r['default'])}`"
+        default = ("required" if r.get("required") else "unset" if r["default"] is None
+                   else f"`{_toml_value(r['default'])}`")
         doc = r["doc"].replace("|", "\\|")
         typ = r["type"].replace("|", "\\|")
         out.append(f"| `{r['key']}` | {typ} | {default} | {doc} |")

@@ -16,6 +16,7 @@ from fleetsim.config import PoolConfig, SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.esp.cost import EspCostModel, EspStepModel
+from fleetsim.expert_pool import shared_expert_pools
 from fleetsim.hardware import GPUSpec, get_gpu
 from fleetsim.metrics.overload import overload_check
 from fleetsim.metrics.summary import distribution, summarize, timeline_bins
@@ -241,7 +242,28 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
                if getattr(step_model, "ep_balance_ratio", None) is not None else {}),
         })
     _check_link_reachable(config, gpus)
+    if config.cluster.expert_pool is not None:
+        _check_expert_pool_alone(config)
+        setups = shared_expert_pools(config, model, setups, infos)
     return setups, infos
+
+
+def _check_expert_pool_alone(config: SimConfig) -> None:
+    """A shared expert pool prices its pools' steps with its own cost model
+    (``moe/expertplex.py``), so a setting that changes how a step is priced or which replicas
+    exist would be silently dropped: refuse it in one line instead."""
+    clashes = (
+        ("engine.speculative", config.engine.speculative is not None
+         and config.engine.speculative.method),
+        ("hardware.pp", next((p.pp for p in config.pools if p.pp > 1), None)),
+        ("elastic", config.elastic is not None and "[elastic]"),
+        ("group", config.group is not None and "[group]"),
+    )
+    for where, value in clashes:
+        if value:
+            raise FleetsimInputError(where, value, "cluster.expert_pool prices its own steps "
+                                     f"and keeps its pools fixed; remove {where} or "
+                                     "cluster.expert_pool")
 
 
 def pipeline_with_ep(config: SimConfig, model: ModelSpec, gpu: GPUSpec, pool: PoolConfig,

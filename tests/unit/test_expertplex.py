@@ -10,8 +10,19 @@ import numpy as np
 import pytest
 
 from fleetsim.cli import main
+from fleetsim.expert_pool import Limits, pools, simulate
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
+from fleetsim.moe.expertplex import (
+    APK_DECODE_SLOWDOWN,
+    APK_PREFILL_SLOWDOWN,
+    CostModel,
+    InstanceSplit,
+    InstanceSteps,
+    SmPolicy,
+    SystemLayout,
+    sm_policy,
+)
 from fleetsim.moe.tile_model import (
     TileLatency,
     ceil_to,
@@ -19,14 +30,12 @@ from fleetsim.moe.tile_model import (
     reallocate_sms,
     tiles,
 )
-from fleetsim.repro.expertplex import ExpertPlexSetup, _Sweep, goodput, layouts, sm_policy
-from fleetsim.repro.expertplex_cost import (
-    APK_DECODE_SLOWDOWN,
-    APK_PREFILL_SLOWDOWN,
-    CostModel,
-    SmPolicy,
-)
-from fleetsim.repro.expertplex_sim import Limits, SystemLayout, simulate
+from fleetsim.policies import TokenBudgetPlanner, make_ordering
+from fleetsim.policies.routing import LeastLoaded
+from fleetsim.repro.expertplex import ExpertPlexSetup, _Sweep, goodput, layouts
+from fleetsim.serving.cluster import PoolSetup, simulate_cluster
+from fleetsim.serving.shared_steps import SharedStepModel
+from fleetsim.workloads.workload import Workload
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +91,31 @@ def test_tile_latency_fits_a_linear_table_exactly_and_scales_with_sms():
 def test_fewer_sms_on_the_shared_pool_slow_a_phase(cost):
     full = cost.plex_decode_s(256, 256 * 500, 8, 8, 24, cost.num_sms)[1]
     half = cost.plex_decode_s(256, 256 * 500, 8, 8, 24, cost.num_sms // 2)[1]
+    _, work = cost.expert_parts(256, 8)
+    assert half - full == pytest.approx(cost.layers * work / cost.num_sms * APK_DECODE_SLOWDOWN)
+
+
+def test_expert_cost_reads_the_weights_of_every_active_expert(cost):
+    """At decode sizes a GPU reads each active expert once: its time grows with the experts it
+    holds (weight reads), not only with routed tokens; at prefill sizes compute dominates."""
+    spec, hbm = cost.spec, cost.hw.hbm_bytes_per_s
+    # 2,048 tokens x top-8 over 128 experts: 128 per expert, every expert active.
+    for pool in (8, 16):
+        assert cost.weight_read_s(2048, pool) == pytest.approx(
+            128 / pool * spec.expert_bytes / hbm, rel=1e-6)
+    # A decode batch: the same routed tokens per GPU cost more on a GPU with more experts.
+    fixed8, work8 = cost.expert_parts(256, 8)
+    fixed16, work16 = cost.expert_parts(512, 16)  # same routed tokens per GPU, half the experts
+    assert work8 > work16 and fixed8 == fixed16 == cost.hw.kernel_overhead_s
+    assert work16 / cost.num_sms == pytest.approx(cost.weight_read_s(512, 16))
+    # A long prefill chunk is compute-bound: the tiles' time, above the weight reads.
     lat = cost.tile_latency(8)
-    x = cost.tiles_per_gpu(256, 8)
-    assert half - full == pytest.approx(cost.layers * lat.per_tile_s * x * APK_DECODE_SLOWDOWN)
+    _, work = cost.expert_parts(16384, 8)
+    assert work / cost.num_sms == pytest.approx(lat.per_tile_s * cost.tiles_per_gpu(16384, 8))
+    assert work / cost.num_sms > cost.weight_read_s(16384, 8)
 
 
 def test_apk_overheads_are_applied_to_expert_gemms(cost):
-    lat = cost.tile_latency(8)
     _, expert = cost.plex_decode_s(256, 0, 8, 8, 24, cost.num_sms)
     assert expert == pytest.approx(cost.layers * cost.expert_s(256, 8) * 1.08)
     assert APK_DECODE_SLOWDOWN == 1.08 and APK_PREFILL_SLOWDOWN == 1.12
@@ -96,8 +123,7 @@ def test_apk_overheads_are_applied_to_expert_gemms(cost):
     plain = cost.dense_s(chunks, 0, 0, 8) + cost.layers * (
         cost.a2a_s(4000, 8, 24) + cost.expert_s(4000, 8))
     plex = cost.plex_prefill_s(chunks, 8, 8, 24, cost.num_sms)
-    extra = cost.layers * (lat.fixed_s + lat.per_tile_s * cost.tiles_per_gpu(4000, 8)) * 0.12
-    assert plex - plain == pytest.approx(extra)
+    assert plex - plain == pytest.approx(cost.layers * cost.expert_s(4000, 8) * 0.12)
 
 
 def test_every_system_gets_the_same_gpu_budget(cost):
@@ -117,7 +143,8 @@ def _requests(n: int, rate: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def test_shared_pool_couples_the_phases(cost):
-    """Decode steps run slower while prefill uses the pool: decode alone vs with prompts."""
+    """Decode steps run slower while prefill uses the pool: decode alone vs with prompts
+    (on the engine: the two attention groups' steps are jobs on one SM pool)."""
     layout = SystemLayout(kind="expertplex", prefill_gpus=(4,), decode_gpus=(4,), pool=8)
     limits = Limits(token_budget_per_gpu=2048, max_decode_per_gpu=128)
     policy = SmPolicy(q_ref=66, x_ref=cost.tiles_per_gpu(512, 8), q_max=116, cluster=2)
@@ -144,7 +171,8 @@ def test_colocation_interferes_and_pd_does_not(cost):
 def test_decode_sm_reference_meets_the_tpot_slo(cost):
     setup = ExpertPlexSetup()
     layout = SystemLayout(kind="expertplex", prefill_gpus=(8,), decode_gpus=(16,), pool=8)
-    policy = sm_policy(setup, cost, layout, 600.0)
+    policy = sm_policy(cost, layout, 600.0, max_decode_per_gpu=setup.max_decode_per_gpu,
+                       tpot_slo_s=setup.tpot_slo_s, sm_cluster=setup.sm_cluster)
     largest = setup.max_decode_per_gpu * 16
     step, _ = cost.plex_decode_s(largest, largest * 600, 16, 8, 32, policy.q_ref)
     assert step <= 0.9 * setup.tpot_slo_s or policy.q_ref == policy.q_max
@@ -184,3 +212,57 @@ def test_bad_input_is_one_line_and_exit_2(setting, needle, capsys):
     assert main(["repro", "expertplex", "--quick", "--set", setting]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["colocated", "pd"])
+def test_golden_instances_on_their_own_pool_equal_the_plain_pd_cluster(cost, kind):
+    """The shared-resource port in its trivial form: each instance's steps as jobs on its own
+    expert shard's SMs (``InstanceSplit``, one resource per replica) give the engine's plain
+    colocated / P/D cluster results (``InstanceSteps``), request by request."""
+    layout = (SystemLayout(kind="colocated", prefill_gpus=(8, 8)) if kind == "colocated"
+              else SystemLayout(kind="pd", prefill_gpus=(8,), decode_gpus=(8,)))
+    policy = SmPolicy(q_ref=116, x_ref=1.0, q_max=116, cluster=2)
+    plain = pools(layout, cost, policy)
+    shared = [PoolSetup(name=p.name, role=p.role, num_replicas=p.num_replicas,
+                        step_model=SharedStepModel(InstanceSplit(cost, 8), "shard",
+                                                   float(cost.num_sms), per_replica=True),
+                        num_kv_blocks=p.num_kv_blocks, link_bw_bytes_per_s=p.link_bw_bytes_per_s)
+              for p in plain]
+    assert all(isinstance(p.step_model, InstanceSteps) for p in plain)
+    arrivals, prompts, outputs = _requests(120, 30.0)
+    w = Workload(arrival_s=arrivals, num_prompt_tokens=prompts.astype(np.int64),
+                 num_output_tokens=outputs.astype(np.int64))
+    recs = []
+    for setup in (plain, shared):
+        rec, cluster = simulate_cluster(
+            w, setup, router=LeastLoaded(), decode_router=LeastLoaded(),
+            make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
+            rng=np.random.default_rng(0), kv_bytes_per_token=float(
+                cost.model.kv_bytes_per_token()), link_latency_s=0.0, block_size=16,
+            max_batched_tokens=17408, max_running=1024, debug=True)
+        recs.append(rec.requests)
+    assert cluster.resources is not None and len(cluster.resources.capacity) == len(
+        cluster.replicas)  # one shard per instance, each its own resource
+    for col in ("request_id", "replica_id", "num_computed_tokens"):
+        assert recs[0][col].tolist() == recs[1][col].tolist()
+    for col in ("first_token_s", "finish_s"):
+        assert recs[1][col] == pytest.approx(recs[0][col], rel=1e-9)
+
+
+@pytest.mark.parametrize("num_decode", [1, 7, 8, 13, 300])
+def test_vectorized_decode_steps_equal_single_steps_bit_for_bit(cost, num_decode):
+    """Windows price decode steps with ``decode_step_times_s``, stepping with
+    ``step_time_s``: they must give the same floats, or fast-forward would not equal
+    stepping."""
+    from fleetsim.moe.expertplex import PlexSplit, PoolAllocator
+
+    kv = np.arange(1000, 1020) * num_decode
+    inst = InstanceSteps(cost, 8)
+    assert inst.decode_step_times_s(num_decode, kv).tolist() == [
+        inst.step_time_s((), num_decode, int(k)) for k in kv]
+    alloc = PoolAllocator(cost, SmPolicy(q_ref=60, x_ref=10.0, q_max=116, cluster=2), 16)
+    for overlap in (False, True):
+        m = SharedStepModel(PlexSplit(cost, 8, 32, "decode", alloc), "pool", 132.0,
+                            overlap=overlap)
+        assert m.decode_step_times_s(num_decode, kv).tolist() == [
+            m.step_time_s((), num_decode, int(k)) for k in kv]

@@ -29,8 +29,10 @@ ALLOWED = {
     "config": {"elastic_config", "metrics", "models", "moe", "policies", "programs",
                "workloads"},
     "elastic_config": set(),
-    "run": {"config", "esp", "hardware", "metrics", "models", "moe", "native", "perf",
-            "policies", "programs", "serving", "workloads"},
+    "expert_pool": {"config", "hardware", "models", "moe", "perf", "policies", "serving",
+                    "workloads"},
+    "run": {"config", "esp", "expert_pool", "hardware", "metrics", "models", "moe", "native",
+            "perf", "policies", "programs", "serving", "workloads"},
     "configdoc": {"config"},
     "vllm_json": {"metrics"},
     "search": {"config", "hardware", "metrics", "models", "perf", "policies", "programs",
@@ -40,8 +42,8 @@ ALLOWED = {
     "report": {"results"},
     "rl": {"core", "serving", "perf", "models", "hardware", "workloads", "config", "run",
            "metrics", "results", "inputs", "registry", "policies", "programs"},
-    "repro": {"config", "run", "moe", "workloads", "metrics", "perf", "models", "hardware",
-              "serving", "rl", "programs", "soc", "esp"},
+    "repro": {"config", "expert_pool", "run", "moe", "workloads", "metrics", "perf", "models",
+              "hardware", "serving", "rl", "programs", "soc", "esp"},
     "soc": {"models", "workloads"},
     "live": {"config", "core", "hardware", "inputs", "metrics", "models", "perf", "policies",
              "results", "run", "serving", "vllm_json", "workloads"},
@@ -195,3 +197,16 @@ def test_esp_has_no_simulation_loop_of_its_own():
         imports = _all_imports(path)
         assert not {"heapq", "fleetsim.core", "fleetsim.serving"} & {
             m if m == "heapq" else ".".join(m.split(".")[:2]) for m in imports}, path.name
+
+
+def test_repro_holds_no_event_loop_or_step_model():
+    """A reproduction is data plus a short function: no event loop of its own (a heap of
+    events) and no step model in ``repro/``; mechanisms live in ``moe/``, ``serving/`` or
+    ``policies/`` and run on the engine (ExpertPlex's private loop was folded in)."""
+    offenders = []
+    for path in (SRC / "repro").rglob("*.py"):
+        text = path.read_text()
+        if "heapq" in _all_imports(path) or "def step_time_s" in text or "def split(" in text:
+            offenders.append(path.name)
+    assert not offenders, f"move the mechanism out of repro/: {offenders}"
+    assert not (SRC / "repro" / "expertplex_sim.py").exists()

@@ -6,8 +6,9 @@ same-time priority (smaller first), and ``seq`` (a per-simulator counter) breaks
 remaining ties in push order, so payloads are never compared and runs are deterministic.
 The kinds of fleetsim's own components, in same-time order:
 
-    5 controller tick   10 arrival   20 transfer start   30 transfer check
-    40 step end         50 wake-up (an idle replica plans after all same-time inputs)
+    5 controller tick   10 arrival   20 transfer start   25 shared-resource job start
+    30 transfer check   33 shared-resource check   35 kept-KV expiry   40 step end
+    50 wake-up (an idle replica plans after all same-time inputs)
     60 process resume (``process.py``: a waiting process reads what the engine did)
 
 Time is simulated only.

@@ -44,7 +44,9 @@ from fleetsim.serving.prefix_cache import EvictionKey, PrefixCache
 from fleetsim.serving.recorder import OnlineMetrics, Recorder, Records
 from fleetsim.serving.replica import STEP_END, WAKE_UP, Replica
 from fleetsim.serving.request import Request
+from fleetsim.serving.resources import SharedResources
 from fleetsim.serving.settings import EngineSettings, PlugIns
+from fleetsim.serving.shared_steps import SharedStepModel, shared_port
 from fleetsim.serving.sources import WorkloadSource
 from fleetsim.serving.speculative import Emission
 from fleetsim.serving.transfers import TransferService, gpu_dma_endpoint, host_endpoint
@@ -119,6 +121,9 @@ class Cluster:
         self.decode_router = decode_router
         self.recorder = recorder
         self.transfers = TransferService(sim, latency_s=link_latency_s)
+        # Capacities that replicas of several pools share (an expert pool's SMs): made when a
+        # pool's step model draws on one (``shared_steps.py``).
+        self.resources: SharedResources | None = None
         self.replicas: list[Replica] = []
         self.pool_of: list[str] = []  # replica_id -> pool name
         self.source: RequestSource | None = None
@@ -173,6 +178,11 @@ class Cluster:
                                         pool.host_bw_bytes_per_s)
             self.transfers.add_endpoint(gpu_dma_endpoint(rid), math.inf, math.inf)
         self.transfers.add_endpoint(rid, pool.link_bw_bytes_per_s, pool.link_bw_bytes_per_s)
+        shared = None
+        if isinstance(pool.step_model, SharedStepModel):
+            if self.resources is None:
+                self.resources = SharedResources(self.sim)
+            shared = shared_port(self.resources, pool.step_model, pool.name, rid)
         replica = self._make_replica(
             step_model=pool.step_model, kv=kv, replica_id=rid, role=role,
             pool=pool.name, on_handoff=self._on_handoff,
@@ -181,7 +191,7 @@ class Cluster:
             # Only a mixed replica takes the follow-up that would reuse kept KV (in
             # P/D a call's KV ends on a decode replica, its follow-up prefills
             # elsewhere).
-            retention=self._kv_retention if role == "mixed" else None)
+            retention=self._kv_retention if role == "mixed" else None, shared=shared)
         if self.source is not None and self.source.wants_finishes:
             replica.on_finish = self._on_finish
         self.replicas.append(replica)

@@ -46,6 +46,7 @@ from fleetsim.serving.request import (
     WAITING,
     Request,
 )
+from fleetsim.serving.shared_steps import SharedSteps
 from fleetsim.serving.speculative import Emission
 from fleetsim.serving.transfers import TransferService
 from fleetsim.serving.views import ReplicaView
@@ -94,6 +95,7 @@ class Replica:
         track_itl: bool = False,
         retention: KVRetention | None = None,
         speculative: Emission | None = None,
+        shared: SharedSteps | None = None,
     ) -> None:
         self.sim = sim
         self.step_model = step_model
@@ -159,6 +161,10 @@ class Replica:
         self._decode_all_when_idle = False
         self._set_batch_policy(batch_policy)
         self.view = ReplicaView(self)
+        # Steps that also draw on a capacity other replicas share (``shared_steps.py``).
+        self.shared = shared
+        if shared is not None:
+            shared.replica = self
 
     # ---- policies --------------------------------------------------------------------
     def _set_batch_policy(self, policy: BatchPolicy) -> None:
@@ -498,8 +504,13 @@ class Replica:
         # prefix pool (a finish gives back the blocks it borrowed from them).
         through = (self.on_finish is None and self.until_s == math.inf
                    and not self.moves.incoming and self.kv.prefix.peers is None)
+        shared = self.shared
+        if shared is not None and not shared.alone():
+            return False  # its steps' length depends on the others: one at a time, as jobs
         if self._windows.open(step, self.until_s, through) is None:
             return False
+        if shared is not None:
+            shared.hold()
         if self.debug:
             self._check_idle_promise(step.decodes)
         step.num_running = len(step.decodes)
@@ -650,6 +661,13 @@ class Replica:
     # ---- step phase 3: execute -------------------------------------------------------
     def _execute(self, step: Step, now_s: float) -> None:
         self.busy = True
+        shared = self.shared
+        if shared is not None:
+            if not shared.alone():
+                self._step = step
+                shared.run_as_job(step)  # its STEP_END comes when the job is done
+                return
+            shared.hold()
         # A prefix-pool member with requests waiting plans every step: what they cost to
         # admit moves with the whole pool (another member's cache, or a local eviction of a
         # block the pool still holds elsewhere, which makes it cheaper), so its plan need not
@@ -664,6 +682,18 @@ class Replica:
         step.end_s = end_s
         self._step = step
         self.sim.schedule(end_s, STEP_END, (self, step))
+
+    @property
+    def current_step(self) -> Step | None:
+        """The step (or window) in progress, if any."""
+        return self._step
+
+    def schedule_step_end(self, step: Step) -> None:
+        """``step``'s end is known now (a shared-resource job finished): its ``STEP_END``."""
+        self.sim.schedule(step.end_s, STEP_END, (self, step))
+
+    def set_pending_kv_seconds(self, kv_seconds: float) -> None:
+        self._pending_kv_seconds = kv_seconds
 
     def _single_step_time(self, step: Step) -> float:
         chunks = [(n, r.num_computed_tokens) for r, n in step.chunks]
@@ -764,6 +794,8 @@ class Replica:
         if step is not self._step or now_s != step.end_s:
             return  # the end of a window that was cut back since
         self._step = None
+        if self.shared is not None:
+            self.shared.release()
         if step.window is not None:
             done = self._commit_window(step, now_s)
         else:

@@ -1,0 +1,292 @@
+"""Shared fluid resources: capacity (bytes/s of a link or a DDR bus, SMs of an expert pool)
+shared weighted max-min among the jobs using it, each job told once when its work is done.
+
+The transfer service (``transfers.py``) is the special case of bytes on links; here a resource
+is any capacity and a job any amount of work. A job does ``work`` units; while active it uses
+``uses[r]`` units of resource ``r``'s capacity per unit of work per second (1 by default), so
+at rate ``x`` (work/s) it draws ``x * uses[r]`` of ``r``. Rates are the weighted max-min fair
+allocation (progressive filling): every active job's rate grows in proportion to its
+``weight`` until it reaches its own ``max_rate`` or a resource it uses is full; then the others
+go on growing. So no capacity is left idle that an unsatisfied job could use (work
+conserving), and no job can be given more without taking from one whose rate per weight is
+no larger (max-min fair). Fair shares of a resource's *capacity* (as a DDR controller hands out
+bandwidth) follow from ``weight = uses[r]``; fair shares of jobs' speeds from equal weights.
+
+A job first waits ``delay_s`` (a transfer's setup, a step's private part), then becomes
+active. Rates change only when the set of active jobs (or a weight) changes: each change is
+one event. A client alone on its resources may skip the jobs and price its work at the whole
+capacity (a replica's steps and decode windows) by *holding* them: when a job comes, it hears
+of it first (``hold``) and cuts its window there, as an arrival does.
+
+Event kinds (same-time order, ``core.simulator``): ``RESOURCE_START`` (25) after transfer
+starts, ``RESOURCE_CHECK`` (33) after transfer checks, before step ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping
+from typing import Final
+
+from fleetsim.core.simulator import Simulator
+
+RESOURCE_START: Final = 25  # a job's delay has passed: it starts drawing on its resources
+RESOURCE_CHECK: Final = 33  # a job may have finished
+
+_DONE_S = 1e-9  # a job with less than this many seconds of work left at its rate is done
+
+ResourceKey = Hashable
+ChangeFn = Callable[[], None]
+
+
+class Hold:
+    """A client's claim to run alone on resources (``SharedResources.hold``)."""
+
+    __slots__ = ("on_change", "uses")
+
+    def __init__(self, uses: dict[ResourceKey, float], on_change: ChangeFn) -> None:
+        self.uses = uses
+        self.on_change = on_change
+
+
+class Job:
+    """One job on shared resources. Read-only for clients except through the service:
+    ``work_left`` (units, exact at the last change), ``rate`` (work/s now; 0 before it is
+    active), ``active``, ``done``."""
+
+    __slots__ = ("active", "client", "done", "max_rate", "on_done", "on_rate", "rate",
+                 "started_s", "uses", "weight", "work", "work_left")
+
+    def __init__(self, work: float, uses: dict[ResourceKey, float], weight: float,
+                 max_rate: float, on_done: Callable[[Job], None],
+                 on_rate: Callable[[Job], None] | None, client: str) -> None:
+        self.work = float(work)
+        self.work_left = float(work)
+        self.uses = uses
+        self.weight = weight
+        self.max_rate = max_rate
+        self.on_done = on_done
+        self.on_rate = on_rate
+        self.client = client
+        self.rate = 0.0
+        self.active = False
+        self.done = False
+        self.started_s = math.nan  # when it became active
+
+    def seconds_left(self) -> float:
+        """Seconds to its end at its current rate (inf while inactive or starved)."""
+        return self.work_left / self.rate if self.rate > 0 else math.inf
+
+
+def max_min_rates(jobs: list[Job], capacity: Mapping[ResourceKey, float]) -> list[float]:
+    """Weighted max-min fair rates (work/s) of ``jobs`` on resources of ``capacity`` (units/s):
+    progressive filling. Pure: the service and the property tests both call it.
+
+    Each round raises every unfrozen job's rate to ``weight x level`` for the largest level
+    that breaks no capacity and no ``max_rate``, then freezes the jobs that hit a bound. A job
+    using no finite resource and having no ``max_rate`` gets ``inf`` (it finishes at once)."""
+    n = len(jobs)
+    rates = [0.0] * n
+    frozen = [False] * n
+    left = {r: capacity[r] for j in jobs for r in j.uses}
+    while not all(frozen):
+        # Level at which each resource fills (given the frozen jobs' draw) and each job caps.
+        demand: dict[ResourceKey, float] = {}
+        for i, j in enumerate(jobs):
+            if not frozen[i]:
+                for r, a in j.uses.items():
+                    if a > 0:
+                        demand[r] = demand.get(r, 0.0) + a * j.weight
+        level = math.inf
+        for r, d in demand.items():
+            if left[r] < math.inf:
+                level = min(level, max(left[r], 0.0) / d)
+        for i, j in enumerate(jobs):
+            if not frozen[i]:
+                level = min(level, j.max_rate / j.weight)
+        full = {r for r, d in demand.items()
+                if left[r] < math.inf and max(left[r], 0.0) / d <= level}
+        for i, j in enumerate(jobs):
+            if frozen[i]:
+                continue
+            capped = j.max_rate / j.weight <= level
+            if capped or any(r in full for r, a in j.uses.items() if a > 0) or level == math.inf:
+                x = j.max_rate if capped else j.weight * level
+                rates[i] = x
+                frozen[i] = True
+                for r, a in j.uses.items():
+                    if a > 0 and left[r] < math.inf:
+                        left[r] -= a * x
+    return rates
+
+
+class SharedResources:
+    """Resources of fixed capacity and the jobs sharing them (weighted max-min, fluid)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.capacity: dict[ResourceKey, float] = {}  # resource -> units/s
+        self._active: list[Job] = []
+        self._holds: list[Hold] = []
+        self._updated_s = 0.0
+        self._version = 0  # invalidates completion checks scheduled before the last change
+        self.num_jobs = 0
+        self.num_changes = 0  # allocations computed (each one an event that cuts windows)
+        self.used_by_resource: dict[ResourceKey, float] = {}  # resource -> units drawn so far
+        self.work_by_client: dict[str, float] = {}  # client -> work units done so far
+        sim.on(RESOURCE_START, self._on_start, "resource_start")
+        sim.on(RESOURCE_CHECK, self._on_check, "resource_check")
+
+    def add(self, resource: ResourceKey, capacity_per_s: float) -> None:
+        """Declare a resource and its capacity (units/s: bytes/s, SMs, ...; > 0, may be inf)."""
+        if resource in self.capacity:
+            raise ValueError(f"resource {resource!r} declared twice")
+        if not capacity_per_s > 0:
+            raise ValueError(f"resource {resource!r} capacity must be > 0, got "
+                             f"{capacity_per_s}")
+        self.capacity[resource] = float(capacity_per_s)
+        self.used_by_resource[resource] = 0.0
+
+    def hold(self, uses: Mapping[ResourceKey, float], on_change: ChangeFn) -> Hold:
+        """A client that runs alone on ``uses``' resources priced its work at their whole
+        capacity (a replica's step or decode window) instead of starting a job: the moment a
+        job becomes active on one of them, ``on_change()`` is called once, first, and the hold
+        is gone (the client turns what is left into a job). Only while nobody else is there
+        (``busy_on`` is False)."""
+        if self.busy_on(uses):
+            raise ValueError("hold: the resources are in use; start a job instead")
+        h = Hold(dict(uses), on_change)
+        self._holds.append(h)
+        return h
+
+    def release(self, h: Hold) -> None:
+        """The held work ended as priced."""
+        self._holds = [x for x in self._holds if x is not h]
+
+    def busy_on(self, uses: Mapping[ResourceKey, float]) -> bool:
+        """Whether an active job or a hold draws on one of ``uses``' resources."""
+        keys = [r for r, a in uses.items() if a > 0]
+        return (any(j.uses.get(r, 0.0) > 0 for j in self._active for r in keys)
+                or any(h.uses.get(r, 0.0) > 0 for h in self._holds for r in keys))
+
+    def start(self, work: float, uses: Mapping[ResourceKey, float],
+              on_done: Callable[[Job], None], *, weight: float = 1.0,
+              max_rate: float = math.inf, delay_s: float = 0.0,
+              on_rate: Callable[[Job], None] | None = None, client: str = "") -> Job:
+        """A job of ``work`` units drawing ``uses[r]`` of each resource per unit, active after
+        ``delay_s``; ``on_done(job)`` once its work is done, ``on_rate(job)`` whenever its rate
+        changes while active, its first rate included (after all new rates are set).
+        ``client`` names who runs it (work is counted per client)."""
+        for r, a in uses.items():
+            if r not in self.capacity:
+                raise ValueError(f"job on undeclared resource {r!r}")
+            if not a >= 0:
+                raise ValueError(f"job uses {a} of resource {r!r} per unit; must be >= 0")
+        if not work >= 0:
+            raise ValueError(f"job work must be >= 0, got {work}")
+        if not weight > 0:
+            raise ValueError(f"job weight must be > 0, got {weight}")
+        if not max_rate > 0:
+            raise ValueError(f"job max_rate must be > 0, got {max_rate}")
+        if not delay_s >= 0:
+            raise ValueError(f"job delay_s must be >= 0, got {delay_s}")
+        job = Job(work, dict(uses), float(weight), float(max_rate), on_done, on_rate, client)
+        self.num_jobs += 1
+        self.sim.schedule(self.sim.now_s + delay_s, RESOURCE_START, job)
+        return job
+
+    def set_weight(self, job: Job, weight: float) -> None:
+        """Change an active (or waiting) job's weight now: the shares are recomputed."""
+        if not weight > 0:
+            raise ValueError(f"job weight must be > 0, got {weight}")
+        if not job.active:
+            job.weight = float(weight)
+            return
+        self._advance()
+        job.weight = float(weight)
+        self._reallocate()
+
+    @property
+    def active(self) -> tuple[Job, ...]:
+        return tuple(self._active)
+
+    def draw_now(self, resource: ResourceKey) -> float:
+        """Units/s of ``resource`` the active jobs draw now."""
+        return sum(j.rate * j.uses.get(resource, 0.0) for j in self._active)
+
+    def share_if_alone(self, uses: Mapping[ResourceKey, float],
+                       max_rate: float = math.inf) -> float:
+        """The rate a job of ``uses`` would get with no other job active."""
+        rate = max_rate
+        for r, a in uses.items():
+            if a > 0:
+                rate = min(rate, self.capacity[r] / a)
+        return rate
+
+    # ---- events ------------------------------------------------------------------------
+    def _on_start(self, job: Job) -> None:
+        self._notify(job)
+        self._advance()
+        job.active = True
+        job.started_s = self.sim.now_s
+        self._active.append(job)
+        self._reallocate()
+
+    def _on_check(self, version: int) -> None:
+        if version != self._version:
+            return
+        self._advance()
+        done = [j for j in self._active if j.work_left <= j.rate * _DONE_S]
+        if done:
+            self._active = [j for j in self._active if not any(j is d for d in done)]
+            for j in done:
+                j.active = False
+                j.done = True
+                j.work_left = 0.0
+        self._reallocate()
+        for j in done:
+            j.on_done(j)
+
+    def _notify(self, job: Job) -> None:
+        if not self._holds:
+            return
+        hit = [h for h in self._holds
+               if any(a > 0 and h.uses.get(r, 0.0) > 0 for r, a in job.uses.items())]
+        if hit:
+            self._holds = [h for h in self._holds if not any(h is x for x in hit)]
+            for h in hit:
+                h.on_change()
+
+    def _advance(self) -> None:
+        now = self.sim.now_s
+        dt = now - self._updated_s
+        if dt > 0:
+            used, by_client = self.used_by_resource, self.work_by_client
+            for j in self._active:
+                step = min(j.rate * dt, j.work_left)
+                j.work_left -= step
+                by_client[j.client] = by_client.get(j.client, 0.0) + step
+                for r, a in j.uses.items():
+                    used[r] += a * step
+        self._updated_s = now
+
+    def _reallocate(self) -> None:
+        self._version += 1
+        self.num_changes += 1
+        active = self._active
+        if not active:
+            return
+        rates = max_min_rates(active, self.capacity)
+        changed: list[Job] = []
+        next_s = math.inf
+        for j, x in zip(active, rates, strict=True):
+            if x != j.rate:
+                changed.append(j)
+            j.rate = x
+            next_s = min(next_s, j.work_left / x if x > 0 else math.inf)
+        if next_s < math.inf:
+            self.sim.schedule(self.sim.now_s + max(next_s, 0.0), RESOURCE_CHECK,
+                              self._version)
+        for j in changed:
+            if j.on_rate is not None:
+                j.on_rate(j)

@@ -1,0 +1,214 @@
+"""A step as a job on a shared resource: replicas whose steps draw on one capacity that other
+replicas' steps draw on too (ExpertPlex's expert pool SMs; an SoC's DDR bandwidth).
+
+A step has a *private* part (attention on the replica's own GPUs: seconds, whatever the others
+do) and then *shared work* on the resource (expert GEMMs: units of the resource, done at the
+rate the resource's max-min share gives it, ``resources.py``). Within a real step the two
+alternate layer by layer; the fluid model puts the private part first: a step's length is the
+same under a constant share, and the shared part draws on the resource only while it runs, so
+another replica's work takes the capacity this one leaves (what ExpertPlex's persistent
+kernels do at tile boundaries). ``overlap`` models a replica that overlaps the two (two
+micro-batches in flight): the shared part starts with the private one and the step ends when
+both are done.
+
+Exact under fast-forward: a replica whose resource nobody else uses prices its steps (and its
+decode windows) at the whole resource, as a plain step model, and *holds* the resource: the
+moment another job or holder comes, the service tells it first (``SharedResources.hold``), it
+cuts its window back to the step in progress (``Replica.interrupt``), and turns what is left of
+that step into a job at the shared rates. A replica alone for a whole run therefore gives
+exactly the results of a plain replica whose step model is ``private + work / capacity``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
+
+from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources
+
+if TYPE_CHECKING:
+    from fleetsim.serving.replica import Replica
+    from fleetsim.serving.window import Step
+
+
+class StepDemand(NamedTuple):
+    """One step's parts: ``private_s`` on its own GPUs, ``work`` units of the shared resource,
+    and its ``weight`` in the resource's max-min share while it runs."""
+
+    private_s: float
+    work: float
+    weight: float = 1.0
+
+
+class StepSplit(Protocol):
+    """Splits a step (the arguments of ``StepTimeModel.step_time_s``) into its parts: a
+    ``StepDemand`` or a plain ``(private_s, work, weight)`` tuple (so a cost model outside
+    ``serving/`` need not import it)."""
+
+    def split(self, chunks: Sequence[tuple[int, int]], num_decode: int,
+              kv_tokens: int) -> tuple[float, float, float]: ...
+
+
+class SharedStepModel:
+    """A step model whose shared part runs on ``resource`` (``capacity_per_s`` units/s in
+    all, at most ``max_rate`` for one step): as a ``StepTimeModel`` it prices a step run alone
+    (``private_s + work / alone rate``, or their max when ``overlap``); the cluster runs its
+    steps as jobs when the resource is shared."""
+
+    def __init__(self, split: StepSplit, resource: ResourceKey, capacity_per_s: float, *,
+                 max_rate: float = math.inf, overlap: bool = False,
+                 per_replica: bool = False) -> None:
+        if not capacity_per_s > 0:
+            raise ValueError(f"capacity_per_s must be > 0, got {capacity_per_s}")
+        if not max_rate > 0:
+            raise ValueError(f"max_rate must be > 0, got {max_rate}")
+        self.splitter = split
+        self.resource = resource
+        self.capacity_per_s = float(capacity_per_s)
+        self.max_rate = float(max_rate)
+        self.overlap = overlap
+        # Each replica of the pool gets its own copy of the resource (an instance's own
+        # expert shard) instead of all sharing one.
+        self.per_replica = per_replica
+        self.alone_rate = min(self.max_rate, self.capacity_per_s)
+
+    def demand(self, chunks: Sequence[tuple[int, int]], num_decode: int,
+               kv_tokens: int) -> StepDemand:
+        return StepDemand(*self.splitter.split(chunks, num_decode, kv_tokens))
+
+    def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
+                    kv_tokens: int) -> float:
+        private_s, work = self.splitter.split(chunks, num_decode, kv_tokens)[:2]
+        shared_s = work / self.alone_rate
+        return max(private_s, shared_s) if self.overlap else private_s + shared_s
+
+    def decode_step_times_s(self, num_decode: int, kv_tokens: np.ndarray) -> np.ndarray:
+        """Decode-only steps alone, for each ``kv``: vectorized when the split offers
+        ``decode_private_s(num_decode, kv) -> (private_s array, work)`` (with the same float
+        operations as ``split``), else one ``step_time_s`` each."""
+        vec = getattr(self.splitter, "decode_private_s", None)
+        if vec is None:
+            return np.array([self.step_time_s((), num_decode, int(kv)) for kv in kv_tokens])
+        private_s, work = vec(num_decode, kv_tokens)
+        shared_s = work / self.alone_rate
+        return np.maximum(private_s, shared_s) if self.overlap else private_s + shared_s
+
+
+class SharedSteps:
+    """One replica's port onto the shared resource (built by the cluster): decides whether a
+    step runs alone (priced by the model, holding the resource) or as a job, and turns a
+    held step into a job when someone else comes."""
+
+    def __init__(self, service: SharedResources, model: SharedStepModel, client: str,
+                 resource: ResourceKey) -> None:
+        self.service = service
+        self.model = model
+        self.uses = {resource: 1.0}
+        self.client = client
+        self.replica: Replica | None = None
+        self._hold: Hold | None = None
+        self._job: Job | None = None
+        self._used_blocks = 0  # KV blocks in use during the job's step
+        self._job_private_end_s = 0.0  # overlap: when the step's private part ends
+        self._job_step: Step | None = None
+        self.num_alone_steps = 0
+        self.num_shared_steps = 0
+
+    def alone(self) -> bool:
+        """Whether nobody else draws on (or holds) the resource now."""
+        return not self.service.busy_on(self.uses)
+
+    def hold(self) -> None:
+        """The step (or window) just started was priced alone: hold the resource until it
+        ends or until someone else comes (then ``_share`` re-times what is left of it)."""
+        assert self._hold is None
+        self.num_alone_steps += 1
+        self._hold = self.service.hold(self.uses, self._share)
+
+    def release(self) -> None:
+        """The held step (or window) ended as priced: give the resource back."""
+        if self._hold is not None:
+            self.service.release(self._hold)
+            self._hold = None
+
+    def run_as_job(self, step: Step, delay_s: float | None = None,
+                   work: float | None = None) -> None:
+        """Run ``step`` (one ordinary step) as a job; its ``STEP_END`` comes when it is done."""
+        replica = self.replica
+        assert replica is not None
+        d = self.model.demand(*_step_args(step))
+        self.num_shared_steps += 1
+        self._used_blocks = replica.kv.num_used_blocks
+        step.end_s = math.inf  # unknown until the job is done
+        if self.model.overlap:
+            private_s = d.private_s if delay_s is None else max(0.0, delay_s)
+            delay = 0.0
+        else:
+            private_s = 0.0
+            delay = d.private_s if delay_s is None else delay_s
+        self._job = self.service.start(
+            d.work if work is None else max(0.0, work), self.uses, self._on_done, weight=d.weight,
+            max_rate=self.model.max_rate, delay_s=delay, client=self.client)
+        self._job_private_end_s = replica.sim.now_s + private_s
+        self._job_step = step
+
+    def _on_done(self, job: Job) -> None:
+        replica = self.replica
+        assert replica is not None
+        self._job = None
+        step = self._job_step
+        assert step is not None
+        now_s = replica.sim.now_s
+        end_s = max(now_s, self._job_private_end_s)  # overlap: the private part may be longer
+        step.end_s = end_s
+        replica.set_pending_kv_seconds(self._used_blocks * (end_s - step.start_s))
+        replica.schedule_step_end(step)
+
+    def _share(self) -> None:
+        """Someone else came: the held step in progress becomes a job for what is left."""
+        replica = self.replica
+        assert replica is not None
+        self._hold = None
+        replica.interrupt()  # a window is cut back to the step in progress, settled before it
+        step = replica.current_step
+        now_s = replica.sim.now_s
+        if step is None or step.end_s <= now_s:
+            return  # it ends now: it was priced exactly
+        d = self.model.demand(*_step_args(step))
+        rate = self.model.alone_rate
+        elapsed = now_s - step.start_s
+        if self.model.overlap:
+            done = min(d.work, elapsed * rate)
+            private_left = max(0.0, d.private_s - elapsed)
+        else:
+            done = min(d.work, max(0.0, elapsed - d.private_s) * rate)
+            private_left = max(0.0, d.private_s - elapsed)
+        self.num_alone_steps -= 1
+        self.run_as_job(step, delay_s=private_left, work=d.work - done)
+
+
+def _step_args(step: Step) -> tuple[list[tuple[int, int]], int, int]:
+    chunks = [(n, r.num_computed_tokens) for r, n in step.chunks]
+    kv_tokens = 0
+    for r in step.decodes:
+        kv_tokens += r.num_computed_tokens
+    return chunks, len(step.decodes), kv_tokens
+
+
+
+def shared_port(service: SharedResources, model: SharedStepModel, client: str,
+                replica_id: int) -> SharedSteps:
+    """Replica ``replica_id``'s port onto ``model``'s resource (its own copy when
+    ``per_replica``), declared on ``service`` by its first user (every user must give it the
+    same capacity)."""
+    key = (model.resource, replica_id) if model.per_replica else model.resource
+    have = service.capacity.get(key)
+    if have is None:
+        service.add(key, model.capacity_per_s)
+    elif have != model.capacity_per_s:
+        raise ValueError(f"shared resource {model.resource!r}: one pool gives it "
+                         f"{have} units/s, another {model.capacity_per_s}; give one capacity")
+    return SharedSteps(service, model, client, key)

@@ -1,0 +1,188 @@
+"""Properties of shared fluid resources: the allocation is feasible, work conserving and
+max-min fair; the event-driven service equals an independent reference loop and conserves
+work; replicas sharing a resource give the same results with and without fast-forward."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.conftest import by_id, make_workload
+
+from fleetsim.core.simulator import Simulator
+from fleetsim.policies import TokenBudgetPlanner, make_ordering
+from fleetsim.policies.routing import LeastLoaded, RoundRobin
+from fleetsim.serving.cluster import PoolSetup, simulate_cluster
+from fleetsim.serving.resources import Job, SharedResources, max_min_rates
+from fleetsim.serving.shared_steps import SharedStepModel, StepDemand
+
+RESOURCES = ("a", "b", "c")
+TOL = 1e-9
+
+
+@st.composite
+def job_specs(draw, max_jobs=6):
+    n = draw(st.integers(1, max_jobs))
+    out = []
+    for _ in range(n):
+        used = draw(st.lists(st.sampled_from(RESOURCES), min_size=1, max_size=3, unique=True))
+        uses = {r: draw(st.sampled_from([0.5, 1.0, 2.0])) for r in used}
+        weight = draw(st.sampled_from([0.5, 1.0, 3.0]))
+        cap = draw(st.sampled_from([math.inf, math.inf, 0.7, 2.5]))
+        out.append((uses, weight, cap))
+    return out
+
+
+capacities = st.fixed_dictionaries({r: st.sampled_from([1.0, 3.0, 10.0]) for r in RESOURCES})
+
+
+def _jobs(specs):
+    return [Job(1.0, dict(uses), w, cap, lambda j: None, None, "") for uses, w, cap in specs]
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs=job_specs(), capacity=capacities)
+def test_allocation_is_feasible_work_conserving_and_max_min_fair(specs, capacity):
+    jobs = _jobs(specs)
+    rates = max_min_rates(jobs, capacity)
+    draw = {r: sum(x * j.uses.get(r, 0.0) for j, x in zip(jobs, rates, strict=True))
+            for r in RESOURCES}
+    for r in RESOURCES:
+        assert draw[r] <= capacity[r] * (1 + TOL)
+    full = {r for r in RESOURCES if draw[r] >= capacity[r] * (1 - TOL)}
+    for j, x in zip(jobs, rates, strict=True):
+        assert 0 < x <= j.max_rate * (1 + TOL)
+        if x >= j.max_rate * (1 - TOL):
+            continue
+        # Not capped: it must use a full resource on which no job has a larger rate per
+        # weight (its bottleneck) -- the characterisation of weighted max-min fairness, and
+        # work conservation (no job could go faster on idle capacity).
+        level = x / j.weight
+        bottlenecks = [r for r in j.uses if r in full and all(
+            y / k.weight <= level * (1 + TOL)
+            for k, y in zip(jobs, rates, strict=True) if k.uses.get(r, 0.0) > 0)]
+        assert bottlenecks, (specs, capacity, rates)
+
+
+def _reference_finish_times(arrivals, specs, works, capacity):
+    """An independent fluid loop: from one change to the next (an arrival or a finish),
+    rates from the same allocation function."""
+    t = 0.0
+    pending = sorted(range(len(arrivals)), key=lambda i: (arrivals[i], i))
+    active: list[int] = []
+    left = list(works)
+    finish = [math.nan] * len(arrivals)
+    while pending or active:
+        jobs = _jobs([specs[i] for i in active])
+        rates = max_min_rates(jobs, capacity) if active else []
+        next_arrival = arrivals[pending[0]] if pending else math.inf
+        next_finish = min((left[i] / x for i, x in zip(active, rates, strict=True)),
+                          default=math.inf)
+        dt = min(next_arrival - t, next_finish)
+        for i, x in zip(active, rates, strict=True):
+            left[i] -= x * dt
+        t += dt
+        still = []
+        for i, x in zip(active, rates, strict=True):
+            if left[i] <= x * 1e-9:
+                finish[i] = t
+            else:
+                still.append(i)
+        active = still
+        while pending and arrivals[pending[0]] <= t:
+            active.append(pending.pop(0))
+    return finish
+
+
+@settings(max_examples=150, deadline=None)
+@given(specs=job_specs(), capacity=capacities, data=st.data())
+def test_service_equals_reference_loop_and_conserves_work(specs, capacity, data):
+    n = len(specs)
+    arrivals = [data.draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0])) for _ in range(n)]
+    works = [data.draw(st.sampled_from([0.1, 1.0, 2.0, 5.0])) for _ in range(n)]
+    sim = Simulator()
+    svc = SharedResources(sim)
+    for r, c in capacity.items():
+        svc.add(r, c)
+    finish = [math.nan] * n
+    calls = [0] * n
+
+    def done(i):
+        def fn(job):
+            finish[i] = sim.now_s
+            calls[i] += 1
+        return fn
+
+    for i, ((uses, w, cap), work) in enumerate(zip(specs, works, strict=True)):
+        svc.start(work, uses, done(i), weight=w, max_rate=cap, delay_s=arrivals[i],
+                  client=f"c{i % 2}")
+    sim.run()
+    assert calls == [1] * n
+    ref = _reference_finish_times(arrivals, specs, works, capacity)
+    assert finish == pytest.approx(ref, rel=1e-9, abs=1e-9)
+    for r in RESOURCES:
+        expected = sum(work * uses.get(r, 0.0)
+                       for (uses, _, _), work in zip(specs, works, strict=True))
+        assert svc.used_by_resource[r] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert sum(svc.work_by_client.values()) == pytest.approx(sum(works), rel=1e-9)
+    assert not svc.active
+
+
+class Split:
+    def __init__(self, private_per_token_s, work_per_token, weight):
+        self.p, self.w, self.weight = private_per_token_s, work_per_token, weight
+
+    def split(self, chunks, num_decode, kv_tokens):
+        tokens = sum(n for n, _ in chunks) + num_decode
+        return StepDemand(0.001 + self.p * tokens + 1e-7 * kv_tokens,
+                          0.002 + self.w * tokens, self.weight)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 40),
+       rate=st.sampled_from([5.0, 50.0, 500.0]),
+       weights=st.tuples(st.sampled_from([1.0, 4.0]), st.sampled_from([1.0, 4.0])),
+       overlap=st.booleans(), layout=st.sampled_from(["pd", "mixed2"]))
+def test_shared_pool_fast_forward_equals_stepping(seed, n, rate, weights, overlap, layout):
+    rng = np.random.default_rng(seed)
+    w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 700, n),
+                      rng.integers(1, 150, n))
+    a = SharedStepModel(Split(2e-5, 3e-5, weights[0]), "sms", 1.5, overlap=overlap)
+    b = SharedStepModel(Split(1e-5, 5e-5, weights[1]), "sms", 1.5, overlap=overlap)
+    roles = ("prefill", "decode") if layout == "pd" else ("mixed", "mixed")
+    pools = [PoolSetup(name=f"x{i}", role=role, num_replicas=1, step_model=m,
+                       num_kv_blocks=3000, link_bw_bytes_per_s=math.inf)
+             for i, (role, m) in enumerate(zip(roles, (a, b), strict=True))]
+    out = []
+    for ff in (True, False):
+        rec, cluster = simulate_cluster(
+            w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
+            make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
+            rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
+            block_size=16, max_batched_tokens=1024, max_running=32, fast_forward=ff,
+            debug=True)
+        assert len(rec.requests["request_id"]) == n  # every request finishes
+        assert cluster.resources is not None and not cluster.resources.active
+        out.append(rec)
+    for col in ("first_token_s", "finish_s", "replica_id"):
+        ff, step = by_id(out[0], col), by_id(out[1], col)
+        assert ff.keys() == step.keys()
+        for k in ff:
+            assert ff[k] == pytest.approx(step[k], rel=1e-9, abs=1e-12), (col, k)
+
+
+@settings(max_examples=200, deadline=None)
+@given(demands=st.lists(st.floats(0.01, 50.0), min_size=1, max_size=5),
+       total=st.floats(0.5, 100.0))
+def test_ddr_sharing_of_the_soc_is_a_special_case(demands, total):
+    """Agent.xpu's DDR (``soc/contention.share_bandwidth``: max-min of bytes/s, each op
+    capped at its demand) is one resource here: jobs drawing 1 byte per unit, capped at their
+    demand, equal weights -- so the SoC can move onto this service unchanged."""
+    from fleetsim.soc.contention import share_bandwidth
+
+    jobs = [Job(1.0, {"ddr": 1.0}, 1.0, d, lambda j: None, None, "") for d in demands]
+    assert max_min_rates(jobs, {"ddr": total}) == pytest.approx(
+        share_bandwidth(demands, total), rel=1e-9)
