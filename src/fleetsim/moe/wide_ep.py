@@ -122,7 +122,7 @@ class DpAttentionStepModel:
             f"{dp} attention ranks x tp {tp}, batch dealt evenly, slowest rank gates the step "
             "(AIConfigurator's static attention-DP model; rank imbalance not modelled)")
 
-    def _group_moe_s(self, num_tokens: int) -> float:
+    def group_moe_s(self, num_tokens: int) -> float:
         """Seconds of all MoE layers over the EP group for the replica's ``num_tokens``."""
         return self._ep._moe_delta_s(num_tokens) + self._base_moe(num_tokens)
 
@@ -153,7 +153,7 @@ class DpAttentionStepModel:
             tokens = n + sum(new for new, _ in chunks)
             t = self.base.step_time_s(chunks, n, kv) - self._base_moe(tokens)  # type: ignore[attr-defined]
             slowest = max(slowest, t)
-        return slowest + self._group_moe_s(num_tokens)
+        return slowest + self.group_moe_s(num_tokens)
 
     def decode_step_times_s(self, num_decode: int,
                             decode_kv_tokens: NDArray[np.int64]) -> NDArray[np.float64]:
@@ -166,5 +166,5 @@ class DpAttentionStepModel:
         rank = -(-num_decode // self.dp)
         base, per_kv, extra = self.base.decode_terms_s(rank)  # type: ignore[attr-defined]
         share = rank / num_decode if num_decode else 0.0
-        return base, per_kv * share, extra + (self._group_moe_s(num_decode)
+        return base, per_kv * share, extra + (self.group_moe_s(num_decode)
                                               - self._base_moe(rank))
