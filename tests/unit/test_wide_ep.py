@@ -164,3 +164,15 @@ def test_vllm_serve_line_carries_data_parallel_and_expert_parallel_flags():
     (line,) = vllm_serve_commands(config, config.pools)
     assert "--data-parallel-size 16 --enable-expert-parallel" in line
     assert "--tensor-parallel-size 1" in line
+
+
+def test_search_counts_and_prices_every_rank_and_plan_refuses_the_layout():
+    from fleetsim.search.cost import cluster_usd_per_hour, num_gpus
+    from fleetsim.search.plan import plan
+
+    config = config_from_dict({**BASE, "hardware": {"gpu": "h100", "dp_attention": 16,
+                                                    "num_replicas": 2}})
+    assert num_gpus(config) == 32
+    assert cluster_usd_per_hour(config) == pytest.approx(32 * H100.price_per_hour_usd)
+    with pytest.raises(FleetsimInputError, match="plan does not search attention data"):
+        plan(config, [])
