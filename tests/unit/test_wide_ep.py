@@ -45,7 +45,9 @@ def test_dp16_on_two_h100_nodes_runs_from_fleetsim_run(tmp_path, capsys):
                  "--set", "quantization=fp8_block", "--set", "perf_backend=roofline",
                  "--set", "workload.max_requests=20", "--set", "hardware.gpu=h100",
                  "--set", "hardware.dp_attention=16"])
-    assert code == 0, capsys.readouterr().err
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "DP-attention 16 x TP 1, EP 16 (16 GPUs)" in out.out
     summary = run(config_from_dict({**BASE, "hardware": {"gpu": "h100",
                                                          "dp_attention": 16}})).summary
     assert summary["num_finished"] == 20
