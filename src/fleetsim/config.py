@@ -54,8 +54,8 @@ class HardwareConfig:
     num_replicas: int = 1
     """Identical mixed replicas (when ``cluster.pools`` is empty)."""
     ep: PoolEpConfig | None = None
-    """Expert parallelism over the replica's TP GPUs (each stage's, with pp) (MoE models), e.g.
-    {balancer = "quota"}."""
+    """Expert parallelism over the replica's TP GPUs (each stage's, with pp; all dp x tp GPUs
+    with dp_attention) (MoE models), e.g. {balancer = "quota"}."""
     catalog: str | None = None
     """Optional TOML file adding GPUs ([[gpu]] tables, same fields as the built-ins)."""
 
@@ -211,7 +211,8 @@ class PoolConfig:
     """Attention data-parallel ranks per replica with experts over all dp x tp GPUs (wide
     EP; see hardware.dp_attention). 1: off."""
     ep: PoolEpConfig | None = None
-    """Expert parallelism over each replica's TP GPUs (MoE models), e.g. {balancer = "quota"}."""
+    """Expert parallelism over each replica's TP GPUs (all dp x tp with dp_attention) (MoE
+    models), e.g. {balancer = "quota"}."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
