@@ -267,8 +267,10 @@ def wide_ep_pool(config: SimConfig, model: ModelSpec, gpu: GPUSpec, pool: PoolCo
     # The layout is expert-parallel by definition; without an ep table, vLLM's default for
     # --enable-expert-parallel: static placement, no redundant experts (EPLB is opt-in).
     ep = pool.ep or PoolEpConfig(balancer="none", num_spare_slots_per_gpu=0)
+    # the EP grid covers the largest step the engine can form (beyond it, linear)
+    max_tokens = max(16384, eng.max_batched_tokens, eng.max_running)
     out = DpAttentionStepModel(step_model, model, gpu, pool.tp, pool.dp_attention, ep,
-                               seed=config.seed)
+                               max_tokens=max_tokens, seed=config.seed)
     blocks = eng.num_kv_blocks or wide_ep_kv_capacity_blocks(
         model, gpu, pool.tp, pool.dp_attention, eng.block_size, eng.gpu_memory_utilization,
         max_batched_tokens=eng.max_batched_tokens,
