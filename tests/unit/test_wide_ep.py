@@ -178,3 +178,18 @@ def test_search_counts_and_prices_every_rank_and_plan_refuses_the_layout():
     assert cluster_usd_per_hour(config) == pytest.approx(32 * H100.price_per_hour_usd)
     with pytest.raises(FleetsimInputError, match="plan does not search attention data"):
         plan(config, [])
+
+
+def test_prefill_and_decode_pools_each_run_the_layout():
+    """LMSYS's deployment shape: DP-attention prefill (EP16) and decode (EP32) pools; the KV
+    handoff link counts every GPU of a replica."""
+    from fleetsim.run import run
+
+    pools = [{"name": "prefill", "gpu": "h100", "role": "prefill", "dp_attention": 16},
+             {"name": "decode", "gpu": "h100", "role": "decode", "dp_attention": 32}]
+    summary = run(config_from_dict({**BASE, "cluster": {"pools": pools}})).summary
+    assert summary["num_finished"] == 20
+    pre, dec = summary["pools"]
+    assert (pre["dp_attention"], dec["dp_attention"]) == (16, 32)
+    assert dec["num_kv_blocks"] > 2 * pre["num_kv_blocks"]
+    assert dec["usd_per_hour"] == pytest.approx(32 * H100.price_per_hour_usd)
