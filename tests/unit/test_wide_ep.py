@@ -76,7 +76,11 @@ def test_kv_capacity_is_the_sum_of_the_ranks_and_grows_with_dp():
                                           num_spare_slots_per_gpu=0)
     b16, b32, b64 = blocks(16), blocks(32), blocks(64)
     assert b32 > 2 * b16 and b64 > 2 * b32
-    assert b16 % 16 == 0  # dp equal ranks
+    # dp equal ranks, each with vLLM's sizing of one GPU's memory (activations of a 1/dp step)
+    from fleetsim.perf.memory import activation_reserve_bytes
+    free = (H100.hbm_bytes * 0.9 - wide_ep_weight_bytes_per_gpu(DSV3, 1, 16, 0)
+            - activation_reserve_bytes(DSV3, 1, 8192 // 16))
+    assert b16 == 16 * int(free // (16 * DSV3.kv_bytes_per_token_per_gpu(1)))
     from fleetsim.run import run
     pools = [run(config_from_dict({**BASE, "workload": {"max_requests": 2},
                                    "hardware": {"gpu": "h100", "dp_attention": dp}})
