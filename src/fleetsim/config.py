@@ -27,6 +27,15 @@ from fleetsim.registry import PolicySpec
 from fleetsim.workloads.config import WorkloadConfig
 
 
+def _check_dp_attention(prefix: str, dp: int, pp: int) -> None:
+    if dp < 1:
+        raise ValueError(f"{prefix}dp_attention must be >= 1 (1: off), got {dp}")
+    if dp > 1 and pp > 1:
+        # the wide-EP layout's ranks are not pipelined in vLLM or SGLang deployments
+        raise ValueError(f"{prefix}dp_attention = {dp} with pp = {pp}: attention data "
+                         "parallelism is not modelled with pipeline stages; set pp = 1")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HardwareConfig:
     """The GPUs of the replica."""
@@ -38,11 +47,16 @@ class HardwareConfig:
     pp: int = 1
     """Pipeline-parallel degree (vLLM's pipeline_parallel_size): stages of ``tp`` GPUs each,
     on consecutive GPUs, across nodes when tp x pp exceeds a node (docs/parallelism.md)."""
+    dp_attention: int = 1
+    """Attention data-parallel ranks per replica (vLLM's data_parallel_size with
+    --enable-expert-parallel, SGLang's --dp-size with --enable-dp-attention): dp ranks of tp
+    GPUs, each with its own batch and KV, experts spread over all dp x tp GPUs (wide EP,
+    across nodes; MoE models; docs/parallelism.md). 1: off."""
     num_replicas: int = 1
     """Identical mixed replicas (when ``cluster.pools`` is empty)."""
     ep: PoolEpConfig | None = None
-    """Expert parallelism over the replica's TP GPUs (each stage's, with pp) (MoE models), e.g.
-    {balancer = "quota"}."""
+    """Expert parallelism over the replica's TP GPUs (each stage's, with pp; all dp x tp GPUs
+    with dp_attention) (MoE models), e.g. {balancer = "quota"}."""
     catalog: str | None = None
     """Optional TOML file adding GPUs ([[gpu]] tables, same fields as the built-ins)."""
 
@@ -51,6 +65,7 @@ class HardwareConfig:
             raise ValueError(f"hardware.tp must be >= 1, got {self.tp}")
         if self.pp < 1:
             raise ValueError(f"hardware.pp must be >= 1 (1: no pipeline), got {self.pp}")
+        _check_dp_attention("hardware.", self.dp_attention, self.pp)
         if self.num_replicas < 1:
             raise ValueError(f"hardware.num_replicas must be >= 1, got {self.num_replicas}")
 
@@ -193,8 +208,12 @@ class PoolConfig:
     """Pipeline-parallel degree: stages per replica, so a replica has tp x pp GPUs."""
     role: str = "mixed"
     """mixed (prefill and decode) | prefill (hands KV to a decode pool) | decode."""
+    dp_attention: int = 1
+    """Attention data-parallel ranks per replica with experts over all dp x tp GPUs (wide
+    EP; see hardware.dp_attention). 1: off."""
     ep: PoolEpConfig | None = None
-    """Expert parallelism over each replica's TP GPUs (MoE models), e.g. {balancer = "quota"}."""
+    """Expert parallelism over each replica's TP GPUs (all dp x tp with dp_attention) (MoE
+    models), e.g. {balancer = "quota"}."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -205,6 +224,7 @@ class PoolConfig:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
         if self.pp < 1:
             raise ValueError(f"pp must be >= 1 (1: no pipeline), got {self.pp}")
+        _check_dp_attention("", self.dp_attention, self.pp)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,7 +347,7 @@ class SimConfig:
             return self.cluster.pools
         hw = self.hardware
         return (PoolConfig(name="default", gpu=hw.gpu, num_replicas=hw.num_replicas, tp=hw.tp,
-                           pp=hw.pp, ep=hw.ep),)
+                           pp=hw.pp, ep=hw.ep, dp_attention=hw.dp_attention),)
 
     def __post_init__(self) -> None:
         roles = {p.role for p in self.cluster.pools}

@@ -23,7 +23,8 @@ from fleetsim.metrics.summary import distribution, summarize, timeline_bins
 from fleetsim.models import ModelSpec, get_model
 from fleetsim.models.quantization import quantize
 from fleetsim.models.speculative import SpeculativeConfig, tokens_per_step
-from fleetsim.moe.serving import EpStepModel
+from fleetsim.moe.serving import EpStepModel, PoolEpConfig
+from fleetsim.moe.wide_ep import DpAttentionStepModel, wide_ep_kv_capacity_blocks
 from fleetsim.native import engine_build
 from fleetsim.perf import TableStepModel, kv_capacity_blocks
 from fleetsim.perf.base import StepTimeModel
@@ -199,12 +200,16 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
                     "speculative decoding is not priced with expert parallelism yet; remove "
                     "hardware.ep or engine.speculative")
             step_model = pool_step_model(config, model, gpu, pool.tp, pool.pp)
-            if pool.ep is not None and pool.pp > 1:
+            if pool.dp_attention > 1:
+                step_model, num_kv_blocks = wide_ep_pool(config, model, gpu, pool, step_model)
+            elif pool.ep is not None and pool.pp > 1:
                 step_model = pipeline_with_ep(config, model, gpu, pool, step_model)
             elif pool.ep is not None:
                 step_model = EpStepModel(step_model, model, gpu, pool.tp, pool.ep,
                                          seed=config.seed)
-            if pool.pp > 1:
+            if pool.dp_attention > 1:
+                pass  # wide_ep_pool sized the ranks' KV
+            elif pool.pp > 1:
                 num_kv_blocks = eng.num_kv_blocks or pipeline_kv_capacity_blocks(
                     model, gpu, pool.tp, pool.pp, eng.block_size, eng.gpu_memory_utilization,
                     max_batched_tokens=eng.max_batched_tokens)
@@ -218,7 +223,8 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         per_gpu_bw = link.bw_bytes_per_s or (
             gpu.nvlink_bw_bytes_per_s if link.placement == "intra_node"
             else gpu.network_bw_bytes_per_s)
-        num_gpus = pool.tp * pool.pp  # a replica's GPUs: every one sends its KV shard
+        # a replica's GPUs: every one sends its KV shard
+        num_gpus = pool.tp * pool.pp * pool.dp_attention
         setups.append(PoolSetup(
             name=pool.name, role=pool.role, num_replicas=pool.num_replicas,
             step_model=step_model, num_kv_blocks=num_kv_blocks,
@@ -233,11 +239,12 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
             "name": pool.name, "gpu": gpu.name, "role": pool.role,
             "num_replicas": pool.num_replicas, "tp": pool.tp,
             **({"pp": pool.pp} if pool.pp > 1 else {}),  # default output reads as it did
+            **({"dp_attention": pool.dp_attention} if pool.dp_attention > 1 else {}),
             "num_kv_blocks": num_kv_blocks,
             "usd_per_hour": gpu.price_per_hour_usd * num_gpus * pool.num_replicas,
             "perf_sources": dict(getattr(step_model, "sources", {})),
             **({"ep_balance_ratio": step_model.balance_ratio}
-               if isinstance(step_model, EpStepModel) else {}),
+               if isinstance(step_model, EpStepModel | DpAttentionStepModel) else {}),
             **({"ep_balance_ratio": step_model.ep_balance_ratio}
                if getattr(step_model, "ep_balance_ratio", None) is not None else {}),
         })
@@ -256,6 +263,8 @@ def _check_expert_pool_alone(config: SimConfig) -> None:
         ("engine.speculative", config.engine.speculative is not None
          and config.engine.speculative.method),
         ("hardware.pp", next((p.pp for p in config.pools if p.pp > 1), None)),
+        ("hardware.dp_attention", next((p.dp_attention for p in config.pools
+                                        if p.dp_attention > 1), None)),
         ("elastic", config.elastic is not None and "[elastic]"),
         ("group", config.group is not None and "[group]"),
     )
@@ -264,6 +273,33 @@ def _check_expert_pool_alone(config: SimConfig) -> None:
             raise FleetsimInputError(where, value, "cluster.expert_pool prices its own steps "
                                      f"and keeps its pools fixed; remove {where} or "
                                      "cluster.expert_pool")
+
+
+def wide_ep_pool(config: SimConfig, model: ModelSpec, gpu: GPUSpec, pool: PoolConfig,
+                 step_model: StepTimeModel) -> tuple[StepTimeModel, int]:
+    """The step model and KV blocks of a replica of ``dp_attention`` attention ranks with its
+    experts over all their GPUs (``moe/wide_ep.py``); ``hardware.ep`` tunes the balancer."""
+    eng = config.engine
+    if eng.speculative is not None:
+        raise FleetsimInputError("engine.speculative", eng.speculative.method,
+                                 "speculative decoding is not priced with dp_attention yet; "
+                                 "remove dp_attention or engine.speculative")
+    if not hasattr(step_model, "decode_terms_s"):
+        raise FleetsimInputError("dp_attention", pool.dp_attention, "attention data "
+                                 "parallelism needs the table step model; unset "
+                                 "engine.step_model")
+    # The layout is expert-parallel by definition; without an ep table, vLLM's default for
+    # --enable-expert-parallel: static placement, no redundant experts (EPLB is opt-in).
+    ep = pool.ep or PoolEpConfig(balancer="none", num_spare_slots_per_gpu=0)
+    # the EP grid covers the largest step the engine can form (beyond it, linear)
+    max_tokens = max(16384, eng.max_batched_tokens, eng.max_running)
+    out = DpAttentionStepModel(step_model, model, gpu, pool.tp, pool.dp_attention, ep,
+                               max_tokens=max_tokens, seed=config.seed)
+    blocks = eng.num_kv_blocks or wide_ep_kv_capacity_blocks(
+        model, gpu, pool.tp, pool.dp_attention, eng.block_size, eng.gpu_memory_utilization,
+        max_batched_tokens=eng.max_batched_tokens,
+        num_spare_slots_per_gpu=ep.num_spare_slots_per_gpu)
+    return out, blocks
 
 
 def pipeline_with_ep(config: SimConfig, model: ModelSpec, gpu: GPUSpec, pool: PoolConfig,

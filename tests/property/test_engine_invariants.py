@@ -273,3 +273,49 @@ def test_speculative_fast_forward_equals_step_by_step(
     assert np.isclose(slow.kv_block_seconds_by_replica[0], fast.kv_block_seconds_by_replica[0],
                       rtol=1e-9)
     assert np.isclose(slow.busy_s_by_replica[0], fast.busy_s_by_replica[0], rtol=1e-9)
+
+
+def _wide_ep_models():
+    from fleetsim.hardware import get_gpu
+    from fleetsim.models import get_model
+    from fleetsim.models.quantization import quantize
+    from fleetsim.moe.serving import PoolEpConfig
+    from fleetsim.moe.wide_ep import DpAttentionStepModel
+    from fleetsim.perf import build_step_model
+
+    model, gpu = quantize(get_model("deepseek-v3"), "fp8_block"), get_gpu("h100")
+    static = PoolEpConfig(balancer="none", num_spare_slots_per_gpu=0)
+    out = {}
+    for dp, tp in ((4, 2), (16, 1)):  # one node; two nodes (all-to-all on the NIC)
+        base = build_step_model(model, gpu, tp, backend="roofline",
+                                step_overhead_per_seq_s=1e-5, async_scheduling=dp == 16)
+        out[dp] = DpAttentionStepModel(base, model, gpu, tp, dp, static)
+    return out
+
+
+WIDE_EP = _wide_ep_models()
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=workloads(), kv_blocks=st.integers(6, 64), dp=st.sampled_from([4, 16]),
+       max_running=st.integers(1, 24), stop_at_arrivals=st.booleans())
+def test_wide_ep_replica_fast_forward_equals_stepping(workload, kv_blocks, dp, max_running,
+                                                      stop_at_arrivals):
+    """A wide-EP replica (attention ranks dealt the batch, ``moe/wide_ep.py``): the slowest
+    rank's ceil(n / dp) decodes change with n, and windows still give the step-by-step
+    results exactly."""
+    assume(_fits(workload, kv_blocks))
+    kw = dict(kv_blocks=kv_blocks, max_running=max_running, max_batched_tokens=128,
+              step_model=WIDE_EP[dp], block_size=BLOCK)
+    slow, _ = simulate(workload, fast_forward=False, **kw)
+    fast, replica = simulate(workload, fast_forward=True,
+                             windows_stop_at_arrivals=stop_at_arrivals, **kw)
+    r = fast.requests
+    assert len(r["request_id"]) == len(workload)
+    assert fast.timeline["num_tokens"].sum() == r["num_computed_tokens"].sum()
+    assert (fast.timeline["num_used_blocks"] <= kv_blocks).all()
+    assert replica.kv.num_used_blocks == 0
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    assert np.array_equal(slow.itl_gaps_s, fast.itl_gaps_s)
+    assert slow.num_steps == fast.num_steps

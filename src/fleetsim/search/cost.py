@@ -13,14 +13,15 @@ def cluster_usd_per_hour(config: SimConfig, summary: Mapping[str, Any] | None = 
     """Rental price of every GPU of the cluster for one hour.
 
     Takes ``summary["cost"]["usd_per_hour"]`` when the run reported it; otherwise prices each
-    pool as GPU list price x tp x pp x replicas (the catalog's ``price_per_hour_usd``).
+    pool as GPU list price x tp x pp x dp_attention x replicas (the catalog's
+    ``price_per_hour_usd``).
     """
     cost = (summary or {}).get("cost")
     if isinstance(cost, Mapping) and cost.get("usd_per_hour") is not None:
         return float(cost["usd_per_hour"])
     return sum(
-        get_gpu(p.gpu, config.hardware.catalog).price_per_hour_usd * p.tp * p.pp * p.num_replicas
-        for p in config.pools
+        get_gpu(p.gpu, config.hardware.catalog).price_per_hour_usd * p.tp * p.pp
+        * p.dp_attention * p.num_replicas for p in config.pools
     )
 
 
@@ -38,5 +39,5 @@ def usd_per_million_tokens(usd_per_hour: float, rate_per_s: float | None,
 
 
 def num_gpus(config: SimConfig) -> int:
-    """GPUs in the cluster (tp x pp x replicas over the pools)."""
-    return sum(p.tp * p.pp * p.num_replicas for p in config.pools)
+    """GPUs in the cluster (tp x pp x dp_attention x replicas over the pools)."""
+    return sum(p.tp * p.pp * p.dp_attention * p.num_replicas for p in config.pools)

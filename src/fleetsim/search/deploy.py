@@ -47,7 +47,12 @@ def vllm_serve_commands(config: SimConfig, pools: Sequence[PoolConfig]) -> list[
                "--tensor-parallel-size", str(pool.tp)]
         if pool.pp > 1:
             cmd += ["--pipeline-parallel-size", str(pool.pp)]
-        if pool.num_replicas > 1:
+        if pool.dp_attention > 1:
+            # one wide-EP replica per command (across nodes: vLLM's --data-parallel-size-local
+            # and --data-parallel-address on each node; SGLang: --enable-dp-attention --dp-size
+            # N --moe-a2a-backend deepep)
+            cmd += ["--data-parallel-size", str(pool.dp_attention), "--enable-expert-parallel"]
+        elif pool.num_replicas > 1:
             cmd += ["--data-parallel-size", str(pool.num_replicas)]
         cmd += ["--max-num-seqs", str(eng.max_running),
                 "--max-num-batched-tokens", str(eng.max_batched_tokens),

@@ -218,6 +218,11 @@ def plan(
     replica sees about the same history whatever the cluster size) when the config sets
     neither ``workload.max_requests`` nor ``workload.duration_s``.
     """
+    dp = max(p.dp_attention for p in (config.hardware, *config.cluster.pools))
+    if dp > 1:  # the shapes below are tp x pp replicas; a kept dp_attention would skew them
+        raise FleetsimInputError("dp_attention", dp, "plan does not search attention data "
+                                 "parallelism yet; unset it, or price the layout with "
+                                 "fleetsim run")
     if not shapes:
         raise FleetsimInputError("--gpus/--tp/--max-gpus", "no shape",
                                  "the shape space is empty: raise --max-gpus to at least "
