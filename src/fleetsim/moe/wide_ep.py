@@ -127,19 +127,21 @@ class DpAttentionStepModel:
         return self._ep._moe_delta_s(num_tokens) + self._base_moe(num_tokens)
 
     def _ranks(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
-               decode_kv_tokens: int) -> list[tuple[list[tuple[int, int]], int, float]]:
-        """The even deal: decodes round-robin (KV in proportion), chunks longest-first to the
-        rank with the fewest tokens."""
+               decode_kv_tokens: int) -> list[tuple[list[tuple[int, int]], int, int]]:
+        """The even deal: decodes round-robin (KV in proportion, whole tokens: the tp step
+        model takes token counts, and the compiled engine insists on ints), chunks
+        longest-first to the rank with the fewest tokens."""
         dp = self.dp
         decodes = [num_decode // dp + (i < num_decode % dp) for i in range(dp)]
-        kv_per_decode = decode_kv_tokens / num_decode if num_decode else 0.0
         chunks: list[list[tuple[int, int]]] = [[] for _ in range(dp)]
         load = list(decodes)
         for chunk in sorted(prefill_chunks, key=lambda c: -c[0]):
             i = load.index(min(load))
             chunks[i].append(chunk)
             load[i] += chunk[0]
-        return [(chunks[i], decodes[i], kv_per_decode * decodes[i]) for i in range(dp)]
+        return [(chunks[i], decodes[i],
+                 decode_kv_tokens * decodes[i] // num_decode if num_decode else 0)
+                for i in range(dp)]
 
     def step_time_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
                     decode_kv_tokens: int) -> float:
