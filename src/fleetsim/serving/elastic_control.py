@@ -61,6 +61,7 @@ class _CountingSource:
         self.wants_finishes = inner.wants_finishes
         self.num_arrivals = 0
         self.num_prompt_tokens = 0
+        self.arrivals: list[tuple[float, int, int]] = []  # since the last monitoring point
 
     @property
     def num_requests(self) -> int | None:
@@ -72,6 +73,7 @@ class _CountingSource:
     def on_arrival(self, req: Request, ctx: SourceContext) -> None:
         self.num_arrivals += 1
         self.num_prompt_tokens += req.num_prompt_tokens
+        self.arrivals.append((req.arrival_s, req.num_prompt_tokens, req.max_output_tokens))
         self.inner.on_arrival(req, ctx)
 
     def on_finish(self, req: Request, ctx: SourceContext) -> None:
@@ -217,7 +219,10 @@ class ElasticController:
             num_finished=len(rows),
             mean_output_tokens=_mean([n for *_, n in rows]),
             mean_ttft_s=_mean([first - arr for arr, first, _, _ in rows]),
-            mean_itl_s=_mean(itls), num_waiting=num_waiting, num_in_flight_by_role=in_flight)
+            mean_itl_s=_mean(itls), num_waiting=num_waiting, num_in_flight_by_role=in_flight,
+            arrivals=tuple(src.arrivals) if src else ())
+        if src is not None:
+            src.arrivals.clear()
         self._window_start_s = now_s
         return window
 
@@ -281,9 +286,13 @@ class ElasticController:
         """The summary's ``elastic`` section."""
         e = self.elastic
         assert e is not None
-        return {**e.report(now_s), "num_plans": self.num_plans,
-                "planner_overhead_s": self.overhead_s,
-                "planner_overhead_kind": "modelled (elastic.plan_overhead_s per plan)"}
+        out = {**e.report(now_s), "num_plans": self.num_plans,
+               "planner_overhead_s": self.overhead_s,
+               "planner_overhead_kind": "modelled (elastic.plan_overhead_s per plan)"}
+        planner_report = getattr(self.planner, "report", None)
+        if callable(planner_report):  # e.g. the evolving planner's timeline
+            out.update(planner_report())
+        return out
 
 
 def _mean(values: Sequence[float]) -> float:
