@@ -321,6 +321,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     written = f"results written to {out}/ (summary.json, requests.csv, config.json)"
     if "elastic" in result.summary:
         written = written[:-1] + ", elastic_timeline.json)"
+        if "evolution" in result.summary["elastic"]:
+            written = written[:-1] + ", evolution_timeline.json)"
     if args.vllm_json:
         written += f"; vLLM-style result in {args.vllm_json}"
     print(written, file=sys.stderr if fmt != "table" else sys.stdout)

@@ -17,7 +17,7 @@ incumbent, serves. At every monitoring point:
 3. the search costs ``replay_cost_s`` per replay (modelled: a simulator reads no clock); the
    winner is swapped in at the first monitoring point after the search ends, and the cluster
    moves to the deployment it holds (the elastic engine charges that reconfiguration as any
-   plan's). While a search runs no other starts.
+   plan's). While a search runs, and at a swap, no other starts.
 
 The incumbent's own plan is what the cluster runs between swaps. Ask the planner at every
 point (``trigger = "always"``): the policies carry their own triggers.
@@ -100,6 +100,8 @@ class EvolvePlanner:
     _rng: Any = field(default=None, repr=False)
     _incumbent: Policy | None = field(default=None, repr=False)
     _pending: tuple[float, Policy] | None = field(default=None, repr=False)  # (ready at, winner)
+    _start_s: float = field(default=0.0, repr=False)
+    _busy_until_s: float = field(default=-math.inf, repr=False)  # the running search's end
     timeline: list[dict[str, Any]] = field(default_factory=list)
     """One record per monitoring point and per swap (state, reported)."""
     search_overhead_s: float = 0.0
@@ -107,8 +109,10 @@ class EvolvePlanner:
 
     def __post_init__(self) -> None:
         if not (self.sla_ttft_s and self.sla_predictors) and not self.concurrency_targets:
-            raise ValueError("the policy space has no planner: give sla_ttft_s and "
-                             "sla_predictors, or concurrency_targets, at least one value")
+            raise ValueError(f"the policy space is empty (sla_ttft_s={list(self.sla_ttft_s)}, "
+                             f"sla_predictors={list(self.sla_predictors)}, concurrency_targets="
+                             f"{list(self.concurrency_targets)}): give sla_ttft_s and "
+                             f"sla_predictors, or concurrency_targets, at least one value")
         bad = [p for p in self.sla_predictors if p not in ("constant", "linear")]
         if bad or any(t <= 0 for t in self.sla_ttft_s) or any(
                 c < 1 for c in self.concurrency_targets) or any(k < 1 for k in
@@ -151,13 +155,19 @@ class EvolvePlanner:
             raise RuntimeError("EvolvePlanner.plan before bind(replayer)")
         if self._incumbent is None:
             self._start(pools)
+            self._start_s = window.start_s
         assert self._incumbent is not None
-        if self._pending is not None and self._pending[0] <= now_s:
-            self._swap(self._pending[1], now_s)
+        # What each policy held while the window passed (the incumbent's: what ran).
         was_held = {p: dict(d) for p, d in self._held.items()}
+        swapped = self._pending is not None and self._pending[0] <= now_s
+        if swapped:
+            assert self._pending is not None
+            self._swap(self._pending[1], now_s)
         for policy in self._space:  # 1. every policy plans on its own deployment
             self._step(policy, pools, window, now_s)
-        if self._pending is None and window.arrivals:  # 2. the search, on the held plans
+        # 2. the search; not at a swap (the new incumbent has served no window yet).
+        if (self._pending is None and not swapped and now_s >= self._busy_until_s
+                and window.arrivals):
             self._search(was_held, window, now_s)
         return dict(self._held[self._incumbent])
 
@@ -203,6 +213,7 @@ class EvolvePlanner:
         num_replays = len(by_deployment)
         search_s = num_replays * self.replay_cost_s
         self.search_overhead_s += search_s
+        self._busy_until_s = now_s + search_s
         best_policy, best = scored[0]
         for policy, out in scored[1:]:
             if self._score(out) > self._score(best):
@@ -235,12 +246,18 @@ class EvolvePlanner:
     def report(self) -> dict[str, Any]:
         """The ``evolution`` section of the summary's ``elastic`` one."""
         searches = [t for t in self.timeline if t["action"] == "search"]
+        swaps = [t for t in self.timeline if t["action"] == "swap"]
+        first = swaps[0]["from"] if swaps else (
+            self._incumbent.label if self._incumbent else self._space[0].label)
+        serving = [{"policy": first, "from_s": self._start_s}]
+        serving += [{"policy": t["to"], "from_s": t["time_s"]} for t in swaps]
         return {"evolution": {
+            "serving": serving,
             "incumbent": self._incumbent.label if self._incumbent else self._space[0].label,
             "space_size": len(self._space),
             "num_searches": len(searches),
             "num_replays": sum(t["num_replays"] for t in searches),
-            "num_swaps": sum(1 for t in self.timeline if t["action"] == "swap"),
+            "num_swaps": len(swaps),
             "search_overhead_s": self.search_overhead_s,
             "search_overhead_kind": "modelled (replay_cost_s per replay)",
             "timeline": self.timeline}}
