@@ -9,8 +9,9 @@ in 1200 s). Compared:
   static deployment in hindsight;
 - ``[elastic]`` with up to 8 GPUs: the ``static`` planner (the SLA sizing from the first
   window, then held), ``sla`` (Dynamo's SLA planner) at every 30 s monitoring point, with its
-  constant and with a linear load forecast, ``sla`` under the ``threshold`` trigger, and
-  ``concurrency`` (Knative's KPA).
+  constant and with a linear load forecast, ``sla`` under the ``threshold`` trigger,
+  ``concurrency`` (Knative's KPA), and ``evolve`` (a policy of those families evolved by
+  replaying each window; its modelled search time is printed as overhead).
 
 Joins load weights from host over PCIe (the catalog's figure) plus ``--startup`` seconds.
 Prints per run: SLO attainment, mean / p99 TTFT, GPU-seconds held, plans and changes; with
@@ -45,6 +46,7 @@ PLANNED = {
     "sla linear": {"planner": {"name": "sla", "args": {"predictor": "linear"}}},
     "sla+threshold": {"planner": {"name": "sla"}, "trigger": {"name": "threshold"}},
     "concurrency": {"planner": {"name": "concurrency"}},
+    "evolve": {"planner": {"name": "evolve"}},
 }
 
 
@@ -85,7 +87,8 @@ def row(label: str, r: RunResult, gpu_seconds: float) -> dict[str, Any]:
     e = s.get("elastic", {})
     return {"run": label, "slo": s["slo"]["attainment"], "ttft_mean_s": s["ttft_s"]["mean"],
             "ttft_p99_s": s["ttft_s"]["p99"], "gpu_s": gpu_seconds,
-            "plans": e.get("num_plans", 0), "changes": e.get("num_changes", 0)}
+            "plans": e.get("num_plans", 0), "changes": e.get("num_changes", 0),
+            "overhead_s": e.get("evolution", {}).get("search_overhead_s", 0.0)}
 
 
 def replicas_over_time(r: RunResult) -> tuple[list[float], list[int]]:
@@ -119,10 +122,10 @@ def main() -> None:
         runs[name] = r
         rows.append(row(name, r, r.summary["elastic"]["gpu_seconds"]))
     print(f"{'run':16} {'SLO':>6} {'TTFT mean':>10} {'TTFT p99':>10} {'GPU-s':>8} "
-          f"{'plans':>5} {'changes':>7}")
+          f"{'plans':>5} {'changes':>7} {'search s':>8}")
     for x in rows:
         print(f"{x['run']:16} {x['slo']:6.3f} {x['ttft_mean_s']:10.3f} {x['ttft_p99_s']:10.3f} "
-              f"{x['gpu_s']:8.0f} {x['plans']:5d} {x['changes']:7d}")
+              f"{x['gpu_s']:8.0f} {x['plans']:5d} {x['changes']:7d} {x['overhead_s']:8.1f}")
     if args.figure:
         import matplotlib
 

@@ -48,7 +48,8 @@ from .planners import make_planner, make_trigger, register_planner
 
 class Replayer(Protocol):
     def replay(self, deployment: Mapping[tuple[str, str], int], arrivals: Sequence[Arrival],
-               start_s: float, end_s: float) -> ReplayOutcome: ...
+               start_s: float, end_s: float,
+               carried: Sequence[Arrival] = ()) -> ReplayOutcome: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +209,8 @@ class EvolvePlanner:
             key = tuple(sorted(was_held[policy].items()))
             if key not in by_deployment:
                 by_deployment[key] = self._replayer.replay(
-                    was_held[policy], window.arrivals, window.start_s, window.end_s)
+                    was_held[policy], window.arrivals, window.start_s, window.end_s,
+                    window.carried)
             scored.append((policy, by_deployment[key]))
         num_replays = len(by_deployment)
         search_s = num_replays * self.replay_cost_s

@@ -66,9 +66,10 @@ class WindowReplayer:
         self.num_replays = 0
 
     def replay(self, deployment: Mapping[tuple[str, str], int], arrivals: Sequence[Arrival],
-               start_s: float, end_s: float) -> ReplayOutcome:
+               start_s: float, end_s: float, carried: Sequence[Arrival] = ()) -> ReplayOutcome:
         """Serve ``arrivals`` on ``deployment`` ({(pool, role): replicas}; a pool's other
-        roles run as pools of their own on the same performance model)."""
+        roles run as pools of their own on the same performance model). ``carried``: the
+        backlog queued at ``start_s``, served first and left out of the outcome."""
         setups = []
         num_gpus = 0
         for (name, role), n in sorted(deployment.items()):
@@ -84,14 +85,16 @@ class WindowReplayer:
                                  gpu_seconds=gpu_seconds)
         if not setups:
             raise ValueError(f"a replay needs at least one replica, got {dict(deployment)}")
+        rows = [*carried, *arrivals]  # carried ones arrive at start_s, before the window's
         workload = Workload(
-            arrival_s=np.array([a for a, _, _ in arrivals], dtype=np.float64),
-            num_prompt_tokens=np.array([p for _, p, _ in arrivals], dtype=np.int64),
-            num_output_tokens=np.array([o for _, _, o in arrivals], dtype=np.int64),
+            arrival_s=np.array([a for a, _, _ in rows], dtype=np.float64),
+            num_prompt_tokens=np.array([p for _, p, _ in rows], dtype=np.int64),
+            num_output_tokens=np.array([o for _, _, o in rows], dtype=np.int64),
             name="replay")
         self.num_replays += 1
         records, _ = simulate(workload, setups, self.settings, self.make_plugins())
-        req = records.requests
+        own = records.requests["request_id"] >= len(carried)
+        req = {k: v[own] for k, v in records.requests.items()}
         # The summary's definitions (metrics/summary.py; serving may not import metrics).
         ttft = req["first_token_s"] - req["arrival_s"]
         outputs = req["num_output_tokens"]
