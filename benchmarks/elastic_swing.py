@@ -136,6 +136,9 @@ def main() -> None:
         for name, r in runs.items():
             t, c = replicas_over_time(r)
             ax.step(t, c, where="post", label=name)
+        if "evolve" in runs:  # when the evolving planner swapped its policy in
+            for t in runs["evolve"].summary["elastic"]["evolution"]["serving"][1:]:
+                ax.axvline(t["from_s"], color="0.6", lw=0.6, ls="--")
         rate = ax.twinx()
         rate.plot([p[0] for p in PROFILE], [8.0 * p[1] for p in PROFILE], "k:", label="rate")
         rate.set_ylabel("arrivals (req/s)")
