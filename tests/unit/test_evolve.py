@@ -157,3 +157,139 @@ def test_cli_writes_the_evolution_timeline(tmp_path, capsys):
     evolution = json.loads((out / "evolution_timeline.json").read_text())
     assert evolution["num_searches"] >= 1 and evolution["serving"][0]["from_s"] == 0.0
     assert evolution["timeline"][0]["action"] == "search"
+
+
+# ---- the LLM proposer, against a fake OpenAI-compatible endpoint on loopback --------------
+GOOD = '''```python
+import math
+
+class Planner:
+    def plan(self, pools, window, now_s):
+        rate = window.num_arrivals / window.interval_s
+        return {(p.name, p.role): min(p.max_replicas, max(1, math.ceil(rate / 7)))
+                for p in pools}
+```'''
+LATER_RAISES = '''```python
+class Planner:
+    def __init__(self):
+        self.calls = 0
+    def plan(self, pools, window, now_s):
+        self.calls += 1
+        if self.calls > 2:
+            return 1 / 0
+        rate = window.num_arrivals / window.interval_s
+        return {(p.name, p.role): min(p.max_replicas, max(1, -int(-rate // 7))) for p in pools}
+```'''
+BAD = {
+    "raises": ("class Planner:\n    def plan(self, pools, window, now_s):\n"
+               "        return {}['x']\n", "raised KeyError"),
+    "loops": ("class Planner:\n    def plan(self, pools, window, now_s):\n"
+              "        while True:\n            pass\n", "budget of 1000 lines"),
+    "imports": ("import os\nclass Planner:\n    def plan(self, pools, window, now_s):\n"
+                "        return {}\n", "imports 'os'"),
+    "invalid": ("class Planner:\n    def plan(self, pools, window, now_s):\n"
+                "        return {(pools[0].name, pools[0].role): 1.5}\n", "invalid plan entry"),
+    "opens": ("class Planner:\n    def plan(self, pools, window, now_s):\n"
+              "        open('/tmp/x', 'w')\n        return {}\n", "NameError"),
+}
+
+
+@pytest.fixture
+def endpoint():
+    """A loopback chat-completions server answering every call with ``replies[0]``."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    replies: list[str] = []
+    asked: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            asked.append(body)
+            out = json.dumps({"choices": [{"message": {"content": replies[0]}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", replies, asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _llm_records(r):
+    return [t for t in r.summary["elastic"]["evolution"]["timeline"] if t["action"] == "llm"]
+
+
+def test_llm_written_policy_is_validated_scored_and_can_serve(endpoint):
+    url, replies, asked = endpoint
+    replies.append(GOOD)
+    r = evolve_run(llm_url=url, llm_model="fake", llm_max_lines=1000)
+    records = _llm_records(r)
+    assert records and all(t["status"] == "accepted" for t in records)
+    assert asked[0]["model"] == "fake" and "class Planner" in asked[0]["messages"][0]["content"]
+    searches = [t for t in r.summary["elastic"]["evolution"]["timeline"]
+                if t["action"] == "search"]
+    assert all(any(s["policy"].startswith("llm(") for s in t["scores"]) for t in searches)
+    assert len(asked) == len(searches) == len(records)
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_misbehaving_llm_code_is_discarded_with_its_reason(endpoint, case):
+    url, replies, _ = endpoint
+    code, reason = BAD[case]
+    replies.append(code)
+    r = evolve_run(llm_url=url, llm_max_lines=1000)
+    records = _llm_records(r)
+    assert records and all(t["status"] == "rejected" and reason in t["reason"]
+                           for t in records)
+    assert r.summary["num_finished"] == r.summary["num_requests"]
+    searches = [t for t in r.summary["elastic"]["evolution"]["timeline"]
+                if t["action"] == "search"]
+    assert not any(s["policy"].startswith("llm(") for t in searches for s in t["scores"])
+
+
+def test_llm_policy_that_fails_later_leaves_and_its_predecessor_serves_again(endpoint):
+    url, replies, _ = endpoint
+    replies.append(LATER_RAISES)
+    # A space of one policy: the written one is the only challenger.
+    r = evolve_run(llm_url=url, sla_ttft_s=[0.5], sla_predictors=["constant"],
+                   concurrency_targets=[], periodic_every=[], threshold=False)
+    ev = r.summary["elastic"]["evolution"]
+    discarded = [t for t in ev["timeline"] if t.get("status") == "discarded"]
+    assert discarded and all("ZeroDivisionError" in t["reason"] for t in discarded)
+    for t in discarded:
+        later = [u for u in ev["timeline"] if u["time_s"] > t["time_s"] and "scores" in u]
+        assert not any(s["policy"] == t["policy"] for u in later for s in u["scores"])
+    swaps = [t for t in ev["timeline"] if t["action"] == "swap"]
+    served = [t for t in discarded if t["policy"] in {u["to"] for u in swaps}]
+    assert served  # one served before it failed: the one it replaced is back at once
+    for t in served:
+        back = [u for u in swaps if u["time_s"] == t["time_s"] and u["from"] == t["policy"]]
+        came = [u for u in swaps if u["to"] == t["policy"]][-1]
+        assert back and back[0]["to"] == came["from"]
+    assert r.summary["num_finished"] == r.summary["num_requests"]
+
+
+def test_unreachable_endpoint_falls_back_with_one_warning():
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.warns(UserWarning, match="llm_url") as caught:
+        r = evolve_run(llm_url=f"http://127.0.0.1:{port}/v1", llm_timeout_s=2.0)
+    assert len([w for w in caught if "llm_url" in str(w.message)]) == 1
+    ev = r.summary["elastic"]["evolution"]
+    assert "built-in proposer only" in ev["llm_warning"]
+    assert ev["num_searches"] >= 6 and not _llm_records(r)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -43,6 +44,7 @@ from fleetsim.serving.contract import (
 )
 from fleetsim.serving.replay import Arrival, ReplayOutcome
 
+from .llm_proposer import PROMPT, LlmPlanner, PolicyRejected, ask, extract_code, window_context
 from .planners import make_planner, make_trigger, register_planner
 
 
@@ -93,6 +95,15 @@ class EvolvePlanner:
     """Score: SLO attainment up to this counts, beyond it only GPU-seconds do."""
     seed: int = 0
     """Seed of the search's generator (the neighbours drawn)."""
+    llm_url: str = ""
+    """An OpenAI-compatible endpoint (``http://host:port/v1``) that writes one more candidate
+    per search (``llm_proposer.py``); empty: the built-in proposer only."""
+    llm_model: str = ""
+    """The model the endpoint is asked for."""
+    llm_timeout_s: float = 30.0
+    """Time limit of one call to the endpoint, seconds."""
+    llm_max_lines: int = 100_000
+    """Budget of executed lines per call of LLM-written code (its time limit)."""
     _replayer: Replayer | None = field(default=None, repr=False)
     _space: list[Policy] = field(default_factory=list, repr=False)
     _live: dict[Policy, tuple[DeploymentPlanner, ReplanTrigger]] = field(
@@ -107,6 +118,10 @@ class EvolvePlanner:
     """One record per monitoring point and per swap (state, reported)."""
     search_overhead_s: float = 0.0
     """Modelled search time spent so far (state, reported)."""
+    llm_warning: str = ""
+    """Why the LLM proposer is off, when its endpoint failed (state, reported)."""
+    _replaced: dict[Policy, Policy] = field(default_factory=dict, repr=False)
+    _num_written: int = field(default=0, repr=False)  # LLM-written policies so far
 
     def __post_init__(self) -> None:
         if not (self.sla_ttft_s and self.sla_predictors) and not self.concurrency_targets:
@@ -126,6 +141,9 @@ class EvolvePlanner:
             raise ValueError(f"num_candidates must be >= 1, got {self.num_candidates}")
         if not (math.isfinite(self.replay_cost_s) and self.replay_cost_s >= 0):
             raise ValueError(f"replay_cost_s must be >= 0 seconds, got {self.replay_cost_s}")
+        if not (self.llm_timeout_s > 0 and self.llm_max_lines >= 1):
+            raise ValueError(f"llm_timeout_s must be > 0 and llm_max_lines >= 1, got "
+                             f"{self.llm_timeout_s}, {self.llm_max_lines}")
         if not 0 < self.target_attainment <= 1:
             raise ValueError(f"target_attainment must be in (0, 1], got "
                              f"{self.target_attainment}")
@@ -164,12 +182,12 @@ class EvolvePlanner:
         if swapped:
             assert self._pending is not None
             self._swap(self._pending[1], now_s)
-        for policy in self._space:  # 1. every policy plans on its own deployment
+        for policy in list(self._space):  # 1. every policy plans on its own deployment
             self._step(policy, pools, window, now_s)
         # 2. the search; not at a swap (the new incumbent has served no window yet).
         if (self._pending is None and not swapped and now_s >= self._busy_until_s
                 and window.arrivals):
-            self._search(was_held, window, now_s)
+            self._search(was_held, pools, window, now_s)
         return dict(self._held[self._incumbent])
 
     def _start(self, pools: Sequence[PoolState]) -> None:
@@ -186,22 +204,36 @@ class EvolvePlanner:
         planner, trigger = self._live[policy]
         if not trigger.should_replan(window):
             return
+        try:
+            proposed = self._propose_of(planner, policy, pools, window, now_s)
+        except PolicyRejected as err:
+            self._discard(policy, str(err), now_s)
+            return
+        held = self._held[policy]
+        cap = {p.name: p.max_replicas for p in pools}
+        for (name, role), n in proposed.items():
+            held[(name, role)] = min(n, cap[name])
+
+    def _propose_of(self, planner: DeploymentPlanner, policy: Policy,
+                    pools: Sequence[PoolState], window: MonitorWindow,
+                    now_s: float) -> Deployment:
         held = self._held[policy]
         # The pools as they would be under this policy's own deployment.
         own = [replace(p, num_replicas_by_role={r: n for (name, r), n in held.items()
                                                 if name == p.name}) for p in pools]
-        cap = {p.name: p.max_replicas for p in pools}
-        for (name, role), n in planner.plan(own, window, now_s).items():
-            held[(name, role)] = min(n, cap[name])
+        return planner.plan(own, window, now_s)
 
-    def _search(self, was_held: Mapping[Policy, Mapping[tuple[str, str], int]],
-                window: MonitorWindow, now_s: float) -> None:
+    def _search(self, was_held: dict[Policy, dict[tuple[str, str], int]],
+                pools: Sequence[PoolState], window: MonitorWindow, now_s: float) -> None:
         assert self._replayer is not None and self._incumbent is not None
         inc = self._incumbent
         pool = self._neighbours(inc)
         picks = self._rng.choice(len(pool), size=min(self.num_candidates, len(pool)),
                                  replace=False) if pool else []
         candidates = [inc] + [pool[i] for i in sorted(picks)]
+        written = self._ask_llm(was_held, pools, window, now_s) if self.llm_url else None
+        if written is not None:
+            candidates.append(written)
         scored = []
         by_deployment: dict[tuple[tuple[tuple[str, str], int], ...], ReplayOutcome] = {}
         for policy in candidates:
@@ -242,8 +274,63 @@ class EvolvePlanner:
         assert self._incumbent is not None
         self.timeline.append({"time_s": now_s, "action": "swap", "from": self._incumbent.label,
                               "to": winner.label, "deployment": _plain(self._held[winner])})
+        self._replaced[winner] = self._incumbent
         self._incumbent = winner
         self._pending = None
+
+    # ---- the LLM proposer (llm_proposer.py) --------------------------------------------
+    def _ask_llm(self, was_held: dict[Policy, dict[tuple[str, str], int]],
+                 pools: Sequence[PoolState], window: MonitorWindow,
+                 now_s: float) -> Policy | None:
+        """One LLM-written policy, validated on this window (its plan, then the search's
+        replay), or None: rejected code is recorded with its reason; an endpoint that fails
+        turns the proposer off with one warning."""
+        assert self._incumbent is not None
+        prompt = (PROMPT.replace("{ttft_s}", str(getattr(self._replayer, "slo_ttft_s", 1.0)))
+                  .replace("{tpot_s}", str(getattr(self._replayer, "slo_tpot_s", 0.05)))
+                  .replace("{context}", window_context(window))
+                  .replace("{incumbent}", self._incumbent.label))
+        try:
+            text = ask(self.llm_url, self.llm_model, prompt, self.llm_timeout_s)
+        except (OSError, ValueError) as err:
+            self.llm_warning = (f"elastic.planner.args.llm_url: {self.llm_url!r} failed "
+                                f"({err}); evolving with the built-in proposer only")
+            warnings.warn(self.llm_warning, stacklevel=2)
+            self.llm_url = ""
+            return None
+        self._num_written += 1
+        policy = Policy(("llm", (("n", self._num_written),)), ("always", ()))
+        record: dict[str, Any] = {"time_s": now_s, "action": "llm", "policy": policy.label}
+        try:
+            planner = LlmPlanner(extract_code(text), self.llm_max_lines)
+            self._live[policy] = (planner, make_trigger(PolicySpec(name="always")))
+            self._held[policy] = dict(was_held[self._incumbent])
+            plan = self._propose_of(planner, policy, pools, window, now_s)
+        except PolicyRejected as err:
+            self._live.pop(policy, None)
+            self._held.pop(policy, None)
+            self.timeline.append({**record, "status": "rejected", "reason": str(err)})
+            return None
+        cap = {p.name: p.max_replicas for p in pools}
+        held = self._held[policy]
+        for (name, role), n in plan.items():
+            held[(name, role)] = min(n, cap[name])
+        # Scored on this window with the plan it makes from it (it held nothing before).
+        was_held[policy] = dict(held)
+        self._space.append(policy)
+        self.timeline.append({**record, "status": "accepted", "code": planner.code})
+        return policy
+
+    def _discard(self, policy: Policy, reason: str, now_s: float) -> None:
+        """An LLM-written policy that failed later leaves the space; if it served, the policy
+        it replaced serves again."""
+        self._space.remove(policy)
+        self.timeline.append({"time_s": now_s, "action": "llm", "policy": policy.label,
+                              "status": "discarded", "reason": reason})
+        if self._pending is not None and self._pending[1] == policy:
+            self._pending = None
+        if self._incumbent == policy:
+            self._swap(self._replaced[policy], now_s)
 
     def report(self) -> dict[str, Any]:
         """The ``evolution`` section of the summary's ``elastic`` one."""
@@ -262,6 +349,7 @@ class EvolvePlanner:
             "num_swaps": len(swaps),
             "search_overhead_s": self.search_overhead_s,
             "search_overhead_kind": "modelled (replay_cost_s per replay)",
+            "llm_warning": self.llm_warning,
             "timeline": self.timeline}}
 
 
