@@ -293,3 +293,23 @@ def test_unreachable_endpoint_falls_back_with_one_warning():
     ev = r.summary["elastic"]["evolution"]
     assert "built-in proposer only" in ev["llm_warning"]
     assert ev["num_searches"] >= 6 and not _llm_records(r)
+
+
+def test_cli_llm_flags_reach_the_planner(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "o"
+    with pytest.warns(UserWarning, match="built-in proposer only"):
+        code = main(["run", "--out", str(out), "--set", "workload.max_requests=100",
+                     "--set", "elastic.monitor_interval_s=10",
+                     "--set", "elastic.planner.name=evolve",
+                     "--llm-url", f"http://127.0.0.1:{port}/v1", "--llm-model", "m"])
+    assert code == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["elastic"]["planner"]["args"] == {
+        "llm_url": f"http://127.0.0.1:{port}/v1", "llm_model": "m"}
+    evolution = json.loads((out / "evolution_timeline.json").read_text())
+    assert str(port) in evolution["llm_warning"]
