@@ -54,19 +54,23 @@ class Replayer(Protocol):
                carried: Sequence[Arrival] = ()) -> ReplayOutcome: ...
 
 
+Part = tuple[str, tuple[tuple[str, Any], ...]]
+"""A registry name and its arguments, as sorted (key, value) pairs."""
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A point of the policy space: a planner and a trigger with their arguments."""
 
-    planner: tuple[str, tuple[tuple[str, Any], ...]]
-    trigger: tuple[str, tuple[tuple[str, Any], ...]]
+    planner: Part
+    trigger: Part
 
     @property
     def label(self) -> str:
         return f"{_label(self.planner)}+{_label(self.trigger)}"
 
 
-def _label(part: tuple[str, tuple[tuple[str, Any], ...]]) -> str:
+def _label(part: Part) -> str:
     name, args = part
     return name + (f"({','.join(f'{k}={v}' for k, v in args)})" if args else "")
 
@@ -153,11 +157,11 @@ class EvolvePlanner:
     # ---- the policy space --------------------------------------------------------------
     def space(self) -> list[Policy]:
         """Every policy, in a fixed order (the first is the initial incumbent)."""
-        planners = [("sla", (("ttft_s", t), ("predictor", p)))
+        planners: list[Part] = [("sla", (("ttft_s", t), ("predictor", p)))
                     for t, p in itertools.product(self.sla_ttft_s, self.sla_predictors)]
         planners += [("concurrency", (("target_in_flight", c),))
                      for c in self.concurrency_targets]
-        triggers = [("always", ())] + [("periodic", (("every", k),))
+        triggers: list[Part] = [("always", ())] + [("periodic", (("every", k),))
                                        for k in self.periodic_every]
         if self.threshold:
             triggers.append(("threshold", ()))
