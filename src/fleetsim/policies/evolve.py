@@ -20,7 +20,9 @@ incumbent, serves. At every monitoring point:
    plan's). While a search runs, and at a swap, no other starts.
 
 The incumbent's own plan is what the cluster runs between swaps. Ask the planner at every
-point (``trigger = "always"``): the policies carry their own triggers.
+point (``trigger = "always"``): the policies carry their own triggers. With ``llm_url`` an
+LLM writes one more candidate per search (``llm_proposer.py``): it joins the space once its
+code loads and plans validly under the limits, and leaves it when it later fails.
 """
 
 from __future__ import annotations
