@@ -190,7 +190,7 @@ BAD = {
     "invalid": ("class Planner:\n    def plan(self, pools, window, now_s):\n"
                 "        return {(pools[0].name, pools[0].role): 1.5}\n", "invalid plan entry"),
     "opens": ("class Planner:\n    def plan(self, pools, window, now_s):\n"
-              "        open('/tmp/x', 'w')\n        return {}\n", "NameError"),
+              "        open('out.txt', 'w')\n        return {}\n", "NameError"),
 }
 
 
