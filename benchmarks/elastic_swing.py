@@ -106,12 +106,37 @@ def replicas_over_time(r: RunResult) -> tuple[list[float], list[int]]:
     return times, counts
 
 
+def fixed_policies(startup_s: float, pd: bool) -> None:
+    """Each policy of the evolving planner's default space, held for the whole run."""
+    from fleetsim.policies.evolve import EvolvePlanner
+
+    planner = EvolvePlanner()
+    scored = []
+    for policy in planner.space():
+        PLANNED[policy.label] = {
+            "planner": {"name": policy.planner[0], "args": dict(policy.planner[1])},
+            "trigger": {"name": policy.trigger[0], "args": dict(policy.trigger[1])}}
+        r = planned(policy.label, startup_s, pd)
+        x = row(policy.label, r, r.summary["elastic"]["gpu_seconds"])
+        scored.append(((min(x["slo"], planner.target_attainment), -x["gpu_s"]), x))
+        print(f"{x['run']:58} SLO {x['slo']:.3f} GPU-s {x['gpu_s']:6.0f}", flush=True)
+    best = max(scored, key=lambda t: t[0])[1]
+    print(f"best fixed policy in hindsight: {best['run']} SLO {best['slo']:.3f} "
+          f"GPU-s {best['gpu_s']:.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--startup", type=float, default=0.0, help="elastic.startup_s")
     ap.add_argument("--figure", default=None, help="write the replicas-over-time figure here")
     ap.add_argument("--pd", action="store_true", help="the P/D setting instead of mixed")
+    ap.add_argument("--space", action="store_true",
+                    help="instead: run every policy of evolve's space as a fixed policy; print "
+                    "the best in hindsight by evolve's score")
     args = ap.parse_args()
+    if args.space:
+        fixed_policies(args.startup, args.pd)
+        return
     rows, runs = [], {}
     for n in (PD_FIXED if args.pd else range(1, 7)):
         r = fixed(n)

@@ -112,23 +112,23 @@ def test_evolving_beats_the_static_planner_and_is_deterministic_per_seed(evolved
 
 
 def test_policy_space_is_the_documented_grid():
-    planner = EvolvePlanner(sla_ttft_s=(1.0,), sla_predictors=("constant", "linear"),
+    planner = EvolvePlanner(sla_itl_s=(0.05,), sla_predictors=("constant", "linear"),
                             concurrency_targets=(32,), periodic_every=(3,), threshold=False)
     labels = [p.label for p in planner.space()]
     assert labels == [
-        "sla(ttft_s=1.0,predictor=constant)+always",
-        "sla(ttft_s=1.0,predictor=constant)+periodic(every=3)",
-        "sla(ttft_s=1.0,predictor=linear)+always",
-        "sla(ttft_s=1.0,predictor=linear)+periodic(every=3)",
+        "sla(itl_s=0.05,predictor=constant)+always",
+        "sla(itl_s=0.05,predictor=constant)+periodic(every=3)",
+        "sla(itl_s=0.05,predictor=linear)+always",
+        "sla(itl_s=0.05,predictor=linear)+periodic(every=3)",
         "concurrency(target_in_flight=32)+always",
         "concurrency(target_in_flight=32)+periodic(every=3)"]
-    assert len(EvolvePlanner().space()) == (3 * 2 + 4) * (1 + 2 + 1)
+    assert len(EvolvePlanner().space()) == (2 * 2 + 4) * (1 + 2 + 1)
 
 
 @pytest.mark.parametrize(("settings", "words"), [
     (["elastic.monitor_interval_s=0"], ["elastic", "monitor_interval_s", "got 0.0", "> 0"]),
-    (["elastic.planner.args.sla_ttft_s=[]", "elastic.planner.args.concurrency_targets=[]"],
-     ["elastic.planner.args", "policy space is empty", "sla_ttft_s=[]",
+    (["elastic.planner.args.sla_itl_s=[]", "elastic.planner.args.concurrency_targets=[]"],
+     ["elastic.planner.args", "policy space is empty", "sla_itl_s=[]",
       "concurrency_targets, at least one value"]),
     (["elastic.planner.args.num_candidates=0"],
      ["elastic.planner.args", "num_candidates must be >= 1, got 0"]),
@@ -263,7 +263,7 @@ def test_llm_policy_that_fails_later_leaves_and_its_predecessor_serves_again(end
     url, replies, _ = endpoint
     replies.append(LATER_RAISES)
     # A space of one policy: the written one is the only challenger.
-    r = evolve_run(llm_url=url, sla_ttft_s=[0.5], sla_predictors=["constant"],
+    r = evolve_run(llm_url=url, sla_itl_s=[0.05], sla_predictors=["constant"],
                    concurrency_targets=[], periodic_every=[], threshold=False)
     ev = r.summary["elastic"]["evolution"]
     discarded = [t for t in ev["timeline"] if t.get("status") == "discarded"]

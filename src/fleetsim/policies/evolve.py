@@ -82,8 +82,9 @@ def _label(part: Part) -> str:
 class EvolvePlanner:
     """Evolves the serving policy by replaying each window (see the module docstring)."""
 
-    sla_ttft_s: tuple[float, ...] = (0.5, 1.0, 2.0)
-    """The space's ``sla`` planners: these TTFT targets (seconds) ..."""
+    sla_itl_s: tuple[float, ...] = (0.025, 0.05)
+    """The space's ``sla`` planners: these ITL targets (seconds; its decode sizing uses them,
+    its prefill sizing uses no target, so TTFT targets would repeat one policy) ..."""
     sla_predictors: tuple[str, ...] = ("constant", "linear")
     """... times these load predictors (``sla``'s ``predictor``)."""
     concurrency_targets: tuple[int, ...] = (16, 32, 64, 128)
@@ -130,18 +131,18 @@ class EvolvePlanner:
     _num_written: int = field(default=0, repr=False)  # LLM-written policies so far
 
     def __post_init__(self) -> None:
-        if not (self.sla_ttft_s and self.sla_predictors) and not self.concurrency_targets:
-            raise ValueError(f"the policy space is empty (sla_ttft_s={list(self.sla_ttft_s)}, "
+        if not (self.sla_itl_s and self.sla_predictors) and not self.concurrency_targets:
+            raise ValueError(f"the policy space is empty (sla_itl_s={list(self.sla_itl_s)}, "
                              f"sla_predictors={list(self.sla_predictors)}, concurrency_targets="
-                             f"{list(self.concurrency_targets)}): give sla_ttft_s and "
+                             f"{list(self.concurrency_targets)}): give sla_itl_s and "
                              f"sla_predictors, or concurrency_targets, at least one value")
         bad = [p for p in self.sla_predictors if p not in ("constant", "linear")]
-        if bad or any(t <= 0 for t in self.sla_ttft_s) or any(
+        if bad or any(t <= 0 for t in self.sla_itl_s) or any(
                 c < 1 for c in self.concurrency_targets) or any(k < 1 for k in
                                                                 self.periodic_every):
-            raise ValueError(f"sla_predictors must be constant|linear, sla_ttft_s > 0, "
+            raise ValueError(f"sla_predictors must be constant|linear, sla_itl_s > 0, "
                              f"concurrency_targets and periodic_every >= 1, got "
-                             f"{self.sla_predictors}, {self.sla_ttft_s}, "
+                             f"{self.sla_predictors}, {self.sla_itl_s}, "
                              f"{self.concurrency_targets}, {self.periodic_every}")
         if self.num_candidates < 1:
             raise ValueError(f"num_candidates must be >= 1, got {self.num_candidates}")
@@ -159,8 +160,9 @@ class EvolvePlanner:
     # ---- the policy space --------------------------------------------------------------
     def space(self) -> list[Policy]:
         """Every policy, in a fixed order (the first is the initial incumbent)."""
-        planners: list[Part] = [("sla", (("ttft_s", t), ("predictor", p)))
-                    for t, p in itertools.product(self.sla_ttft_s, self.sla_predictors)]
+        planners: list[Part] = [("sla", (("itl_s", t), ("predictor", p)))
+                                for t, p in itertools.product(self.sla_itl_s,
+                                                              self.sla_predictors)]
         planners += [("concurrency", (("target_in_flight", c),))
                      for c in self.concurrency_targets]
         triggers: list[Part] = [("always", ())] + [("periodic", (("every", k),))
