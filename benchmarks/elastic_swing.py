@@ -9,8 +9,9 @@ in 1200 s). Compared:
   static deployment in hindsight;
 - ``[elastic]`` with up to 8 GPUs: the ``static`` planner (the SLA sizing from the first
   window, then held), ``sla`` (Dynamo's SLA planner) at every 30 s monitoring point, with its
-  constant and with a linear load forecast, ``sla`` under the ``threshold`` trigger, and
-  ``concurrency`` (Knative's KPA).
+  constant and with a linear load forecast, ``sla`` under the ``threshold`` trigger,
+  ``concurrency`` (Knative's KPA), and ``evolve`` (a policy of those families evolved by
+  replaying each window; its modelled search time is printed as overhead).
 
 Joins load weights from host over PCIe (the catalog's figure) plus ``--startup`` seconds.
 Prints per run: SLO attainment, mean / p99 TTFT, GPU-seconds held, plans and changes; with
@@ -45,6 +46,7 @@ PLANNED = {
     "sla linear": {"planner": {"name": "sla", "args": {"predictor": "linear"}}},
     "sla+threshold": {"planner": {"name": "sla"}, "trigger": {"name": "threshold"}},
     "concurrency": {"planner": {"name": "concurrency"}},
+    "evolve": {"planner": {"name": "evolve"}},
 }
 
 
@@ -85,7 +87,8 @@ def row(label: str, r: RunResult, gpu_seconds: float) -> dict[str, Any]:
     e = s.get("elastic", {})
     return {"run": label, "slo": s["slo"]["attainment"], "ttft_mean_s": s["ttft_s"]["mean"],
             "ttft_p99_s": s["ttft_s"]["p99"], "gpu_s": gpu_seconds,
-            "plans": e.get("num_plans", 0), "changes": e.get("num_changes", 0)}
+            "plans": e.get("num_plans", 0), "changes": e.get("num_changes", 0),
+            "overhead_s": e.get("evolution", {}).get("search_overhead_s", 0.0)}
 
 
 def replicas_over_time(r: RunResult) -> tuple[list[float], list[int]]:
@@ -103,12 +106,37 @@ def replicas_over_time(r: RunResult) -> tuple[list[float], list[int]]:
     return times, counts
 
 
+def fixed_policies(startup_s: float, pd: bool) -> None:
+    """Each policy of the evolving planner's default space, held for the whole run."""
+    from fleetsim.policies.evolve import EvolvePlanner
+
+    planner = EvolvePlanner()
+    scored = []
+    for policy in planner.space():
+        PLANNED[policy.label] = {
+            "planner": {"name": policy.planner[0], "args": dict(policy.planner[1])},
+            "trigger": {"name": policy.trigger[0], "args": dict(policy.trigger[1])}}
+        r = planned(policy.label, startup_s, pd)
+        x = row(policy.label, r, r.summary["elastic"]["gpu_seconds"])
+        scored.append(((min(x["slo"], planner.target_attainment), -x["gpu_s"]), x))
+        print(f"{x['run']:58} SLO {x['slo']:.3f} GPU-s {x['gpu_s']:6.0f}", flush=True)
+    best = max(scored, key=lambda t: t[0])[1]
+    print(f"best fixed policy in hindsight: {best['run']} SLO {best['slo']:.3f} "
+          f"GPU-s {best['gpu_s']:.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--startup", type=float, default=0.0, help="elastic.startup_s")
     ap.add_argument("--figure", default=None, help="write the replicas-over-time figure here")
     ap.add_argument("--pd", action="store_true", help="the P/D setting instead of mixed")
+    ap.add_argument("--space", action="store_true",
+                    help="instead: run every policy of evolve's space as a fixed policy; print "
+                    "the best in hindsight by evolve's score")
     args = ap.parse_args()
+    if args.space:
+        fixed_policies(args.startup, args.pd)
+        return
     rows, runs = [], {}
     for n in (PD_FIXED if args.pd else range(1, 7)):
         r = fixed(n)
@@ -119,10 +147,10 @@ def main() -> None:
         runs[name] = r
         rows.append(row(name, r, r.summary["elastic"]["gpu_seconds"]))
     print(f"{'run':16} {'SLO':>6} {'TTFT mean':>10} {'TTFT p99':>10} {'GPU-s':>8} "
-          f"{'plans':>5} {'changes':>7}")
+          f"{'plans':>5} {'changes':>7} {'search s':>8}")
     for x in rows:
         print(f"{x['run']:16} {x['slo']:6.3f} {x['ttft_mean_s']:10.3f} {x['ttft_p99_s']:10.3f} "
-              f"{x['gpu_s']:8.0f} {x['plans']:5d} {x['changes']:7d}")
+              f"{x['gpu_s']:8.0f} {x['plans']:5d} {x['changes']:7d} {x['overhead_s']:8.1f}")
     if args.figure:
         import matplotlib
 
@@ -133,6 +161,9 @@ def main() -> None:
         for name, r in runs.items():
             t, c = replicas_over_time(r)
             ax.step(t, c, where="post", label=name)
+        if "evolve" in runs:  # when the evolving planner swapped its policy in
+            for t in runs["evolve"].summary["elastic"]["evolution"]["serving"][1:]:
+                ax.axvline(t["from_s"], color="0.6", lw=0.6, ls="--")
         rate = ax.twinx()
         rate.plot([p[0] for p in PROFILE], [8.0 * p[1] for p in PROFILE], "k:", label="rate")
         rate.set_ylabel("arrivals (req/s)")

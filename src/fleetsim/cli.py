@@ -158,6 +158,12 @@ def _add_run(sub: Any) -> None:
     g.add_argument("--pp", default=None, metavar="N",
                    help="= --set hardware.pp=N (pipeline stages; vLLM's -pp)")
     add_workload_flags(p)
+    g = p.add_argument_group("evolving planner ([elastic] planner = evolve, docs/elastic.md)")
+    g.add_argument("--llm-url", default=None, metavar="URL",
+                   help="= --set elastic.planner.args.llm_url=URL: an OpenAI-compatible "
+                   "endpoint (http://host:port/v1) that writes candidate policies")
+    g.add_argument("--llm-model", default=None, metavar="NAME",
+                   help="= --set elastic.planner.args.llm_model=NAME")
     p.add_argument("--vllm-json", metavar="FILE", default=None,
                    help="also write the result as `vllm bench serve` writes it (ms, its keys)")
     p.add_argument("--percentiles", default="99", metavar="P,P,...",
@@ -321,6 +327,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     written = f"results written to {out}/ (summary.json, requests.csv, config.json)"
     if "elastic" in result.summary:
         written = written[:-1] + ", elastic_timeline.json)"
+        if "evolution" in result.summary["elastic"]:
+            written = written[:-1] + ", evolution_timeline.json)"
     if args.vllm_json:
         written += f"; vLLM-style result in {args.vllm_json}"
     print(written, file=sys.stderr if fmt != "table" else sys.stdout)
@@ -354,6 +362,10 @@ def hardware_overrides(args: argparse.Namespace) -> list[str]:
         if pp < 1:
             raise FleetsimInputError("--pp", args.pp, "must be >= 1 (pipeline stages)")
         out.append(f"hardware.pp={pp}")
+    for flag in ("llm_url", "llm_model"):  # the evolving planner's LLM proposer
+        value = getattr(args, flag, None)
+        if value is not None:
+            out.append(f"elastic.planner.args.{flag}={json.dumps(value)}")
     return out
 
 

@@ -54,8 +54,8 @@ class ElasticConfig:
     """Seconds between monitoring points, where the trigger is asked and the planner plans
     (Dynamo's planner adjustment interval)."""
     planner: PolicySpec | None = None
-    """Deployment planner: static | sla | concurrency | pkg.mod:Class (None: the schedule
-    alone decides)."""
+    """Deployment planner: static | sla | concurrency | evolve (a policy evolved by replaying
+    each window) | pkg.mod:Class (None: the schedule alone decides)."""
     trigger: PolicySpec = field(default_factory=lambda: PolicySpec(name="always"))
     """When to plan: always | periodic ({every = k} monitoring points) | threshold."""
     plan_overhead_s: float = 0.0

@@ -36,6 +36,7 @@ RESULT_NAMES = frozenset({
     "scoreboard.json", "scoreboard.html", "figures",  # repro all
     "timeline.csv", "gantt.png",  # rl run
     "elastic_timeline.json",  # run with [elastic]
+    "evolution_timeline.json",  # run with [elastic] planner = "evolve"
 })
 """Names fleetsim writes in a results folder; a folder holding anything else is not replaced."""
 TMP_PREFIX = ".fleetsim-"
@@ -297,6 +298,8 @@ def write_run_files(folder: Path, summary: dict[str, Any], config: dict[str, Any
     write_requests_csv(folder / "requests.csv", requests, unfinished)
     if "elastic" in summary:  # the deployment changes of an elastic run, in time order
         write_json(folder / "elastic_timeline.json", summary["elastic"]["timeline"])
+        if "evolution" in summary["elastic"]:  # which policy served when, and why
+            write_json(folder / "evolution_timeline.json", summary["elastic"]["evolution"])
 
 
 def write_run(out: Path, summary: dict[str, Any], config: dict[str, Any],

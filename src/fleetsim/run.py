@@ -53,6 +53,7 @@ from fleetsim.serving.elastic_control import (
 from fleetsim.serving.groups import GroupSetup
 from fleetsim.serving.kv_keep import KVRetention
 from fleetsim.serving.recorder import Records
+from fleetsim.serving.replay import WindowReplayer
 from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
 from fleetsim.serving.speculative import Emission
@@ -471,6 +472,8 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
             decode_router=decode_router, eviction_key=make_eviction(config.policy.eviction),
             rng=streams["routing"])
         elastic = _elastic_controller(config, model, pools, float(workload.arrival_s[0]))
+        if elastic is not None:
+            _bind_replayer(config, elastic, pools, settings, plugins)
         records, cluster = simulate(workload, pools, settings, plugins,
                                     progress=_progress(progress, workload),
                                     source=tracker or source, group=group,
@@ -570,6 +573,24 @@ def _elastic_controller(config: SimConfig, model: ModelSpec, pools: list[PoolSet
     return ElasticController(settings, elastic_pools(pools, weights, tp), planner=planner,
                              trigger=trigger, block_size=config.engine.block_size,
                              max_running=config.engine.max_running, start_s=start_s)
+
+
+def _bind_replayer(config: SimConfig, elastic: ElasticController, pools: list[PoolSetup],
+                   settings: EngineSettings, plugins: PlugIns) -> None:
+    """A planner that replays windows (``evolve``) gets this run's engine to replay them on:
+    the same pools, settings and policies, fresh routers and a fixed routing seed per replay."""
+    bind = getattr(elastic.planner, "bind", None)
+    if not callable(bind):
+        return
+
+    def make_plugins() -> PlugIns:
+        return replace(plugins, router=make_router(config.cluster.router),
+                       decode_router=make_router(config.cluster.decode_router,
+                                                 "cluster.decode_router"),
+                       rng=np.random.default_rng(0))
+
+    bind(WindowReplayer(pools, {p.name: p.tp for p in config.pools}, settings, make_plugins,
+                        config.slo.ttft_s, config.slo.tpot_s))
 
 
 def _tool_kv_report(config: SimConfig, cluster: Any) -> dict[str, Any]:

@@ -235,6 +235,14 @@ class MonitorWindow:
     """Requests queued (not running) on serving replicas at ``end_s``."""
     num_in_flight_by_role: Mapping[str, int]
     """role -> requests running or waiting on serving replicas of that role at ``end_s``."""
+    arrivals: tuple[tuple[float, int, int], ...] = ()
+    """(arrival_s, prompt tokens, output tokens) of each arrival in the window, in order: what
+    a replay of the window serves (``serving/replay.py``; the output lengths are the ones the
+    requests will generate, which a live system learns as they finish)."""
+    carried: tuple[tuple[float, int, int], ...] = ()
+    """(start_s, prompt tokens left to compute, output tokens) of each request on a serving
+    replica whose prefill had not finished at ``start_s``: the backlog the window started
+    with (requests already decoding are not in it)."""
 
     @property
     def interval_s(self) -> float:

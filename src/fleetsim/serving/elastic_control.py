@@ -61,6 +61,7 @@ class _CountingSource:
         self.wants_finishes = inner.wants_finishes
         self.num_arrivals = 0
         self.num_prompt_tokens = 0
+        self.arrivals: list[tuple[float, int, int]] = []  # since the last monitoring point
 
     @property
     def num_requests(self) -> int | None:
@@ -72,6 +73,7 @@ class _CountingSource:
     def on_arrival(self, req: Request, ctx: SourceContext) -> None:
         self.num_arrivals += 1
         self.num_prompt_tokens += req.num_prompt_tokens
+        self.arrivals.append((req.arrival_s, req.num_prompt_tokens, req.max_output_tokens))
         self.inner.on_arrival(req, ctx)
 
     def on_finish(self, req: Request, ctx: SourceContext) -> None:
@@ -101,6 +103,7 @@ class ElasticController:
         self._window_start_s = start_s
         self._counted = (0, 0, 0)  # arrivals, prompt tokens, finished rows at window start
         self._source: _CountingSource | None = None
+        self._carried: tuple[tuple[float, int, int], ...] = ()  # queued at the window start
 
     # ---- Controller ------------------------------------------------------------------
     def start(self, cluster: Cluster) -> float | None:
@@ -208,16 +211,22 @@ class ElasticController:
         assert e is not None
         in_flight: dict[str, int] = {}
         num_waiting = 0
+        queued = []
         for r in e.replicas_in(SERVING):
             in_flight[r.role] = in_flight.get(r.role, 0) + len(r.running) + len(r.waiting)
             num_waiting += len(r.waiting)
+            queued += [_backlog(q, now_s) for q in (*r.running, *r.waiting)]
         window = MonitorWindow(
             start_s=self._window_start_s, end_s=now_s, num_arrivals=num_arrivals,
             mean_prompt_tokens=(prompt - p0) / num_arrivals if num_arrivals else math.nan,
             num_finished=len(rows),
             mean_output_tokens=_mean([n for *_, n in rows]),
             mean_ttft_s=_mean([first - arr for arr, first, _, _ in rows]),
-            mean_itl_s=_mean(itls), num_waiting=num_waiting, num_in_flight_by_role=in_flight)
+            mean_itl_s=_mean(itls), num_waiting=num_waiting, num_in_flight_by_role=in_flight,
+            arrivals=tuple(src.arrivals) if src else (), carried=self._carried)
+        self._carried = tuple(queued)
+        if src is not None:
+            src.arrivals.clear()
         self._window_start_s = now_s
         return window
 
@@ -281,9 +290,24 @@ class ElasticController:
         """The summary's ``elastic`` section."""
         e = self.elastic
         assert e is not None
-        return {**e.report(now_s), "num_plans": self.num_plans,
-                "planner_overhead_s": self.overhead_s,
-                "planner_overhead_kind": "modelled (elastic.plan_overhead_s per plan)"}
+        out = {**e.report(now_s), "num_plans": self.num_plans,
+               "planner_overhead_s": self.overhead_s,
+               "planner_overhead_kind": "modelled (elastic.plan_overhead_s per plan)"}
+        planner_report = getattr(self.planner, "report", None)
+        if callable(planner_report):  # e.g. the evolving planner's timeline
+            out.update(planner_report())
+        return out
+
+
+def _backlog(req: Request, now_s: float) -> tuple[float, int, int]:
+    """A request in flight as a replay's arrival at ``now_s``: its prompt left to prefill and
+    the outputs left to emit. One already decoding keeps its running slot and its remaining
+    decode steps but not its KV (a replay cannot hold KV it did not compute): 1 prompt token
+    stands for it, so the replay under-counts attention over its context."""
+    left = req.num_prompt_tokens - req.num_computed_tokens
+    if req.num_output_tokens == 0 and left > 0:
+        return (now_s, left, req.max_output_tokens)
+    return (now_s, 1, max(1, req.max_output_tokens - req.num_output_tokens))
 
 
 def _mean(values: Sequence[float]) -> float:
