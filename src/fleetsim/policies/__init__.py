@@ -1,6 +1,6 @@
 """Every pluggable decision. Importing this package registers the built-in policies."""
 
-from fleetsim.policies import cache_aware, tokenlake  # noqa: F401  (register routers)
+from fleetsim.policies import cache_aware, mooncake, tokenlake  # noqa: F401  (register routers)
 from fleetsim.policies.batching import (
     BATCH_POLICIES,
     PrefillFirstPlanner,
