@@ -77,6 +77,12 @@ NUM_PREFILL, NUM_DECODE = 6, 2
 # DGX H100 datasheet); Mooncake keeps its KV store in the nodes' CPU DRAM (section 3).
 STORE_BYTES = 2e12
 SWAP_SPACE_GIB = 4  # vLLM's default swap_space: gives each GPU its host link (PCIe)
+# The paper's regime, long contexts whose prefix caches are near one instance's KV capacity
+# (full runs only): LWM-Text-1M, the long-context model of LoongServe (arXiv:2404.09526, the
+# same group's elastic serving, which TokenLake's scheduler builds on); multi-head attention,
+# so 512 KiB of KV per token (4x Llama-3.1-8B's), about 260k tokens per TP-2 replica against
+# the slice's longest prompt of 121k (at TP 1 that prompt does not fit one GPU).
+LONG_MODEL, LONG_TP, LONG_SCALES = "lwm-text-1m", 2, (0.5, 1.0, 1.5, 2.0)
 
 
 def store_token_cost(model_name: str, gpu_name: str) -> float:
@@ -97,30 +103,38 @@ def query_bytes_per_token(model_name: str) -> float:
     return 2.0 * m.num_attention_heads * m.head_dim * m.num_layers * ACTIVATION_BYTES
 
 
-def router(policy: str) -> dict[str, Any]:
+def router(policy: str, model: str = MODEL) -> dict[str, Any]:
     if policy in (SYSTEM, CACHE_AWARE_POOL):
-        return {"name": SYSTEM, "args": {"query_bytes_per_token": query_bytes_per_token(MODEL),
+        return {"name": SYSTEM, "args": {"query_bytes_per_token": query_bytes_per_token(model),
                                          "cache_aware_routing": policy == CACHE_AWARE_POOL}}
     if policy == MOONCAKE:
         return {"name": MOONCAKE, "args": {"store_bytes": STORE_BYTES,
-                                           "store_token_cost": store_token_cost(MODEL, GPU)}}
+                                           "store_token_cost": store_token_cost(model, GPU)}}
     return {"name": policy}
 
 
-def config(policy: str, scale: float, max_requests: int | None) -> dict[str, Any]:
+def config(policy: str, scale: float, max_requests: int | None, *, model: str = MODEL,
+           tp: int = 1) -> dict[str, Any]:
+    """One run: ``model`` at ``tp`` GPUs per replica over the 8 GPUs (Mooncake: 3 prefill to
+    1 decode replica)."""
     if policy == MOONCAKE:
         hardware: dict[str, Any] = {}
         cluster: dict[str, Any] = {"pools": [
-            {"name": "prefill", "gpu": GPU, "num_replicas": NUM_PREFILL, "role": "prefill"},
-            {"name": "decode", "gpu": GPU, "num_replicas": NUM_DECODE, "role": "decode"}]}
+            {"name": "prefill", "gpu": GPU, "num_replicas": NUM_PREFILL // tp, "tp": tp,
+             "role": "prefill"},
+            {"name": "decode", "gpu": GPU, "num_replicas": NUM_DECODE // tp, "tp": tp,
+             "role": "decode"}]}
         engine: dict[str, Any] = {"swap_space_gib": SWAP_SPACE_GIB}
     else:
-        hardware, cluster, engine = {"gpu": GPU, "num_replicas": NUM_REPLICAS}, {}, {}
+        hardware = {"gpu": GPU, "num_replicas": NUM_REPLICAS // tp,
+                    **({"tp": tp} if tp > 1 else {})}
+        cluster, engine = {}, {}
     return {
-        "model": MODEL,
+        "model": model,
         **({"hardware": hardware} if hardware else {}),
         **({"engine": engine} if engine else {}),
-        "cluster": {**cluster, "router": router(policy), "link": {"placement": "inter_node"}},
+        "cluster": {**cluster, "router": router(policy, model),
+                    "link": {"placement": "inter_node"}},
         "policy": {"batching": {"name": "token_budget", "args": {"reserve_full_isl": True}}},
         "workload": {"trace": TRACE, "rate_scale": scale, "max_requests": max_requests},
         "seed": 0,
@@ -141,36 +155,56 @@ def hit_rate(result: RunResult) -> float:
     return float(np.sum(req["num_prefix_hit_tokens"]) / max(np.sum(req["num_prompt_tokens"]), 1))
 
 
-def compare(ctx: ReproContext) -> Comparison:
-    scales = QUICK_SCALES if ctx.quick else SCALES
-    max_requests = QUICK_MAX_REQUESTS if ctx.quick else None
+def sweep(ctx: ReproContext, scales: tuple[float, ...], max_requests: int | None, *,
+          model: str = MODEL, tp: int = 1, label: str = "") -> tuple[
+              tuple[float, ...], dict[str, dict[str, float | None]], dict[str, list[float]],
+              dict[str, dict[str, Any]]]:
+    """Every policy at every scale: the rates, P90 TTFT and hit rate per policy and load, and
+    each run's routing report (by policy, then load)."""
     rates = tuple(s * TRACE_RATE_PER_S for s in scales)
     ttft: dict[str, dict[str, float | None]] = {}
     hits: dict[str, list[float]] = {}
-    pool: dict[str, Any] = {}
-    store: dict[str, Any] = {}
+    reports: dict[str, dict[str, Any]] = {}
     for policy in POLICIES:
-        ttft[policy], hits[policy] = {}, []
+        ttft[policy], hits[policy], reports[policy] = {}, [], {}
         for scale, rate in zip(scales, rates, strict=True):
-            result = ctx.run(policy, f"{rate:.2f}", config(policy, scale, max_requests))
+            result = ctx.run(policy, f"{label}{rate:.2f}",
+                             config(policy, scale, max_requests, model=model, tp=tp))
             ttft[policy][f"{rate:.2f}"] = (None if result.summary["num_unfinished"]
                                           else p90_ttft_s(result))
             hits[policy].append(hit_rate(result))
-            if policy == SYSTEM:
-                pool[f"{rate:.2f}"] = result.summary["routing"]
-            if policy == MOONCAKE:
-                store[f"{rate:.2f}"] = result.summary["routing"]
+            reports[policy][f"{rate:.2f}"] = result.summary["routing"]
+    return rates, ttft, hits, reports
+
+
+def slo_curve(rates: tuple[float, ...], ttft: dict[str, dict[str, float | None]],
+              slo_scale: float) -> dict[str, float | None]:
+    """Throughput within ``slo_scale`` x least_loaded's P90 TTFT at the lightest load."""
+    reference = ttft[ABLATION][f"{rates[0]:.2f}"]
+    if reference is None:
+        return dict.fromkeys(ttft)
+    return {p: crossing_rate(rates, list(v.values()), slo_scale * reference)
+            for p, v in ttft.items()}
+
+
+def curve_note(title: str, rates: tuple[float, ...],
+               ttft: dict[str, dict[str, float | None]]) -> str:
+    curve = {k: slo_curve(rates, ttft, k) for k in SLO_SCALES}
+    return (f"{title}: throughput ratio over the SLO scale (x least_loaded's light-load P90 "
+            f"TTFT) " + "; ".join(f"{k:g}x: " + ", ".join(
+                f"tokenlake/{b} {fmt(better_ratio(c[SYSTEM], c[b], 'higher'), 'x')}"
+                for b in (BASELINE, MOONCAKE)) for k, c in curve.items())
+            + " (paper: up to 2.6x and 2.0x)")
+
+
+def compare(ctx: ReproContext) -> Comparison:
+    scales = QUICK_SCALES if ctx.quick else SCALES
+    max_requests = QUICK_MAX_REQUESTS if ctx.quick else None
+    rates, ttft, hits, reports = sweep(ctx, scales, max_requests)
+    pool, store = reports[SYSTEM], reports[MOONCAKE]
     reference = ttft[ABLATION][f"{rates[0]:.2f}"]
 
-    def within(slo_scale: float) -> dict[str, float | None]:
-        """Throughput within the SLO ``slo_scale`` x the reference, per policy."""
-        if reference is None:
-            return dict.fromkeys(ttft)
-        return {p: crossing_rate(rates, list(v.values()), slo_scale * reference)
-                for p, v in ttft.items()}
-
-    curve = {k: within(k) for k in SLO_SCALES}
-    at_slo = within(SLO_SCALE)
+    at_slo = slo_curve(rates, ttft, SLO_SCALE)
     slo_s = SLO_SCALE * reference if reference is not None else None
     ratio = better_ratio(at_slo[SYSTEM], at_slo[BASELINE], "higher")
     hit_ratio = better_ratio(hits[SYSTEM][0], hits[BASELINE][0], "higher")
@@ -179,11 +213,7 @@ def compare(ctx: ReproContext) -> Comparison:
         f"{rates[0]:.2f} req/s; the paper's SLO is not recoverable, the scale is ours); "
         f"throughput within it, req/s: "
         + ", ".join(f"{p} {_fmt_rate(v, rates[-1])}" for p, v in at_slo.items()),
-        "throughput ratio over the SLO scale (x least_loaded's light-load P90 TTFT) "
-        + "; ".join(f"{k:g}x: " + ", ".join(
-            f"tokenlake/{b} {fmt(better_ratio(c[SYSTEM], c[b], 'higher'), 'x')}"
-            for b in (BASELINE, MOONCAKE)) for k, c in curve.items())
-        + " (paper: up to 2.6x and 2.0x)",
+        curve_note(f"{MODEL} at TP 1", rates, ttft),
         "prefix-cache hit rate per load: " + "; ".join(
             f"{p} " + "/".join(f"{h:.1%}" for h in v) for p, v in hits.items()),
         f"hit-rate ratio tokenlake/cache_aware at the lightest load {fmt(hit_ratio, 'x')} "
@@ -208,6 +238,8 @@ def compare(ctx: ReproContext) -> Comparison:
             f"{r['store_read_bytes'] / 1e9:.0f}, {1e3 * r['mean_store_wait_s']:.1f}, "
             f"{r['num_store_segments_held']}" for k, r in store.items()),
     ]
+    if not ctx.quick:
+        notes.extend(long_context_notes(ctx))
     if any(v is not None and v >= rates[-1] for v in at_slo.values()):
         notes.append(f"a rate shown as >= {rates[-1]:.2f} never crossed the SLO in the sweep: "
                      f"the ratios involving it are bounds")
@@ -218,6 +250,21 @@ def compare(ctx: ReproContext) -> Comparison:
                       attribution={p: better_ratio(at_slo[p], at_slo[BASELINE], "higher")
                                    for p in (ABLATION, CACHE_AWARE_POOL)},
                       ratio_is_bound=is_bound(rates[-1], at_slo[SYSTEM], at_slo[BASELINE]))
+
+
+def long_context_notes(ctx: ReproContext) -> list[str]:
+    """The paper's regime (``LONG_MODEL``): P90 TTFT and hit rate per load, and the ratio
+    over the SLO scale."""
+    rates, ttft, hits, _ = sweep(ctx, LONG_SCALES, None, model=LONG_MODEL, tp=LONG_TP,
+                                 label="long-")
+    return [
+        f"long contexts ({LONG_MODEL}, TP {LONG_TP}: {NUM_REPLICAS // LONG_TP} replicas, "
+        f"mooncake {NUM_PREFILL // LONG_TP}P+{NUM_DECODE // LONG_TP}D) P90 TTFT s / hit rate "
+        f"at " + ", ".join(f"{r:.2f}" for r in rates) + " req/s: " + "; ".join(
+            f"{p} " + ", ".join(f"{fmt(t)}/{h:.1%}" for t, h in zip(
+                v.values(), hits[p], strict=True)) for p, v in ttft.items()),
+        curve_note("long contexts", rates, ttft),
+    ]
 
 
 def _fmt_rate(value: float | None, last: float) -> str:
