@@ -173,6 +173,48 @@ def test_progressive_priority_preempts_for_the_longest():
             < fcfs.summary["queueing"]["longest_trajectory_wait_s"])
 
 
+def test_progressive_priority_swaps_instead_of_recomputing():
+    """Preemption that keeps KV: with preemption_mode swap, the steps progressive priority
+    preempts (for a better one, or under KV pressure) go to host memory and come back, so
+    nothing is computed twice; by recompute, the same rollout recomputes their contexts.
+    Every trajectory finishes either way (a swapped step does not take back the slot it gave
+    up before the better step runs: no ping-pong)."""
+    eng = dict(max_running=1)
+    oracle = PredictorConfig(correlation_by_step=(1.0,))
+    base = dict(num_gpus=1, predictor=oracle, scheduling="progressive_priority")
+    recompute = run_agentic_rollout(_small(**base, engine=EngineConfig(
+        **eng, swap_space_gib=16))).summary
+    swap = run_agentic_rollout(_small(**base, preemption_mode="swap", engine=EngineConfig(
+        **eng, swap_space_gib=16)))
+    s = swap.summary
+    assert recompute["num_preemptions"] > 0 and recompute["num_recomputed_tokens"] > 0
+    assert s["num_recomputed_tokens"] == 0 and s["num_preemptions"] == 0
+    assert int(swap.records.requests["num_swaps"].sum()) > 0
+    assert (s["queueing"]["longest_trajectory_wait_s"]
+            <= recompute["queueing"]["longest_trajectory_wait_s"] + 1e-9)
+
+
+def test_a_crowded_rollout_does_not_fall_below_verl_when_preemption_keeps_the_kv():
+    """A crowded regime: 512 trajectories on one GPU (4x the entry's per GPU) with lengths
+    scaled to DeepCoder's 64K training cap (64K / DAPO's 20K = 3.2). Preemption by recompute
+    thrashes there and Heddle (fixed MP) falls below verl; swapping the KV keeps it above."""
+    crowded = dict(model="qwen3-8b", num_gpus=1, engine=EngineConfig(swap_space_gib=256),
+                   trajectories=TrajectoryArgs(num_prompts=32, samples_per_prompt=16,
+                                               length_scale=3.2))
+    heddle = dict(placement="heddle", scheduling="progressive_priority", migration=True)
+    verl = run_agentic_rollout(AgenticRolloutConfig(**crowded, placement="sticky")).summary
+    recompute = run_agentic_rollout(AgenticRolloutConfig(**crowded, **heddle)).summary
+    swap = run_agentic_rollout(AgenticRolloutConfig(**crowded, **heddle,
+                                                    preemption_mode="swap")).summary
+    assert recompute["tokens_per_s"] < verl["tokens_per_s"] < swap["tokens_per_s"]
+    assert swap["num_recomputed_tokens"] == 0 < recompute["num_recomputed_tokens"]
+
+
+def test_swap_preemption_needs_host_memory():
+    with pytest.raises(ValueError, match="preemption_mode swap needs host memory"):
+        AgenticRolloutConfig(preemption_mode="swap")
+
+
 def test_migration_happens_in_tool_waits_and_pays_the_transfer():
     cfg = _small(num_gpus=4, trajectories=TrajectoryArgs(num_prompts=8, samples_per_prompt=8),
                  scheduling="progressive_priority", placement="heddle", migration=True)
@@ -404,9 +446,31 @@ def test_resource_manager_rollout_runs_its_split():
     assert run_agentic_rollout(cfg).summary == s
 
 
+def test_replay_scoring_keeps_the_split_whose_replay_of_the_previous_rollout_ends_first():
+    """split_scoring replay: the start, the DP's own choice and the DP's next best splits
+    each replay the previous rollout; the split kept is the one whose replay ended first,
+    which the DP alone need not pick."""
+    base = dict(placement="heddle", scheduling="progressive_priority", migration=True,
+                resource_manager=True)
+    dp = run_agentic_rollout(_four(**base)).summary["resource_manager"]
+    rm = run_agentic_rollout(_four(**base, split_scoring="replay")).summary["resource_manager"]
+    assert dp["scoring"] == "dp" and dp["replayed"] == []
+    replayed = rm["replayed"]
+    assert replayed[0]["split"] == rm["start"]
+    assert dp["split"] in [r["split"] for r in replayed]
+    assert 2 <= len(replayed) <= 2 + AgenticRolloutConfig().num_replayed
+    assert len({tuple(r["split"]) for r in replayed}) == len(replayed)
+    best = min(replayed, key=lambda r: r["rollout_s"])
+    assert rm["split"] == best["split"]
+    assert all(r["rollout_s"] > 0 for r in replayed)
+    assert run_agentic_rollout(_four(**base, split_scoring="replay")).summary[
+        "resource_manager"] == rm
+
+
 @pytest.mark.parametrize(("override", "needle"), [
     ("tp_choices=[3]", "tp_choices must be some of [1, 2, 4, 8]"),
     ("anneal_steps=-1", "anneal_steps must be >= 0"),
+    ("split_scoring=\"guess\"", "split_scoring must be dp or replay"),
     ("placement=\"sticky\"", "needs placement heddle"),
 ])
 def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_path):

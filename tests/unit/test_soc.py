@@ -139,6 +139,56 @@ def test_reactive_request_preempts_proactive_work_within_one_chunk():
         reactive.first_token_s - reactive.arrival_s)
 
 
+def test_reactive_rules_on_the_igpu_engine():
+    """One proactive flow decodes a long answer; a reactive request arrives mid-answer. FCFS
+    serves it after the whole proactive request; ``reactive_next`` too, since that request
+    has started (it only picks the next one to start); ``reactive_first`` stops the proactive
+    request between two decode steps, so the reactive one starts within one step."""
+    traffic = dict(reactive_per_min=0.0, num_proactive_flows=1, duration_s=60.0,
+                   reactive_times_s=(3.0,), reactive_lengths=(256, 4),
+                   proactive_lengths=(256, 2000))
+
+    def reactive_wait(order):
+        res = run(IgpuOnly(order=order), **traffic)
+        r = next(r for r in res.requests if r.reactive)
+        return r.first_token_s - r.arrival_s, res
+
+    fcfs, _ = reactive_wait("fcfs")
+    nxt, _ = reactive_wait("reactive_next")
+    first, res = reactive_wait("reactive_first")
+    step_s = max(j.end_s - j.start_s for j in res.jobs if j.kind == "decode")
+    prefill_s = max(j.end_s - j.start_s for j in res.jobs if j.reactive)
+    assert fcfs == pytest.approx(nxt) and fcfs > 10.0
+    assert first <= step_s + prefill_s + 1e-9
+    assert all(r.done for r in res.requests)
+
+
+def test_reactive_next_starts_the_earliest_reactive_request_once_the_engine_is_free():
+    """Two requests wait behind a running one: a proactive one that arrived first and a
+    reactive one after it. FCFS starts the proactive one next; ``reactive_next`` the
+    reactive one (without stopping the request under way)."""
+    traffic = dict(reactive_per_min=0.0, num_proactive_flows=2, duration_s=60.0,
+                   reactive_times_s=(0.5,), reactive_lengths=(256, 4),
+                   proactive_lengths=(256, 400))
+
+    def order_of_starts(order):
+        res = run(IgpuOnly(order=order), **traffic)
+        firsts = {}
+        for j in sorted(res.jobs, key=lambda j: j.start_s):
+            for rid in j.request_ids:
+                firsts.setdefault(rid, j.start_s)
+        by_id = {r.id: r for r in res.requests}
+        return [by_id[rid].reactive for rid in sorted(firsts, key=firsts.get)][:3]
+
+    assert order_of_starts("fcfs") == [False, False, True]
+    assert order_of_starts("reactive_next") == [False, True, False]
+
+
+def test_an_unknown_order_is_refused():
+    with pytest.raises(ValueError, match="order must be one of fcfs, reactive_first"):
+        IgpuOnly(order="lifo")
+
+
 @pytest.mark.parametrize("chunk", [64, 256])
 def test_backfill_never_delays_a_reactive_request_beyond_one_chunk(chunk):
     """Whenever a reactive request is ready, no proactive job starts on the accelerator it is

@@ -13,9 +13,10 @@ from tests.unit.test_cluster import pools, sim
 from fleetsim.cli import main
 from fleetsim.config import config_from_dict
 from fleetsim.policies.cache_aware import CacheAware
+from fleetsim.policies.mooncake import Mooncake
 from fleetsim.policies.routing import LeastLoaded
 from fleetsim.policies.tokenlake import TokenLake
-from fleetsim.repro.tokenlake import config
+from fleetsim.repro.tokenlake import config, store_token_cost
 from fleetsim.run import run
 from fleetsim.serving.kv_cache import KVCache
 from fleetsim.serving.request import Request
@@ -251,3 +252,67 @@ def test_the_embedded_mooncake_slice_is_the_head_of_the_trace():
     w = load_trace("embedded:mooncake_conversation_10min")
     assert len(w) == 1750 and w.hash_block_tokens == 512 and w.arrival_s[-1] == 597.0
     assert "Apache License" in data.joinpath("MOONCAKE_LICENSE.txt").read_text()
+
+
+# ---- Mooncake: the host KV store and its conductor (TokenLake's second baseline) ----------
+HOST_BW = 2e6  # bytes/s of each prefill replica's host link
+
+
+def mooncake_pools():
+    from dataclasses import replace
+
+    from fleetsim.serving.cluster import PoolSetup
+    out = pools(prefill=2, decode=1, bw=LINK_BW)
+    prefill: PoolSetup = out[0]
+    return [replace(prefill, num_host_kv_blocks=100, host_bw_bytes_per_s=HOST_BW), out[1]]
+
+
+def test_mooncake_loads_a_prefix_from_the_host_store_over_the_host_link():
+    """A computes segments 1-4 on prefill replica 0; C keeps replica 0 busy, so the conductor
+    sends B (segments 1-3 shared) to replica 1, which loads them from the store over its host
+    link before queueing. Without the store (the mechanism removed) B recomputes them."""
+    store = Mooncake(store_bytes=1e9, store_token_cost=0.1)
+    rec, cluster = sim(shared_prefix_workload(), mooncake_pools(), store,
+                       kv_bytes_per_token=KV_BYTES_PER_TOKEN, latency_s=LATENCY_S)
+    replica, hits = by_id(rec, "prefill_replica_id"), by_id(rec, "num_prefix_hit_tokens")
+    assert (replica[0], replica[1], replica[2]) == (0, 0, 1)
+    assert hits[2] == 3 * SEG
+    num_bytes = 3 * SEG * KV_BYTES_PER_TOKEN
+    assert store.counts["num_store_segments"] == 3
+    assert cluster.transfers.num_bytes_by_client["store_read"] == num_bytes
+    wait_s = by_id(rec, "first_scheduled_s")[2] - by_id(rec, "arrival_s")[2]
+    assert wait_s == pytest.approx(LATENCY_S + num_bytes / HOST_BW)
+    assert store.report()["mean_store_wait_s"] == pytest.approx(wait_s)
+    no_store = Mooncake(store_bytes=0.0)
+    rec, _ = sim(shared_prefix_workload(), mooncake_pools(), no_store,
+                 kv_bytes_per_token=KV_BYTES_PER_TOKEN, latency_s=LATENCY_S)
+    assert by_id(rec, "prefill_replica_id")[2] == 1
+    assert by_id(rec, "num_prefix_hit_tokens")[2] == 0
+
+
+def test_the_mooncake_store_evicts_least_recently_used_segments_at_capacity():
+    """A store of 2 segments: B's match enters A's segments 1-3 in turn, so segment 1, the
+    least recently used, leaves it, and B's match is cut to what the store holds."""
+    store = Mooncake(store_bytes=2 * SEG * KV_BYTES_PER_TOKEN)
+    rec, _ = sim(shared_prefix_workload(), mooncake_pools(), store,
+                 kv_bytes_per_token=KV_BYTES_PER_TOKEN, latency_s=LATENCY_S)
+    assert store.report()["num_store_segments_held"] == 2
+    assert store.counts["num_store_evictions"] == 1
+    assert store.counts["num_store_segments"] == 0  # segment 1 gone: no leading run to load
+    assert by_id(rec, "num_prefix_hit_tokens")[2] == 0
+
+
+def test_the_store_load_is_priced_from_the_model_and_the_gpu():
+    """KV bytes per token over PCIe, over a token's prefill at the BF16 roofline."""
+    assert store_token_cost("llama-3.1-8b", "h100") == pytest.approx(
+        (131072 / 64e9) / (2 * 8030261248 / 989e12))
+
+
+def test_tokenlake_with_cache_aware_routing_routes_as_cache_aware_does():
+    """The ablation that keeps the pool and removes TokenLake's scheduling: its choices are
+    the cache_aware router's on the same views."""
+    router, reference = TokenLake(cache_aware_routing=True), CacheAware()
+    view = _Cluster(0, 0, 0)
+    for i, (hashes, n) in enumerate([((1, 2, 3, 4), 256), ((7, 8), 128), ((1, 2, 9), 192)]):
+        assert router.route(view, _req(i, hashes, n), 0.0) == reference.route(
+            view, _req(i, hashes, n), 0.0)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetsim.policies.cache_aware import CacheAware
 from fleetsim.policies.routing import register_router
 from fleetsim.serving.contract import ClusterView
 from fleetsim.serving.kv_cache import KVCache
@@ -58,6 +59,9 @@ class TokenLake:
     """Length of the window heavy-hitter uses are counted over, seconds (assumption)."""
     max_replicas: int = 2
     """Copies a heavy-hitter segment may have across replicas; others have one."""
+    cache_aware_routing: bool = False
+    """Route as the ``cache_aware`` router does (SGLang's defaults) instead of by load only:
+    an ablation that keeps the pool and removes TokenLake's cache-oblivious scheduling."""
     counts: dict[str, float] = field(default_factory=dict)
     """Counters for the run's summary (reads, segments, bytes, copies, transfer wait)."""
     _caches: dict[int, PrefixCache] = field(default_factory=dict, repr=False)
@@ -69,6 +73,7 @@ class TokenLake:
     # replica id -> prompt tokens of requests whose transfers are in flight to it
     _start_s: dict[int, float] = field(default_factory=dict, repr=False)
     # request id -> when its transfers started
+    _cache_aware: CacheAware | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.query_bytes_per_token is not None and not self.query_bytes_per_token > 0:
@@ -83,6 +88,8 @@ class TokenLake:
         if self.max_replicas < 1:
             raise ValueError(f"max_replicas must be >= 1 (1: no copies), got "
                              f"{self.max_replicas}")
+        if self.cache_aware_routing:
+            self._cache_aware = CacheAware()
         self.counts = {"num_remote_reads": 0, "num_remote_segments": 0, "transfer_bytes": 0.0,
                        "num_query_shipped": 0, "num_heavy_hitter_copies": 0,
                        "num_copies_without_room": 0, "transfer_wait_s": 0.0}
@@ -107,7 +114,10 @@ class TokenLake:
 
     # ---- scheduling: load only -------------------------------------------------------
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
-        """The replica with the fewest outstanding tokens, pending transfers included."""
+        """The replica with the fewest outstanding tokens, pending transfers included (or,
+        under ``cache_aware_routing``, the ``cache_aware`` router's choice)."""
+        if self._cache_aware is not None:
+            return self._cache_aware.route(view, req, now_s)
         pending = self._pending_tokens
         best, best_load = 0, None
         for i, r in enumerate(view.replicas):

@@ -16,7 +16,11 @@ read, not the body, so the mechanisms are theirs and the numbers ours):
   (prompt, output) lengths from the Azure LLM 2023 conversation trace, prompts capped at 2,048;
   30 minutes of arrivals (3 with --quick);
 - Agent.xpu: 256-token prefill chunks, 10% slack for piggybacking and DDR sharing [ours]; the
-  replication plan's chunk sweep (8/16/32/64/256) runs at 2 per minute in the full run.
+  replication plan's chunk sweep (8/16/32/64/256) runs at 2 per minute in the full run;
+- attribution: the iGPU-only engine with a reactive-first rule (``ABLATIONS``: a priority
+  queue, and the same with proactive requests stopped between steps), no NPU, no chunking,
+  no backfill: how much of the cut a simple priority rule carries;
+- the curve over background load: 0-8 proactive flows at 2 per minute (full run, notes).
 
 Metrics as the paper: reactive latency (arrival to last token; mean / P90 / P99) and
 proactive throughput (proactive requests finished per minute within the arrival window).
@@ -53,6 +57,11 @@ from fleetsim.soc.engine import Scheduler, SoCEngine, SoCResult
 from fleetsim.soc.workload import AgentTraffic
 
 POLICIES = ("agent-xpu", "igpu-only", "static-partition")
+# Ablations on the iGPU-only engine (attribution): a simple reactive-first rule, with no NPU,
+# no chunked prefill and no backfill; "next" starts the earliest reactive request when the
+# engine is free (no preemption), "first" also stops a proactive request between its steps.
+ABLATIONS = {"igpu-reactive-next": "reactive_next", "igpu-reactive-first": "reactive_first"}
+BACKGROUND_FLOWS = (0, 1, 2, 4, 8)  # the curve over background load, at 2 requests/min
 RATES = (1.0, 2.0, 4.0)  # reactive requests per minute
 QUICK_RATES = (2.0,)
 CHUNK_SWEEP = (8, 16, 32, 64, 256)  # the replication plan's preemption chunks [S]
@@ -102,6 +111,8 @@ def schedulers(setup: AgentXpuSetup, cost: ModelCost) -> dict[str, Scheduler]:
                               reactive_slack=setup.reactive_slack),
         "igpu-only": IgpuOnly(max_running=setup.max_running),
         "static-partition": StaticPartition(soc, cost, max_running=setup.max_running),
+        **{name: IgpuOnly(max_running=setup.max_running, order=order)
+           for name, order in ABLATIONS.items()},
     }
 
 
@@ -146,7 +157,7 @@ def compare(ctx: ReproContext) -> Comparison:
     setup = setup_from(ctx, AgentXpuSetup, QUICK, "agent-xpu")
     cost = ModelCost(get_model(setup.model), setup.bits_per_weight)
     rates = QUICK_RATES if ctx.quick else RATES
-    results: dict[str, dict[str, float | None]] = {p: {} for p in POLICIES}
+    results: dict[str, dict[str, float | None]] = {p: {} for p in (*POLICIES, *ABLATIONS)}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
     for rate in rates:
         label = f"{rate:g}"
@@ -160,6 +171,7 @@ def compare(ctx: ReproContext) -> Comparison:
                                                      **dataclasses.asdict(setup)})
     comparison = _comparison(setup, cost, rates, results, summaries)
     if not ctx.quick:
+        comparison.notes.extend(background_curve(setup, cost, ctx))
         comparison.notes.extend(chunk_sweep(setup, cost, ctx))
         comparison.notes.extend(sensitivity(setup, cost, ctx))
     return comparison
@@ -198,7 +210,25 @@ def _comparison(setup: AgentXpuSetup, cost: ModelCost, rates: tuple[float, ...],
         notes.append(f"proactive throughput ratio range over loads and baselines: "
                      f"{min(thr_valid):.2f}-{max(thr_valid):.2f}x (paper: 1.2-4.9x)")
     notes.extend(device_notes(setup, cost))
-    return Comparison(results=results, ratio=min(valid) if valid else None, notes=notes)
+    # Each ablation against igpu-only in the ratio's form (the smallest over the loads), next
+    # to agent-xpu's own against igpu-only in that form.
+    labels = [f"{rate:g}" for rate in rates]
+
+    def vs_igpu(policy: str) -> float | None:
+        ratios = [better_ratio(summaries[(policy, x)]["reactive_latency_mean_s"],
+                               summaries[("igpu-only", x)]["reactive_latency_mean_s"], "lower")
+                  for x in labels]
+        return None if any(r is None for r in ratios) else min(ratios)  # type: ignore[type-var]
+
+    notes.extend(f"{name} (igpu-only with the {order} rule) per load: reactive latency mean "
+                 + ", ".join(fmt(summaries[(name, x)]["reactive_latency_mean_s"])
+                             for x in labels)
+                 + " s, proactive " + ", ".join(fmt(summaries[(name, x)]["proactive_per_min"])
+                                                for x in labels) + " req/min"
+                 for name, order in ABLATIONS.items())
+    return Comparison(results=results, ratio=min(valid) if valid else None, notes=notes,
+                      attribution={name: vs_igpu(name) for name in ABLATIONS},
+                      attribution_reference=vs_igpu("agent-xpu"))
 
 
 def device_notes(setup: AgentXpuSetup, cost: ModelCost) -> list[str]:
@@ -246,10 +276,38 @@ def _cut_and_gain(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
             f"proactive {fmt(thr, 'x')}")
 
 
+def background_curve(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> list[str]:
+    """At 2 requests/min, the ratio over the background load: the number of proactive flows
+    (``BACKGROUND_FLOWS``; the paper's is not in its abstracts), every policy."""
+    per_flows: dict[int, dict[str, dict[str, Any]]] = {}
+    for flows in BACKGROUND_FLOWS:
+        run_setup = dataclasses.replace(setup, num_proactive_flows=flows)
+        per_flows[flows] = {}
+        for policy, scheduler in schedulers(run_setup, cost).items():
+            if ctx.progress is not None:
+                ctx.progress(f"{policy}, {flows} proactive flows")
+            per_flows[flows][policy] = summarize(simulate(run_setup, 2.0, scheduler, cost))
+
+    def latency_ratio(ours: str, theirs: str, s: dict[str, dict[str, Any]]) -> float | None:
+        return better_ratio(s[ours]["reactive_latency_mean_s"],
+                            s[theirs]["reactive_latency_mean_s"], "lower")
+
+    out = []
+    for flows, s in per_flows.items():
+        parts = [f"{b} / agent-xpu {fmt(latency_ratio('agent-xpu', b, s), 'x')}"
+                 for b in POLICIES[1:]]
+        parts += [f"igpu-only / {a} {fmt(latency_ratio(a, 'igpu-only', s), 'x')}"
+                  for a in ABLATIONS]
+        out.append(f"background {flows} proactive flows at 2/min: reactive latency mean s "
+                   + ", ".join(f"{p} {fmt(v['reactive_latency_mean_s'])}" for p, v in s.items())
+                   + "; ratios " + ", ".join(parts) + "; proactive req/min "
+                   + ", ".join(f"{p} {fmt(v['proactive_per_min'])}" for p, v in s.items()))
+    return out
+
+
 def sensitivity(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> list[str]:
-    """At 2 requests/min: how the comparison moves with the background load (the number of
-    proactive flows; the paper's is not in its abstracts), against an iGPU engine that batches
-    (continuous batching, 8 slots), and the reactive latency with no background at all."""
+    """At 2 requests/min: against an iGPU engine that batches (continuous batching, 8
+    slots)."""
     notes = []
     soc = lunar_lake()
 
@@ -262,11 +320,6 @@ def sensitivity(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> lis
         return AgentXpu(soc, cost, chunk_tokens=setup.chunk_tokens,
                         reactive_slack=setup.reactive_slack)
 
-    for flows in (0, 2, 8):
-        run_setup = dataclasses.replace(setup, num_proactive_flows=flows)
-        ours = go(f"agent-xpu, {flows} flows", run_setup, xpu())
-        theirs = go(f"igpu-only, {flows} flows", run_setup, IgpuOnly(setup.max_running))
-        notes.append(f"{flows} proactive flows vs igpu-only: {_cut_and_gain(ours, theirs)}")
     ours = go("agent-xpu", setup, xpu())
     batching = go("igpu-only, 8 slots", setup, IgpuOnly(max_running=8))
     notes.append(f"vs an iGPU engine batching 8 requests (continuous batching, FCFS): "
@@ -284,7 +337,7 @@ AGENT_XPU = add(Reproduction(
           "Llama-3.2-3B at 4.5-bit weights; reactive requests Poisson at 1/2/4 per min plus 4 "
           "proactive flows, Azure-conversation lengths, 30 min (3 with --quick)",
     system="agent-xpu",
-    baselines=("igpu-only", "static-partition"),
+    baselines=("igpu-only", "static-partition", *ABLATIONS),
     baseline="igpu-only",
     metric=Metric(name="reactive latency (mean)", unit="s", direction="lower"),
     ratio_definition="smallest baseline / agent-xpu mean reactive latency over the loads and "

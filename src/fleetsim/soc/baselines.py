@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from fleetsim.soc.cost import ModelCost, OpCost
 from fleetsim.soc.device import SoCSpec
-from fleetsim.soc.engine import Job, Part, SoCView, concurrent_s
+from fleetsim.soc.engine import Job, Part, Request, SoCView, concurrent_s
 
 SPLIT_STEPS = 100  # the partition search tries NPU shares 0, 0.01, ..., 1
 
@@ -24,12 +24,37 @@ Placement = Callable[[str, OpCost], tuple[Part, ...]]
 """(stage, op cost) -> the parts that run it."""
 
 
-def fcfs_job(view: SoCView, max_running: int, parts_of: Placement) -> Job | None:
+def fcfs_order(r: Request) -> tuple:
+    """First come, first served."""
+    return (r.arrival_s, r.id)
+
+
+def reactive_first_order(r: Request) -> tuple:
+    """Reactive requests before proactive ones, each first come, first served, re-sorted at
+    every job boundary: a proactive request stops between two of its steps (its KV kept)
+    while a reactive one runs."""
+    return (not r.reactive, r.arrival_s, r.id)
+
+
+def reactive_next_order(r: Request) -> tuple:
+    """A request once started runs to its end; the next one to start is the earliest
+    reactive one, else the earliest proactive one (a priority queue, no preemption)."""
+    return (r.num_prefilled == 0, not r.reactive, r.arrival_s, r.id)
+
+
+ORDERS: dict[str, Callable[[Request], tuple]] = {
+    "fcfs": fcfs_order, "reactive_first": reactive_first_order,
+    "reactive_next": reactive_next_order}
+
+
+def fcfs_job(view: SoCView, max_running: int, parts_of: Placement,
+             order: Callable[[Request], tuple] = fcfs_order) -> Job | None:
     """The next job of FCFS serving: the earliest unfinished requests (at most
     ``max_running``) run; a waiting prefill (whole prompt) goes first, then one decode step of
-    every running request past its prefill."""
+    every running request past its prefill. ``order`` replaces "earliest" by another key
+    (``ORDERS``)."""
     unfinished = sorted({*view.ready, *(r for j in view.running for r in j.requests)},
-                        key=lambda r: (r.arrival_s, r.id))
+                        key=order)
     running = unfinished[:max_running]
     if any(r.busy for r in running):
         return None  # a job of the running set is still in flight
@@ -48,11 +73,19 @@ class IgpuOnly:
     """Every job on the iGPU alone."""
 
     max_running: int = 1
+    order: str = "fcfs"
+    """fcfs (the baseline) | reactive_first | reactive_next (``ORDERS``): a priority rule
+    for reactive requests on the same engine, the simplest share of Agent.xpu's idea."""
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
 
     def plan(self, view: SoCView) -> list[Job]:
         if "igpu" not in view.idle:
             return []
-        job = fcfs_job(view, self.max_running, lambda _stage, cost: (Part("igpu", cost),))
+        job = fcfs_job(view, self.max_running, lambda _stage, cost: (Part("igpu", cost),),
+                       ORDERS[self.order])
         return [job] if job is not None else []
 
 
