@@ -148,7 +148,7 @@ class Mooncake:
         hbt, cost = self._hbt, self.store_token_cost
         best, best_cost = 0, None
         for i, r in enumerate(view.replicas):
-            local = r.num_matched_entries(req)
+            local = r.kv.num_matched_entries(req)
             loaded = max(0, stored - local)
             uncovered = req.num_prompt_tokens - (local + loaded) * hbt
             c = r.load_tokens + uncovered + cost * loaded * hbt
