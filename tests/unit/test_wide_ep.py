@@ -172,16 +172,18 @@ def test_vllm_serve_line_carries_data_parallel_and_expert_parallel_flags():
     assert "--tensor-parallel-size 1" in line
 
 
-def test_search_counts_and_prices_every_rank_and_plan_refuses_the_layout():
+def test_search_counts_and_prices_every_rank_and_plan_shapes_set_their_own_layout():
     from fleetsim.search.cost import cluster_usd_per_hour, num_gpus
-    from fleetsim.search.plan import plan
+    from fleetsim.search.plan import enumerate_shapes
 
     config = config_from_dict({**BASE, "hardware": {"gpu": "h100", "dp_attention": 16,
                                                     "num_replicas": 2}})
     assert num_gpus(config) == 32
     assert cluster_usd_per_hour(config) == pytest.approx(32 * H100.price_per_hour_usd)
-    with pytest.raises(FleetsimInputError, match="plan does not search attention data"):
-        plan(config, [])
+    # a plan shape replaces the config's dp_attention (plan's --dp-attention axis), so a plain
+    # shape is not silently run as a wide-EP one
+    (plain,) = enumerate_shapes(["h100"], [8], 8)
+    assert plain.apply(config).hardware.dp_attention == 1
 
 
 def test_prefill_and_decode_pools_each_run_the_layout():

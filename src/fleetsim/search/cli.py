@@ -82,6 +82,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         "(bf16: the checkpoint's own dtype; fp8, fp8_block, int4_wo, nvfp4, "
                         "...); modes a GPU lacks are skipped with a note (default: the "
                         "config's quantization)")
+    p.add_argument("--dp-attention", default=None, metavar="N[,N...]",
+                   help="the wide-EP axis (MoE models): replicas of N attention ranks of tp "
+                        "GPUs with the experts over all N x tp, e.g. 1,8,16 (1: the plain "
+                        "layouts; default: the config's dp_attention); layouts run would "
+                        "refuse are skipped with a note")
     p.add_argument("--pd", action="store_true",
                    help="also try prefill/decode pools (1P1D, 1P2D, 2P1D, across GPU types)")
     p.add_argument("--speculative", nargs="?", const="config", default=None,
@@ -256,9 +261,17 @@ def _quantization_axis(text: str | None, shapes: list[Any], config: Any
     return out, skipped
 
 
+def _smallest_replica(tps: list[int], pps: list[int], dps: list[int]) -> int:
+    """GPUs of the smallest replica the axes allow (wide EP runs with pp = 1 only)."""
+    plain = tps[0] * pps[0] if 1 in dps else None
+    wide = tps[0] * min((d for d in dps if d > 1), default=0) or None
+    return min(x for x in (plain, wide) if x is not None)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from fleetsim.config import load_config
     from fleetsim.results import StagedFolder, check_out_dir, check_out_file
+    from fleetsim.search.dp_axis import parse_dp_attention_axis, servable_wide_ep
     from fleetsim.search.goodput import check_search_args
     from fleetsim.search.plan import enumerate_shapes, plan, plan_to_dict, verify_picks
 
@@ -294,18 +307,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise FleetsimInputError("--plot", args.plot, "give a .png, .pdf or .svg path")
         check_out_file(Path(args.plot), "--plot")
     config = load_config(args.config, args.overrides)
+    dps = parse_dp_attention_axis(args.dp_attention, config)
     try:
         shapes = enumerate_shapes(gpus, tps, args.max_gpus, pd=args.pd,
                                   catalog=config.hardware.catalog, pps=pps,
-                                  speculative=_speculative_axis(args.speculative, config))
+                                  speculative=_speculative_axis(args.speculative, config),
+                                  dp_attention=dps)
     except FleetsimInputError as err:
         raise FleetsimInputError("--gpus", err.value, err.fix) from None
     if not shapes:
         raise FleetsimInputError("--max-gpus", args.max_gpus,
-                                 f"no shape fits: the smallest --tp x --pp is "
-                                 f"{tps[0] * pps[0]}; raise --max-gpus to at least "
-                                 f"{tps[0] * pps[0]}")
+                                 f"no shape fits: the smallest replica (--tp x --pp, or x "
+                                 f"--dp-attention) is {_smallest_replica(tps, pps, dps)} "
+                                 f"GPUs; raise --max-gpus to at least that")
     shapes, skipped = _quantization_axis(args.quantization, shapes, config)
+    shapes, wide_skipped = servable_wide_ep(shapes, config)
+    skipped += wide_skipped
+    if not shapes:
+        raise FleetsimInputError("--dp-attention", args.dp_attention or dps[0], "no wide-EP "
+                                 f"layout runs ({'; '.join(wide_skipped)}); add 1 or other "
+                                 "values, --tp or --gpus")
     err_console = Console(stderr=True)
     show = err_console.is_terminal and not args.json
     bar = progress_bar(err_console, "plan") if show else None

@@ -50,7 +50,8 @@ class Shape:
     @property
     def name(self) -> str:
         """Short label, e.g. ``2x H100-SXM tp1``, ``1x H100-SXM tp8pp2``,
-        ``1P(H200 tp1)+2D(A100 tp1)``, ``1x H100-SXM tp4 fp8`` or ``1x H100-SXM tp1 eagle3 k3``."""
+        ``1x H100-SXM dp16 tp1`` (wide EP), ``1P(H200 tp1)+2D(A100 tp1)``,
+        ``1x H100-SXM tp4 fp8`` or ``1x H100-SXM tp1 eagle3 k3``."""
         spec = self.speculative
         tail = "" if self.quantization is None else f" {self.quantization}"
         tail += "" if spec is None else f" {spec.method} k{spec.num_speculative_tokens}"
@@ -63,7 +64,7 @@ class Shape:
 
     @property
     def num_gpus(self) -> int:
-        return sum(p.tp * p.pp * p.num_replicas for p in self.pools)
+        return sum(p.tp * p.pp * p.dp_attention * p.num_replicas for p in self.pools)
 
     @property
     def is_pd(self) -> bool:
@@ -72,8 +73,9 @@ class Shape:
     def family(self) -> tuple[Any, ...]:
         """Shapes that differ only in replica counts (scaled versions of each other)."""
         if not self.is_pd:
-            return ("mixed", self.pools[0].gpu, self.pools[0].tp, self.pools[0].pp,
-                    self.quantization, self.speculative)
+            p = self.pools[0]
+            return ("mixed", p.gpu, p.tp, p.pp, p.dp_attention, self.quantization,
+                    self.speculative)
         pre, dec = self.pools
         return ("pd", pre.gpu, pre.tp, pre.pp, dec.gpu, dec.tp, dec.pp,
                 pre.num_replicas / dec.num_replicas, self.quantization, self.speculative)
@@ -89,8 +91,9 @@ class Shape:
                 config = dataclasses.replace(config, quantization=mode)
         if not self.is_pd:
             p = self.pools[0]
+            # the shape's dp_attention replaces the config's (1: off), so no layout is kept
             hw = dataclasses.replace(config.hardware, gpu=p.gpu, tp=p.tp, pp=p.pp,
-                                     num_replicas=p.num_replicas)
+                                     dp_attention=p.dp_attention, num_replicas=p.num_replicas)
             return dataclasses.replace(
                 config, hardware=hw, cluster=dataclasses.replace(config.cluster, pools=()))
         return dataclasses.replace(
@@ -98,7 +101,8 @@ class Shape:
 
 
 def _layout(p: PoolConfig) -> str:
-    return f"tp{p.tp}" + (f"pp{p.pp}" if p.pp > 1 else "")
+    dp = f"dp{p.dp_attention} " if p.dp_attention > 1 else ""
+    return dp + f"tp{p.tp}" + (f"pp{p.pp}" if p.pp > 1 else "")
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -114,16 +118,32 @@ def enumerate_shapes(
     pd_ratios: Iterable[tuple[int, int]] = DEFAULT_PD_RATIOS, catalog: str | None = None,
     pps: Sequence[int] = (1,),
     speculative: Sequence[SpeculativeConfig | None] = (None,),
+    dp_attention: Sequence[int] = (1,),
 ) -> list[Shape]:
     """Mixed shapes (each GPU x TP x PP x power-of-two replicas within ``max_gpus``) and,
     with ``pd``, prefill/decode shapes for each ratio, each (prefill GPU, decode GPU) pair,
     TP and PP, scaled by powers of two while they fit ``max_gpus``; each once per
     ``speculative`` setting (the speculative on/off axis; speculation is not priced with
-    pipeline stages, so a shape with pp > 1 runs without it). GPU names are canonicalized."""
-    shapes = _layouts(gpus, tps, max_gpus, pd, pd_ratios, catalog, pps)
+    pipeline stages, so a shape with pp > 1 runs without it). GPU names are canonicalized.
+
+    ``dp_attention`` (the wide-EP axis, ``search/dp_axis.py``): each value > 1 adds mixed
+    shapes of replicas of that many attention ranks of ``tp`` GPUs (dp x tp GPUs a replica),
+    with pp = 1 and no speculation, the two the wide-EP model does not price; 1 keeps the
+    plain shapes (leave it out of the axis to search wide EP only)."""
+    shapes = _layouts(gpus, tps, max_gpus, pd, pd_ratios, catalog, pps) if 1 in dp_attention \
+        else []
+    shapes += _wide_ep_layouts(gpus, tps, max_gpus, catalog, [d for d in dp_attention if d > 1])
     return [dataclasses.replace(shape, speculative=spec)
             for spec in speculative for shape in shapes
-            if spec is None or all(p.pp == 1 for p in shape.pools)]
+            if spec is None or all(p.pp == 1 and p.dp_attention == 1 for p in shape.pools)]
+
+
+def _wide_ep_layouts(gpus: Sequence[str], tps: Sequence[int], max_gpus: int,
+                     catalog: str | None, dps: Sequence[int]) -> list[Shape]:
+    names = list(dict.fromkeys(get_gpu(g, catalog).name for g in gpus))
+    return [Shape((PoolConfig(name="mixed", gpu=gpu, tp=tp, dp_attention=dp, num_replicas=n),))
+            for gpu in names for dp in dps for tp in tps
+            for n in _powers_of_two(max_gpus // (dp * tp))]
 
 
 def _layouts(gpus: Sequence[str], tps: Sequence[int], max_gpus: int, pd: bool,
@@ -218,11 +238,6 @@ def plan(
     replica sees about the same history whatever the cluster size) when the config sets
     neither ``workload.max_requests`` nor ``workload.duration_s``.
     """
-    dp = max(p.dp_attention for p in (config.hardware, *config.cluster.pools))
-    if dp > 1:  # the shapes below are tp x pp replicas; a kept dp_attention would skew them
-        raise FleetsimInputError("dp_attention", dp, "plan does not search attention data "
-                                 "parallelism yet; unset it, or price the layout with "
-                                 "fleetsim run")
     if not shapes:
         raise FleetsimInputError("--gpus/--tp/--max-gpus", "no shape",
                                  "the shape space is empty: raise --max-gpus to at least "
@@ -303,6 +318,7 @@ def plan_to_dict(points: Sequence[PlanPoint], *, target: float,
             **({"quantization": p.shape.quantization} if p.shape.quantization else {}),
             "pools": [{"name": q.name, "gpu": q.gpu, "tp": q.tp,
                        **({"pp": q.pp} if q.pp > 1 else {}),
+                       **({"dp_attention": q.dp_attention} if q.dp_attention > 1 else {}),
                        "num_replicas": q.num_replicas, "role": q.role} for q in p.shape.pools],
         }
         spec = p.shape.speculative
