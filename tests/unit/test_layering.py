@@ -35,8 +35,9 @@ ALLOWED = {
             "perf", "policies", "programs", "serving", "workloads"},
     "configdoc": {"config"},
     "vllm_json": {"metrics"},
-    "search": {"config", "hardware", "metrics", "models", "perf", "policies", "programs",
-               "results", "run", "serving", "workloads"},
+    # moe: plan's wide-EP axis checks a layout as run() would (search/dp_axis.py)
+    "search": {"config", "hardware", "metrics", "models", "moe", "perf", "policies",
+               "programs", "results", "run", "serving", "workloads"},
     "sweep": {"config", "run", "results"},
     "results": {"metrics", "serving"},
     "report": {"results"},
