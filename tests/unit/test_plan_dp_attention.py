@@ -70,6 +70,15 @@ def test_no_wide_ep_layout_at_all_is_one_line_exit_2(capsys):
     assert "--dp-attention" in err and "weights per GPU" in err
 
 
+def test_wide_ep_only_with_speculation_on_every_shape_is_one_line_exit_2(capsys):
+    code = main(["plan", *_DSV3, "--set", "engine.speculative.method=mtp",
+                 "--set", "engine.speculative.num_speculative_tokens=1",
+                 "--dp-attention", "16", "--gpus", "h100", "--max-gpus", "16"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "--dp-attention: got 16" in err and "speculative" in err
+
+
 def test_shapes_beyond_max_gpus_pp_and_speculation_are_not_generated():
     spec = SpeculativeConfig(method="mtp", num_speculative_tokens=1)
     shapes = enumerate_shapes(["h100"], [1, 2], 16, pps=[1, 2], dp_attention=[1, 8, 16],

@@ -308,11 +308,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_out_file(Path(args.plot), "--plot")
     config = load_config(args.config, args.overrides)
     dps = parse_dp_attention_axis(args.dp_attention, config)
+    dp_flag = "--dp-attention" if args.dp_attention is not None else "dp_attention"
+    spec_axis = _speculative_axis(args.speculative, config)
+    if 1 not in dps and None not in spec_axis:
+        # wide-EP shapes run without speculation (not priced together): nothing would be left
+        raise FleetsimInputError(dp_flag, dps[0], "wide-EP shapes run without speculative "
+                                 "decoding; unset engine.speculative, or add --speculative "
+                                 "to try shapes without it")
     try:
         shapes = enumerate_shapes(gpus, tps, args.max_gpus, pd=args.pd,
                                   catalog=config.hardware.catalog, pps=pps,
-                                  speculative=_speculative_axis(args.speculative, config),
-                                  dp_attention=dps)
+                                  speculative=spec_axis, dp_attention=dps)
     except FleetsimInputError as err:
         raise FleetsimInputError("--gpus", err.value, err.fix) from None
     if not shapes:
@@ -324,7 +330,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     shapes, wide_skipped = servable_wide_ep(shapes, config)
     skipped += wide_skipped
     if not shapes:
-        raise FleetsimInputError("--dp-attention", args.dp_attention or dps[0], "no wide-EP "
+        raise FleetsimInputError(dp_flag, args.dp_attention or dps[0], "no wide-EP "
                                  f"layout runs ({'; '.join(wide_skipped)}); add 1 or other "
                                  "values, --tp or --gpus")
     err_console = Console(stderr=True)
