@@ -110,7 +110,7 @@ def test_step_is_the_slowest_rank_plus_the_group_moe():
     moe = base.op_time_lookup("moe")
     group = wide.group_moe_s
     # 40 decodes over 16 ranks: the slowest holds 3 with 3/40 of the KV
-    expect = base.step_time_s((), 3, 60_000 * 3 / 40) - moe(3) + group(40)
+    expect = base.step_time_s((), 3, 60_000 * 3 // 40) - moe(3) + group(40)
     assert wide.step_time_s((), 40, 60_000) == pytest.approx(expect, rel=1e-12)
     expect = base.step_time_s([(4096, 0)], 0, 0) - moe(4096) + group(4096 + 8)
     assert wide.step_time_s([(4096, 0)], 8, 8000) == pytest.approx(expect, rel=1e-12)
