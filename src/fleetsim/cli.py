@@ -344,24 +344,18 @@ def hardware_overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"model={json.dumps(args.model)}")
     if args.gpu is not None:
         out.append(f"hardware.gpu={json.dumps(args.gpu)}")
-    if args.tp is not None:
+    for flag, what in (("tp", "GPUs per replica"), ("pp", "pipeline stages")):
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
         try:
-            tp = int(args.tp)
+            n = int(value)
         except ValueError:
-            raise FleetsimInputError("--tp", args.tp, "expected an integer >= 1, e.g. --tp 2"
-                                     ) from None
-        if tp < 1:
-            raise FleetsimInputError("--tp", args.tp, "must be >= 1 (GPUs per replica)")
-        out.append(f"hardware.tp={tp}")
-    if getattr(args, "pp", None) is not None:
-        try:
-            pp = int(args.pp)
-        except ValueError:
-            raise FleetsimInputError("--pp", args.pp, "expected an integer >= 1, e.g. --pp 2"
-                                     ) from None
-        if pp < 1:
-            raise FleetsimInputError("--pp", args.pp, "must be >= 1 (pipeline stages)")
-        out.append(f"hardware.pp={pp}")
+            raise FleetsimInputError(f"--{flag}", value, "expected an integer >= 1, e.g. "
+                                     f"--{flag} 2") from None
+        if n < 1:
+            raise FleetsimInputError(f"--{flag}", value, f"must be >= 1 ({what})")
+        out.append(f"hardware.{flag}={n}")
     for flag in ("llm_url", "llm_model"):  # the evolving planner's LLM proposer
         value = getattr(args, flag, None)
         if value is not None:
