@@ -35,32 +35,128 @@ BAD_VALUES = [math.nan, math.inf, -math.inf, 1e300, -1e300, 1e-300, -1, 0, 0.5, 
 
 
 def _scalar_fields(cls: type, prefix: str = "") -> list[str]:
-    """Dotted names of every scalar config field (nested tables walked, lists and maps not)."""
+    """Dotted names of every scalar config field: nested tables walked, a list of tables
+    walked through its first item (``elastic.schedule[0].at_s``), lists of scalars and unions
+    with them drawn whole (``engine.speculative.acceptance``); maps are policy arguments,
+    drawn by ``_policy_arg_fields``."""
     out = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         if typing.get_origin(hint) in (types.UnionType, typing.Union):
             hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        item = typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else None
         if dataclasses.is_dataclass(hint):
             out += _scalar_fields(hint, f"{prefix}{f.name}.")
-        elif typing.get_origin(hint) is not tuple and hint is not Mapping and \
-                typing.get_origin(hint) is not Mapping:
+        elif item is not None and dataclasses.is_dataclass(item):
+            out += _scalar_fields(item, f"{prefix}{f.name}[0].")
+        elif hint is not Mapping and typing.get_origin(hint) is not Mapping:
             out.append(f"{prefix}{f.name}")
     return out
 
 
+def _policy_registries() -> dict[str, dict]:
+    """Config field of a policy choice -> its registry (name -> class)."""
+    import fleetsim.policies  # noqa: F401 - fills the registries
+    from fleetsim.moe.balancers import BALANCERS
+    from fleetsim.policies.batching import BATCH_POLICIES
+    from fleetsim.policies.group_planners import GROUP_PLANNERS
+    from fleetsim.policies.planners import PLANNERS, TRIGGERS
+    from fleetsim.policies.routing import ROUTERS
+
+    return {"policy.batching": BATCH_POLICIES, "cluster.router": ROUTERS,
+            "cluster.decode_router": ROUTERS, "group.planner": GROUP_PLANNERS,
+            "elastic.planner": PLANNERS, "elastic.trigger": TRIGGERS,
+            "hardware.ep.balancer": BALANCERS}
+
+
+def _policy_arg_fields() -> list[tuple[str, str, str]]:
+    """(policy field, registered name, argument) for every argument of every registered
+    policy of every policy field: what ``<field>.args.<argument>`` may be set to."""
+    import inspect
+
+    out = []
+    for where, registry in _policy_registries().items():
+        for name, cls in sorted(registry.items()):
+            out.extend((where, name, arg) for arg in inspect.signature(cls).parameters
+                       if not arg.startswith("_"))
+    return out
+
+
 FIELDS = _scalar_fields(SimConfig)
+POLICY_ARGS = _policy_arg_fields()
+# What a drawn key's section needs beside the bad value to be valid, so that an error, if
+# any, is about the bad value: keys under each prefix are drawn on this base.
+SECTION_BASES: dict[str, dict] = {
+    "elastic.schedule[0].": {"hardware": {"num_replicas": 2}, "elastic": {
+        "schedule": [{"at_s": 1.0, "pool": "default", "num_gpus": 1}]}},
+    "cluster.pools[0].": {"cluster": {"pools": [{"name": "a", "gpu": "h100-sxm"}]}},
+    "cluster.expert_pool.": {"model": "mixtral-8x7b", "cluster": {
+        "pools": [{"name": "p", "gpu": "h200", "role": "prefill"},
+                  {"name": "d", "gpu": "h200", "role": "decode"}],
+        "expert_pool": {"num_gpus": 2}}},
+    "engine.speculative.": {"engine": {"speculative": {
+        "method": "eagle3", "num_speculative_tokens": 3}}},
+    "group.": {"hardware": {"num_replicas": 2}},
+    "elastic.": {"hardware": {"num_replicas": 2}, "elastic": {"monitor_interval_s": 5.0}},
+    "hardware.ep.": {"model": "mixtral-8x7b", "hardware": {"gpu": "h200", "tp": 2, "ep": {}}},
+    "cluster.decode_router.": {"cluster": {"pools": [
+        {"name": "p", "gpu": "h100-sxm", "role": "prefill"},
+        {"name": "d", "gpu": "h100-sxm", "role": "decode"}]}},
+}
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
 
 
 def test_every_field_is_generated():
+    """The generator reaches every section, the ones added last included."""
     assert {"seed", "cluster.link.latency_s", "slo.ttft_s", "engine.block_size",
-            "workload.rate_per_s", "workload.prompt_tokens.value", "hardware.tp"} <= set(FIELDS)
+            "workload.rate_per_s", "workload.prompt_tokens.value", "hardware.tp",
+            "hardware.pp", "hardware.dp_attention", "engine.speculative.acceptance",
+            "engine.speculative.num_speculative_tokens", "cluster.expert_pool.num_gpus",
+            "group.min_compute_bound_batch", "elastic.monitor_interval_s",
+            "elastic.schedule[0].num_gpus", "elastic.schedule[0].pool", "cluster.pools[0].tp",
+            "elastic.trigger.name", "hardware.ep.scenario"} <= set(FIELDS)
+    drawn = {(w, n) for w, n, _ in POLICY_ARGS}
+    assert {("elastic.planner", "evolve"), ("elastic.trigger", "threshold"),
+            ("group.planner", "esp"), ("policy.batching", "token_budget"),
+            ("hardware.ep.balancer", "quota")} <= drawn
+    assert ("elastic.planner", "evolve", "sla_itl_s") in POLICY_ARGS
 
 
 def _data(base: dict, key: str, value: object) -> dict:
+    """``base`` with the drawn key's section made valid, then ``key`` set to ``value``."""
     data = copy.deepcopy(base)
+    for prefix, extra in SECTION_BASES.items():  # list items' prefixes come first
+        if key.startswith(prefix):
+            data = _merge(data, extra)
+            break
+    if "[0]." in key:
+        head, _, rest = key.partition("[0].")
+        node = data
+        for part in head.split("."):
+            node = node[part]
+        node[0][rest] = value
+        return data
     apply_override(data, key, value)
+    return data
+
+
+def _policy_data(base: dict, where: str, name: str, arg: str, value: object) -> dict:
+    """``base`` with the policy field ``where`` set to ``name`` and one argument to ``value``
+    (the balancer's arguments are ``hardware.ep.balancer_args``)."""
+    data = _data(base, f"{where}.name" if where != "hardware.ep.balancer" else where, name)
+    args = f"{where}.args.{arg}" if where != "hardware.ep.balancer" else \
+        f"hardware.ep.balancer_args.{arg}"
+    apply_override(data, args, value)
     return data
 
 
@@ -73,10 +169,15 @@ def outcome(fn, *args):
 
 
 def _check_rejection(err: FleetsimInputError, key: str) -> None:
+    """One line naming the field: its own name where the drawn key's section was made valid
+    (``SECTION_BASES``), else at least its table (a table missing its required keys)."""
     text = str(err)
     assert "\n" not in text
     leaf = key.rsplit(".", 1)[-1]
-    assert leaf in text or key.split(".")[0] in text, text
+    if key.startswith(tuple(SECTION_BASES)):
+        assert leaf in text, text
+    else:
+        assert leaf in text or key.split(".")[0] in text, text
 
 
 @settings(max_examples=300, deadline=None)
@@ -120,6 +221,72 @@ def test_cli_set_bad_value_exit_2_one_line(key, value, capsys, tmp_path):
     assert err.count("\n") == 1 and err.startswith("fleetsim: error: ")
     assert key.rsplit(".", 1)[-1] in err
     assert not (tmp_path / "o").exists()
+
+
+NEW_SECTIONS = ("group.", "elastic.", "cluster.expert_pool.", "engine.speculative.",
+                "hardware.pp", "hardware.dp_attention", "hardware.ep.", "cluster.pools[0].")
+NEW_FIELDS = [k for k in FIELDS if k.startswith(NEW_SECTIONS)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.sampled_from(NEW_FIELDS), value=st.sampled_from(BAD_VALUES))
+def test_new_sections_run_or_fail_naming_the_field(key, value):
+    """The sections added last ([group], [elastic], the expert pool, speculative decoding,
+    pipeline, attention DP, EP): a drawn bad value fails in one line naming the field, at
+    config or at run time, or the run summarizes finitely."""
+    data = _data(SYNTHETIC_BASE, key, value)
+    data["workload"] = {**data["workload"], "num_requests": 6}
+    result, err = outcome(lambda: run(config_from_dict(data)))
+    if err is not None:
+        _check_rejection(err, key)
+        return
+    assert non_finite_path(result.summary) is None
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arg=st.sampled_from(POLICY_ARGS), value=st.sampled_from(BAD_VALUES))
+def test_policy_arguments_run_or_fail_naming_the_argument(arg, value):
+    """Every argument of every registered policy (planners, triggers, group planners, routers,
+    batching policies, balancers): one line naming ``<field>.args.<argument>`` (or the
+    argument), or a run of finite numbers."""
+    where, name, key = arg
+    data = _policy_data(SYNTHETIC_BASE, where, name, key, value)
+    data["workload"] = {**data["workload"], "num_requests": 6}
+    result, err = outcome(lambda: run(config_from_dict(data)))
+    if err is not None:
+        assert "\n" not in str(err) and key in str(err), str(err)
+        return
+    assert non_finite_path(result.summary) is None
+
+
+@pytest.mark.parametrize("setting", [
+    "elastic.monitor_interval_s=0", "elastic.planner.args.seed=-1",
+    "elastic.planner.args.concurrency_targets=[1e300]", "elastic.planner.args.timeline=1",
+    "elastic.trigger.args.num_seen=3", "group.min_compute_bound_batch=0",
+    "engine.speculative.num_speculative_tokens=-1", "hardware.pp=0",
+])
+def test_cli_new_sections_exit_2_one_line_and_keep_what_was_written(setting, capsys,
+                                                                    tmp_path):
+    """The CLI's answer to a bad value of the sections added last: exit 2, one line naming the
+    field, no traceback, and an earlier run's results in --out left as they were."""
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "summary.json").write_text("{\"earlier\": 1}")
+    argv = ["run", "--out", str(out), "--force", "--set", "workload.max_requests=5",
+            "--set", setting]
+    if setting.startswith("elastic.") and "planner" in setting:
+        argv += ["--set", "elastic.planner.name=evolve"]
+    if setting.startswith("elastic.trigger"):
+        argv += ["--set", "elastic.trigger.name=periodic"]
+    if setting.startswith("engine.speculative"):
+        argv += ["--set", "engine.speculative.method=eagle3"]
+    code = main(argv)
+    err = capsys.readouterr()[1]
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("fleetsim: error: ") and "Traceback" not in err
+    assert setting.split("=")[0].rsplit(".", 1)[-1] in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+    assert (out / "summary.json").read_text() == "{\"earlier\": 1}"
 
 
 # ---- trace columns -----------------------------------------------------------------------

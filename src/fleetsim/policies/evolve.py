@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fleetsim.inputs import limits_of
 from fleetsim.registry import PolicySpec
 from fleetsim.serving.contract import (
     Deployment,
@@ -121,11 +122,11 @@ class EvolvePlanner:
     _pending: tuple[float, Policy] | None = field(default=None, repr=False)  # (ready at, winner)
     _start_s: float = field(default=0.0, repr=False)
     _busy_until_s: float = field(default=-math.inf, repr=False)  # the running search's end
-    timeline: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list, init=False)
     """One record per monitoring point and per swap (state, reported)."""
-    search_overhead_s: float = 0.0
+    search_overhead_s: float = field(default=0.0, init=False)
     """Modelled search time spent so far (state, reported)."""
-    llm_warning: str = ""
+    llm_warning: str = field(default="", init=False)
     """Why the LLM proposer is off, when its endpoint failed (state, reported)."""
     _replaced: dict[Policy, Policy] = field(default_factory=dict, repr=False)
     _num_written: int = field(default=0, repr=False)  # LLM-written policies so far
@@ -154,6 +155,18 @@ class EvolvePlanner:
         if not 0 < self.target_attainment <= 1:
             raise ValueError(f"target_attainment must be in (0, 1], got "
                              f"{self.target_attainment}")
+        if not 0 <= self.seed < 2**63:  # before numpy's own, less helpful, message
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        # The grid's values become the arguments of the planners and triggers it builds: held
+        # to their bounds here, so that a bad one is named as this planner's argument.
+        for name, values, arg in (("sla_itl_s", self.sla_itl_s, "itl_s"),
+                                  ("concurrency_targets", self.concurrency_targets,
+                                   "target_in_flight"),
+                                  ("periodic_every", self.periodic_every, "every")):
+            lo, hi = limits_of(arg)
+            if any(not lo <= v <= hi for v in values):
+                raise ValueError(f"{name} must be in [{lo:g}, {hi:g}] (the {arg} of the "
+                                 f"policies it spans), got {list(values)}")
         self._space = self.space()
         self._rng = np.random.default_rng(self.seed)
 

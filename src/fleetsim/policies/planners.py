@@ -159,6 +159,9 @@ class StaticPlanner:
     """Inter-token latency target, seconds."""
     _first: Deployment | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        SlaPlanner(self.ttft_s, self.itl_s)  # the targets it plans with, checked at build
+
     def plan(self, pools: Sequence[PoolState], window: MonitorWindow,
              now_s: float) -> Deployment:
         if self._first is None:
@@ -211,8 +214,8 @@ class Periodic:
 
     every: int = 1
     """Monitoring points between plans."""
-    num_seen: int = 0
-    """Monitoring points seen so far (state)."""
+    num_seen: int = field(default=0, init=False)
+    """Monitoring points seen so far (state, not an argument)."""
 
     def __post_init__(self) -> None:
         if self.every < 1:
