@@ -35,7 +35,7 @@ from fleetsim.perf.pipeline import (
     stage_spec,
 )
 from fleetsim.perf.plugins import make_step_model
-from fleetsim.perf.speculative import SpeculativeStepModel
+from fleetsim.perf.speculative import speculative_step_model
 from fleetsim.policies import make_batch_policy, make_group_planner, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.planners import make_planner, make_trigger
@@ -140,9 +140,10 @@ def _pool_error(where: str, err: FleetsimInputError) -> FleetsimInputError:
     return FleetsimInputError(f"{where}: {err.where}", err.value, err.fix)
 
 
-def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int, pp: int = 1
-                    ) -> StepTimeModel:
-    """The step model ``config.engine`` names, for one replica of ``tp`` x ``pp`` ``gpu``s."""
+def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int, pp: int = 1,
+                    *, speculate: bool = True) -> StepTimeModel:
+    """The step model ``config.engine`` names, for one replica of ``tp`` x ``pp`` ``gpu``s
+    (``speculate=False``: without ``engine.speculative``, for a caller that wraps more first)."""
     eng = config.engine
     model = quantize(model, config.quantization, eng.kv_cache_dtype)
     step_model = make_step_model(eng.step_model.name, eng.step_model.args, model, gpu, tp,
@@ -152,13 +153,8 @@ def pool_step_model(config: SimConfig, model: ModelSpec, gpu: GPUSpec, tp: int, 
                                  kernel_time_scale=eng.kernel_time_scale,
                                  async_scheduling=eng.async_scheduling,
                                  async_step_gap_s=eng.async_step_gap_s, pp=pp)
-    if eng.speculative is not None:
-        if pp > 1:
-            raise FleetsimInputError(
-                "engine.speculative", eng.speculative.method,
-                "speculative decoding is not priced with pipeline parallelism yet; remove "
-                "hardware.pp or engine.speculative")
-        step_model = SpeculativeStepModel(step_model, model, eng.speculative)
+    if eng.speculative is not None and speculate:
+        step_model = speculative_step_model(step_model, model, eng.speculative)
     return step_model
 
 
@@ -195,12 +191,9 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
         where = f"cluster.pools[{i}] ({pool.name})" if config.cluster.pools else "hardware"
         try:
             gpu = get_gpu(pool.gpu, config.hardware.catalog)
-            if pool.ep is not None and eng.speculative is not None:
-                raise FleetsimInputError(
-                    "engine.speculative", eng.speculative.method,
-                    "speculative decoding is not priced with expert parallelism yet; remove "
-                    "hardware.ep or engine.speculative")
-            step_model = pool_step_model(config, model, gpu, pool.tp, pool.pp)
+            # Step models wrap one another: speculation goes outermost, so that its verify
+            # pass is priced through the pipeline's stages and the EP model's experts.
+            step_model = pool_step_model(config, model, gpu, pool.tp, pool.pp, speculate=False)
             if pool.dp_attention > 1:
                 step_model, num_kv_blocks = wide_ep_pool(config, model, gpu, pool, step_model)
             elif pool.ep is not None and pool.pp > 1:
@@ -208,6 +201,8 @@ def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], l
             elif pool.ep is not None:
                 step_model = EpStepModel(step_model, model, gpu, pool.tp, pool.ep,
                                          seed=config.seed)
+            if eng.speculative is not None:  # dp_attention refused it above
+                step_model = speculative_step_model(step_model, model, eng.speculative)
             if pool.dp_attention > 1:
                 pass  # wide_ep_pool sized the ranks' KV
             elif pool.pp > 1:
@@ -282,9 +277,13 @@ def wide_ep_pool(config: SimConfig, model: ModelSpec, gpu: GPUSpec, pool: PoolCo
     experts over all their GPUs (``moe/wide_ep.py``); ``hardware.ep`` tunes the balancer."""
     eng = config.engine
     if eng.speculative is not None:
+        # Each attention rank's decode is priced from the one-token-per-sequence terms
+        # (decode_terms_s) that the wide-EP model balances across ranks; a verify pass of
+        # k + 1 positions has no such terms yet.
         raise FleetsimInputError("engine.speculative", eng.speculative.method,
-                                 "speculative decoding is not priced with dp_attention yet; "
-                                 "remove dp_attention or engine.speculative")
+                                 "speculative decoding is not priced with dp_attention: the "
+                                 "wide-EP model prices a rank's decode at one position per "
+                                 "sequence; remove dp_attention or engine.speculative")
     if not hasattr(step_model, "decode_terms_s"):
         raise FleetsimInputError("dp_attention", pool.dp_attention, "attention data "
                                  "parallelism needs the table step model; unset "
@@ -311,8 +310,8 @@ def pipeline_with_ep(config: SimConfig, model: ModelSpec, gpu: GPUSpec, pool: Po
     if not isinstance(pipeline, PipelineStepModel):  # make_step_model refuses plug-ins at pp>1
         raise FleetsimInputError("pp", pool.pp, "expert parallelism with pp needs the table "
                                  "step model")
-    whole = EpStepModel(pool_step_model(config, model, gpu, pool.tp), model, gpu, pool.tp,
-                        pool.ep, seed=config.seed)
+    whole = EpStepModel(pool_step_model(config, model, gpu, pool.tp, speculate=False), model,
+                        gpu, pool.tp, pool.ep, seed=config.seed)
     out = pipeline.with_moe_delta(whole._moe_delta_s, model.num_moe_layers,
                                   whole.sources["moe"] + " (per stage, its MoE layers)")
     out.ep_balance_ratio = whole.balance_ratio

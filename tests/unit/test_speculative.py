@@ -205,7 +205,8 @@ def test_run_speeds_up_batch_one_decoding():
     (["engine.speculative.method=mtp", "engine.speculative.num_speculative_tokens=2",
       "engine.speculative.acceptance=1.5"], "acceptance must be in (0, 1]"),
     (["engine.speculative.method=eagle", "engine.speculative.num_speculative_tokens=2",
-      "hardware.ep={}", "model=mixtral-8x7b", "hardware.tp=2"], "expert parallelism"),
+      "hardware.dp_attention=2", "model=mixtral-8x7b", "hardware.gpu=h200"],
+     "not priced with dp_attention: the wide-EP model prices a rank's decode at one position"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, sets, needle):
     argv = ["run", "--out", str(tmp_path / "o")]

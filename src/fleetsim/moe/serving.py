@@ -125,6 +125,28 @@ class EpStepModel:
         base_s = self.base.decode_step_times_s(num_decode, decode_kv_tokens)  # type: ignore[attr-defined]
         return base_s + self._moe_delta_s(num_decode)
 
+    # The shape-changing interface of the table model (``TableStepModel.step_parts_s``,
+    # ``cpu_s``, ``layer_pass_s``), so that speculative decoding (``perf/speculative.py``)
+    # wraps expert parallelism: its verify pass routes all ``n (k + 1)`` positions through the
+    # experts, so the EP change is taken at that token count.
+    def step_parts_s(self, prefill_chunks: Sequence[tuple[int, int]], num_tokens: int,
+                     num_seqs: int, num_decode: int, decode_kv_tokens: int) -> float:
+        """Kernel seconds of a step of these counts: the base's, MoE by expert parallelism."""
+        base_s = self.base.step_parts_s(  # type: ignore[attr-defined]
+            prefill_chunks, num_tokens, num_seqs, num_decode, decode_kv_tokens)
+        return base_s + self._moe_delta_s(num_tokens)
+
+    def cpu_s(self, num_seqs: int, kernels_s: float) -> float:
+        """The base's CPU cost (what async scheduling hides depends on the kernels given)."""
+        return self.base.cpu_s(num_seqs, kernels_s)  # type: ignore[attr-defined,no-any-return]
+
+    def layer_pass_s(self, num_tokens: int, num_decode: int, decode_kv_tokens: int,
+                     num_layers: int) -> float:
+        """One average layer of the base plus its share of the EP change (a draft head)."""
+        base_s = self.base.layer_pass_s(  # type: ignore[attr-defined]
+            num_tokens, num_decode, decode_kv_tokens, num_layers)
+        return base_s + self._moe_delta_s(num_tokens) / num_layers
+
     def decode_terms_s(self, num_decode: int) -> tuple[float, float, float]:
         """``step_time_s((), n, kv) == (base + per_kv * kv) + extra``, bit for bit."""
         base, per_kv, extra = self.base.decode_terms_s(num_decode)  # type: ignore[attr-defined]

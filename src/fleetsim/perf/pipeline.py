@@ -24,6 +24,15 @@ them uneven after a burst). With async scheduling (vLLM >= 0.14 with PP, PR #323
 cost leaves the trip and only ``async_step_gap_s`` remains in it. The engine's one token budget
 covers the whole step (vLLM gives each in-flight batch its own; docs/parallelism.md says when
 that matters).
+
+Speculative decoding (``with_speculation``): every stage runs the verify pass of its layers,
+``k + 1`` positions per decoding sequence (the token-indexed terms see them all; decode
+attention reads each sequence's KV once, as ``perf/speculative.py`` prices it), the last stage
+samples at every verified position, and the drafter runs on the last stage only: vLLM V1 puts
+"the entire draft model on the last PP rank" (``GPUModelRunner.__init__``,
+vllm/v1/worker/gpu_model_runner.py), so its ``k`` passes (one over the micro-batch's tokens,
+``k - 1`` over one token per sequence) join that stage's time, each priced as one average layer
+of the stage plus the LM head and sampler (``TableStepModel.layer_pass_s``'s rule).
 """
 
 from __future__ import annotations
@@ -148,6 +157,10 @@ class PipelineStepModel:
         self.moe_delta_s: Callable[[float], float] | None = None
         self.moe_share = [0.0] * self.pp
         self.ep_balance_ratio: float | None = None  # the EP balancer's slowdown, when set
+        # Speculative decoding (``with_speculation``): positions verified per decoding
+        # sequence (k + 1; 1: off) and draft passes on the last stage (k; 0 for n-gram).
+        self.num_verify = 1
+        self.num_draft_passes = 0
         first = self.stages[0]
         self.sources = dict(getattr(first, "sources", {}))
         links = ", ".join(f"{b / 1e9:g} GB/s" for b in self.send_bw)
@@ -166,22 +179,54 @@ class PipelineStepModel:
         out.sources = {**self.sources, "moe": source}
         return out
 
+    def with_speculation(self, num_speculative_tokens: int, num_draft_passes: int,
+                         source: str) -> PipelineStepModel:
+        """A copy that verifies ``num_speculative_tokens + 1`` positions per decoding
+        sequence on every stage and runs ``num_draft_passes`` draft-head passes on the last
+        (module docstring); ``(0, 0)`` prices exactly as this pipeline does."""
+        out = copy.copy(self)
+        out.num_verify = num_speculative_tokens + 1
+        out.num_draft_passes = num_draft_passes
+        out.sources = {**self.sources, "speculative": source}
+        return out
+
+    def _draft_s(self, num_tokens: float, num_decode: float) -> tuple[float, float]:
+        """The drafter's KV-free seconds and seconds per KV token on the last stage: one
+        pass over the micro-batch's tokens, the rest over one token per sequence."""
+        s = self.stages[-1]
+        layers = s.model.num_layers
+        per_kv = s._dec_c.at(num_decode) / layers
+        first = (s._tok.at(num_tokens) + s._dec_a.at(num_decode)) / layers
+        rest = (s._tok.at(num_decode) + s._dec_a.at(num_decode)) / layers
+        if self.moe_delta_s is not None:  # the head's MoE, as one layer of the EP model's
+            num_layers = sum(t.model.num_layers for t in self.stages)
+            first += self.moe_delta_s(num_tokens) / num_layers
+            rest += self.moe_delta_s(num_decode) / num_layers
+        sample = s._seq.at(num_decode)
+        passes = self.num_draft_passes
+        return first + sample + (passes - 1) * (rest + sample), passes * per_kv
+
     def _parts_s(self, num_tokens: float, num_seqs: float, num_decode: float,
-                 prefill_att_s: Sequence[float] | None
+                 prefill_att_s: Sequence[float] | None, num_sampled: float | None = None
                  ) -> tuple[float, float, list[float], list[float]]:
         """For one micro-batch: CPU cost, total sends, and per stage the KV-free kernel
-        time and the decode seconds per KV token."""
+        time and the decode seconds per KV token. ``num_sampled``: positions the last stage
+        samples (None: one per sequence)."""
         cpu = self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs
         fixed, per_kv = [], []
         last = self.pp - 1
         for i, s in enumerate(self.stages):
             t = s._tok.at(num_tokens) + s._dec_a.at(num_decode)
             if i == last:  # the LM head and the sampler run on the last stage only
-                t = t + s._seq.at(num_seqs)
+                t = t + s._seq.at(num_seqs if num_sampled is None else num_sampled)
             if self.moe_delta_s is not None:
                 t = t + self.moe_share[i] * self.moe_delta_s(num_tokens)
             fixed.append(t if prefill_att_s is None else t + prefill_att_s[i])
             per_kv.append(s._dec_c.at(num_decode))
+        if self.num_draft_passes and num_decode:
+            draft, draft_per_kv = self._draft_s(num_tokens, num_decode)
+            fixed[last] += draft
+            per_kv[last] += draft_per_kv
         msg = self.send_bytes_per_token * num_tokens
         sends = 0.0
         for bw in self.send_bw:
@@ -197,7 +242,8 @@ class PipelineStepModel:
     def step_time_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
                     decode_kv_tokens: int) -> float:
         """Seconds between two steps of a request (see the module docstring)."""
-        num_tokens = num_decode
+        verify = num_decode * self.num_verify  # positions of the decodes (1 each unspeculated)
+        num_tokens = verify
         for new, _ in prefill_chunks:
             num_tokens += new
         num_seqs = num_decode + len(prefill_chunks)
@@ -206,15 +252,16 @@ class PipelineStepModel:
         if prefill_chunks:
             att = [s._prefill_attention_s(prefill_chunks) / m for s in self.stages]
         cpu, sends, fixed, per_kv = self._parts_s(num_tokens / m, num_seqs / m, num_decode / m,
-                                                  att)
+                                                  att, (verify + len(prefill_chunks)) / m)
         return self._period(cpu, sends, fixed, per_kv, decode_kv_tokens / m, m)
 
     def decode_step_times_s(self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
                             ) -> NDArray[np.float64]:
         """``step_time_s((), num_decode, kv)`` per element, bit for bit (same float ops)."""
         m = min(num_decode, self.pp) or 1
+        verify = num_decode * self.num_verify
         cpu, sends, fixed, per_kv = self._parts_s(
-            num_decode / m, num_decode / m, num_decode / m, None)
+            verify / m, num_decode / m, num_decode / m, None, verify / m)
         kv = np.asarray(decode_kv_tokens).astype(np.float64) / m
         trip = np.full(kv.shape, (self.async_step_gap_s if self.async_scheduling else cpu)
                        + sends)

@@ -40,6 +40,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.models import ModelSpec
 from fleetsim.models.speculative import SpeculativeConfig
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.perf.pipeline import PipelineStepModel
 
 
 class SpeculativeStepModel:
@@ -57,6 +58,8 @@ class SpeculativeStepModel:
         self.num_verify = spec.num_speculative_tokens + 1
         self.num_draft_passes = 0 if spec.method == "ngram" else spec.num_speculative_tokens
         self.sources: dict[str, str] = dict(getattr(inner, "sources", {}))
+        # expert parallelism underneath (``EpStepModel``): its balancer's slowdown, reported
+        self.ep_balance_ratio: float | None = getattr(inner, "balance_ratio", None)
         draft = ("n-gram lookup on the CPU (not priced)" if spec.method == "ngram" else
                  f"{spec.method} head: {self.num_draft_passes} one-layer passes")
         self.sources["speculative"] = (f"verify {self.num_verify} positions per decode; "
@@ -87,3 +90,19 @@ class SpeculativeStepModel:
     def decode_step_times_s(self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
                             ) -> NDArray[np.float64]:
         return np.array([self.step_time_s((), num_decode, int(kv)) for kv in decode_kv_tokens])
+
+
+def speculative_step_model(inner: StepTimeModel, model: ModelSpec, spec: SpeculativeConfig
+                           ) -> StepTimeModel:
+    """Speculative decoding over ``inner``: a pipeline verifies on every stage and drafts on
+    the last (``PipelineStepModel.with_speculation``); a table model, or expert parallelism
+    over one (``EpStepModel``), is wrapped in ``SpeculativeStepModel``."""
+    if isinstance(inner, PipelineStepModel):
+        passes = 0 if spec.method == "ngram" else spec.num_speculative_tokens
+        draft = ("n-gram lookup on the CPU (not priced)" if not passes else
+                 f"{spec.method} head on the last stage: {passes} one-layer passes")
+        return inner.with_speculation(
+            spec.num_speculative_tokens, passes,
+            f"verify {spec.num_speculative_tokens + 1} positions per decode on every stage; "
+            f"draft: {draft}")
+    return SpeculativeStepModel(inner, model, spec)
