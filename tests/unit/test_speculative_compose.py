@@ -150,3 +150,15 @@ def test_speculation_runs_with_pipeline_and_expert_parallelism(layout):
                     "engine.speculative.num_speculative_tokens=3")
     assert fast["num_finished"] == base["num_finished"] == 8
     assert fast["tpot_s"]["mean"] < 0.7 * base["tpot_s"]["mean"]
+
+
+def test_plan_tries_pipeline_shapes_with_speculation():
+    """``fleetsim plan --pp 1,2 --speculative``: pipeline shapes get the speculative twin too
+    (they used to run without it); wide-EP shapes still do not."""
+    from fleetsim.search.plan import enumerate_shapes
+
+    shapes = enumerate_shapes(["h100"], [4], 8, pps=(1, 2), speculative=(None, EAGLE3),
+                              dp_attention=(1, 2))
+    piped = [s for s in shapes if s.pools[0].pp == 2]
+    assert piped and {s.speculative for s in piped} == {None, EAGLE3}
+    assert all(s.speculative is None for s in shapes if s.pools[0].dp_attention > 1)

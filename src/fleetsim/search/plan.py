@@ -123,8 +123,8 @@ def enumerate_shapes(
     """Mixed shapes (each GPU x TP x PP x power-of-two replicas within ``max_gpus``) and,
     with ``pd``, prefill/decode shapes for each ratio, each (prefill GPU, decode GPU) pair,
     TP and PP, scaled by powers of two while they fit ``max_gpus``; each once per
-    ``speculative`` setting (the speculative on/off axis; speculation is not priced with
-    pipeline stages, so a shape with pp > 1 runs without it). GPU names are canonicalized.
+    ``speculative`` setting (the speculative on/off axis, pipeline shapes included: every
+    stage verifies, the last drafts; docs/parallelism.md). GPU names are canonicalized.
 
     ``dp_attention`` (the wide-EP axis, ``search/dp_axis.py``): each value > 1 adds mixed
     shapes of replicas of that many attention ranks of ``tp`` GPUs (dp x tp GPUs a replica),
@@ -135,7 +135,7 @@ def enumerate_shapes(
     shapes += _wide_ep_layouts(gpus, tps, max_gpus, catalog, [d for d in dp_attention if d > 1])
     return [dataclasses.replace(shape, speculative=spec)
             for spec in speculative for shape in shapes
-            if spec is None or all(p.pp == 1 and p.dp_attention == 1 for p in shape.pools)]
+            if spec is None or all(p.dp_attention == 1 for p in shape.pools)]
 
 
 def _wide_ep_layouts(gpus: Sequence[str], tps: Sequence[int], max_gpus: int,
