@@ -259,32 +259,37 @@ def test_policy_arguments_run_or_fail_naming_the_argument(arg, value):
     assert non_finite_path(result.summary) is None
 
 
-@pytest.mark.parametrize("setting", [
-    "elastic.monitor_interval_s=0", "elastic.planner.args.seed=-1",
-    "elastic.planner.args.concurrency_targets=[1e300]", "elastic.planner.args.timeline=1",
-    "elastic.trigger.args.num_seen=3", "group.min_compute_bound_batch=0",
-    "engine.speculative.num_speculative_tokens=-1", "hardware.pp=0",
+EVOLVE = "elastic.planner.name=evolve"
+
+
+@pytest.mark.parametrize("settings", [
+    ["elastic.monitor_interval_s=0"],
+    [EVOLVE, "elastic.planner.args.seed=-1"],
+    [EVOLVE, "elastic.planner.args.concurrency_targets=[1e300]"],
+    [EVOLVE, "elastic.planner.args.timeline=1"],
+    ["elastic.planner.name=static", "elastic.planner.args.ttft_s=0"],
+    ["elastic.trigger.name=periodic", "elastic.trigger.args.num_seen=3"],
+    ["group.min_compute_bound_batch=0"],
+    ["engine.speculative.method=eagle3", "engine.speculative.num_speculative_tokens=-1"],
+    ["hardware.pp=0"],
+    ["cluster.router.name=mooncake", "cluster.router.args.store_bytes=1e9"],
 ])
-def test_cli_new_sections_exit_2_one_line_and_keep_what_was_written(setting, capsys,
+def test_cli_new_sections_exit_2_one_line_and_keep_what_was_written(settings, capsys,
                                                                     tmp_path):
-    """The CLI's answer to a bad value of the sections added last: exit 2, one line naming the
-    field, no traceback, and an earlier run's results in --out left as they were."""
+    """The CLI's answer to a bad value of the sections added last (found by the generated
+    tests above where they once gave a traceback): exit 2, one line naming the field, no
+    traceback, and an earlier run's results in --out left as they were."""
     out = tmp_path / "o"
     out.mkdir()
     (out / "summary.json").write_text("{\"earlier\": 1}")
-    argv = ["run", "--out", str(out), "--force", "--set", "workload.max_requests=5",
-            "--set", setting]
-    if setting.startswith("elastic.") and "planner" in setting:
-        argv += ["--set", "elastic.planner.name=evolve"]
-    if setting.startswith("elastic.trigger"):
-        argv += ["--set", "elastic.trigger.name=periodic"]
-    if setting.startswith("engine.speculative"):
-        argv += ["--set", "engine.speculative.method=eagle3"]
+    argv = ["run", "--out", str(out), "--force", "--set", "workload.max_requests=5"]
+    for setting in settings:
+        argv += ["--set", setting]
     code = main(argv)
     err = capsys.readouterr()[1]
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("fleetsim: error: ") and "Traceback" not in err
-    assert setting.split("=")[0].rsplit(".", 1)[-1] in err, err
+    assert settings[-1].split("=")[0].rsplit(".", 1)[-1] in err, err
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
     assert (out / "summary.json").read_text() == "{\"earlier\": 1}"
 

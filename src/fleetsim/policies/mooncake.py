@@ -34,6 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetsim.errors import FleetsimInputError
 from fleetsim.policies.routing import register_router
 from fleetsim.serving.contract import ClusterView
 from fleetsim.serving.request import RELOADING, Request
@@ -84,9 +85,11 @@ class Mooncake:
             replica = placement.replicas[view.replica_id]
             self._hbt = replica.kv.hash_block_tokens or 0
             if self.store_bytes > 0:
-                if replica.host is None:
-                    raise ValueError("the mooncake store is read over each prefill replica's "
-                                     "host link: set engine.swap_space_gib > 0")
+                if replica.host is None:  # bad input, met when the cluster is wired
+                    raise FleetsimInputError(
+                        "cluster.router.args.store_bytes", self.store_bytes,
+                        "the mooncake store is read over each prefill replica's host link: "
+                        "set engine.swap_space_gib > 0, or store_bytes = 0 for no store")
                 replica.prefix_fetch = self._fetch
         if self._hbt:
             self._capacity = int(self.store_bytes // (self._hbt * self._kv_bytes_per_token))
