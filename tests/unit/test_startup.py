@@ -16,7 +16,7 @@ import pytest
 from fleetsim import cli
 from fleetsim.perf import ops, tables
 
-HEAVY = ("numpy", "rich", "pyarrow", "pandas", "aiconfigurator_core")
+HEAVY = ("numpy", "rich", "pyarrow", "pandas", "aiconfigurator_core", "urllib.request")
 SRC = str(Path(cli.__file__).resolve().parents[1])
 
 
@@ -50,6 +50,7 @@ def test_a_run_reads_cached_tables_without_pyarrow(tmp_path):
     assert "pyarrow" in loaded_first
     second, loaded_second = _modules_after(code, tmp_path)
     assert "pyarrow" not in loaded_second and "pandas" not in loaded_second
+    assert "urllib.request" not in loaded_second  # only the LLM proposer's requests need it
     assert json.loads(first) == json.loads(second)
 
 
