@@ -37,12 +37,10 @@ $(NATIVE): $(RUN_STAMP) $(SOURCES) tools/build_native.py
 run: setup-run native
 	$(VENV)/bin/fleetsim run --out results/default --force
 
-# Every test on the pure-Python sources (the reference), then again on the compiled engine
-# every test that runs compiled code: --compiled-pass leaves out the files that
-# tests/builds.py lists as running none (a watch in the pure pass checks that list).
+# Every test twice: on the pure-Python sources (the reference) and on the compiled engine.
 test: setup native
 	FLEETSIM_PURE=1 $(PY) -m pytest -n 2 tests
-	$(PY) -m pytest -n 2 tests --compiled-pass
+	$(PY) -m pytest -n 2 tests
 
 # Re-record docs/scoreboard.json from a full run of every reproduction (5-10 minutes on two
 # busy cores) and regenerate the table of docs/reproductions.md from it.

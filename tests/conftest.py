@@ -11,15 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# Which tests run in which build of make test: tests/builds.py (its hooks, registered here).
-from tests.builds import (  # noqa: F401
-    pytest_addoption,
-    pytest_collection_modifyitems,
-    pytest_runtest_call,
-    pytest_runtest_setup,
-    pytest_runtest_teardown,
-)
-
 from fleetsim.perf.base import ConstantStepModel, LinearStepModel
 from fleetsim.policies import TokenBudgetPlanner, make_ordering
 from fleetsim.serving.driver import simulate_replica
