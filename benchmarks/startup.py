@@ -36,7 +36,10 @@ def commands(out_dir: str) -> dict[str, list[str]]:
 def timed(src: Path, argv: list[str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of ``python -m fleetsim ARGV`` with ``src`` first on the
     path."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    # The warm-up run writes the bytecode caches an installed package has (pip compiles at
+    # install): PYTHONDONTWRITEBYTECODE would time a compile of the package in every run.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(src)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "fleetsim", *argv], env=env, check=True,

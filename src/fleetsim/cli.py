@@ -287,8 +287,6 @@ def bench_date() -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from fleetsim.config import load_config
     from fleetsim.results import check_out_dir, check_out_file, fresh_out_dir, write_run
     from fleetsim.vllm_json import parse_metrics, parse_percentiles, vllm_result
@@ -306,8 +304,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     parse_metrics(args.percentile_metrics)
     if args.vllm_json:
         check_out_file(Path(args.vllm_json), "--vllm-json")
-    console = Console(stderr=True)
-    result = _run_with_progress(config, console)
+    result = _run_with_progress(config, _progress_console())
     write_run(out, result.summary, result.config, result.records.requests, result.unfinished)
     if args.vllm_json:
         from fleetsim.inputs import to_json
@@ -363,10 +360,25 @@ def hardware_overrides(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _run_with_progress(config: Any, console: Console) -> Any:
+def _progress_console() -> Console | None:
+    """rich's console on stderr when its progress bar can show there, else None.
+
+    rich.console costs about 50 ms of a short run's start-up, so a pipe or a file (the tests,
+    scripts, ``--format json``) does not import it, unless rich is told to treat it as a
+    terminal (``FORCE_COLOR``, ``TTY_COMPATIBLE``): then rich decides, as before.
+    """
+    if not sys.stderr.isatty() and not {"FORCE_COLOR", "TTY_COMPATIBLE"} & set(os.environ):
+        return None
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    return console if console.is_terminal else None
+
+
+def _run_with_progress(config: Any, console: Console | None) -> Any:
     from fleetsim.run import run
 
-    if not console.is_terminal:
+    if console is None:
         return run(config)
     from rich.progress import (
         BarColumn,

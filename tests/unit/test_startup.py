@@ -16,7 +16,7 @@ import pytest
 from fleetsim import cli
 from fleetsim.perf import ops, tables
 
-HEAVY = ("numpy", "rich", "pyarrow", "pandas", "aiconfigurator_core")
+HEAVY = ("numpy", "rich", "pyarrow", "pandas", "aiconfigurator_core", "urllib.request")
 SRC = str(Path(cli.__file__).resolve().parents[1])
 
 
@@ -50,7 +50,20 @@ def test_a_run_reads_cached_tables_without_pyarrow(tmp_path):
     assert "pyarrow" in loaded_first
     second, loaded_second = _modules_after(code, tmp_path)
     assert "pyarrow" not in loaded_second and "pandas" not in loaded_second
+    assert "urllib.request" not in loaded_second  # only the LLM proposer's requests need it
+    assert "rich" not in loaded_second  # stderr is a pipe: no progress bar, no rich
     assert json.loads(first) == json.loads(second)
+
+
+def test_a_run_on_a_terminal_still_draws_its_progress_bar(tmp_path, capsys, monkeypatch):
+    """rich is skipped only where its bar could not show: told stderr is a terminal
+    (TTY_COMPATIBLE, as rich reads it), the run draws the bar."""
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["run", "--format", "json", "--out", str(tmp_path / "res"),
+                     "--set", "workload.max_requests=20"]) == 0
+    err = capsys.readouterr().err
+    assert "simulating" in err and "ETA" in err
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

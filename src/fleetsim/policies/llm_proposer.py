@@ -24,7 +24,6 @@ import json
 import math
 import re
 import sys
-import urllib.request
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -68,6 +67,10 @@ def _import(name: str, globals_: Any = None, locals_: Any = None, fromlist: Any 
 
 def ask(url: str, model: str, prompt: str, timeout_s: float) -> str:
     """The reply's text; raises ``OSError`` (``URLError``, timeouts) or ``ValueError``."""
+    # Imported here: urllib.request pulls in http.client, email and ssl (about 30 ms of every
+    # run's start-up otherwise), and only a run with an LLM proposer asks.
+    import urllib.request
+
     body = json.dumps({"model": model, "temperature": 0,
                        "messages": [{"role": "user", "content": prompt}]}).encode()
     req = urllib.request.Request(url.rstrip("/") + "/chat/completions", data=body,
