@@ -1,0 +1,84 @@
+"""L-Eval's request lengths (``fleetsim.workloads.leval``) against its published Table 1, and
+LoongServe's entry against the authors' notebook (``repro/loongserve.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fleetsim.workloads import leval
+
+
+def test_table_transcription_matches_the_published_totals():
+    # the abstract's 20 sub-tasks and 508 documents; the repository README's 2,197 pairs
+    assert len(leval.TASKS) == 20
+    assert sum(t.num_documents for t in leval.TASKS) == 508
+    assert sum(t.num_instructions for t in leval.TASKS) == 2197
+    assert max(t.max_input_tokens for t in leval.TASKS) == 210_541  # NarrativeQA's longest
+    assert leval.mean_prompt_tokens() == pytest.approx(16_365, abs=1)
+
+
+@pytest.mark.parametrize("task", leval.TASKS, ids=lambda t: t.name)
+def test_each_task_draws_its_published_mean_within_its_range(task):
+    c = leval.power_exponent(task)
+    mean = leval._mean_fraction(c, leval.MIN_INPUT_TOKENS / task.max_input_tokens)
+    assert mean * task.max_input_tokens == pytest.approx(task.mean_input_tokens, rel=1e-6)
+    prompt, out = leval.lengths(200_000, np.random.default_rng(1))
+    # the task's requests, picked out by its output length where that is unique
+    outs = [leval.output_tokens(t) for t in leval.TASKS]
+    if outs.count(leval.output_tokens(task)) == 1:
+        mine = prompt[out == leval.output_tokens(task)]
+        assert mine.min() >= leval.MIN_INPUT_TOKENS
+        assert mine.max() <= task.max_input_tokens
+        se = mine.std() / np.sqrt(len(mine))
+        assert abs(mine.mean() - task.mean_input_tokens) < 5 * se + 1
+
+
+def test_requests_follow_the_instruction_shares_and_answer_lengths():
+    prompt, out = leval.lengths(100_000, np.random.default_rng(2))
+    se = prompt.std() / np.sqrt(len(prompt))
+    assert abs(prompt.mean() - leval.mean_prompt_tokens()) < 5 * se
+    # summaries (hundreds of tokens) are 2% of requests, one-letter answers about a third
+    share_one = np.mean(out == 1)
+    expected_one = sum(w for w, t in zip(leval.request_weights(), leval.TASKS, strict=True)
+                       if leval.output_tokens(t) == 1)
+    assert share_one == pytest.approx(expected_one, abs=0.01)
+    assert out.max() == max(leval.output_tokens(t) for t in leval.TASKS)
+
+
+def test_loongserve_leval_is_the_published_model_not_the_stated_range():
+    from fleetsim.repro.loongserve_workload import lengths
+    prompt, _ = lengths("leval", 6000, np.random.default_rng(3))
+    # the earlier log-uniform over the stated 3k-200k range averaged 46.9k tokens
+    assert prompt.mean() < 20_000
+    assert abs(prompt.mean() - leval.mean_prompt_tokens()) < 5 * prompt.std() / np.sqrt(6000)
+
+
+def test_paper_ratio_is_the_notebooks_mixed_panel():
+    from fleetsim.repro.frame import get_reproduction
+    from fleetsim.repro.loongserve import PUBLISHED
+    entry = get_reproduction("loongserve")
+    mixed = PUBLISHED["mixed"]
+    assert entry.paper_ratio == pytest.approx(mixed["loongserve"][0] / mixed["lightllm-sf"][0],
+                                              abs=0.01)
+    assert "6-data-analyse-evaluation.ipynb" in entry.paper_ratio_source
+    # the abstract's 5.81x is the same notebook's L-Eval panel against DistServe (its rates
+    # are printed to 3 places)
+    leval_ = PUBLISHED["leval"]
+    assert leval_["loongserve"][0] / leval_["distserve"][0] == pytest.approx(5.81, abs=0.02)
+
+
+def test_published_notes_give_each_systems_absolute_error():
+    from fleetsim.repro.loongserve import PUBLISHED, published_notes
+    rates = (0.1, 0.2, 0.4)
+    # per-token curves (s/token) crossing 70 ms at 0.3 (loongserve), at 0.15 (others)
+    ls = {"0.1": (0.01, 0.01, 0.01), "0.2": (0.03, 0.01, 0.01), "0.4": (0.11, 0.01, 0.01)}
+    other = {"0.1": (0.05, 0.01, 0.01), "0.2": (0.09, 0.01, 0.01), "0.4": (0.2, 0.01, 0.01)}
+    curves = {"mixed": {s: (ls if s == "loongserve" else other) for s in PUBLISHED["mixed"]}}
+    notes = published_notes(curves, {"mixed": rates})
+    per_token = next(n for n in notes if "per-token" in n)
+    assert "loongserve 0.300 vs 0.553 (-46%)" in per_token
+    assert "lightllm-sf 0.150 vs 0.144 (+4%)" in per_token
+    assert "vs lightllm-sf 3.84x" in per_token
+    output = next(n for n in notes if "output-token" in n)
+    assert "loongserve >= 0.4 vs inf (never crossed)" in output
