@@ -82,3 +82,5 @@ def test_published_notes_give_each_systems_absolute_error():
     assert "vs lightllm-sf 3.84x" in per_token
     output = next(n for n in notes if "output-token" in n)
     assert "loongserve >= 0.4 vs inf (never crossed)" in output
+    input_token = next(n for n in notes if "input-token" in n)  # never crossed 90 ms here
+    assert "lightllm-sf >= 0.4 vs 0.153 (>= +161%)" in input_token

@@ -292,7 +292,8 @@ def published_notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...
                 ours = _max_rate(rates, [v[col] for v in curves[dataset][system].values()],
                                  slo)
                 parts.append(f"{system} {_fmt_rate(ours, rates[-1])} vs "
-                             f"{_fmt_published(values[col])}{_rel_error(ours, values[col])}")
+                             f"{_fmt_published(values[col])}"
+                             f"{_rel_error(ours, values[col], rates[-1])}")
                 if system != "loongserve" and values[col] and published["loongserve"][col]:
                     ratios.append(f"vs {system} {published['loongserve'][col] / values[col]:.2f}x")
             notes.append(f"{dataset}, max req/s at the {name} SLO, fleetsim vs {NOTEBOOK}: "
@@ -305,10 +306,11 @@ def _fmt_published(value: float | None) -> str:
     return "inf (never crossed)" if value is None else f"{value:g}"
 
 
-def _rel_error(ours: float | None, published: float | None) -> str:
+def _rel_error(ours: float | None, published: float | None, top: float) -> str:
     if ours is None or published is None:
         return ""
-    return f" ({ours / published - 1:+.0%})"
+    bound = ">= " if ours >= top else ""  # not crossed in the sweep: a lower bound
+    return f" ({bound}{ours / published - 1:+.0%})"
 
 
 def _fmt_rate(value: float | None, last: float) -> str:
