@@ -84,3 +84,21 @@ def test_published_notes_give_each_systems_absolute_error():
     assert "loongserve >= 0.4 vs inf (never crossed)" in output
     input_token = next(n for n in notes if "input-token" in n)  # never crossed 90 ms here
     assert "lightllm-sf >= 0.4 vs 0.153 (>= +161%)" in input_token
+
+
+def test_a_curve_past_every_slo_stops_without_moving_its_crossings():
+    from fleetsim.repro.loongserve import _max_rate, _past_every_slo
+    rates = (0.1, 0.2, 0.4, 0.8)
+    # Mixed SLOs 70 / 90 / 360 ms; the output column crosses only at 0.4
+    full = [(0.01, 0.02, 0.1), (0.08, 0.1, 0.2), (0.2, 0.3, 0.4), (0.05, 0.05, 0.05)]
+    curve: dict[str, tuple[float, float, float]] = {}
+    for rate, value in zip(rates, full, strict=True):
+        if _past_every_slo(curve, "mixed"):
+            break
+        curve[f"{rate:g}"] = value
+    assert list(curve) == ["0.1", "0.2", "0.4"]  # 0.8 not run
+    slos = (0.07, 0.09, 0.36)
+    for col, slo in enumerate(slos):
+        kept = [v[col] for v in curve.values()]
+        assert _max_rate(rates, kept, slo) == _max_rate(rates, [v[col] for v in full], slo)
+    assert not _past_every_slo({"0.1": (0.2, 0.3, 0.1)}, "mixed")  # output column not yet

@@ -126,12 +126,15 @@ def compare(ctx: ReproContext) -> Comparison:
             wl = workload(dataset, n, rate, seed=seed)
             for system in systems_for(dataset):
                 label = f"{rate:g}"
+                if not ctx.quick and _past_every_slo(curves[dataset][system], dataset):
+                    continue  # its crossings are set (CPU time); the quick slice runs all
                 if ctx.progress is not None:
                     ctx.progress(f"{system} {dataset} @ {label} req/s")
                 curves[dataset][system][label] = _run(ctx, system, dataset, rate, seed, wl, esp)
     main = curves["mixed"]
     results: dict[str, dict[str, float | None]] = {
-        s: {label: v[0] for label, v in main[s].items()} for s in main}
+        s: {f"{r:g}": (main[s][f"{r:g}"][0] if f"{r:g}" in main[s] else None)
+            for r in rates_by["mixed"]} for s in main}
     rates = rates_by["mixed"]
     at_slo = {s: _max_rate(rates, [v[0] for v in main[s].values()], SLO_MS["mixed"][0] / 1e3)
               for s in main}
@@ -225,13 +228,20 @@ def latency_metrics(arrival_s: Any, first_token_s: Any, finish_s: Any, prompt: A
     return (float(np.mean(latency / (p + o))), float(np.mean(ttft / p)), float(np.mean(tpot)))
 
 
+def _past_every_slo(curve: dict[str, tuple[float, float, float]], dataset: str) -> bool:
+    """Whether a system's curve has reached every SLO column at some swept rate: its first
+    crossings (all ``_max_rate`` reads) are then set, and higher rates cannot move them."""
+    return bool(curve) and all(any(v[col] >= SLO_MS[dataset][col] / 1e3
+                                   for v in curve.values()) for col in range(3))
+
+
 def _max_rate(rates: Sequence[float], values: Sequence[float], slo: float) -> float | None:
     """The artifact's ``get_intersection_point``: the first rate where the curve crosses the
     SLO, linearly interpolated; the last rate if it never does (a lower bound), None if even
-    the first rate misses it."""
+    the first rate misses it. ``values`` may stop short of ``rates`` once it has crossed."""
     if values[0] > slo:
         return None
-    for i in range(len(rates) - 1):
+    for i in range(min(len(rates), len(values)) - 1):
         if (values[i] >= slo) != (values[i + 1] >= slo):
             return rates[i] + (rates[i + 1] - rates[i]) * (slo - values[i]) / (
                 values[i + 1] - values[i])
@@ -271,8 +281,9 @@ def _notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...]],
     for dataset, by_system in curves.items():
         notes.append(f"{dataset} per-token latency (ms) per rate "
                      f"{'/'.join(f'{r:g}' for r in rates_by[dataset])}: " + "; ".join(
-                         f"{s} " + "/".join(f"{v[0] * 1e3:.1f}" for v in by_system[s].values())
-                         for s in by_system))
+                         f"{s} " + "/".join(_fmt_ms(by_system[s].get(f"{r:g}"))
+                                            for r in rates_by[dataset])
+                         for s in by_system) + " (-: not run, past every SLO already)")
     return notes
 
 
@@ -300,6 +311,10 @@ def published_notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...
                          + ", ".join(parts) + ("; published ratios " + ", ".join(ratios)
                                                if ratios else ""))
     return notes
+
+
+def _fmt_ms(value: tuple[float, float, float] | None) -> str:
+    return "-" if value is None else f"{value[0] * 1e3:.1f}"
 
 
 def _fmt_published(value: float | None) -> str:
