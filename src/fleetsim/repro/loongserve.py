@@ -26,14 +26,18 @@ README.md`` and ``test/longserve/5-start-api-server.py``), except where marked:
   has;
 - ``loongserve-no-esp``: the same 4 x TP 2 gang with a fixed degree of parallelism (every
   prefill on all instances, decode batches always lent): the artifact's "w/o ESP (TP=2, SP=4)";
-- workloads: see ``loongserve_workload`` (ShareGPT lengths embedded; L-Eval and LV-Eval from
-  their stated length ranges, since their texts are not reachable offline);
+- workloads: see ``loongserve_workload`` (ShareGPT lengths embedded; L-Eval from its paper's
+  per-task length statistics, ``fleetsim.workloads.leval``; LV-Eval from its stated length
+  levels, since its texts are not reachable offline);
 - metric: the artifact's Figure 10 (``ae-plot-fig-10-11-12.py``, ``lib_benchmark_serving/
   metrics.py``): mean per-token latency ``latency / (prompt + output)``, mean input-token
   latency ``ttft / prompt`` and mean output-token latency (tpot), each against the dataset's
   absolute SLO (Mixed 70 / 90 / 360 ms, L-Eval 3.5 / 1.8 / 320 ms); the max throughput of a
   system is the rate where its curve first crosses the SLO, interpolated between swept rates
-  (``get_intersection_point``).
+  (``get_intersection_point``);
+- published values: every system's max throughput as the authors' notebook printed it
+  (``test/longserve/6-data-analyse-evaluation.ipynb``), compared system by system in the notes
+  before the ratios.
 """
 
 from __future__ import annotations
