@@ -102,3 +102,33 @@ def test_a_curve_past_every_slo_stops_without_moving_its_crossings():
         kept = [v[col] for v in curve.values()]
         assert _max_rate(rates, kept, slo) == _max_rate(rates, [v[col] for v in full], slo)
     assert not _past_every_slo({"0.1": (0.2, 0.3, 0.1)}, "mixed")  # output column not yet
+
+
+def test_ablation_stops_a_variant_below_90_percent_without_moving_its_crossing(monkeypatch):
+    from fleetsim.repro import loongserve_ablation as ab
+    rates = ab.RATES[1.0]
+    # the fixed layouts fall below 90% at the fourth rate and would recover after it
+    scripted = {v: [1.0, 0.97, 0.93, 0.6, 0.95, 0.95] for v in ab.VARIANTS}
+    scripted["loongserve"] = [1.0] * len(rates)
+    calls: list[tuple[str, int]] = []
+
+    def fake_run(variant, wl, layouts):
+        calls.append((variant, len(wl.arrival_s)))
+        return {"variant": variant}
+
+    def fake_attainment(requests, fit):
+        variant = requests["variant"]
+        return scripted[variant][sum(1 for v, _ in calls if v == variant) - 1]
+
+    class FakeLayouts:
+        fit = {2: None}
+
+    monkeypatch.setattr(ab, "run_variant", fake_run)
+    monkeypatch.setattr(ab, "attainment", fake_attainment)
+    curves = ab.ablation(FakeLayouts(), 0, alphas=(1.0,))[1.0]
+    assert len(curves["loongserve"]) == len(rates)
+    assert curves["no-esp tp8"] == [1.0, 0.97, 0.93, 0.6]  # the last two rates not run
+    assert ab.max_rate_at_attainment(rates, curves["no-esp tp8"]) == pytest.approx(
+        ab.max_rate_at_attainment(rates, scripted["no-esp tp8"]))
+    note = ab.ablation_notes({1.0: curves})[0]
+    assert "no-esp tp8 100%/97%/93%/60%/-/-" in note

@@ -128,7 +128,7 @@ def max_rate_at_attainment(rates: Sequence[float], values: Sequence[float]) -> f
     lower bound); None if even the first rate misses."""
     if values[0] < ATTAINMENT:
         return None
-    for i in range(len(rates) - 1):
+    for i in range(min(len(rates), len(values)) - 1):  # values stop once below (ablation)
         if values[i + 1] < ATTAINMENT:
             return rates[i] + (rates[i + 1] - rates[i]) * (values[i] - ATTAINMENT) / (
                 values[i] - values[i + 1])
@@ -137,7 +137,8 @@ def max_rate_at_attainment(rates: Sequence[float], values: Sequence[float]) -> f
 
 def ablation(layouts: Layouts, seed: int, progress: Any = None,
              alphas: Sequence[float] = ALPHAS) -> dict[float, dict[str, list[float]]]:
-    """alpha -> variant -> attainment per rate of ``RATES[alpha]``."""
+    """alpha -> variant -> attainment per rate of ``RATES[alpha]``, up to the first rate
+    below 90% (where the variant's crossing is set: higher rates are not run, CPU time)."""
     out: dict[float, dict[str, list[float]]] = {}
     for alpha in alphas:
         out[alpha] = {v: [] for v in VARIANTS}
@@ -145,6 +146,9 @@ def ablation(layouts: Layouts, seed: int, progress: Any = None,
             n = max(MIN_REQUESTS, round(rate * ARRIVALS_S))
             wl = workload(f"zipf{alpha:g}", n, rate, seed)
             for variant in VARIANTS:
+                done = out[alpha][variant]
+                if done and done[-1] < ATTAINMENT:
+                    continue
                 if progress is not None:
                     progress(f"{variant} zipf{alpha:g} @ {rate:g} req/s")
                 out[alpha][variant].append(attainment(run_variant(variant, wl, layouts),
@@ -169,7 +173,8 @@ def ablation_notes(curves: dict[float, dict[str, list[float]]]) -> list[str]:
                      f"TTFT <= max(25 x standalone, 15 s) and TPOT <= 50 ms: "
                      + ", ".join(parts) + "; attainment per rate "
                      + "/".join(f"{r:g}" for r in rates) + ": " + "; ".join(
-                         f"{v} " + "/".join(f"{x:.0%}" for x in a)
+                         f"{v} " + "/".join([f"{x:.0%}" for x in a]
+                                            + ["-"] * (len(rates) - len(a)))
                          for v, a in by_variant.items()))
         notes.append(_published_note(alpha, best, rates[-1]))
     return notes
