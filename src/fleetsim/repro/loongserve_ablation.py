@@ -40,6 +40,12 @@ ARRIVALS_S, MIN_REQUESTS = 120.0, 60
 TTFT_TOL, TTFT_FLOOR_S, TPOT_SLO_S, ATTAINMENT = 25.0, 15.0, 0.050, 0.90
 MAX_OOE, MAX_RUNNING = 64, 1024
 VARIANTS = ("loongserve", "no-esp tp2 sp4", "no-esp tp8", "no-esp tp2 x4")
+# Figure 12 as the authors' notebook printed it (``test/longserve/6-data-analyse-evaluation.
+# ipynb``, ``plot_ablation_slo_atta_with_rate``): alpha -> max req/s at 90% attainment, in
+# VARIANTS order.
+PUBLISHED: dict[float, tuple[float, float, float, float]] = {
+    1.0: (1.122, 0.481, 0.405, 0.360), 1.2: (2.925, 1.478, 1.355, 1.289),
+    1.4: (8.757, 5.447, 5.723, 5.000)}
 CAPACITY = {2: 210_000, 8: 900_000}  # --max_total_token_num by TP (get_lightllm_params)
 BATCH_MAX_TOKENS = 500_000  # --batch_max_tokens
 COLUMNS = ("arrival_s", "first_token_s", "finish_s", "num_prompt_tokens", "num_output_tokens")
@@ -122,7 +128,7 @@ def max_rate_at_attainment(rates: Sequence[float], values: Sequence[float]) -> f
     lower bound); None if even the first rate misses."""
     if values[0] < ATTAINMENT:
         return None
-    for i in range(len(rates) - 1):
+    for i in range(min(len(rates), len(values)) - 1):  # values stop once below (ablation)
         if values[i + 1] < ATTAINMENT:
             return rates[i] + (rates[i + 1] - rates[i]) * (values[i] - ATTAINMENT) / (
                 values[i] - values[i + 1])
@@ -131,7 +137,8 @@ def max_rate_at_attainment(rates: Sequence[float], values: Sequence[float]) -> f
 
 def ablation(layouts: Layouts, seed: int, progress: Any = None,
              alphas: Sequence[float] = ALPHAS) -> dict[float, dict[str, list[float]]]:
-    """alpha -> variant -> attainment per rate of ``RATES[alpha]``."""
+    """alpha -> variant -> attainment per rate of ``RATES[alpha]``, up to the first rate
+    below 90% (where the variant's crossing is set: higher rates are not run, CPU time)."""
     out: dict[float, dict[str, list[float]]] = {}
     for alpha in alphas:
         out[alpha] = {v: [] for v in VARIANTS}
@@ -139,6 +146,9 @@ def ablation(layouts: Layouts, seed: int, progress: Any = None,
             n = max(MIN_REQUESTS, round(rate * ARRIVALS_S))
             wl = workload(f"zipf{alpha:g}", n, rate, seed)
             for variant in VARIANTS:
+                done = out[alpha][variant]
+                if done and done[-1] < ATTAINMENT:
+                    continue
                 if progress is not None:
                     progress(f"{variant} zipf{alpha:g} @ {rate:g} req/s")
                 out[alpha][variant].append(attainment(run_variant(variant, wl, layouts),
@@ -163,7 +173,26 @@ def ablation_notes(curves: dict[float, dict[str, list[float]]]) -> list[str]:
                      f"TTFT <= max(25 x standalone, 15 s) and TPOT <= 50 ms: "
                      + ", ".join(parts) + "; attainment per rate "
                      + "/".join(f"{r:g}" for r in rates) + ": " + "; ".join(
-                         f"{v} " + "/".join(f"{x:.0%}" for x in a)
+                         f"{v} " + "/".join([f"{x:.0%}" for x in a]
+                                            + ["-"] * (len(rates) - len(a)))
                          for v, a in by_variant.items()))
+        notes.append(_published_note(alpha, best, rates[-1]))
     return notes
+
+
+def _published_note(alpha: float, best: Mapping[str, float | None], top: float) -> str:
+    """fleetsim's crossings against the notebook's Figure 12 values, with relative errors,
+    and the published ratios (LoongServe over each fixed layout)."""
+    published = dict(zip(VARIANTS, PUBLISHED[alpha], strict=True))
+    parts = []
+    for v, pub in published.items():
+        ours = best.get(v)
+        shown = ("< first rate" if ours is None else
+                 f">= {top:g}" if ours >= top else f"{ours:.2f}")
+        err = "" if ours is None else f" ({ours / pub - 1:+.0%})"
+        ratio = "" if v == "loongserve" else f", {published['loongserve'] / pub:.2f}x"
+        parts.append(f"{v} {shown} vs {pub:g}{err}{ratio}")
+    return (f"ablation (Figure 12), zipf {alpha:g}, fleetsim vs the authors' notebook "
+            f"(6-data-analyse-evaluation.ipynb; published ratios after the comma): "
+            + ", ".join(parts))
 

@@ -7,10 +7,10 @@ The artifact samples prompts from preprocessed datasets (``test/longserve/4-prep
   LWM-Text-1M's), with the artifact's filters: prompt and output >= 4 tokens, prompt + output
   < 200,000, output < 1,000. The artifact joins a random number of earlier turns into the
   prompt, so its prompts are longer than these first-turn ones (a difference, stated);
-- **L-Eval** (An et al., ACL'24): "input length 3k~200k tokens" over 20 sub-tasks, 508
-  documents, 2,000+ query-response pairs (its abstract). We draw inputs log-uniform on
-  [3,000, 200,000] tokens (the stated range, nothing more is stated) and outputs log-uniform
-  on [4, 512] tokens (an assumption: short answers to long summaries);
+- **L-Eval** (An et al., ACL'24, arXiv:2307.11088): from its Table 1's per-task statistics
+  (``fleetsim.workloads.leval``: a task by its share of instructions, a document length with
+  the task's published mean and max, the task's mean answer length): 16.4k tokens per prompt
+  on average, as the artifact's one request per (document, instruction) pair weighs them;
 - **LV-Eval** (Yuan et al., 2024): five length levels of 16k, 32k, 64k, 128k and 256k words,
   min/max 11,896 / 387,406 words (its README); six English subsets in the artifact. We draw a
   level uniformly, then words log-uniform on [0.74, 1.51] x the level (the stated min/max over
@@ -27,14 +27,12 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetsim.workloads import Workload
+from fleetsim.workloads import Workload, leval
 from fleetsim.workloads.loaders import read_column
 
 DATASETS = ("sharegpt", "leval", "lv-eval", "mixed", "zipf<alpha>")
 ZIPF_TARGETS = (10, 200_000)  # 4-mix-dataset-zipf.py: lens = range(10, 200000)
 MAX_REQUEST_TOKENS = 500_000  # --max_req_total_len of the artifact's servers
-LEVAL_INPUT = (3_000, 200_000)
-LEVAL_OUTPUT = (4, 512)
 LVEVAL_LEVELS_WORDS = (16_000, 32_000, 64_000, 128_000, 256_000)
 LVEVAL_SPREAD = (0.74, 1.51)  # 11,896 / 16k and 387,406 / 256k
 TOKENS_PER_WORD = 1.3
@@ -47,7 +45,7 @@ def lengths(dataset: str, n: int, rng: np.random.Generator
     if dataset == "sharegpt":
         return _sharegpt(n, rng)
     if dataset == "leval":
-        return _loguniform(LEVAL_INPUT, n, rng), _loguniform(LEVAL_OUTPUT, n, rng)
+        return leval.lengths(n, rng)
     if dataset == "lv-eval":
         level = np.asarray(LVEVAL_LEVELS_WORDS, dtype=np.float64)[rng.integers(0, 5, n)]
         words = level * np.exp(rng.uniform(np.log(LVEVAL_SPREAD[0]),
