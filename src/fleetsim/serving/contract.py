@@ -117,6 +117,18 @@ class GroupPlan(NamedTuple):
     merge: tuple[tuple[int, int], ...] = ()
 
 
+class MemberState(NamedTuple):
+    """A group member exact at now, read without cutting its fast-forward window: its queues
+    (best first), its KV blocks in use, and the decode steps ``num_steps_ahead`` that every
+    running request has done beyond what its token counts show (add them to
+    ``num_computed_tokens`` and ``num_output_tokens``; 0 outside a window)."""
+
+    running: Sequence[Request]
+    waiting: Sequence[Request]
+    num_used_blocks: int
+    num_steps_ahead: int
+
+
 class GroupView(Protocol):
     """What a group planner reads, exact at now: the group's queue (requests not yet given
     to a member, in arrival order), its members (replica views) and their instances."""
@@ -133,6 +145,9 @@ class GroupView(Protocol):
     def members(self) -> Sequence[ReplicaView]: ...
     @property
     def instances_by_member(self) -> tuple[tuple[int, ...], ...]: ...
+    def member_state(self, member: int) -> MemberState:
+        """Member ``member``'s queues and KV use at now, its window left running (cheaper
+        than reading ``members``, which cuts it)."""
     def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
                     num_decode: int, kv_tokens: int) -> float:
         """One step of a member of ``degree`` instances (the group's step model)."""

@@ -31,7 +31,7 @@ from typing import Final
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.serving.contract import GroupPlan, GroupPlanner
+from fleetsim.serving.contract import GroupPlan, GroupPlanner, MemberState
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import RUNNING, WAITING, Request
 from fleetsim.serving.views import ReplicaView
@@ -88,6 +88,14 @@ class _View:
     @property
     def instances_by_member(self) -> tuple[tuple[int, ...], ...]:
         return self._group.instances_by_member
+
+    def member_state(self, member: int) -> MemberState:
+        m = self._group.members[member]
+        ahead = m.peek_window()
+        if ahead is None:  # not one offset for all: make it exact the usual way
+            m.interrupt()
+            ahead = (0, 0)
+        return MemberState(m.running, m.waiting, m.kv.num_used_blocks + ahead[1], ahead[0])
 
     def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
                     num_decode: int, kv_tokens: int) -> float:
