@@ -116,13 +116,14 @@ class EspPlanner:
         running = [list(s.running) for s in states]
         ahead = [s.num_steps_ahead for s in states]
         busy = [bool(running[m] or states[m].waiting) for m in range(n)]
-        # Output tokens each member's requests have emitted (the pause rule's input).
-        emitted = [sum(r.num_output_tokens for r in running[m]) + ahead[m] * len(running[m])
-                   for m in range(n)]
+        # Members with a prefill queued or in progress (a window's lag cancels in the test,
+        # and a window with steps done holds only decodes).
+        prefills = [bool(s.waiting) or (not s.num_steps_ahead and any(
+            r.num_computed_tokens < r.num_tokens - 1 for r in s.running)) for s in states]
         alloc = list(view.instances_by_member)
         used = self._used_by_instance(view, states, alloc, cap)
         if self.elastic:
-            self._scale(view, states, alloc, busy, running, used)
+            self._scale(view, states, alloc, busy, prefills, running, used)
         else:
             alloc = [tuple(range(n))] + [()] * (n - 1)
         assign: list[tuple[int, int]] = []
@@ -130,9 +131,7 @@ class EspPlanner:
         waiting = list(view.waiting)
         # A prefill iteration ends when its longest prefill does; the next admission comes
         # ``max_wait_steps`` decode iterations later (or as soon as nothing runs).
-        # (A window's lag cancels here: a decoding request's counts both lag by it.)
-        prefilling = any(states[m].waiting or any(r.num_computed_tokens < r.num_tokens - 1
-                                                  for r in running[m]) for m in range(n))
+        prefilling = any(prefills)
         if prefilling:
             self._next_admit_s = max(self._next_admit_s,
                                      now_s + self.max_wait_steps * self.avg_decoding_s)
@@ -157,6 +156,9 @@ class EspPlanner:
                        for r in waiting]
             chosen = [waiting[i] for i in self.admission.take(
                 pending, residents, used, cap, self.predictor.predict_s)]
+            # Output tokens each member's requests have emitted (the pause rule's input).
+            emitted = [sum(r.num_output_tokens for r in rs) + d * len(rs)
+                       for rs, d in zip(running, ahead, strict=True)]
             if chosen and self._prefill(view, chosen, alloc, busy, running, emitted, used, cap,
                                         assign, merge, now_s):
                 self._next_admit_s = now_s + self.max_wait_steps * self.avg_decoding_s
@@ -195,7 +197,8 @@ class EspPlanner:
         return used
 
     def _scale(self, view: GroupView, states: list[MemberState], alloc: list[tuple[int, ...]],
-               busy: list[bool], running: list[list[Request]], used: list[int]) -> None:
+               busy: list[bool], prefills: list[bool], running: list[list[Request]],
+               used: list[int]) -> None:
         """Idle members give their instances back; decoding members keep what their KV and
         the next ``max_wait_steps`` tokens of each request need, taking idle instances when
         they need more."""
@@ -205,11 +208,9 @@ class EspPlanner:
                 alloc[m] = ()
         free = sorted(set(range(view.num_instances)) - {i for a in alloc for i in a})
         for m, insts in enumerate(alloc):
-            member = states[m]
-            if not insts or member.waiting or any(
-                    r.num_computed_tokens < r.num_tokens - 1 for r in running[m]):
+            if not insts or prefills[m]:
                 continue  # off, or still prefilling
-            need = member.num_used_blocks + len(running[m]) * (1 + self.max_wait_steps // bs)
+            need = states[m].num_used_blocks + len(running[m]) * (1 + self.max_wait_steps // bs)
             k = max(1, -(-need // bpi))
             if k < len(insts):
                 alloc[m] = insts[:k]
