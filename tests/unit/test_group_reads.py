@@ -1,6 +1,6 @@
 """A group planner reads its members without cutting their fast-forward windows
-(``GroupView.member_state``): what it reads equals what cutting the window shows, and the
-``esp`` planner's plans leave the windows in flight running."""
+(``GroupView.member_state``, ``member_used_blocks``): what it reads equals what cutting the
+window shows, and the ``esp`` planner's plans leave the windows in flight running."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class CheckReads:
             s = view.member_state(m)
             peeked = ([(r.id, r.num_computed_tokens + s.num_steps_ahead,
                         r.num_output_tokens + s.num_steps_ahead) for r in s.running],
-                      [r.id for r in s.waiting], s.num_used_blocks)
+                      [r.id for r in s.waiting], view.member_used_blocks(m))
             member = view.members[m]
             cut = ([(r.id, r.num_computed_tokens, r.num_output_tokens) for r in member.running],
                    [r.id for r in member.waiting], member.kv.num_used_blocks)

@@ -40,6 +40,7 @@ batching policy's (recompute), inside the member.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleetsim.esp.admission import Admission, Pending, Resident, reservation_fits
@@ -48,7 +49,7 @@ from fleetsim.esp.cost import AnalyticalModel, fit_analytical
 from fleetsim.esp.dp import plan_prefill
 from fleetsim.esp.rules import migration_pays, should_pause
 from fleetsim.policies.group_planners import register_group_planner
-from fleetsim.serving.contract import GroupPlan, GroupView, MemberState
+from fleetsim.serving.contract import GroupPlan, GroupView
 from fleetsim.serving.request import Request
 
 
@@ -115,20 +116,21 @@ class EspPlanner:
         states = [view.member_state(m) for m in range(n)]
         running = [list(s.running) for s in states]
         ahead = [s.num_steps_ahead for s in states]
+        used: list[int] | None = None  # KV tokens per instance, read when needed
         busy = [bool(running[m] or states[m].waiting) for m in range(n)]
         # Members with a prefill queued or in progress (a window's lag cancels in the test,
         # and a window with steps done holds only decodes).
         prefills = [bool(s.waiting) or (not s.num_steps_ahead and any(
             r.num_computed_tokens < r.num_tokens - 1 for r in s.running)) for s in states]
-        alloc = list(view.instances_by_member)
-        used = self._used_by_instance(view, states, alloc, cap)
+        before = view.instances_by_member
+        alloc = list(before)
         if self.elastic:
-            self._scale(view, states, alloc, busy, prefills, running, used)
+            self._scale(view, alloc, busy, prefills, running)
         else:
             alloc = [tuple(range(n))] + [()] * (n - 1)
         assign: list[tuple[int, int]] = []
         merge: list[tuple[int, int]] = []
-        waiting = list(view.waiting)
+        waiting = view.waiting
         # A prefill iteration ends when its longest prefill does; the next admission comes
         # ``max_wait_steps`` decode iterations later (or as soon as nothing runs).
         prefilling = any(prefills)
@@ -138,6 +140,7 @@ class EspPlanner:
         may_admit = not any(busy) or now_s >= self._next_admit_s
         if (waiting and not may_admit and prefilling and self.elastic and self.refill_idle
                 and now_s < self._iteration_end_s):
+            used = self._used_by_instance(view, before, cap)
             refill = self._refill(view, waiting, alloc, busy, running, ahead, used, cap,
                                   now_s)
             if refill:
@@ -152,8 +155,11 @@ class EspPlanner:
             residents = [Resident(r.num_computed_tokens + d, r.max_output_tokens
                                   - r.num_output_tokens - d, r.num_output_tokens + d)
                          for rs, d in zip(running, ahead, strict=True) for r in rs]
-            pending = [Pending(r.num_tokens, r.max_output_tokens - r.num_output_tokens)
-                       for r in waiting]
+            # Read lazily: admission may stop before the end of the queue.
+            pending = (Pending(r.num_tokens, r.max_output_tokens - r.num_output_tokens)
+                       for r in waiting)
+            if used is None:
+                used = self._used_by_instance(view, before, cap)
             chosen = [waiting[i] for i in self.admission.take(
                 pending, residents, used, cap, self.predictor.predict_s)]
             # Output tokens each member's requests have emitted (the pause rule's input).
@@ -184,21 +190,22 @@ class EspPlanner:
             self._outstanding = [r for r in self._outstanding if math.isnan(r.finish_s)]
 
     @staticmethod
-    def _used_by_instance(view: GroupView, states: list[MemberState],
-                          alloc: list[tuple[int, ...]], cap: int) -> list[int]:
+    def _used_by_instance(view: GroupView, alloc: Sequence[tuple[int, ...]], cap: int
+                          ) -> list[int]:
         """KV tokens on each instance: a member's KV fills its instances in order (the
         code's placement keeps it on as few as possible, most used first)."""
         used = [0] * view.num_instances
         for m, insts in enumerate(alloc):
-            left = states[m].num_used_blocks * view.block_size
+            if not insts:
+                continue
+            left = view.member_used_blocks(m) * view.block_size
             for i in insts:
                 used[i] = min(cap, left)
                 left -= used[i]
         return used
 
-    def _scale(self, view: GroupView, states: list[MemberState], alloc: list[tuple[int, ...]],
-               busy: list[bool], prefills: list[bool], running: list[list[Request]],
-               used: list[int]) -> None:
+    def _scale(self, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
+               prefills: list[bool], running: list[list[Request]]) -> None:
         """Idle members give their instances back; decoding members keep what their KV and
         the next ``max_wait_steps`` tokens of each request need, taking idle instances when
         they need more."""
@@ -210,7 +217,8 @@ class EspPlanner:
         for m, insts in enumerate(alloc):
             if not insts or prefills[m]:
                 continue  # off, or still prefilling
-            need = states[m].num_used_blocks + len(running[m]) * (1 + self.max_wait_steps // bs)
+            need = (view.member_used_blocks(m)
+                    + len(running[m]) * (1 + self.max_wait_steps // bs))
             k = max(1, -(-need // bpi))
             if k < len(insts):
                 alloc[m] = insts[:k]
@@ -225,7 +233,7 @@ class EspPlanner:
         owned = {i for m, a in enumerate(alloc) if busy[m] for i in a}
         return tuple(i for i in range(len(alloc)) if i not in owned)
 
-    def _refill(self, view: GroupView, waiting: list[Request], alloc: list[tuple[int, ...]],
+    def _refill(self, view: GroupView, waiting: Sequence[Request], alloc: list[tuple[int, ...]],
                 busy: list[bool], running: list[list[Request]], ahead: list[int],
                 used: list[int], cap: int, now_s: float) -> list[Request]:
         """The code's greedy refill (``req_queue.py::generate_greedy_req_list``): while a

@@ -119,13 +119,12 @@ class GroupPlan(NamedTuple):
 
 class MemberState(NamedTuple):
     """A group member exact at now, read without cutting its fast-forward window: its queues
-    (best first), its KV blocks in use, and the decode steps ``num_steps_ahead`` that every
-    running request has done beyond what its token counts show (add them to
-    ``num_computed_tokens`` and ``num_output_tokens``; 0 outside a window)."""
+    (best first) and the decode steps ``num_steps_ahead`` that every running request has done
+    beyond what its token counts show (add them to ``num_computed_tokens`` and
+    ``num_output_tokens``; 0 outside a window)."""
 
     running: Sequence[Request]
     waiting: Sequence[Request]
-    num_used_blocks: int
     num_steps_ahead: int
 
 
@@ -146,8 +145,11 @@ class GroupView(Protocol):
     @property
     def instances_by_member(self) -> tuple[tuple[int, ...], ...]: ...
     def member_state(self, member: int) -> MemberState:
-        """Member ``member``'s queues and KV use at now, its window left running (cheaper
-        than reading ``members``, which cuts it)."""
+        """Member ``member``'s queues at now, its window left running (cheaper than reading
+        ``members``, which cuts it)."""
+    def member_used_blocks(self, member: int) -> int:
+        """Member ``member``'s KV blocks in use at now, its window left running (a pass
+        over the window's decoders: ask only when needed)."""
     def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
                     num_decode: int, kv_tokens: int) -> float:
         """One step of a member of ``degree`` instances (the group's step model)."""

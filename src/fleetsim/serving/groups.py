@@ -91,11 +91,19 @@ class _View:
 
     def member_state(self, member: int) -> MemberState:
         m = self._group.members[member]
-        ahead = m.peek_window()
+        ahead = m.peek_window(blocks=False)
         if ahead is None:  # not one offset for all: make it exact the usual way
             m.interrupt()
             ahead = (0, 0)
-        return MemberState(m.running, m.waiting, m.kv.num_used_blocks + ahead[1], ahead[0])
+        return MemberState(m.running, m.waiting, ahead[0])
+
+    def member_used_blocks(self, member: int) -> int:
+        m = self._group.members[member]
+        ahead = m.peek_window()
+        if ahead is None:
+            m.interrupt()
+            ahead = (0, 0)
+        return m.kv.num_used_blocks + ahead[1]
 
     def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
                     num_decode: int, kv_tokens: int) -> float:

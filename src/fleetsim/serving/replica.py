@@ -350,14 +350,15 @@ class Replica:
             return
         self._start_step()
 
-    def peek_window(self) -> tuple[int, int] | None:
-        """(decode steps each running request has done, blocks they have taken) beyond what
-        their fields and the KV cache show, at now: a window in flight read without cutting
-        it (``DecodeWindows.peek``; (0, 0) when none). None: read it through ``interrupt``."""
+    def peek_window(self, blocks: bool = True) -> tuple[int, int] | None:
+        """(decode steps each running request has done, blocks they have taken: 0 unless
+        ``blocks``) beyond what their fields and the KV cache show, at now: a window in
+        flight read without cutting it (``DecodeWindows.peek``; (0, 0) when none). None:
+        read it through ``interrupt``."""
         step = self._step
         if step is None or step.window is None:
             return (0, 0)
-        return self._windows.peek(step, self.sim.now_s)
+        return self._windows.peek(step, self.sim.now_s, blocks)
 
     @property
     def at_boundary(self) -> bool:

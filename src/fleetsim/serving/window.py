@@ -463,11 +463,12 @@ class DecodeWindows:
         step.end_s = ends[steps - 1]
         step.last_boundary_s = ends[steps - 2] if steps > 1 else step.start_s
 
-    def peek(self, step: Step, now_s: float) -> tuple[int, int] | None:
+    def peek(self, step: Step, now_s: float, blocks: bool) -> tuple[int, int] | None:
         """What ``cut`` and ``settle`` would leave at ``now_s``, without doing it: (decode
         steps every decoder of the window has committed, blocks taken beyond those held
-        now), as step by step would show them at ``now_s``. None when that is not one
-        offset for all (a speculating replica, or a decoder that finished before now)."""
+        now; 0 unless ``blocks``), as step by step would show them at ``now_s``. None when
+        that is not one offset for all (a speculating replica, or a decoder that finished
+        before now)."""
         w = step.window
         if w is None or w.settled or self.spec is not None:
             return None
@@ -475,6 +476,8 @@ class DecodeWindows:
         k = min(old, 1 + bisect.bisect_left(w.ends, now_s, 0, old))  # the step in progress
         if min(w.lefts) < k:
             return None
+        if not blocks:
+            return k - 1, 0
         kv = self.kv
         bs, per_entry = kv.block_size, kv.blocks_per_entry
         taken = 0
