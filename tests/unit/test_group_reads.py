@@ -1,6 +1,7 @@
 """A group planner reads its members without cutting their fast-forward windows
-(``GroupView.member_state``, ``member_used_blocks``): what it reads equals what cutting the
-window shows, and the ``esp`` planner's plans leave the windows in flight running."""
+(``GroupView.member_state``, ``member_used_blocks`` and its bounds): what it reads equals what
+cutting the window shows, and the ``esp`` planner's plans leave the windows in flight
+running."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class CheckReads:
         self.inner = inner
         self.num_ahead = 0  # reads that found a window with steps done
         self.num_reads = 0
+        self.num_bounded = 0  # reads whose KV use was only bounded, inside a window
 
     def plan(self, view: GroupView, now_s: float) -> GroupPlan:
         for m in range(view.num_instances):
@@ -34,10 +36,13 @@ class CheckReads:
             peeked = ([(r.id, r.num_computed_tokens + s.num_steps_ahead,
                         r.num_output_tokens + s.num_steps_ahead) for r in s.running],
                       [r.id for r in s.waiting], view.member_used_blocks(m))
+            fewest, most = view.member_used_blocks_range(m)  # before the cut below
             member = view.members[m]
             cut = ([(r.id, r.num_computed_tokens, r.num_output_tokens) for r in member.running],
                    [r.id for r in member.waiting], member.kv.num_used_blocks)
             assert peeked == cut, (now_s, m)
+            assert fewest <= cut[2] <= most, (now_s, m)
+            self.num_bounded += fewest < most
             self.num_ahead += s.num_steps_ahead > 0
             self.num_reads += 1
         return self.inner.plan(view, now_s)
@@ -52,6 +57,7 @@ def test_member_state_equals_what_cutting_the_window_shows(planner):
     assert len(result.requests["request_id"]) == 120
     assert check.num_ahead > 10  # windows with steps done were read, not only boundaries
     assert check.num_ahead < check.num_reads
+    assert check.num_bounded > 10
 
 
 class CountCuts:

@@ -217,9 +217,11 @@ class EspPlanner:
         for m, insts in enumerate(alloc):
             if not insts or prefills[m]:
                 continue  # off, or still prefilling
-            need = (view.member_used_blocks(m)
-                    + len(running[m]) * (1 + self.max_wait_steps // bs))
-            k = max(1, -(-need // bpi))
+            extra = len(running[m]) * (1 + self.max_wait_steps // bs)
+            fewest, most = view.member_used_blocks_range(m)
+            k = max(1, -(-(fewest + extra) // bpi))
+            if k != max(1, -(-(most + extra) // bpi)):  # the bounds disagree: count exactly
+                k = max(1, -(-(view.member_used_blocks(m) + extra) // bpi))
             if k < len(insts):
                 alloc[m] = insts[:k]
                 free.extend(insts[k:])

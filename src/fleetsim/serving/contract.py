@@ -150,6 +150,10 @@ class GroupView(Protocol):
     def member_used_blocks(self, member: int) -> int:
         """Member ``member``'s KV blocks in use at now, its window left running (a pass
         over the window's decoders: ask only when needed)."""
+    def member_used_blocks_range(self, member: int) -> tuple[int, int]:
+        """(fewest, most) KV blocks member ``member`` may have in use at now, without a
+        pass over its window (equal outside a window): enough for a decision that is the
+        same at both ends."""
     def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
                     num_decode: int, kv_tokens: int) -> float:
         """One step of a member of ``degree`` instances (the group's step model)."""

@@ -350,15 +350,15 @@ class Replica:
             return
         self._start_step()
 
-    def peek_window(self, blocks: bool = True) -> tuple[int, int] | None:
-        """(decode steps each running request has done, blocks they have taken: 0 unless
-        ``blocks``) beyond what their fields and the KV cache show, at now: a window in
-        flight read without cutting it (``DecodeWindows.peek``; (0, 0) when none). None:
-        read it through ``interrupt``."""
+    def peek_window(self, exact: bool = True) -> tuple[int, int, int] | None:
+        """(decode steps each running request has done, fewest and most blocks they have
+        taken) beyond what their fields and the KV cache show, at now: a window in flight
+        read without cutting it (``DecodeWindows.peek``: the blocks exact or bounds; zeros
+        when none). None: read it through ``interrupt``."""
         step = self._step
         if step is None or step.window is None:
-            return (0, 0)
-        return self._windows.peek(step, self.sim.now_s, blocks)
+            return (0, 0, 0)
+        return self._windows.peek(step, self.sim.now_s, exact)
 
     @property
     def at_boundary(self) -> bool:
