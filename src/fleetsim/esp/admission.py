@@ -16,7 +16,7 @@ can ask it; the group planner (``policies/esp.py``) does.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -57,11 +57,12 @@ class Admission:
         self._num_finished += 1
         self._sum_finished_output += num_output_tokens
 
-    def take(self, waiting: Sequence[Pending], running: Sequence[Resident],
+    def take(self, waiting: Iterable[Pending], running: Sequence[Resident],
              used_by_instance: Sequence[int], capacity: int, predict: Predictor) -> list[int]:
         """Indices into ``waiting`` (in queue order) the next prefill iteration takes, given
         the running requests and the KV tokens used on each of the instances (``capacity``
-        each)."""
+        each). ``waiting`` is read in order, and only as far as a request could still join
+        (a long queue is not walked once the running slots or the token budget are full)."""
         if not self.cfg.elastic:
             return self._take_fixed(waiting, running, used_by_instance, capacity)
         cfg = self.cfg
@@ -81,6 +82,12 @@ class Admission:
         u_inv = 0.0
         skipped_before: int | None = None
         for at, req in enumerate(waiting):
+            if len(running) + len(new) + len(undecided) >= cfg.max_running or s1 >= budget:
+                # Full: this request and every later one fail the first test below (a
+                # prefill has at least one token), so the walk's outcome is known.
+                if allow_ooe and skipped_before is None:
+                    skipped_before = len(new)
+                break
             length = req.prefill_tokens
             entry = (length, req.num_remaining - 1)
             if (len(running) + len(new) + len(undecided) < cfg.max_running
@@ -117,7 +124,7 @@ class Admission:
             self._num_ooe = self._num_ooe + 1 if out_of_order else 0
         return chosen
 
-    def _take_fixed(self, waiting: Sequence[Pending], running: Sequence[Resident],
+    def _take_fixed(self, waiting: Iterable[Pending], running: Sequence[Resident],
                     used_by_instance: Sequence[int], capacity: int) -> list[int]:
         cfg = self.cfg
         entries = [(r.kv_tokens, r.num_remaining) for r in running]

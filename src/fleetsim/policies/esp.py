@@ -40,6 +40,7 @@ batching policy's (recompute), inside the member.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleetsim.esp.admission import Admission, Pending, Resident, reservation_fits
@@ -110,29 +111,38 @@ class EspPlanner:
             self.predictor = fit_analytical(
                 lambda lengths, k: view.step_time_s(k, [(x, 0) for x in lengths], 0, 0), n, cap)
         self._note_finishes()
-        members = view.members
-        running = [list(m.running) for m in members]
-        busy = [bool(running[m] or members[m].waiting) for m in range(n)]
-        alloc = list(view.instances_by_member)
-        used = self._used_by_instance(view, alloc, cap)
+        # Members read without cutting their windows: a running request's token counts lag
+        # by its member's ``num_steps_ahead`` (the same for all of them).
+        states = [view.member_state(m) for m in range(n)]
+        running = [list(s.running) for s in states]
+        ahead = [s.num_steps_ahead for s in states]
+        used: list[int] | None = None  # KV tokens per instance, read when needed
+        busy = [bool(running[m] or states[m].waiting) for m in range(n)]
+        # Members with a prefill queued or in progress (a window's lag cancels in the test,
+        # and a window with steps done holds only decodes).
+        prefills = [bool(s.waiting) or (not s.num_steps_ahead and any(
+            r.num_computed_tokens < r.num_tokens - 1 for r in s.running)) for s in states]
+        before = view.instances_by_member
+        alloc = list(before)
         if self.elastic:
-            self._scale(view, alloc, busy, running, used)
+            self._scale(view, alloc, busy, prefills, running)
         else:
             alloc = [tuple(range(n))] + [()] * (n - 1)
         assign: list[tuple[int, int]] = []
         merge: list[tuple[int, int]] = []
-        waiting = list(view.waiting)
+        waiting = view.waiting
         # A prefill iteration ends when its longest prefill does; the next admission comes
         # ``max_wait_steps`` decode iterations later (or as soon as nothing runs).
-        prefilling = any(members[m].waiting or any(r.num_computed_tokens < r.num_tokens - 1
-                                                   for r in running[m]) for m in range(n))
+        prefilling = any(prefills)
         if prefilling:
             self._next_admit_s = max(self._next_admit_s,
                                      now_s + self.max_wait_steps * self.avg_decoding_s)
         may_admit = not any(busy) or now_s >= self._next_admit_s
         if (waiting and not may_admit and prefilling and self.elastic and self.refill_idle
                 and now_s < self._iteration_end_s):
-            refill = self._refill(view, waiting, alloc, busy, running, used, cap, now_s)
+            used = self._used_by_instance(view, before, cap)
+            refill = self._refill(view, waiting, alloc, busy, running, ahead, used, cap,
+                                  now_s)
             if refill:
                 slot = next(m for m in range(n) if not alloc[m] and not busy[m])
                 alloc[slot] = self._idle_instances(alloc, busy)
@@ -142,14 +152,20 @@ class EspPlanner:
                 waiting = [r for r in waiting if r not in refill]
                 self._outstanding.extend(refill)
         if waiting and may_admit:
-            residents = [Resident(r.num_computed_tokens, r.max_output_tokens
-                                  - r.num_output_tokens, r.num_output_tokens)
-                         for rs in running for r in rs]
-            pending = [Pending(r.num_tokens, r.max_output_tokens - r.num_output_tokens)
-                       for r in waiting]
+            residents = [Resident(r.num_computed_tokens + d, r.max_output_tokens
+                                  - r.num_output_tokens - d, r.num_output_tokens + d)
+                         for rs, d in zip(running, ahead, strict=True) for r in rs]
+            # Read lazily: admission may stop before the end of the queue.
+            pending = (Pending(r.num_tokens, r.max_output_tokens - r.num_output_tokens)
+                       for r in waiting)
+            if used is None:
+                used = self._used_by_instance(view, before, cap)
             chosen = [waiting[i] for i in self.admission.take(
                 pending, residents, used, cap, self.predictor.predict_s)]
-            if chosen and self._prefill(view, chosen, alloc, busy, running, used, cap,
+            # Output tokens each member's requests have emitted (the pause rule's input).
+            emitted = [sum(r.num_output_tokens for r in rs) + d * len(rs)
+                       for rs, d in zip(running, ahead, strict=True)]
+            if chosen and self._prefill(view, chosen, alloc, busy, running, emitted, used, cap,
                                         assign, merge, now_s):
                 self._next_admit_s = now_s + self.max_wait_steps * self.avg_decoding_s
                 waiting = [r for r in waiting if r not in chosen]
@@ -174,20 +190,22 @@ class EspPlanner:
             self._outstanding = [r for r in self._outstanding if math.isnan(r.finish_s)]
 
     @staticmethod
-    def _used_by_instance(view: GroupView, alloc: list[tuple[int, ...]], cap: int
+    def _used_by_instance(view: GroupView, alloc: Sequence[tuple[int, ...]], cap: int
                           ) -> list[int]:
         """KV tokens on each instance: a member's KV fills its instances in order (the
         code's placement keeps it on as few as possible, most used first)."""
         used = [0] * view.num_instances
         for m, insts in enumerate(alloc):
-            left = view.members[m].kv.num_used_blocks * view.block_size
+            if not insts:
+                continue
+            left = view.member_used_blocks(m) * view.block_size
             for i in insts:
                 used[i] = min(cap, left)
                 left -= used[i]
         return used
 
     def _scale(self, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
-               running: list[list[Request]], used: list[int]) -> None:
+               prefills: list[bool], running: list[list[Request]]) -> None:
         """Idle members give their instances back; decoding members keep what their KV and
         the next ``max_wait_steps`` tokens of each request need, taking idle instances when
         they need more."""
@@ -197,12 +215,13 @@ class EspPlanner:
                 alloc[m] = ()
         free = sorted(set(range(view.num_instances)) - {i for a in alloc for i in a})
         for m, insts in enumerate(alloc):
-            member = view.members[m]
-            if not insts or member.waiting or any(
-                    r.num_computed_tokens < r.num_tokens - 1 for r in running[m]):
+            if not insts or prefills[m]:
                 continue  # off, or still prefilling
-            need = member.kv.num_used_blocks + len(running[m]) * (1 + self.max_wait_steps // bs)
-            k = max(1, -(-need // bpi))
+            extra = len(running[m]) * (1 + self.max_wait_steps // bs)
+            fewest, most = view.member_used_blocks_range(m)
+            k = max(1, -(-(fewest + extra) // bpi))
+            if k != max(1, -(-(most + extra) // bpi)):  # the bounds disagree: count exactly
+                k = max(1, -(-(view.member_used_blocks(m) + extra) // bpi))
             if k < len(insts):
                 alloc[m] = insts[:k]
                 free.extend(insts[k:])
@@ -216,9 +235,9 @@ class EspPlanner:
         owned = {i for m, a in enumerate(alloc) if busy[m] for i in a}
         return tuple(i for i in range(len(alloc)) if i not in owned)
 
-    def _refill(self, view: GroupView, waiting: list[Request], alloc: list[tuple[int, ...]],
-                busy: list[bool], running: list[list[Request]], used: list[int], cap: int,
-                now_s: float) -> list[Request]:
+    def _refill(self, view: GroupView, waiting: Sequence[Request], alloc: list[tuple[int, ...]],
+                busy: list[bool], running: list[list[Request]], ahead: list[int],
+                used: list[int], cap: int, now_s: float) -> list[Request]:
         """The code's greedy refill (``req_queue.py::generate_greedy_req_list``): while a
         prefill iteration runs, the instances no batch holds take, in queue order, the
         waiting requests whose KV reservation fits and whose prefill on all of them together
@@ -229,8 +248,8 @@ class EspPlanner:
         predict = self.predictor.predict_s  # type: ignore[union-attr]
         left_s = self._iteration_end_s - now_s
         room = sum(cap - used[i] for i in idle)
-        entries = [(r.num_computed_tokens, r.max_output_tokens - r.num_output_tokens)
-                   for rs in running for r in rs]
+        entries = [(r.num_computed_tokens + d, r.max_output_tokens - r.num_output_tokens - d)
+                   for rs, d in zip(running, ahead, strict=True) for r in rs]
         num_running = len(entries)
         total = view.num_instances * cap
         taken: list[Request] = []
@@ -248,9 +267,9 @@ class EspPlanner:
         return taken
 
     def _prefill(self, view: GroupView, chosen: list[Request], alloc: list[tuple[int, ...]],
-                 busy: list[bool], running: list[list[Request]], used: list[int], cap: int,
-                 assign: list[tuple[int, int]], merge: list[tuple[int, int]], now_s: float
-                 ) -> bool:
+                 busy: list[bool], running: list[list[Request]], emitted: list[int],
+                 used: list[int], cap: int, assign: list[tuple[int, int]],
+                 merge: list[tuple[int, int]], now_s: float) -> bool:
         """Plan the prefill iteration of ``chosen``: pause decode members, cut the requests
         into batches over instances (the DP), and make each batch a member. False (nothing
         changed) if they do not fit the instances it may use."""
@@ -263,7 +282,8 @@ class EspPlanner:
         lengths = [r.num_tokens for r in new]
         s1, s2 = float(sum(lengths)), float(sum(x * x for x in lengths))
         inv = sum(1.0 / x for x in lengths)
-        merge.extend(self._consolidate(view, alloc, busy, running, used, cap, s1, s2))
+        merge.extend(self._consolidate(view, alloc, busy, running, emitted, used, cap, s1,
+                                       s2))
         owned = {i for m, a in enumerate(alloc) if busy[m] for i in a}
         idle = [i for i in range(len(alloc)) if i not in owned]
         decode_members = [m for m in range(len(alloc)) if busy[m] and alloc[m]]
@@ -281,8 +301,7 @@ class EspPlanner:
         lent = len(idle) + sum(len(alloc[m]) for m in paused)
         for m in list(kept):
             t_idle, t_lent = predict(lent, s1, s2), predict(lent + len(alloc[m]), s1, s2)
-            if should_pause(t_idle, t_lent, inv, len(running[m]),
-                            sum(r.num_output_tokens for r in running[m])):
+            if should_pause(t_idle, t_lent, inv, len(running[m]), emitted[m]):
                 paused.append(m)
                 lent += len(alloc[m])
         available = idle + [i for m in paused for i in alloc[m]]
@@ -299,8 +318,8 @@ class EspPlanner:
         return True
 
     def _consolidate(self, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
-                     running: list[list[Request]], used: list[int], cap: int, s1: float,
-                     s2: float) -> list[tuple[int, int]]:
+                     running: list[list[Request]], emitted: list[int], used: list[int],
+                     cap: int, s1: float, s2: float) -> list[tuple[int, int]]:
         """Free instances for the prefill by merging the decode member with the least KV
         into the most used one that has room for it (and its next iterations' tokens), while
         one more idle instance gains the prefill at least the move's time (the code's
@@ -331,6 +350,8 @@ class EspPlanner:
             merges.append((src, dst))
             running[dst] = running[dst] + running[src]
             running[src] = []
+            emitted[dst] += emitted[src]
+            emitted[src] = 0
             busy[src] = False
             for i in alloc[src]:
                 used[i] = 0

@@ -117,6 +117,17 @@ class GroupPlan(NamedTuple):
     merge: tuple[tuple[int, int], ...] = ()
 
 
+class MemberState(NamedTuple):
+    """A group member exact at now, read without cutting its fast-forward window: its queues
+    (best first) and the decode steps ``num_steps_ahead`` that every running request has done
+    beyond what its token counts show (add them to ``num_computed_tokens`` and
+    ``num_output_tokens``; 0 outside a window)."""
+
+    running: Sequence[Request]
+    waiting: Sequence[Request]
+    num_steps_ahead: int
+
+
 class GroupView(Protocol):
     """What a group planner reads, exact at now: the group's queue (requests not yet given
     to a member, in arrival order), its members (replica views) and their instances."""
@@ -133,6 +144,16 @@ class GroupView(Protocol):
     def members(self) -> Sequence[ReplicaView]: ...
     @property
     def instances_by_member(self) -> tuple[tuple[int, ...], ...]: ...
+    def member_state(self, member: int) -> MemberState:
+        """Member ``member``'s queues at now, its window left running (cheaper than reading
+        ``members``, which cuts it)."""
+    def member_used_blocks(self, member: int) -> int:
+        """Member ``member``'s KV blocks in use at now, its window left running (a pass
+        over the window's decoders: ask only when needed)."""
+    def member_used_blocks_range(self, member: int) -> tuple[int, int]:
+        """(fewest, most) KV blocks member ``member`` may have in use at now, without a
+        pass over its window (equal outside a window): enough for a decision that is the
+        same at both ends."""
     def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
                     num_decode: int, kv_tokens: int) -> float:
         """One step of a member of ``degree`` instances (the group's step model)."""

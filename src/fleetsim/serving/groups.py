@@ -31,7 +31,7 @@ from typing import Final
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.serving.contract import GroupPlan, GroupPlanner
+from fleetsim.serving.contract import GroupPlan, GroupPlanner, MemberState
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import RUNNING, WAITING, Request
 from fleetsim.serving.views import ReplicaView
@@ -88,6 +88,27 @@ class _View:
     @property
     def instances_by_member(self) -> tuple[tuple[int, ...], ...]:
         return self._group.instances_by_member
+
+    def _peek(self, member: int, exact: bool) -> tuple[Replica, tuple[int, int, int]]:
+        m = self._group.members[member]
+        ahead = m.peek_window(exact)
+        if ahead is None:  # not one offset for all: make it exact the usual way
+            m.interrupt()
+            ahead = (0, 0, 0)
+        return m, ahead
+
+    def member_state(self, member: int) -> MemberState:
+        m, ahead = self._peek(member, False)
+        return MemberState(m.running, m.waiting, ahead[0])
+
+    def member_used_blocks(self, member: int) -> int:
+        m, ahead = self._peek(member, True)
+        return m.kv.num_used_blocks + ahead[1]
+
+    def member_used_blocks_range(self, member: int) -> tuple[int, int]:
+        m, ahead = self._peek(member, False)
+        used = m.kv.num_used_blocks
+        return used + ahead[1], used + ahead[2]
 
     def step_time_s(self, degree: int, prefill_chunks: Sequence[tuple[int, int]],
                     num_decode: int, kv_tokens: int) -> float:

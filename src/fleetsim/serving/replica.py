@@ -350,6 +350,16 @@ class Replica:
             return
         self._start_step()
 
+    def peek_window(self, exact: bool = True) -> tuple[int, int, int] | None:
+        """(decode steps each running request has done, fewest and most blocks they have
+        taken) beyond what their fields and the KV cache show, at now: a window in flight
+        read without cutting it (``DecodeWindows.peek``: the blocks exact or bounds; zeros
+        when none). None: read it through ``interrupt``."""
+        step = self._step
+        if step is None or step.window is None:
+            return (0, 0, 0)
+        return self._windows.peek(step, self.sim.now_s, exact)
+
     @property
     def at_boundary(self) -> bool:
         """No step is in flight (a group may change this member's instances now)."""

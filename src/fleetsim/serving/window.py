@@ -463,6 +463,32 @@ class DecodeWindows:
         step.end_s = ends[steps - 1]
         step.last_boundary_s = ends[steps - 2] if steps > 1 else step.start_s
 
+    def peek(self, step: Step, now_s: float, exact: bool) -> tuple[int, int, int] | None:
+        """What ``cut`` and ``settle`` would leave at ``now_s``, without doing it: (decode
+        steps every decoder of the window has committed, fewest and most blocks taken beyond
+        those held now), as step by step would show them at ``now_s``; the blocks exactly
+        (a pass over the decoders) when ``exact``, else bounds (each decoder holds its
+        computed tokens' KV, so k steps take at most ceil(k / block size) blocks each).
+        None when that is not one offset for all (a speculating replica, or a decoder that
+        finished before now)."""
+        w = step.window
+        if w is None or w.settled or self.spec is not None:
+            return None
+        old = step.num_steps
+        k = min(old, 1 + bisect.bisect_left(w.ends, now_s, 0, old))  # the step in progress
+        if min(w.lefts) < k:
+            return None
+        kv = self.kv
+        if not exact:
+            return k - 1, 0, -(-k // kv.block_size) * len(step.decodes)
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        taken = 0
+        for r in step.decodes:
+            extra = blocks_short(r, r.num_computed_tokens + k, bs, per_entry)
+            if extra > 0:
+                taken += extra
+        return k - 1, taken, taken
+
     def cut(self, step: Step, now_s: float) -> bool:
         """Shorten ``step``'s unsettled window to end at the first boundary at or after
         ``now_s``. Returns whether the end moved."""

@@ -1,0 +1,118 @@
+"""CPU per generated token of the systems ported onto the one engine, against the main
+engine's plain replicas on the same requests, as ratios measured in one run.
+
+Issue 20 asks each ported system to cost within 1.5x of the main engine per generated token
+(the side loops they replaced cost 3-8x on decode-heavy load). Two families, each on its
+reproduction's configs and one set of requests:
+
+- LoongServe (``esp`` group planner on an instance group, ``repro/loongserve.py``) against
+  vLLM and LightLLM-SplitFuse replicas, on the reproduction's Mixed lengths and on ShareGPT
+  lengths (decode-heavy);
+- ExpertPlex (P and D attention groups on one shared expert pool, ``repro/expertplex.py``,
+  its best split ``attn P8 D8 + pool 16``) against instance-level P/D (2P+2D x8) and
+  colocated instances (4x8), 32 H200s each, on the reproduction's ShareGPT rows at 4 and
+  8 req/s per GPU.
+
+CPU time is the process's (``time.process_time``), so other jobs on the machine do not count;
+run it with ``FLEETSIM_PURE=1`` to measure pure Python.
+
+    python benchmarks/cost_per_token.py [--requests N] [--only esp|expertplex]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from fleetsim import native
+
+ESP_LOADS = (("mixed", 0.4), ("sharegpt", 4.0))  # (dataset, req/s): Mixed near ESP's knee
+ESP_SYSTEMS = ("loongserve", "loongserve-no-esp", "lightllm-sf", "vllm")
+PLEX_RATES_PER_GPU = (4.0, 8.0)  # below and past the baselines' knee (~7 req/s per GPU)
+PLEX_SYSTEMS = {"expertplex": ("expertplex", "attn P8 D8 + pool 16"),
+                "pd_instance": ("pd_instance", "2P+2D x8"),
+                "pd_colocated": ("pd_colocated", "4x8 colocated")}
+
+
+def cpu_s(fn: Callable[..., object], *args: object, **kwargs: object) -> float:
+    start = time.process_time()
+    fn(*args, **kwargs)
+    return time.process_time() - start
+
+
+def report(label: str, tokens: int, cost_s: dict[str, float], system: str,
+           main: tuple[str, ...]) -> None:
+    per = {s: c / tokens * 1e6 for s, c in cost_s.items()}  # us per generated token
+    ref = min(main, key=lambda s: per[s])
+    print(f"{label}, {tokens:,} output tokens: "
+          + ", ".join(f"{s} {v:.2f} us" for s, v in per.items())
+          + f"; {system} / main engine ({ref}) {per[system] / per[ref]:.2f}x")
+
+
+def esp(num_requests: int) -> None:
+    from fleetsim.config import config_from_dict
+    from fleetsim.repro.loongserve import baseline_config
+    from fleetsim.repro.loongserve_workload import workload
+    from fleetsim.run import run
+
+    for dataset, rate in ESP_LOADS:
+        wl = workload(dataset, num_requests, rate, seed=0)
+        cost = {}
+        for system in ESP_SYSTEMS:
+            cfg = config_from_dict(baseline_config(system, "mixed"))
+            run(cfg, workload=workload(dataset, 8, rate, seed=1))  # warm the step tables
+            cost[system] = cpu_s(run, cfg, workload=wl)
+        report(f"LoongServe, {dataset} @ {rate:g} req/s", int(wl.num_output_tokens.sum()),
+               cost, "loongserve", ("lightllm-sf", "vllm"))
+
+
+def expertplex(num_requests: int) -> None:
+    from fleetsim.expert_pool import Limits, simulate
+    from fleetsim.hardware import get_gpu
+    from fleetsim.models import get_model
+    from fleetsim.moe.expertplex import CostModel, sm_policy
+    from fleetsim.repro.expertplex import ExpertPlexSetup, layouts, workload
+
+    setup = ExpertPlexSetup()
+    cost = CostModel(get_model(setup.model), get_gpu("H200"), setup.tile_m,
+                     nvlink_domain=setup.nvlink_domain)
+    by_label = {(kind, lay.label): lay for kind, lays in layouts(setup, cost).items()
+                for lay in lays}
+    unit, prompts, outputs = workload(setup, num_requests)
+    limits = Limits(token_budget_per_gpu=setup.token_budget_per_gpu,
+                    max_decode_per_gpu=setup.max_decode_per_gpu)
+    mean_context = float(np.mean(prompts + outputs / 2))
+    for rate in PLEX_RATES_PER_GPU:
+        arrivals = unit / (rate * setup.gpu_budget)
+        cost_s = {}
+        for name, key in PLEX_SYSTEMS.items():
+            layout = by_label[key]
+            policy = sm_policy(cost, layout, mean_context,
+                               max_decode_per_gpu=setup.max_decode_per_gpu,
+                               tpot_slo_s=setup.tpot_slo_s, sm_cluster=setup.sm_cluster)
+            simulate(layout, cost, limits, policy, arrivals[:8], prompts[:8], outputs[:8])
+            cost_s[name] = cpu_s(simulate, layout, cost, limits, policy, arrivals, prompts,
+                                 outputs)
+        report(f"ExpertPlex, ShareGPT @ {rate:g} req/s per GPU ({rate * setup.gpu_budget:g} "
+               f"req/s)", int(outputs.sum()), cost_s, "expertplex",
+               ("pd_instance", "pd_colocated"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests per run (default: 480 LoongServe, 3,000 ExpertPlex)")
+    parser.add_argument("--only", choices=("esp", "expertplex"), default=None)
+    args = parser.parse_args()
+    print(f"engine {native.engine()}; CPU microseconds per generated token")
+    if args.only in (None, "esp"):
+        esp(args.requests or 480)
+    if args.only in (None, "expertplex"):
+        expertplex(args.requests or 3000)
+
+
+if __name__ == "__main__":
+    main()
