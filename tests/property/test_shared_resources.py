@@ -178,10 +178,10 @@ def test_shared_pool_fast_forward_equals_stepping(seed, n, rate, weights, overla
 @given(demands=st.lists(st.floats(0.01, 50.0), min_size=1, max_size=5),
        total=st.floats(0.5, 100.0))
 def test_ddr_sharing_of_the_soc_is_a_special_case(demands, total):
-    """Agent.xpu's DDR (``soc/contention.share_bandwidth``: max-min of bytes/s, each op
+    """Agent.xpu's DDR (``perf/soc_contention.share_bandwidth``: max-min of bytes/s, each op
     capped at its demand) is one resource here: jobs drawing 1 byte per unit, capped at their
     demand, equal weights -- so the SoC can move onto this service unchanged."""
-    from fleetsim.soc.contention import share_bandwidth
+    from fleetsim.perf.soc_contention import share_bandwidth
 
     jobs = [Job(1.0, {"ddr": 1.0}, 1.0, d, lambda j: None, None, "") for d in demands]
     assert max_min_rates(jobs, {"ddr": total}) == pytest.approx(

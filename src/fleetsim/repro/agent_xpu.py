@@ -6,7 +6,7 @@ read, not the body, so the mechanisms are theirs and the numbers ours):
 - SoC: Intel Core Ultra 7 258V (Lunar Lake), the paper's "Intel Core Ultra SoC" [our reading
   of the platform]; peaks from Intel's figures (NPU 48 INT8 TOPS, Arc 140V 64 INT8 TOPS,
   LPDDR5X-8533 at 136.5 GB/s), efficiencies from public measurements on that chip
-  (``soc/calibration.py``), never from the paper's results;
+  (``perf/soc_calibration.py``), never from the paper's results;
 - model: Llama-3.2-3B (meta-llama config.json), 4.5-bit weights (llama.cpp Q4_0) [our choice:
   a laptop-class agent model; the paper's model is not in the abstracts];
 - baselines [paper]: an iGPU-only engine and static NPU-iGPU inference with the best tensor
@@ -36,6 +36,8 @@ import numpy as np
 
 from fleetsim.errors import FleetsimInputError
 from fleetsim.models import get_model
+from fleetsim.perf.soc import ModelCost
+from fleetsim.perf.soc_calibration import lunar_lake, model_errors
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
@@ -51,8 +53,6 @@ from fleetsim.repro.frame import (
 )
 from fleetsim.soc.agent_xpu import AgentXpu
 from fleetsim.soc.baselines import IgpuOnly, StaticPartition
-from fleetsim.soc.calibration import lunar_lake, model_errors
-from fleetsim.soc.cost import ModelCost
 from fleetsim.soc.engine import Scheduler, SoCEngine, SoCResult
 from fleetsim.soc.workload import AgentTraffic
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fleetsim.soc.cost import ModelCost, OpCost
-from fleetsim.soc.device import SoCSpec
+from fleetsim.hardware.soc import SoCSpec
+from fleetsim.perf.soc import ModelCost, OpCost
 from fleetsim.soc.engine import Job, Part, Request, SoCView, concurrent_s
 
 SPLIT_STEPS = 100  # the partition search tries NPU shares 0, 0.01, ..., 1

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fleetsim.soc.contention import share_bandwidth
-from fleetsim.soc.cost import ModelCost, OpCost, compute_s, demand_bytes_per_s
-from fleetsim.soc.device import SoCSpec
+from fleetsim.hardware.soc import SoCSpec
+from fleetsim.perf.soc import ModelCost, OpCost, compute_s, demand_bytes_per_s
+from fleetsim.perf.soc_contention import share_bandwidth
 from fleetsim.soc.workload import AgentTraffic, LengthSampler, reactive_arrivals, streams
 
 _DONE = 1e-12  # a part with less than this share of its work left has finished

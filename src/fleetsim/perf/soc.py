@@ -10,10 +10,12 @@ SoC's shared cache and are not counted (at most a few MB per chunk against GBs o
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleetsim.hardware.soc import AcceleratorSpec, SoCSpec
 from fleetsim.models import ModelSpec
-from fleetsim.soc.device import AcceleratorSpec
 
 KV_DTYPE_BYTES = 2  # FP16 KV cache (OpenVINO and llama.cpp defaults on Intel GPUs)
 
@@ -38,10 +40,14 @@ class ModelCost:
 
     model: ModelSpec
     bits_per_weight: float
+    kv_dtype_bytes: int = KV_DTYPE_BYTES
+    """KV element size the runtime keeps (FP16 by default, whatever the checkpoint's)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.bits_per_weight <= 16:
             raise ValueError(f"bits_per_weight must be in [1, 16], got {self.bits_per_weight}")
+        if self.kv_dtype_bytes not in (1, 2, 4):
+            raise ValueError(f"kv_dtype_bytes must be 1, 2 or 4, got {self.kv_dtype_bytes}")
 
     @property
     def streamed_params(self) -> int:
@@ -56,8 +62,8 @@ class ModelCost:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """The model's KV bytes per token (MLA's latent included), held in FP16 here."""
-        return self.model.kv_bytes_per_token(kv_dtype_bytes=KV_DTYPE_BYTES)
+        """The model's KV bytes per token (MLA's latent included), at ``kv_dtype_bytes``."""
+        return self.model.kv_bytes_per_token(kv_dtype_bytes=self.kv_dtype_bytes)
 
     def _attention_flops(self, num_query: int, context: float) -> float:
         # QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add, per query head and layer
@@ -80,6 +86,27 @@ class ModelCost:
         kv = self.kv_bytes_per_token * (total + batch)
         return OpCost(flops, self.weight_bytes + kv)
 
+    def step(self, chunks: Sequence[tuple[int, int]], num_decode: int,
+             kv_tokens: int) -> OpCost:
+        """One engine step (``StepTimeModel.step_time_s``'s arguments): prefill ``chunks`` of
+        (tokens, tokens already cached) and ``num_decode`` decodes whose requests hold
+        ``kv_tokens`` computed tokens in all. One forward pass streams the weights once; each
+        chunk costs what ``prefill`` charges beyond them, the decodes what ``decode`` does
+        (a decode's context is its computed tokens plus the token it feeds in)."""
+        flops = 0.0
+        kv_bytes = 0.0
+        kv = self.kv_bytes_per_token
+        for n, cached in chunks:
+            flops += 2.0 * n * self.streamed_params + self._attention_flops(
+                n, cached + (n + 1) / 2)
+            kv_bytes += kv * (cached + n)
+        if num_decode:
+            total = kv_tokens + num_decode
+            flops += (2.0 * num_decode * self.streamed_params
+                      + self._attention_flops(1, 1) * total)
+            kv_bytes += kv * (total + num_decode)
+        return OpCost(flops, self.weight_bytes + kv_bytes)
+
 
 def compute_s(acc: AcceleratorSpec, cost: OpCost) -> float:
     """Time the op's arithmetic takes on ``acc`` at its achieved FLOP rate."""
@@ -98,3 +125,29 @@ def demand_bytes_per_s(acc: AcceleratorSpec, cost: OpCost, max_draw: float) -> f
     if t_compute <= 0:
         return max_draw
     return min(max_draw, cost.bytes / t_compute)
+
+
+class SocSplit:
+    """An engine step on one accelerator of an SoC, split for the shared DDR
+    (``serving/shared_steps.py``, with ``overlap``: arithmetic and memory traffic proceed
+    together): the private part is the step's arithmetic (``compute_s``), the shared work its
+    DDR bytes, and the step draws at most its demand (``demand_bytes_per_s``: all the
+    accelerator can draw when memory-bound, just enough to feed its arithmetic when
+    compute-bound). Under the DDR's max-min shares this is the contention model the SoC
+    engine used (``perf/soc_contention.py``): a step's progress is its share over its bytes,
+    capped by its arithmetic."""
+
+    def __init__(self, cost: ModelCost, soc: SoCSpec, accelerator: str) -> None:
+        self.cost = cost
+        self.soc = soc
+        self.accelerator = soc.accelerator(accelerator)
+        self.max_draw_bytes_per_s = self.accelerator.max_draw_bytes_per_s(
+            soc.ddr_bw_bytes_per_s)
+
+    def split(self, chunks: Sequence[tuple[int, int]], num_decode: int,
+              kv_tokens: int) -> tuple[float, float, float, float]:
+        """(private seconds, DDR bytes, weight 1, the step's most bytes/s)."""
+        op = self.cost.step(chunks, num_decode, kv_tokens)
+        private_s = compute_s(self.accelerator, op)
+        demand = demand_bytes_per_s(self.accelerator, op, self.max_draw_bytes_per_s)
+        return private_s, op.bytes, 1.0, demand if demand > 0 else math.inf
