@@ -1,0 +1,179 @@
+"""``cluster.soc``: an SoC's NPU and iGPU as pools of the one engine, their steps jobs on the
+shared DDR. Golden tests against the SoC engine (``soc/engine.py``) on cases both can run,
+fast-forward equal to stepping, and bad input as one line with exit 2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fleetsim.cli import main
+from fleetsim.config import config_from_dict
+from fleetsim.models import get_model
+from fleetsim.perf.soc import ModelCost
+from fleetsim.perf.soc_calibration import lunar_lake
+from fleetsim.run import build_pools, run
+from fleetsim.serving.shared_steps import SharedStepModel
+from fleetsim.soc.baselines import IgpuOnly
+from fleetsim.soc.engine import Job, Part, SoCEngine, SoCView
+from fleetsim.soc.workload import AgentTraffic
+from fleetsim.workloads.workload import Workload
+
+MODEL = "Llama-3.2-3B"
+PROMPT, OUTPUT = 300, 100
+TIMES_S = (0.0, 0.5, 0.55, 0.6, 4.0, 4.05, 9.0)
+
+
+def _config(pools, *, max_running=8, max_batched_tokens=PROMPT, fast_forward=True,
+            engine_extra=False, **extra):
+    return config_from_dict({
+        "model": MODEL, "seed": 0,
+        "cluster": {"pools": pools, "soc": {}, "link": {"latency_s": 0.0}},
+        "engine": {"max_running": max_running, "max_batched_tokens": max_batched_tokens,
+                   "fast_forward": fast_forward, **({"track_itl": True} if engine_extra else {})},
+        **extra})
+
+
+def _workload(times=TIMES_S):
+    n = len(times)
+    return Workload(arrival_s=np.array(times, dtype=np.float64),
+                    num_prompt_tokens=np.full(n, PROMPT, dtype=np.int64),
+                    num_output_tokens=np.full(n, OUTPUT, dtype=np.int64))
+
+
+def _engine_times(result):
+    r = result.records.requests
+    order = np.argsort(r["request_id"])
+    return r["first_token_s"][order], r["finish_s"][order]
+
+
+def _soc_engine_times(scheduler, times=TIMES_S):
+    traffic = AgentTraffic(reactive_per_min=0.0, num_proactive_flows=0, duration_s=60.0,
+                           reactive_times_s=times, reactive_lengths=(PROMPT, OUTPUT))
+    res = SoCEngine(lunar_lake(), ModelCost(get_model(MODEL), 4.5), traffic, scheduler).run()
+    return (np.array([q.first_token_s for q in res.requests]),
+            np.array([q.finish_s for q in res.requests]))
+
+
+class _PrefillNpuDecodeIgpu:
+    """P/D on the SoC engine: whole prompts on the NPU one at a time (FCFS), one decode step
+    of every decoding request on the iGPU."""
+
+    def plan(self, view: SoCView) -> list[Job]:
+        jobs = []
+        waiting = [r for r in view.ready if r.needs_prefill]
+        if waiting and "npu" in view.idle:
+            r = waiting[0]
+            jobs.append(Job(parts=(Part("npu", view.cost.prefill(PROMPT, 0)),), prefill=r,
+                            num_prefill_tokens=PROMPT))
+        decoding = tuple(r for r in view.ready if not r.needs_prefill)
+        if decoding and "igpu" in view.idle:
+            cost = view.cost.decode([r.context_tokens for r in decoding])
+            jobs.append(Job(parts=(Part("igpu", cost),), decode=decoding))
+        return jobs
+
+
+def test_pools_step_on_the_shared_ddr():
+    config = _config([{"name": "p", "gpu": "npu", "role": "prefill"},
+                      {"name": "d", "gpu": "igpu", "role": "decode"}])
+    setups, infos = build_pools(config, get_model(MODEL))
+    models = [s.step_model for s in setups]
+    assert all(isinstance(m, SharedStepModel) and m.resource == "ddr" for m in models)
+    soc = lunar_lake()
+    assert models[0].capacity_per_s == soc.achievable_bw_bytes_per_s
+    # each accelerator draws at most its own measured share of the DDR
+    assert models[0].max_rate == soc.npu.max_draw_bytes_per_s(soc.ddr_bw_bytes_per_s)
+    assert models[1].max_rate == soc.igpu.max_draw_bytes_per_s(soc.ddr_bw_bytes_per_s)
+    assert [i["gpu"] for i in infos] == ["Core Ultra 7 258V npu", "Core Ultra 7 258V igpu"]
+    # the two pools split what the weights leave of the 32 GB
+    cost = ModelCost(get_model(MODEL), 4.5)
+    one = setups[0].num_kv_blocks * 16 * cost.kv_bytes_per_token
+    assert 0.3 * 32e9 < one < 0.5 * 32e9
+
+
+def test_a_step_costs_what_the_soc_engine_charged():
+    cost = ModelCost(get_model(MODEL), 4.5)
+    assert cost.step([(256, 512)], 0, 0) == cost.prefill(256, 512)
+    # a decode's context is its computed tokens plus the one it feeds in
+    assert cost.step((), 3, 300 + 40 + 7) == cost.decode([301, 41, 8])
+    mixed = cost.step([(256, 0)], 2, 600)
+    alone = cost.prefill(256, 0).bytes + cost.decode([301, 301]).bytes - cost.weight_bytes
+    assert mixed.bytes == pytest.approx(alone, rel=1e-12)
+
+
+def test_igpu_fcfs_equals_the_soc_engine():
+    """One request at a time on the iGPU (the igpu-only baseline): request by request."""
+    config = _config([{"name": "igpu", "gpu": "igpu"}], max_running=1,
+                     max_batched_tokens=2048)
+    first, finish = _engine_times(run(config, workload=_workload()))
+    old_first, old_finish = _soc_engine_times(IgpuOnly(max_running=1))
+    np.testing.assert_allclose(first, old_first, rtol=1e-9)
+    np.testing.assert_allclose(finish, old_finish, rtol=1e-9)
+    assert finish[-1] > finish[-2] + 1.0  # queued requests waited (the case is not trivial)
+
+
+def test_prefill_on_npu_decode_on_igpu_shares_the_ddr_as_the_soc_engine():
+    """Prefills on the NPU while the iGPU decodes: both slow on the shared DDR, exactly as the
+    SoC engine's contention model has it."""
+    pools = [{"name": "p", "gpu": "npu", "role": "prefill"},
+             {"name": "d", "gpu": "igpu", "role": "decode"}]
+    first, finish = _engine_times(run(_config(pools), workload=_workload()))
+    old_first, old_finish = _soc_engine_times(_PrefillNpuDecodeIgpu())
+    np.testing.assert_allclose(first, old_first, rtol=1e-9)
+    np.testing.assert_allclose(finish, old_finish, rtol=1e-9)
+
+
+def test_a_prefill_on_the_npu_slows_the_igpu_decode():
+    """The asymmetric contention (Agent.xpu's profiling): a compute-bound NPU prefill draws
+    little DDR yet slows the memory-bound iGPU decode running beside it."""
+    pools = [{"name": "p", "gpu": "npu", "role": "prefill"},
+             {"name": "d", "gpu": "igpu", "role": "decode"}]
+
+    def itl_max_of_first(times):
+        config = _config(pools, engine_extra=True)
+        r = run(config, workload=_workload(times)).records.requests
+        return float(r["itl_max_s"][np.argsort(r["request_id"])][0])
+
+    alone = itl_max_of_first((0.0, 60.0))
+    beside = itl_max_of_first((0.0, 0.5))
+    assert beside > 1.05 * alone
+
+
+@pytest.mark.parametrize("pools", [
+    [{"name": "p", "gpu": "npu", "role": "prefill"}, {"name": "d", "gpu": "igpu",
+                                                       "role": "decode"}],
+    [{"name": "a", "gpu": "npu"}, {"name": "b", "gpu": "igpu"}],
+])
+def test_fast_forward_equals_stepping(pools):
+    extra = {"cluster": {"pools": pools, "soc": {}, "router": {"name": "round_robin"},
+                         "link": {"latency_s": 0.0}}}
+    runs = []
+    for ff in (True, False):
+        config = _config(pools, fast_forward=ff, max_batched_tokens=256, **extra)
+        runs.append(_engine_times(run(config, workload=_workload())))
+    for a, b in zip(runs[0], runs[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def _cli(tmp_path, capsys, toml: str) -> tuple[int, str]:
+    path = tmp_path / "c.toml"
+    path.write_text(f'model = "{MODEL}"\n' + toml)
+    code = main(["run", str(path), "--out", str(tmp_path / "out")])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("toml", "needle"), [
+    ('[hardware]\ngpu = "H100"\n[cluster]\nsoc = {}\n', "hardware.gpu"),
+    ('[hardware]\ngpu = "igpu"\nnum_replicas = 2\n[cluster]\nsoc = {}\n', "num_replicas"),
+    ('[cluster]\nsoc = {}\npools = [{name = "a", gpu = "npu"}, {name = "b", gpu = "npu"}]\n',
+     "cluster.pools (b).gpu"),
+    ('[hardware]\ngpu = "igpu"\n[cluster]\nsoc = {device = "m4"}\n', "cluster.soc.device"),
+    ('[hardware]\ngpu = "igpu"\n[cluster]\nsoc = {bits_per_weight = 0}\n', "bits_per_weight"),
+    ('quantization = "fp8"\n[hardware]\ngpu = "igpu"\n[cluster]\nsoc = {}\n', "quantization"),
+    ('[hardware]\ngpu = "igpu"\n[cluster]\nsoc = {cores = 2}\n', "cores"),
+])
+def test_bad_soc_input_is_one_line_exit_2(tmp_path, capsys, toml, needle):
+    code, err = _cli(tmp_path, capsys, toml)
+    assert code == 2
+    assert needle in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
