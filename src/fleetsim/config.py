@@ -270,8 +270,8 @@ class ClusterConfig:
     """A shared expert pool for the prefill and decode pools (MoE models; docs/config.md,
     ExpertPlex), e.g. {num_gpus = 8}."""
     soc: SocConfig | None = None
-    """The pools on one laptop SoC, sharing its DDR (Agent.xpu; docs/config.md): each pool's
-    gpu names its accelerator (npu | igpu), e.g. soc = {} with gpu = "igpu"."""
+    """The pools on one laptop SoC, sharing its DDR (Agent.xpu; examples/soc.toml): each pool's
+    gpu names its accelerator (npu | igpu, one pool each), e.g. soc = {} with gpu = "igpu"."""
     frontend_overhead_s: float = 0.0
     """Time a request spends between the client and the engine (HTTP both ways, API server),
     seconds: each request reaches the engine this long after it was sent, so its TTFT and E2E

@@ -33,7 +33,7 @@ ALLOWED = {
                     "workloads"},
     "soc_pools": {"config", "hardware", "models", "perf", "serving"},
     "run": {"config", "esp", "expert_pool", "hardware", "metrics", "models", "moe", "native",
-            "perf", "policies", "programs", "serving", "workloads"},
+            "perf", "policies", "programs", "serving", "soc_pools", "workloads"},
     "configdoc": {"config"},
     "vllm_json": {"metrics"},
     # moe: plan's wide-EP axis checks a layout as run() would (search/dp_axis.py)
@@ -212,3 +212,22 @@ def test_repro_holds_no_event_loop_or_step_model():
             offenders.append(path.name)
     assert not offenders, f"move the mechanism out of repro/: {offenders}"
     assert not (SRC / "repro" / "expertplex_sim.py").exists()
+
+
+def test_the_soc_engine_gains_no_users():
+    """The SoC on the one engine (issue 20, step 5): its device is in ``hardware/``, its cost
+    model and calibration in ``perf/``, ``cluster.soc`` builds its pools (``soc_pools.py``),
+    and none of them advances a clock. The SoC's own loop (``soc/engine.py``) still serves
+    Agent.xpu's scheduler and its reproduction until they are ported; nothing else may come
+    to depend on it."""
+    assert not (SRC / "soc" / "device.py").exists() and not (SRC / "soc" / "cost.py").exists()
+    on_engine = [SRC / "hardware" / "soc.py", SRC / "soc_pools.py",
+                 *(SRC / "perf").glob("soc*.py")]
+    offenders = {str(p.relative_to(SRC)): lines for p in on_engine
+                 if (lines := _advances_a_clock(ast.parse(p.read_text())))}
+    assert not offenders, f"a simulation loop outside serving/ and core/: {offenders}"
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if p.relative_to(SRC).parts[0] != "soc"
+                   and any(m.startswith("fleetsim.soc.") or m == "fleetsim.soc"
+                           for m in _all_imports(p)))
+    assert users == ["repro/agent_xpu.py"], f"build on cluster.soc, not soc/: {users}"
