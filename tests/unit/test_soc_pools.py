@@ -177,3 +177,16 @@ def test_bad_soc_input_is_one_line_exit_2(tmp_path, capsys, toml, needle):
     assert code == 2
     assert needle in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("accelerator", ["npu", "igpu"])
+def test_a_decode_window_is_priced_as_its_steps_bit_for_bit(accelerator):
+    """Fast-forward prices a decode window vectorized; each step must equal the scalar
+    price exactly, or windows and stepping would drift apart."""
+    from fleetsim.soc_pools import soc_step_model
+    model = soc_step_model(lunar_lake(), ModelCost(get_model(MODEL), 4.5), accelerator)
+    kv = np.array([0, 1, 7, 300, 4096, 65_000, 2_000_000], dtype=np.int64)
+    for n in (1, 3, 64):
+        window = model.decode_step_times_s(n, kv)
+        steps = [model.step_time_s((), n, int(k)) for k in kv]
+        assert window.tolist() == steps

@@ -14,6 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from fleetsim.hardware.soc import AcceleratorSpec, SoCSpec
 from fleetsim.models import ModelSpec
 
@@ -151,3 +153,20 @@ class SocSplit:
         private_s = compute_s(self.accelerator, op)
         demand = demand_bytes_per_s(self.accelerator, op, self.max_draw_bytes_per_s)
         return private_s, op.bytes, 1.0, demand if demand > 0 else math.inf
+
+    def decode_private_s(self, num_decode: int, kv_tokens: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``split`` of decode-only steps for each ``kv_tokens``, vectorized with the same
+        float operations (a decode window is priced without a Python call per step):
+        (private seconds, DDR bytes, the steps' most bytes/s)."""
+        c = self.cost
+        total = kv_tokens + num_decode
+        flops = 2.0 * num_decode * c.streamed_params + c._attention_flops(1, 1) * total
+        work = c.weight_bytes + c.kv_bytes_per_token * (total + num_decode)
+        acc = self.accelerator
+        private_s = flops / (acc.peak_fp16_flops * acc.compute_eff)
+        with np.errstate(divide="ignore"):
+            demand = np.where(private_s > 0, np.minimum(self.max_draw_bytes_per_s,
+                                                        work / private_s),
+                              self.max_draw_bytes_per_s)
+        return private_s, work, demand

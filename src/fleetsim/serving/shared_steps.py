@@ -91,13 +91,15 @@ class SharedStepModel:
 
     def decode_step_times_s(self, num_decode: int, kv_tokens: np.ndarray) -> np.ndarray:
         """Decode-only steps alone, for each ``kv``: vectorized when the split offers
-        ``decode_private_s(num_decode, kv) -> (private_s array, work)`` (with the same float
-        operations as ``split``), else one ``step_time_s`` each."""
+        ``decode_private_s(num_decode, kv) -> (private_s array, work[, max_rate array])``
+        (with the same float operations as ``split``), else one ``step_time_s`` each."""
         vec = getattr(self.splitter, "decode_private_s", None)
         if vec is None:
             return np.array([self.step_time_s((), num_decode, int(kv)) for kv in kv_tokens])
-        private_s, work = vec(num_decode, kv_tokens)
-        shared_s = work / self.alone_rate
+        parts = vec(num_decode, kv_tokens)  # (private_s, work[, each step's max_rate])
+        private_s, work = parts[0], parts[1]
+        rate = self.alone_rate if len(parts) < 3 else np.minimum(self.alone_rate, parts[2])
+        shared_s = work / rate
         return np.maximum(private_s, shared_s) if self.overlap else private_s + shared_s
 
 
