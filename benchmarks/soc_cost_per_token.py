@@ -26,7 +26,7 @@ from fleetsim.perf.soc_calibration import lunar_lake
 from fleetsim.run import run
 from fleetsim.soc.baselines import IgpuOnly
 from fleetsim.soc.engine import SoCEngine
-from fleetsim.soc.workload import AgentTraffic
+from fleetsim.workloads.agent_traffic import AgentTraffic
 from fleetsim.workloads.workload import Workload
 
 MODEL = "Llama-3.2-3B"

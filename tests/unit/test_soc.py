@@ -29,7 +29,7 @@ from fleetsim.soc.engine import (
     concurrent_s,
     part_rates,
 )
-from fleetsim.soc.workload import AgentTraffic
+from fleetsim.workloads.agent_traffic import AgentTraffic
 
 SOC = lunar_lake()
 COST = ModelCost(get_model("Llama-3.2-3B"), 4.5)

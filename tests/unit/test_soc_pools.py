@@ -16,7 +16,7 @@ from fleetsim.run import build_pools, run
 from fleetsim.serving.shared_steps import SharedStepModel
 from fleetsim.soc.baselines import IgpuOnly
 from fleetsim.soc.engine import Job, Part, SoCEngine, SoCView
-from fleetsim.soc.workload import AgentTraffic
+from fleetsim.workloads.agent_traffic import AgentTraffic
 from fleetsim.workloads.workload import Workload
 
 MODEL = "Llama-3.2-3B"
@@ -190,3 +190,18 @@ def test_a_decode_window_is_priced_as_its_steps_bit_for_bit(accelerator):
         window = model.decode_step_times_s(n, kv)
         steps = [model.step_time_s((), n, int(k)) for k in kv]
         assert window.tolist() == steps
+
+
+@pytest.mark.parametrize(("order", "ordering"), [("fcfs", "fcfs"),
+                                                  ("reactive_next", "priority")])
+def test_agent_traffic_on_the_engine_equals_the_soc_engine(order, ordering):
+    """Agent.xpu's traffic (Poisson reactive requests, closed-loop proactive flows, trace
+    lengths) served by the iGPU-only baselines: the engine gives the SoC engine's figures."""
+    from fleetsim.repro.agent_xpu import IGPU, AgentXpuSetup, OnEngine, simulate, summarize
+    setup = AgentXpuSetup(duration_s=240.0, num_proactive_flows=3, seed=3)
+    cost = ModelCost(get_model(MODEL), 4.5)
+    new = summarize(simulate(setup, 6.0, OnEngine(IGPU, ordering=ordering), cost))
+    old = summarize(simulate(setup, 6.0, IgpuOnly(max_running=1, order=order), cost))
+    assert new.pop("busy_share")["igpu"] == pytest.approx(old.pop("busy_share")["igpu"])
+    assert new["num_reactive"] > 10 and new["proactive_per_min"] > 0
+    assert new == pytest.approx(old, rel=1e-9)

@@ -23,7 +23,7 @@ from typing import Protocol
 from fleetsim.hardware.soc import SoCSpec
 from fleetsim.perf.soc import ModelCost, OpCost, compute_s, demand_bytes_per_s
 from fleetsim.perf.soc_contention import share_bandwidth
-from fleetsim.soc.workload import AgentTraffic, LengthSampler, reactive_arrivals, streams
+from fleetsim.workloads.agent_traffic import AgentTraffic, LengthSampler, reactive_arrivals, streams
 
 _DONE = 1e-12  # a part with less than this share of its work left has finished
 
