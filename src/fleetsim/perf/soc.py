@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -36,9 +37,10 @@ class OpCost:
         return OpCost(self.flops * share, self.bytes * share)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ModelCost:
-    """A model at a weight precision: the per-token constants the op costs are built from."""
+    """A model at a weight precision: the per-token constants the op costs are built from
+    (computed once: every step of a run is priced from them; not slotted, for the cache)."""
 
     model: ModelSpec
     bits_per_weight: float
@@ -51,18 +53,18 @@ class ModelCost:
         if self.kv_dtype_bytes not in (1, 2, 4):
             raise ValueError(f"kv_dtype_bytes must be 1, 2 or 4, got {self.kv_dtype_bytes}")
 
-    @property
+    @cached_property
     def streamed_params(self) -> int:
         """Weights read by every forward pass: decoder layers plus the LM head."""
         m = self.model
         return (m.num_layers * m.attention_params_per_gpu(1) + m.mlp_params_per_gpu(1)
                 + m.vocab_size * m.hidden_size)
 
-    @property
+    @cached_property
     def weight_bytes(self) -> float:
         return self.streamed_params * self.bits_per_weight / 8
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         """The model's KV bytes per token (MLA's latent included), at ``kv_dtype_bytes``."""
         return self.model.kv_bytes_per_token(kv_dtype_bytes=self.kv_dtype_bytes)
