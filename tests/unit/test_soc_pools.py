@@ -171,6 +171,8 @@ def _cli(tmp_path, capsys, toml: str) -> tuple[int, str]:
     ('[hardware]\ngpu = "igpu"\n[cluster]\nsoc = {bits_per_weight = 0}\n', "bits_per_weight"),
     ('quantization = "fp8"\n[hardware]\ngpu = "igpu"\n[cluster]\nsoc = {}\n', "quantization"),
     ('[hardware]\ngpu = "igpu"\n[cluster]\nsoc = {cores = 2}\n', "cores"),
+    ('[policy]\nbatching = {name = "serve_best", args = {max_serving = 0}}\n', "max_serving"),
+    ('[policy]\nbatching = {name = "serve_best", args = {ordering = "lifo"}}\n', "lifo"),
 ])
 def test_bad_soc_input_is_one_line_exit_2(tmp_path, capsys, toml, needle):
     code, err = _cli(tmp_path, capsys, toml)
@@ -192,15 +194,17 @@ def test_a_decode_window_is_priced_as_its_steps_bit_for_bit(accelerator):
         assert window.tolist() == steps
 
 
-@pytest.mark.parametrize(("order", "ordering"), [("fcfs", "fcfs"),
-                                                  ("reactive_next", "priority")])
-def test_agent_traffic_on_the_engine_equals_the_soc_engine(order, ordering):
+@pytest.mark.parametrize(("order", "ordering", "pause"), [
+    ("fcfs", "fcfs", False), ("reactive_next", "priority", False),
+    ("reactive_first", "priority", True)])
+def test_agent_traffic_on_the_engine_equals_the_soc_engine(order, ordering, pause):
     """Agent.xpu's traffic (Poisson reactive requests, closed-loop proactive flows, trace
-    lengths) served by the iGPU-only baselines: the engine gives the SoC engine's figures."""
+    lengths) served by the iGPU-only baselines (FCFS, a priority queue, priority with paused
+    requests): the engine gives the SoC engine's figures."""
     from fleetsim.repro.agent_xpu import IGPU, AgentXpuSetup, OnEngine, simulate, summarize
     setup = AgentXpuSetup(duration_s=240.0, num_proactive_flows=3, seed=3)
     cost = ModelCost(get_model(MODEL), 4.5)
-    new = summarize(simulate(setup, 6.0, OnEngine(IGPU, ordering=ordering), cost))
+    new = summarize(simulate(setup, 6.0, OnEngine(IGPU, ordering=ordering, pause=pause), cost))
     old = summarize(simulate(setup, 6.0, IgpuOnly(max_running=1, order=order), cost))
     assert new.pop("busy_share")["igpu"] == pytest.approx(old.pop("busy_share")["igpu"])
     assert new["num_reactive"] > 10 and new["proactive_per_min"] > 0

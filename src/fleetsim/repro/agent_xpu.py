@@ -114,6 +114,9 @@ class OnEngine:
 
     pools: tuple[tuple[str, str, str], ...]  # (name, accelerator, role)
     ordering: str = "fcfs"
+    pause: bool = False
+    """Serve the best ``max_running`` requests each step and pause the others, KV kept
+    (``serve_best``), instead of running ``max_running`` requests to their end."""
 
 
 System = Scheduler | OnEngine
@@ -121,6 +124,7 @@ System = Scheduler | OnEngine
 # The iGPU-only baselines as the engine runs them: a whole prompt in one step, then its
 # decodes, one request at a time (max_running), FCFS or reactive first without preemption.
 IGPU = (("igpu", "igpu", "mixed"),)
+RESIDENT = 256  # requests a pausing engine keeps resident (far above the flows plus arrivals)
 
 
 def schedulers(setup: AgentXpuSetup, cost: ModelCost) -> dict[str, System]:
@@ -131,7 +135,7 @@ def schedulers(setup: AgentXpuSetup, cost: ModelCost) -> dict[str, System]:
         "igpu-only": OnEngine(IGPU),
         "static-partition": StaticPartition(soc, cost, max_running=setup.max_running),
         "igpu-reactive-next": OnEngine(IGPU, ordering="priority"),
-        "igpu-reactive-first": IgpuOnly(max_running=setup.max_running, order="reactive_first"),
+        "igpu-reactive-first": OnEngine(IGPU, ordering="priority", pause=True),
     }
 
 
@@ -163,10 +167,14 @@ def engine_config(setup: AgentXpuSetup, system: OnEngine) -> SimConfig:
         "cluster": {"pools": [{"name": n, "gpu": a, "role": r} for n, a, r in system.pools],
                     "soc": {"bits_per_weight": setup.bits_per_weight},
                     "link": {"latency_s": 0.0}},
-        # every prompt in one step, as the SoC engine's baselines run it
-        "engine": {"max_running": setup.max_running,
+        # every prompt in one step, as the SoC engine's baselines run it; paused requests
+        # stay resident (their KV kept) beside the ones served
+        "engine": {"max_running": RESIDENT if system.pause else setup.max_running,
                    "max_batched_tokens": setup.max_prompt_tokens + setup.max_running},
-        "policy": {"ordering": system.ordering}})
+        "policy": {"ordering": system.ordering, **({"batching": {
+            "name": "serve_best", "args": {"max_serving": setup.max_running,
+                                           "ordering": system.ordering}}}
+            if system.pause else {})}})
 
 
 def simulate(setup: AgentXpuSetup, rate_per_min: float, system: System,
