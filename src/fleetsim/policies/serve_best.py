@@ -51,19 +51,33 @@ class ServeBestPlanner:
         num_running = len(view.running) + view.num_swapping_in
         waiting = {r.id for r in view.waiting[:k]}
         tokens: dict[int, int] = {}
-        for req in heads[:k]:
+        preempt: list[int] = []
+        victims = list(reversed(view.running))  # worst first
+        for req in heads:
+            if len(tokens) == k:
+                break
+            if req.id in preempt:
+                continue
             if req.id in waiting:
                 todo = req.num_tokens - kv.num_prefix_hit_tokens(req)
                 needed = kv.admission_blocks(req, todo)
                 if todo > budget or needed > available or num_running >= view.max_running:
-                    break
+                    # not now: the running requests go on, and free their KV as they end
+                    continue
                 num_running += 1
                 num_new = todo
             else:
                 num_new, needed = next_chunk(req, budget, kv.block_size, kv.blocks_per_entry)
+                # Short of KV: recompute paused requests later, the worst first.
+                while needed > available and victims and victims[0] is not req:
+                    victim = victims.pop(0)
+                    if victim.id in tokens:
+                        break
+                    preempt.append(victim.id)
+                    available += kv.reclaimable_blocks(victim)
                 if needed > available:
                     break
             tokens[req.id] = num_new
             budget -= num_new
             available -= needed
-        return StepPlan(tokens)
+        return StepPlan(tokens, tuple(preempt))
