@@ -23,6 +23,7 @@ from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware.soc import ACCELERATORS, SoCSpec
 from fleetsim.models import ModelSpec
 from fleetsim.models.quantization import quantize
+from fleetsim.perf.base import StepTimeModel
 from fleetsim.perf.soc import ModelCost, SocSplit
 from fleetsim.perf.soc_calibration import lunar_lake
 from fleetsim.serving.cluster import PoolSetup
@@ -40,6 +41,16 @@ def soc_step_model(soc: SoCSpec, cost: ModelCost, accelerator: str) -> SharedSte
     split = SocSplit(cost, soc, accelerator)
     return SharedStepModel(split, DDR, soc.achievable_bw_bytes_per_s,
                            max_rate=split.max_draw_bytes_per_s, overlap=True)
+
+
+class AloneOnDdr:
+    """A step model priced at the whole DDR, as ``SharedStepModel`` prices a step run alone
+    (the same floats): the one pool of an SoC cluster, which never shares the bus."""
+
+    def __init__(self, model: SharedStepModel) -> None:
+        self.shared = model
+        self.step_time_s = model.step_time_s
+        self.decode_step_times_s = model.decode_step_times_s
 
 
 def soc_kv_blocks(soc: SoCSpec, cost: ModelCost, num_pools: int, block_size: int,
@@ -72,7 +83,10 @@ def soc_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], lis
                                                 eng.gpu_memory_utilization)
     setups, infos = [], []
     for pool in config.pools:
-        step_model = soc_step_model(soc, cost, pool.gpu)
+        step_model: StepTimeModel = soc_step_model(soc, cost, pool.gpu)
+        if len(config.pools) == 1:
+            # Nobody else draws on the DDR: the same prices, without the sharing machinery.
+            step_model = AloneOnDdr(step_model)
         # The KV stays in the one DDR: a handoff moves no bytes (infinite link).
         setups.append(PoolSetup(name=pool.name, role=pool.role, num_replicas=1,
                                 step_model=step_model, num_kv_blocks=blocks,
