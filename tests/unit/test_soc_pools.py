@@ -209,3 +209,17 @@ def test_agent_traffic_on_the_engine_equals_the_soc_engine(order, ordering, paus
     assert new.pop("busy_share")["igpu"] == pytest.approx(old.pop("busy_share")["igpu"])
     assert new["num_reactive"] > 10 and new["proactive_per_min"] > 0
     assert new == pytest.approx(old, rel=1e-9)
+
+
+def test_one_pool_is_priced_as_a_step_alone_on_the_ddr():
+    """A one-pool SoC cluster never shares the bus: it skips the sharing machinery and
+    prices every step as the shared model prices a step run alone."""
+    from fleetsim.soc_pools import AloneOnDdr
+    setups, _ = build_pools(_config([{"name": "igpu", "gpu": "igpu"}]), get_model(MODEL))
+    model = setups[0].step_model
+    assert isinstance(model, AloneOnDdr) and not isinstance(model, SharedStepModel)
+    shared = model.shared
+    for args in (([(256, 0)], 0, 0), ((), 4, 3000), ([(100, 50)], 2, 700)):
+        assert model.step_time_s(*args) == shared.step_time_s(*args)
+        private_s, work = shared.demand(*args)[:2]
+        assert model.step_time_s(*args) >= max(private_s, work / shared.capacity_per_s)
