@@ -24,7 +24,7 @@ from fleetsim.hardware.soc import ACCELERATORS, SoCSpec
 from fleetsim.models import ModelSpec
 from fleetsim.models.quantization import quantize
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.perf.soc import ModelCost, SocSplit
+from fleetsim.perf.soc import ModelCost, SocSplit, TensorSplitSteps
 from fleetsim.perf.soc_calibration import lunar_lake
 from fleetsim.serving.cluster import PoolSetup
 from fleetsim.serving.shared_steps import SharedStepModel
@@ -33,6 +33,9 @@ DDR = "ddr"
 """The shared resource's key: the SoC's DDR bandwidth (bytes/s)."""
 
 SOCS = {"core-ultra-7-258v": lunar_lake}
+TENSOR_SPLIT = "npu+igpu"
+"""A pool's ``gpu`` for one replica over both accelerators, every step split between them at
+the NPU share that finishes it soonest (Agent.xpu's static-partition baseline)."""
 
 
 def soc_step_model(soc: SoCSpec, cost: ModelCost, accelerator: str) -> SharedStepModel:
@@ -83,10 +86,14 @@ def soc_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], lis
                                                 eng.gpu_memory_utilization)
     setups, infos = [], []
     for pool in config.pools:
-        step_model: StepTimeModel = soc_step_model(soc, cost, pool.gpu)
-        if len(config.pools) == 1:
+        step_model: StepTimeModel
+        if pool.gpu == TENSOR_SPLIT:
+            step_model = TensorSplitSteps(cost, soc)
+        elif len(config.pools) == 1:
             # Nobody else draws on the DDR: the same prices, without the sharing machinery.
-            step_model = AloneOnDdr(step_model)
+            step_model = AloneOnDdr(soc_step_model(soc, cost, pool.gpu))
+        else:
+            step_model = soc_step_model(soc, cost, pool.gpu)
         # The KV stays in the one DDR: a handoff moves no bytes (infinite link).
         setups.append(PoolSetup(name=pool.name, role=pool.role, num_replicas=1,
                                 step_model=step_model, num_kv_blocks=blocks,
@@ -106,10 +113,15 @@ def _check_soc_alone(config: SimConfig) -> None:
     seen: set[str] = set()
     for p in config.pools:
         pool = "hardware" if not config.cluster.pools else f"cluster.pools ({p.name})"
-        if p.gpu not in ACCELERATORS or p.gpu in seen:
+        if p.gpu == TENSOR_SPLIT and len(config.pools) > 1:
+            raise FleetsimInputError(f"{pool}.gpu", p.gpu,
+                                     f"a tensor split takes both accelerators: it is the "
+                                     f"only pool of {where}")
+        if p.gpu not in (*ACCELERATORS, TENSOR_SPLIT) or p.gpu in seen:
             raise FleetsimInputError(f"{pool}.gpu", p.gpu,
                                      f"{where} runs each pool on its own accelerator: "
-                                     f"{' or '.join(ACCELERATORS)}, one pool each")
+                                     f"{' or '.join(ACCELERATORS)}, one pool each, or one "
+                                     f"pool on {TENSOR_SPLIT} (every step split over both)")
         seen.add(p.gpu)
         for field, value in (("num_replicas", p.num_replicas), ("tp", p.tp), ("pp", p.pp),
                              ("dp_attention", p.dp_attention)):

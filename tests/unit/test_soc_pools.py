@@ -9,6 +9,7 @@ import pytest
 
 from fleetsim.cli import main
 from fleetsim.config import config_from_dict
+from fleetsim.errors import FleetsimInputError
 from fleetsim.models import get_model
 from fleetsim.perf.soc import ModelCost
 from fleetsim.perf.soc_calibration import lunar_lake
@@ -223,3 +224,30 @@ def test_one_pool_is_priced_as_a_step_alone_on_the_ddr():
         assert model.step_time_s(*args) == shared.step_time_s(*args)
         private_s, work = shared.demand(*args)[:2]
         assert model.step_time_s(*args) >= max(private_s, work / shared.capacity_per_s)
+
+
+def test_tensor_split_on_the_engine_equals_the_soc_engine():
+    """The static-partition baseline: one replica on npu+igpu, every prefill split at its
+    best NPU share (the halves sharing the DDR), decode where its share puts it."""
+    from fleetsim.repro.agent_xpu import SPLIT, AgentXpuSetup, OnEngine, simulate, summarize
+    from fleetsim.soc.baselines import StaticPartition
+    setup = AgentXpuSetup(duration_s=240.0, num_proactive_flows=3, seed=5)
+    cost = ModelCost(get_model(MODEL), 4.5)
+    new = summarize(simulate(setup, 6.0, OnEngine(SPLIT), cost))
+    old = summarize(simulate(setup, 6.0, StaticPartition(lunar_lake(), cost), cost))
+    new.pop("busy_share"), old.pop("busy_share")
+    assert new["num_reactive"] > 10
+    assert new == pytest.approx(old, rel=1e-9)
+
+
+def test_a_tensor_split_is_the_only_pool():
+    config = _config([{"name": "a", "gpu": "npu+igpu"}, {"name": "b", "gpu": "igpu"}])
+    with pytest.raises(FleetsimInputError, match="only pool"):
+        build_pools(config, get_model(MODEL))
+    setups, _ = build_pools(_config([{"name": "a", "gpu": "npu+igpu"}]), get_model(MODEL))
+    split = setups[0].step_model
+    assert 0 < split.prefill_npu_share < 1 and split.decode_npu_share == 0.0
+    # a prefill split over both beats either accelerator alone
+    igpu, _ = build_pools(_config([{"name": "a", "gpu": "igpu"}]), get_model(MODEL))
+    assert split.step_time_s([(1024, 0)], 0, 0) < igpu[0].step_model.step_time_s(
+        [(1024, 0)], 0, 0)

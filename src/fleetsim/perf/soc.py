@@ -19,6 +19,7 @@ import numpy as np
 
 from fleetsim.hardware.soc import AcceleratorSpec, SoCSpec
 from fleetsim.models import ModelSpec
+from fleetsim.perf.soc_contention import share_bandwidth
 
 KV_DTYPE_BYTES = 2  # FP16 KV cache (OpenVINO and llama.cpp defaults on Intel GPUs)
 
@@ -172,3 +173,91 @@ class SocSplit:
                                                         work / private_s),
                               self.max_draw_bytes_per_s)
         return private_s, work, demand
+
+
+# ---- tensor splits: one op over both accelerators, the halves sharing the DDR ----------------
+_DONE = 1e-12  # a part with less than this share of its work left has finished
+SPLIT_STEPS = 100  # the partition search tries NPU shares 0, 0.01, ..., 1
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """The part of an op one accelerator runs."""
+
+    accelerator: str
+    cost: OpCost
+
+
+def part_rates(soc: SoCSpec, parts: Sequence[Part]) -> list[float]:
+    """Share of its work each running part completes per second, with the DDR shared."""
+    accs = [soc.accelerator(p.accelerator) for p in parts]
+    draws = [a.max_draw_bytes_per_s(soc.ddr_bw_bytes_per_s) for a in accs]
+    demands = [demand_bytes_per_s(a, p.cost, d) for a, p, d in zip(accs, parts, draws,
+                                                                       strict=True)]
+    alloc = share_bandwidth(demands, soc.achievable_bw_bytes_per_s)
+    rates = []
+    for acc, part, bw in zip(accs, parts, alloc, strict=True):
+        t_mem = part.cost.bytes / bw if part.cost.bytes > 0 else 0.0
+        rates.append(1.0 / max(compute_s(acc, part.cost), t_mem))
+    return rates
+
+
+def concurrent_s(soc: SoCSpec, parts: Sequence[Part]) -> list[float]:
+    """When each of ``parts``, started together with nothing else running, finishes."""
+    left = [1.0] * len(parts)
+    end = [0.0] * len(parts)
+    now = 0.0
+    live = list(range(len(parts)))
+    while live:
+        rates = part_rates(soc, [parts[i] for i in live])
+        dt = min(left[i] / r for i, r in zip(live, rates, strict=True))
+        now += dt
+        for i, r in zip(list(live), rates, strict=True):
+            left[i] -= r * dt
+            if left[i] <= _DONE:
+                end[i] = now
+                live.remove(i)
+    return end
+
+
+def split_parts(cost: OpCost, npu_share: float) -> list[Part]:
+    """``cost`` split over the NPU (``npu_share`` of every matrix) and the iGPU (the rest);
+    a part with no work is left out."""
+    return [p for p in (Part("npu", cost.scaled(npu_share)),
+                        Part("igpu", cost.scaled(1.0 - npu_share))) if p.cost.flops > 0]
+
+
+def best_npu_share(soc: SoCSpec, cost: OpCost) -> float:
+    """The NPU share of a tensor split that finishes ``cost`` soonest, both halves running
+    together on the shared DDR (the paper's "optimal tensor-partitioning" baseline)."""
+    best, best_s = 0.0, float("inf")
+    for k in range(SPLIT_STEPS + 1):
+        share = k / SPLIT_STEPS
+        finish = max(concurrent_s(soc, split_parts(cost, share)))
+        if finish < best_s - 1e-15:
+            best, best_s = share, finish
+    return best
+
+
+class TensorSplitSteps:
+    """A step model of one replica over both accelerators (Agent.xpu's static-partition
+    baseline): every step is split at a fixed NPU share, the prefill share for a step with
+    prompt tokens, else the decode share, each chosen offline (``best_npu_share``) for a
+    ``profile_tokens`` prompt and a decode at that context. The two halves run together on
+    the DDR (``concurrent_s``); the step ends with the later one. Exact only while nothing
+    else runs on the SoC (a one-pool cluster)."""
+
+    def __init__(self, cost: ModelCost, soc: SoCSpec, profile_tokens: int = 1024) -> None:
+        self.cost = cost
+        self.soc = soc
+        self.prefill_npu_share = best_npu_share(soc, cost.prefill(profile_tokens, 0))
+        self.decode_npu_share = best_npu_share(soc, cost.decode([profile_tokens]))
+
+    def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
+                    kv_tokens: int) -> float:
+        op = self.cost.step(chunks, num_decode, kv_tokens)
+        share = self.prefill_npu_share if chunks else self.decode_npu_share
+        return max(concurrent_s(self.soc, split_parts(op, share)))
+
+    def decode_step_times_s(self, num_decode: int, kv_tokens: np.ndarray) -> np.ndarray:
+        return np.array([self.step_time_s((), num_decode, int(kv)) for kv in kv_tokens])

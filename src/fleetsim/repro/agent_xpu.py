@@ -124,6 +124,7 @@ System = Scheduler | OnEngine
 # The iGPU-only baselines as the engine runs them: a whole prompt in one step, then its
 # decodes, one request at a time (max_running), FCFS or reactive first without preemption.
 IGPU = (("igpu", "igpu", "mixed"),)
+SPLIT = (("soc", "npu+igpu", "mixed"),)  # every step split over both (static partition)
 RESIDENT = 256  # requests a pausing engine keeps resident (far above the flows plus arrivals)
 
 
@@ -133,7 +134,7 @@ def schedulers(setup: AgentXpuSetup, cost: ModelCost) -> dict[str, System]:
         "agent-xpu": AgentXpu(soc, cost, chunk_tokens=setup.chunk_tokens,
                               reactive_slack=setup.reactive_slack),
         "igpu-only": OnEngine(IGPU),
-        "static-partition": StaticPartition(soc, cost, max_running=setup.max_running),
+        "static-partition": OnEngine(SPLIT),
         "igpu-reactive-next": OnEngine(IGPU, ordering="priority"),
         "igpu-reactive-first": OnEngine(IGPU, ordering="priority", pause=True),
     }
