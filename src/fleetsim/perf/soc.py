@@ -203,20 +203,26 @@ def part_rates(soc: SoCSpec, parts: Sequence[Part]) -> list[float]:
 
 
 def concurrent_s(soc: SoCSpec, parts: Sequence[Part]) -> list[float]:
-    """When each of ``parts``, started together with nothing else running, finishes."""
+    """When each of ``parts``, started together with nothing else running, finishes: a
+    closed form in rounds, each ending when the next part does (so at most one round per
+    part; the DDR shares change only then)."""
     left = [1.0] * len(parts)
     end = [0.0] * len(parts)
-    now = 0.0
+    elapsed_s = 0.0
     live = list(range(len(parts)))
-    while live:
+    for _ in range(len(parts)):
+        if not live:
+            break
         rates = part_rates(soc, [parts[i] for i in live])
         dt = min(left[i] / r for i, r in zip(live, rates, strict=True))
-        now += dt
+        elapsed_s += dt
         for i, r in zip(list(live), rates, strict=True):
             left[i] -= r * dt
             if left[i] <= _DONE:
-                end[i] = now
+                end[i] = elapsed_s
                 live.remove(i)
+    if live:
+        raise RuntimeError(f"parts {live} of a split op did not finish in {len(parts)} rounds")
     return end
 
 
