@@ -271,7 +271,8 @@ class ClusterConfig:
     ExpertPlex), e.g. {num_gpus = 8}."""
     soc: SocConfig | None = None
     """The pools on one laptop SoC, sharing its DDR (Agent.xpu; examples/soc.toml): each pool's
-    gpu names its accelerator (npu | igpu, one pool each), e.g. soc = {} with gpu = "igpu"."""
+    gpu names its accelerator (npu | igpu, one pool each; npu+igpu: one pool split over both),
+    e.g. soc = {} with gpu = "igpu"."""
     frontend_overhead_s: float = 0.0
     """Time a request spends between the client and the engine (HTTP both ways, API server),
     seconds: each request reaches the engine this long after it was sent, so its TTFT and E2E
