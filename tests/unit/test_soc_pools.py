@@ -251,3 +251,10 @@ def test_a_tensor_split_is_the_only_pool():
     igpu, _ = build_pools(_config([{"name": "a", "gpu": "igpu"}]), get_model(MODEL))
     assert split.step_time_s([(1024, 0)], 0, 0) < igpu[0].step_model.step_time_s(
         [(1024, 0)], 0, 0)
+
+
+def test_the_documented_example_runs(tmp_path):
+    from pathlib import Path
+    example = Path(__file__).resolve().parents[2] / "examples" / "soc.toml"
+    assert main(["run", str(example), "--out", str(tmp_path / "out"),
+                 "--set", "workload.num_requests=10"]) == 0
