@@ -16,6 +16,7 @@ from typing import Any
 from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.elastic_config import ElasticConfig, check_elastic
 from fleetsim.errors import FleetsimInputError
+from fleetsim.hardware.soc import SocConfig
 from fleetsim.inputs import read_toml
 from fleetsim.metrics.summary import SLOConfig
 from fleetsim.models.quantization import check_kv_cache_dtype, quant_mode
@@ -268,6 +269,10 @@ class ClusterConfig:
     expert_pool: ExpertPoolConfig | None = None
     """A shared expert pool for the prefill and decode pools (MoE models; docs/config.md,
     ExpertPlex), e.g. {num_gpus = 8}."""
+    soc: SocConfig | None = None
+    """The pools on one laptop SoC, sharing its DDR (Agent.xpu; examples/soc.toml): each pool's
+    gpu names its accelerator (npu | igpu, one pool each; npu+igpu: one pool split over both),
+    e.g. soc = {} with gpu = "igpu"."""
     frontend_overhead_s: float = 0.0
     """Time a request spends between the client and the engine (HTTP both ways, API server),
     seconds: each request reaches the engine this long after it was sent, so its TTFT and E2E

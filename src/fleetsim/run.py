@@ -57,6 +57,7 @@ from fleetsim.serving.replay import WindowReplayer
 from fleetsim.serving.settings import EngineSettings, PlugIns
 from fleetsim.serving.sources import ClosedLoopSource, TrackingSource, WorkloadSource
 from fleetsim.serving.speculative import Emission
+from fleetsim.soc_pools import soc_pools
 from fleetsim.workloads import Workload, build_workload
 from fleetsim.workloads.transforms import fit_context
 
@@ -182,6 +183,8 @@ def engine_settings(config: SimConfig, model: ModelSpec) -> EngineSettings:
 
 def build_pools(config: SimConfig, model: ModelSpec) -> tuple[list[PoolSetup], list[dict]]:
     """Runtime pools (step model, KV blocks, link bandwidth) and their descriptions."""
+    if config.cluster.soc is not None:
+        return soc_pools(config, model)
     eng, link = config.engine, config.cluster.link
     model = quantize(model, config.quantization, eng.kv_cache_dtype)
     setups: list[PoolSetup] = []

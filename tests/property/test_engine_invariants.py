@@ -21,7 +21,8 @@ from fleetsim.serving.speculative import Emission
 POLICY_SPECS = sorted(
     [(name, ()) for name in BATCH_POLICIES]
     + [("token_budget", (("enable_chunked_prefill", False),)),
-       ("token_budget", (("long_prefill_token_threshold", 24),))])
+       ("token_budget", (("long_prefill_token_threshold", 24),)),
+       ("serve_best", (("max_serving", 3), ("ordering", "priority")))])
 
 
 def _policy(spec):

@@ -178,11 +178,49 @@ def test_shared_pool_fast_forward_equals_stepping(seed, n, rate, weights, overla
 @given(demands=st.lists(st.floats(0.01, 50.0), min_size=1, max_size=5),
        total=st.floats(0.5, 100.0))
 def test_ddr_sharing_of_the_soc_is_a_special_case(demands, total):
-    """Agent.xpu's DDR (``soc/contention.share_bandwidth``: max-min of bytes/s, each op
+    """Agent.xpu's DDR (``perf/soc_contention.share_bandwidth``: max-min of bytes/s, each op
     capped at its demand) is one resource here: jobs drawing 1 byte per unit, capped at their
     demand, equal weights -- so the SoC can move onto this service unchanged."""
-    from fleetsim.soc.contention import share_bandwidth
+    from fleetsim.perf.soc_contention import share_bandwidth
 
     jobs = [Job(1.0, {"ddr": 1.0}, 1.0, d, lambda j: None, None, "") for d in demands]
     assert max_min_rates(jobs, {"ddr": total}) == pytest.approx(
         share_bandwidth(demands, total), rel=1e-9)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 30),
+       rate=st.sampled_from([0.5, 5.0, 50.0]), layout=st.sampled_from(["pd", "mixed2"]))
+def test_soc_pools_fast_forward_equal_stepping(seed, n, rate, layout):
+    """An SoC's NPU and iGPU (``cluster.soc``): steps capped at their own DDR demand, windows
+    priced vectorized. Everyone finishes, the DDR ends idle, fast-forward equals stepping."""
+    from fleetsim.models import get_model
+    from fleetsim.perf.soc import ModelCost
+    from fleetsim.perf.soc_calibration import lunar_lake
+    from fleetsim.soc_pools import soc_step_model
+
+    rng = np.random.default_rng(seed)
+    w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 1500, n),
+                      rng.integers(1, 120, n))
+    soc, cost = lunar_lake(), ModelCost(get_model("Llama-3.2-3B"), 4.5)
+    roles = ("prefill", "decode") if layout == "pd" else ("mixed", "mixed")
+    pools = [PoolSetup(name=acc, role=role, num_replicas=1,
+                       step_model=soc_step_model(soc, cost, acc), num_kv_blocks=3000,
+                       link_bw_bytes_per_s=math.inf)
+             for acc, role in zip(("npu", "igpu"), roles, strict=True)]
+    out = []
+    for ff in (True, False):
+        rec, cluster = simulate_cluster(
+            w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
+            make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
+            rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
+            block_size=16, max_batched_tokens=512, max_running=16, fast_forward=ff,
+            debug=True)
+        assert len(rec.requests["request_id"]) == n
+        assert cluster.resources is not None and not cluster.resources.active
+        out.append(rec)
+    for col in ("first_token_s", "finish_s", "replica_id"):
+        ff, step = by_id(out[0], col), by_id(out[1], col)
+        assert ff.keys() == step.keys()
+        for k in ff:
+            assert ff[k] == pytest.approx(step[k], rel=1e-9, abs=1e-12), (col, k)

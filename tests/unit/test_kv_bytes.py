@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from fleetsim.models import get_model
-from fleetsim.soc.cost import KV_DTYPE_BYTES, ModelCost
+from fleetsim.perf.soc import KV_DTYPE_BYTES, ModelCost
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "DeepSeek-V3", "Llama-3.2-3B"])

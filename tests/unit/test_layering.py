@@ -26,13 +26,15 @@ ALLOWED = {
     "esp": {"hardware", "models", "perf"},
     "programs": {"core", "serving", "policies", "workloads", "perf", "models", "hardware",
                  "metrics"},
-    "config": {"elastic_config", "metrics", "models", "moe", "policies", "programs",
-               "workloads"},
+    "config": {"elastic_config", "hardware", "metrics", "models", "moe", "policies",
+               "programs", "workloads"},
     "elastic_config": set(),
     "expert_pool": {"config", "hardware", "models", "moe", "perf", "policies", "serving",
                     "workloads"},
+    "soc_pools": {"config", "hardware", "models", "perf", "serving"},
+    "soc_run": {"config", "models", "policies", "run", "serving", "workloads"},
     "run": {"config", "esp", "expert_pool", "hardware", "metrics", "models", "moe", "native",
-            "perf", "policies", "programs", "serving", "workloads"},
+            "perf", "policies", "programs", "serving", "soc_pools", "workloads"},
     "configdoc": {"config"},
     "vllm_json": {"metrics"},
     # moe: plan's wide-EP axis checks a layout as run() would (search/dp_axis.py)
@@ -44,8 +46,8 @@ ALLOWED = {
     "rl": {"core", "serving", "perf", "models", "hardware", "workloads", "config", "run",
            "metrics", "results", "inputs", "registry", "policies", "programs"},
     "repro": {"config", "expert_pool", "run", "moe", "workloads", "metrics", "perf", "models",
-              "hardware", "serving", "rl", "programs", "soc", "esp"},
-    "soc": {"models", "workloads"},
+              "hardware", "serving", "rl", "programs", "soc", "soc_run", "esp"},
+    "soc": {"hardware", "models", "perf", "workloads"},
     "live": {"config", "core", "hardware", "inputs", "metrics", "models", "perf", "policies",
              "results", "run", "serving", "vllm_json", "workloads"},
     "calibrate": {"config", "hardware", "models", "perf", "results", "run", "vllm_json",
@@ -211,3 +213,23 @@ def test_repro_holds_no_event_loop_or_step_model():
             offenders.append(path.name)
     assert not offenders, f"move the mechanism out of repro/: {offenders}"
     assert not (SRC / "repro" / "expertplex_sim.py").exists()
+
+
+def test_the_soc_engine_gains_no_users():
+    """The SoC on the one engine (issue 20, step 5): its device is in ``hardware/``, its cost
+    model and calibration in ``perf/``, ``cluster.soc`` builds its pools (``soc_pools.py``),
+    and none of them advances a clock. The SoC's own loop (``soc/engine.py``) still serves
+    Agent.xpu's scheduler and its reproduction until they are ported; nothing else may come
+    to depend on it."""
+    assert not (SRC / "soc" / "device.py").exists() and not (SRC / "soc" / "cost.py").exists()
+    on_engine = [SRC / "hardware" / "soc.py", SRC / "soc_pools.py", SRC / "soc_run.py",
+                 SRC / "serving" / "agent_flows.py", SRC / "workloads" / "agent_traffic.py",
+                 *(SRC / "perf").glob("soc*.py")]
+    offenders = {str(p.relative_to(SRC)): lines for p in on_engine
+                 if (lines := _advances_a_clock(ast.parse(p.read_text())))}
+    assert not offenders, f"a simulation loop outside serving/ and core/: {offenders}"
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if p.relative_to(SRC).parts[0] != "soc"
+                   and any(m.startswith("fleetsim.soc.") or m == "fleetsim.soc"
+                           for m in _all_imports(p)))
+    assert users == ["repro/agent_xpu.py"], f"build on cluster.soc, not soc/: {users}"

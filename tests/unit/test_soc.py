@@ -9,11 +9,16 @@ import pytest
 
 from fleetsim.cli import main
 from fleetsim.models import get_model
+from fleetsim.perf.soc import ModelCost
+from fleetsim.perf.soc_calibration import (
+    CALIBRATION,
+    lunar_lake,
+    model_errors,
+    predicted_tokens_per_s,
+)
+from fleetsim.perf.soc_contention import share_bandwidth
 from fleetsim.soc.agent_xpu import AgentXpu
 from fleetsim.soc.baselines import IgpuOnly, StaticPartition, best_npu_share
-from fleetsim.soc.calibration import CALIBRATION, lunar_lake, model_errors, predicted_tokens_per_s
-from fleetsim.soc.contention import share_bandwidth
-from fleetsim.soc.cost import ModelCost
 from fleetsim.soc.engine import (
     Job,
     Part,
@@ -24,7 +29,7 @@ from fleetsim.soc.engine import (
     concurrent_s,
     part_rates,
 )
-from fleetsim.soc.workload import AgentTraffic
+from fleetsim.workloads.agent_traffic import AgentTraffic
 
 SOC = lunar_lake()
 COST = ModelCost(get_model("Llama-3.2-3B"), 4.5)

@@ -3,6 +3,7 @@
 from fleetsim.policies import cache_aware, mooncake, tokenlake  # noqa: F401  (register routers)
 from fleetsim.policies import esp as _esp  # noqa: F401  (registers the esp group planner)
 from fleetsim.policies import evolve as _evolve  # noqa: F401  (registers the evolve planner)
+from fleetsim.policies import serve_best as _serve_best  # noqa: F401  (registers serve_best)
 from fleetsim.policies.batching import (
     BATCH_POLICIES,
     PrefillFirstPlanner,

@@ -6,7 +6,7 @@ read, not the body, so the mechanisms are theirs and the numbers ours):
 - SoC: Intel Core Ultra 7 258V (Lunar Lake), the paper's "Intel Core Ultra SoC" [our reading
   of the platform]; peaks from Intel's figures (NPU 48 INT8 TOPS, Arc 140V 64 INT8 TOPS,
   LPDDR5X-8533 at 136.5 GB/s), efficiencies from public measurements on that chip
-  (``soc/calibration.py``), never from the paper's results;
+  (``perf/soc_calibration.py``), never from the paper's results;
 - model: Llama-3.2-3B (meta-llama config.json), 4.5-bit weights (llama.cpp Q4_0) [our choice:
   a laptop-class agent model; the paper's model is not in the abstracts];
 - baselines [paper]: an iGPU-only engine and static NPU-iGPU inference with the best tensor
@@ -34,8 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from fleetsim.config import SimConfig, config_from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.models import get_model
+from fleetsim.perf.soc import ModelCost
+from fleetsim.perf.soc_calibration import lunar_lake, model_errors
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
@@ -51,10 +54,9 @@ from fleetsim.repro.frame import (
 )
 from fleetsim.soc.agent_xpu import AgentXpu
 from fleetsim.soc.baselines import IgpuOnly, StaticPartition
-from fleetsim.soc.calibration import lunar_lake, model_errors
-from fleetsim.soc.cost import ModelCost
-from fleetsim.soc.engine import Scheduler, SoCEngine, SoCResult
-from fleetsim.soc.workload import AgentTraffic
+from fleetsim.soc.engine import Scheduler, SoCEngine
+from fleetsim.soc_run import run_agent_traffic
+from fleetsim.workloads.agent_traffic import AgentTraffic
 
 POLICIES = ("agent-xpu", "igpu-only", "static-partition")
 # Ablations on the iGPU-only engine (attribution): a simple reactive-first rule, with no NPU,
@@ -104,34 +106,105 @@ class AgentXpuSetup:
 QUICK = {"duration_s": 180.0}
 
 
-def schedulers(setup: AgentXpuSetup, cost: ModelCost) -> dict[str, Scheduler]:
+@dataclass(frozen=True, slots=True)
+class OnEngine:
+    """A system of the comparison run on the one engine (``cluster.soc``): one replica per
+    pool on its accelerator, steps on the shared DDR, the requests ordered by ``ordering``
+    (``priority``: reactive before proactive)."""
+
+    pools: tuple[tuple[str, str, str], ...]  # (name, accelerator, role)
+    ordering: str = "fcfs"
+    pause: bool = False
+    """Serve the best ``max_running`` requests each step and pause the others, KV kept
+    (``serve_best``), instead of running ``max_running`` requests to their end."""
+
+
+System = Scheduler | OnEngine
+
+# The iGPU-only baselines as the engine runs them: a whole prompt in one step, then its
+# decodes, one request at a time (max_running), FCFS or reactive first without preemption.
+IGPU = (("igpu", "igpu", "mixed"),)
+SPLIT = (("soc", "npu+igpu", "mixed"),)  # every step split over both (static partition)
+RESIDENT = 256  # requests a pausing engine keeps resident (far above the flows plus arrivals)
+
+
+def schedulers(setup: AgentXpuSetup, cost: ModelCost) -> dict[str, System]:
     soc = lunar_lake()
     return {
         "agent-xpu": AgentXpu(soc, cost, chunk_tokens=setup.chunk_tokens,
                               reactive_slack=setup.reactive_slack),
-        "igpu-only": IgpuOnly(max_running=setup.max_running),
-        "static-partition": StaticPartition(soc, cost, max_running=setup.max_running),
-        **{name: IgpuOnly(max_running=setup.max_running, order=order)
-           for name, order in ABLATIONS.items()},
+        "igpu-only": OnEngine(IGPU),
+        "static-partition": OnEngine(SPLIT),
+        "igpu-reactive-next": OnEngine(IGPU, ordering="priority"),
+        "igpu-reactive-first": OnEngine(IGPU, ordering="priority", pause=True),
     }
 
 
-def simulate(setup: AgentXpuSetup, rate_per_min: float, scheduler: Scheduler,
-             cost: ModelCost) -> SoCResult:
-    traffic = AgentTraffic(reactive_per_min=rate_per_min,
-                           num_proactive_flows=setup.num_proactive_flows,
-                           duration_s=setup.duration_s,
-                           max_prompt_tokens=setup.max_prompt_tokens, seed=setup.seed)
-    return SoCEngine(lunar_lake(), cost, traffic, scheduler).run()
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One run's requests as arrays (either engine), for ``summarize``."""
+
+    reactive: np.ndarray
+    arrival_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    num_prompt_tokens: np.ndarray
+    num_output_tokens: np.ndarray
+    duration_s: float
+    end_s: float
+    busy_s: dict[str, float]
 
 
-def summarize(result: SoCResult) -> dict[str, Any]:
-    reactive = [r for r in result.requests if r.reactive]
-    latency = np.array([r.finish_s - r.arrival_s for r in reactive if r.finish_s is not None])
-    ttft = np.array([r.first_token_s - r.arrival_s for r in reactive
-                     if r.first_token_s is not None])
-    finished = [r for r in result.requests if not r.reactive and r.finish_s is not None
-                and r.finish_s <= result.duration_s]
+def traffic(setup: AgentXpuSetup, rate_per_min: float) -> AgentTraffic:
+    return AgentTraffic(reactive_per_min=rate_per_min,
+                        num_proactive_flows=setup.num_proactive_flows,
+                        duration_s=setup.duration_s,
+                        max_prompt_tokens=setup.max_prompt_tokens, seed=setup.seed)
+
+
+def engine_config(setup: AgentXpuSetup, system: OnEngine) -> SimConfig:
+    return config_from_dict({
+        "model": setup.model, "seed": setup.seed,
+        "cluster": {"pools": [{"name": n, "gpu": a, "role": r} for n, a, r in system.pools],
+                    "soc": {"bits_per_weight": setup.bits_per_weight},
+                    "link": {"latency_s": 0.0}},
+        # every prompt in one step, as the SoC engine's baselines run it; paused requests
+        # stay resident (their KV kept) beside the ones served
+        "engine": {"max_running": RESIDENT if system.pause else setup.max_running,
+                   "max_batched_tokens": setup.max_prompt_tokens + setup.max_running},
+        "policy": {"ordering": system.ordering, **({"batching": {
+            "name": "serve_best", "args": {"max_serving": setup.max_running,
+                                           "ordering": system.ordering}}}
+            if system.pause else {})}})
+
+
+def simulate(setup: AgentXpuSetup, rate_per_min: float, system: System,
+             cost: ModelCost) -> Served:
+    if isinstance(system, OnEngine):
+        out = run_agent_traffic(engine_config(setup, system), traffic(setup, rate_per_min))
+        r = out.records.requests
+        reactive = np.isin(r["request_id"], np.array(sorted(out.reactive_ids), dtype=np.int64))
+        return Served(reactive, r["arrival_s"], r["first_token_s"], r["finish_s"],
+                      r["num_prompt_tokens"], r["num_output_tokens"], setup.duration_s,
+                      out.end_s, {"igpu" if p == "igpu" else p: s
+                                  for p, s in out.busy_s_by_pool.items()})
+    res = SoCEngine(lunar_lake(), cost, traffic(setup, rate_per_min), system).run()
+    q = res.requests
+    return Served(
+        np.array([x.reactive for x in q], dtype=bool),
+        np.array([x.arrival_s for x in q]),
+        np.array([np.nan if x.first_token_s is None else x.first_token_s for x in q]),
+        np.array([np.nan if x.finish_s is None else x.finish_s for x in q]),
+        np.array([x.num_prompt_tokens for x in q]), np.array([x.num_output_tokens for x in q]),
+        res.duration_s, res.end_s, dict(res.busy_s))
+
+
+def summarize(result: Served) -> dict[str, Any]:
+    rx = result.reactive
+    latency = (result.finish_s - result.arrival_s)[rx]
+    ttft = (result.first_token_s - result.arrival_s)[rx]
+    latency, ttft = latency[~np.isnan(latency)], ttft[~np.isnan(ttft)]
+    done = ~rx & (result.finish_s <= result.duration_s)
     minutes = result.duration_s / 60.0
 
     def stat(a: np.ndarray, q: float | None) -> float | None:
@@ -140,14 +213,15 @@ def summarize(result: SoCResult) -> dict[str, Any]:
         return float(a.mean() if q is None else np.percentile(a, q))
 
     return {
-        "num_reactive": len(reactive),
+        "num_reactive": int(rx.sum()),
         "reactive_latency_mean_s": stat(latency, None),
         "reactive_latency_p90_s": stat(latency, 90),
         "reactive_latency_p99_s": stat(latency, 99),
         "reactive_ttft_mean_s": stat(ttft, None),
-        "proactive_per_min": len(finished) / minutes,
-        "proactive_tokens_per_s": sum(r.num_prompt_tokens + r.num_output_tokens
-                                      for r in finished) / result.duration_s,
+        "proactive_per_min": int(done.sum()) / minutes,
+        "proactive_tokens_per_s": float((result.num_prompt_tokens[done]
+                                         + result.num_output_tokens[done]).sum())
+        / result.duration_s,
         "busy_share": {a: s / result.end_s for a, s in result.busy_s.items()},
         "end_s": result.end_s,
     }

@@ -41,15 +41,18 @@ class StepDemand(NamedTuple):
     private_s: float
     work: float
     weight: float = 1.0
+    max_rate: float = math.inf
+    """The most work/s this step can take (an SoC step's DDR demand: a compute-bound step
+    draws only what feeds its arithmetic), besides the model's ``max_rate``."""
 
 
 class StepSplit(Protocol):
     """Splits a step (the arguments of ``StepTimeModel.step_time_s``) into its parts: a
     ``StepDemand`` or a plain ``(private_s, work, weight)`` tuple (so a cost model outside
-    ``serving/`` need not import it)."""
+    ``serving/`` need not import it), optionally with the step's own ``max_rate``."""
 
     def split(self, chunks: Sequence[tuple[int, int]], num_decode: int,
-              kv_tokens: int) -> tuple[float, float, float]: ...
+              kv_tokens: int) -> tuple[float, ...]: ...
 
 
 class SharedStepModel:
@@ -81,19 +84,22 @@ class SharedStepModel:
 
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                     kv_tokens: int) -> float:
-        private_s, work = self.splitter.split(chunks, num_decode, kv_tokens)[:2]
-        shared_s = work / self.alone_rate
+        d = self.splitter.split(chunks, num_decode, kv_tokens)
+        private_s, work = d[0], d[1]
+        shared_s = work / (self.alone_rate if len(d) < 4 else min(self.alone_rate, d[3]))
         return max(private_s, shared_s) if self.overlap else private_s + shared_s
 
     def decode_step_times_s(self, num_decode: int, kv_tokens: np.ndarray) -> np.ndarray:
         """Decode-only steps alone, for each ``kv``: vectorized when the split offers
-        ``decode_private_s(num_decode, kv) -> (private_s array, work)`` (with the same float
-        operations as ``split``), else one ``step_time_s`` each."""
+        ``decode_private_s(num_decode, kv) -> (private_s array, work[, max_rate array])``
+        (with the same float operations as ``split``), else one ``step_time_s`` each."""
         vec = getattr(self.splitter, "decode_private_s", None)
         if vec is None:
             return np.array([self.step_time_s((), num_decode, int(kv)) for kv in kv_tokens])
-        private_s, work = vec(num_decode, kv_tokens)
-        shared_s = work / self.alone_rate
+        parts = vec(num_decode, kv_tokens)  # (private_s, work[, each step's max_rate])
+        private_s, work = parts[0], parts[1]
+        rate = self.alone_rate if len(parts) < 3 else np.minimum(self.alone_rate, parts[2])
+        shared_s = work / rate
         return np.maximum(private_s, shared_s) if self.overlap else private_s + shared_s
 
 
@@ -151,7 +157,7 @@ class SharedSteps:
             delay = d.private_s if delay_s is None else delay_s
         self._job = self.service.start(
             d.work if work is None else max(0.0, work), self.uses, self._on_done, weight=d.weight,
-            max_rate=self.model.max_rate, delay_s=delay, client=self.client)
+            max_rate=min(self.model.max_rate, d.max_rate), delay_s=delay, client=self.client)
         self._job_private_end_s = replica.sim.now_s + private_s
         self._job_step = step
 
@@ -178,7 +184,7 @@ class SharedSteps:
         if step is None or step.end_s <= now_s:
             return  # it ends now: it was priced exactly
         d = self.model.demand(*_step_args(step))
-        rate = self.model.alone_rate
+        rate = min(self.model.alone_rate, d.max_rate)
         elapsed = now_s - step.start_s
         if self.model.overlap:
             done = min(d.work, elapsed * rate)

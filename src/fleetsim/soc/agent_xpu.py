@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetsim.soc.cost import ModelCost, OpCost, op_s
-from fleetsim.soc.device import SoCSpec
+from fleetsim.hardware.soc import SoCSpec
+from fleetsim.perf.soc import ModelCost, OpCost, op_s
 from fleetsim.soc.engine import Job, Part, Request, SoCView, part_rates
 
 

@@ -14,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fleetsim.soc.cost import ModelCost, OpCost
-from fleetsim.soc.device import SoCSpec
-from fleetsim.soc.engine import Job, Part, Request, SoCView, concurrent_s
-
-SPLIT_STEPS = 100  # the partition search tries NPU shares 0, 0.01, ..., 1
+from fleetsim.hardware.soc import SoCSpec
+from fleetsim.perf.soc import SPLIT_STEPS, ModelCost, OpCost, best_npu_share  # noqa: F401
+from fleetsim.soc.engine import Job, Part, Request, SoCView
 
 Placement = Callable[[str, OpCost], tuple[Part, ...]]
 """(stage, op cost) -> the parts that run it."""
@@ -87,20 +85,6 @@ class IgpuOnly:
         job = fcfs_job(view, self.max_running, lambda _stage, cost: (Part("igpu", cost),),
                        ORDERS[self.order])
         return [job] if job is not None else []
-
-
-def best_npu_share(soc: SoCSpec, cost: OpCost) -> float:
-    """The NPU share of a tensor split that finishes ``cost`` soonest, both halves running
-    together on the shared DDR (the paper's "optimal tensor-partitioning" baseline)."""
-    best, best_s = 0.0, float("inf")
-    for k in range(SPLIT_STEPS + 1):
-        share = k / SPLIT_STEPS
-        parts = [p for p in (Part("npu", cost.scaled(share)),
-                             Part("igpu", cost.scaled(1.0 - share))) if p.cost.flops > 0]
-        finish = max(concurrent_s(soc, parts))
-        if finish < best_s - 1e-15:
-            best, best_s = share, finish
-    return best
 
 
 @dataclass(slots=True)

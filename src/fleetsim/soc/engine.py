@@ -16,16 +16,18 @@ boundary, so the chunk size bounds how long it waits.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fleetsim.soc.contention import share_bandwidth
-from fleetsim.soc.cost import ModelCost, OpCost, compute_s, demand_bytes_per_s
-from fleetsim.soc.device import SoCSpec
-from fleetsim.soc.workload import AgentTraffic, LengthSampler, reactive_arrivals, streams
-
-_DONE = 1e-12  # a part with less than this share of its work left has finished
+from fleetsim.hardware.soc import SoCSpec
+from fleetsim.perf.soc import _DONE, ModelCost, Part, part_rates
+from fleetsim.perf.soc import concurrent_s as concurrent_s  # re-exported
+from fleetsim.workloads.agent_traffic import (
+    AgentTraffic,
+    LengthSampler,
+    reactive_arrivals,
+    streams,
+)
 
 
 @dataclass(slots=True, eq=False)
@@ -55,12 +57,6 @@ class Request:
     @property
     def done(self) -> bool:
         return self.finish_s is not None
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    accelerator: str
-    cost: OpCost
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -120,38 +116,6 @@ class SoCResult:
     duration_s: float
     end_s: float
     busy_s: dict[str, float] = field(default_factory=dict)
-
-
-def part_rates(soc: SoCSpec, parts: Sequence[Part]) -> list[float]:
-    """Share of its work each running part completes per second, with the DDR shared."""
-    accs = [soc.accelerator(p.accelerator) for p in parts]
-    draws = [a.max_draw_bytes_per_s(soc.ddr_bw_bytes_per_s) for a in accs]
-    demands = [demand_bytes_per_s(a, p.cost, d) for a, p, d in zip(accs, parts, draws,
-                                                                       strict=True)]
-    alloc = share_bandwidth(demands, soc.achievable_bw_bytes_per_s)
-    rates = []
-    for acc, part, bw in zip(accs, parts, alloc, strict=True):
-        t_mem = part.cost.bytes / bw if part.cost.bytes > 0 else 0.0
-        rates.append(1.0 / max(compute_s(acc, part.cost), t_mem))
-    return rates
-
-
-def concurrent_s(soc: SoCSpec, parts: Sequence[Part]) -> list[float]:
-    """When each of ``parts``, started together with nothing else running, finishes."""
-    left = [1.0] * len(parts)
-    end = [0.0] * len(parts)
-    now = 0.0
-    live = list(range(len(parts)))
-    while live:
-        rates = part_rates(soc, [parts[i] for i in live])
-        dt = min(left[i] / r for i, r in zip(live, rates, strict=True))
-        now += dt
-        for i, r in zip(list(live), rates, strict=True):
-            left[i] -= r * dt
-            if left[i] <= _DONE:
-                end[i] = now
-                live.remove(i)
-    return end
 
 
 class SoCEngine:

@@ -30,15 +30,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetsim.models import get_model
-from fleetsim.soc.cost import ModelCost, compute_s
-from fleetsim.soc.device import (
+from fleetsim.hardware.soc import (
     LUNAR_LAKE_DDR_BW,
     LUNAR_LAKE_IGPU_FP16,
+    LUNAR_LAKE_MEMORY,
     LUNAR_LAKE_NPU_FP16,
     AcceleratorSpec,
     SoCSpec,
 )
+from fleetsim.models import get_model
+from fleetsim.perf.soc import ModelCost, compute_s
 
 NPU_COMPUTE_EFF_ASSUMED = 0.70  # fleetsim's GEMM_COMPUTE_EFF (perf/roofline.py); no NPU data
 
@@ -122,7 +123,8 @@ def lunar_lake() -> SoCSpec:
     # The memory controller delivers at most what the hungriest agent was measured to draw.
     share = max(igpu.memory_eff, npu.memory_eff)
     return SoCSpec(name="Core Ultra 7 258V", npu=npu, igpu=igpu,
-                   ddr_bw_bytes_per_s=LUNAR_LAKE_DDR_BW, ddr_achievable_share=share)
+                   ddr_bw_bytes_per_s=LUNAR_LAKE_DDR_BW, ddr_achievable_share=share,
+                   memory_bytes=LUNAR_LAKE_MEMORY)
 
 
 def predicted_tokens_per_s(soc: SoCSpec, m: Measurement) -> float:
