@@ -404,9 +404,31 @@ def test_resource_manager_rollout_runs_its_split():
     assert run_agentic_rollout(cfg).summary == s
 
 
+def test_replay_scoring_keeps_the_split_whose_replay_of_the_previous_rollout_ends_first():
+    """split_scoring replay: the start, the DP's own choice and the DP's next best splits
+    each replay the previous rollout; the split kept is the one whose replay ended first,
+    which the DP alone need not pick."""
+    base = dict(placement="heddle", scheduling="progressive_priority", migration=True,
+                resource_manager=True)
+    dp = run_agentic_rollout(_four(**base)).summary["resource_manager"]
+    rm = run_agentic_rollout(_four(**base, split_scoring="replay")).summary["resource_manager"]
+    assert dp["scoring"] == "dp" and dp["replayed"] == []
+    replayed = rm["replayed"]
+    assert replayed[0]["split"] == rm["start"]
+    assert dp["split"] in [r["split"] for r in replayed]
+    assert 2 <= len(replayed) <= 2 + AgenticRolloutConfig().num_replayed
+    assert len({tuple(r["split"]) for r in replayed}) == len(replayed)
+    best = min(replayed, key=lambda r: r["rollout_s"])
+    assert rm["split"] == best["split"]
+    assert all(r["rollout_s"] > 0 for r in replayed)
+    assert run_agentic_rollout(_four(**base, split_scoring="replay")).summary[
+        "resource_manager"] == rm
+
+
 @pytest.mark.parametrize(("override", "needle"), [
     ("tp_choices=[3]", "tp_choices must be some of [1, 2, 4, 8]"),
     ("anneal_steps=-1", "anneal_steps must be >= 0"),
+    ("split_scoring=\"guess\"", "split_scoring must be dp or replay"),
     ("placement=\"sticky\"", "needs placement heddle"),
 ])
 def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_path):

@@ -68,11 +68,11 @@ NUM_GPUS, QUICK_GPUS = 16, 4
 PROMPTS, QUICK_PROMPTS = 128, 16
 SAMPLES_PER_PROMPT = 16  # Heddle: GRPO with 16 samples per prompt [S]
 
-# policy -> its system: (scheduling, placement, migration, resource manager, TP or None for
-# the model's TP in MODELS)
-System = tuple[str, str, bool, bool, int | None]
+# policy -> its system: (scheduling, placement, migration, resource manager's split scoring
+# or False for none, TP or None for the model's TP in MODELS)
+System = tuple[str, str, bool, str | bool, int | None]
 SYSTEMS: dict[str, System] = {
-    "heddle": ("progressive_priority", "heddle", True, True, None),
+    "heddle": ("progressive_priority", "heddle", True, "replay", None),
     "verl": ("fcfs", "sticky", False, False, None),
     "verl-star": ("fcfs", "sticky_skew", False, False, None),  # the paper's verl*
     "slime": ("fcfs", "least_requests", False, False, None),
@@ -80,6 +80,8 @@ SYSTEMS: dict[str, System] = {
 # Heddle without its resource manager, at fixed MP: the model's TP (the entry before the
 # resource manager), and the paper's Fix-1 and Fix-8; run on every model (where it fits).
 MP_ABLATIONS: dict[str, System] = {
+    # the resource manager scoring splits by the placement DP alone (the entry before replay)
+    "heddle-dp-split": ("progressive_priority", "heddle", True, "dp", None),
     "heddle-fixed-mp": ("progressive_priority", "heddle", True, False, None),
     "heddle-fix-1": ("progressive_priority", "heddle", True, False, 1),
     "heddle-fix-8": ("progressive_priority", "heddle", True, False, 8),
@@ -100,7 +102,8 @@ def rollout(model: str, tp: int, gpus: int, prompts: int, system: System) -> dic
     return {"model": model, "tp": min(fixed_tp, gpus) if fixed_tp else tp, "num_gpus": gpus,
             "gpu": "h100-sxm",
             "scheduling": scheduling, "placement": placement, "migration": migration,
-            "resource_manager": manager,
+            "resource_manager": bool(manager),
+            **({"split_scoring": manager} if manager else {}),
             "trajectories": {"num_prompts": prompts, "samples_per_prompt": SAMPLES_PER_PROMPT},
             "seed": 0}
 
@@ -158,7 +161,9 @@ def compare(ctx: ReproContext) -> Comparison:
                  for b, rs in old.items())
     notes.extend(f"heddle / {a} per model ({sizes}): " + fmt_ratios(
         [better_ratio(results["heddle"][x], results[a][x], "higher") for x in labels])
-        + " (paper, adaptive over fixed MP: 1.1-1.3x)" for a in MP_ABLATIONS)
+        + (" (paper, adaptive over fixed MP: 1.1-1.3x)" if a != "heddle-dp-split" else
+           " (splits scored by replaying the previous rollout over scored by the DP)")
+        for a in MP_ABLATIONS)
     notes.append(f"charging the resource manager's {RESOURCE_MANAGER_S:g} s (the paper's) "
                  f"before each rollout: heddle / verl " + fmt_ratios(
                      [better_ratio(_charged(summaries[("heddle", x)]), results["verl"][x],
@@ -216,7 +221,11 @@ def _mechanism_notes(summaries: dict[tuple[str, str], dict[str, Any]], labels: l
             f"{fmt(summaries[('heddle', x)]['rollout_s'], digits=0)} s (fixed MP "
             f"{fmt(fixed['rollout_s'], digits=0)} s); slowest trajectory alone "
             f"{fmt(summaries[('heddle', x)]['critical_path_s'], digits=0)} s on the fastest "
-            f"worker (fixed MP {fmt(fixed['critical_path_s'], digits=0)} s)")
+            f"worker (fixed MP {fmt(fixed['critical_path_s'], digits=0)} s); replays of the "
+            f"previous rollout (split: s) " + ", ".join(
+                f"{r['split']}: {fmt(r['rollout_s'], digits=0)}" for r in rm["replayed"])
+            + f"; the DP alone chose "
+            f"{summaries[('heddle-dp-split', x)]['resource_manager']['split']}")
     for x in labels:
         h = summaries[("heddle-fixed-mp", x)]
         v = summaries[("verl", x)]

@@ -94,6 +94,14 @@ class AgenticRolloutConfig:
     model does not fit at are skipped)."""
     anneal_steps: int = 200
     """Moves the resource manager's annealing tries."""
+    split_scoring: str = "dp"
+    """How the resource manager scores splits: dp (the placement DP's predicted slowest
+    worker, every trajectory at the batch's mean context) | replay (the start, the DP's
+    choice and up to ``num_replayed`` more of its best-scored splits each replay the previous
+    rollout, and the soonest finish wins)."""
+    num_replayed: int = 3
+    """replay: how many of the DP's best-scored splits are replayed besides the start and
+    the DP's own choice."""
     skew_threshold: float = 1.5
     """sticky_skew: load over mean above which a step leaves its sticky worker."""
     trajectories: TrajectoryArgs = field(default_factory=TrajectoryArgs)
@@ -130,6 +138,10 @@ class AgenticRolloutConfig:
                              f"within a node), got {list(self.tp_choices)}")
         if self.anneal_steps < 0:
             raise ValueError(f"anneal_steps must be >= 0, got {self.anneal_steps}")
+        if self.split_scoring not in ("dp", "replay"):
+            raise ValueError(f"split_scoring must be dp or replay, got {self.split_scoring!r}")
+        if not 1 <= self.num_replayed <= 64:
+            raise ValueError(f"num_replayed must be in 1..64 splits, got {self.num_replayed}")
 
 
 def agentic_config_from_dict(data: dict[str, Any], where: str = "rollout"
@@ -160,9 +172,29 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
     batch = sample_batch(cfg.trajectories, np.random.default_rng(batch_ss))
     predictor = TrajectoryPredictor(batch.output_tokens, cfg.predictor,
                                     np.random.default_rng(predictor_ss))
-    initial = [predictor.predict(i, 0, 0) for i in range(len(batch.programs))]
     allocation = _allocate(cfg, model, manager_ss) if cfg.resource_manager else None
+    replayed: list[dict[str, Any]] = []
+    if allocation is not None and cfg.split_scoring == "replay":
+        allocation, replayed = _replay(cfg, model, manager_ss, allocation)
     split = allocation.split if allocation is not None else (cfg.tp,) * (cfg.num_gpus // cfg.tp)
+    run = _simulate(cfg, model, batch, predictor, split, routing_ss)
+    summary = _summary(cfg, batch, predictor, *run)
+    if allocation is not None:
+        summary["resource_manager"] = {
+            "split": list(allocation.split), "cost_s": allocation.cost_s,
+            "start": list(allocation.start), "start_cost_s": allocation.start_cost_s,
+            "num_evaluated": allocation.num_evaluated,
+            "num_accepted": allocation.num_accepted, "scoring": cfg.split_scoring,
+            "replayed": replayed}
+    return AgenticRolloutResult(summary, to_plain(cfg), run[1], run[0])
+
+
+def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
+              predictor: TrajectoryPredictor, split: tuple[int, ...],
+              routing_ss: np.random.SeedSequence) -> tuple[Any, ...]:
+    """One rollout of ``batch`` on workers of ``split``: (driver, records, cluster, router,
+    pool infos, placement), as ``_summary`` takes them."""
+    initial = [predictor.predict(i, 0, 0) for i in range(len(batch.programs))]
     scfg = SimConfig(seed=cfg.seed, model=cfg.model, engine=cfg.engine, cluster=ClusterConfig(
         pools=_pool_configs(cfg, split)))
     pools, infos = build_pools(scfg, model)
@@ -185,15 +217,38 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
                       order_key=make_ordering("fcfs"), router=router,
                       rng=np.random.default_rng(routing_ss))
     records, cluster = simulate(driver.calls_workload(), pools, settings, plugins, source=driver)
-    summary = _summary(cfg, batch, predictor, driver, records, cluster, router, infos,
-                       placement)
-    if allocation is not None:
-        summary["resource_manager"] = {
-            "split": list(allocation.split), "cost_s": allocation.cost_s,
-            "start": list(allocation.start), "start_cost_s": allocation.start_cost_s,
-            "num_evaluated": allocation.num_evaluated,
-            "num_accepted": allocation.num_accepted}
-    return AgenticRolloutResult(summary, to_plain(cfg), records, driver)
+    return driver, records, cluster, router, infos, placement
+
+
+def _replay(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence,
+            allocation: Allocation) -> tuple[Allocation, list[dict[str, Any]]]:
+    """Score the DP's ``num_replayed`` best splits and the start by replaying the previous
+    rollout on each (the batch ``_allocate`` sized the workers for, its own predictor and
+    routing streams, this system on that split) and keep the split whose replay finished
+    soonest [R: what a system that runs rollout after rollout can measure; the paper's own
+    scoring is not recoverable]. The DP still proposes: it shortlists, the replay decides."""
+    history_ss, _, replay_ss = seeds.spawn(3)
+    history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
+    predictor_ss, routing_ss = replay_ss.spawn(2)
+    candidates = [allocation.start]
+    if allocation.split != allocation.start:
+        candidates.append(allocation.split)  # the DP's own choice is always replayed
+    for split, _ in allocation.ranked:
+        if len(candidates) >= cfg.num_replayed + 2:
+            break
+        if split not in candidates:
+            candidates.append(split)
+    replayed = []
+    for split in candidates:
+        predictor = TrajectoryPredictor(history.output_tokens, cfg.predictor,
+                                        np.random.default_rng(predictor_ss))
+        driver = _simulate(cfg, model, history, predictor, split, routing_ss)[0]
+        replayed.append({"split": list(split),
+                         "rollout_s": float(np.max(np.asarray(driver.finish_s, dtype=float)))})
+    best = min(replayed, key=lambda r: r["rollout_s"])
+    split = tuple(best["split"])
+    cost = dict(allocation.ranked).get(split, allocation.start_cost_s)
+    return replace(allocation, split=split, cost_s=cost), replayed
 
 
 def _pool_configs(cfg: AgenticRolloutConfig, split: tuple[int, ...]) -> tuple[PoolConfig, ...]:
