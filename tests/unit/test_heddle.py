@@ -173,6 +173,32 @@ def test_progressive_priority_preempts_for_the_longest():
             < fcfs.summary["queueing"]["longest_trajectory_wait_s"])
 
 
+def test_progressive_priority_swaps_instead_of_recomputing():
+    """Preemption that keeps KV: with preemption_mode swap, the steps progressive priority
+    preempts (for a better one, or under KV pressure) go to host memory and come back, so
+    nothing is computed twice; by recompute, the same rollout recomputes their contexts.
+    Every trajectory finishes either way (a swapped step does not take back the slot it gave
+    up before the better step runs: no ping-pong)."""
+    eng = dict(max_running=1)
+    oracle = PredictorConfig(correlation_by_step=(1.0,))
+    base = dict(num_gpus=1, predictor=oracle, scheduling="progressive_priority")
+    recompute = run_agentic_rollout(_small(**base, engine=EngineConfig(
+        **eng, swap_space_gib=16))).summary
+    swap = run_agentic_rollout(_small(**base, preemption_mode="swap", engine=EngineConfig(
+        **eng, swap_space_gib=16)))
+    s = swap.summary
+    assert recompute["num_preemptions"] > 0 and recompute["num_recomputed_tokens"] > 0
+    assert s["num_recomputed_tokens"] == 0 and s["num_preemptions"] == 0
+    assert int(swap.records.requests["num_swaps"].sum()) > 0
+    assert (s["queueing"]["longest_trajectory_wait_s"]
+            <= recompute["queueing"]["longest_trajectory_wait_s"] + 1e-9)
+
+
+def test_swap_preemption_needs_host_memory():
+    with pytest.raises(ValueError, match="preemption_mode swap needs host memory"):
+        AgenticRolloutConfig(preemption_mode="swap")
+
+
 def test_migration_happens_in_tool_waits_and_pays_the_transfer():
     cfg = _small(num_gpus=4, trajectories=TrajectoryArgs(num_prompts=8, samples_per_prompt=8),
                  scheduling="progressive_priority", placement="heddle", migration=True)

@@ -102,6 +102,9 @@ class AgenticRolloutConfig:
     num_replayed: int = 3
     """replay: how many of the DP's best-scored splits are replayed besides the start and
     the DP's own choice."""
+    preemption_mode: str = "recompute"
+    """What a preempted step's KV becomes: recompute (dropped, computed again: SGLang's
+    retract) | swap (copied to host memory, ``engine.swap_space_gib``, and back)."""
     skew_threshold: float = 1.5
     """sticky_skew: load over mean above which a step leaves its sticky worker."""
     trajectories: TrajectoryArgs = field(default_factory=TrajectoryArgs)
@@ -138,6 +141,12 @@ class AgenticRolloutConfig:
                              f"within a node), got {list(self.tp_choices)}")
         if self.anneal_steps < 0:
             raise ValueError(f"anneal_steps must be >= 0, got {self.anneal_steps}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be recompute or swap, got "
+                             f"{self.preemption_mode!r}")
+        if self.preemption_mode == "swap" and not self.engine.swap_space_gib > 0:
+            raise ValueError("preemption_mode swap needs host memory: set "
+                             "engine.swap_space_gib > 0")
         if self.split_scoring not in ("dp", "replay"):
             raise ValueError(f"split_scoring must be dp or replay, got {self.split_scoring!r}")
         if not 1 <= self.num_replayed <= 64:
@@ -211,7 +220,9 @@ def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
                            float(model.kv_bytes_per_token()))
     router_args = {"skew_threshold": cfg.skew_threshold} if cfg.placement == "sticky_skew" else {}
     router = make_router(PolicySpec(name=PLACEMENTS[cfg.placement], args=router_args))
-    batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget")
+    batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget",
+                          args=({"preemption_mode": "swap"} if cfg.preemption_mode == "swap"
+                                else {}))
     settings = replace(engine_settings(scfg, model), until_s=1e15, timeline=(0.0, 60.0))
     plugins = PlugIns(make_batch_policy=lambda: make_batch_policy(batching),
                       order_key=make_ordering("fcfs"), router=router,
