@@ -69,41 +69,48 @@ PROMPTS, QUICK_PROMPTS = 128, 16
 SAMPLES_PER_PROMPT = 16  # Heddle: GRPO with 16 samples per prompt [S]
 
 # policy -> its system: (scheduling, placement, migration, resource manager's split scoring
-# or False for none, TP or None for the model's TP in MODELS)
-System = tuple[str, str, bool, str | bool, int | None]
+# or False for none, TP or None for the model's TP in MODELS, preemption mode)
+System = tuple[str, str, bool, str | bool, int | None, str]
 SYSTEMS: dict[str, System] = {
-    "heddle": ("progressive_priority", "heddle", True, "replay", None),
-    "verl": ("fcfs", "sticky", False, False, None),
-    "verl-star": ("fcfs", "sticky_skew", False, False, None),  # the paper's verl*
-    "slime": ("fcfs", "least_requests", False, False, None),
+    "heddle": ("progressive_priority", "heddle", True, "replay", None, "swap"),
+    "verl": ("fcfs", "sticky", False, False, None, "recompute"),
+    "verl-star": ("fcfs", "sticky_skew", False, False, None, "recompute"),  # the paper's verl*
+    "slime": ("fcfs", "least_requests", False, False, None, "recompute"),
 }
+# Host memory per GPU for swapped KV: a DGX H100's 2 TB of system memory over its 8 GPUs
+# (NVIDIA DGX H100 datasheet); the baselines recompute (SGLang's retract), as the paper's do.
+SWAP_SPACE_GIB = 256
 # Heddle without its resource manager, at fixed MP: the model's TP (the entry before the
 # resource manager), and the paper's Fix-1 and Fix-8; run on every model (where it fits).
 MP_ABLATIONS: dict[str, System] = {
     # the resource manager scoring splits by the placement DP alone (the entry before replay)
-    "heddle-dp-split": ("progressive_priority", "heddle", True, "dp", None),
-    "heddle-fixed-mp": ("progressive_priority", "heddle", True, False, None),
-    "heddle-fix-1": ("progressive_priority", "heddle", True, False, 1),
-    "heddle-fix-8": ("progressive_priority", "heddle", True, False, 8),
+    "heddle-dp-split": ("progressive_priority", "heddle", True, "dp", None, "swap"),
+    # preemption by recompute instead of swapping the KV (the entry before swap)
+    "heddle-recompute": ("progressive_priority", "heddle", True, "replay", None, "recompute"),
+    "heddle-fixed-mp": ("progressive_priority", "heddle", True, False, None, "swap"),
+    "heddle-fix-1": ("progressive_priority", "heddle", True, False, 1, "swap"),
+    "heddle-fix-8": ("progressive_priority", "heddle", True, False, 8, "swap"),
 }
 # The first two mechanisms' ablations, at the model's fixed TP, on the first model only.
 ABLATIONS: dict[str, System] = {
-    "heddle-no-migration": ("progressive_priority", "heddle", False, False, None),
-    "heddle-placement-only": ("fcfs", "heddle", False, False, None),
-    "verl-priority": ("progressive_priority", "sticky", False, False, None),
+    "heddle-no-migration": ("progressive_priority", "heddle", False, False, None, "swap"),
+    "heddle-placement-only": ("fcfs", "heddle", False, False, None, "swap"),
+    "verl-priority": ("progressive_priority", "sticky", False, False, None, "recompute"),
 }
 RESOURCE_MANAGER_S = 5.0  # the paper's resource manager time, "runs periodically" [S]
 PAPER_RANGES = {"verl": (1.4, 2.3), "verl-star": (1.1, 2.4), "slime": (1.2, 2.5)}  # [S]
 
 
 def rollout(model: str, tp: int, gpus: int, prompts: int, system: System) -> dict[str, Any]:
-    scheduling, placement, migration, manager, fixed_tp = system
+    scheduling, placement, migration, manager, fixed_tp, preemption = system
     # Fix-8 on a budget under 8 GPUs (--quick's 4): the largest TP the budget holds.
     return {"model": model, "tp": min(fixed_tp, gpus) if fixed_tp else tp, "num_gpus": gpus,
             "gpu": "h100-sxm",
             "scheduling": scheduling, "placement": placement, "migration": migration,
             "resource_manager": bool(manager),
             **({"split_scoring": manager} if manager else {}),
+            **({"preemption_mode": "swap", "engine": {"swap_space_gib": SWAP_SPACE_GIB}}
+               if preemption == "swap" else {}),
             "trajectories": {"num_prompts": prompts, "samples_per_prompt": SAMPLES_PER_PROMPT},
             "seed": 0}
 
@@ -161,8 +168,10 @@ def compare(ctx: ReproContext) -> Comparison:
                  for b, rs in old.items())
     notes.extend(f"heddle / {a} per model ({sizes}): " + fmt_ratios(
         [better_ratio(results["heddle"][x], results[a][x], "higher") for x in labels])
-        + (" (paper, adaptive over fixed MP: 1.1-1.3x)" if a != "heddle-dp-split" else
-           " (splits scored by replaying the previous rollout over scored by the DP)")
+        + {"heddle-dp-split": " (splits scored by replaying the previous rollout over "
+                              "scored by the DP)",
+           "heddle-recompute": " (preemption swapping the KV over recomputing it)"}.get(
+               a, " (paper, adaptive over fixed MP: 1.1-1.3x)")
         for a in MP_ABLATIONS)
     notes.append(f"charging the resource manager's {RESOURCE_MANAGER_S:g} s (the paper's) "
                  f"before each rollout: heddle / verl " + fmt_ratios(
@@ -241,7 +250,8 @@ def _mechanism_notes(summaries: dict[tuple[str, str], dict[str, Any]], labels: l
             f"{h['placement']['group_sizes']}; {mig['num_migrations']} migrations "
             f"({mig['bytes'] / 1e9:.1f} GB, {mig['num_hidden']} hidden in the tool wait, "
             f"longest {fmt(mig['max_transfer_s'], digits=3)} s); preemptions "
-            f"{h['num_preemptions']} / {v['num_preemptions']}; the slowest trajectory alone "
+            f"{h['num_preemptions']} / {v['num_preemptions']} (heddle's swaps to host memory "
+            f"{h['num_swaps']}); the slowest trajectory alone "
             f"takes {fmt(h['critical_path_s'], digits=0)} s, so no system at this model "
             f"parallelism beats verl by more than "
             f"{fmt(v['rollout_s'] / h['critical_path_s'], 'x')}")

@@ -498,6 +498,7 @@ def _summary(cfg: AgenticRolloutConfig, batch: TrajectoryBatch, predictor: Traje
                                if st is not None),
         "num_preemptions": int(req["num_preemptions"].sum()),
         "num_recomputed_tokens": int(req["num_recomputed_tokens"].sum()),
+        "num_swaps": int(req["num_swaps"].sum()),
         "num_prefix_hit_tokens": int(req["num_prefix_hit_tokens"].sum()),
         "predictor": {"correlation_by_step": list(cfg.predictor.correlation_by_step),
                       "step0": {"pearson": pearson0, "tail20_recall": recall0},
