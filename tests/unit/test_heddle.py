@@ -194,6 +194,22 @@ def test_progressive_priority_swaps_instead_of_recomputing():
             <= recompute["queueing"]["longest_trajectory_wait_s"] + 1e-9)
 
 
+def test_a_crowded_rollout_does_not_fall_below_verl_when_preemption_keeps_the_kv():
+    """A crowded regime: 512 trajectories on one GPU (4x the entry's per GPU) with lengths
+    scaled to DeepCoder's 64K training cap (64K / DAPO's 20K = 3.2). Preemption by recompute
+    thrashes there and Heddle (fixed MP) falls below verl; swapping the KV keeps it above."""
+    crowded = dict(model="qwen3-8b", num_gpus=1, engine=EngineConfig(swap_space_gib=256),
+                   trajectories=TrajectoryArgs(num_prompts=32, samples_per_prompt=16,
+                                               length_scale=3.2))
+    heddle = dict(placement="heddle", scheduling="progressive_priority", migration=True)
+    verl = run_agentic_rollout(AgenticRolloutConfig(**crowded, placement="sticky")).summary
+    recompute = run_agentic_rollout(AgenticRolloutConfig(**crowded, **heddle)).summary
+    swap = run_agentic_rollout(AgenticRolloutConfig(**crowded, **heddle,
+                                                    preemption_mode="swap")).summary
+    assert recompute["tokens_per_s"] < verl["tokens_per_s"] < swap["tokens_per_s"]
+    assert swap["num_recomputed_tokens"] == 0 < recompute["num_recomputed_tokens"]
+
+
 def test_swap_preemption_needs_host_memory():
     with pytest.raises(ValueError, match="preemption_mode swap needs host memory"):
         AgenticRolloutConfig(preemption_mode="swap")
