@@ -15,7 +15,9 @@ import pytest
 
 from fleetsim.cli import main
 from fleetsim.config import EngineConfig
+from fleetsim.models import get_model
 from fleetsim.policies.trajectories import StickySkew, TrajectoryPlan
+from fleetsim.rl import agentic_rollout
 from fleetsim.rl.agentic_rollout import AgenticRolloutConfig, run_agentic_rollout
 from fleetsim.rl.resource_manager import (
     NODE_GPUS,
@@ -447,7 +449,7 @@ def test_resource_manager_rollout_runs_its_split():
 
 
 def test_replay_scoring_keeps_the_split_whose_replay_of_the_previous_rollout_ends_first():
-    """split_scoring replay: the start, the DP's own choice and the DP's next best splits
+    """split_scoring replay: the DP's own choice, the DP's next best splits and the start
     each replay the previous rollout; the split kept is the one whose replay ended first,
     which the DP alone need not pick."""
     base = dict(placement="heddle", scheduling="progressive_priority", migration=True,
@@ -456,15 +458,46 @@ def test_replay_scoring_keeps_the_split_whose_replay_of_the_previous_rollout_end
     rm = run_agentic_rollout(_four(**base, split_scoring="replay")).summary["resource_manager"]
     assert dp["scoring"] == "dp" and dp["replayed"] == []
     replayed = rm["replayed"]
-    assert replayed[0]["split"] == rm["start"]
-    assert dp["split"] in [r["split"] for r in replayed]
+    assert replayed[0]["split"] == dp["split"] and replayed[-1]["split"] == rm["start"]
     assert 2 <= len(replayed) <= 2 + AgenticRolloutConfig().num_replayed
     assert len({tuple(r["split"]) for r in replayed}) == len(replayed)
-    best = min(replayed, key=lambda r: r["rollout_s"])
-    assert rm["split"] == best["split"]
-    assert all(r["rollout_s"] > 0 for r in replayed)
+    done = [r for r in replayed if r["rollout_s"] is not None]
+    assert rm["split"] == min(done, key=lambda r: r["rollout_s"])["split"]
+    assert all(r["rollout_s"] > 0 for r in done)
     assert run_agentic_rollout(_four(**base, split_scoring="replay")).summary[
         "resource_manager"] == rm
+
+
+def test_bounded_replays_choose_what_full_replays_choose():
+    """Branch and bound: each replay stops at the soonest finish so far, so a split that
+    cannot win is not replayed to its end; the kept split and the winners' times are those
+    of full replays, and a stopped one's full replay indeed ends no sooner than its bound."""
+    cfg = _four(placement="heddle", scheduling="progressive_priority", migration=True,
+                resource_manager=True, split_scoring="replay")
+    model = get_model(cfg.model)
+    manager_ss = np.random.SeedSequence(cfg.seed).spawn(4)[3]
+    allocation = agentic_rollout._allocate(cfg, model, manager_ss)
+    chosen, replayed = agentic_rollout._replay(cfg, model, manager_ss, allocation)
+    # The same streams again (spawning advances a seed sequence): after the manager's own.
+    manager_ss = np.random.SeedSequence(cfg.seed).spawn(4)[3]
+    assert agentic_rollout._allocate(cfg, model, manager_ss) == allocation
+    history_ss, _, replay_ss = manager_ss.spawn(3)
+    history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
+    predictor_ss, routing_ss = replay_ss.spawn(2)
+    full = {}
+    for split in agentic_rollout.replay_candidates(allocation, cfg.num_replayed):
+        predictor = TrajectoryPredictor(history.output_tokens, cfg.predictor,
+                                        np.random.default_rng(predictor_ss))
+        driver = agentic_rollout._simulate(cfg, model, history, predictor, split, routing_ss)[0]
+        full[split] = float(np.max(driver.finish_s))
+    assert chosen.split == min(full, key=full.__getitem__)  # ties: the first, as both keep
+    cut = [r for r in replayed if r["rollout_s"] is None]
+    assert cut, "some replay must stop at the bound in this setting"
+    for r in replayed:
+        if r["rollout_s"] is None:
+            assert full[tuple(r["split"])] >= r["cut_at_s"]
+        else:
+            assert r["rollout_s"] == full[tuple(r["split"])]
 
 
 @pytest.mark.parametrize(("override", "needle"), [

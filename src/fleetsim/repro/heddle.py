@@ -231,8 +231,10 @@ def _mechanism_notes(summaries: dict[tuple[str, str], dict[str, Any]], labels: l
             f"{fmt(fixed['rollout_s'], digits=0)} s); slowest trajectory alone "
             f"{fmt(summaries[('heddle', x)]['critical_path_s'], digits=0)} s on the fastest "
             f"worker (fixed MP {fmt(fixed['critical_path_s'], digits=0)} s); replays of the "
-            f"previous rollout (split: s) " + ", ".join(
-                f"{r['split']}: {fmt(r['rollout_s'], digits=0)}" for r in rm["replayed"])
+            f"previous rollout (split: s; '>' stopped at the best so far) " + ", ".join(
+                f"{r['split']}: " + (fmt(r['rollout_s'], digits=0) if r['rollout_s'] is not None
+                                     else f">{fmt(r['cut_at_s'], digits=0)}")
+                for r in rm["replayed"])
             + f"; the DP alone chose "
             f"{summaries[('heddle-dp-split', x)]['resource_manager']['split']}")
     for x in labels:

@@ -200,9 +200,9 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
 
 def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
               predictor: TrajectoryPredictor, split: tuple[int, ...],
-              routing_ss: np.random.SeedSequence) -> tuple[Any, ...]:
-    """One rollout of ``batch`` on workers of ``split``: (driver, records, cluster, router,
-    pool infos, placement), as ``_summary`` takes them."""
+              routing_ss: np.random.SeedSequence, until_s: float = 1e15) -> tuple[Any, ...]:
+    """One rollout of ``batch`` on workers of ``split``, simulated up to ``until_s``:
+    (driver, records, cluster, router, pool infos, placement), as ``_summary`` takes them."""
     initial = [predictor.predict(i, 0, 0) for i in range(len(batch.programs))]
     scfg = SimConfig(seed=cfg.seed, model=cfg.model, engine=cfg.engine, cluster=ClusterConfig(
         pools=_pool_configs(cfg, split)))
@@ -223,12 +223,29 @@ def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
     batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget",
                           args=({"preemption_mode": "swap"} if cfg.preemption_mode == "swap"
                                 else {}))
-    settings = replace(engine_settings(scfg, model), until_s=1e15, timeline=(0.0, 60.0))
+    # A finite end either way (1e15 s: never reached) so windows are cut the same way in a
+    # bounded replay as in the rollout: what finishes before ``until_s`` finishes alike.
+    settings = replace(engine_settings(scfg, model), until_s=until_s, timeline=(0.0, 60.0))
     plugins = PlugIns(make_batch_policy=lambda: make_batch_policy(batching),
                       order_key=make_ordering("fcfs"), router=router,
                       rng=np.random.default_rng(routing_ss))
     records, cluster = simulate(driver.calls_workload(), pools, settings, plugins, source=driver)
     return driver, records, cluster, router, infos, placement
+
+
+def replay_candidates(allocation: Allocation, num_replayed: int) -> list[tuple[int, ...]]:
+    """The splits the replay scores, in the order it replays them: the DP's own choice
+    (the likeliest winner, so it sets the bound first), its ``num_replayed`` next
+    best-scored splits, then the start (the manager never keeps a split worse than it)."""
+    candidates = [allocation.split]
+    for split, _ in allocation.ranked:
+        if len(candidates) > num_replayed:
+            break
+        if split not in candidates and split != allocation.start:
+            candidates.append(split)
+    if allocation.start not in candidates:
+        candidates.append(allocation.start)
+    return candidates
 
 
 def _replay(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence,
@@ -237,29 +254,32 @@ def _replay(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence
     rollout on each (the batch ``_allocate`` sized the workers for, its own predictor and
     routing streams, this system on that split) and keep the split whose replay finished
     soonest [R: what a system that runs rollout after rollout can measure; the paper's own
-    scoring is not recoverable]. The DP still proposes: it shortlists, the replay decides."""
+    scoring is not recoverable]. The DP still proposes: it shortlists, the replay decides.
+
+    Branch and bound: a replay stops at the soonest finish so far (``cut_at_s``), since a
+    split that has not finished by then cannot win; only the splits that set a new best run
+    to the end. The choice is the one full replays would make (ties keep the earlier
+    candidate either way), at the cost of one replay plus the losers' runs up to the bound,
+    instead of every loser's whole rollout (a crowded split's thrashing tail included)."""
     history_ss, _, replay_ss = seeds.spawn(3)
     history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
     predictor_ss, routing_ss = replay_ss.spawn(2)
-    candidates = [allocation.start]
-    if allocation.split != allocation.start:
-        candidates.append(allocation.split)  # the DP's own choice is always replayed
-    for split, _ in allocation.ranked:
-        if len(candidates) >= cfg.num_replayed + 2:
-            break
-        if split not in candidates:
-            candidates.append(split)
-    replayed = []
-    for split in candidates:
+    replayed: list[dict[str, Any]] = []
+    best_s, best = 1e15, allocation.split
+    for split in replay_candidates(allocation, cfg.num_replayed):
         predictor = TrajectoryPredictor(history.output_tokens, cfg.predictor,
                                         np.random.default_rng(predictor_ss))
-        driver = _simulate(cfg, model, history, predictor, split, routing_ss)[0]
-        replayed.append({"split": list(split),
-                         "rollout_s": float(np.max(np.asarray(driver.finish_s, dtype=float)))})
-    best = min(replayed, key=lambda r: r["rollout_s"])
-    split = tuple(best["split"])
-    cost = dict(allocation.ranked).get(split, allocation.start_cost_s)
-    return replace(allocation, split=split, cost_s=cost), replayed
+        driver = _simulate(cfg, model, history, predictor, split, routing_ss, until_s=best_s)[0]
+        finish = np.asarray(driver.finish_s, dtype=float)
+        if np.isnan(finish).any():  # not done by the best so far: it cannot win
+            replayed.append({"split": list(split), "rollout_s": None, "cut_at_s": best_s})
+            continue
+        rollout_s = float(finish.max())
+        replayed.append({"split": list(split), "rollout_s": rollout_s})
+        if rollout_s < best_s:
+            best_s, best = rollout_s, split
+    cost = dict(allocation.ranked).get(best, allocation.start_cost_s)
+    return replace(allocation, split=best, cost_s=cost), replayed
 
 
 def _pool_configs(cfg: AgenticRolloutConfig, split: tuple[int, ...]) -> tuple[PoolConfig, ...]:
