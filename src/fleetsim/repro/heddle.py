@@ -58,6 +58,7 @@ from fleetsim.repro.frame import (
 )
 from fleetsim.rl.agentic_rollout import (
     AgenticRolloutResult,
+    Simulations,
     agentic_config_from_dict,
     run_agentic_rollout,
 )
@@ -68,8 +69,9 @@ NUM_GPUS, QUICK_GPUS = 16, 4
 PROMPTS, QUICK_PROMPTS = 128, 16
 SAMPLES_PER_PROMPT = 16  # Heddle: GRPO with 16 samples per prompt [S]
 
-# policy -> its system: (scheduling, placement, migration, resource manager's split scoring
-# or False for none, TP or None for the model's TP in MODELS, preemption mode)
+# policy -> its system: (scheduling, placement, migration, resource manager's split scoring,
+# False for none or "held" for heddle's split on the same model, TP or None for the model's
+# TP in MODELS, preemption mode)
 System = tuple[str, str, bool, str | bool, int | None, str]
 SYSTEMS: dict[str, System] = {
     "heddle": ("progressive_priority", "heddle", True, "replay", None, "swap"),
@@ -85,8 +87,9 @@ SWAP_SPACE_GIB = 256
 MP_ABLATIONS: dict[str, System] = {
     # the resource manager scoring splits by the placement DP alone (the entry before replay)
     "heddle-dp-split": ("progressive_priority", "heddle", True, "dp", None, "swap"),
-    # preemption by recompute instead of swapping the KV (the entry before swap)
-    "heddle-recompute": ("progressive_priority", "heddle", True, "replay", None, "recompute"),
+    # preemption by recompute instead of swapping the KV (the entry before swap), on the
+    # split heddle's manager kept: one mechanism changed, and no second set of replays
+    "heddle-recompute": ("progressive_priority", "heddle", True, "held", None, "recompute"),
     "heddle-fixed-mp": ("progressive_priority", "heddle", True, False, None, "swap"),
     "heddle-fix-1": ("progressive_priority", "heddle", True, False, 1, "swap"),
     "heddle-fix-8": ("progressive_priority", "heddle", True, False, 8, "swap"),
@@ -107,21 +110,21 @@ def rollout(model: str, tp: int, gpus: int, prompts: int, system: System) -> dic
     return {"model": model, "tp": min(fixed_tp, gpus) if fixed_tp else tp, "num_gpus": gpus,
             "gpu": "h100-sxm",
             "scheduling": scheduling, "placement": placement, "migration": migration,
-            "resource_manager": bool(manager),
-            **({"split_scoring": manager} if manager else {}),
+            "resource_manager": manager in ("dp", "replay"),
+            **({"split_scoring": manager} if manager in ("dp", "replay") else {}),
             **({"preemption_mode": "swap", "engine": {"swap_space_gib": SWAP_SPACE_GIB}}
                if preemption == "swap" else {}),
             "trajectories": {"num_prompts": prompts, "samples_per_prompt": SAMPLES_PER_PROMPT},
             "seed": 0}
 
 
-def run_kept(ctx: ReproContext, policy: str, label: str, data: dict[str, Any]
-             ) -> AgenticRolloutResult:
+def run_kept(ctx: ReproContext, policy: str, label: str, data: dict[str, Any],
+             simulations: Simulations | None = None) -> AgenticRolloutResult:
     """Simulate ``data`` with the user's ``--set`` overrides and keep it in ``ctx``."""
     if ctx.progress is not None:
         ctx.progress(f"{policy} @ {label}")
     apply_overrides(data, ctx.overrides)
-    result = run_agentic_rollout(agentic_config_from_dict(data))
+    result = run_agentic_rollout(agentic_config_from_dict(data), simulations)
     ctx.runs[(policy, label)] = RunFiles(result.summary, result.config,
                                          RequestRows(result.records.requests))
     return result
@@ -138,6 +141,9 @@ def compare(ctx: ReproContext) -> Comparison:
     results: dict[str, dict[str, float | None]] = {
         p: {_label(m): None for m, _ in models} for p in policies}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
+    # one simulation per distinct rollout: heddle and heddle-dp-split share theirs when
+    # the replay keeps the DP's split
+    simulations: Simulations = {}
     for k, (model, tp) in enumerate(models):
         label = _label(model)
         # The first two mechanisms' ablations run on the first (smallest) model only: they
@@ -146,13 +152,15 @@ def compare(ctx: ReproContext) -> Comparison:
             if system[4] is not None and not _fits(model, min(system[4], gpus), gpus):
                 continue
             data = rollout(model, tp, gpus, prompts, system)
+            if system[3] == "held":
+                data["split"] = summaries[("heddle", label)]["resource_manager"]["split"]
             same = next((p for p in policies if (p, label) in summaries
                          and rollout(model, tp, gpus, prompts, policies[p]) == data), None)
             if same is not None:  # Fix-1 at a model already at TP 1: the same run
                 ctx.runs[(policy, label)] = ctx.runs[(same, label)]
                 s = summaries[(same, label)]
             else:
-                s = run_kept(ctx, policy, label, data).summary
+                s = run_kept(ctx, policy, label, data, simulations).summary
             summaries[(policy, label)] = s
             results[policy][label] = s["tokens_per_s"]
     labels = [_label(m) for m, _ in models]

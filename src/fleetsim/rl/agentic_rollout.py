@@ -45,6 +45,7 @@ from fleetsim.rl.resource_manager import (
     Allocation,
     WorkerKind,
     allocate,
+    check_split,
     fitting_tps,
 )
 from fleetsim.rl.trajectories import TrajectoryArgs, TrajectoryBatch, sample_batch
@@ -102,6 +103,10 @@ class AgenticRolloutConfig:
     num_replayed: int = 3
     """replay: how many of the DP's best-scored splits are replayed besides the start and
     the DP's own choice."""
+    split: tuple[int, ...] = ()
+    """Workers' TPs, highest first, fixed for the rollout (an ablation holding another
+    run's resource-manager split; needs placement heddle, no resource manager); empty:
+    every worker at ``tp``, or the resource manager's split."""
     preemption_mode: str = "recompute"
     """What a preempted step's KV becomes: recompute (dropped, computed again: SGLang's
     retract) | swap (copied to host memory, ``engine.swap_space_gib``, and back)."""
@@ -147,6 +152,11 @@ class AgenticRolloutConfig:
         if self.preemption_mode == "swap" and not self.engine.swap_space_gib > 0:
             raise ValueError("preemption_mode swap needs host memory: set "
                              "engine.swap_space_gib > 0")
+        if self.split:
+            if self.resource_manager or self.placement != "heddle":
+                raise ValueError(f"split {list(self.split)} fixes the workers: it needs "
+                                 f"placement heddle and resource_manager off")
+            check_split(self.split, self.num_gpus, TP_CHOICES)
         if self.split_scoring not in ("dp", "replay"):
             raise ValueError(f"split_scoring must be dp or replay, got {self.split_scoring!r}")
         if not 1 <= self.num_replayed <= 64:
@@ -169,9 +179,17 @@ class AgenticRolloutResult:
     queued with, its migrations."""
 
 
-def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
+# (the rollout's config without the resource manager's search, the split) -> _simulate's
+# result: runs that differ only in how the split was chosen share one simulation
+Simulations = dict[tuple[str, tuple[int, ...]], tuple[TrajectoryPredictor, tuple[Any, ...]]]
+
+
+def run_agentic_rollout(cfg: AgenticRolloutConfig, simulations: Simulations | None = None
+                        ) -> AgenticRolloutResult:
     """Simulate one rollout of ``cfg``'s batch; summary: throughput and what the mechanisms
-    did."""
+    did. ``simulations``: a memo shared by the caller's runs (the rollout on a split depends
+    on the split, not on how the manager chose it, so e.g. Heddle with replay scoring and
+    its DP-scored ablation simulate once when they keep the same split)."""
     model = get_model(cfg.model)
     if cfg.trajectories.max_context_tokens > model.max_context_tokens:
         raise FleetsimInputError("trajectories.max_context_tokens",
@@ -185,8 +203,17 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
     replayed: list[dict[str, Any]] = []
     if allocation is not None and cfg.split_scoring == "replay":
         allocation, replayed = _replay(cfg, model, manager_ss, allocation)
-    split = allocation.split if allocation is not None else (cfg.tp,) * (cfg.num_gpus // cfg.tp)
-    run = _simulate(cfg, model, batch, predictor, split, routing_ss)
+    split = (allocation.split if allocation is not None
+             else cfg.split or (cfg.tp,) * (cfg.num_gpus // cfg.tp))
+    key = (repr(to_plain(replace(cfg, tp=1, resource_manager=False, split=(),
+                                 split_scoring="dp", num_replayed=1, anneal_steps=0,
+                                 tp_choices=TP_CHOICES))), split)
+    kept = simulations.get(key) if simulations is not None else None
+    if kept is None:
+        kept = predictor, _simulate(cfg, model, batch, predictor, split, routing_ss)
+        if simulations is not None:
+            simulations[key] = kept
+    predictor, run = kept  # the predictor holds what it predicted during that run
     summary = _summary(cfg, batch, predictor, *run)
     if allocation is not None:
         summary["resource_manager"] = {
@@ -261,7 +288,10 @@ def _replay(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence
     to the end. The choice is the one full replays would make (ties keep the earlier
     candidate either way), at the cost of one replay plus the losers' runs up to the bound,
     instead of every loser's whole rollout (a crowded split's thrashing tail included)."""
-    history_ss, _, replay_ss = seeds.spawn(3)
+    # The manager's own streams again (spawning advances a seed sequence): the history
+    # batch is the one ``_allocate`` sized the workers for.
+    fresh = np.random.SeedSequence(seeds.entropy, spawn_key=seeds.spawn_key)
+    history_ss, _, replay_ss = fresh.spawn(3)
     history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
     predictor_ss, routing_ss = replay_ss.spawn(2)
     replayed: list[dict[str, Any]] = []
