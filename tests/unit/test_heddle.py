@@ -478,10 +478,9 @@ def test_bounded_replays_choose_what_full_replays_choose():
     manager_ss = np.random.SeedSequence(cfg.seed).spawn(4)[3]
     allocation = agentic_rollout._allocate(cfg, model, manager_ss)
     chosen, replayed = agentic_rollout._replay(cfg, model, manager_ss, allocation)
-    # The same streams again (spawning advances a seed sequence): after the manager's own.
-    manager_ss = np.random.SeedSequence(cfg.seed).spawn(4)[3]
-    assert agentic_rollout._allocate(cfg, model, manager_ss) == allocation
-    history_ss, _, replay_ss = manager_ss.spawn(3)
+    # The manager's streams afresh (spawning advances a seed sequence): the replay's
+    # history batch is the one the manager sized the workers for.
+    history_ss, _, replay_ss = np.random.SeedSequence(cfg.seed).spawn(4)[3].spawn(3)
     history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
     predictor_ss, routing_ss = replay_ss.spawn(2)
     full = {}
@@ -500,11 +499,40 @@ def test_bounded_replays_choose_what_full_replays_choose():
             assert r["rollout_s"] == full[tuple(r["split"])]
 
 
+def test_a_held_split_and_shared_simulations_give_the_managers_rollout():
+    """``split`` fixes the workers (heddle-recompute holds heddle's split): the rollout is
+    the one the resource manager ran on that split; a shared ``simulations`` memo hands a
+    run that differs only in how its split was chosen the same simulation, unchanged."""
+    base = dict(placement="heddle", scheduling="progressive_priority", migration=True)
+    rm = run_agentic_rollout(_four(**base, resource_manager=True))
+    split = tuple(rm.summary["resource_manager"]["split"])
+    assert split != (1, 1, 1, 1)  # the manager moved off the start: the split matters
+    alone = {k: v for k, v in rm.summary.items() if k != "resource_manager"}
+    held = run_agentic_rollout(_four(**base, split=split))
+    assert held.summary == alone
+    assert run_agentic_rollout(_four(**base)).summary != alone  # the start's rollout differs
+    memo: agentic_rollout.Simulations = {}
+    first = run_agentic_rollout(_four(**base, split=split), memo)
+    again = run_agentic_rollout(_four(**base, resource_manager=True), memo)
+    assert len(memo) == 1 and again.records is first.records
+    assert again.summary == rm.summary and first.summary == held.summary
+    other = run_agentic_rollout(_four(**{**base, "migration": False}, split=split), memo)
+    assert len(memo) == 2 and other.records is not first.records
+
+
+def test_a_held_split_is_checked():
+    with pytest.raises(ValueError, match=r"split \[2, 1\] uses 3 GPUs"):
+        _four(placement="heddle", split=(2, 1))
+    with pytest.raises(ValueError, match="resource_manager off"):
+        _four(placement="heddle", resource_manager=True, split=(2, 2))
+
+
 @pytest.mark.parametrize(("override", "needle"), [
     ("tp_choices=[3]", "tp_choices must be some of [1, 2, 4, 8]"),
     ("anneal_steps=-1", "anneal_steps must be >= 0"),
     ("split_scoring=\"guess\"", "split_scoring must be dp or replay"),
     ("placement=\"sticky\"", "needs placement heddle"),
+    ("split=[2,2]", "fixes the workers"),
 ])
 def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_path):
     assert main(["repro", "heddle", "--quick", "--set", override,
