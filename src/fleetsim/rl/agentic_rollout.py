@@ -97,9 +97,10 @@ class AgenticRolloutConfig:
     """Moves the resource manager's annealing tries."""
     split_scoring: str = "dp"
     """How the resource manager scores splits: dp (the placement DP's predicted slowest
-    worker, every trajectory at the batch's mean context) | replay (the start, the DP's
-    choice and up to ``num_replayed`` more of its best-scored splits each replay the previous
-    rollout, and the soonest finish wins)."""
+    worker, every trajectory at the batch's mean context) | replay (the DP's choice, up to
+    ``num_replayed`` more of its best-scored splits and the start each replay the previous
+    rollout, in that order, each stopped at the soonest finish so far, and the soonest
+    finish wins)."""
     num_replayed: int = 3
     """replay: how many of the DP's best-scored splits are replayed besides the start and
     the DP's own choice."""
