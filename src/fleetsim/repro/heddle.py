@@ -34,6 +34,7 @@ finishes. The headline ratio is the largest Heddle / baseline over models and ba
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fleetsim.config import EngineConfig
@@ -147,6 +148,7 @@ def compare(ctx: ReproContext) -> Comparison:
     # one simulation per distinct rollout: heddle and heddle-dp-split share theirs when
     # the replay keeps the DP's split
     simulations: Simulations = {}
+    datas: dict[tuple[str, str], dict[str, Any]] = {}  # (policy, model) -> its run's config
     for k, (model, tp) in enumerate(models):
         label = _label(model)
         # The first two mechanisms' ablations run on the first (smallest) model only: they
@@ -157,8 +159,8 @@ def compare(ctx: ReproContext) -> Comparison:
             data = rollout(model, tp, gpus, prompts, system)
             if system[3] == "held":
                 data["split"] = summaries[("heddle", label)]["resource_manager"]["split"]
-            same = next((p for p in policies if (p, label) in summaries
-                         and rollout(model, tp, gpus, prompts, policies[p]) == data), None)
+            same = next((p for p in policies if datas.get((p, label)) == data), None)
+            datas[(policy, label)] = copy.deepcopy(data)  # before --set overrides touch it
             if same is not None:  # Fix-1 at a model already at TP 1: the same run
                 ctx.runs[(policy, label)] = ctx.runs[(same, label)]
                 s = summaries[(same, label)]
