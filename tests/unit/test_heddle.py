@@ -6,6 +6,7 @@ install a migration lands with, determinism and bad input."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 from dataclasses import replace
@@ -539,3 +540,20 @@ def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_pa
                  "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+def test_each_quick_run_is_its_own_systems_rollout(tmp_path):
+    """A run is reused only for a system whose config is the same one (held split
+    included): heddle-recompute runs on heddle's split, Fix-1 preempts by recompute on
+    the start's workers, and neither is handed the other's run."""
+    assert main(["repro", "heddle", "--quick", "--out", str(tmp_path)]) == 0
+
+    def config(policy: str) -> dict:
+        (path,) = (tmp_path / "runs" / policy).glob("*/config.json")
+        return json.loads(path.read_text())
+
+    heddle, held, fix1 = config("heddle"), config("heddle-recompute"), config("heddle-fix-1")
+    summary = json.loads(next((tmp_path / "runs" / "heddle").glob("*/summary.json")).read_text())
+    assert held["split"] == summary["resource_manager"]["split"] and held["split"]
+    assert held["preemption_mode"] == "recompute" and heddle["preemption_mode"] == "swap"
+    assert fix1["split"] == [] and fix1["preemption_mode"] == "recompute"
