@@ -6,6 +6,7 @@ install a migration lands with, determinism and bad input."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 from dataclasses import replace
@@ -15,7 +16,9 @@ import pytest
 
 from fleetsim.cli import main
 from fleetsim.config import EngineConfig
+from fleetsim.models import get_model
 from fleetsim.policies.trajectories import StickySkew, TrajectoryPlan
+from fleetsim.rl import agentic_rollout
 from fleetsim.rl.agentic_rollout import AgenticRolloutConfig, run_agentic_rollout
 from fleetsim.rl.resource_manager import (
     NODE_GPUS,
@@ -171,6 +174,48 @@ def test_progressive_priority_preempts_for_the_longest():
     assert prio.summary["num_preemptions"] > 0
     assert (prio.summary["queueing"]["longest_trajectory_wait_s"]
             < fcfs.summary["queueing"]["longest_trajectory_wait_s"])
+
+
+def test_progressive_priority_swaps_instead_of_recomputing():
+    """Preemption that keeps KV: with preemption_mode swap, the steps progressive priority
+    preempts (for a better one, or under KV pressure) go to host memory and come back, so
+    nothing is computed twice; by recompute, the same rollout recomputes their contexts.
+    Every trajectory finishes either way (a swapped step does not take back the slot it gave
+    up before the better step runs: no ping-pong)."""
+    eng = dict(max_running=1)
+    oracle = PredictorConfig(correlation_by_step=(1.0,))
+    base = dict(num_gpus=1, predictor=oracle, scheduling="progressive_priority")
+    recompute = run_agentic_rollout(_small(**base, engine=EngineConfig(
+        **eng, swap_space_gib=16))).summary
+    swap = run_agentic_rollout(_small(**base, preemption_mode="swap", engine=EngineConfig(
+        **eng, swap_space_gib=16)))
+    s = swap.summary
+    assert recompute["num_preemptions"] > 0 and recompute["num_recomputed_tokens"] > 0
+    assert s["num_recomputed_tokens"] == 0 and s["num_preemptions"] == 0
+    assert int(swap.records.requests["num_swaps"].sum()) > 0
+    assert (s["queueing"]["longest_trajectory_wait_s"]
+            <= recompute["queueing"]["longest_trajectory_wait_s"] + 1e-9)
+
+
+def test_a_crowded_rollout_does_not_fall_below_verl_when_preemption_keeps_the_kv():
+    """A crowded regime: 512 trajectories on one GPU (4x the entry's per GPU) with lengths
+    scaled to DeepCoder's 64K training cap (64K / DAPO's 20K = 3.2). Preemption by recompute
+    thrashes there and Heddle (fixed MP) falls below verl; swapping the KV keeps it above."""
+    crowded = dict(model="qwen3-8b", num_gpus=1, engine=EngineConfig(swap_space_gib=256),
+                   trajectories=TrajectoryArgs(num_prompts=32, samples_per_prompt=16,
+                                               length_scale=3.2))
+    heddle = dict(placement="heddle", scheduling="progressive_priority", migration=True)
+    verl = run_agentic_rollout(AgenticRolloutConfig(**crowded, placement="sticky")).summary
+    recompute = run_agentic_rollout(AgenticRolloutConfig(**crowded, **heddle)).summary
+    swap = run_agentic_rollout(AgenticRolloutConfig(**crowded, **heddle,
+                                                    preemption_mode="swap")).summary
+    assert recompute["tokens_per_s"] < verl["tokens_per_s"] < swap["tokens_per_s"]
+    assert swap["num_recomputed_tokens"] == 0 < recompute["num_recomputed_tokens"]
+
+
+def test_swap_preemption_needs_host_memory():
+    with pytest.raises(ValueError, match="preemption_mode swap needs host memory"):
+        AgenticRolloutConfig(preemption_mode="swap")
 
 
 def test_migration_happens_in_tool_waits_and_pays_the_transfer():
@@ -404,13 +449,111 @@ def test_resource_manager_rollout_runs_its_split():
     assert run_agentic_rollout(cfg).summary == s
 
 
+def test_replay_scoring_keeps_the_split_whose_replay_of_the_previous_rollout_ends_first():
+    """split_scoring replay: the DP's own choice, the DP's next best splits and the start
+    each replay the previous rollout; the split kept is the one whose replay ended first,
+    which the DP alone need not pick."""
+    base = dict(placement="heddle", scheduling="progressive_priority", migration=True,
+                resource_manager=True)
+    dp = run_agentic_rollout(_four(**base)).summary["resource_manager"]
+    rm = run_agentic_rollout(_four(**base, split_scoring="replay")).summary["resource_manager"]
+    assert dp["scoring"] == "dp" and dp["replayed"] == []
+    replayed = rm["replayed"]
+    assert replayed[0]["split"] == dp["split"] and replayed[-1]["split"] == rm["start"]
+    assert 2 <= len(replayed) <= 2 + AgenticRolloutConfig().num_replayed
+    assert len({tuple(r["split"]) for r in replayed}) == len(replayed)
+    done = [r for r in replayed if r["rollout_s"] is not None]
+    assert rm["split"] == min(done, key=lambda r: r["rollout_s"])["split"]
+    assert all(r["rollout_s"] > 0 for r in done)
+    assert run_agentic_rollout(_four(**base, split_scoring="replay")).summary[
+        "resource_manager"] == rm
+
+
+def test_bounded_replays_choose_what_full_replays_choose():
+    """Branch and bound: each replay stops at the soonest finish so far, so a split that
+    cannot win is not replayed to its end; the kept split and the winners' times are those
+    of full replays, and a stopped one's full replay indeed ends no sooner than its bound."""
+    cfg = _four(placement="heddle", scheduling="progressive_priority", migration=True,
+                resource_manager=True, split_scoring="replay")
+    model = get_model(cfg.model)
+    manager_ss = np.random.SeedSequence(cfg.seed).spawn(4)[3]
+    allocation = agentic_rollout._allocate(cfg, model, manager_ss)
+    chosen, replayed = agentic_rollout._replay(cfg, model, manager_ss, allocation)
+    # The manager's streams afresh (spawning advances a seed sequence): the replay's
+    # history batch is the one the manager sized the workers for.
+    history_ss, _, replay_ss = np.random.SeedSequence(cfg.seed).spawn(4)[3].spawn(3)
+    history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
+    predictor_ss, routing_ss = replay_ss.spawn(2)
+    full = {}
+    for split in agentic_rollout.replay_candidates(allocation, cfg.num_replayed):
+        predictor = TrajectoryPredictor(history.output_tokens, cfg.predictor,
+                                        np.random.default_rng(predictor_ss))
+        driver = agentic_rollout._simulate(cfg, model, history, predictor, split, routing_ss)[0]
+        full[split] = float(np.max(driver.finish_s))
+    assert chosen.split == min(full, key=full.__getitem__)  # ties: the first, as both keep
+    cut = [r for r in replayed if r["rollout_s"] is None]
+    assert cut, "some replay must stop at the bound in this setting"
+    for r in replayed:
+        if r["rollout_s"] is None:
+            assert full[tuple(r["split"])] >= r["cut_at_s"]
+        else:
+            assert r["rollout_s"] == full[tuple(r["split"])]
+
+
+def test_a_held_split_and_shared_simulations_give_the_managers_rollout():
+    """``split`` fixes the workers (heddle-recompute holds heddle's split): the rollout is
+    the one the resource manager ran on that split; a shared ``simulations`` memo hands a
+    run that differs only in how its split was chosen the same simulation, unchanged."""
+    base = dict(placement="heddle", scheduling="progressive_priority", migration=True)
+    rm = run_agentic_rollout(_four(**base, resource_manager=True))
+    split = tuple(rm.summary["resource_manager"]["split"])
+    assert split != (1, 1, 1, 1)  # the manager moved off the start: the split matters
+    alone = {k: v for k, v in rm.summary.items() if k != "resource_manager"}
+    held = run_agentic_rollout(_four(**base, split=split))
+    assert held.summary == alone
+    assert run_agentic_rollout(_four(**base)).summary != alone  # the start's rollout differs
+    memo: agentic_rollout.Simulations = {}
+    first = run_agentic_rollout(_four(**base, split=split), memo)
+    again = run_agentic_rollout(_four(**base, resource_manager=True), memo)
+    assert len(memo) == 1 and again.records is first.records
+    assert again.summary == rm.summary and first.summary == held.summary
+    other = run_agentic_rollout(_four(**{**base, "migration": False}, split=split), memo)
+    assert len(memo) == 2 and other.records is not first.records
+
+
+def test_a_held_split_is_checked():
+    with pytest.raises(ValueError, match=r"split \[2, 1\] uses 3 GPUs"):
+        _four(placement="heddle", split=(2, 1))
+    with pytest.raises(ValueError, match="resource_manager off"):
+        _four(placement="heddle", resource_manager=True, split=(2, 2))
+
+
 @pytest.mark.parametrize(("override", "needle"), [
     ("tp_choices=[3]", "tp_choices must be some of [1, 2, 4, 8]"),
     ("anneal_steps=-1", "anneal_steps must be >= 0"),
+    ("split_scoring=\"guess\"", "split_scoring must be dp or replay"),
     ("placement=\"sticky\"", "needs placement heddle"),
+    ("split=[2,2]", "fixes the workers"),
 ])
 def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_path):
     assert main(["repro", "heddle", "--quick", "--set", override,
                  "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+def test_each_quick_run_is_its_own_systems_rollout(tmp_path):
+    """A run is reused only for a system whose config is the same one (held split
+    included): heddle-recompute runs on heddle's split, Fix-1 preempts by recompute on
+    the start's workers, and neither is handed the other's run."""
+    assert main(["repro", "heddle", "--quick", "--out", str(tmp_path)]) == 0
+
+    def config(policy: str) -> dict:
+        (path,) = (tmp_path / "runs" / policy).glob("*/config.json")
+        return json.loads(path.read_text())
+
+    heddle, held, fix1 = config("heddle"), config("heddle-recompute"), config("heddle-fix-1")
+    summary = json.loads(next((tmp_path / "runs" / "heddle").glob("*/summary.json")).read_text())
+    assert held["split"] == summary["resource_manager"]["split"] and held["split"]
+    assert held["preemption_mode"] == "recompute" and heddle["preemption_mode"] == "swap"
+    assert fix1["split"] == [] and fix1["preemption_mode"] == "recompute"

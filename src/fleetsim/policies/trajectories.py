@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fleetsim.policies.batch_steps import admit_waiting, serve_running_swapping
 from fleetsim.policies.batching import TokenBudgetPlanner, register_batch
 from fleetsim.policies.routing import num_in_flight, register_router
 from fleetsim.serving.capabilities import Capabilities
@@ -164,8 +165,11 @@ class ProgressivePriority(TokenBudgetPlanner):
     the queue at its next step instead of re-queueing behind the short ones (FCFS's
     cumulative queueing delay). Preemptive: when the best waiting step cannot be admitted for
     want of a running slot or KV blocks while a running step has a worse key, the worst
-    running one is preempted (recompute), one per plan, until the best waiting one fits or
-    every running step is better.
+    running one is preempted, one per plan, until the best waiting one fits or every running
+    step is better. A preempted step is recomputed (``preemption_mode`` recompute, SGLang's
+    retract) or its KV is swapped to host memory and back (swap): swapped steps come back
+    ahead of waiting ones only when their key is better, so a step swapped out for a better
+    one does not take its place back before it runs.
 
     Keys do not change while a step is queued (a trajectory's prediction changes only
     between its steps), so a plan that only decodes repeats while nothing arrives or
@@ -198,5 +202,43 @@ class ProgressivePriority(TokenBudgetPlanner):
         need = view.kv.admission_blocks(head, min(head.num_prompt_tokens,
                                                   view.max_batched_tokens))
         if len(view.running) >= view.max_running or need > view.kv.num_available_blocks:
+            if self.preemption_mode == "swap" and view.num_blocks_swapping_out == 0:
+                host_blocks = view.kv.num_blocks_for(worst.num_computed_tokens)
+                if 0 < host_blocks <= view.num_free_host_blocks:
+                    return StepPlan({}, (), swap_out=(worst.id,))
+            if self.preemption_mode == "swap" and view.num_blocks_swapping_out:
+                return plan  # blocks are on their way out: wait for them
             return StepPlan({}, (worst.id,))
         return plan
+
+    def _plan_swapping(self, view: ReplicaView, tokens: dict[int, int], budget: int,
+                       cap: int) -> StepPlan:
+        """Swap preemption under KV pressure (``serve_running_swapping``); then swapped steps
+        come back, best key first, while they are better than the best waiting one; then
+        waiting ones are admitted."""
+        budget, available, preempt, swap_out = serve_running_swapping(
+            view, tokens, budget, view.kv.num_available_blocks, cap)
+        if preempt or swap_out:
+            return StepPlan(tokens, tuple(preempt), swap_out=tuple(swap_out))
+        head = view.waiting[0] if view.waiting else None
+        kv = view.kv
+        slots = view.max_running - len(view.running) - view.num_swapping_in
+        back: list[int] = []
+        waiting_blocked = False
+        watermark = -(-view.num_kv_blocks // 100)
+        for req in sorted(view.swapped, key=lambda r: r.policy_state):
+            if head is not None and not req.policy_state < head.policy_state:
+                break  # keys are set when a step is queued, so every swapped one has one
+            # vLLM v0's swap-in check keeps a watermark of 1% of the blocks free, so a step
+            # brought back is not swapped out again by the next decode's block
+            need = kv.num_blocks_for(req.num_computed_tokens + 1) + watermark
+            if slots <= 0 or need > available:
+                waiting_blocked = True  # a better swapped step waits: nothing overtakes it
+                break
+            back.append(req.id)
+            available -= need
+            slots -= 1
+        if not back and not waiting_blocked and not view.num_swapping_in:
+            admit_waiting(view, tokens, budget, available, cap, self.enable_chunked_prefill,
+                          self.reserve_full_isl)
+        return StepPlan(tokens, (), swap_in=tuple(back))

@@ -34,6 +34,7 @@ finishes. The headline ratio is the largest Heddle / baseline over models and ba
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fleetsim.config import EngineConfig
@@ -58,6 +59,7 @@ from fleetsim.repro.frame import (
 )
 from fleetsim.rl.agentic_rollout import (
     AgenticRolloutResult,
+    Simulations,
     agentic_config_from_dict,
     run_agentic_rollout,
 )
@@ -68,50 +70,65 @@ NUM_GPUS, QUICK_GPUS = 16, 4
 PROMPTS, QUICK_PROMPTS = 128, 16
 SAMPLES_PER_PROMPT = 16  # Heddle: GRPO with 16 samples per prompt [S]
 
-# policy -> its system: (scheduling, placement, migration, resource manager, TP or None for
-# the model's TP in MODELS)
-System = tuple[str, str, bool, bool, int | None]
+# policy -> its system: (scheduling, placement, migration, resource manager's split scoring,
+# False for none or "held" for heddle's split on the same model, TP or None for the model's
+# TP in MODELS, preemption mode)
+System = tuple[str, str, bool, str | bool, int | None, str]
 SYSTEMS: dict[str, System] = {
-    "heddle": ("progressive_priority", "heddle", True, True, None),
-    "verl": ("fcfs", "sticky", False, False, None),
-    "verl-star": ("fcfs", "sticky_skew", False, False, None),  # the paper's verl*
-    "slime": ("fcfs", "least_requests", False, False, None),
+    "heddle": ("progressive_priority", "heddle", True, "replay", None, "swap"),
+    "verl": ("fcfs", "sticky", False, False, None, "recompute"),
+    "verl-star": ("fcfs", "sticky_skew", False, False, None, "recompute"),  # the paper's verl*
+    "slime": ("fcfs", "least_requests", False, False, None, "recompute"),
 }
+# Host memory per GPU for swapped KV: a DGX H100's 2 TB of system memory over its 8 GPUs
+# (NVIDIA DGX H100 datasheet); the baselines recompute (SGLang's retract), as the paper's do.
+SWAP_SPACE_GIB = 256
 # Heddle without its resource manager, at fixed MP: the model's TP (the entry before the
 # resource manager), and the paper's Fix-1 and Fix-8; run on every model (where it fits).
 MP_ABLATIONS: dict[str, System] = {
-    "heddle-fixed-mp": ("progressive_priority", "heddle", True, False, None),
-    "heddle-fix-1": ("progressive_priority", "heddle", True, False, 1),
-    "heddle-fix-8": ("progressive_priority", "heddle", True, False, 8),
+    # the resource manager scoring splits by the placement DP alone (the entry before replay)
+    "heddle-dp-split": ("progressive_priority", "heddle", True, "dp", None, "swap"),
+    # preemption by recompute instead of swapping the KV (the entry before swap), on the
+    # split heddle's manager kept: one mechanism changed, and no second set of replays
+    "heddle-recompute": ("progressive_priority", "heddle", True, "held", None, "recompute"),
+    "heddle-fixed-mp": ("progressive_priority", "heddle", True, False, None, "swap"),
+    # Fix-1 preempts by recompute, as the entry before swap: a 32B TP-1 worker holds less
+    # KV (30,608 tokens) than one 40K trajectory, and swapping there thrashes the engine:
+    # that one run cost more simulation than the whole entry did (docs/reproductions.md)
+    "heddle-fix-1": ("progressive_priority", "heddle", True, False, 1, "recompute"),
+    "heddle-fix-8": ("progressive_priority", "heddle", True, False, 8, "swap"),
 }
 # The first two mechanisms' ablations, at the model's fixed TP, on the first model only.
 ABLATIONS: dict[str, System] = {
-    "heddle-no-migration": ("progressive_priority", "heddle", False, False, None),
-    "heddle-placement-only": ("fcfs", "heddle", False, False, None),
-    "verl-priority": ("progressive_priority", "sticky", False, False, None),
+    "heddle-no-migration": ("progressive_priority", "heddle", False, False, None, "swap"),
+    "heddle-placement-only": ("fcfs", "heddle", False, False, None, "swap"),
+    "verl-priority": ("progressive_priority", "sticky", False, False, None, "recompute"),
 }
 RESOURCE_MANAGER_S = 5.0  # the paper's resource manager time, "runs periodically" [S]
 PAPER_RANGES = {"verl": (1.4, 2.3), "verl-star": (1.1, 2.4), "slime": (1.2, 2.5)}  # [S]
 
 
 def rollout(model: str, tp: int, gpus: int, prompts: int, system: System) -> dict[str, Any]:
-    scheduling, placement, migration, manager, fixed_tp = system
+    scheduling, placement, migration, manager, fixed_tp, preemption = system
     # Fix-8 on a budget under 8 GPUs (--quick's 4): the largest TP the budget holds.
     return {"model": model, "tp": min(fixed_tp, gpus) if fixed_tp else tp, "num_gpus": gpus,
             "gpu": "h100-sxm",
             "scheduling": scheduling, "placement": placement, "migration": migration,
-            "resource_manager": manager,
+            "resource_manager": manager in ("dp", "replay"),
+            **({"split_scoring": manager} if manager in ("dp", "replay") else {}),
+            **({"preemption_mode": "swap", "engine": {"swap_space_gib": SWAP_SPACE_GIB}}
+               if preemption == "swap" else {}),
             "trajectories": {"num_prompts": prompts, "samples_per_prompt": SAMPLES_PER_PROMPT},
             "seed": 0}
 
 
-def run_kept(ctx: ReproContext, policy: str, label: str, data: dict[str, Any]
-             ) -> AgenticRolloutResult:
+def run_kept(ctx: ReproContext, policy: str, label: str, data: dict[str, Any],
+             simulations: Simulations | None = None) -> AgenticRolloutResult:
     """Simulate ``data`` with the user's ``--set`` overrides and keep it in ``ctx``."""
     if ctx.progress is not None:
         ctx.progress(f"{policy} @ {label}")
     apply_overrides(data, ctx.overrides)
-    result = run_agentic_rollout(agentic_config_from_dict(data))
+    result = run_agentic_rollout(agentic_config_from_dict(data), simulations)
     ctx.runs[(policy, label)] = RunFiles(result.summary, result.config,
                                          RequestRows(result.records.requests))
     return result
@@ -128,6 +145,10 @@ def compare(ctx: ReproContext) -> Comparison:
     results: dict[str, dict[str, float | None]] = {
         p: {_label(m): None for m, _ in models} for p in policies}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
+    # one simulation per distinct rollout: heddle and heddle-dp-split share theirs when
+    # the replay keeps the DP's split
+    simulations: Simulations = {}
+    datas: dict[tuple[str, str], dict[str, Any]] = {}  # (policy, model) -> its run's config
     for k, (model, tp) in enumerate(models):
         label = _label(model)
         # The first two mechanisms' ablations run on the first (smallest) model only: they
@@ -136,13 +157,15 @@ def compare(ctx: ReproContext) -> Comparison:
             if system[4] is not None and not _fits(model, min(system[4], gpus), gpus):
                 continue
             data = rollout(model, tp, gpus, prompts, system)
-            same = next((p for p in policies if (p, label) in summaries
-                         and rollout(model, tp, gpus, prompts, policies[p]) == data), None)
+            if system[3] == "held":
+                data["split"] = summaries[("heddle", label)]["resource_manager"]["split"]
+            same = next((p for p in policies if datas.get((p, label)) == data), None)
+            datas[(policy, label)] = copy.deepcopy(data)  # before --set overrides touch it
             if same is not None:  # Fix-1 at a model already at TP 1: the same run
                 ctx.runs[(policy, label)] = ctx.runs[(same, label)]
                 s = summaries[(same, label)]
             else:
-                s = run_kept(ctx, policy, label, data).summary
+                s = run_kept(ctx, policy, label, data, simulations).summary
             summaries[(policy, label)] = s
             results[policy][label] = s["tokens_per_s"]
     labels = [_label(m) for m, _ in models]
@@ -158,7 +181,11 @@ def compare(ctx: ReproContext) -> Comparison:
                  for b, rs in old.items())
     notes.extend(f"heddle / {a} per model ({sizes}): " + fmt_ratios(
         [better_ratio(results["heddle"][x], results[a][x], "higher") for x in labels])
-        + " (paper, adaptive over fixed MP: 1.1-1.3x)" for a in MP_ABLATIONS)
+        + {"heddle-dp-split": " (splits scored by replaying the previous rollout over "
+                              "scored by the DP)",
+           "heddle-recompute": " (preemption swapping the KV over recomputing it)"}.get(
+               a, " (paper, adaptive over fixed MP: 1.1-1.3x)")
+        for a in MP_ABLATIONS)
     notes.append(f"charging the resource manager's {RESOURCE_MANAGER_S:g} s (the paper's) "
                  f"before each rollout: heddle / verl " + fmt_ratios(
                      [better_ratio(_charged(summaries[("heddle", x)]), results["verl"][x],
@@ -216,7 +243,13 @@ def _mechanism_notes(summaries: dict[tuple[str, str], dict[str, Any]], labels: l
             f"{fmt(summaries[('heddle', x)]['rollout_s'], digits=0)} s (fixed MP "
             f"{fmt(fixed['rollout_s'], digits=0)} s); slowest trajectory alone "
             f"{fmt(summaries[('heddle', x)]['critical_path_s'], digits=0)} s on the fastest "
-            f"worker (fixed MP {fmt(fixed['critical_path_s'], digits=0)} s)")
+            f"worker (fixed MP {fmt(fixed['critical_path_s'], digits=0)} s); replays of the "
+            f"previous rollout (split: s; '>' stopped at the best so far) " + ", ".join(
+                f"{r['split']}: " + (fmt(r['rollout_s'], digits=0) if r['rollout_s'] is not None
+                                     else f">{fmt(r['cut_at_s'], digits=0)}")
+                for r in rm["replayed"])
+            + f"; the DP alone chose "
+            f"{summaries[('heddle-dp-split', x)]['resource_manager']['split']}")
     for x in labels:
         h = summaries[("heddle-fixed-mp", x)]
         v = summaries[("verl", x)]
@@ -232,7 +265,8 @@ def _mechanism_notes(summaries: dict[tuple[str, str], dict[str, Any]], labels: l
             f"{h['placement']['group_sizes']}; {mig['num_migrations']} migrations "
             f"({mig['bytes'] / 1e9:.1f} GB, {mig['num_hidden']} hidden in the tool wait, "
             f"longest {fmt(mig['max_transfer_s'], digits=3)} s); preemptions "
-            f"{h['num_preemptions']} / {v['num_preemptions']}; the slowest trajectory alone "
+            f"{h['num_preemptions']} / {v['num_preemptions']} (heddle's swaps to host memory "
+            f"{h['num_swaps']}); the slowest trajectory alone "
             f"takes {fmt(h['critical_path_s'], digits=0)} s, so no system at this model "
             f"parallelism beats verl by more than "
             f"{fmt(v['rollout_s'] / h['critical_path_s'], 'x')}")

@@ -45,6 +45,7 @@ from fleetsim.rl.resource_manager import (
     Allocation,
     WorkerKind,
     allocate,
+    check_split,
     fitting_tps,
 )
 from fleetsim.rl.trajectories import TrajectoryArgs, TrajectoryBatch, sample_batch
@@ -94,6 +95,22 @@ class AgenticRolloutConfig:
     model does not fit at are skipped)."""
     anneal_steps: int = 200
     """Moves the resource manager's annealing tries."""
+    split_scoring: str = "dp"
+    """How the resource manager scores splits: dp (the placement DP's predicted slowest
+    worker, every trajectory at the batch's mean context) | replay (the DP's choice, up to
+    ``num_replayed`` more of its best-scored splits and the start each replay the previous
+    rollout, in that order, each stopped at the soonest finish so far, and the soonest
+    finish wins)."""
+    num_replayed: int = 3
+    """replay: how many of the DP's best-scored splits are replayed besides the start and
+    the DP's own choice."""
+    split: tuple[int, ...] = ()
+    """Workers' TPs, highest first, fixed for the rollout (an ablation holding another
+    run's resource-manager split; needs placement heddle, no resource manager); empty:
+    every worker at ``tp``, or the resource manager's split."""
+    preemption_mode: str = "recompute"
+    """What a preempted step's KV becomes: recompute (dropped, computed again: SGLang's
+    retract) | swap (copied to host memory, ``engine.swap_space_gib``, and back)."""
     skew_threshold: float = 1.5
     """sticky_skew: load over mean above which a step leaves its sticky worker."""
     trajectories: TrajectoryArgs = field(default_factory=TrajectoryArgs)
@@ -130,6 +147,21 @@ class AgenticRolloutConfig:
                              f"within a node), got {list(self.tp_choices)}")
         if self.anneal_steps < 0:
             raise ValueError(f"anneal_steps must be >= 0, got {self.anneal_steps}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be recompute or swap, got "
+                             f"{self.preemption_mode!r}")
+        if self.preemption_mode == "swap" and not self.engine.swap_space_gib > 0:
+            raise ValueError("preemption_mode swap needs host memory: set "
+                             "engine.swap_space_gib > 0")
+        if self.split:
+            if self.resource_manager or self.placement != "heddle":
+                raise ValueError(f"split {list(self.split)} fixes the workers: it needs "
+                                 f"placement heddle and resource_manager off")
+            check_split(self.split, self.num_gpus, TP_CHOICES)
+        if self.split_scoring not in ("dp", "replay"):
+            raise ValueError(f"split_scoring must be dp or replay, got {self.split_scoring!r}")
+        if not 1 <= self.num_replayed <= 64:
+            raise ValueError(f"num_replayed must be in 1..64 splits, got {self.num_replayed}")
 
 
 def agentic_config_from_dict(data: dict[str, Any], where: str = "rollout"
@@ -148,9 +180,17 @@ class AgenticRolloutResult:
     queued with, its migrations."""
 
 
-def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
+# (the rollout's config without the resource manager's search, the split) -> _simulate's
+# result: runs that differ only in how the split was chosen share one simulation
+Simulations = dict[tuple[str, tuple[int, ...]], tuple[TrajectoryPredictor, tuple[Any, ...]]]
+
+
+def run_agentic_rollout(cfg: AgenticRolloutConfig, simulations: Simulations | None = None
+                        ) -> AgenticRolloutResult:
     """Simulate one rollout of ``cfg``'s batch; summary: throughput and what the mechanisms
-    did."""
+    did. ``simulations``: a memo shared by the caller's runs (the rollout on a split depends
+    on the split, not on how the manager chose it, so e.g. Heddle with replay scoring and
+    its DP-scored ablation simulate once when they keep the same split)."""
     model = get_model(cfg.model)
     if cfg.trajectories.max_context_tokens > model.max_context_tokens:
         raise FleetsimInputError("trajectories.max_context_tokens",
@@ -160,9 +200,38 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
     batch = sample_batch(cfg.trajectories, np.random.default_rng(batch_ss))
     predictor = TrajectoryPredictor(batch.output_tokens, cfg.predictor,
                                     np.random.default_rng(predictor_ss))
-    initial = [predictor.predict(i, 0, 0) for i in range(len(batch.programs))]
     allocation = _allocate(cfg, model, manager_ss) if cfg.resource_manager else None
-    split = allocation.split if allocation is not None else (cfg.tp,) * (cfg.num_gpus // cfg.tp)
+    replayed: list[dict[str, Any]] = []
+    if allocation is not None and cfg.split_scoring == "replay":
+        allocation, replayed = _replay(cfg, model, manager_ss, allocation)
+    split = (allocation.split if allocation is not None
+             else cfg.split or (cfg.tp,) * (cfg.num_gpus // cfg.tp))
+    key = (repr(to_plain(replace(cfg, tp=1, resource_manager=False, split=(),
+                                 split_scoring="dp", num_replayed=1, anneal_steps=0,
+                                 tp_choices=TP_CHOICES))), split)
+    kept = simulations.get(key) if simulations is not None else None
+    if kept is None:
+        kept = predictor, _simulate(cfg, model, batch, predictor, split, routing_ss)
+        if simulations is not None:
+            simulations[key] = kept
+    predictor, run = kept  # the predictor holds what it predicted during that run
+    summary = _summary(cfg, batch, predictor, *run)
+    if allocation is not None:
+        summary["resource_manager"] = {
+            "split": list(allocation.split), "cost_s": allocation.cost_s,
+            "start": list(allocation.start), "start_cost_s": allocation.start_cost_s,
+            "num_evaluated": allocation.num_evaluated,
+            "num_accepted": allocation.num_accepted, "scoring": cfg.split_scoring,
+            "replayed": replayed}
+    return AgenticRolloutResult(summary, to_plain(cfg), run[1], run[0])
+
+
+def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
+              predictor: TrajectoryPredictor, split: tuple[int, ...],
+              routing_ss: np.random.SeedSequence, until_s: float = 1e15) -> tuple[Any, ...]:
+    """One rollout of ``batch`` on workers of ``split``, simulated up to ``until_s``:
+    (driver, records, cluster, router, pool infos, placement), as ``_summary`` takes them."""
+    initial = [predictor.predict(i, 0, 0) for i in range(len(batch.programs))]
     scfg = SimConfig(seed=cfg.seed, model=cfg.model, engine=cfg.engine, cluster=ClusterConfig(
         pools=_pool_configs(cfg, split)))
     pools, infos = build_pools(scfg, model)
@@ -179,21 +248,69 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig) -> AgenticRolloutResult:
                            float(model.kv_bytes_per_token()))
     router_args = {"skew_threshold": cfg.skew_threshold} if cfg.placement == "sticky_skew" else {}
     router = make_router(PolicySpec(name=PLACEMENTS[cfg.placement], args=router_args))
-    batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget")
-    settings = replace(engine_settings(scfg, model), until_s=1e15, timeline=(0.0, 60.0))
+    batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget",
+                          args=({"preemption_mode": "swap"} if cfg.preemption_mode == "swap"
+                                else {}))
+    # A finite end either way (1e15 s: never reached) so windows are cut the same way in a
+    # bounded replay as in the rollout: what finishes before ``until_s`` finishes alike.
+    settings = replace(engine_settings(scfg, model), until_s=until_s, timeline=(0.0, 60.0))
     plugins = PlugIns(make_batch_policy=lambda: make_batch_policy(batching),
                       order_key=make_ordering("fcfs"), router=router,
                       rng=np.random.default_rng(routing_ss))
     records, cluster = simulate(driver.calls_workload(), pools, settings, plugins, source=driver)
-    summary = _summary(cfg, batch, predictor, driver, records, cluster, router, infos,
-                       placement)
-    if allocation is not None:
-        summary["resource_manager"] = {
-            "split": list(allocation.split), "cost_s": allocation.cost_s,
-            "start": list(allocation.start), "start_cost_s": allocation.start_cost_s,
-            "num_evaluated": allocation.num_evaluated,
-            "num_accepted": allocation.num_accepted}
-    return AgenticRolloutResult(summary, to_plain(cfg), records, driver)
+    return driver, records, cluster, router, infos, placement
+
+
+def replay_candidates(allocation: Allocation, num_replayed: int) -> list[tuple[int, ...]]:
+    """The splits the replay scores, in the order it replays them: the DP's own choice
+    (the likeliest winner, so it sets the bound first), its ``num_replayed`` next
+    best-scored splits, then the start (the manager never keeps a split worse than it)."""
+    candidates = [allocation.split]
+    for split, _ in allocation.ranked:
+        if len(candidates) > num_replayed:
+            break
+        if split not in candidates and split != allocation.start:
+            candidates.append(split)
+    if allocation.start not in candidates:
+        candidates.append(allocation.start)
+    return candidates
+
+
+def _replay(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence,
+            allocation: Allocation) -> tuple[Allocation, list[dict[str, Any]]]:
+    """Score the DP's ``num_replayed`` best splits and the start by replaying the previous
+    rollout on each (the batch ``_allocate`` sized the workers for, its own predictor and
+    routing streams, this system on that split) and keep the split whose replay finished
+    soonest [R: what a system that runs rollout after rollout can measure; the paper's own
+    scoring is not recoverable]. The DP still proposes: it shortlists, the replay decides.
+
+    Branch and bound: a replay stops at the soonest finish so far (``cut_at_s``), since a
+    split that has not finished by then cannot win; only the splits that set a new best run
+    to the end. The choice is the one full replays would make (ties keep the earlier
+    candidate either way), at the cost of one replay plus the losers' runs up to the bound,
+    instead of every loser's whole rollout (a crowded split's thrashing tail included)."""
+    # The manager's own streams again (spawning advances a seed sequence): the history
+    # batch is the one ``_allocate`` sized the workers for.
+    fresh = np.random.SeedSequence(seeds.entropy, spawn_key=seeds.spawn_key)
+    history_ss, _, replay_ss = fresh.spawn(3)
+    history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
+    predictor_ss, routing_ss = replay_ss.spawn(2)
+    replayed: list[dict[str, Any]] = []
+    best_s, best = 1e15, allocation.split
+    for split in replay_candidates(allocation, cfg.num_replayed):
+        predictor = TrajectoryPredictor(history.output_tokens, cfg.predictor,
+                                        np.random.default_rng(predictor_ss))
+        driver = _simulate(cfg, model, history, predictor, split, routing_ss, until_s=best_s)[0]
+        finish = np.asarray(driver.finish_s, dtype=float)
+        if np.isnan(finish).any():  # not done by the best so far: it cannot win
+            replayed.append({"split": list(split), "rollout_s": None, "cut_at_s": best_s})
+            continue
+        rollout_s = float(finish.max())
+        replayed.append({"split": list(split), "rollout_s": rollout_s})
+        if rollout_s < best_s:
+            best_s, best = rollout_s, split
+    cost = dict(allocation.ranked).get(best, allocation.start_cost_s)
+    return replace(allocation, split=best, cost_s=cost), replayed
 
 
 def _pool_configs(cfg: AgenticRolloutConfig, split: tuple[int, ...]) -> tuple[PoolConfig, ...]:
@@ -432,6 +549,7 @@ def _summary(cfg: AgenticRolloutConfig, batch: TrajectoryBatch, predictor: Traje
                                if st is not None),
         "num_preemptions": int(req["num_preemptions"].sum()),
         "num_recomputed_tokens": int(req["num_recomputed_tokens"].sum()),
+        "num_swaps": int(req["num_swaps"].sum()),
         "num_prefix_hit_tokens": int(req["num_prefix_hit_tokens"].sum()),
         "predictor": {"correlation_by_step": list(cfg.predictor.correlation_by_step),
                       "step0": {"pearson": pearson0, "tail20_recall": recall0},

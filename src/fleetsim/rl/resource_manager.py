@@ -68,6 +68,8 @@ class Allocation:
     """Distinct splits scored."""
     num_accepted: int
     """Moves the annealing took (better or worse)."""
+    ranked: tuple[tuple[tuple[int, ...], float], ...] = ()
+    """Every split scored, with its DP cost, best first (the replay's shortlist)."""
 
 
 def gpu_ids(split: Sequence[int]) -> list[list[int]]:
@@ -98,6 +100,10 @@ class SplitScorer:
         self._matrices = {tp: group_cost_matrix(lengths_desc, k.per_token_s, k.max_live)
                           for tp, k in kinds.items()}
         self._cache: dict[tuple[int, ...], float] = {}
+
+    def ranked(self) -> tuple[tuple[tuple[int, ...], float], ...]:
+        """Every split scored so far with its cost, cheapest first (ties: highest TPs)."""
+        return tuple(sorted(self._cache.items(), key=lambda kv: (kv[1], [-t for t in kv[0]])))
 
     def __call__(self, split: tuple[int, ...]) -> float:
         cost = self._cache.get(split)
@@ -168,7 +174,8 @@ def allocate(lengths_desc: Sequence[float], kinds: dict[int, WorkerKind], budget
     best, cost, accepted = anneal(start, allowed, scorer, rng, num_steps)
     check_split(best, budget, allowed)
     return Allocation(split=best, cost_s=cost, start=start, start_cost_s=scorer(start),
-                      num_evaluated=scorer.num_evaluated, num_accepted=accepted)
+                      num_evaluated=scorer.num_evaluated, num_accepted=accepted,
+                      ranked=scorer.ranked())
 
 
 def fitting_tps(budget: int, fits: Callable[[int], bool]) -> list[int]:
