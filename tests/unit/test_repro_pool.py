@@ -107,3 +107,29 @@ def test_run_many_checks_every_config_before_running():
     with pytest.raises(FleetsimInputError):
         ctx.run_many([("a", "1", {"model": "no-such-model"})])
     assert ctx.runs == {}
+
+
+def _entry_with_tokens(tokens: CoreTokens) -> tuple[list[int], int]:
+    """What an entry of ``repro all`` does in its worker: its simulations over its own slot
+    and the borrowed cores; then how many tokens it can take back (all it borrowed)."""
+    out = SubRuns(1, tokens).map(_square_pid, list(range(6)))
+    num = 0
+    while tokens.take():
+        num += 1
+    return [v for v, _ in out], num
+
+
+def test_tokens_travel_to_an_entry_worker_and_come_back():
+    """``repro all``'s path: a manager's semaphore inside the task, an entry pool worker that
+    starts its own helpers, borrowed cores given back to the shared count."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("forkserver")
+    with context.Manager() as manager:
+        tokens = CoreTokens(manager.Semaphore(0))
+        tokens.give(2)
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            values, num_back = pool.submit(_entry_with_tokens, tokens).result()
+    assert values == [x * x for x in range(6)]
+    assert num_back == 2
