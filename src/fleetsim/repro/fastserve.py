@@ -132,6 +132,7 @@ def compare(ctx: ReproContext) -> Comparison:
     runs = [(policy, f"{rate:g}", config(policy, rate, n))
             for policy in POLICIES for rate, n in zip(rates, jobs, strict=True)]
     for (policy, label, _), result in zip(runs, ctx.run_many(runs), strict=True):
+        assert result.records is not None  # a serving run keeps its request rows
         per_token = (None if result.summary["num_unfinished"]
                      else latency_per_output_token(result.records.requests))
         mean.setdefault(policy, {})[label] = (float(np.mean(per_token))
