@@ -215,13 +215,13 @@ def test_repro_progress_shows_an_eta(capsys, terminal, monkeypatch):
     from fleetsim.repro import cli as repro_cli
     from fleetsim.repro import get_reproduction
 
-    def fake_run(repro, quick, overrides, progress=None):  # the runs' labels, no simulation
+    def fake_run(repro, quick, overrides, progress=None, subruns=None):  # labels, no simulation
         for label in ("a", "b", "c"):
             progress(label)
         return None, None
 
     monkeypatch.setattr("fleetsim.repro.frame.run_reproduction", fake_run)
-    args = argparse.Namespace(quick=True, overrides=[])
+    args = argparse.Namespace(quick=True, overrides=[], workers=None)
     repro_cli._run(get_reproduction("fastserve"), args)
     assert "ETA" in capsys.readouterr()[1]
 

@@ -175,6 +175,7 @@ def test_overrides_reach_every_run(tmp_path, capsys):
     (["repro", "fastserve", "--quick", "--set", "seed"], "dotted.key=value"),
     (["repro", "all", "--quick", "--record", "board.json"], "records full runs only"),
     (["repro", "all", "--workers", "0"], "--workers"),
+    (["repro", "fastserve", "--quick", "--workers", "0"], "--workers"),
     (["run", "--set", "policy.batching.name=fastserve",
       "--set", "policy.batching.args.base_quantum_s=0"], "base_quantum_s must be > 0"),
     (["run", "--set", "engine.swap_space_gib=-1"], "swap_space_gib"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -13,7 +14,12 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetsim.formatting import fmt_number
+from fleetsim.repro.pool import CoreTokens, SubRuns, idle_workers
 from fleetsim.results import add_force_flag
+
+# The scoreboard record of a source checkout (docs/scoreboard.json): its entries' wall times
+# order ``repro all``'s start (longest first).
+RECORD = Path(__file__).resolve().parents[3] / "docs" / "scoreboard.json"
 
 
 def add_parser(sub: Any) -> None:
@@ -31,7 +37,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override a config key in every run")
     p.add_argument("--workers", type=int, default=None,
-                   help="all: entries run at once (default: CPU count; 1 runs them here)")
+                   help="processes at once (default: CPU count; 1 runs everything here): "
+                        "one entry's independent simulations, or all's entries (an entry "
+                        "that runs on while cores are idle spreads its simulations over "
+                        "them)")
     p.add_argument("--ray", dest="ray_address", default=None, metavar="ADDRESS",
                    help="all: run entries as Ray tasks (local, auto or ray://HOST:PORT), as "
                         "fleetsim sweep does")
@@ -57,6 +66,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
     repro = get_reproduction(args.name)
     from fleetsim.results import check_out_dir, fresh_out_dir
 
+    _check_workers(args.workers)
+
     out = Path(args.out) if args.out else fresh_out_dir(Path("results") / "repro" / repro.key)
     check_out_dir(out, force=args.force)
     comparison, ctx, took_s = _run(repro, args)
@@ -80,13 +91,23 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_workers(workers: int | None) -> None:
+    from fleetsim.errors import FleetsimInputError
+    from fleetsim.sweep.cli import MAX_WORKERS
+
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise FleetsimInputError("--workers", workers, f"must be in [1, {MAX_WORKERS}]")
+
+
 @dataclass(frozen=True, slots=True)
 class EntryTask:
-    """One reproduction to run in a worker."""
+    """One reproduction to run in a worker; ``tokens``: the entry pool's idle cores, which
+    its independent simulations may borrow (None: they run one after another)."""
 
     name: str
     quick: bool
     overrides: tuple[str, ...]
+    tokens: CoreTokens | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -109,7 +130,9 @@ def run_entry(task: EntryTask) -> EntryResult:
     try:
         repro = get_reproduction(task.name)
         start = time.perf_counter()
-        comparison, _ = run_reproduction(repro, quick=task.quick, overrides=task.overrides)
+        comparison, _ = run_reproduction(
+            repro, quick=task.quick, overrides=task.overrides,
+            subruns=None if task.tokens is None else SubRuns(1, task.tokens))
         doc = to_document(repro, comparison, quick=task.quick)
         doc["wall_s"] = round(time.perf_counter() - start, 2)
     except FleetsimInputError as err:
@@ -125,20 +148,63 @@ def _worker_died(task: EntryTask, message: str) -> EntryResult:
 
 def run_all(names: Sequence[str], *, quick: bool, overrides: Sequence[str], backend: str,
             workers: int | None, ray_address: str | None,
-            on_result: Callable[[EntryResult], None] | None = None) -> list[EntryResult]:
-    """Run every entry in ``names`` as an independent task; results in ``names``' order."""
+            on_result: Callable[[EntryResult], None] | None = None,
+            wall_s: dict[str, float] | None = None) -> list[EntryResult]:
+    """Run every entry in ``names`` as an independent task; results in ``names``' order.
+
+    Entries start longest first (by ``wall_s``, the recorded full runs' seconds, where
+    given): the longest last would finish alone. With local worker processes, a worker that
+    finds no entry left to start lends its core (``CoreTokens``) to the entries still
+    running, whose independent simulations spread over it (``ReproContext.run_many``)."""
+    import contextlib
+    import multiprocessing
+
     from fleetsim.sweep.runner import run_tasks
 
-    tasks = [EntryTask(n, quick, tuple(overrides)) for n in names]
+    order = longest_first(names, wall_s or {})
     got: dict[str, EntryResult] = {}
-    results: Iterator[EntryResult] = run_tasks(
-        run_entry, tasks, backend=backend, workers=workers, ray_address=ray_address,
-        on_worker_failure=_worker_died, preload=("fleetsim.repro",))
-    for result in results:
-        got[result.name] = result
-        if on_result is not None:
-            on_result(result)
+    with contextlib.ExitStack() as stack:
+        tokens = None
+        if backend == "process" and workers is not None and workers > 1:
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context(
+                "forkserver" if "forkserver" in methods else "spawn")
+            manager = stack.enter_context(context.Manager())
+            tokens = CoreTokens(manager.Semaphore(0))
+        tasks = [EntryTask(n, quick, tuple(overrides), tokens) for n in order]
+        results: Iterator[EntryResult] = run_tasks(
+            run_entry, tasks, backend=backend, workers=workers, ray_address=ray_address,
+            on_worker_failure=_worker_died, preload=("fleetsim.repro",))
+        lent = 0 if workers is None else idle_workers(workers, len(tasks), 0)
+        if tokens is not None:
+            tokens.give(lent)  # more workers than entries
+        for result in results:
+            got[result.name] = result
+            if tokens is not None and workers is not None:
+                idle = idle_workers(workers, len(tasks), len(got))
+                tokens.give(idle - lent)
+                lent = max(lent, idle)
+            if on_result is not None:
+                on_result(result)
     return [got[n] for n in names]
+
+
+def longest_first(names: Sequence[str], wall_s: dict[str, float]) -> list[str]:
+    """``names`` in the order to start them: the longest recorded first, those without a
+    record before all (they may be long), ties in ``names``' order."""
+    return sorted(names, key=lambda n: -wall_s.get(n, math.inf))
+
+
+def recorded_wall_s(path: Path) -> dict[str, float]:
+    """Each entry's ``wall_s`` in the scoreboard record at ``path`` (empty when there is
+    none, as in an installed package, or it cannot be read)."""
+    import json
+
+    try:
+        board = json.loads(path.read_text())
+        return {d["name"]: float(d["wall_s"]) for d in board["entries"] if "wall_s" in d}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def cmd_all(args: argparse.Namespace) -> int:
@@ -149,10 +215,7 @@ def cmd_all(args: argparse.Namespace) -> int:
     from fleetsim.repro import REPRODUCTIONS
     from fleetsim.repro.scoreboard import scoreboard
     from fleetsim.results import check_out_dir, write_json
-    from fleetsim.sweep.cli import MAX_WORKERS
-
-    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
-        raise FleetsimInputError("--workers", args.workers, f"must be in [1, {MAX_WORKERS}]")
+    _check_workers(args.workers)
     if args.record and args.quick:
         raise FleetsimInputError("--record", args.record, "records full runs only: drop "
                                  "--quick (the record is what quick slices are checked against)")
@@ -173,7 +236,8 @@ def cmd_all(args: argparse.Namespace) -> int:
         console.print(f"{result.name}: {state}", soft_wrap=True, highlight=False)
 
     results = run_all(names, quick=args.quick, overrides=args.overrides, backend=backend,
-                      workers=workers, ray_address=args.ray_address, on_result=progress)
+                      workers=workers, ray_address=args.ray_address, on_result=progress,
+                      wall_s=recorded_wall_s(RECORD))
     took_s = time.perf_counter() - start
     board = scoreboard([r.document for r in results])
     _write_board(out, board, results)
@@ -222,15 +286,19 @@ def _write_board(out: Path, board: dict[str, Any], results: list[Any]) -> None:
 
 
 def _run(repro: Any, args: argparse.Namespace) -> tuple[Any, Any, float]:
+    import os
+
     from fleetsim.output import progress_bar
     from fleetsim.repro.frame import run_reproduction
 
     console = Console(stderr=True)
+    subruns = SubRuns(args.workers or os.cpu_count() or 1)
     loads = repro.loads.quick_values if args.quick else repro.loads.values
     total = (1 + len(repro.baselines)) * len(loads)
     start = time.perf_counter()
     if not console.is_terminal:
-        comparison, ctx = run_reproduction(repro, quick=args.quick, overrides=args.overrides)
+        comparison, ctx = run_reproduction(repro, quick=args.quick, overrides=args.overrides,
+                                           subruns=subruns)
         return comparison, ctx, time.perf_counter() - start
     with progress_bar(console, repro.key) as bar:
         task = bar.add_task("runs", total=total, note="")
@@ -239,7 +307,7 @@ def _run(repro: Any, args: argparse.Namespace) -> tuple[Any, Any, float]:
             bar.update(task, advance=0 if bar.tasks[0].fields["note"] == "" else 1, note=label)
 
         comparison, ctx = run_reproduction(repro, quick=args.quick, overrides=args.overrides,
-                                           progress=progress)
+                                           progress=progress, subruns=subruns)
     return comparison, ctx, time.perf_counter() - start
 
 

@@ -26,6 +26,7 @@ from fleetsim.config import SimConfig, config_from_dict
 from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.registry import make_registry
+from fleetsim.repro.pool import SubRuns
 from fleetsim.run import RunResult, run
 from fleetsim.workloads import Workload
 
@@ -153,16 +154,26 @@ def setup_from(ctx: ReproContext, cls: type[_Setup], quick: Mapping[str, Any],
     return from_dict(cls, data, name)
 
 
+def run_files(data: Mapping[str, Any]) -> RunFiles:
+    """Simulate the config ``data`` (overrides already applied) and keep what is written of
+    it: a sub-simulation that runs in a helper process (``ReproContext.run_many``)."""
+    result = run(config_from_dict(dict(data)))
+    return RunFiles(result.summary, result.config, RequestRows(dict(result.records.requests)))
+
+
 class ReproContext:
     """Given to ``compare``: whether the run is ``quick``, the user's ``--set`` overrides, and
     ``run`` (every simulation goes through it: overrides applied, progress reported, the run
-    kept for writing)."""
+    kept for writing). ``subruns``: where independent simulations given together
+    (``run_many``) may run; one after another here unless it says otherwise."""
 
     def __init__(self, *, quick: bool, overrides: Sequence[str],
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 subruns: SubRuns | None = None) -> None:
         self.quick = quick
         self.overrides = tuple(overrides)
         self.progress = progress
+        self.subruns = subruns or SubRuns()
         # (policy, load label) -> run
         self.runs: dict[tuple[str, str], RunResult | RunFiles] = {}
 
@@ -181,6 +192,27 @@ class ReproContext:
         result = run(self.config(base), workload=workload)
         self.runs[(policy, load)] = result
         return result
+
+    def run_many(self, runs: Sequence[tuple[str, str, Mapping[str, Any]]]
+                 ) -> list[RunResult | RunFiles]:
+        """``[self.run(policy, load, base) for policy, load, base in runs]``, the runs spread
+        over ``subruns`` (each config is checked here first, so bad input fails as in
+        ``run``). Kept and reported in ``runs``' order; a run that went to a helper process
+        comes back as ``RunFiles`` (its summary, config and request rows)."""
+        if not self.subruns.parallel:
+            return [self.run(policy, load, base) for policy, load, base in runs]
+        datas = []
+        for _, _, base in runs:
+            data: dict[str, Any] = copy.deepcopy(dict(base))
+            apply_overrides(data, self.overrides)
+            config_from_dict(copy.deepcopy(data))  # bad input fails here, before any run
+            datas.append(data)
+        results = self.subruns.map(run_files, datas)
+        for (policy, load, _), result in zip(runs, results, strict=True):
+            if self.progress is not None:
+                self.progress(f"{policy} @ {load}")
+            self.runs[(policy, load)] = result
+        return list(results)
 
 
 REPRODUCTIONS, register_reproduction = make_registry("reproduction")
@@ -203,10 +235,10 @@ def add(repro: Reproduction) -> Reproduction:
 
 def run_reproduction(repro: Reproduction, *, quick: bool = False,
                      overrides: Sequence[str] = (),
-                     progress: Callable[[str], None] | None = None
-                     ) -> tuple[Comparison, ReproContext]:
+                     progress: Callable[[str], None] | None = None,
+                     subruns: SubRuns | None = None) -> tuple[Comparison, ReproContext]:
     """Run ``repro``'s comparison; returns it and the context holding every run."""
-    ctx = ReproContext(quick=quick, overrides=overrides, progress=progress)
+    ctx = ReproContext(quick=quick, overrides=overrides, progress=progress, subruns=subruns)
     comparison = repro.compare(ctx)
     comparison.notes.append(attribution_note(repro, comparison))
     return comparison, ctx

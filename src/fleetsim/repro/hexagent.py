@@ -101,9 +101,8 @@ def config(batching: dict[str, Any], router: dict[str, Any], decode_router: dict
     }
 
 
-def _scales(ctx: ReproContext, policy: str, label: str, cfg: dict[str, Any]
-            ) -> tuple[float | None, float | None]:
-    s = ctx.run(policy, label, cfg).summary["programs"]["slo_scale"]
+def _scales(summary: dict[str, Any]) -> tuple[float | None, float | None]:
+    s = summary["programs"]["slo_scale"]
     return s["req95"], s["req99"]
 
 
@@ -132,19 +131,29 @@ def compare(ctx: ReproContext) -> Comparison:
     n = QUICK_PROGRAMS if ctx.quick else NUM_PROGRAMS
     scales = LLF_SCALES[:1] if ctx.quick else LLF_SCALES
     names = (*POLICIES, "w-llf")
-    # (policy, model, workload, rate) -> (Req95, Req99)
-    got: dict[tuple[str, str, str, str], tuple[float | None, float | None]] = {}
+    # Every run is independent of the others: given together, they spread over the free
+    # cores (``ReproContext.run_many``). (policy, model, workload, rate) -> its runs' indices
+    runs: list[tuple[str, str, dict[str, Any]]] = []
+    index: dict[tuple[str, str, str, str], list[int]] = {}
     for rate in rates:
         for model in models:
             for workload in workloads:
                 key, label = (model, workload, f"{rate:g}"), f"{model}-{workload}@{rate:g}"
                 for policy, (batching, router, decode) in POLICIES.items():
-                    got[(policy, *key)] = _scales(ctx, policy, label, config(
-                        batching, router, decode, model, workload, rate, n))
-                llf = [_scales(ctx, "w-llf", label + (f"-s{s:g}" if len(scales) > 1 else ""),
-                               config({"name": "workflow_llf", "args": {"slo_scale": s}},
-                                      SPEED, SPEED, model, workload, rate, n)) for s in scales]
-                got[("w-llf", *key)] = (_min([x[0] for x in llf]), _min([x[1] for x in llf]))
+                    index[(policy, *key)] = [len(runs)]
+                    runs.append((policy, label, config(batching, router, decode, model,
+                                                       workload, rate, n)))
+                index[("w-llf", *key)] = []
+                for s in scales:
+                    index[("w-llf", *key)].append(len(runs))
+                    runs.append(("w-llf", label + (f"-s{s:g}" if len(scales) > 1 else ""),
+                                 config({"name": "workflow_llf", "args": {"slo_scale": s}},
+                                        SPEED, SPEED, model, workload, rate, n)))
+    scaled = [_scales(r.summary) for r in ctx.run_many(runs)]
+    # (policy, model, workload, rate) -> (Req95, Req99); W-LLF: the best over its scales
+    got: dict[tuple[str, str, str, str], tuple[float | None, float | None]] = {
+        k: (_min([scaled[i][0] for i in ix]), _min([scaled[i][1] for i in ix]))
+        for k, ix in index.items()}
     settings = [(m, w) for m in models for w in workloads]
     results = {p: {f"{r:g}": _mean([got[(p, m, w, f"{r:g}")][0] for m, w in settings])
                    for r in rates} for p in names}

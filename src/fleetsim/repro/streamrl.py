@@ -61,7 +61,7 @@ from fleetsim.repro.frame import (
     better_ratio,
     fmt_ratios,
 )
-from fleetsim.rl.runs import balance_split, run_kept
+from fleetsim.rl.runs import pick_split, probe_summary, run_kept_many, split_probes
 
 MODEL = "qwen2.5-7b"
 GPU = "h800"
@@ -143,22 +143,30 @@ def compare(ctx: ReproContext) -> Comparison:
     notes: list[str] = []
     ratios_async, ratios_sync = [], []
     step = max(1, gpus // 8)
-    for max_len in (int(x) for x in lengths):
-        label = f"{max_len // 1000}K"
-        candidates = list(range(step, gpus, step))
-        probe = streamrl(max_len, step, gpus, prompts, steps, staleness=0)
-        x, profile = balance_split(probe, gpus, candidates, ctx.overrides)
+    candidates = list(range(step, gpus, step))
+    labels = [(int(x), f"{int(x) // 1000}K") for x in lengths]
+    # Two rounds of independent runs, each given at once so that they spread over the free
+    # cores (``ReproContext.subruns``): every length's stage-balancing probes, then every
+    # length's three systems on the split it picked.
+    probes = [split_probes(streamrl(max_len, step, gpus, prompts, steps, staleness=0), gpus,
+                           candidates, ctx.overrides) for max_len, _ in labels]
+    flat = ctx.subruns.map(probe_summary, [d for ds in probes for d in ds])
+    splits = [pick_split(candidates, flat[i * len(candidates):(i + 1) * len(candidates)])
+              for i in range(len(labels))]
+    runs = []
+    for (max_len, label), (x, _) in zip(labels, splits, strict=True):
+        runs += [("verl", label, verl(max_len, gpus, prompts, steps)),
+                 ("streamrl-sync", label, streamrl(max_len, x, gpus, prompts, steps,
+                                                   staleness=0)),
+                 ("streamrl-async", label, streamrl(max_len, x, gpus, prompts, steps,
+                                                    staleness=1))]
+    summaries = run_kept_many(ctx, runs)
+    for (policy, label, _), s in zip(runs, summaries, strict=True):
+        results[policy][label] = s["steady_samples_per_s"]
+    for (_, label), (x, profile) in zip(labels, splits, strict=True):
         notes.append(f"{label}: stage balancing picked {x} generation + {gpus - x} training "
                      f"GPUs; profile (generation s, training s) per split: " + ", ".join(
                          f"{k}: {g:.0f}/{t:.0f}" for k, (g, t) in profile.items()))
-        runs = {
-            "verl": verl(max_len, gpus, prompts, steps),
-            "streamrl-sync": streamrl(max_len, x, gpus, prompts, steps, staleness=0),
-            "streamrl-async": streamrl(max_len, x, gpus, prompts, steps, staleness=1),
-        }
-        for policy, data in runs.items():
-            s = run_kept(ctx, policy, label, data).summary
-            results[policy][label] = s["steady_samples_per_s"]
         ratios_async.append(better_ratio(results["streamrl-async"][label],
                                          results["verl"][label], "higher"))
         ratios_sync.append(better_ratio(results["streamrl-sync"][label],
