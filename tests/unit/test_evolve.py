@@ -64,6 +64,13 @@ def test_replay_of_the_incumbent_predicts_the_window_within_5_percent():
             assert incumbent["slo_attainment"] == pytest.approx(attainment, abs=0.05)
 
 
+def _score(s):
+    """The documented score: attainment up to 0.99; below it the lower mean TTFT; then fewer
+    GPU-seconds."""
+    capped = min(s["slo_attainment"], 0.99)
+    return (capped, 0.0 if capped >= 0.99 else -s["mean_ttft_s"], -s["gpu_seconds"])
+
+
 def test_search_swaps_a_better_policy_in_at_the_next_point_and_charges_its_replays(evolved):
     ev = evolved.summary["elastic"]["evolution"]
     timeline = ev["timeline"]
@@ -80,8 +87,7 @@ def test_search_swaps_a_better_policy_in_at_the_next_point_and_charges_its_repla
         assert t["time_s"] == search["time_s"] + 20
         scores = {s["policy"]: s for s in search["scores"]}
         win, inc = scores[t["to"]], scores[search["incumbent"]]
-        assert (min(win["slo_attainment"], 0.99), -win["gpu_seconds"]) > (
-            min(inc["slo_attainment"], 0.99), -inc["gpu_seconds"])
+        assert _score(win) > _score(inc)
     assert [s["policy"] for s in ev["serving"]][1:] == [
         t["to"] for t in timeline if t["action"] == "swap"]
 
@@ -361,3 +367,12 @@ def test_default_search_scores_the_next_window_at_the_forecast_rate(evolved):
         start, end = t["window"]
         assert t["scored_window"] == [end, 2 * end - start]
         assert t["scored_rate_per_s"] >= t["num_arrivals"] / (end - start) - 1e-9
+
+
+def test_below_the_target_lower_ttft_beats_fewer_gpus():
+    from fleetsim.policies.evolve import score
+    # All miss: the deployment that serves sooner wins, not the cheaper one.
+    assert score(0.0, 3.0, 240.0, 0.99) > score(0.0, 9.0, 90.0, 0.99)
+    assert score(0.5, 9.0, 90.0, 0.99) > score(0.0, 3.0, 240.0, 0.99)
+    # At the target, only cost counts.
+    assert score(1.0, 0.5, 90.0, 0.99) > score(0.995, 0.1, 120.0, 0.99)

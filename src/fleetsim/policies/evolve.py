@@ -14,8 +14,9 @@ incumbent, serves. At every monitoring point:
    window under the deployment each policy holds now (the one it would serve it with), or,
    under ``score_on = "window"``, the window just measured under the deployment each held
    while it passed (``serving/replay.py``; candidates holding the same deployment share a
-   replay). Score: SLO attainment capped at ``target_attainment``, then fewer GPU-seconds; a
-   candidate must beat the incumbent's score to win;
+   replay). Score: SLO attainment capped at ``target_attainment``; below it, the lower mean
+   TTFT; then fewer GPU-seconds (``score``); a candidate must beat the incumbent's score to
+   win;
 3. the search costs ``replay_cost_s`` per replay (modelled: a simulator reads no clock); the
    winner is swapped in at the first monitoring point after the search ends, and the cluster
    moves to the deployment it holds (the elastic engine charges that reconfiguration as any
@@ -314,8 +315,9 @@ class EvolvePlanner:
         return [p for p in self._space if p != policy
                 and (p.planner == policy.planner or p.trigger == policy.trigger)]
 
-    def _score(self, out: ReplayOutcome) -> tuple[float, float]:
-        return (min(out.slo_attainment, self.target_attainment), -out.gpu_seconds)
+    def _score(self, out: ReplayOutcome) -> tuple[float, float, float]:
+        return score(out.slo_attainment, out.mean_ttft_s, out.gpu_seconds,
+                     self.target_attainment)
 
     def _swap(self, winner: Policy, now_s: float) -> None:
         assert self._incumbent is not None
@@ -398,6 +400,17 @@ class EvolvePlanner:
             "search_overhead_kind": "modelled (replay_cost_s per replay)",
             "llm_warning": self.llm_warning,
             "timeline": self.timeline}}
+
+
+def score(slo_attainment: float, mean_ttft_s: float, gpu_seconds: float,
+          target_attainment: float) -> tuple[float, float, float]:
+    """A replay's score, higher is better: SLO attainment up to the target; below it, equal
+    attainment is broken by the lower mean TTFT (cost must not decide between deployments
+    that all miss: after an overloaded window every candidate may replay at 0, and the
+    cheapest would win, measured on the P/D swing); then fewer GPU-seconds."""
+    capped = min(slo_attainment, target_attainment)
+    late = 0.0 if capped >= target_attainment or math.isnan(mean_ttft_s) else mean_ttft_s
+    return (capped, -late, -gpu_seconds)
 
 
 def forecast_arrivals(window: MonitorWindow, rate_per_s: float) -> tuple[Arrival, ...]:
