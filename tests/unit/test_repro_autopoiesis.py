@@ -62,3 +62,13 @@ def test_evolve_is_deterministic_per_seed():
     again = run(config_from_dict(copy.deepcopy(base))).summary
     assert first["elastic"] == again["elastic"] and first["makespan_s"] == again["makespan_s"]
     assert first["elastic"]["evolution"]["num_searches"] >= 1
+
+
+def test_timeline_figure_is_drawn_from_the_runs(quick, tmp_path):
+    pytest.importorskip("matplotlib")
+    from fleetsim.repro.autopoiesis import replicas_over_time, timeline_figure
+    _, ctx = quick
+    timeline_figure(ctx, tmp_path)
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    times, counts = replicas_over_time(ctx.runs[("periodic", "h100-fluctuating")].summary)
+    assert times == sorted(times) and min(counts) >= 2 and max(counts) > 2  # P/D: 1 + 1 up

@@ -49,6 +49,7 @@ re-planning at every point); static / periodic is what re-planning at all carrie
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fleetsim.repro.frame import (
@@ -199,6 +200,49 @@ def compare(ctx: ReproContext) -> Comparison:
     return Comparison(results=results, ratio=ratio, notes=notes, attribution=attribution)
 
 
+def replicas_over_time(summary: dict[str, Any]) -> tuple[list[float], list[int]]:
+    """Serving replicas after each change of an elastic run (``elastic.timeline``)."""
+    n = len(summary["pools"]) if "pools" in summary else 1
+    times, counts = [0.0], [n]
+    for t in summary["elastic"]["timeline"]:
+        if t["action"] in ("ready", "remove"):
+            n += 1 if t["action"] == "ready" else -1
+            times.append(t["time_s"])
+            counts.append(n)
+    return times, counts
+
+
+def timeline_figure(ctx: ReproContext, folder: Path) -> None:
+    """``timeline.png``: per scenario, the replicas evolve, periodic and static served over
+    time, evolve's swaps (dashed, with the policy swapped in) and its search overhead."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = [s for s in SCENARIOS if ("evolve", s) in ctx.runs]
+    fig, axes = plt.subplots(len(scenarios), 1, figsize=(8, 2.6 * len(scenarios)),
+                             squeeze=False, dpi=110)
+    for ax, scenario in zip(axes[:, 0], scenarios, strict=True):
+        for policy in ("evolve", "periodic", "static"):
+            t, c = replicas_over_time(ctx.runs[(policy, scenario)].summary)
+            ax.step(t, c, where="post", label=policy, lw=1.6 if policy == "evolve" else 1.0)
+        ev = ctx.runs[("evolve", scenario)].summary["elastic"]["evolution"]
+        top = ax.get_ylim()[1]
+        for swap in ev["serving"][1:]:
+            ax.axvline(swap["from_s"], color="0.5", lw=0.6, ls="--")
+            ax.text(swap["from_s"], top, " " + swap["policy"].replace("(", "\n("), fontsize=5,
+                    va="top", rotation=90, color="0.3")
+        ax.set_title(f"{scenario}: evolve's swaps (dashed); search {ev['search_overhead_s']:g} "
+                     f"s modelled over {ev['num_replays']} replays", fontsize=8)
+        ax.set_ylabel("serving replicas", fontsize=8)
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("simulated time (s)")
+    fig.tight_layout()
+    fig.savefig(folder / "timeline.png")
+    plt.close(fig)
+
+
 AUTOPOIESIS = add(Reproduction(
     key="autopoiesis",
     paper=Paper(title="Autopoiesis: A Self-Evolving System Paradigm for LLM Serving Under "
@@ -227,4 +271,5 @@ AUTOPOIESIS = add(Reproduction(
     loads=Loads(name="scenario", unit="", values=tuple(float(i) for i in range(len(SCENARIOS))),
                 quick_values=(0.0,), labels=SCENARIOS),
     compare=compare,
+    extra_figures=timeline_figure,
 ))
