@@ -92,8 +92,10 @@ def _space() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """The space's policies as (label, planner spec, trigger spec), in evolve's order."""
     from fleetsim.policies.evolve import EvolvePlanner
 
-    planner = EvolvePlanner(**{k: tuple(v) if isinstance(v, list) else v
-                               for k, v in SPACE.items()})
+    planner = EvolvePlanner(
+        sla_itl_s=tuple(SPACE["sla_itl_s"]), sla_predictors=tuple(SPACE["sla_predictors"]),
+        concurrency_targets=tuple(SPACE["concurrency_targets"]),
+        periodic_every=tuple(SPACE["periodic_every"]), threshold=SPACE["threshold"])
     return [(p.label, {"name": p.planner[0], "args": dict(p.planner[1])},
              {"name": p.trigger[0], "args": dict(p.trigger[1])}) for p in planner.space()]
 
@@ -160,8 +162,9 @@ def compare(ctx: ReproContext) -> Comparison:
         results["static"][scenario], static_s = makespan("static", {"name": "static"})
         # The space's first policy, held: the evolving planner's start, without evolution.
         label0, planner0, trigger0 = space[0]
-        results["periodic"][scenario], periodic_s = makespan("periodic", planner0, trigger0)
-        fixed = {label0: results["periodic"][scenario]}
+        periodic, periodic_s = makespan("periodic", planner0, trigger0)
+        results["periodic"][scenario] = periodic
+        fixed = {label0: periodic}
         if not ctx.quick:
             for label, planner, trigger in space[1:]:
                 fixed[label] = makespan(label, planner, trigger)[0]
