@@ -10,10 +10,13 @@ incumbent, serves. At every monitoring point:
    it would run: a counterfactual that costs no simulation;
 2. the search (a (1+lambda) evolution strategy: the incumbent and ``num_candidates`` of its
    neighbours, policies that differ in the planner or in the trigger, drawn by a seeded
-   generator) replays the window just measured under the deployment each held while it
-   passed (``serving/replay.py``; candidates holding the same deployment share a replay).
-   Score: SLO attainment capped at ``target_attainment``, then fewer GPU-seconds; a
-   candidate must beat the incumbent's score to win;
+   generator) replays, under ``score_on = "forecast"`` (the default), a forecast of the next
+   window under the deployment each policy holds now (the one it would serve it with), or,
+   under ``score_on = "window"``, the window just measured under the deployment each held
+   while it passed (``serving/replay.py``; candidates holding the same deployment share a
+   replay). Score: SLO attainment capped at ``target_attainment``; below it, the lower mean
+   TTFT; then fewer GPU-seconds (``score``); a candidate must beat the incumbent's score to
+   win;
 3. the search costs ``replay_cost_s`` per replay (modelled: a simulator reads no clock); the
    winner is swapped in at the first monitoring point after the search ends, and the cluster
    moves to the deployment it holds (the elastic engine charges that reconfiguration as any
@@ -23,6 +26,16 @@ The incumbent's own plan is what the cluster runs between swaps. Ask the planner
 point (``trigger = "always"``): the policies carry their own triggers. With ``llm_url`` an
 LLM writes one more candidate per search (``llm_proposer.py``): it joins the space once its
 code loads and plans validly under the limits, and leaves it when it later fails.
+
+Why a forecast: scored on the window just passed, a policy is judged by how its deployment
+did on a load that is over; on a ramp the cheapest policy that kept up with the last window
+wins, and it holds too few replicas for the next one (measured: docs/elastic.md, the P/D
+swing). The forecast's rate is the highest of the last ``forecast_windows`` windows' rates
+and of the linear trend through the last two (2 x last - previous, the one-step forecast of
+ARIMA(0,2,0), as the ``sla`` planner's ``linear`` predictor): a ramp continues, and a dip
+between two peaks does not make a smaller deployment look safe for ``forecast_windows``
+windows. Its requests are the last window's (their lengths and burstiness), time-compressed
+to that rate and repeated to fill one monitoring interval, after the backlog in flight now.
 """
 
 from __future__ import annotations
@@ -103,6 +116,13 @@ class EvolvePlanner:
     """Score: SLO attainment up to this counts, beyond it only GPU-seconds do."""
     seed: int = 0
     """Seed of the search's generator (the neighbours drawn)."""
+    score_on: str = "forecast"
+    """What candidates are replayed on: forecast (the next window as forecast, under the
+    deployment each holds now) | window (the window just measured, under the deployment each
+    held while it passed)."""
+    forecast_windows: int = 3
+    """The forecast's rate is the highest of the last this many windows' rates and the
+    linear trend through the last two."""
     llm_url: str = ""
     """An OpenAI-compatible endpoint (``http://host:port/v1``) that writes one more candidate
     per search (``llm_proposer.py``); empty: the built-in proposer only."""
@@ -130,6 +150,7 @@ class EvolvePlanner:
     """Why the LLM proposer is off, when its endpoint failed (state, reported)."""
     _replaced: dict[Policy, Policy] = field(default_factory=dict, repr=False)
     _num_written: int = field(default=0, repr=False)  # LLM-written policies so far
+    _rates: list[float] = field(default_factory=list, repr=False)  # arrivals/s per window
 
     def __post_init__(self) -> None:
         if not (self.sla_itl_s and self.sla_predictors) and not self.concurrency_targets:
@@ -145,6 +166,10 @@ class EvolvePlanner:
                              f"concurrency_targets and periodic_every >= 1, got "
                              f"{self.sla_predictors}, {self.sla_itl_s}, "
                              f"{self.concurrency_targets}, {self.periodic_every}")
+        if self.score_on not in ("forecast", "window"):
+            raise ValueError(f"score_on must be forecast or window, got {self.score_on!r}")
+        if self.forecast_windows < 1:
+            raise ValueError(f"forecast_windows must be >= 1, got {self.forecast_windows}")
         if self.num_candidates < 1:
             raise ValueError(f"num_candidates must be >= 1, got {self.num_candidates}")
         if not (math.isfinite(self.replay_cost_s) and self.replay_cost_s >= 0):
@@ -199,6 +224,7 @@ class EvolvePlanner:
         assert self._incumbent is not None
         # What each policy held while the window passed (the incumbent's: what ran).
         was_held = {p: dict(d) for p, d in self._held.items()}
+        self._rates.append(window.num_arrivals / window.interval_s)
         swapped = self._pending is not None and self._pending[0] <= now_s
         if swapped:
             assert self._pending is not None
@@ -255,15 +281,22 @@ class EvolvePlanner:
         written = self._ask_llm(was_held, pools, window, now_s) if self.llm_url else None
         if written is not None:
             candidates.append(written)
+        if self.score_on == "window":
+            held, target = was_held, (window.arrivals, window.start_s, window.end_s,
+                                      window.carried)
+            rate = self._rates[-1]
+        else:
+            rate = self.forecast_rate()
+            held = self._held  # an LLM-written candidate holds the plan it made just now
+            target = (forecast_arrivals(window, rate), window.end_s,
+                      window.end_s + window.interval_s, window.backlog)
         scored = []
         by_deployment: dict[tuple[tuple[tuple[str, str], int], ...], ReplayOutcome] = {}
         for policy in candidates:
             # Candidates holding the same deployment share one replay (it is deterministic).
-            key = tuple(sorted(was_held[policy].items()))
+            key = tuple(sorted(held[policy].items()))
             if key not in by_deployment:
-                by_deployment[key] = self._replayer.replay(
-                    was_held[policy], window.arrivals, window.start_s, window.end_s,
-                    window.carried)
+                by_deployment[key] = self._replayer.replay(held[policy], *target)
             scored.append((policy, by_deployment[key]))
         num_replays = len(by_deployment)
         search_s = num_replays * self.replay_cost_s
@@ -276,7 +309,8 @@ class EvolvePlanner:
         record: dict[str, Any] = {
             "time_s": now_s, "action": "search", "window": [window.start_s, window.end_s],
             "num_arrivals": window.num_arrivals, "incumbent": inc.label,
-            "incumbent_deployment": _plain(was_held[inc]),
+            "incumbent_deployment": _plain(held[inc]), "scored_on": self.score_on,
+            "scored_window": [target[1], target[2]], "scored_rate_per_s": rate,
             "scores": [{"policy": p.label, **_outcome(o)} for p, o in scored],
             "winner": best_policy.label, "num_replays": num_replays,
             "search_s": search_s}
@@ -284,12 +318,19 @@ class EvolvePlanner:
         if best_policy != inc:
             self._pending = (now_s + search_s, best_policy)
 
+    def forecast_rate(self) -> float:
+        """Arrivals per second the next window is scored at (the module docstring)."""
+        rates = self._rates[-self.forecast_windows:]
+        trend = [2 * rates[-1] - rates[-2]] if len(rates) >= 2 else []
+        return max(rates + trend)
+
     def _neighbours(self, policy: Policy) -> list[Policy]:
         return [p for p in self._space if p != policy
                 and (p.planner == policy.planner or p.trigger == policy.trigger)]
 
-    def _score(self, out: ReplayOutcome) -> tuple[float, float]:
-        return (min(out.slo_attainment, self.target_attainment), -out.gpu_seconds)
+    def _score(self, out: ReplayOutcome) -> tuple[float, float, float]:
+        return score(out.slo_attainment, out.mean_ttft_s, out.gpu_seconds,
+                     self.target_attainment)
 
     def _swap(self, winner: Policy, now_s: float) -> None:
         assert self._incumbent is not None
@@ -372,6 +413,35 @@ class EvolvePlanner:
             "search_overhead_kind": "modelled (replay_cost_s per replay)",
             "llm_warning": self.llm_warning,
             "timeline": self.timeline}}
+
+
+def score(slo_attainment: float, mean_ttft_s: float, gpu_seconds: float,
+          target_attainment: float) -> tuple[float, float, float]:
+    """A replay's score, higher is better: SLO attainment up to the target; below it, equal
+    attainment is broken by the lower mean TTFT (cost must not decide between deployments
+    that all miss: after an overloaded window every candidate may replay at 0, and the
+    cheapest would win, measured on the P/D swing); then fewer GPU-seconds."""
+    capped = min(slo_attainment, target_attainment)
+    late = 0.0 if capped >= target_attainment or math.isnan(mean_ttft_s) else mean_ttft_s
+    return (capped, -late, -gpu_seconds)
+
+
+def forecast_arrivals(window: MonitorWindow, rate_per_s: float) -> tuple[Arrival, ...]:
+    """The next window ``[end_s, end_s + interval_s)`` at ``rate_per_s``: the window's
+    arrivals, their offsets compressed by (its rate / ``rate_per_s``), repeated until the
+    interval is full (a rate below the window's stretches them, and the interval cuts)."""
+    if not window.arrivals or rate_per_s <= 0:
+        return ()
+    interval = window.interval_s
+    scale = (len(window.arrivals) / interval) / rate_per_s
+    span = interval * scale  # one compressed copy of the window
+    out: list[Arrival] = []
+    for copy in range(math.ceil(1 / scale - 1e-9)):
+        for at_s, prompt, output in window.arrivals:
+            t = window.end_s + copy * span + (at_s - window.start_s) * scale
+            if t < window.end_s + interval:
+                out.append((t, prompt, output))
+    return tuple(out)
 
 
 def _plain(deployment: Mapping[tuple[str, str], int]) -> dict[str, int]:

@@ -5,6 +5,7 @@ from fleetsim.repro import (  # noqa: E402,F401  (register the entries)
     agent_xpu,
     areal_tik,
     autellix,
+    autopoiesis,
     expertplex,
     fastserve,
     heddle,

@@ -399,6 +399,8 @@ def _write(out: Path, repro: Any, comparison: Any, ctx: Any, doc: dict[str, Any]
         except ImportError:
             return False
         key_figure(repro, comparison, doc, tmp / "figure.png")
+        if repro.extra_figures is not None:
+            repro.extra_figures(ctx, tmp)
     return True
 
 

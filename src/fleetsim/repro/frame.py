@@ -20,6 +20,7 @@ import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fleetsim.config import SimConfig, config_from_dict
@@ -92,6 +93,9 @@ class Reproduction:
     where the paper states none (e.g. only an average)."""
     loads: Loads
     compare: Callable[[ReproContext], Comparison]
+    extra_figures: Callable[[ReproContext, Path], None] | None = None
+    """Figures beside the key one (e.g. a timeline), drawn from the runs into the output
+    folder by ``fleetsim repro NAME`` (needs matplotlib)."""
     headline_metric: Metric | None = None
     """The quantity the headline ratio compares, when it is not ``metric`` at one load (e.g.
     throughput within a latency SLO, derived from the sweep); ``Comparison.headline`` holds

@@ -26,7 +26,8 @@ def key_figure(repro: Any, comparison: Any, doc: dict[str, Any], path: Path) -> 
         label, level = comparison.reference
         ax.axhline(level, linestyle=":", color="gray", label=f"{label} ({level:g} {metric.unit})")
     if loads.get("labels"):
-        ax.set_xticks(loads["values"], loads["labels"], fontsize=8)
+        # A quick slice may run the first levels only.
+        ax.set_xticks(loads["values"], loads["labels"][:len(loads["values"])], fontsize=8)
         ax.set_xlabel(loads["name"])
     else:
         ax.set_xlabel(f"{loads['name']} ({loads['unit']})")

@@ -264,6 +264,9 @@ class MonitorWindow:
     """(start_s, prompt tokens left to compute, output tokens) of each request on a serving
     replica whose prefill had not finished at ``start_s``: the backlog the window started
     with (requests already decoding are not in it)."""
+    backlog: tuple[tuple[float, int, int], ...] = ()
+    """The same for the requests in flight at ``end_s``: what the next window starts with
+    (an evolving planner replays its forecast of the next window from it)."""
 
     @property
     def interval_s(self) -> float:

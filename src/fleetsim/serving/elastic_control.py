@@ -223,8 +223,9 @@ class ElasticController:
             mean_output_tokens=_mean([n for *_, n in rows]),
             mean_ttft_s=_mean([first - arr for arr, first, _, _ in rows]),
             mean_itl_s=_mean(itls), num_waiting=num_waiting, num_in_flight_by_role=in_flight,
-            arrivals=tuple(src.arrivals) if src else (), carried=self._carried)
-        self._carried = tuple(queued)
+            arrivals=tuple(src.arrivals) if src else (), carried=self._carried,
+            backlog=tuple(queued))
+        self._carried = window.backlog
         if src is not None:
             src.arrivals.clear()
         self._window_start_s = now_s
