@@ -53,23 +53,32 @@ class ServeBestPlanner:
         tokens: dict[int, int] = {}
         preempt: list[int] = []
         victims = list(reversed(view.running))  # worst first
+        admitted = False
         for req in heads:
             if len(tokens) == k:
                 break
             if req.id in preempt:
                 continue
             if req.id in waiting:
+                if preempt:
+                    # A victim's blocks were counted free above, and those include prefix
+                    # entries this request may match and pin: not now, next step's view is exact.
+                    continue
                 todo = req.num_tokens - kv.num_prefix_hit_tokens(req)
                 needed = kv.admission_blocks(req, todo)
                 if todo > budget or needed > available or num_running >= view.max_running:
                     # not now: the running requests go on, and free their KV as they end
                     continue
                 num_running += 1
+                admitted = True
                 num_new = todo
             else:
                 num_new, needed = next_chunk(req, budget, kv.block_size, kv.blocks_per_entry)
-                # Short of KV: recompute paused requests later, the worst first.
-                while needed > available and victims and victims[0] is not req:
+                # Short of KV: recompute paused requests later, the worst first -- unless a
+                # waiting request was admitted this step: it may have pinned prefix entries a
+                # victim holds, so the victim's blocks would be counted twice.
+                while needed > available and victims and victims[0] is not req \
+                        and not admitted:
                     victim = victims.pop(0)
                     if victim.id in tokens:
                         break
