@@ -323,19 +323,20 @@ class RLConfig:
         """What the agentic source cannot honour: a single-turn mechanism, or workers that
         do not tile the generation pool."""
         sysc, gen = self.system, self.generation
-        single_turn = {"system.dispatch": sysc.dispatch != "round_robin",
-                       "system.generation_rounds": sysc.generation_rounds != 1,
-                       "system.pad_to_longest": sysc.pad_to_longest,
-                       "system.tail_migration_fraction": sysc.tail_migration_fraction is not None,
+        # name -> (value, its off value)
+        single_turn = {"system.dispatch": (sysc.dispatch, "round_robin"),
+                       "system.generation_rounds": (sysc.generation_rounds, 1),
+                       "system.pad_to_longest": (sysc.pad_to_longest, False),
+                       "system.tail_migration_fraction": (sysc.tail_migration_fraction, None),
                        "system.rollout_decode_attention_slowdown":
-                           sysc.rollout_decode_attention_slowdown != 1.0,
+                           (sysc.rollout_decode_attention_slowdown, 1.0),
                        "system.rollout_prefill_attention_slowdown":
-                           sysc.rollout_prefill_attention_slowdown != 1.0,
-                       "lengths.prompt_tokens": self.lengths.prompt_tokens is not None}
-        for name, used in single_turn.items():
-            if used:
-                raise ValueError(f"{name} is a single-turn rollout setting; drop it or set "
-                                 f"generation.source = \"single_turn\"")
+                           (sysc.rollout_prefill_attention_slowdown, 1.0),
+                       "lengths.prompt_tokens": (self.lengths.prompt_tokens, None)}
+        for name, (value, off) in single_turn.items():
+            if value != off:
+                raise ValueError(f"{name} = {value!r} is a single-turn rollout setting; drop "
+                                 f"it or set generation.source = \"single_turn\"")
         if self.lengths.kind != "polytrace":
             raise ValueError(f"lengths.kind = {self.lengths.kind!r}: the agentic source draws "
                              f"its turns from PolyTrace's GRPO groups; set lengths.kind = "
