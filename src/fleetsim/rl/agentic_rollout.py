@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from fleetsim.config import ClusterConfig, EngineConfig, PoolConfig, SimConfig
-from fleetsim.configutil import from_dict, to_plain
+from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.models import get_model
 from fleetsim.policies.routing import make_router
@@ -162,12 +162,6 @@ class AgenticRolloutConfig:
             raise ValueError(f"split_scoring must be dp or replay, got {self.split_scoring!r}")
         if not 1 <= self.num_replayed <= 64:
             raise ValueError(f"num_replayed must be in 1..64 splits, got {self.num_replayed}")
-
-
-def agentic_config_from_dict(data: dict[str, Any], where: str = "rollout"
-                             ) -> AgenticRolloutConfig:
-    """Strict: unknown keys, bad types and bad values name the field."""
-    return from_dict(AgenticRolloutConfig, data, where)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
