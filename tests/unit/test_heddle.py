@@ -532,11 +532,11 @@ def test_a_held_split_is_checked():
 
 
 @pytest.mark.parametrize(("override", "needle"), [
-    ("tp_choices=[3]", "tp_choices must be some of [1, 2, 4, 8]"),
-    ("anneal_steps=-1", "anneal_steps must be >= 0"),
-    ("split_scoring=\"guess\"", "split_scoring must be dp or replay"),
-    ("placement=\"sticky\"", "needs placement heddle"),
-    ("split=[2,2]", "fixes the workers"),
+    ("generation.agentic.tp_choices=[3]", "tp_choices must be some of [1, 2, 4, 8]"),
+    ("generation.agentic.anneal_steps=-1", "anneal_steps must be >= 0"),
+    ("generation.agentic.split_scoring=\"guess\"", "split_scoring must be dp or replay"),
+    ("generation.agentic.placement=\"sticky\"", "needs placement heddle"),
+    ("generation.agentic.split=[2,2]", "fixes the workers"),
 ])
 def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_path):
     assert main(["repro", "heddle", "--quick", "--set", override,

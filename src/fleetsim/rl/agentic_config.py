@@ -72,11 +72,11 @@ class AgenticConfig:
                              f"{self.placement!r}")
         for name in ("migration", "resource_manager"):
             if getattr(self, name) and self.placement != "heddle":
-                raise ValueError(f"{name} needs placement = \"heddle\" (its DP assigns "
-                                 f"trajectories to workers), got {self.placement!r}")
+                raise ValueError(f"{name} needs placement heddle (its DP assigns "
+                                 f"trajectories to workers), got placement {self.placement!r}")
         if self.split and (self.resource_manager or self.placement != "heddle"):
             raise ValueError(f"split {list(self.split)} fixes the workers: it needs placement "
-                             f"= \"heddle\" and resource_manager = false")
+                             f"heddle and resource_manager off")
         if not self.tp_choices or any(t not in TP_CHOICES for t in self.tp_choices):
             raise ValueError(f"tp_choices must be some of {list(TP_CHOICES)}, got "
                              f"{list(self.tp_choices)}")
