@@ -280,6 +280,11 @@ class RLJob:
             assert rec.done is not None
             rec.done.succeed()
 
+    def _generation_rows(self, k: int, rec: Samples) -> None:
+        for lane, start, end, gpus in self.source.lanes(k, rec):
+            self.rows.append(StageRow(k, "generation", self.gen_pool.name, lane, start, end,
+                                      gpus))
+
     # ---- scoring and training ------------------------------------------------------------
     def _seq_lens(self, rec: Samples, groups: list[int]) -> list[int]:
         g = self.cfg.samples_per_prompt
@@ -408,7 +413,7 @@ class RLJob:
                 scored = yield from migrate_tail(self, k, rec)
             assert rec.done is not None
             yield rec.done
-            self.source.record_rows(k, rec)
+            self._generation_rows(k, rec)
             gen_end = float(rec.finish_s.max())
             if self.sim.now_s > gen_end:  # the overlapped passes outlasted the tail
                 self.rows.append(StageRow(k, "fusion_wait", pool.name, pool.name, gen_end,
@@ -439,7 +444,7 @@ class RLJob:
             self.gen_started[k].succeed()
             assert rec.done is not None
             yield rec.done
-            self.source.record_rows(k, rec)
+            self._generation_rows(k, rec)
 
     def trainer(self) -> Process:
         """Disaggregated training: score and train each step's samples (streamed as groups

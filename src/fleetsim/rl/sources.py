@@ -40,9 +40,13 @@ class GenerationSource(Protocol):
         sample's finish through ``RLJob.sample_finished``)."""
         ...
 
-    def record_rows(self, k: int, rec: Samples) -> None:
-        """Append step ``k``'s generation rows (one per lane) to ``job.rows``, once its
-        samples have all finished."""
+    def on_sample_done(self, req: Request) -> None:
+        """A request on the job's generation replicas (``job.gen``) finished."""
+        ...
+
+    def lanes(self, k: int, rec: Samples) -> list[tuple[str, float, float, int]]:
+        """Step ``k``'s generation lanes once its samples have all finished: (lane, start_s,
+        end_s, num_gpus), one per worker that generated."""
         ...
 
     def busy_gpu_s(self) -> float:
@@ -135,17 +139,15 @@ class SingleTurnSource:
         if rec.round_left == 0 and rec.rounds:
             self.submit_round(k, rec)
 
-    def record_rows(self, k: int, rec: Samples) -> None:
-        from fleetsim.rl.job import StageRow
-
-        job = self.job
-        gpus = job.cfg.generation.tp
-        for r in range(job.gen.num_replicas):
+    def lanes(self, k: int, rec: Samples) -> list[tuple[str, float, float, int]]:
+        gpus = self.job.cfg.generation.tp
+        out = []
+        for r in range(self.job.gen.num_replicas):
             mask = rec.replica == r
             end = rec.lane_end_s.get(r, float(rec.finish_s[mask].max()) if mask.any() else None)
             if end is not None:
-                job.rows.append(StageRow(k, "generation", job.gen_pool.name, f"gen-{r}",
-                                         rec.gen_start_s, end, gpus))
+                out.append((f"gen-{r}", rec.gen_start_s, end, gpus))
+        return out
 
     def busy_gpu_s(self) -> float:
         records = self.job.gen.recorder.records()
@@ -210,6 +212,10 @@ class AgenticSource:
         job.kernel.start(self._finishes(k, np.asarray(driver.finish_s, dtype=np.float64)))
         return rec
 
+    def on_sample_done(self, req: Request) -> None:
+        raise RuntimeError(f"request {req.id} finished on the job's generation replicas: the "
+                           f"agentic source rolls out on its own workers and submits none")
+
     def _finishes(self, k: int, finish_s: np.ndarray) -> Process:
         """Tell the job of each trajectory's finish at the step's start plus its time in the
         rollout, in finish order (ties by trajectory)."""
@@ -221,14 +227,10 @@ class AgenticSource:
                 yield Timeout(wait)
             self.job.sample_finished(k, i, sim.now_s)
 
-    def record_rows(self, k: int, rec: Samples) -> None:
-        from fleetsim.rl.job import StageRow
-
-        job = self.job
+    def lanes(self, k: int, rec: Samples) -> list[tuple[str, float, float, int]]:
         split = self.splits[k]
-        for w, end in sorted(self._lane_end_s[k].items()):
-            job.rows.append(StageRow(k, "generation", job.gen_pool.name, f"gen-{w}",
-                                     rec.gen_start_s, rec.gen_start_s + end, split[w]))
+        return [(f"gen-{w}", rec.gen_start_s, rec.gen_start_s + end, split[w])
+                for w, end in sorted(self._lane_end_s[k].items())]
 
     def busy_gpu_s(self) -> float:
         return self._busy_gpu_s
