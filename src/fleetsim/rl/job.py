@@ -12,8 +12,9 @@ Two stories (processes on the one event kernel, ``core/process.py``):
   the batch is done, then ships the weights over the network (the transfer service).
 
 Every stage is timed by the performance model: generation by the serving engine itself
-(continuous batching, KV limits, the long tail), inference and training by
-``fleetsim.perf.training`` on the same measured tables.
+(continuous batching, KV limits, the long tail) through the job's generation source
+(``rl.sources``: single-turn responses, or agentic multi-turn trajectories), inference and
+training by ``fleetsim.perf.training`` on the same measured tables.
 """
 
 from __future__ import annotations
