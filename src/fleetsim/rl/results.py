@@ -143,10 +143,13 @@ def gantt(path: Path, job: Any, num_steps: int = 2) -> None:
     lanes: dict[str, list[int]] = {}  # lane name -> y rows it covers
     y = 0
     pool_rows: dict[str, list[int]] = {}
+    # the agentic source's workers (a resource manager's split) may outnumber the replicas
+    num_lanes = len({r.lane for r in job.rows if r.stage == "generation"} | {
+        f"gen-{r}" for r in range(job.gen.num_replicas)})
     for p in cfg.pools:
         ys = []
         if "generation" in p.stages:
-            for r in range(job.gen.num_replicas):
+            for r in range(num_lanes):
                 lanes[f"gen-{r}"] = [y]
                 ys.append(y)
                 y += 1
