@@ -308,11 +308,14 @@ def test_kv_install_caches_a_leading_run_within_free_blocks():
 
 
 @pytest.mark.parametrize(("override", "needle"), [
-    ("scheduling=\"sjf\"", "scheduling must be one of fcfs, progressive_priority"),
-    ("tp=3", "num_gpus must be a positive multiple of tp"),
-    ("predictor.correlation_by_step=[1.5]", "correlation_by_step"),
-    ("trajectories.max_context_tokens=100000", "trajectories.max_context_tokens"),
-    ("trajectories.turn_shares=[0.5]", "turn_shares"),
+    # the reproduction's runs are [rl] tables of the agentic generation source
+    ("generation.agentic.scheduling=\"sjf\"",
+     "scheduling must be one of fcfs, progressive_priority"),
+    ("generation.tp=3", "not a multiple of generation.tp 3"),
+    ("generation.agentic.predictor.correlation_by_step=[1.5]", "correlation_by_step"),
+    ("generation.agentic.max_context_tokens=100000", "rl.generation.agentic.max_context_tokens"),
+    ("generation.agentic.turn_shares=[0.5]", "turn_shares"),
+    ("scheduling=\"fcfs\"", "rl.scheduling: got 'fcfs'; unknown key"),
 ])
 def test_bad_input_is_one_line_and_exit_2(override, needle, capsys, tmp_path):
     assert main(["repro", "heddle", "--quick", "--set", override,
@@ -529,11 +532,11 @@ def test_a_held_split_is_checked():
 
 
 @pytest.mark.parametrize(("override", "needle"), [
-    ("tp_choices=[3]", "tp_choices must be some of [1, 2, 4, 8]"),
-    ("anneal_steps=-1", "anneal_steps must be >= 0"),
-    ("split_scoring=\"guess\"", "split_scoring must be dp or replay"),
-    ("placement=\"sticky\"", "needs placement heddle"),
-    ("split=[2,2]", "fixes the workers"),
+    ("generation.agentic.tp_choices=[3]", "tp_choices must be some of [1, 2, 4, 8]"),
+    ("generation.agentic.anneal_steps=-1", "anneal_steps must be >= 0"),
+    ("generation.agentic.split_scoring=\"guess\"", "split_scoring must be dp or replay"),
+    ("generation.agentic.placement=\"sticky\"", "needs placement heddle"),
+    ("generation.agentic.split=[2,2]", "fixes the workers"),
 ])
 def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_path):
     assert main(["repro", "heddle", "--quick", "--set", override,

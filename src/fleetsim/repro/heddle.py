@@ -38,7 +38,6 @@ import copy
 from typing import Any
 
 from fleetsim.config import EngineConfig
-from fleetsim.configutil import apply_overrides
 from fleetsim.errors import FleetsimInputError
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
@@ -57,18 +56,18 @@ from fleetsim.repro.frame import (
     fmt,
     fmt_ratios,
 )
-from fleetsim.rl.agentic_rollout import (
-    AgenticRolloutResult,
-    Simulations,
-    agentic_config_from_dict,
-    run_agentic_rollout,
-)
+from fleetsim.rl.agentic_rollout import AgenticRolloutResult, Simulations, run_agentic_rollout
+from fleetsim.rl.config import check_fits_model, rl_config_from_dict
+from fleetsim.rl.runs import with_overrides
+from fleetsim.rl.sources import rollout_config
 
 MODELS = (("qwen3-8b", 1), ("qwen3-14b", 2), ("qwen3-32b", 4))  # (model, TP)
 QUICK_MODELS = (("qwen3-8b", 1),)
 NUM_GPUS, QUICK_GPUS = 16, 4
 PROMPTS, QUICK_PROMPTS = 128, 16
 SAMPLES_PER_PROMPT = 16  # Heddle: GRPO with 16 samples per prompt [S]
+LENGTH_SCALE = 2.0  # turn lengths: DAPO's (20,480 cap) scaled to Heddle's 40K max tokens
+TURN_CAP_TOKENS = 40960  # Heddle's 40K max tokens (Qwen3's 40,960 context)
 
 # policy -> its system: (scheduling, placement, migration, resource manager's split scoring,
 # False for none or "held" for heddle's split on the same model, TP or None for the model's
@@ -109,26 +108,42 @@ PAPER_RANGES = {"verl": (1.4, 2.3), "verl-star": (1.1, 2.4), "slime": (1.2, 2.5)
 
 
 def rollout(model: str, tp: int, gpus: int, prompts: int, system: System) -> dict[str, Any]:
+    """The ``[rl]`` table of one rollout: a job's agentic generation source on ``gpus``."""
     scheduling, placement, migration, manager, fixed_tp, preemption = system
-    # Fix-8 on a budget under 8 GPUs (--quick's 4): the largest TP the budget holds.
-    return {"model": model, "tp": min(fixed_tp, gpus) if fixed_tp else tp, "num_gpus": gpus,
-            "gpu": "h100-sxm",
-            "scheduling": scheduling, "placement": placement, "migration": migration,
-            "resource_manager": manager in ("dp", "replay"),
-            **({"split_scoring": manager} if manager in ("dp", "replay") else {}),
-            **({"preemption_mode": "swap", "engine": {"swap_space_gib": SWAP_SPACE_GIB}}
-               if preemption == "swap" else {}),
-            "trajectories": {"num_prompts": prompts, "samples_per_prompt": SAMPLES_PER_PROMPT},
-            "seed": 0}
+    eng = EngineConfig()  # every worker's engine: vLLM's defaults, not verl's rollout limits
+    engine: dict[str, Any] = {"max_running": eng.max_running,
+                              "gpu_memory_utilization": eng.gpu_memory_utilization,
+                              "enable_prefix_caching": eng.enable_prefix_caching}
+    if preemption == "swap":
+        engine["swap_space_gib"] = SWAP_SPACE_GIB
+    agentic: dict[str, Any] = {"scheduling": scheduling, "placement": placement,
+                               "migration": migration,
+                               "resource_manager": manager in ("dp", "replay"),
+                               "preemption_mode": preemption}
+    if manager in ("dp", "replay"):
+        agentic["split_scoring"] = manager
+    return {"actor": model, "seed": 0, "num_steps": 1, "num_prompts_per_step": prompts,
+            "samples_per_prompt": SAMPLES_PER_PROMPT,
+            # Turns are capped by the 40K context alone (Heddle's max tokens), and turn
+            # lengths are DAPO's scaled to that cap (rl.trajectories: 40,960 / 20,480).
+            "max_response_tokens": TURN_CAP_TOKENS, "lengths": {"scale": LENGTH_SCALE},
+            "pools": [{"name": "rollout", "gpu": "h100-sxm", "num_gpus": gpus}],
+            # Fix-8 on a budget under 8 GPUs (--quick's 4): the largest TP the budget holds.
+            "generation": {"source": "agentic",
+                           "tp": min(fixed_tp, gpus) if fixed_tp else tp,
+                           "engine": engine, "agentic": agentic}}
 
 
 def run_kept(ctx: ReproContext, policy: str, label: str, data: dict[str, Any],
              simulations: Simulations | None = None) -> AgenticRolloutResult:
-    """Simulate ``data`` with the user's ``--set`` overrides and keep it in ``ctx``."""
+    """Simulate the generation source's rollout of ``data`` (an ``[rl]`` table) with the
+    user's ``--set`` overrides and keep it in ``ctx``."""
     if ctx.progress is not None:
         ctx.progress(f"{policy} @ {label}")
-    apply_overrides(data, ctx.overrides)
-    result = run_agentic_rollout(agentic_config_from_dict(data), simulations)
+    cfg = rl_config_from_dict(with_overrides(data, ctx.overrides))
+    actor = get_model(cfg.actor)
+    check_fits_model(cfg, actor.max_context_tokens, actor.name)
+    result = run_agentic_rollout(rollout_config(cfg), simulations)
     ctx.runs[(policy, label)] = RunFiles(result.summary, result.config,
                                          RequestRows(result.records.requests))
     return result
@@ -158,7 +173,8 @@ def compare(ctx: ReproContext) -> Comparison:
                 continue
             data = rollout(model, tp, gpus, prompts, system)
             if system[3] == "held":
-                data["split"] = summaries[("heddle", label)]["resource_manager"]["split"]
+                data["generation"]["agentic"]["split"] = summaries[("heddle", label)][
+                    "resource_manager"]["split"]
             same = next((p for p in policies if datas.get((p, label)) == data), None)
             datas[(policy, label)] = copy.deepcopy(data)  # before --set overrides touch it
             if same is not None:  # Fix-1 at a model already at TP 1: the same run

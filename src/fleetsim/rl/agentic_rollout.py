@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from fleetsim.config import ClusterConfig, EngineConfig, PoolConfig, SimConfig
-from fleetsim.configutil import from_dict, to_plain
+from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
 from fleetsim.models import get_model
 from fleetsim.policies.routing import make_router
@@ -164,12 +164,6 @@ class AgenticRolloutConfig:
             raise ValueError(f"num_replayed must be in 1..64 splits, got {self.num_replayed}")
 
 
-def agentic_config_from_dict(data: dict[str, Any], where: str = "rollout"
-                             ) -> AgenticRolloutConfig:
-    """Strict: unknown keys, bad types and bad values name the field."""
-    return from_dict(AgenticRolloutConfig, data, where)
-
-
 @dataclass(frozen=True, slots=True, eq=False)
 class AgenticRolloutResult:
     summary: dict[str, Any]
@@ -178,6 +172,8 @@ class AgenticRolloutResult:
     driver: RolloutDriver
     """What happened per trajectory: its steps' request ids, the prediction each step was
     queued with, its migrations."""
+    split: tuple[int, ...]
+    """TP of each worker (replica ``w`` is worker ``w``)."""
 
 
 # (the rollout's config without the resource manager's search, the split) -> _simulate's
@@ -191,44 +187,75 @@ def run_agentic_rollout(cfg: AgenticRolloutConfig, simulations: Simulations | No
     did. ``simulations``: a memo shared by the caller's runs (the rollout on a split depends
     on the split, not on how the manager chose it, so e.g. Heddle with replay scoring and
     its DP-scored ablation simulate once when they keep the same split)."""
-    model = get_model(cfg.model)
-    if cfg.trajectories.max_context_tokens > model.max_context_tokens:
-        raise FleetsimInputError("trajectories.max_context_tokens",
-                                 cfg.trajectories.max_context_tokens,
-                                 f"at most {cfg.model}'s context, {model.max_context_tokens}")
-    batch_ss, predictor_ss, routing_ss, manager_ss = np.random.SeedSequence(cfg.seed).spawn(4)
-    batch = sample_batch(cfg.trajectories, np.random.default_rng(batch_ss))
-    predictor = TrajectoryPredictor(batch.output_tokens, cfg.predictor,
-                                    np.random.default_rng(predictor_ss))
-    allocation = _allocate(cfg, model, manager_ss) if cfg.resource_manager else None
-    replayed: list[dict[str, Any]] = []
-    if allocation is not None and cfg.split_scoring == "replay":
-        allocation, replayed = _replay(cfg, model, manager_ss, allocation)
-    split = (allocation.split if allocation is not None
-             else cfg.split or (cfg.tp,) * (cfg.num_gpus // cfg.tp))
-    key = (repr(to_plain(replace(cfg, tp=1, resource_manager=False, split=(),
-                                 split_scoring="dp", num_replayed=1, anneal_steps=0,
-                                 tp_choices=TP_CHOICES))), split)
-    kept = simulations.get(key) if simulations is not None else None
-    if kept is None:
-        kept = predictor, _simulate(cfg, model, batch, predictor, split, routing_ss)
-        if simulations is not None:
-            simulations[key] = kept
-    predictor, run = kept  # the predictor holds what it predicted during that run
-    summary = _summary(cfg, batch, predictor, *run)
-    if allocation is not None:
-        summary["resource_manager"] = {
-            "split": list(allocation.split), "cost_s": allocation.cost_s,
-            "start": list(allocation.start), "start_cost_s": allocation.start_cost_s,
-            "num_evaluated": allocation.num_evaluated,
-            "num_accepted": allocation.num_accepted, "scoring": cfg.split_scoring,
-            "replayed": replayed}
-    return AgenticRolloutResult(summary, to_plain(cfg), run[1], run[0])
+    return AgenticRollouts(cfg).next(simulations)
+
+
+class AgenticRollouts:
+    """Successive rollouts of one config, as an RL job runs them, one per training step: each
+    draws a fresh batch, predictor noise and routing from streams that carry on from the
+    previous rollout, and the resource manager sizes each rollout's workers for the lengths
+    the previous one generated (the first: for a batch drawn from its own stream). The first
+    rollout is ``run_agentic_rollout``'s."""
+
+    def __init__(self, cfg: AgenticRolloutConfig) -> None:
+        self.cfg = cfg
+        self.model = get_model(cfg.model)
+        if cfg.trajectories.max_context_tokens > self.model.max_context_tokens:
+            raise FleetsimInputError("trajectories.max_context_tokens",
+                                     cfg.trajectories.max_context_tokens,
+                                     f"at most {cfg.model}'s context, "
+                                     f"{self.model.max_context_tokens}")
+        batch_ss, predictor_ss, self.routing_ss, self.manager_ss = (
+            np.random.SeedSequence(cfg.seed).spawn(4))
+        self.batch_rng = np.random.default_rng(batch_ss)
+        self.predictor_rng = np.random.default_rng(predictor_ss)
+        self.routing_rng: np.random.Generator | None = None
+        self.previous: TrajectoryBatch | None = None
+
+    def next(self, simulations: Simulations | None = None) -> AgenticRolloutResult:
+        """Simulate the next rollout (its own simulation: fresh workers, nothing cached)."""
+        cfg, model = self.cfg, self.model
+        batch = sample_batch(cfg.trajectories, self.batch_rng)
+        predictor = TrajectoryPredictor(batch.output_tokens, cfg.predictor, self.predictor_rng)
+        allocation = (_allocate(cfg, model, self.manager_ss, self.previous)
+                      if cfg.resource_manager else None)
+        replayed: list[dict[str, Any]] = []
+        if allocation is not None and cfg.split_scoring == "replay":
+            allocation, replayed = _replay(cfg, model, self.manager_ss, allocation,
+                                           self.previous)
+        split = (allocation.split if allocation is not None
+                 else cfg.split or (cfg.tp,) * (cfg.num_gpus // cfg.tp))
+        key = (repr(to_plain(replace(cfg, tp=1, resource_manager=False, split=(),
+                                     split_scoring="dp", num_replayed=1, anneal_steps=0,
+                                     tp_choices=TP_CHOICES))), split)
+        # The memo holds first rollouts only: later ones continue this object's streams.
+        memo = simulations if self.previous is None else None
+        kept = memo.get(key) if memo is not None else None
+        if kept is None:
+            # The routing stream carries on across rollouts (a generator made once from
+            # its seed sequence: the first rollout routes as a fresh one would).
+            if self.routing_rng is None:
+                self.routing_rng = np.random.default_rng(self.routing_ss)
+            kept = predictor, _simulate(cfg, model, batch, predictor, split, self.routing_rng)
+            if memo is not None:
+                memo[key] = kept
+        predictor, run = kept  # the predictor holds what it predicted during that run
+        self.previous = batch
+        summary = _summary(cfg, batch, predictor, *run)
+        if allocation is not None:
+            summary["resource_manager"] = {
+                "split": list(allocation.split), "cost_s": allocation.cost_s,
+                "start": list(allocation.start), "start_cost_s": allocation.start_cost_s,
+                "num_evaluated": allocation.num_evaluated,
+                "num_accepted": allocation.num_accepted, "scoring": cfg.split_scoring,
+                "replayed": replayed}
+        return AgenticRolloutResult(summary, to_plain(cfg), run[1], run[0], split)
 
 
 def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
               predictor: TrajectoryPredictor, split: tuple[int, ...],
-              routing_ss: np.random.SeedSequence, until_s: float = 1e15) -> tuple[Any, ...]:
+              routing_ss: np.random.SeedSequence | np.random.Generator,
+              until_s: float = 1e15) -> tuple[Any, ...]:
     """One rollout of ``batch`` on workers of ``split``, simulated up to ``until_s``:
     (driver, records, cluster, router, pool infos, placement), as ``_summary`` takes them."""
     initial = [predictor.predict(i, 0, 0) for i in range(len(batch.programs))]
@@ -276,8 +303,24 @@ def replay_candidates(allocation: Allocation, num_replayed: int) -> list[tuple[i
     return candidates
 
 
+def _fresh(seeds: np.random.SeedSequence) -> np.random.SeedSequence:
+    """The manager's own streams again, every rollout alike (spawning advances a seed
+    sequence); what changes between rollouts is the history it sizes for."""
+    return np.random.SeedSequence(seeds.entropy, spawn_key=seeds.spawn_key)
+
+
+def _history(cfg: AgenticRolloutConfig, seeds: np.random.SeedSequence,
+             previous: TrajectoryBatch | None) -> tuple[TrajectoryBatch, np.random.SeedSequence]:
+    """(the batch the manager sizes for, its annealing stream)."""
+    history_ss, anneal_ss = _fresh(seeds).spawn(2)
+    if previous is None:
+        previous = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
+    return previous, anneal_ss
+
+
 def _replay(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence,
-            allocation: Allocation) -> tuple[Allocation, list[dict[str, Any]]]:
+            allocation: Allocation, previous: TrajectoryBatch | None = None
+            ) -> tuple[Allocation, list[dict[str, Any]]]:
     """Score the DP's ``num_replayed`` best splits and the start by replaying the previous
     rollout on each (the batch ``_allocate`` sized the workers for, its own predictor and
     routing streams, this system on that split) and keep the split whose replay finished
@@ -289,11 +332,8 @@ def _replay(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence
     to the end. The choice is the one full replays would make (ties keep the earlier
     candidate either way), at the cost of one replay plus the losers' runs up to the bound,
     instead of every loser's whole rollout (a crowded split's thrashing tail included)."""
-    # The manager's own streams again (spawning advances a seed sequence): the history
-    # batch is the one ``_allocate`` sized the workers for.
-    fresh = np.random.SeedSequence(seeds.entropy, spawn_key=seeds.spawn_key)
-    history_ss, _, replay_ss = fresh.spawn(3)
-    history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
+    history, _ = _history(cfg, seeds, previous)  # the batch ``_allocate`` sized for
+    replay_ss = _fresh(seeds).spawn(3)[2]
     predictor_ss, routing_ss = replay_ss.spawn(2)
     replayed: list[dict[str, Any]] = []
     best_s, best = 1e15, allocation.split
@@ -322,16 +362,15 @@ def _pool_configs(cfg: AgenticRolloutConfig, split: tuple[int, ...]) -> tuple[Po
                  for tp in tps)
 
 
-def _allocate(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence
-              ) -> Allocation:
+def _allocate(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence,
+              previous: TrajectoryBatch | None = None) -> Allocation:
     """The resource manager's split for this rollout. It runs between rollouts
     ("periodically"), so it cannot know this batch's trajectories: it sizes the workers for
-    the lengths the previous rollout of the same workload generated (a batch drawn from
-    its own stream, its lengths as measured when it finished) [R]. One single-replica pool
-    per TP the model fits at gives each kind's step model and KV capacity (the engine's
-    own)."""
-    history_ss, anneal_ss = seeds.spawn(2)
-    history = sample_batch(cfg.trajectories, np.random.default_rng(history_ss))
+    the lengths the previous rollout of the same workload generated (``previous``, or for
+    the first a batch drawn from its own stream, its lengths as measured when it finished)
+    [R]. One single-replica pool per TP the model fits at gives each kind's step model and
+    KV capacity (the engine's own)."""
+    history, anneal_ss = _history(cfg, seeds, previous)
     lengths = sorted((float(x) for x in history.output_tokens), reverse=True)
     kinds: dict[int, WorkerKind] = {}
 

@@ -17,12 +17,17 @@ from fleetsim.config import EngineConfig
 from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.inputs import MAX_REQUESTS, read_toml
+from fleetsim.rl.agentic_config import AgenticConfig
+from fleetsim.rl.resource_manager import TP_CHOICES, check_split
 
 STAGES = ("generation", "inference", "training")
 ALGORITHMS = ("grpo", "ppo")
 LENGTH_KINDS = ("polytrace", "lognormal", "fixed", "sharegpt")
 POLYTRACE_RUNS = ("dapo-qwen2.5-32b", "deepcoder-14b")
 DISPATCH = ("round_robin", "skewness_aware")
+GENERATION_SOURCES = ("single_turn", "agentic")
+"""How a step's rollouts are generated (``rl.sources``): one response per sample, or a
+multi-turn trajectory per sample with tool waits between turns."""
 MAX_SAMPLES_PER_STEP = 2**20
 """Most rollouts in one step (our bound, docs/reliability.md: 64x the largest published
 batches, e.g. DAPO's 512 prompts x 16 samples; each sample is a simulated request)."""
@@ -100,10 +105,18 @@ class GenerationConfig:
         max_running=1024, gpu_memory_utilization=0.5, enable_prefix_caching=False))
     """vLLM limits; defaults are verl's rollout config (ppo_trainer.yaml: max_num_seqs 1024,
     max_num_batched_tokens 8192, gpu_memory_utilization 0.5)."""
+    source: str = "single_turn"
+    """single_turn (each sample one response) | agentic (each sample a multi-turn tool-using
+    trajectory, options in generation.agentic)."""
+    agentic: AgenticConfig = field(default_factory=AgenticConfig)
+    """source agentic: the turns, tools and system (Heddle's mechanisms)."""
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.source not in GENERATION_SOURCES:
+            raise ValueError(f"source must be one of {', '.join(GENERATION_SOURCES)}, got "
+                             f"{self.source!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -303,6 +316,50 @@ class RLConfig:
         if self.perf_backend not in ("auto", "roofline"):
             raise ValueError(f"perf_backend must be auto or roofline, got {self.perf_backend!r}")
         self._check_pools()
+        if self.generation.source == "agentic":
+            self._check_agentic()
+
+    def _check_agentic(self) -> None:
+        """What the agentic source cannot honour: a single-turn mechanism, or workers that
+        do not tile the generation pool."""
+        sysc, gen = self.system, self.generation
+        # name -> (value, its off value)
+        single_turn = {"system.dispatch": (sysc.dispatch, "round_robin"),
+                       "system.generation_rounds": (sysc.generation_rounds, 1),
+                       "system.pad_to_longest": (sysc.pad_to_longest, False),
+                       "system.tail_migration_fraction": (sysc.tail_migration_fraction, None),
+                       "system.rollout_decode_attention_slowdown":
+                           (sysc.rollout_decode_attention_slowdown, 1.0),
+                       "system.rollout_prefill_attention_slowdown":
+                           (sysc.rollout_prefill_attention_slowdown, 1.0),
+                       "lengths.prompt_tokens": (self.lengths.prompt_tokens, None)}
+        for name, (value, off) in single_turn.items():
+            if value != off:
+                raise ValueError(f"{name} = {value!r} is a single-turn rollout setting; drop "
+                                 f"it or set generation.source = \"single_turn\"")
+        if self.lengths.kind != "polytrace":
+            raise ValueError(f"lengths.kind = {self.lengths.kind!r}: the agentic source draws "
+                             f"its turns from PolyTrace's GRPO groups; set lengths.kind = "
+                             f"\"polytrace\"")
+        if self.perf_backend != "auto":
+            raise ValueError(f"perf_backend = {self.perf_backend!r}: the agentic rollout's "
+                             f"workers use the measured tables (auto); drop perf_backend or "
+                             f"set generation.source = \"single_turn\"")
+        opts, num_gpus = gen.agentic, self.pool_of("generation").num_gpus
+        if num_gpus % gen.tp:
+            raise ValueError(f"the generation pool's {num_gpus} GPUs are not a multiple of "
+                             f"generation.tp {gen.tp}; the agentic workers tile the pool")
+        if opts.resource_manager and gen.tp not in TP_CHOICES:
+            raise ValueError(f"generation.tp must be one of {list(TP_CHOICES)} with "
+                             f"generation.agentic.resource_manager, got {gen.tp}")
+        if opts.split:
+            check_split(opts.split, num_gpus, TP_CHOICES)
+        if opts.preemption_mode == "swap" and not gen.engine.swap_space_gib > 0:
+            raise ValueError("generation.agentic.preemption_mode = \"swap\" needs host "
+                             "memory: set generation.engine.swap_space_gib > 0")
+        if opts.migration and not gen.engine.enable_prefix_caching:
+            raise ValueError("generation.agentic.migration moves cached KV: set "
+                             "generation.engine.enable_prefix_caching = true")
 
     def _check_pools(self) -> None:
         names = [p.name for p in self.pools]
@@ -337,6 +394,15 @@ def check_fits_model(cfg: RLConfig, max_context_tokens: int, model: str) -> None
     from fleetsim.rl.lengths import DEFAULT_PROMPT_TOKENS, polytrace_groups
 
     lc = cfg.lengths
+    if cfg.generation.source == "agentic":
+        # A trajectory's turns are capped by its context, not by prompt + one response.
+        cap = cfg.generation.agentic.max_context_tokens
+        if cap > max_context_tokens:
+            raise FleetsimInputError(
+                "rl.generation.agentic.max_context_tokens", cap,
+                f"{model} takes at most {max_context_tokens:,} tokens; lower it or pick a "
+                f"longer-context actor")
+        return
     if lc.prompt_tokens is not None:
         prompt, field_name = lc.prompt_tokens, "rl.lengths.prompt_tokens"
     elif lc.kind == "polytrace":

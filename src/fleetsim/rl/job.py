@@ -12,14 +12,15 @@ Two stories (processes on the one event kernel, ``core/process.py``):
   the batch is done, then ships the weights over the network (the transfer service).
 
 Every stage is timed by the performance model: generation by the serving engine itself
-(continuous batching, KV limits, the long tail), inference and training by
-``fleetsim.perf.training`` on the same measured tables.
+(continuous batching, KV limits, the long tail) through the job's generation source
+(``rl.sources``: single-turn responses, or agentic multi-turn trajectories), inference and
+training by ``fleetsim.perf.training`` on the same measured tables.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,10 +39,10 @@ from fleetsim.perf.training import (
 )
 from fleetsim.rl.config import ParallelConfig, PoolSpec, RLConfig, check_fits_model
 from fleetsim.rl.fusion import FusedTraining, migrate_tail
-from fleetsim.rl.generation import GenerationPool, round_robin, skewness_aware
-from fleetsim.rl.lengths import StepBatch, sample_step
+from fleetsim.rl.generation import GenerationPool
+from fleetsim.rl.lengths import StepBatch
 from fleetsim.rl.results import RLResult, summarize
-from fleetsim.serving.request import Request
+from fleetsim.rl.sources import GenerationSource, make_source
 
 TRAINER_ENDPOINT = -(10**9)  # the transfer service's id for the trainer pool's NICs
 BROADCAST_CHUNK_BYTES = 64 * 2**20  # relay granularity of the weight broadcast (assumption)
@@ -118,13 +119,14 @@ class RLJob:
         self.gpus = {p.name: self._gpu(i, p) for i, p in enumerate(cfg.pools)}
         self._check_layouts()
         self.gen_pool = cfg.pool_of("generation")
-        self._req_sample: dict[int, tuple[int, int]] = {}  # request id -> (step, sample)
         try:
-            self.gen = GenerationPool(self.sim, cfg, self.actor, self._on_sample_done)
+            self.gen = GenerationPool(self.sim, cfg, self.actor,
+                                      lambda req: self.source.on_sample_done(req))
         except FleetsimInputError as err:
             i = cfg.pools.index(self.gen_pool)
             raise FleetsimInputError(f"rl.pools[{i}] ({self.gen_pool.name}) generation",
                                      err.value, err.fix) from None
+        self.source: GenerationSource = make_source(cfg.generation.source, self)
         self.passes = self._build_passes()
         sysc = cfg.system
         self.fused = FusedTraining(cfg.training.pp, sysc.fusion_iterations, cfg.seed) if (
@@ -244,10 +246,9 @@ class RLJob:
         return _Passes(self._inference_passes(), training)
 
     # ---- generation ----------------------------------------------------------------------
-    def _start_generation(self, k: int) -> Samples:
-        """Draw step ``k``'s batch and submit it now; returns its record."""
+    def new_record(self, batch: StepBatch) -> Samples:
+        """The record of the step whose rollouts start now (appended to ``steps``)."""
         cfg = self.cfg
-        batch = sample_step(cfg, self.rng)
         n = batch.num_samples
         rec = Samples(batch=batch, version=self.weight_version, gen_start_s=self.sim.now_s,
                       finish_s=np.full(n, math.nan), replica=np.zeros(n, dtype=np.int64),
@@ -259,49 +260,12 @@ class RLJob:
         rec.group_left = np.full(cfg.num_prompts_per_step, cfg.samples_per_prompt)
         rec.num_left = n
         self.steps.append(rec)
-        if cfg.system.dispatch == "skewness_aware" and self.gen.num_replicas > 1:
-            order, replica, info = skewness_aware(batch, cfg, self.gen, self.dispatch_rng)
-            self.dispatch_info.append(info)
-        else:
-            order, replica = round_robin(n, self.gen.num_replicas)
-        rec.replica[order] = replica
-        rec.request_id = np.full(n, -1, dtype=np.int64)
-        if cfg.system.tail_migration_fraction is not None:
-            rec.tail = self.kernel.event()
-            rec.tail_at = math.ceil(cfg.system.tail_migration_fraction * n)
-        # Static rounds (DeepSpeed-Chat): whole groups per round, in dispatch order.
-        rounds = cfg.system.generation_rounds
-        g = cfg.samples_per_prompt
-        bounds = [round(j * cfg.num_prompts_per_step / rounds) * g for j in range(rounds + 1)]
-        rec.rounds = [(order[a:b], replica[a:b]) for a, b in zip(bounds, bounds[1:],
-                                                                   strict=False)][::-1]
-        if cfg.system.pad_to_longest:
-            # A static batch computes every row until its longest ends (padding tokens).
-            resp = batch.response_tokens.copy()
-            for idx, _ in rec.rounds:
-                rows = np.asarray(idx, dtype=np.int64)
-                if len(rows):
-                    resp[rows] = resp[rows].max()
-            rec.batch = replace(batch, response_tokens=resp)
-        self._submit_round(k, rec)
         return rec
 
-    def _submit_round(self, k: int, rec: Samples) -> None:
-        order, replica = rec.rounds.pop()
-        reqs = []
-        for i in order:
-            req = self.gen.new_request(int(rec.batch.prompt_tokens[i]),
-                                       int(rec.batch.response_tokens[i]))
-            self._req_sample[req.id] = (k, i)
-            rec.request_id[i] = req.id
-            reqs.append(req)
-        rec.round_left = len(reqs)
-        self.gen.submit(reqs, replica)
-
-    def _on_sample_done(self, req: Request) -> None:
-        k, i = self._req_sample.pop(req.id)
+    def sample_finished(self, k: int, i: int, finish_s: float) -> None:
+        """Sample ``i`` of step ``k`` finished generating at ``finish_s`` (now)."""
         rec = self.steps[k]
-        rec.finish_s[i] = req.finish_s
+        rec.finish_s[i] = finish_s
         rec.num_generated[i] += 1
         group = int(rec.batch.group[i])
         rec.group_left[group] -= 1
@@ -311,9 +275,6 @@ class RLJob:
             if wake is not None and not wake.fired:
                 wake.succeed()
         rec.num_left -= 1
-        rec.round_left -= 1
-        if rec.round_left == 0 and rec.rounds:
-            self._submit_round(k, rec)
         if rec.tail is not None and rec.num_left <= rec.tail_at and not rec.tail.fired:
             rec.tail.succeed()
         if rec.num_left == 0:
@@ -321,13 +282,9 @@ class RLJob:
             rec.done.succeed()
 
     def _generation_rows(self, k: int, rec: Samples) -> None:
-        gpus = self.cfg.generation.tp
-        for r in range(self.gen.num_replicas):
-            mask = rec.replica == r
-            end = rec.lane_end_s.get(r, float(rec.finish_s[mask].max()) if mask.any() else None)
-            if end is not None:
-                self.rows.append(StageRow(k, "generation", self.gen_pool.name, f"gen-{r}",
-                                          rec.gen_start_s, end, gpus))
+        for lane, start, end, gpus in self.source.lanes(k, rec):
+            self.rows.append(StageRow(k, "generation", self.gen_pool.name, lane, start, end,
+                                      gpus))
 
     # ---- scoring and training ------------------------------------------------------------
     def _seq_lens(self, rec: Samples, groups: list[int]) -> list[int]:
@@ -451,7 +408,7 @@ class RLJob:
         syncs = cfg.system.generation_rounds if cfg.training.zero3 else 1
         for k in range(cfg.num_steps):
             yield from self._stage(k, "weight_sync", pool, syncs * self.colocated_sync_s())
-            rec = self._start_generation(k)
+            rec = self.source.start_step(k)
             scored: list[int] = []
             if cfg.system.tail_migration_fraction is not None:
                 scored = yield from migrate_tail(self, k, rec)
@@ -484,7 +441,7 @@ class RLJob:
         cfg = self.cfg
         for k in range(cfg.num_steps):
             yield self._weights_event(max(0, k - cfg.system.staleness))
-            rec = self._start_generation(k)
+            rec = self.source.start_step(k)
             self.gen_started[k].succeed()
             assert rec.done is not None
             yield rec.done

@@ -18,11 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetsim.rl.config import RLConfig
+if TYPE_CHECKING:  # rl.config's agentic table imports the trajectories, which import us
+    from fleetsim.rl.config import RLConfig
 
 # median prompt of PolyTrace's DAPO run (the embedded polytrace_grpo_groups.csv)
 DEFAULT_PROMPT_TOKENS = 152

@@ -62,13 +62,12 @@ def summarize(job: Any) -> dict[str, Any]:
     tokens = sum(int((s.batch.prompt_tokens + s.batch.response_tokens).sum()) for s in job.steps)
     response = sum(int(s.batch.response_tokens.sum()) for s in job.steps)
     steady = (samples * (n - 1) / (ends[-1] - ends[0])) if n >= 2 else samples * n / ends[-1]
-    records = job.gen.recorder.records()
     pools: dict[str, Any] = {}
     for p in cfg.pools:
         busy = sum((r.end_s - r.start_s) * r.num_gpus for r in rows
                    if r.pool == p.name and r.stage != "generation")
         if "generation" in p.stages:
-            busy += cfg.generation.tp * sum(records.busy_s_by_replica.values())
+            busy += job.source.busy_gpu_s()
         pools[p.name] = {"gpu": job.gpus[p.name].name, "num_gpus": p.num_gpus,
                          "stages": list(p.stages), "busy_gpu_s": busy,
                          "utilization": busy / (p.num_gpus * makespan) if makespan else 0.0}
@@ -78,8 +77,8 @@ def summarize(job: Any) -> dict[str, Any]:
         if gen:
             last = max(r.end_s for r in gen)
             tail_idle += sum((last - r.end_s) * r.num_gpus for r in gen)
-            idle_replicas = job.gen.num_replicas - len(gen)
-            tail_idle += idle_replicas * cfg.generation.tp * _span(gen)
+            # lanes that generated nothing this step idled through all of it
+            tail_idle += (job.source.num_lane_gpus - sum(r.num_gpus for r in gen)) * _span(gen)
     stage_mean = {}
     for stage in STAGE_ORDER:
         vals = [s["stages_s"][stage] for s in by_step if stage in s["stages_s"]]
@@ -109,15 +108,9 @@ def summarize(job: Any) -> dict[str, Any]:
             "tail_migrations": job.migrations,
             "fused_training_searches": job.fused.searches if job.fused is not None else [],
         },
-        "generation": {
-            "num_replicas": job.gen.num_replicas, "tp": cfg.generation.tp,
-            "num_kv_blocks": job.gen.num_kv_blocks,
-            "mean_response_tokens": response / (samples * n),
-            "max_response_tokens": int(max(s.batch.response_tokens.max() for s in job.steps)),
-            "num_preemptions": int(np.sum(records.requests.get("num_preemptions", 0))),
-            "dispatch": job.dispatch_info[:1],
-            "perf_sources": job.gen.infos[0].get("perf_sources", {}),
-        },
+        "generation": job.source.report(
+            response / (samples * n),
+            int(max(s.batch.response_tokens.max() for s in job.steps))),
         "steps": by_step,
         "config": to_plain(cfg),
     }
@@ -150,10 +143,13 @@ def gantt(path: Path, job: Any, num_steps: int = 2) -> None:
     lanes: dict[str, list[int]] = {}  # lane name -> y rows it covers
     y = 0
     pool_rows: dict[str, list[int]] = {}
+    # the agentic source's workers (a resource manager's split) may outnumber the replicas
+    num_lanes = len({r.lane for r in job.rows if r.stage == "generation"} | {
+        f"gen-{r}" for r in range(job.gen.num_replicas)})
     for p in cfg.pools:
         ys = []
         if "generation" in p.stages:
-            for r in range(job.gen.num_replicas):
+            for r in range(num_lanes):
                 lanes[f"gen-{r}"] = [y]
                 ys.append(y)
                 y += 1

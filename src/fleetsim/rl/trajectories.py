@@ -56,6 +56,9 @@ class TrajectoryArgs:
     """Lognormal sigma of tool latency (p90 1.4 s)."""
     max_context_tokens: int = 40960
     """A trajectory's context cap (Heddle: 40K max tokens; Qwen3's 40,960)."""
+    max_turn_tokens: int | None = None
+    """Cap on each turn's output (a generate call's ``max_tokens``: an RL job's
+    ``max_response_tokens``); None: only the context cap."""
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.samples_per_prompt < 1:
@@ -72,6 +75,8 @@ class TrajectoryArgs:
             raise ValueError("tool_median_s and tool_sigma must be >= 0")
         if self.max_context_tokens < 2:
             raise ValueError(f"max_context_tokens must be >= 2, got {self.max_context_tokens}")
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            raise ValueError(f"max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +104,8 @@ def sample_batch(args: TrajectoryArgs, rng: np.random.Generator) -> TrajectoryBa
         for _ in range(args.samples_per_prompt):
             turns = 1 + int(rng.choice(len(shares), p=shares))
             out = np.maximum(1, np.rint(rng.choice(logged, size=turns))).astype(np.int64)
+            if args.max_turn_tokens is not None:  # after the draws: the streams stay put
+                out = np.minimum(out, args.max_turn_tokens)
             tool_s = rng.lognormal(math.log(max(args.tool_median_s, 1e-12)), args.tool_sigma,
                                    size=turns) if args.tool_median_s > 0 else np.zeros(turns)
             result = np.maximum(1, np.rint(rng.lognormal(
