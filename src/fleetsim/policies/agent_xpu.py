@@ -144,10 +144,10 @@ class AgentXpuPlanner:
                 break
         if not tokens:
             return None
-        self._piggyback(view, tokens, chunk, urgent, budget, available)
+        self._piggyback(view, tokens, set(preempt), chunk, urgent, budget, available)
         return StepPlan(tokens, tuple(preempt))
 
-    def _piggyback(self, view: ReplicaView, tokens: dict[int, int],
+    def _piggyback(self, view: ReplicaView, tokens: dict[int, int], preempted: set[int],
                    chunk: tuple[int, int] | None, urgent: tuple[int, int], budget: int,
                    available: int) -> None:
         """The other classes' decodes join while the step stays within the slack."""
@@ -159,7 +159,7 @@ class AgentXpuPlanner:
         kv_tokens = sum(r.num_computed_tokens for r in decoding)
         limit = view.step_time_s(chunks, num_decode, kv_tokens) * (1.0 + self.reactive_slack)
         for r in view.running:
-            if (r.id in tokens or r.num_tokens_to_next_output != 1
+            if (r.id in tokens or r.id in preempted or r.num_tokens_to_next_output != 1
                     or self._urgency(r, True) == urgent):
                 continue
             num_new, needed = next_chunk(r, 1, kv.block_size, kv.blocks_per_entry)
