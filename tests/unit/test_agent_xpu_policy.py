@@ -4,11 +4,14 @@ mechanism switched off changes what it should, and the repro's system runs it on
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
 from tests.conftest import make_workload, simulate
 
+from fleetsim.cli import main
+from fleetsim.config import load_config
 from fleetsim.models import get_model
 from fleetsim.perf.base import LinearStepModel
 from fleetsim.perf.soc import ModelCost
@@ -16,6 +19,7 @@ from fleetsim.perf.soc_calibration import lunar_lake
 from fleetsim.policies import PolicySpec, make_batch_policy
 from fleetsim.policies.agent_xpu import AgentXpuPlanner
 from fleetsim.repro import agent_xpu as repro
+from fleetsim.run import run
 from fleetsim.soc_pools import affinity
 
 REACTIVE, PROACTIVE = 0, 1
@@ -103,3 +107,34 @@ def test_the_npu_prefill_igpu_decode_mapping_is_what_cuts_reactive_latency():
     assert ours < 0.8 * _reactive_mean_s(swapped, setup, cost)
     # and the scheduler on the mapping beats an iGPU-only FCFS engine by far
     assert ours < 0.5 * _reactive_mean_s(repro.OnEngine(repro.IGPU), setup, cost)
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_xpu.toml"
+
+
+def test_the_example_config_runs_the_repro_system():
+    """``fleetsim run examples/agent_xpu.toml``: Agent.xpu's traffic (``[agent_traffic]``)
+    under its scheduler on the SoC, the same run as the reproduction's agent-xpu system."""
+    config = load_config(EXAMPLE, ["agent_traffic.duration_s=180"])
+    summary = run(config).summary
+    ours = summary["agent_traffic"]
+    setup = repro.AgentXpuSetup(duration_s=180.0)
+    cost = ModelCost(get_model(setup.model), setup.bits_per_weight)
+    theirs = repro.summarize(repro.simulate(setup, 2.0, repro.agent_xpu_system(setup, cost),
+                                            cost))
+    assert ours["num_reactive"] == theirs["num_reactive"] > 0
+    assert ours["reactive_latency_mean_s"] == theirs["reactive_latency_mean_s"]
+    assert ours["proactive_per_min"] == theirs["proactive_per_min"] > 0
+    assert summary["num_finished"] == ours["num_reactive"] + ours["num_proactive"]
+
+
+@pytest.mark.parametrize(("override", "needle"), [
+    ("agent_traffic.duration_s=0", "agent_traffic.duration_s must be > 0 seconds, got 0"),
+    ("until_s=100", "agent_traffic replaces the workload"),
+    ("workload.rate_scale=2", "agent_traffic replaces the workload"),
+    ("policy.batching.args.chunk_tokens=0", "chunk_tokens"),
+])
+def test_bad_agent_config_is_one_line_and_exit_2(override, needle, capsys, tmp_path):
+    code = main(["run", str(EXAMPLE), "--set", override, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and needle in err and len(err.splitlines()) == 1
