@@ -69,6 +69,8 @@ class AgentXpuPlanner:
         self.order_key = make_ordering("priority")
 
     def _urgency(self, req: Request, started: bool) -> tuple[int, int]:
+        """The class ``req`` belongs to (smaller is served first): reactive before proactive;
+        without preemption, started (running) work before the rest."""
         reactive = 0 if req.priority <= self.max_reactive_priority else 1
         return (reactive, 0) if self.preemptive else (0 if started else 1, reactive)
 
