@@ -1,11 +1,12 @@
-"""CPU per generated token: an SoC on the one engine (``cluster.soc``) against the SoC engine
-(``soc/engine.py``) and against the main engine's plain GPU replica, on the same requests.
+"""CPU per generated token: an SoC on the one engine (``cluster.soc``) against the main engine's
+plain GPU replica, on the same requests.
 
 Issue 20 asks a ported system to cost within 1.5x of the main engine per generated token (the
-SoC engine cost 25-60x). The requests are Agent.xpu's reactive traffic (Poisson, lengths from
-the Azure 2023 conversation trace, prompts capped at 2,048), served by an iGPU engine that
-batches up to ``--slots`` requests, and by prefill on the NPU with decode on the iGPU (both
-on the shared DDR). CPU time is the process's (``time.process_time``); run it with
+retired SoC loop, ``soc/engine.py``, cost 25-60x). The requests are Agent.xpu's reactive
+traffic (Poisson, lengths from the Azure 2023 conversation trace, prompts capped at 2,048),
+served by an iGPU engine that batches up to ``--slots`` requests, by prefill on the NPU with
+decode on the iGPU (both on the shared DDR), and by Agent.xpu's scheduler (``agent_xpu``) on
+that P/D pair. CPU time is the process's (``time.process_time``); run it with
 ``FLEETSIM_PURE=1`` to measure pure Python.
 
     python benchmarks/soc_cost_per_token.py [--per-min 60] [--minutes 30] [--slots 8]
@@ -20,23 +21,34 @@ import numpy as np
 
 from fleetsim import native
 from fleetsim.config import config_from_dict
-from fleetsim.models import get_model
-from fleetsim.perf.soc import ModelCost
-from fleetsim.perf.soc_calibration import lunar_lake
 from fleetsim.run import run
-from fleetsim.soc.baselines import IgpuOnly
-from fleetsim.soc.engine import SoCEngine
-from fleetsim.workloads.agent_traffic import AgentTraffic
+from fleetsim.workloads.agent_traffic import (
+    AgentTraffic,
+    LengthSampler,
+    reactive_arrivals,
+    streams,
+)
 from fleetsim.workloads.workload import Workload
 
 MODEL = "Llama-3.2-3B"
 
 
-def _config(pools: list[dict], slots: int, soc: bool) -> dict:
+def _config(pools: list[dict], slots: int, soc: bool, batching: str | None) -> dict:
     return {"model": MODEL, "seed": 0,
             "cluster": {"pools": pools, **({"soc": {}} if soc else {}),
                         "link": {"latency_s": 0.0}},
-            "engine": {"max_running": slots, "max_batched_tokens": 2048 + slots}}
+            "engine": {"max_running": slots, "max_batched_tokens": 2048 + slots},
+            "policy": {"batching": {"name": batching}} if batching else {}}
+
+
+def _workload(traffic: AgentTraffic) -> Workload:
+    """The traffic's reactive requests, drawn as the engine's agent source draws them."""
+    arrivals_rng, reactive_rng, _ = streams(traffic.seed)
+    lengths = LengthSampler(reactive_rng, traffic.max_prompt_tokens, traffic.reactive_lengths)
+    times = reactive_arrivals(traffic, arrivals_rng)
+    drawn = np.array([lengths.draw() for _ in times], dtype=np.int64).reshape(-1, 2)
+    return Workload(arrival_s=np.array(times), num_prompt_tokens=drawn[:, 0],
+                    num_output_tokens=drawn[:, 1], name="agent-xpu reactive")
 
 
 def main() -> None:
@@ -47,32 +59,25 @@ def main() -> None:
     args = parser.parse_args()
     traffic = AgentTraffic(reactive_per_min=args.per_min, num_proactive_flows=0,
                            duration_s=args.minutes * 60.0)
-    cost = ModelCost(get_model(MODEL), 4.5)
-    t0 = time.process_time()
-    old = SoCEngine(lunar_lake(), cost, traffic, IgpuOnly(max_running=args.slots)).run()
-    old_cpu = time.process_time() - t0
-    reqs = old.requests
-    wl = Workload(arrival_s=np.array([r.arrival_s for r in reqs]),
-                  num_prompt_tokens=np.array([r.num_prompt_tokens for r in reqs]),
-                  num_output_tokens=np.array([r.num_output_tokens for r in reqs]),
-                  name="agent-xpu reactive")
+    wl = _workload(traffic)
     tokens = int(wl.num_output_tokens.sum())
-    print(f"engine {native.engine()}; {len(reqs)} requests, {tokens} generated tokens; "
+    print(f"engine {native.engine()}; {len(wl)} requests, {tokens} generated tokens; "
           f"CPU s per 1,000 generated tokens")
-    rows = [("soc engine, iGPU only", old_cpu)]
+    rows = []
+    pd = [{"name": "p", "gpu": "npu", "role": "prefill"},
+          {"name": "d", "gpu": "igpu", "role": "decode"}]
     systems = (
-        ("cluster.soc, iGPU only", [{"name": "igpu", "gpu": "igpu"}], True),
-        ("cluster.soc, NPU prefill + iGPU decode",
-         [{"name": "p", "gpu": "npu", "role": "prefill"},
-          {"name": "d", "gpu": "igpu", "role": "decode"}], True),
-        ("main engine, one H100", [{"name": "gpu", "gpu": "H100"}], False),
+        ("cluster.soc, iGPU only", [{"name": "igpu", "gpu": "igpu"}], True, None),
+        ("cluster.soc, NPU prefill + iGPU decode", pd, True, None),
+        ("cluster.soc, agent_xpu on NPU + iGPU", pd, True, "agent_xpu"),
+        ("main engine, one H100", [{"name": "gpu", "gpu": "H100"}], False, None),
     )
-    for label, pools, soc in systems:
-        config = config_from_dict(_config(pools, args.slots, soc))
+    for label, pools, soc, batching in systems:
+        config = config_from_dict(_config(pools, args.slots, soc, batching))
         t0 = time.process_time()
         result = run(config, workload=wl)
         rows.append((label, time.process_time() - t0))
-        assert result.summary["num_finished"] == len(reqs)
+        assert result.summary["num_finished"] == len(wl)
     main_cpu = rows[-1][1]
     for label, cpu in rows:
         print(f"  {label:42s} {cpu / tokens * 1000:8.4f}  ({cpu / main_cpu:5.2f}x main)")

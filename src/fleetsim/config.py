@@ -25,6 +25,7 @@ from fleetsim.moe.expertplex import ExpertPoolConfig
 from fleetsim.moe.serving import PoolEpConfig
 from fleetsim.programs.config import ProgramWorkloadConfig
 from fleetsim.registry import PolicySpec
+from fleetsim.workloads.agent_traffic import AgentTrafficConfig
 from fleetsim.workloads.config import WorkloadConfig
 
 
@@ -337,6 +338,8 @@ class SimConfig:
     programs: ProgramWorkloadConfig | None = None
     """Agent programs (DAGs of calls and tool waits) instead of ``workload``
     (docs/programs.md)."""
+    agent_traffic: AgentTrafficConfig | None = None
+    """Agent.xpu's reactive and proactive traffic instead of ``workload`` (docs/cluster.md)."""
     slo: SLOConfig = field(default_factory=SLOConfig)
     until_s: float | None = None
     """Stop simulating at this simulated time (None: run until every request finishes)."""
@@ -375,6 +378,12 @@ class SimConfig:
             raise ValueError("group needs one mixed pool (hardware.num_replicas instances of "
                              "hardware.tp GPUs) and a workload, not programs; remove "
                              "cluster.pools / programs or drop [group]")
+        if self.agent_traffic is not None and (self.programs is not None
+                                               or self.workload != WorkloadConfig()
+                                               or self.until_s is not None):
+            raise ValueError("agent_traffic replaces the workload and runs until its last "
+                             "request ends; remove [workload], [programs] and until_s, or "
+                             "drop [agent_traffic]")
         if self.until_s is not None and not self.until_s > 0:
             raise ValueError(f"until_s must be > 0 seconds or unset, got {self.until_s}")
         if self.elastic is not None:

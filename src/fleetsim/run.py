@@ -43,6 +43,7 @@ from fleetsim.policies.routing import make_router
 from fleetsim.programs.metrics import program_summary
 from fleetsim.programs.runtime import program_source
 from fleetsim.registry import plugin_error
+from fleetsim.serving.agent_flows import AgentTrafficSource, agent_frame, agent_summary
 from fleetsim.serving.cluster import PoolSetup, ProgressFn, simulate
 from fleetsim.serving.elastic_control import (
     ControlSettings,
@@ -426,6 +427,9 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
     if config.programs is not None:  # programs replace the workload (their calls stand in)
         source, workload = program_source(config.programs, streams["workload"], model, pools,
                                           eng.max_batched_tokens, config.cluster.link.latency_s)
+    elif config.agent_traffic is not None:  # the source makes the requests, as they finish
+        traffic = config.agent_traffic.traffic(config.seed)
+        source, workload = AgentTrafficSource(traffic), agent_frame(traffic)
     else:
         workload = build_workload(config.workload, streams["workload"], given)
     if config.programs is None and config.workload.over_long != "error":
@@ -452,7 +456,7 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
         raise FleetsimInputError("policy.ordering", "priority", "the workload has no priority "
                                  "column; add one to the trace or use fcfs")
     until_s = config.until_s if config.until_s is not None else math.inf
-    if source is not None and until_s == math.inf:
+    if config.programs is not None and until_s == math.inf:
         # A program's next call waits for its parents' finishes, so the source must hear of
         # each when it happens: give program runs a far end (the engine's idle windows also
         # stop at finishes whenever a source listens to them).
@@ -484,6 +488,8 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
         raise plugin_error(err, _plugin_names(config)) or err from None
     if config.programs is not None:
         num_arrived = source.num_arrived(until_s)
+    elif config.agent_traffic is not None:  # every request issued runs to its end
+        num_arrived = len(records.requests["request_id"])
     else:
         num_arrived = tracker.num_arrived if tracker is not None else len(workload)
     replica_pool = cluster.pool_of
@@ -522,6 +528,8 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
         report = getattr(cluster.group.planner, "report", None)
         summary["group"] = {"num_regroups": cluster.group.num_regroups,
                             **(report() if report is not None else {})}
+    if config.agent_traffic is not None:
+        summary["agent_traffic"] = agent_summary(records.requests, source)
     program_rows = source.records() if config.programs is not None else None
     if program_rows is not None:
         summary["programs"] = program_summary(program_rows)

@@ -24,7 +24,7 @@ from fleetsim.hardware.soc import ACCELERATORS, SoCSpec
 from fleetsim.models import ModelSpec
 from fleetsim.models.quantization import quantize
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.perf.soc import ModelCost, SocSplit, TensorSplitSteps
+from fleetsim.perf.soc import ModelCost, OpCost, SocSplit, TensorSplitSteps, op_s
 from fleetsim.perf.soc_calibration import lunar_lake
 from fleetsim.serving.cluster import PoolSetup
 from fleetsim.serving.shared_steps import SharedStepModel
@@ -36,6 +36,22 @@ SOCS = {"core-ultra-7-258v": lunar_lake}
 TENSOR_SPLIT = "npu+igpu"
 """A pool's ``gpu`` for one replica over both accelerators, every step split between them at
 the NPU share that finishes it soonest (Agent.xpu's static-partition baseline)."""
+
+
+def fastest(soc: SoCSpec, cost: OpCost) -> str:
+    """The accelerator on which ``cost`` runs sooner, alone (ties: by name): Agent.xpu's
+    offline profile that maps each stage to its accelerator (arXiv:2506.24045)."""
+    best = min(soc.accelerators, key=lambda a: (
+        op_s(a, cost, a.max_draw_bytes_per_s(soc.ddr_bw_bytes_per_s)), a.name))
+    return best.name
+
+
+def affinity(soc: SoCSpec, cost: ModelCost, chunk_tokens: int,
+             context_tokens: int = 1024) -> tuple[str, str]:
+    """(prefill accelerator, decode accelerator): where a ``chunk_tokens`` prefill chunk and a
+    decode step, at ``context_tokens`` of context, run sooner alone."""
+    return (fastest(soc, cost.prefill(chunk_tokens, context_tokens)),
+            fastest(soc, cost.decode([context_tokens])))
 
 
 def soc_step_model(soc: SoCSpec, cost: ModelCost, accelerator: str) -> SharedStepModel:

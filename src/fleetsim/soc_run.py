@@ -7,20 +7,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from fleetsim.config import SimConfig
 from fleetsim.models import get_model
 from fleetsim.policies import make_batch_policy, make_ordering
 from fleetsim.policies.eviction import make_eviction
 from fleetsim.policies.routing import make_router
 from fleetsim.run import build_pools, engine_settings, seed_streams
-from fleetsim.serving.agent_flows import AgentTrafficSource
+from fleetsim.serving.agent_flows import AgentTrafficSource, agent_frame
 from fleetsim.serving.cluster import simulate
 from fleetsim.serving.recorder import Records
 from fleetsim.serving.settings import PlugIns
 from fleetsim.workloads.agent_traffic import AgentTraffic
-from fleetsim.workloads.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +35,7 @@ def run_agent_traffic(config: SimConfig, traffic: AgentTraffic) -> AgentRun:
     """Serve ``traffic`` on the cluster ``config`` describes, to its last request's end."""
     model = get_model(config.model)
     pools, _ = build_pools(config, model)
-    # The window's ends, for the recorder's timeline only (the source makes the requests).
-    frame = Workload(arrival_s=np.array([0.0, traffic.duration_s]),
-                     num_prompt_tokens=np.ones(2, dtype=np.int64),
-                     num_output_tokens=np.ones(2, dtype=np.int64))
+    frame = agent_frame(traffic)  # the window's ends (the source makes the requests)
     settings = replace(engine_settings(config, model), until_s=math.inf,
                        timeline=(0.0, traffic.duration_s))
     rng = seed_streams(config.seed, ("workload", "routing"))["routing"]

@@ -22,7 +22,9 @@ POLICY_SPECS = sorted(
     [(name, ()) for name in BATCH_POLICIES]
     + [("token_budget", (("enable_chunked_prefill", False),)),
        ("token_budget", (("long_prefill_token_threshold", 24),)),
-       ("serve_best", (("max_serving", 3), ("ordering", "priority")))])
+       ("serve_best", (("max_serving", 3), ("ordering", "priority"))),
+       ("agent_xpu", (("chunk_tokens", 16), ("preemptive", False))),
+       ("agent_xpu", (("chunk_tokens", 40), ("reactive_slack", 0.0)))])
 
 
 def _policy(spec):

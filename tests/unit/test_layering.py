@@ -47,8 +47,8 @@ ALLOWED = {
            "metrics", "results", "inputs", "registry", "policies", "programs"},
     # policies: Autopoiesis lists the evolve planner's policy space (its best-in-hindsight arm)
     "repro": {"config", "expert_pool", "run", "moe", "workloads", "metrics", "perf", "models",
-              "hardware", "serving", "rl", "programs", "soc", "soc_run", "esp", "policies"},
-    "soc": {"hardware", "models", "perf", "workloads"},
+              "hardware", "serving", "rl", "programs", "soc_pools", "soc_run", "esp",
+              "policies"},
     "live": {"config", "core", "hardware", "inputs", "metrics", "models", "perf", "policies",
              "results", "run", "serving", "vllm_json", "workloads"},
     "calibrate": {"config", "hardware", "models", "perf", "results", "run", "vllm_json",
@@ -216,21 +216,22 @@ def test_repro_holds_no_event_loop_or_step_model():
     assert not (SRC / "repro" / "expertplex_sim.py").exists()
 
 
-def test_the_soc_engine_gains_no_users():
+def test_the_soc_runs_on_the_one_engine():
     """The SoC on the one engine (issue 20, step 5): its device is in ``hardware/``, its cost
     model and calibration in ``perf/``, ``cluster.soc`` builds its pools (``soc_pools.py``),
-    and none of them advances a clock. The SoC's own loop (``soc/engine.py``) still serves
-    Agent.xpu's scheduler and its reproduction until they are ported; nothing else may come
-    to depend on it."""
-    assert not (SRC / "soc" / "device.py").exists() and not (SRC / "soc" / "cost.py").exists()
+    Agent.xpu's scheduler is a batching policy (``policies/agent_xpu.py``), and none of them
+    advances a clock. The SoC's own loop (``soc/``) is gone, and nothing imports it, the
+    tests and benchmarks included."""
+    assert not (SRC / "soc").exists(), "soc/ was retired: build on cluster.soc"
     on_engine = [SRC / "hardware" / "soc.py", SRC / "soc_pools.py", SRC / "soc_run.py",
                  SRC / "serving" / "agent_flows.py", SRC / "workloads" / "agent_traffic.py",
-                 *(SRC / "perf").glob("soc*.py")]
+                 SRC / "policies" / "agent_xpu.py", *(SRC / "perf").glob("soc*.py")]
     offenders = {str(p.relative_to(SRC)): lines for p in on_engine
                  if (lines := _advances_a_clock(ast.parse(p.read_text())))}
     assert not offenders, f"a simulation loop outside serving/ and core/: {offenders}"
-    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
-                   if p.relative_to(SRC).parts[0] != "soc"
-                   and any(m.startswith("fleetsim.soc.") or m == "fleetsim.soc"
-                           for m in _all_imports(p)))
-    assert users == ["repro/agent_xpu.py"], f"build on cluster.soc, not soc/: {users}"
+    root = SRC.parent.parent
+    users = sorted(str(p.relative_to(root)) for folder in ("src", "tests", "benchmarks")
+                   for p in (root / folder).rglob("*.py")
+                   if any(m.startswith("fleetsim.soc.") or m == "fleetsim.soc"
+                          for m in _all_imports(p)))
+    assert users == [], f"build on cluster.soc, not soc/: {users}"

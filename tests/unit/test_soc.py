@@ -1,15 +1,18 @@
 """The laptop-SoC model behind ``fleetsim repro agent-xpu``: DDR sharing, the device model's
-derivation from measurements, Agent.xpu's mechanisms (preemption within one chunk, backfill that
-never jumps a waiting reactive request, piggybacking and bandwidth-aware throttling within the
-slack) against the FCFS baselines, determinism and bad input."""
+derivation from measurements, Agent.xpu's scheduler on the engine (preemption within one
+chunk, against the FCFS baselines), the iGPU engine's reactive rules, determinism and bad
+input. The ``agent_xpu`` policy's own mechanism tests are in ``test_agent_xpu_policy.py``."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
 from fleetsim.cli import main
 from fleetsim.models import get_model
-from fleetsim.perf.soc import ModelCost
+from fleetsim.perf.soc import ModelCost, Part, best_npu_share, concurrent_s, part_rates
 from fleetsim.perf.soc_calibration import (
     CALIBRATION,
     lunar_lake,
@@ -17,26 +20,28 @@ from fleetsim.perf.soc_calibration import (
     predicted_tokens_per_s,
 )
 from fleetsim.perf.soc_contention import share_bandwidth
-from fleetsim.soc.agent_xpu import AgentXpu
-from fleetsim.soc.baselines import IgpuOnly, StaticPartition, best_npu_share
-from fleetsim.soc.engine import (
-    Job,
-    Part,
-    Request,
-    SoCEngine,
-    SoCResult,
-    SoCView,
-    concurrent_s,
-    part_rates,
-)
+from fleetsim.repro import agent_xpu as repro
+from fleetsim.soc_pools import affinity
+from fleetsim.soc_run import run_agent_traffic
 from fleetsim.workloads.agent_traffic import AgentTraffic
 
 SOC = lunar_lake()
 COST = ModelCost(get_model("Llama-3.2-3B"), 4.5)
+SETUP = repro.AgentXpuSetup()
 
 
-def run(scheduler, **traffic) -> SoCResult:
-    return SoCEngine(SOC, COST, AgentTraffic(**traffic), scheduler).run()
+def run(system: repro.OnEngine, setup: repro.AgentXpuSetup = SETUP, **traffic):
+    """``traffic`` served by ``system`` on the engine: its requests by id, as arrays, and
+    which were reactive."""
+    out = run_agent_traffic(repro.engine_config(setup, system), AgentTraffic(**traffic))
+    r = out.records.requests
+    order = np.argsort(r["request_id"])
+    rows = {k: v[order] for k, v in r.items()}
+    rows["reactive"] = np.isin(rows["request_id"], sorted(out.reactive_ids))
+    return rows
+
+
+XPU = repro.agent_xpu_system(SETUP, COST)
 
 
 # ---- DDR sharing and the device model ------------------------------------------------------
@@ -97,194 +102,91 @@ def test_efficiencies_reproduce_their_calibration_measurements():
 def test_affinity_follows_the_device_model():
     """Prefill chunks of 256 go to the NPU (more achieved FLOP/s), decode to the iGPU (three
     times the DDR draw); an 8-token chunk streams the weights for little arithmetic, so it is
-    memory-bound and goes to the iGPU too."""
-    assert AgentXpu(SOC, COST, chunk_tokens=256).prefill_accelerator == "npu"
-    assert AgentXpu(SOC, COST, chunk_tokens=256).decode_accelerator == "igpu"
-    assert AgentXpu(SOC, COST, chunk_tokens=8).prefill_accelerator == "igpu"
+    memory-bound and goes to the iGPU too (then one mixed pool there runs everything)."""
+    assert affinity(SOC, COST, 256) == ("npu", "igpu")
+    assert affinity(SOC, COST, 8) == ("igpu", "igpu")
+    small = repro.agent_xpu_system(dataclasses.replace(SETUP, chunk_tokens=8), COST)
+    assert small.pools == (("igpu", "igpu", "mixed"),)
 
 
-# ---- Agent.xpu's mechanisms ---------------------------------------------------------------
-
-def _reactive_waits(result: SoCResult) -> list[tuple[float, float, str]]:
-    """(ready since, job start, accelerator) for every job of every reactive request: ready
-    since its arrival, then since the end of its previous job."""
-    ready_since = {r.id: r.arrival_s for r in result.requests if r.reactive}
-    waits = []
-    for job in sorted(result.jobs, key=lambda j: j.start_s):
-        for rid in job.request_ids:
-            if rid in ready_since:
-                waits.append((ready_since[rid], job.start_s, job.accelerators[0]))
-                ready_since[rid] = job.end_s
-    return waits
-
-
-def _running_at(result: SoCResult, t: float, acc: str):
-    return [j for j in result.jobs if j.start_s <= t < j.end_s and acc in j.accelerators]
-
+# ---- Agent.xpu's scheduler and the iGPU engine's rules on the engine -----------------------
 
 def test_reactive_request_preempts_proactive_work_within_one_chunk():
-    """Two proactive flows prefill 4,096-token prompts in 256-token chunks, one on the NPU and
-    one backfilled on the iGPU; a reactive request arriving mid-prompt starts as soon as the
-    first of the two chunks under way ends, not after the proactive prompts."""
+    """Two proactive flows prefill 4,096-token prompts in 256-token chunks on the NPU; a
+    reactive request arriving mid-prompt gets its first token within a few chunks, not after
+    the proactive prompts, as an FCFS iGPU engine gives it."""
     traffic = dict(reactive_per_min=0.0, num_proactive_flows=2, duration_s=30.0,
                    reactive_times_s=(0.31,), reactive_lengths=(512, 4),
-                   proactive_lengths=(4096, 4))
-    result = run(AgentXpu(SOC, COST, chunk_tokens=256), **traffic)
-    reactive = next(r for r in result.requests if r.reactive)
-    first = min((j for j in result.jobs if reactive.id in j.request_ids), key=lambda j: j.start_s)
-    under_way = [j for acc in ("npu", "igpu") for j in _running_at(result, reactive.arrival_s, acc)]
-    assert len(under_way) == 2 and not any(j.reactive for j in under_way)
-    assert all(j.kind == "prefill" for j in under_way)
-    assert first.start_s == pytest.approx(min(j.end_s for j in under_way))
-    assert first.start_s - reactive.arrival_s <= max(j.end_s - j.start_s for j in under_way)
-    # FCFS serves the whole proactive requests first
-    baseline = run(IgpuOnly(), **traffic)
-    reactive_b = next(r for r in baseline.requests if r.reactive)
-    assert reactive_b.first_token_s - reactive_b.arrival_s > 10 * (
-        reactive.first_token_s - reactive.arrival_s)
+                   proactive_lengths=(4096, 4), max_prompt_tokens=4096)
+    setup = dataclasses.replace(SETUP, max_prompt_tokens=4096)
+    chunk_s = 256 * 2 * COST.model.num_params / (SOC.npu.peak_fp16_flops * SOC.npu.compute_eff)
+    rows = run(XPU, setup, **traffic)
+    rx = rows["reactive"]
+    wait = float((rows["first_token_s"] - rows["arrival_s"])[rx][0])
+    # one proactive chunk under way, then the reactive prompt's two chunks (and slack)
+    assert wait < 4 * chunk_s
+    # the proactive prompts it overtook were not finished yet
+    assert (rows["first_token_s"][~rx] > rows["first_token_s"][rx][0]).all()
+    fcfs = run(repro.OnEngine(repro.IGPU), setup, **traffic)
+    fcfs_wait = float((fcfs["first_token_s"] - fcfs["arrival_s"])[fcfs["reactive"]][0])
+    assert fcfs_wait > 10 * wait
 
 
 def test_reactive_rules_on_the_igpu_engine():
     """One proactive flow decodes a long answer; a reactive request arrives mid-answer. FCFS
-    serves it after the whole proactive request; ``reactive_next`` too, since that request
-    has started (it only picks the next one to start); ``reactive_first`` stops the proactive
-    request between two decode steps, so the reactive one starts within one step."""
+    serves it after the whole proactive request; a priority queue too, since that request
+    has started (it only picks the next one to start); priority with pausing stops the
+    proactive request between two decode steps, so the reactive one starts within a step."""
     traffic = dict(reactive_per_min=0.0, num_proactive_flows=1, duration_s=60.0,
                    reactive_times_s=(3.0,), reactive_lengths=(256, 4),
                    proactive_lengths=(256, 2000))
 
-    def reactive_wait(order):
-        res = run(IgpuOnly(order=order), **traffic)
-        r = next(r for r in res.requests if r.reactive)
-        return r.first_token_s - r.arrival_s, res
+    def reactive_ttft(system):
+        rows = run(system, **traffic)
+        assert np.isfinite(rows["finish_s"]).all()  # every request ran to its end
+        return float((rows["first_token_s"] - rows["arrival_s"])[rows["reactive"]][0])
 
-    fcfs, _ = reactive_wait("fcfs")
-    nxt, _ = reactive_wait("reactive_next")
-    first, res = reactive_wait("reactive_first")
-    step_s = max(j.end_s - j.start_s for j in res.jobs if j.kind == "decode")
-    prefill_s = max(j.end_s - j.start_s for j in res.jobs if j.reactive)
+    fcfs = reactive_ttft(repro.OnEngine(repro.IGPU))
+    nxt = reactive_ttft(repro.OnEngine(repro.IGPU, ordering="priority"))
+    first = reactive_ttft(repro.OnEngine(repro.IGPU, ordering="priority", pause=True))
     assert fcfs == pytest.approx(nxt) and fcfs > 10.0
-    assert first <= step_s + prefill_s + 1e-9
-    assert all(r.done for r in res.requests)
+    assert first < 1.0
 
 
-def test_reactive_next_starts_the_earliest_reactive_request_once_the_engine_is_free():
+def test_a_priority_queue_starts_the_earliest_reactive_request_once_the_engine_is_free():
     """Two requests wait behind a running one: a proactive one that arrived first and a
-    reactive one after it. FCFS starts the proactive one next; ``reactive_next`` the
+    reactive one after it. FCFS starts the proactive one next; the priority queue the
     reactive one (without stopping the request under way)."""
     traffic = dict(reactive_per_min=0.0, num_proactive_flows=2, duration_s=60.0,
                    reactive_times_s=(0.5,), reactive_lengths=(256, 4),
                    proactive_lengths=(256, 400))
 
-    def order_of_starts(order):
-        res = run(IgpuOnly(order=order), **traffic)
-        firsts = {}
-        for j in sorted(res.jobs, key=lambda j: j.start_s):
-            for rid in j.request_ids:
-                firsts.setdefault(rid, j.start_s)
-        by_id = {r.id: r for r in res.requests}
-        return [by_id[rid].reactive for rid in sorted(firsts, key=firsts.get)][:3]
+    def order_of_starts(ordering):
+        rows = run(repro.OnEngine(repro.IGPU, ordering=ordering), **traffic)
+        starts = np.argsort(rows["first_scheduled_s"], kind="stable")
+        return rows["reactive"][starts].tolist()[:3]
 
     assert order_of_starts("fcfs") == [False, False, True]
-    assert order_of_starts("reactive_next") == [False, True, False]
+    assert order_of_starts("priority") == [False, True, False]
 
 
-def test_an_unknown_order_is_refused():
-    with pytest.raises(ValueError, match="order must be one of fcfs, reactive_first"):
-        IgpuOnly(order="lifo")
-
-
-@pytest.mark.parametrize("chunk", [64, 256])
-def test_backfill_never_delays_a_reactive_request_beyond_one_chunk(chunk):
-    """Whenever a reactive request is ready, no proactive job starts on the accelerator it is
-    waiting for, and it starts once the job under way there ends (unless another reactive
-    request took the accelerator first)."""
-    traffic = dict(reactive_per_min=6.0, num_proactive_flows=4, duration_s=120.0, seed=3)
-    result = run(AgentXpu(SOC, COST, chunk_tokens=chunk), **traffic)
-    violations = _backfill_violations(result)
-    assert violations == []
-    assert len(_reactive_waits(result)) > 100  # the check saw real traffic
-    # the FCFS baseline lets proactive work run ahead of waiting reactive requests
-    assert _backfill_violations(run(IgpuOnly(), **traffic))
-
-
-def _backfill_violations(result: SoCResult) -> list[tuple[float, float, str]]:
-    bad = []
-    for ready, start, acc in _reactive_waits(result):
-        if start <= ready + 1e-9:
-            continue
-        between = [j for j in result.jobs if acc in j.accelerators
-                   and ready - 1e-9 <= j.start_s < start - 1e-9]
-        if any(not j.reactive for j in between):
-            bad.append((ready, start, acc))
-            continue
-        if between:  # another reactive request went first
-            continue
-        under_way = _running_at(result, ready, acc)
-        if not under_way or start > max(j.end_s for j in under_way) + 1e-9:
-            bad.append((ready, start, acc))
-    return bad
-
-
-def test_piggybacking_stays_within_the_slack():
-    xpu = AgentXpu(SOC, COST, reactive_slack=0.10)
-    reactive = [Request(id=0, reactive=True, arrival_s=0.0, num_prompt_tokens=1000,
-                        num_output_tokens=50, num_prefilled=1000, num_generated=1)]
-    proactive = [Request(id=i, reactive=False, arrival_s=0.0, num_prompt_tokens=1000,
-                         num_output_tokens=50, num_prefilled=1000, num_generated=1, flow=i)
-                 for i in range(1, 9)]
-    batch = xpu._piggyback(reactive, proactive)
-    assert batch[0] is reactive[0] and 1 < len(batch) < 9
-    assert xpu._step_s(batch) <= 1.10 * xpu._step_s(reactive)
-    assert xpu._step_s(batch + [proactive[len(batch) - 1]]) > 1.10 * xpu._step_s(reactive)
-    assert AgentXpu(SOC, COST, reactive_slack=0.0)._piggyback(reactive, proactive) == reactive
-
-
-@pytest.mark.parametrize(("slack", "throttled"), [(0.10, True), (1.0, False)])
-def test_bandwidth_aware_dispatch_throttles_proactive_work_beside_a_reactive_decode(
-        slack, throttled):
-    xpu = AgentXpu(SOC, COST, reactive_slack=slack)
-    talker = Request(id=0, reactive=True, arrival_s=0.0, num_prompt_tokens=1000,
-                     num_output_tokens=50, num_prefilled=1000, num_generated=1, busy=True)
-    background = Request(id=1, reactive=False, arrival_s=0.0, num_prompt_tokens=2000,
-                         num_output_tokens=50, flow=0)
-    decoding = Job(parts=(Part("igpu", COST.decode([1001])),), decode=(talker,))
-    view = SoCView(now_s=0.0, soc=SOC, cost=COST, idle=frozenset({"npu"}),
-                   running=(decoding,), ready=(background,))
-    jobs = xpu.plan(view)
-    assert (jobs == []) is throttled
-    # with no reactive decode running, the same chunk backfills the NPU
-    idle_view = SoCView(now_s=0.0, soc=SOC, cost=COST, idle=frozenset({"npu"}), running=(),
-                        ready=(background,))
-    assert [j.prefill for j in xpu.plan(idle_view)] == [background]
-
-
-# ---- the engine ----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("make", [lambda: AgentXpu(SOC, COST, chunk_tokens=64), IgpuOnly,
-                                  lambda: StaticPartition(SOC, COST),
-                                  lambda: IgpuOnly(max_running=4)])
-def test_every_request_finishes_with_every_token(make):
-    result = run(make(), reactive_per_min=4.0, num_proactive_flows=3, duration_s=60.0, seed=1)
-    assert result.requests and all(r.done for r in result.requests)
-    for r in result.requests:
-        assert r.num_prefilled == r.num_prompt_tokens
-        assert r.num_generated == r.num_output_tokens
-        assert r.arrival_s <= r.first_token_s <= r.finish_s
-    decode_steps = sum(len(j.request_ids) for j in result.jobs if j.kind == "decode")
-    assert decode_steps == sum(r.num_output_tokens - 1 for r in result.requests)
-    for acc, busy in result.busy_s.items():  # an accelerator never works two jobs at once
-        spans = sorted((j.start_s, j.end_s) for j in result.jobs if acc in j.accelerators)
-        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:], strict=False))
-        assert busy <= result.end_s + 1e-9
+@pytest.mark.parametrize("system", [XPU, repro.OnEngine(repro.IGPU),
+                                    repro.OnEngine(repro.SPLIT),
+                                    repro.OnEngine(repro.IGPU, max_running=4)])
+def test_every_request_finishes_with_every_token(system):
+    traffic = AgentTraffic(reactive_per_min=4.0, num_proactive_flows=3, duration_s=60.0, seed=1)
+    rows = run(system, **dataclasses.asdict(traffic))
+    assert len(rows["request_id"]) > 5 and np.isfinite(rows["finish_s"]).all()
+    assert (rows["arrival_s"] <= rows["first_token_s"]).all()
+    assert (rows["first_token_s"] <= rows["finish_s"]).all()
 
 
 def test_same_seed_same_result_and_seed_matters():
     def summary(seed):
-        res = run(AgentXpu(SOC, COST), reactive_per_min=3.0, num_proactive_flows=2,
-                  duration_s=30.0, seed=seed)
-        return [(r.arrival_s, r.num_prompt_tokens, r.first_token_s, r.finish_s)
-                for r in res.requests]
+        rows = run(XPU, reactive_per_min=3.0, num_proactive_flows=2, duration_s=30.0,
+                   seed=seed)
+        return [rows[k].tolist() for k in ("arrival_s", "num_prompt_tokens", "first_token_s",
+                                           "finish_s")]
     assert summary(5) == summary(5)
     assert summary(5) != summary(6)
 

@@ -1,8 +1,12 @@
 """``cluster.soc``: an SoC's NPU and iGPU as pools of the one engine, their steps jobs on the
-shared DDR. Golden tests against the SoC engine (``soc/engine.py``) on cases both can run,
+shared DDR. Golden tests against the figures of the retired SoC loop (``soc/engine.py``,
+recorded in ``data/soc_engine_reference.json`` before it was deleted) on cases both ran,
 fast-forward equal to stepping, and bad input as one line with exit 2."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,9 +19,6 @@ from fleetsim.perf.soc import ModelCost
 from fleetsim.perf.soc_calibration import lunar_lake
 from fleetsim.run import build_pools, run
 from fleetsim.serving.shared_steps import SharedStepModel
-from fleetsim.soc.baselines import IgpuOnly
-from fleetsim.soc.engine import Job, Part, SoCEngine, SoCView
-from fleetsim.workloads.agent_traffic import AgentTraffic
 from fleetsim.workloads.workload import Workload
 
 MODEL = "Llama-3.2-3B"
@@ -48,30 +49,16 @@ def _engine_times(result):
     return r["first_token_s"][order], r["finish_s"][order]
 
 
-def _soc_engine_times(scheduler, times=TIMES_S):
-    traffic = AgentTraffic(reactive_per_min=0.0, num_proactive_flows=0, duration_s=60.0,
-                           reactive_times_s=times, reactive_lengths=(PROMPT, OUTPUT))
-    res = SoCEngine(lunar_lake(), ModelCost(get_model(MODEL), 4.5), traffic, scheduler).run()
-    return (np.array([q.first_token_s for q in res.requests]),
-            np.array([q.finish_s for q in res.requests]))
+REFERENCE = json.loads((Path(__file__).parent / "data" / "soc_engine_reference.json")
+                       .read_text())
 
 
-class _PrefillNpuDecodeIgpu:
-    """P/D on the SoC engine: whole prompts on the NPU one at a time (FCFS), one decode step
-    of every decoding request on the iGPU."""
-
-    def plan(self, view: SoCView) -> list[Job]:
-        jobs = []
-        waiting = [r for r in view.ready if r.needs_prefill]
-        if waiting and "npu" in view.idle:
-            r = waiting[0]
-            jobs.append(Job(parts=(Part("npu", view.cost.prefill(PROMPT, 0)),), prefill=r,
-                            num_prefill_tokens=PROMPT))
-        decoding = tuple(r for r in view.ready if not r.needs_prefill)
-        if decoding and "igpu" in view.idle:
-            cost = view.cost.decode([r.context_tokens for r in decoding])
-            jobs.append(Job(parts=(Part("igpu", cost),), decode=decoding))
-        return jobs
+def _soc_engine_times(case):
+    """The retired SoC loop's (first token, finish) times of ``TIMES_S``'s requests: FCFS one
+    at a time on the iGPU (``igpu_fcfs``), or whole prompts on the NPU one at a time and one
+    decode step of every decoding request on the iGPU (``prefill_npu_decode_igpu``)."""
+    ref = REFERENCE[case]
+    return np.array(ref["first_token_s"]), np.array(ref["finish_s"])
 
 
 def test_pools_step_on_the_shared_ddr():
@@ -107,7 +94,7 @@ def test_igpu_fcfs_equals_the_soc_engine():
     config = _config([{"name": "igpu", "gpu": "igpu"}], max_running=1,
                      max_batched_tokens=2048)
     first, finish = _engine_times(run(config, workload=_workload()))
-    old_first, old_finish = _soc_engine_times(IgpuOnly(max_running=1))
+    old_first, old_finish = _soc_engine_times("igpu_fcfs")
     np.testing.assert_allclose(first, old_first, rtol=1e-9)
     np.testing.assert_allclose(finish, old_finish, rtol=1e-9)
     assert finish[-1] > finish[-2] + 1.0  # queued requests waited (the case is not trivial)
@@ -119,7 +106,7 @@ def test_prefill_on_npu_decode_on_igpu_shares_the_ddr_as_the_soc_engine():
     pools = [{"name": "p", "gpu": "npu", "role": "prefill"},
              {"name": "d", "gpu": "igpu", "role": "decode"}]
     first, finish = _engine_times(run(_config(pools), workload=_workload()))
-    old_first, old_finish = _soc_engine_times(_PrefillNpuDecodeIgpu())
+    old_first, old_finish = _soc_engine_times("prefill_npu_decode_igpu")
     np.testing.assert_allclose(first, old_first, rtol=1e-9)
     np.testing.assert_allclose(finish, old_finish, rtol=1e-9)
 
@@ -206,7 +193,7 @@ def test_agent_traffic_on_the_engine_equals_the_soc_engine(order, ordering, paus
     setup = AgentXpuSetup(duration_s=240.0, num_proactive_flows=3, seed=3)
     cost = ModelCost(get_model(MODEL), 4.5)
     new = summarize(simulate(setup, 6.0, OnEngine(IGPU, ordering=ordering, pause=pause), cost))
-    old = summarize(simulate(setup, 6.0, IgpuOnly(max_running=1, order=order), cost))
+    old = dict(REFERENCE[f"agent_traffic_igpu_{order}"])
     assert new.pop("busy_share")["igpu"] == pytest.approx(old.pop("busy_share")["igpu"])
     assert new["num_reactive"] > 10 and new["proactive_per_min"] > 0
     assert new == pytest.approx(old, rel=1e-9)
@@ -230,11 +217,10 @@ def test_tensor_split_on_the_engine_equals_the_soc_engine():
     """The static-partition baseline: one replica on npu+igpu, every prefill split at its
     best NPU share (the halves sharing the DDR), decode where its share puts it."""
     from fleetsim.repro.agent_xpu import SPLIT, AgentXpuSetup, OnEngine, simulate, summarize
-    from fleetsim.soc.baselines import StaticPartition
     setup = AgentXpuSetup(duration_s=240.0, num_proactive_flows=3, seed=5)
     cost = ModelCost(get_model(MODEL), 4.5)
     new = summarize(simulate(setup, 6.0, OnEngine(SPLIT), cost))
-    old = summarize(simulate(setup, 6.0, StaticPartition(lunar_lake(), cost), cost))
+    old = dict(REFERENCE["agent_traffic_static_partition"])
     new.pop("busy_share"), old.pop("busy_share")
     assert new["num_reactive"] > 10
     assert new == pytest.approx(old, rel=1e-9)

@@ -1,5 +1,6 @@
 """Every pluggable decision. Importing this package registers the built-in policies."""
 
+from fleetsim.policies import agent_xpu as _agent_xpu  # noqa: F401  (registers agent_xpu)
 from fleetsim.policies import cache_aware, mooncake, tokenlake  # noqa: F401  (register routers)
 from fleetsim.policies import esp as _esp  # noqa: F401  (registers the esp group planner)
 from fleetsim.policies import evolve as _evolve  # noqa: F401  (registers the evolve planner)

@@ -37,7 +37,7 @@ import numpy as np
 from fleetsim.config import SimConfig, config_from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.models import get_model
-from fleetsim.perf.soc import ModelCost
+from fleetsim.perf.soc import ModelCost, TensorSplitSteps
 from fleetsim.perf.soc_calibration import lunar_lake, model_errors
 from fleetsim.repro.frame import (
     Comparison,
@@ -52,9 +52,7 @@ from fleetsim.repro.frame import (
     fmt,
     setup_from,
 )
-from fleetsim.soc.agent_xpu import AgentXpu
-from fleetsim.soc.baselines import IgpuOnly, StaticPartition
-from fleetsim.soc.engine import Scheduler, SoCEngine
+from fleetsim.soc_pools import affinity
 from fleetsim.soc_run import run_agent_traffic
 from fleetsim.workloads.agent_traffic import AgentTraffic
 
@@ -108,8 +106,8 @@ QUICK = {"duration_s": 180.0}
 
 @dataclass(frozen=True, slots=True)
 class OnEngine:
-    """A system of the comparison run on the one engine (``cluster.soc``): one replica per
-    pool on its accelerator, steps on the shared DDR, the requests ordered by ``ordering``
+    """A system of the comparison on the one engine (``cluster.soc``): one replica per pool
+    on its accelerator, steps on the shared DDR, the requests ordered by ``ordering``
     (``priority``: reactive before proactive)."""
 
     pools: tuple[tuple[str, str, str], ...]  # (name, accelerator, role)
@@ -117,9 +115,13 @@ class OnEngine:
     pause: bool = False
     """Serve the best ``max_running`` requests each step and pause the others, KV kept
     (``serve_best``), instead of running ``max_running`` requests to their end."""
+    agent_xpu: bool = False
+    """Agent.xpu's scheduler (the ``agent_xpu`` batching policy) on every pool."""
+    max_running: int | None = None
+    """Requests served at once (None: the setup's ``max_running``)."""
 
 
-System = Scheduler | OnEngine
+System = OnEngine
 
 # The iGPU-only baselines as the engine runs them: a whole prompt in one step, then its
 # decodes, one request at a time (max_running), FCFS or reactive first without preemption.
@@ -128,11 +130,19 @@ SPLIT = (("soc", "npu+igpu", "mixed"),)  # every step split over both (static pa
 RESIDENT = 256  # requests a pausing engine keeps resident (far above the flows plus arrivals)
 
 
+def agent_xpu_system(setup: AgentXpuSetup, cost: ModelCost) -> OnEngine:
+    """Agent.xpu: prefill on the accelerator faster for a chunk, decode on the one faster for
+    a decode step (its offline profile; NPU and iGPU on the Core Ultra), as a P/D cluster."""
+    prefill, decode = affinity(lunar_lake(), cost, setup.chunk_tokens)
+    if prefill == decode:  # one accelerator wins both stages: it runs everything
+        return OnEngine(((prefill, prefill, "mixed"),), ordering="priority", agent_xpu=True)
+    return OnEngine(((prefill, prefill, "prefill"), (decode, decode, "decode")),
+                    ordering="priority", agent_xpu=True)
+
+
 def schedulers(setup: AgentXpuSetup, cost: ModelCost) -> dict[str, System]:
-    soc = lunar_lake()
     return {
-        "agent-xpu": AgentXpu(soc, cost, chunk_tokens=setup.chunk_tokens,
-                              reactive_slack=setup.reactive_slack),
+        "agent-xpu": agent_xpu_system(setup, cost),
         "igpu-only": OnEngine(IGPU),
         "static-partition": OnEngine(SPLIT),
         "igpu-reactive-next": OnEngine(IGPU, ordering="priority"),
@@ -162,41 +172,42 @@ def traffic(setup: AgentXpuSetup, rate_per_min: float) -> AgentTraffic:
                         max_prompt_tokens=setup.max_prompt_tokens, seed=setup.seed)
 
 
+def _batching(setup: AgentXpuSetup, system: OnEngine) -> dict[str, Any]:
+    if system.agent_xpu:
+        return {"batching": {"name": "agent_xpu", "args": {
+            "chunk_tokens": setup.chunk_tokens, "reactive_slack": setup.reactive_slack}}}
+    if system.pause:
+        return {"batching": {"name": "serve_best", "args": {
+            "max_serving": setup.max_running, "ordering": system.ordering}}}
+    return {}
+
+
 def engine_config(setup: AgentXpuSetup, system: OnEngine) -> SimConfig:
+    resident = system.pause or system.agent_xpu
+    max_running = system.max_running or setup.max_running
+    # Baselines: every prompt in one step, as the on-device engines run it. Agent.xpu: a
+    # chunk per step beside every resident request's decode. Paused requests stay resident
+    # (their KV kept) beside the ones served.
+    budget = (setup.chunk_tokens + RESIDENT if system.agent_xpu
+              else setup.max_prompt_tokens + max_running)
     return config_from_dict({
         "model": setup.model, "seed": setup.seed,
         "cluster": {"pools": [{"name": n, "gpu": a, "role": r} for n, a, r in system.pools],
                     "soc": {"bits_per_weight": setup.bits_per_weight},
                     "link": {"latency_s": 0.0}},
-        # every prompt in one step, as the SoC engine's baselines run it; paused requests
-        # stay resident (their KV kept) beside the ones served
-        "engine": {"max_running": RESIDENT if system.pause else setup.max_running,
-                   "max_batched_tokens": setup.max_prompt_tokens + setup.max_running},
-        "policy": {"ordering": system.ordering, **({"batching": {
-            "name": "serve_best", "args": {"max_serving": setup.max_running,
-                                           "ordering": system.ordering}}}
-            if system.pause else {})}})
+        "engine": {"max_running": RESIDENT if resident else max_running,
+                   "max_batched_tokens": budget},
+        "policy": {"ordering": system.ordering, **_batching(setup, system)}})
 
 
 def simulate(setup: AgentXpuSetup, rate_per_min: float, system: System,
              cost: ModelCost) -> Served:
-    if isinstance(system, OnEngine):
-        out = run_agent_traffic(engine_config(setup, system), traffic(setup, rate_per_min))
-        r = out.records.requests
-        reactive = np.isin(r["request_id"], np.array(sorted(out.reactive_ids), dtype=np.int64))
-        return Served(reactive, r["arrival_s"], r["first_token_s"], r["finish_s"],
-                      r["num_prompt_tokens"], r["num_output_tokens"], setup.duration_s,
-                      out.end_s, {"igpu" if p == "igpu" else p: s
-                                  for p, s in out.busy_s_by_pool.items()})
-    res = SoCEngine(lunar_lake(), cost, traffic(setup, rate_per_min), system).run()
-    q = res.requests
-    return Served(
-        np.array([x.reactive for x in q], dtype=bool),
-        np.array([x.arrival_s for x in q]),
-        np.array([np.nan if x.first_token_s is None else x.first_token_s for x in q]),
-        np.array([np.nan if x.finish_s is None else x.finish_s for x in q]),
-        np.array([x.num_prompt_tokens for x in q]), np.array([x.num_output_tokens for x in q]),
-        res.duration_s, res.end_s, dict(res.busy_s))
+    out = run_agent_traffic(engine_config(setup, system), traffic(setup, rate_per_min))
+    r = out.records.requests
+    reactive = np.isin(r["request_id"], np.array(sorted(out.reactive_ids), dtype=np.int64))
+    return Served(reactive, r["arrival_s"], r["first_token_s"], r["finish_s"],
+                  r["num_prompt_tokens"], r["num_output_tokens"], setup.duration_s,
+                  out.end_s, dict(out.busy_s_by_pool))
 
 
 def summarize(result: Served) -> dict[str, Any]:
@@ -307,14 +318,14 @@ def _comparison(setup: AgentXpuSetup, cost: ModelCost, rates: tuple[float, ...],
 
 def device_notes(setup: AgentXpuSetup, cost: ModelCost) -> list[str]:
     soc = lunar_lake()
-    xpu = AgentXpu(soc, cost, chunk_tokens=setup.chunk_tokens)
-    split = StaticPartition(soc, cost).npu_share or {}
+    prefill, decode = affinity(soc, cost, setup.chunk_tokens)
+    steps = TensorSplitSteps(cost, soc)  # the static-partition baseline's shares
+    split = {"prefill": steps.prefill_npu_share, "decode": steps.decode_npu_share}
     out = [f"device model: NPU {soc.npu.peak_fp16_flops / 1e12:.0f} TFLOP/s x "
            f"{soc.npu.compute_eff:.2f}, draws <= {soc.npu.memory_eff:.2f} of DDR; iGPU "
            f"{soc.igpu.peak_fp16_flops / 1e12:.0f} TFLOP/s x {soc.igpu.compute_eff:.2f}, draws "
            f"<= {soc.igpu.memory_eff:.2f}; DDR {soc.ddr_bw_bytes_per_s / 1e9:.1f} GB/s; "
-           f"affinity: prefill -> {xpu.prefill_accelerator}, decode -> "
-           f"{xpu.decode_accelerator}; best static NPU share: prefill "
+           f"affinity: prefill -> {prefill}, decode -> {decode}; best static NPU share: prefill "
            f"{split.get('prefill', 0):.2f}, decode {split.get('decode', 0):.2f}"]
     for m, predicted, err in model_errors(soc):
         out.append(f"held-out check: {m.source}: {m.tokens_per_s:.2f} tok/s measured, "
@@ -329,14 +340,13 @@ def chunk_sweep(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> lis
         if ctx.progress is not None:
             ctx.progress(f"agent-xpu chunk {chunk}")
         run_setup = dataclasses.replace(setup, chunk_tokens=chunk)
-        scheduler = AgentXpu(lunar_lake(), cost, chunk_tokens=chunk,
-                             reactive_slack=setup.reactive_slack)
-        s = summarize(simulate(run_setup, 2.0, scheduler, cost))
+        system = agent_xpu_system(run_setup, cost)
+        s = summarize(simulate(run_setup, 2.0, system, cost))
         notes.append(f"chunk {chunk}: reactive latency mean/P99 "
                      f"{fmt(s['reactive_latency_mean_s'])}/{fmt(s['reactive_latency_p99_s'])} s, "
                      f"TTFT {fmt(s['reactive_ttft_mean_s'])} s, proactive "
                      f"{fmt(s['proactive_per_min'])} req/min, prefill on "
-                     f"{scheduler.prefill_accelerator}")
+                     f"{system.pools[0][1]}")
     return notes
 
 
@@ -383,19 +393,14 @@ def sensitivity(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> lis
     """At 2 requests/min: against an iGPU engine that batches (continuous batching, 8
     slots)."""
     notes = []
-    soc = lunar_lake()
 
-    def go(label: str, run_setup: AgentXpuSetup, scheduler: Scheduler) -> dict[str, Any]:
+    def go(label: str, system: System) -> dict[str, Any]:
         if ctx.progress is not None:
             ctx.progress(label)
-        return summarize(simulate(run_setup, 2.0, scheduler, cost))
+        return summarize(simulate(setup, 2.0, system, cost))
 
-    def xpu() -> AgentXpu:
-        return AgentXpu(soc, cost, chunk_tokens=setup.chunk_tokens,
-                        reactive_slack=setup.reactive_slack)
-
-    ours = go("agent-xpu", setup, xpu())
-    batching = go("igpu-only, 8 slots", setup, IgpuOnly(max_running=8))
+    ours = go("agent-xpu", agent_xpu_system(setup, cost))
+    batching = go("igpu-only, 8 slots", OnEngine(IGPU, max_running=8))
     notes.append(f"vs an iGPU engine batching 8 requests (continuous batching, FCFS): "
                  f"{_cut_and_gain(ours, batching)}")
     return notes

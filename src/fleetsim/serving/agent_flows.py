@@ -11,6 +11,10 @@ as any other engine fed the same ``AgentTraffic``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
+
 from fleetsim.serving.contract import SourceContext
 from fleetsim.serving.request import Request
 from fleetsim.workloads.agent_traffic import (
@@ -19,6 +23,7 @@ from fleetsim.workloads.agent_traffic import (
     reactive_arrivals,
     streams,
 )
+from fleetsim.workloads.workload import Workload
 
 REACTIVE_PRIORITY = 0
 PROACTIVE_PRIORITY = 1
@@ -77,3 +82,30 @@ class AgentTrafficSource:
         self._flow_of[rid] = flow
         ctx.submit_at(at_s, Request(id=rid, arrival_s=at_s, num_prompt_tokens=prompt,
                                     max_output_tokens=output, priority=PROACTIVE_PRIORITY))
+
+
+def agent_frame(traffic: AgentTraffic) -> Workload:
+    """The window's two ends as a stand-in workload (the source makes the requests): what a run
+    reads for its timeline and first arrival."""
+    return Workload(arrival_s=np.array([0.0, traffic.duration_s]),
+                    num_prompt_tokens=np.ones(2, dtype=np.int64),
+                    num_output_tokens=np.ones(2, dtype=np.int64),
+                    priority=np.array([REACTIVE_PRIORITY, PROACTIVE_PRIORITY]),
+                    name="agent_traffic")
+
+
+def agent_summary(requests: Mapping[str, np.ndarray], source: AgentTrafficSource
+                  ) -> dict[str, float | int | None]:
+    """Agent.xpu's metrics of one run: reactive latency (arrival to last token, mean and P99)
+    and proactive requests finished per minute within the window."""
+    reactive = np.isin(requests["request_id"], np.array(sorted(source.reactive_ids),
+                                                        dtype=np.int64))
+    latency = (requests["finish_s"] - requests["arrival_s"])[reactive]
+    latency = latency[~np.isnan(latency)]
+    window_s = source.traffic.duration_s
+    done = ~reactive & (requests["finish_s"] <= window_s)
+    return {"num_reactive": int(reactive.sum()), "num_proactive": int((~reactive).sum()),
+            "reactive_latency_mean_s": float(latency.mean()) if latency.size else None,
+            "reactive_latency_p99_s": float(np.percentile(latency, 99)) if latency.size
+            else None,
+            "proactive_per_min": int(done.sum()) / (window_s / 60.0)}

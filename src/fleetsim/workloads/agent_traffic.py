@@ -52,6 +52,38 @@ class AgentTraffic:
                 raise ValueError(f"{name} must be (prompt, output) >= 1, got {pair}")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentTrafficConfig:
+    """``[agent_traffic]`` of a run config: Agent.xpu's personal-agent traffic (arXiv:2506.24045)
+    in place of ``workload``, served until its last request ends. Reactive requests get
+    priority 0 and proactive ones 1 (``policy.ordering = "priority"``, ``agent_xpu``)."""
+
+    reactive_per_min: float = 2.0
+    """Mean rate of user-triggered (reactive) requests, per minute (Poisson)."""
+    num_proactive_flows: int = 4
+    """Background flows, each issuing its next request the moment its last one finishes."""
+    duration_s: float = 600.0
+    """Reactive requests arrive and proactive requests are issued within [0, duration_s)."""
+    max_prompt_tokens: int = 2048
+    """Prompts drawn from the Azure 2023 conversation trace are capped at this length."""
+
+    def __post_init__(self) -> None:
+        checks = (("reactive_per_min", self.reactive_per_min >= 0, "must be >= 0"),
+                  ("num_proactive_flows", self.num_proactive_flows >= 0, "must be >= 0"),
+                  ("duration_s", self.duration_s > 0, "must be > 0 seconds"),
+                  ("max_prompt_tokens", self.max_prompt_tokens >= 1, "must be >= 1"))
+        for name, ok, fix in checks:
+            if not ok:
+                raise ValueError(f"agent_traffic.{name} {fix}, got {getattr(self, name)!r}")
+
+    def traffic(self, seed: int) -> AgentTraffic:
+        """The traffic this section describes, drawn from the run's ``seed``."""
+        return AgentTraffic(reactive_per_min=self.reactive_per_min,
+                            num_proactive_flows=self.num_proactive_flows,
+                            duration_s=self.duration_s,
+                            max_prompt_tokens=self.max_prompt_tokens, seed=seed)
+
+
 class LengthSampler:
     """Draws (prompt, output) pairs from the trace with its own generator, or hands out the
     scripted pair."""

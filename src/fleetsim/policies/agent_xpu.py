@@ -1,0 +1,175 @@
+"""``agent_xpu``: Agent.xpu's online scheduler (Wei et al., arXiv:2506.24045) as a batching
+policy. Mechanisms from the paper's two abstracts; details ours where the text was not
+reachable, marked [R].
+
+Agent.xpu runs on the engine as a P/D cluster on the SoC (``cluster.soc``): a prefill pool on
+the accelerator the device model finds faster for a prefill chunk (the NPU on the Core Ultra)
+and a decode pool on the one faster for a decode step (the iGPU), the KV handed over in place
+(one DDR; v2 "decoupling prefill and decode", the heterogeneous execution graph's affinity).
+This policy runs on both replicas; on a mixed replica it fuses the two halves in one step.
+
+- Reactive first, kernel-level preemption (v1 "kernel-level preemption", v2 "fine-grained
+  preemption"): every step serves the most urgent class of requests present, reactive
+  (``priority <= max_reactive_priority``; ``serving/agent_flows.py`` gives reactive requests
+  priority 0) before proactive. A prompt runs one ``chunk_tokens`` chunk per step, so a
+  reactive arrival waits at most one chunk of proactive prefill, which stays resident (KV
+  kept) and resumes when no reactive work is left. ``preemptive = False`` switches this off:
+  work already started runs before anything that has not (reactive first only among those).
+- Slack-aware piggybacking (v2): the decodes of the less urgent class join the step while it
+  stays within ``reactive_slack`` of the urgent class's step alone [R: the slack value].
+- Stage-divergent batching (v2): every urgent decode is batched in one step; one prefill chunk
+  per step (one job on the prefill accelerator).
+
+Not modelled here (each a difference from the earlier SoC-only loop, docs/reproductions.md):
+elastic binding of a prefill chunk to an idle decode accelerator (a P/D decode replica never
+prefills), and bandwidth-aware dispatch (throttling proactive prefill on one accelerator while
+a reactive decode runs on the other: a batching policy sees its own replica only); the DDR
+itself is shared max-min between the two replicas' steps (``soc_pools.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetsim.policies.batch_steps import next_chunk, serve_running
+from fleetsim.policies.batching import register_batch
+from fleetsim.policies.ordering import make_ordering
+from fleetsim.serving.contract import OrderKey, StepPlan
+from fleetsim.serving.request import Request
+from fleetsim.serving.views import ReplicaView
+
+
+@register_batch("agent_xpu")
+@dataclass(slots=True)
+class AgentXpuPlanner:
+    """Each step: the most urgent class's decodes and one prefill chunk of its best request,
+    plus the other decodes the slack allows."""
+
+    chunk_tokens: int = 256
+    """Prefill tokens per step: the preemption granularity for a reactive arrival."""
+    reactive_slack: float = 0.10
+    """How much less urgent decodes may slow the urgent class's step (0: never joined)."""
+    max_reactive_priority: int = 0
+    """Requests whose ``priority`` is at most this are reactive."""
+    preemptive: bool = True
+    """False: started work is never overtaken (the mechanism switched off)."""
+    order_key: OrderKey = field(init=False, repr=False)
+
+    splits_prompts = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.chunk_tokens, bool) or not isinstance(self.chunk_tokens, int) or \
+                self.chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be an integer >= 1, got {self.chunk_tokens!r}")
+        if not 0.0 <= self.reactive_slack <= 1.0:
+            raise ValueError(f"reactive_slack must be in [0, 1], got {self.reactive_slack!r}")
+        if not isinstance(self.preemptive, bool):
+            raise ValueError(f"preemptive must be true or false, got {self.preemptive!r}")
+        # The replica's queues in (priority, arrival) order: reactive requests at the front.
+        self.order_key = make_ordering("priority")
+
+    def _urgency(self, req: Request, started: bool) -> tuple[int, int]:
+        """The class ``req`` belongs to (smaller is served first): reactive before proactive;
+        without preemption, started (running) work before the rest."""
+        reactive = 0 if req.priority <= self.max_reactive_priority else 1
+        return (reactive, 0) if self.preemptive else (0 if started else 1, reactive)
+
+    def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
+        running, waiting = view.running, view.waiting
+        classes = sorted({self._urgency(r, True) for r in running}
+                         | {self._urgency(r, False) for r in waiting})
+        kv = view.kv
+        for urgent in classes:
+            plan = self._plan_class(view, urgent, now_s)
+            if plan is not None:
+                return plan
+        # Nothing fits (a waiting prompt short of KV or a slot, a class that cannot evict
+        # enough): every running request, best first, preempting from the worst end.
+        tokens: dict[int, int] = {}
+        _, _, preempt = serve_running(view, tokens, view.max_batched_tokens,
+                                      kv.num_available_blocks, self.chunk_tokens)
+        return StepPlan(tokens, tuple(preempt))
+
+    def _plan_class(self, view: ReplicaView, urgent: tuple[int, int],
+                    now_s: float) -> StepPlan | None:
+        """The step led by class ``urgent``, or None if none of its requests can run now."""
+        kv = view.kv
+        bs, per_entry = kv.block_size, kv.blocks_per_entry
+        budget = view.max_batched_tokens
+        available = kv.num_available_blocks
+        running = view.running
+        mine = [r for r in running if self._urgency(r, True) == urgent]
+        decoders = [r for r in mine if r.num_tokens_to_next_output == 1]
+        prefilling = [r for r in mine if r.num_tokens_to_next_output > 1]
+        tokens: dict[int, int] = {}
+        preempt: list[int] = []
+        victims = [r for r in reversed(running) if self._urgency(r, True) != urgent]
+
+        def fit(req: Request, num_new: int, needed: int) -> bool:
+            nonlocal available, budget
+            # Short of KV: recompute requests of other classes later, the least urgent first.
+            while needed > available and victims:
+                victim = victims.pop(0)
+                preempt.append(victim.id)
+                available += kv.reclaimable_blocks(victim)
+            if needed > available or num_new > budget:
+                return False
+            tokens[req.id] = num_new
+            budget -= num_new
+            available -= needed
+            return True
+
+        for r in decoders:
+            if not fit(r, *next_chunk(r, 1, bs, per_entry)):
+                break
+        chunk: tuple[int, int] | None = None  # (tokens, computed) of the step's prefill chunk
+        for r in prefilling:  # a started prompt (best first): its next chunk
+            num_new, needed = next_chunk(r, min(budget, self.chunk_tokens), bs, per_entry)
+            if num_new > 0 and fit(r, num_new, needed):
+                chunk = (num_new, r.num_computed_tokens)
+            break
+        if chunk is None and not preempt:
+            # Admit the best waiting prompt of the class. Not in a step that preempts: a
+            # victim's blocks were counted free, and they may hold prefix entries it would pin.
+            num_running = len(running) + view.num_swapping_in
+            for r in view.waiting:
+                if self._urgency(r, False) != urgent:
+                    continue
+                todo = r.num_tokens - kv.num_prefix_hit_tokens(r)
+                num_new = min(todo, budget, self.chunk_tokens)
+                needed = kv.admission_blocks(r, num_new)
+                if num_new > 0 and num_running < view.max_running and needed <= available:
+                    tokens[r.id] = num_new
+                    budget -= num_new
+                    available -= needed
+                    chunk = (num_new, r.num_computed_tokens)
+                break
+        if not tokens:
+            return None
+        self._piggyback(view, tokens, set(preempt), chunk, urgent, budget, available)
+        return StepPlan(tokens, tuple(preempt))
+
+    def _piggyback(self, view: ReplicaView, tokens: dict[int, int], preempted: set[int],
+                   chunk: tuple[int, int] | None, urgent: tuple[int, int], budget: int,
+                   available: int) -> None:
+        """The other classes' decodes join while the step stays within the slack."""
+        kv = view.kv
+        chunks = [chunk] if chunk is not None else []
+        decoding = [r for r in view.running
+                    if r.id in tokens and r.num_tokens_to_next_output == 1]
+        num_decode = len(decoding)
+        kv_tokens = sum(r.num_computed_tokens for r in decoding)
+        limit = view.step_time_s(chunks, num_decode, kv_tokens) * (1.0 + self.reactive_slack)
+        for r in view.running:
+            if (r.id in tokens or r.id in preempted or r.num_tokens_to_next_output != 1
+                    or self._urgency(r, True) == urgent):
+                continue
+            num_new, needed = next_chunk(r, 1, kv.block_size, kv.blocks_per_entry)
+            if budget < 1 or needed > available or view.step_time_s(
+                    chunks, num_decode + 1, kv_tokens + r.num_computed_tokens) > limit:
+                break
+            tokens[r.id] = num_new
+            budget -= 1
+            available -= needed
+            num_decode += 1
+            kv_tokens += r.num_computed_tokens

@@ -1,0 +1,140 @@
+"""Agent.xpu's scheduler as the ``agent_xpu`` batching policy (arXiv:2506.24045): each
+mechanism switched off changes what it should, and the repro's system runs it on the SoC."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.conftest import make_workload, simulate
+
+from fleetsim.cli import main
+from fleetsim.config import load_config
+from fleetsim.models import get_model
+from fleetsim.perf.base import LinearStepModel
+from fleetsim.perf.soc import ModelCost
+from fleetsim.perf.soc_calibration import lunar_lake
+from fleetsim.policies import PolicySpec, make_batch_policy
+from fleetsim.policies.agent_xpu import AgentXpuPlanner
+from fleetsim.repro import agent_xpu as repro
+from fleetsim.run import run
+from fleetsim.soc_pools import affinity
+
+REACTIVE, PROACTIVE = 0, 1
+
+
+def _by_id(rec):
+    r = rec.requests
+    order = np.argsort(r["request_id"])
+    return {k: v[order] for k, v in r.items()}
+
+
+@pytest.mark.parametrize("preemptive", [True, False])
+def test_a_reactive_arrival_preempts_proactive_prefill_at_the_next_chunk(preemptive):
+    # A 1,000-token proactive prompt (10 chunks of 100, 1 s each) is under way when a
+    # reactive request arrives at 0.5 s: with preemption it runs at the next chunk boundary
+    # and gets its first token long before the proactive one; without, it waits for it.
+    w = make_workload([0.0, 0.5], [1000, 64], [2, 2], priority=[PROACTIVE, REACTIVE])
+    policy = AgentXpuPlanner(chunk_tokens=100, preemptive=preemptive)
+    rec, _ = simulate(w, step_time_s=1.0, batch_policy=policy, max_batched_tokens=512)
+    r = _by_id(rec)
+    proactive_ttft, reactive_ttft = r["first_token_s"]
+    if preemptive:
+        assert reactive_ttft == 2.0  # the chunk in progress (0-1 s), then its own (1-2 s)
+        # ten chunks plus the reactive request's chunk and its one decode step in between
+        assert proactive_ttft == 12.0
+    else:
+        assert reactive_ttft > proactive_ttft == 10.0
+
+
+@pytest.mark.parametrize("slack", [0.0, 0.5])
+def test_proactive_decodes_piggyback_within_the_slack_only(slack):
+    # A proactive request is prefilled first, then a reactive one arrives and decodes; a
+    # decode costs 0.1 of a step's base, so the proactive decode joining a one-request step
+    # slows it by about 10% (1 + 2 x 0.1 over 1 + 0.1): within a 50% slack, beyond none.
+    w = make_workload([0.0, 0.1], [16, 16], [40, 40], priority=[PROACTIVE, REACTIVE])
+    model = LinearStepModel(1.0, 0.1)
+    rec, _ = simulate(w, step_model=model, batch_policy=AgentXpuPlanner(reactive_slack=slack),
+                      max_batched_tokens=512)
+    r = _by_id(rec)
+    proactive_end, reactive_end = r["finish_s"]
+    if slack:
+        assert abs(proactive_end - reactive_end) < 2.0  # decoded alongside
+    else:
+        # every proactive decode waits for the reactive request to finish
+        assert proactive_end - reactive_end > 40.0  # its 39 decodes alone, 1.1 s each
+
+
+def test_agent_xpu_keeps_its_mechanisms_apart_from_a_fixed_order():
+    # The same run with the policy's default order (priority) matches a workload whose
+    # priorities are all reactive only when nothing is proactive: the class split matters.
+    w = make_workload([0.0, 0.2, 0.4], [300, 300, 40], [5, 5, 5], priority=[1, 1, 0])
+    split, _ = simulate(w, step_time_s=1.0, batch_policy=AgentXpuPlanner(chunk_tokens=100))
+    same = dataclasses.replace(w, priority=np.zeros(3, dtype=np.int64))
+    flat, _ = simulate(same, step_time_s=1.0, batch_policy=AgentXpuPlanner(chunk_tokens=100))
+    assert _by_id(split)["first_token_s"][2] < _by_id(flat)["first_token_s"][2]
+
+
+@pytest.mark.parametrize(("args", "field"), [({"chunk_tokens": 0}, "chunk_tokens"),
+                                             ({"reactive_slack": 1.5}, "reactive_slack"),
+                                             ({"preemptive": "yes"}, "preemptive")])
+def test_bad_args_name_the_field(args, field):
+    with pytest.raises(Exception, match=field):
+        make_batch_policy(PolicySpec(name="agent_xpu", args=args))
+
+
+def test_affinity_maps_prefill_to_the_npu_and_decode_to_the_igpu():
+    cost = ModelCost(get_model("Llama-3.2-3B"), 4.5)
+    assert affinity(lunar_lake(), cost, 256) == ("npu", "igpu")
+
+
+def _reactive_mean_s(system, setup, cost):
+    return repro.summarize(repro.simulate(setup, 2.0, system, cost))["reactive_latency_mean_s"]
+
+
+def test_the_npu_prefill_igpu_decode_mapping_is_what_cuts_reactive_latency():
+    # Agent.xpu's system on the engine (its P/D mapping) against the same scheduler with the
+    # stages swapped onto the other accelerators: the affine mapping is faster.
+    setup = repro.AgentXpuSetup(duration_s=180.0)
+    cost = ModelCost(get_model(setup.model), setup.bits_per_weight)
+    system = repro.agent_xpu_system(setup, cost)
+    assert [p[1:] for p in system.pools] == [("npu", "prefill"), ("igpu", "decode")]
+    swapped = dataclasses.replace(system, pools=(("prefill", "igpu", "prefill"),
+                                                 ("decode", "npu", "decode")))
+    ours = _reactive_mean_s(system, setup, cost)
+    assert ours < 0.8 * _reactive_mean_s(swapped, setup, cost)
+    # and the scheduler on the mapping beats an iGPU-only FCFS engine by far
+    assert ours < 0.5 * _reactive_mean_s(repro.OnEngine(repro.IGPU), setup, cost)
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_xpu.toml"
+
+
+def test_the_example_config_runs_the_repro_system():
+    """``fleetsim run examples/agent_xpu.toml``: Agent.xpu's traffic (``[agent_traffic]``)
+    under its scheduler on the SoC, the same run as the reproduction's agent-xpu system."""
+    config = load_config(EXAMPLE, ["agent_traffic.duration_s=180"])
+    summary = run(config).summary
+    ours = summary["agent_traffic"]
+    setup = repro.AgentXpuSetup(duration_s=180.0)
+    cost = ModelCost(get_model(setup.model), setup.bits_per_weight)
+    theirs = repro.summarize(repro.simulate(setup, 2.0, repro.agent_xpu_system(setup, cost),
+                                            cost))
+    assert ours["num_reactive"] == theirs["num_reactive"] > 0
+    assert ours["reactive_latency_mean_s"] == theirs["reactive_latency_mean_s"]
+    assert ours["proactive_per_min"] == theirs["proactive_per_min"] > 0
+    assert summary["num_finished"] == ours["num_reactive"] + ours["num_proactive"]
+
+
+@pytest.mark.parametrize(("override", "needle"), [
+    ("agent_traffic.duration_s=0", "agent_traffic.duration_s must be > 0 seconds, got 0"),
+    ("until_s=100", "agent_traffic replaces the workload"),
+    ("workload.rate_scale=2", "agent_traffic replaces the workload"),
+    ("policy.batching.args.chunk_tokens=0", "chunk_tokens"),
+])
+def test_bad_agent_config_is_one_line_and_exit_2(override, needle, capsys, tmp_path):
+    code = main(["run", str(EXAMPLE), "--set", override, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and needle in err and len(err.splitlines()) == 1
