@@ -167,7 +167,7 @@ def test_a_ratio_is_a_bound_when_a_crossing_is_at_the_top_load():
 def test_repro_all_runs_entries_in_worker_processes(tmp_path, capsys, monkeypatch):
     """Two entries over a pool of two processes: one scoreboard whose documents are the
     entries' own (the same results as each run alone), the page, the figures, the record."""
-    names = ("areal-tik", "relibra")
+    names = ("agent-xpu", "areal-tik")
     monkeypatch.setattr(fleetsim.repro, "REPRODUCTIONS", {n: REPRODUCTIONS[n] for n in names})
     out, record = tmp_path / "board", tmp_path / "rec.json"
     assert main(["repro", "all", "--quick", "--json", "--workers", "2", "--out", str(out)]) == 0
