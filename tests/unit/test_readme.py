@@ -2,7 +2,8 @@
 block, from a copy of the repository's layout (``examples/`` and ``.venv``, nothing beside it),
 and its TOML example is ``examples/exp.toml`` verbatim and sane.
 
-``make run`` and ``make test`` lines are not executed here (``make test`` runs this test)."""
+``make run`` and ``make test`` lines are not executed here (``make test`` runs this test), and
+``repro all --quick`` runs over two entries (see ``REPRO_ALL_ENTRIES``)."""
 
 from __future__ import annotations
 
