@@ -43,7 +43,8 @@ for cmd in COMMANDS:
 # (with what `repro all` then does with each entry's result): here it runs as written over two
 # quick entries, so what this tests is the command and the all-runner's plumbing (its parser,
 # the pool of worker processes, the board, the page), not every simulation a second time.
-# The registry is cut in every process of the run by a sitecustomize module on PYTHONPATH.
+# The registry is cut in every process of the run by a sitecustomize module on PYTHONPATH
+# (for this one command it stands in for any other sitecustomize).
 REPRO_ALL_ENTRIES = ("agent-xpu", "areal-tik")
 REPRO_ALL_SUBSET = f"""import fleetsim.repro
 fleetsim.repro.REPRODUCTIONS = {{n: fleetsim.repro.REPRODUCTIONS[n] for n in {REPRO_ALL_ENTRIES}}}
