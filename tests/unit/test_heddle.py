@@ -198,11 +198,13 @@ def test_progressive_priority_swaps_instead_of_recomputing():
 
 
 def test_a_crowded_rollout_does_not_fall_below_verl_when_preemption_keeps_the_kv():
-    """A crowded regime: 512 trajectories on one GPU (4x the entry's per GPU) with lengths
+    """A crowded regime: 256 trajectories on one GPU (2x the entry's per GPU) with lengths
     scaled to DeepCoder's 64K training cap (64K / DAPO's 20K = 3.2). Preemption by recompute
-    thrashes there and Heddle (fixed MP) falls below verl; swapping the KV keeps it above."""
+    thrashes there and Heddle (fixed MP) falls below verl; swapping the KV keeps it above.
+    (512 trajectories, used before, order the three the same with the same margins, about 5%
+    and 2%, in 2.6x the time.)"""
     crowded = dict(model="qwen3-8b", num_gpus=1, engine=EngineConfig(swap_space_gib=256),
-                   trajectories=TrajectoryArgs(num_prompts=32, samples_per_prompt=16,
+                   trajectories=TrajectoryArgs(num_prompts=16, samples_per_prompt=16,
                                                length_scale=3.2))
     heddle = dict(placement="heddle", scheduling="progressive_priority", migration=True)
     verl = run_agentic_rollout(AgenticRolloutConfig(**crowded, placement="sticky")).summary

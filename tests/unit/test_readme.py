@@ -2,7 +2,8 @@
 block, from a copy of the repository's layout (``examples/`` and ``.venv``, nothing beside it),
 and its TOML example is ``examples/exp.toml`` verbatim and sane.
 
-``make run`` and ``make test`` lines are not executed here (``make test`` runs this test)."""
+``make run`` and ``make test`` lines are not executed here (``make test`` runs this test), and
+``repro all --quick`` runs over two entries (see ``REPRO_ALL_ENTRIES``)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,28 @@ for cmd in COMMANDS:
         CASES.append([cmd])
 
 
+# `repro all --quick` runs every entry's quick slice, as test_repro.py's per-entry test does
+# (with what `repro all` then does with each entry's result): here it runs as written over two
+# quick entries, so what this tests is the command and the all-runner's plumbing (its parser,
+# the pool of worker processes, the board, the page), not every simulation a second time.
+# The registry is cut in every process of the run by a sitecustomize module on PYTHONPATH
+# (for this one command it stands in for any other sitecustomize).
+REPRO_ALL_ENTRIES = ("agent-xpu", "areal-tik")
+REPRO_ALL_SUBSET = f"""import fleetsim.repro
+fleetsim.repro.REPRODUCTIONS = {{n: fleetsim.repro.REPRODUCTIONS[n] for n in {REPRO_ALL_ENTRIES}}}
+"""
+
+
+def _env(cmd: str, tmp_path: Path) -> dict[str, str]:
+    env = {**os.environ, "COLUMNS": "80"}
+    if " repro all " in cmd:
+        shim = tmp_path / "repro_all_subset"
+        shim.mkdir(exist_ok=True)
+        (shim / "sitecustomize.py").write_text(REPRO_ALL_SUBSET)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), env.get("PYTHONPATH")) if p)
+    return env
+
+
 @pytest.fixture
 def sandbox(tmp_path):
     repo = tmp_path / "repo"
@@ -55,14 +78,19 @@ def test_the_readme_lists_the_commands():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("commands", CASES, ids=[c[0].split("#")[0][18:60] for c in CASES])
-def test_readme_command_runs_as_written(sandbox, commands):
+def test_readme_command_runs_as_written(sandbox, commands, tmp_path):
     for cmd in commands:
         proc = subprocess.run(["bash", "-c", cmd], cwd=sandbox, capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})
+                              text=True, timeout=300, env=_env(cmd, tmp_path))
         assert proc.returncode == 0, f"{cmd}\n{proc.stderr[-2000:]}"
         assert "Traceback" not in proc.stderr
         if "--json" in cmd:
             json.loads(proc.stdout)
+        if " repro all " in cmd:  # one board of the entries run (the default folder)
+            board = json.loads((sandbox / "results/repro/all/scoreboard.json").read_text())
+            assert [d["name"] for d in board["entries"]] == list(REPRO_ALL_ENTRIES)
+            assert all(f"figures/{n}.png" in (sandbox / "results/repro/all/scoreboard.html"
+                                              ).read_text() for n in REPRO_ALL_ENTRIES)
     if "--out results/" in commands[0] and " sweep " not in commands[0]:
         out = sandbox / commands[0].split("--out ")[1].split()[0]
         assert (out / "summary.json").exists()

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from pathlib import Path
 
 import pytest
 
 import fleetsim.repro
+import fleetsim.repro.frame
 from fleetsim.cli import main
 from fleetsim.repro import REPRODUCTIONS
-from fleetsim.repro.frame import Comparison, attribution_note, is_bound
-from fleetsim.repro.scoreboard import RERECORD, docs_table, table_rows, with_table
+from fleetsim.repro.cli import EntryResult, _write_board
+from fleetsim.repro.frame import Comparison, attribution_note, is_bound, to_document
+from fleetsim.repro.scoreboard import RERECORD, docs_table, scoreboard, table_rows, with_table
 
 DOCUMENT_KEYS = {"name", "paper", "claim", "setup", "system", "baselines", "baseline",
                  "metric", "headline_metric", "headline", "ratio_definition", "paper_ratio",
@@ -41,7 +44,18 @@ def test_list_names_every_reproduction(capsys):
 
 
 @pytest.mark.parametrize("name", sorted(REPRODUCTIONS))
-def test_every_reproduction_runs_quick_in_the_shared_schema(name, tmp_path, capsys):
+def test_every_reproduction_runs_quick_in_the_shared_schema(name, tmp_path, capsys,
+                                                            monkeypatch):
+    """``repro NAME --quick`` and, from the same runs, what ``repro all`` does with the entry
+    after its worker ran it (the README's ``repro all --quick`` runs only two entries:
+    tests/unit/test_readme.py)."""
+    run_reproduction, ran = fleetsim.repro.frame.run_reproduction, []
+
+    def keep(*args, **kwargs):
+        ran.append(run_reproduction(*args, **kwargs))
+        return ran[-1]
+
+    monkeypatch.setattr(fleetsim.repro.frame, "run_reproduction", keep)
     out = tmp_path / "out"
     assert main(["repro", name, "--quick", "--json", "--out", str(out)]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -68,6 +82,7 @@ def test_every_reproduction_runs_quick_in_the_shared_schema(name, tmp_path, caps
         assert all((r / "summary.json").exists() and (r / "config.json").exists()
                    for r in runs)
     assert (out / "figure.png").stat().st_size > 10_000
+    _check_as_repro_all_does(name, doc, ran, tmp_path / "board")
     # The quick slice measures something: its ratio is on the same side of 1 as the full
     # run's recorded in docs/scoreboard.json.
     full = _recorded()[name]["ratio"]
@@ -76,6 +91,23 @@ def test_every_reproduction_runs_quick_in_the_shared_schema(name, tmp_path, caps
     assert (doc["ratio"] - 1) * (full - 1) > 0, (
         f"{name}: quick ratio {doc['ratio']:.3f} is not on the side of 1 of the recorded full "
         f"run's {full:.3f}; if the full run changed, {RERECORD}")
+
+
+def _check_as_repro_all_does(name: str, doc: dict, ran: list, out: Path) -> None:
+    """``repro all``'s part for one entry (``run_entry`` then ``cmd_all``): the document and
+    the comparison come back from a worker process (pickled), and the board, its page and
+    the entry's figure are written from what came back."""
+    [(comparison, _)] = ran
+    sent = EntryResult(name, to_document(REPRODUCTIONS[name], comparison, quick=True),
+                       comparison)
+    back = pickle.loads(pickle.dumps(sent))
+    assert back.comparison == comparison
+    assert json.loads(json.dumps({**back.document, "wall_s": doc["wall_s"]})) == doc
+    _write_board(out, scoreboard([back.document]), [back])
+    board = json.loads((out / "scoreboard.json").read_text())
+    assert board == json.loads(json.dumps(scoreboard([back.document])))
+    assert (out / "figures" / f"{name}.png").stat().st_size > 10_000
+    assert f"figures/{name}.png" in (out / "scoreboard.html").read_text()
 
 
 def test_the_record_is_a_full_run_of_every_entry_as_registered():
@@ -135,7 +167,7 @@ def test_a_ratio_is_a_bound_when_a_crossing_is_at_the_top_load():
 def test_repro_all_runs_entries_in_worker_processes(tmp_path, capsys, monkeypatch):
     """Two entries over a pool of two processes: one scoreboard whose documents are the
     entries' own (the same results as each run alone), the page, the figures, the record."""
-    names = ("areal-tik", "relibra")
+    names = ("agent-xpu", "areal-tik")
     monkeypatch.setattr(fleetsim.repro, "REPRODUCTIONS", {n: REPRODUCTIONS[n] for n in names})
     out, record = tmp_path / "board", tmp_path / "rec.json"
     assert main(["repro", "all", "--quick", "--json", "--workers", "2", "--out", str(out)]) == 0
