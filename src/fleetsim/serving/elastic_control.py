@@ -312,7 +312,10 @@ def _backlog(req: Request, now_s: float) -> tuple[float, int, int]:
 
 
 def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
+    # fsum is exactly rounded, so the mean does not depend on the order the window's
+    # requests finished in: fast-forward records a window's finishes replica by replica,
+    # stepping in time order, and a plain sum differed between them in the last digit.
+    return math.fsum(values) / len(values) if values else math.nan
 
 
 def elastic_pools(setups: Sequence[Any], weight_bytes_by_pool: Mapping[str, float],
