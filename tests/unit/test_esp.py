@@ -371,7 +371,11 @@ def test_zipf_mix_picks_the_nearest_pooled_length():
 
 
 def test_ablation_attainment_and_its_crossing():
-    from fleetsim.repro.loongserve_ablation import attainment, max_rate_at_attainment
+    from fleetsim.metrics.slo import crossing_rate
+    from fleetsim.repro.loongserve_ablation import ATTAINMENT, ablation_attainment
+
+    def max_rate_at_attainment(rates, values):
+        return crossing_rate(rates, values, ATTAINMENT, rising=False)
 
     class Flat:  # standalone prefill of 1 s whatever the prompt
         @staticmethod
@@ -383,7 +387,7 @@ def test_ablation_attainment_and_its_crossing():
     columns = {"arrival_s": [0.0] * 4, "first_token_s": [t for t, _, _ in rows],
                "finish_s": [t + tpot * (o - 1) for t, tpot, o in rows],
                "num_prompt_tokens": [100] * 4, "num_output_tokens": [o for _, _, o in rows]}
-    assert attainment(columns, Flat()) == 0.5
+    assert ablation_attainment(columns, Flat()) == 0.5
     assert max_rate_at_attainment((1, 2, 3), (1.0, 0.95, 0.85)) == pytest.approx(2.5)
     assert max_rate_at_attainment((1, 2), (0.95, 0.92)) == 2  # a lower bound
     assert max_rate_at_attainment((1, 2), (0.5, 0.4)) is None

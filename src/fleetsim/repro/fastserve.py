@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetsim.metrics.slo import crossing_rate
 from fleetsim.perf.step_model import STEP_OVERHEAD_S
 from fleetsim.repro.frame import (
     Comparison,
@@ -182,24 +183,6 @@ def latency_per_output_token(req: Any) -> Any:
     return (np.asarray(req["finish_s"], dtype=np.float64)
             - np.asarray(req["arrival_s"], dtype=np.float64)) / np.asarray(
         req["num_output_tokens"], dtype=np.float64)
-
-
-def crossing_rate(rates: tuple[float, ...], values: list[float | None], slo: float
-                  ) -> float | None:
-    """The arrival rate where ``values`` (rising with load) first exceed ``slo``, linearly
-    interpolated between the last rate within and the first beyond, as the artifact's
-    ``find_intersection_point``; the last rate if none exceeds it (a lower bound); None if
-    even the lowest rate misses."""
-    best = None
-    for i, (rate, value) in enumerate(zip(rates, values, strict=True)):
-        if value is None or value > slo:
-            if best is not None and value is not None:
-                prev = values[i - 1]
-                assert prev is not None
-                best = rates[i - 1] + (rate - rates[i - 1]) * (slo - prev) / (value - prev)
-            return best
-        best = rate
-    return best
 
 
 def _fmt_rate(value: float | None, last: float) -> str:

@@ -49,6 +49,7 @@ import numpy as np
 
 from fleetsim.esp import DecodeShard, EspCostModel, fit_analytical
 from fleetsim.hardware import get_gpu
+from fleetsim.metrics.slo import crossing_rate
 from fleetsim.models import get_model
 from fleetsim.repro.frame import (
     Comparison,
@@ -144,7 +145,7 @@ def compare(ctx: ReproContext) -> Comparison:
         s: {f"{r:g}": (main[s][f"{r:g}"][0] if f"{r:g}" in main[s] else None)
             for r in rates_by["mixed"]} for s in main}
     rates = rates_by["mixed"]
-    at_slo = {s: _max_rate(rates, [v[0] for v in main[s].values()], SLO_MS["mixed"][0] / 1e3)
+    at_slo = {s: crossing_rate(rates, [v[0] for v in main[s].values()], SLO_MS["mixed"][0] / 1e3)
               for s in main}
     ratio = better_ratio(at_slo["loongserve"], at_slo["lightllm-sf"], "higher")
     notes = _notes(curves, rates_by, esp)
@@ -243,19 +244,6 @@ def _past_every_slo(curve: dict[str, tuple[float, float, float]], dataset: str) 
                                    for v in curve.values()) for col in range(3))
 
 
-def _max_rate(rates: Sequence[float], values: Sequence[float], slo: float) -> float | None:
-    """The artifact's ``get_intersection_point``: the first rate where the curve crosses the
-    SLO, linearly interpolated; the last rate if it never does (a lower bound), None if even
-    the first rate misses it. ``values`` may stop short of ``rates`` once it has crossed."""
-    if values[0] > slo:
-        return None
-    for i in range(min(len(rates), len(values)) - 1):
-        if (values[i] >= slo) != (values[i + 1] >= slo):
-            return rates[i] + (rates[i + 1] - rates[i]) * (slo - values[i]) / (
-                values[i + 1] - values[i])
-    return rates[-1]
-
-
 def _notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...]],
            esp: tuple[EspCostModel, Any]) -> list[str]:
     cost = esp[0]
@@ -275,7 +263,7 @@ def _notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...]],
         rates = rates_by[dataset]
         for col, name in enumerate(("per-token", "input-token", "output-token")):
             slo = SLO_MS[dataset][col] / 1e3
-            best = {s: _max_rate(rates, [v[col] for v in by_system[s].values()], slo)
+            best = {s: crossing_rate(rates, [v[col] for v in by_system[s].values()], slo)
                     for s in by_system}
             rows = ", ".join(f"{s} {_fmt_rate(best[s], rates[-1])}" for s in by_system)
             ls = best["loongserve"]
@@ -322,7 +310,7 @@ def published_notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...
             slo = SLO_MS[dataset][col] / 1e3
             parts, ratios = [], []
             for system, values in published.items():
-                ours = _max_rate(rates, [v[col] for v in curves[dataset][system].values()],
+                ours = crossing_rate(rates, [v[col] for v in curves[dataset][system].values()],
                                  slo)
                 parts.append(f"{system} {_fmt_rate(ours, rates[-1])} vs "
                              f"{_fmt_published(values[col])}"

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from fleetsim.hardware.gpu import get_gpu
+from fleetsim.metrics.slo import crossing_rate
 from fleetsim.models import get_model
-from fleetsim.repro.fastserve import crossing_rate
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
