@@ -47,7 +47,8 @@ ALLOWED = {
            "metrics", "results", "inputs", "registry", "policies", "programs"},
     # policies: Autopoiesis lists the evolve planner's policy space (its best-in-hindsight arm)
     "repro": {"config", "expert_pool", "run", "moe", "workloads", "metrics", "perf", "models",
-              "hardware", "serving", "rl", "programs", "soc", "soc_run", "esp", "policies"},
+              "hardware", "serving", "rl", "programs", "soc", "soc_run", "esp", "policies",
+              "results"},
     "soc": {"hardware", "models", "perf", "workloads"},
     "live": {"config", "core", "hardware", "inputs", "metrics", "models", "perf", "policies",
              "results", "run", "serving", "vllm_json", "workloads"},

@@ -52,7 +52,6 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
-    RunFiles,
     add,
     better_ratio,
     is_bound,
@@ -246,8 +245,8 @@ def compare(ctx: ReproContext) -> Comparison:
         for rate, (score, summary) in zip(rates, runs, strict=True):
             label = f"{rate:g}"
             results[system][label] = None if np.isnan(score) else score
-            ctx.runs[(system, label)] = RunFiles(
-                {"layout": layout.label, **summary},
+            ctx.keep(
+                system, label, {"layout": layout.label, **summary},
                 {"system": system, "rate_req_s_per_gpu": rate,
                  "prefill_gpus": list(layout.prefill_gpus),
                  "decode_gpus": list(layout.decode_gpus), "pool": layout.pool,

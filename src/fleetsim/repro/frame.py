@@ -28,6 +28,7 @@ from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.registry import make_registry
 from fleetsim.repro.pool import SubRuns
+from fleetsim.results import RequestRows, RunFiles
 from fleetsim.run import RunResult, run
 from fleetsim.workloads import Workload
 
@@ -131,24 +132,6 @@ class Comparison:
 _Setup = TypeVar("_Setup")
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRows:
-    """The per-request columns of a run that is not a serving simulation (``requests.csv``)."""
-
-    requests: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class RunFiles:
-    """A run that is not a serving simulation (an MoE pass model, an RL rollout, a SoC run),
-    kept in ``ReproContext.runs`` and written like one: ``summary.json``, ``config.json``,
-    and ``requests.csv`` when ``records`` holds request rows."""
-
-    summary: dict[str, Any]
-    config: dict[str, Any]
-    records: RequestRows | None = None
-
-
 def setup_from(ctx: ReproContext, cls: type[_Setup], quick: Mapping[str, Any],
                name: str) -> _Setup:
     """A reproduction's own setup dataclass ``cls``: ``quick``'s settings under ``--quick``,
@@ -196,6 +179,14 @@ class ReproContext:
         result = run(self.config(base), workload=workload)
         self.runs[(policy, load)] = result
         return result
+
+    def keep(self, policy: str, load: str, summary: dict[str, Any], config: dict[str, Any],
+             requests: Mapping[str, Any] | None = None) -> None:
+        """Keep a run that did not go through ``run`` (an RL rollout, an MoE pass model, a
+        SoC run) as the run of (``policy``, ``load``), written like one: its summary, config
+        and, given ``requests`` (columns), ``requests.csv``."""
+        self.runs[(policy, load)] = RunFiles(
+            summary, config, None if requests is None else RequestRows(requests))
 
     def run_many(self, runs: Sequence[tuple[str, str, Mapping[str, Any]]]
                  ) -> list[RunResult | RunFiles]:

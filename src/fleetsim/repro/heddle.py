@@ -50,8 +50,6 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
-    RequestRows,
-    RunFiles,
     add,
     better_ratio,
     fmt,
@@ -129,8 +127,7 @@ def run_kept(ctx: ReproContext, policy: str, label: str, data: dict[str, Any],
         ctx.progress(f"{policy} @ {label}")
     apply_overrides(data, ctx.overrides)
     result = run_agentic_rollout(agentic_config_from_dict(data), simulations)
-    ctx.runs[(policy, label)] = RunFiles(result.summary, result.config,
-                                         RequestRows(result.records.requests))
+    ctx.keep(policy, label, result.summary, result.config, result.records.requests)
     return result
 
 

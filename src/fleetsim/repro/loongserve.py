@@ -42,7 +42,6 @@ README.md`` and ``test/longserve/5-start-api-server.py``), except where marked:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np

@@ -63,7 +63,6 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
-    RunFiles,
     add,
     better_ratio,
     setup_from,
@@ -227,9 +226,9 @@ def compare(ctx: ReproContext) -> Comparison:
             s = summarize(rows, ideal_s, scale, tokens)
             summaries[(policy, label)] = s
             results[policy][label] = s["share_of_ideal"]
-            ctx.runs[(policy, label)] = RunFiles(
-                s, {"setting": label, "phase": phase, "gpu": gpu, "nvlink_domain": domain,
-                    "load_preset": preset, "policy": policy, **dataclasses.asdict(setup)})
+            ctx.keep(policy, label, s, {"setting": label, "phase": phase, "gpu": gpu,
+                                        "nvlink_domain": domain, "load_preset": preset,
+                                        "policy": policy, **dataclasses.asdict(setup)})
     return _comparison(results, summaries)
 
 
