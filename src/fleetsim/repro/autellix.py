@@ -46,6 +46,7 @@ from fleetsim.repro.frame import (
     fmt,
     is_bound,
 )
+from fleetsim.repro.sweep import sweep_rates
 
 NUM_PROGRAMS, QUICK_PROGRAMS = 300, 150
 RATES = (1.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # programs per second on 4 engines (our sweep)
@@ -99,21 +100,23 @@ def _ratio(rates: tuple[float, ...], system: list[float | None], baseline: list[
     return a / b, is_bound(rates[-1], a, b)
 
 
+def _mean_slowdown(run: Any) -> float | None:
+    """The programs' mean slowdown; None where programs were left unfinished."""
+    programs = run.summary["programs"]
+    return programs["slowdown"]["mean"] if programs["num_unfinished"] == 0 else None
+
+
 def compare(ctx: ReproContext) -> Comparison:
     rates = QUICK_RATES if ctx.quick else RATES
     n = QUICK_PROGRAMS if ctx.quick else NUM_PROGRAMS
-    slow: dict[str, list[float | None]] = {p: [] for p in POLICIES}
-    extra: dict[str, list[str]] = {p: [] for p in POLICIES}
-    for rate in rates:
-        for policy in POLICIES:
-            summary = ctx.run(policy, f"{rate:g}", config(policy, rate, n)).summary
-            prog = summary["programs"]
-            slow[policy].append(prog["slowdown"]["mean"] if prog["num_unfinished"] == 0
-                                else None)
-            extra[policy].append(f"{summary['num_preemptions']}/"
-                                 f"{summary['kv_cache']['mean_used_fraction']:.2f}")
-    results = {p: {f"{r:g}": v for r, v in zip(rates, slow[p], strict=True)} for p in POLICIES}
-    headline = {p: crossing_rate(rates, slow[p], TARGET_SLOWDOWN) for p in POLICIES}
+    sweep = sweep_rates(ctx, tuple(POLICIES), rates, lambda policy, i: config(policy,
+                                                                              rates[i], n))
+    results = sweep.curves(_mean_slowdown)
+    slow = {p: list(by_rate.values()) for p, by_rate in results.items()}
+    extra = {p: [f"{run.summary['num_preemptions']}/"
+                 f"{run.summary['kv_cache']['mean_used_fraction']:.2f}" for run in runs]
+             for p, runs in sweep.runs.items()}
+    headline = sweep.crossings(results, TARGET_SLOWDOWN)
     ratio, bound = _ratio(rates, slow["atlas"], slow["vllm"], TARGET_SLOWDOWN)
     attribution = {name: _ratio(rates, slow[name], slow["vllm"], TARGET_SLOWDOWN)[0]
                    for name in ABLATIONS}

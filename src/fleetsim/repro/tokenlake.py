@@ -50,12 +50,14 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
+    RunFiles,
     add,
     better_ratio,
     fmt,
     fmt_ratios,
     is_bound,
 )
+from fleetsim.repro.sweep import sweep_rates
 from fleetsim.run import RunResult
 
 MODEL, GPU, NUM_REPLICAS = "llama-3.1-8b", "h100", 8
@@ -141,14 +143,14 @@ def config(policy: str, scale: float, max_requests: int | None, *, model: str = 
     }
 
 
-def p90_ttft_s(result: RunResult) -> float:
+def p90_ttft_s(result: RunResult | RunFiles) -> float:
     req = result.records.requests
     ttft = np.asarray(req["first_token_s"], dtype=np.float64) - np.asarray(
         req["arrival_s"], dtype=np.float64)
     return float(np.percentile(ttft, 90))
 
 
-def hit_rate(result: RunResult) -> float:
+def hit_rate(result: RunResult | RunFiles) -> float:
     """Prefix-hit tokens over prompt tokens, every request (a block borrowed from another
     replica's cache is a hit, as TokenLake counts pool hits)."""
     req = result.records.requests
@@ -162,18 +164,14 @@ def sweep(ctx: ReproContext, scales: tuple[float, ...], max_requests: int | None
     """Every policy at every scale: the rates, P90 TTFT and hit rate per policy and load, and
     each run's routing report (by policy, then load)."""
     rates = tuple(s * TRACE_RATE_PER_S for s in scales)
-    ttft: dict[str, dict[str, float | None]] = {}
-    hits: dict[str, list[float]] = {}
-    reports: dict[str, dict[str, Any]] = {}
-    for policy in POLICIES:
-        ttft[policy], hits[policy], reports[policy] = {}, [], {}
-        for scale, rate in zip(scales, rates, strict=True):
-            result = ctx.run(policy, f"{label}{rate:.2f}",
-                             config(policy, scale, max_requests, model=model, tp=tp))
-            ttft[policy][f"{rate:.2f}"] = (None if result.summary["num_unfinished"]
-                                          else p90_ttft_s(result))
-            hits[policy].append(hit_rate(result))
-            reports[policy][f"{rate:.2f}"] = result.summary["routing"]
+    runs = sweep_rates(ctx, POLICIES, rates, lambda policy, i: config(
+        policy, scales[i], max_requests, model=model, tp=tp), label=lambda r: f"{r:.2f}",
+        prefix=label)
+    ttft = runs.curves(lambda run: None if run.summary["num_unfinished"] else p90_ttft_s(run))
+    hits = {p: [hit_rate(run) for run in by_rate] for p, by_rate in runs.runs.items()}
+    reports = {p: {k: run.summary["routing"] for k, run in zip(runs.labels, by_rate,
+                                                               strict=True)}
+               for p, by_rate in runs.runs.items()}
     return rates, ttft, hits, reports
 
 
