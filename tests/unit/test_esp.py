@@ -308,7 +308,7 @@ def test_tight_memory_runs_clean():
 def test_elastic_beats_fixed_parallelism_on_a_mixed_load():
     # the reproduction's Mixed lengths (ShareGPT, L-Eval, LV-Eval) at 0.3 req/s, where the
     # fixed degree queues short requests behind long prefills
-    from fleetsim.repro.loongserve_workload import workload
+    from fleetsim.workloads.long_context import workload
 
     wl = workload("mixed", 60, 0.3, seed=0)
 
@@ -356,7 +356,7 @@ def test_bad_group_section_is_one_line_exit_2(tmp_path, capsys, args, needle):
 
 # -- the Zipf mixes and the ablation's metric (repro loongserve) -------------------------
 def test_zipf_mix_picks_the_nearest_pooled_length():
-    from fleetsim.repro.loongserve_workload import lengths
+    from fleetsim.workloads.long_context import lengths
     rng = np.random.default_rng(0)
     pool_rng = np.random.default_rng(0)
     prompt, out = lengths("zipf1.2", 2000, rng)

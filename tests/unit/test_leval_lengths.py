@@ -47,7 +47,7 @@ def test_requests_follow_the_instruction_shares_and_answer_lengths():
 
 
 def test_loongserve_leval_is_the_published_model_not_the_stated_range():
-    from fleetsim.repro.loongserve_workload import lengths
+    from fleetsim.workloads.long_context import lengths
     prompt, _ = lengths("leval", 6000, np.random.default_rng(3))
     # the earlier log-uniform over the stated 3k-200k range averaged 46.9k tokens
     assert prompt.mean() < 20_000

@@ -26,9 +26,9 @@ README.md`` and ``test/longserve/5-start-api-server.py``), except where marked:
   has;
 - ``loongserve-no-esp``: the same 4 x TP 2 gang with a fixed degree of parallelism (every
   prefill on all instances, decode batches always lent): the artifact's "w/o ESP (TP=2, SP=4)";
-- workloads: see ``loongserve_workload`` (ShareGPT lengths embedded; L-Eval from its paper's
-  per-task length statistics, ``fleetsim.workloads.leval``; LV-Eval from its stated length
-  levels, since its texts are not reachable offline);
+- workloads: see ``fleetsim.workloads.long_context`` (ShareGPT lengths embedded; L-Eval
+  from its paper's per-task length statistics, ``fleetsim.workloads.leval``; LV-Eval from its
+  stated length levels, since its texts are not reachable offline);
 - metric: the artifact's Figure 10 (``ae-plot-fig-10-11-12.py``, ``lib_benchmark_serving/
   metrics.py``): mean per-token latency ``latency / (prompt + output)``, mean input-token
   latency ``ttft / prompt`` and mean output-token latency (tpot), each against the dataset's
@@ -69,8 +69,8 @@ from fleetsim.repro.loongserve_ablation import (
     ablation_notes,
     group_config,
 )
-from fleetsim.repro.loongserve_workload import workload
 from fleetsim.workloads import Workload
+from fleetsim.workloads.long_context import workload
 
 MODEL, GPU = "lwm-text-1m", "a100"
 INSTANCE_TP, NUM_INSTANCES = 2, 4

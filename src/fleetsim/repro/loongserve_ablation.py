@@ -29,9 +29,9 @@ from fleetsim.esp import AnalyticalModel, EspCostModel, fit_analytical
 from fleetsim.hardware import get_gpu
 from fleetsim.metrics.slo import attainment, crossing_rate
 from fleetsim.models import get_model
-from fleetsim.repro.loongserve_workload import workload
 from fleetsim.run import run
 from fleetsim.workloads import Workload
+from fleetsim.workloads.long_context import workload
 
 ALPHAS = (1.0, 1.2, 1.4)
 RATES: dict[float, tuple[float, ...]] = {1.0: (0.25, 0.5, 0.75, 1.0, 1.25, 1.5),
