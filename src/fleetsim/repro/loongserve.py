@@ -69,6 +69,7 @@ from fleetsim.repro.loongserve_ablation import (
     ablation_notes,
     group_config,
 )
+from fleetsim.repro.sweep import sweep_rates
 from fleetsim.workloads import Workload
 from fleetsim.workloads.long_context import workload
 
@@ -125,20 +126,8 @@ def compare(ctx: ReproContext) -> Comparison:
     rates_by: dict[str, tuple[float, ...]] = QUICK_RATES if ctx.quick else RATES
     esp = _esp_models()
     seed = ctx.config({"seed": 0}).seed  # ``--set seed=N`` reseeds the workloads too
-    curves: dict[str, dict[str, dict[str, tuple[float, float, float]]]] = {}
-    for dataset in datasets:
-        curves[dataset] = {s: {} for s in systems_for(dataset)}
-        for rate in rates_by[dataset]:
-            n = QUICK_REQUESTS if ctx.quick else max(MIN_REQUESTS,
-                                                     round(rate * ARRIVALS_S[dataset]))
-            wl = workload(dataset, n, rate, seed=seed)
-            for system in systems_for(dataset):
-                label = f"{rate:g}"
-                if not ctx.quick and _past_every_slo(curves[dataset][system], dataset):
-                    continue  # its crossings are set (CPU time); the quick slice runs all
-                if ctx.progress is not None:
-                    ctx.progress(f"{system} {dataset} @ {label} req/s")
-                curves[dataset][system][label] = _run(ctx, system, dataset, rate, seed, wl, esp)
+    curves: dict[str, dict[str, dict[str, tuple[float, float, float]]]] = {
+        dataset: _sweep(ctx, dataset, rates_by[dataset], seed) for dataset in datasets}
     main = curves["mixed"]
     results: dict[str, dict[str, float | None]] = {
         s: {f"{r:g}": (main[s][f"{r:g}"][0] if f"{r:g}" in main[s] else None)
@@ -173,11 +162,27 @@ def systems_for(dataset: str) -> tuple[str, ...]:
         s for s in SYSTEMS if s != "distserve")
 
 
-def _run(ctx: ReproContext, system: str, dataset: str, rate: float, seed: int, wl: Workload,
-         esp: tuple[EspCostModel, Any]) -> tuple[float, float, float]:
-    result = ctx.run(system, f"{dataset} {rate:g}", baseline_config(system, dataset),
-                     workload=wl)
-    req = result.records.requests
+def _sweep(ctx: ReproContext, dataset: str, rates: tuple[float, ...], seed: int
+           ) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Every system at every rate on the same requests per rate: system -> rate label -> the
+    three latencies. In a full run a system stops once past every SLO (its crossings are set;
+    CPU time); the quick slice runs all."""
+    def requests(i: int) -> Workload:
+        n = QUICK_REQUESTS if ctx.quick else max(MIN_REQUESTS,
+                                                 round(rates[i] * ARRIVALS_S[dataset]))
+        return workload(dataset, n, rates[i], seed=seed)
+
+    def past_every_slo(runs: list[Any]) -> bool:
+        return _past_every_slo({str(i): _latencies(r) for i, r in enumerate(runs)}, dataset)
+
+    sweep = sweep_rates(ctx, systems_for(dataset), rates,
+                        lambda system, _: baseline_config(system, dataset), prefix=f"{dataset} ",
+                        workload=requests, until=None if ctx.quick else past_every_slo)
+    return sweep.curves(_latencies)
+
+
+def _latencies(run: Any) -> tuple[float, float, float]:
+    req = run.records.requests
     return latency_metrics(req["arrival_s"], req["first_token_s"], req["finish_s"],
                            req["num_prompt_tokens"], req["num_output_tokens"])
 
