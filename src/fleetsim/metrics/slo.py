@@ -9,20 +9,24 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+Target = float | NDArray[np.float64]
+"""One target for every request, or one per request (seconds)."""
 
-def slo_met(ttft_s: ArrayLike, tpot_s: ArrayLike, ttft_slo_s: ArrayLike, tpot_slo_s: ArrayLike
+
+def slo_met(ttft_s: ArrayLike, tpot_s: ArrayLike, ttft_slo_s: Target, tpot_slo_s: Target
             ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
     """Per request: whether its TTFT and whether its TPOT met the target. A NaN TPOT (a
     one-token output has no inter-token time) meets it. The targets may be one number or one
     per request (e.g. a TTFT target scaled to each prompt)."""
+    ttft = np.asarray(ttft_s, dtype=np.float64)
     tpot = np.asarray(tpot_s, dtype=np.float64)
-    met_ttft = np.asarray(ttft_s, dtype=np.float64) <= ttft_slo_s
-    met_tpot = np.isnan(tpot) | (tpot <= tpot_slo_s)
+    met_ttft = ttft <= np.asarray(ttft_slo_s, dtype=np.float64)
+    met_tpot = np.isnan(tpot) | (tpot <= np.asarray(tpot_slo_s, dtype=np.float64))
     return met_ttft, met_tpot
 
 
-def attainment(ttft_s: ArrayLike, tpot_s: ArrayLike, ttft_slo_s: ArrayLike,
-               tpot_slo_s: ArrayLike, *, num_requests: int | None = None) -> float:
+def attainment(ttft_s: ArrayLike, tpot_s: ArrayLike, ttft_slo_s: Target, tpot_slo_s: Target,
+               *, num_requests: int | None = None) -> float:
     """Share of requests that met both targets (``slo_met``). ``num_requests``: the
     denominator when it is not the requests given, e.g. every arrival where the unfinished
     have no latencies and count as misses."""

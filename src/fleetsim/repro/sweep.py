@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetsim.metrics.slo import crossing_rate
-from fleetsim.repro.frame import ReproContext, RunFiles
+from fleetsim.repro.frame import ReproContext
+from fleetsim.results import RunFiles
 from fleetsim.run import RunResult
 from fleetsim.workloads import Workload
 

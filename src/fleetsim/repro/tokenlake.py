@@ -51,7 +51,6 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
-    RunFiles,
     add,
     better_ratio,
     fmt,
@@ -59,6 +58,7 @@ from fleetsim.repro.frame import (
     is_bound,
 )
 from fleetsim.repro.sweep import sweep_rates
+from fleetsim.results import RunFiles
 from fleetsim.run import RunResult
 
 MODEL, GPU, NUM_REPLICAS = "llama-3.1-8b", "h100", 8
