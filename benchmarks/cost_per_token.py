@@ -55,8 +55,8 @@ def report(label: str, tokens: int, cost_s: dict[str, float], system: str,
 def esp(num_requests: int) -> None:
     from fleetsim.config import config_from_dict
     from fleetsim.repro.loongserve import baseline_config
-    from fleetsim.repro.loongserve_workload import workload
     from fleetsim.run import run
+    from fleetsim.workloads.long_context import workload
 
     for dataset, rate in ESP_LOADS:
         wl = workload(dataset, num_requests, rate, seed=0)

@@ -128,12 +128,6 @@ def simulate(layout: SystemLayout, cost: CostModel, limits: Limits, sm: SmPolicy
     return Outcome(first - arrival, tpot)
 
 
-def attainment(out: Outcome, ttft_slo: float, tpot_slo: float) -> float:
-    """Share of requests meeting both SLOs (one-token outputs: TTFT only)."""
-    ok = (out.ttft <= ttft_slo) & (np.isnan(out.tpot) | (out.tpot <= tpot_slo))
-    return float(ok.mean())
-
-
 def shared_expert_pools(config: SimConfig, model: ModelSpec, setups: list[PoolSetup],
                         infos: list[dict]) -> list[PoolSetup]:
     """``config.cluster.expert_pool``: the prefill and decode pools' steps become jobs on one

@@ -18,7 +18,8 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -300,6 +301,26 @@ def write_run_files(folder: Path, summary: dict[str, Any], config: dict[str, Any
         write_json(folder / "elastic_timeline.json", summary["elastic"]["timeline"])
         if "evolution" in summary["elastic"]:  # which policy served when, and why
             write_json(folder / "evolution_timeline.json", summary["elastic"]["evolution"])
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRows:
+    """The per-request columns of a kept run (``requests.csv``), where a ``RunResult`` has
+    ``records.requests``."""
+
+    requests: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RunFiles:
+    """What is written of a run kept apart from its simulation, shaped as a ``RunResult``
+    (``summary``, ``config``, ``records.requests``): a serving run that came back from a
+    helper process, an RL rollout, or a run that is not a serving simulation (an MoE pass
+    model, a SoC run: ``records`` None, no ``requests.csv``)."""
+
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    records: RequestRows | None = None
 
 
 def write_run(out: Path, summary: dict[str, Any], config: dict[str, Any],

@@ -308,7 +308,7 @@ def test_tight_memory_runs_clean():
 def test_elastic_beats_fixed_parallelism_on_a_mixed_load():
     # the reproduction's Mixed lengths (ShareGPT, L-Eval, LV-Eval) at 0.3 req/s, where the
     # fixed degree queues short requests behind long prefills
-    from fleetsim.repro.loongserve_workload import workload
+    from fleetsim.workloads.long_context import workload
 
     wl = workload("mixed", 60, 0.3, seed=0)
 
@@ -356,7 +356,7 @@ def test_bad_group_section_is_one_line_exit_2(tmp_path, capsys, args, needle):
 
 # -- the Zipf mixes and the ablation's metric (repro loongserve) -------------------------
 def test_zipf_mix_picks_the_nearest_pooled_length():
-    from fleetsim.repro.loongserve_workload import lengths
+    from fleetsim.workloads.long_context import lengths
     rng = np.random.default_rng(0)
     pool_rng = np.random.default_rng(0)
     prompt, out = lengths("zipf1.2", 2000, rng)
@@ -371,7 +371,11 @@ def test_zipf_mix_picks_the_nearest_pooled_length():
 
 
 def test_ablation_attainment_and_its_crossing():
-    from fleetsim.repro.loongserve_ablation import attainment, max_rate_at_attainment
+    from fleetsim.metrics.slo import crossing_rate
+    from fleetsim.repro.loongserve_ablation import ATTAINMENT, ablation_attainment
+
+    def max_rate_at_attainment(rates, values):
+        return crossing_rate(rates, values, ATTAINMENT, rising=False)
 
     class Flat:  # standalone prefill of 1 s whatever the prompt
         @staticmethod
@@ -383,7 +387,7 @@ def test_ablation_attainment_and_its_crossing():
     columns = {"arrival_s": [0.0] * 4, "first_token_s": [t for t, _, _ in rows],
                "finish_s": [t + tpot * (o - 1) for t, tpot, o in rows],
                "num_prompt_tokens": [100] * 4, "num_output_tokens": [o for _, _, o in rows]}
-    assert attainment(columns, Flat()) == 0.5
+    assert ablation_attainment(columns, Flat()) == 0.5
     assert max_rate_at_attainment((1, 2, 3), (1.0, 0.95, 0.85)) == pytest.approx(2.5)
     assert max_rate_at_attainment((1, 2), (0.95, 0.92)) == 2  # a lower bound
     assert max_rate_at_attainment((1, 2), (0.5, 0.4)) is None

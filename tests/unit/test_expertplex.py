@@ -32,7 +32,7 @@ from fleetsim.moe.tile_model import (
 )
 from fleetsim.policies import TokenBudgetPlanner, make_ordering
 from fleetsim.policies.routing import LeastLoaded
-from fleetsim.repro.expertplex import ExpertPlexSetup, _Sweep, goodput, layouts
+from fleetsim.repro.expertplex import ExpertPlexSetup, _Sweep, layouts
 from fleetsim.serving.cluster import PoolSetup, simulate_cluster
 from fleetsim.serving.shared_steps import SharedStepModel
 from fleetsim.workloads.workload import Workload
@@ -188,7 +188,9 @@ def test_decode_sm_reference_meets_the_tpot_slo(cost):
     ([0.5, 1.0, 1.0, 1.0], 0.0),
 ])
 def test_goodput_interpolates_the_crossing(scores, want):
-    assert goodput((1.0, 2.0, 3.0, 4.0), scores, 0.9) == pytest.approx(want)
+    from fleetsim.metrics.slo import crossing_rate
+    got = crossing_rate((1.0, 2.0, 3.0, 4.0), scores, 0.9, rising=False)
+    assert (0.0 if got is None else got) == pytest.approx(want)
 
 
 def test_same_seed_same_result(cost):

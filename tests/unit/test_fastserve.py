@@ -81,7 +81,7 @@ def test_srpt_serves_the_fewest_remaining_outputs_first():
 # --- the reproduction's metric, as the paper's artifact computes it ---------------------------
 
 def test_crossing_rate_interpolates_like_the_artifact():
-    from fleetsim.repro.fastserve import crossing_rate
+    from fleetsim.metrics.slo import crossing_rate
 
     rates = (1.0, 2.0, 4.0)
     # 0.1 at 1 req/s, 0.5 at 2 req/s: 0.3 is crossed halfway, at 1.5 req/s

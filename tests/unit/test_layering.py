@@ -30,8 +30,8 @@ ALLOWED = {
     "config": {"elastic_config", "hardware", "metrics", "models", "moe", "policies",
                "programs", "workloads"},
     "elastic_config": set(),
-    "expert_pool": {"config", "hardware", "models", "moe", "perf", "policies", "serving",
-                    "workloads"},
+    "expert_pool": {"config", "hardware", "metrics", "models", "moe", "perf", "policies",
+                    "serving", "workloads"},
     "soc_pools": {"config", "hardware", "models", "perf", "serving"},
     "soc_run": {"config", "models", "policies", "run", "serving", "workloads"},
     "run": {"config", "esp", "expert_pool", "hardware", "metrics", "models", "moe", "native",
@@ -46,10 +46,11 @@ ALLOWED = {
     "report": {"results"},
     "rl": {"core", "serving", "perf", "models", "hardware", "workloads", "config", "run",
            "metrics", "results", "inputs", "registry", "policies", "programs"},
-    # policies: Autopoiesis lists the evolve planner's policy space (its best-in-hindsight arm)
+    # policies: Autopoiesis lists the evolve planner's policy space (its best-in-hindsight arm);
+    # no serving: a reproduction builds configs, never a plug-in on the engine's views
     "repro": {"config", "expert_pool", "run", "moe", "workloads", "metrics", "perf", "models",
-              "hardware", "serving", "rl", "programs", "soc_pools", "soc_run", "esp",
-              "policies"},
+              "hardware", "rl", "programs", "soc_pools", "soc_run", "esp", "policies",
+              "results"},
     "live": {"config", "core", "hardware", "inputs", "metrics", "models", "perf", "policies",
              "results", "run", "serving", "vllm_json", "workloads"},
     "calibrate": {"config", "hardware", "models", "perf", "results", "run", "vllm_json",
@@ -241,3 +242,123 @@ def test_the_soc_runs_on_the_one_engine():
                    if any(m.startswith("fleetsim.soc.") or m == "fleetsim.soc"
                           for m in _all_imports(p)))
     assert users == [], f"build on cluster.soc, not soc/: {users}"
+
+
+# -- repro/ is data plus a short compare (issue 20, step 7) -------------------------------
+PLUG_IN_VIEWS = {"BalanceView", "Placement", "ReplicaView", "ClusterView", "GroupView",
+                 "KVView", "StepPlan"}
+"""What a policy or planner is written against: a module importing one defines a mechanism."""
+SHARED_HELPERS = {"crossing_rate": "metrics/slo.py", "attainment": "metrics/slo.py",
+                  "slo_met": "metrics/slo.py", "sweep_rates": "repro/sweep.py",
+                  "RateSweep": "repro/sweep.py", "RunFiles": "results.py",
+                  "RequestRows": "results.py"}
+
+
+def _interpolations(tree: ast.AST) -> list[int]:
+    """Lines of ``a + (b - c) * d / e``: a value interpolated between two swept points (the
+    shape of every SLO crossing the entries once carried)."""
+    return [n.lineno for n in ast.walk(tree)
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add)
+            and isinstance(n.right, ast.BinOp) and isinstance(n.right.op, ast.Div)
+            and isinstance(n.right.left, ast.BinOp) and isinstance(n.right.left.op, ast.Mult)
+            and isinstance(n.right.left.left, ast.BinOp)
+            and isinstance(n.right.left.left.op, ast.Sub)]
+
+
+def _slo_checks(tree: ast.AST) -> list[int]:
+    """Lines comparing something ``<=`` a name with an ``slo`` part (``ttft_slo``,
+    ``TPOT_SLO_S``): a request checked against its SLO, the body of an attainment."""
+    def parts(node: ast.AST) -> set[str]:
+        names = {getattr(x, "id", None) or getattr(x, "attr", "") for x in ast.walk(node)}
+        return {p for name in names for p in name.lower().split("_")}
+    return [n.lineno for n in ast.walk(tree)
+            if isinstance(n, ast.Compare) and any(isinstance(o, ast.LtE) for o in n.ops)
+            and any("slo" in parts(c) for c in n.comparators)]
+
+
+def _imported_names(tree: ast.AST) -> set[str]:
+    return {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+
+
+def _repro_offences(tree: ast.AST, name: str) -> list[str]:
+    found = [f"imports {v}" for v in sorted(_imported_names(tree) & PLUG_IN_VIEWS)]
+    found += [f"interpolates at line {n} (use metrics.slo.crossing_rate)"
+              for n in _interpolations(tree)]
+    found += [f"checks an SLO at line {n} (use metrics.slo.attainment)"
+              for n in _slo_checks(tree)]
+    if name != "frame.py":
+        found += [f"builds RunFiles at line {n.lineno} (use ReproContext.keep)"
+                  for n in ast.walk(tree) if isinstance(n, ast.Call)
+                  and getattr(n.func, "id", None) == "RunFiles"]
+    return found
+
+
+def test_repro_holds_no_mechanism_crossing_attainment_or_run_files_of_its_own():
+    """An entry is data plus a short ``compare``: no planner written against a plug-in view
+    (mechanisms live in ``policies/``, ``moe/``, ``rl/``, ``workloads/``), no SLO crossing or
+    attainment of its own (``metrics/slo.py``), and every run it keeps goes through
+    ``ReproContext`` (``run``, ``run_many``, ``keep``; rate sweeps ``repro/sweep.py``)."""
+    offenders = {p.name: found for p in sorted((SRC / "repro").glob("*.py"))
+                 if (found := _repro_offences(ast.parse(p.read_text()), p.name))}
+    assert not offenders, f"move it out of repro/ or use the shared helper: {offenders}"
+
+
+def test_the_shared_helpers_are_defined_once():
+    """One SLO crossing, one attainment, one rate-sweep harness, one RunFiles in src/: a
+    second definition under the same name is a copy coming back."""
+    where: dict[str, list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.FunctionDef | ast.ClassDef)
+                    and node.name in SHARED_HELPERS):
+                where.setdefault(node.name, []).append(str(path.relative_to(SRC)))
+    assert where == {k: [v] for k, v in SHARED_HELPERS.items()}
+
+
+PLANTED = {
+    # FastServe's crossing as it was (repro/fastserve.py before issue 20, step 7)
+    "crossing": """
+def crossing_rate(rates, values, slo):
+    best = None
+    for i, (rate, value) in enumerate(zip(rates, values, strict=True)):
+        if value is None or value > slo:
+            if best is not None and value is not None:
+                prev = values[i - 1]
+                best = rates[i - 1] + (rate - rates[i - 1]) * (slo - prev) / (value - prev)
+            return best
+        best = rate
+    return best
+""",
+    # LoongServe's ablation attainment as it was (repro/loongserve_ablation.py)
+    "attainment": """
+def attainment(arrival, first, finish, prompt, out, fit):
+    ok = 0
+    for a, f, e, n, o in zip(arrival, first, finish, prompt, out, strict=True):
+        ttft_slo = max(TTFT_TOL * fit.predict_s(4, n, n * n), TTFT_FLOOR_S)
+        tpot = (e - f) / (o - 1) if o > 1 else 0.0
+        ok += f - a <= ttft_slo and tpot <= TPOT_SLO_S
+    return ok / len(arrival)
+""",
+    # UltraEP's planner as it was (repro/ultraep.py)
+    "planner": """
+from fleetsim.moe.placement import BalanceView, Placement, static_phy2log
+def ultraep_planner(within_domain):
+    def plan(view: BalanceView) -> Placement:
+        return plan_view(view, None, 0.01, within_node=within_domain)
+    return plan
+""",
+    # a run kept by hand (repro/heddle.py as it was)
+    "run_files": """
+def run_kept(ctx, policy, label, result):
+    ctx.runs[(policy, label)] = RunFiles(result.summary, result.config,
+                                         RequestRows(result.records.requests))
+""",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANTED))
+def test_the_repro_rule_catches_each_copy_it_replaced(kind):
+    found = _repro_offences(ast.parse(PLANTED[kind]), "entry.py")
+    assert found, kind
+    clean = "def compare(ctx):\n    return ctx.run('a', '1', {'slots_per_gpu': 1 <= 2})\n"
+    assert _repro_offences(ast.parse(clean), "entry.py") == []

@@ -47,7 +47,7 @@ def test_requests_follow_the_instruction_shares_and_answer_lengths():
 
 
 def test_loongserve_leval_is_the_published_model_not_the_stated_range():
-    from fleetsim.repro.loongserve_workload import lengths
+    from fleetsim.workloads.long_context import lengths
     prompt, _ = lengths("leval", 6000, np.random.default_rng(3))
     # the earlier log-uniform over the stated 3k-200k range averaged 46.9k tokens
     assert prompt.mean() < 20_000
@@ -87,7 +87,8 @@ def test_published_notes_give_each_systems_absolute_error():
 
 
 def test_a_curve_past_every_slo_stops_without_moving_its_crossings():
-    from fleetsim.repro.loongserve import _max_rate, _past_every_slo
+    from fleetsim.metrics.slo import crossing_rate as _max_rate
+    from fleetsim.repro.loongserve import _past_every_slo
     rates = (0.1, 0.2, 0.4, 0.8)
     # Mixed SLOs 70 / 90 / 360 ms; the output column crosses only at 0.4
     full = [(0.01, 0.02, 0.1), (0.08, 0.1, 0.2), (0.2, 0.3, 0.4), (0.05, 0.05, 0.05)]
@@ -105,6 +106,7 @@ def test_a_curve_past_every_slo_stops_without_moving_its_crossings():
 
 
 def test_ablation_stops_a_variant_below_90_percent_without_moving_its_crossing(monkeypatch):
+    from fleetsim.metrics.slo import crossing_rate
     from fleetsim.repro import loongserve_ablation as ab
     rates = ab.RATES[1.0]
     # the fixed layouts fall below 90% at the fourth rate and would recover after it
@@ -124,11 +126,12 @@ def test_ablation_stops_a_variant_below_90_percent_without_moving_its_crossing(m
         fit = {2: None}
 
     monkeypatch.setattr(ab, "run_variant", fake_run)
-    monkeypatch.setattr(ab, "attainment", fake_attainment)
+    monkeypatch.setattr(ab, "ablation_attainment", fake_attainment)
     curves = ab.ablation(FakeLayouts(), 0, alphas=(1.0,))[1.0]
     assert len(curves["loongserve"]) == len(rates)
     assert curves["no-esp tp8"] == [1.0, 0.97, 0.93, 0.6]  # the last two rates not run
-    assert ab.max_rate_at_attainment(rates, curves["no-esp tp8"]) == pytest.approx(
-        ab.max_rate_at_attainment(rates, scripted["no-esp tp8"]))
+    assert crossing_rate(rates, curves["no-esp tp8"], ab.ATTAINMENT, rising=False) == (
+        pytest.approx(crossing_rate(rates, scripted["no-esp tp8"], ab.ATTAINMENT,
+                                    rising=False)))
     note = ab.ablation_notes({1.0: curves})[0]
     assert "no-esp tp8 100%/97%/93%/60%/-/-" in note

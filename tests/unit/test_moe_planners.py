@@ -17,7 +17,7 @@ from fleetsim.moe import (
     plan_quotas,
 )
 from fleetsim.moe.placement import even_split, packed_phy2log, static_phy2log
-from fleetsim.moe.quota import swap_masters
+from fleetsim.moe.quota import swap_masters, ultraep_planner
 from fleetsim.moe.two_timescale import reorder_across_nodes
 
 
@@ -87,6 +87,34 @@ def test_quota_planner_reuses_previous_replicas_for_free():
     intra, inter = moved_experts(first, second, gpus_per_node=2)
     assert intra.sum() + inter.sum() == 0
     assert imbalance(second.gpu_load(load))[0] <= 1.05
+
+
+def test_ultraep_keeps_megatrons_masters_where_quota_packs_them():
+    """UltraEP's deployment (``ultraep_planner``): masters stay at Megatron's static layout
+    (expert e on GPU e // 2 here) while ``QuotaPlanner`` packs them to the first load; both
+    then cut the hot expert's load into replicas down to the mean."""
+    load = np.array([[40, 30, 1, 1, 1, 1, 1, 1]], dtype=float)
+    masters = (np.arange(12) % 3) < 2
+    static = static_phy2log(1, 8, 4, 3)
+    ultra = ultraep_planner(within_node=False)(view(load))
+    assert (ultra.phy2log[:, masters] == static[:, masters]).all()
+    packed = QuotaPlanner().plan(view(load))
+    assert not (packed.phy2log[:, masters] == static[:, masters]).all()
+    assert imbalance(ultra.gpu_load(load))[0] <= 1.01
+    again = ultraep_planner(within_node=False)(view(load, previous=ultra))
+    assert (again.phy2log[:, masters] == static[:, masters]).all()  # masters never move
+
+
+def test_ultraep_within_a_node_copies_no_expert_across_nodes():
+    """An NVLink domain smaller than the EP group: a hot expert's replicas stay on its node,
+    so each node computes exactly the load of the masters it holds."""
+    load = np.array([[40, 30, 1, 1, 1, 1, 1, 1]], dtype=float)
+    placement = ultraep_planner(within_node=True)(view(load))
+    per_gpu = placement.gpu_load(load)[0]
+    assert per_gpu[:2].sum() == pytest.approx(load[0, :4].sum())
+    assert per_gpu[2:].sum() == pytest.approx(load[0, 4:].sum())
+    free = ultraep_planner(within_node=False)(view(load))
+    assert free.gpu_load(load)[0][:2].sum() < load[0, :4].sum()
 
 
 def test_two_timescale_never_replicates_across_nodes():

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from fleetsim.metrics.slo import crossing_rate as max_rate
 from fleetsim.repro import REPRODUCTIONS
-from fleetsim.repro.autellix import _ratio, max_rate
+from fleetsim.repro.autellix import _ratio
 
 RATES = (1.0, 2.0, 4.0)
 

@@ -133,3 +133,24 @@ def test_tokens_travel_to_an_entry_worker_and_come_back():
             values, num_back = pool.submit(_entry_with_tokens, tokens).result()
     assert values == [x * x for x in range(6)]
     assert num_back == 2
+
+
+def test_a_kept_run_is_written_like_a_serving_run(tmp_path):
+    """``ctx.keep``: the one way a run that did not go through ``ctx.run`` (an RL rollout,
+    an MoE pass model, a SoC run) is kept; request columns, when given, become
+    ``requests.csv``, and without them only the summary and config are written."""
+    from fleetsim.repro import fastserve
+    from fleetsim.repro.cli import write_runs
+
+    served = ReproContext(quick=True, overrides=()).run("vllm", "2", fastserve.config(
+        "vllm", 2.0, 5))
+    ctx = ReproContext(quick=True, overrides=())
+    ctx.keep("a", "1", {"x": 1}, {"policy": "a"})
+    ctx.keep("b", "1", served.summary, served.config, served.records.requests)
+    assert isinstance(ctx.runs[("a", "1")], RunFiles) and ctx.runs[("a", "1")].records is None
+    assert ctx.runs[("b", "1")].records.requests is served.records.requests
+    runs = tmp_path / "runs"
+    write_runs(runs, ctx.runs)
+    assert sorted(p.name for p in (runs / "a" / "1").iterdir()) == ["config.json",
+                                                                   "summary.json"]
+    assert (runs / "b" / "1" / "requests.csv").read_text().count("\n") == 6

@@ -12,11 +12,14 @@ from tests.unit.test_cluster import pools, sim
 
 from fleetsim.cli import main
 from fleetsim.config import config_from_dict
+from fleetsim.hardware import get_gpu
+from fleetsim.models import get_model
+from fleetsim.perf.kv_movement import query_bytes_per_token, store_token_cost
 from fleetsim.policies.cache_aware import CacheAware
 from fleetsim.policies.mooncake import Mooncake
 from fleetsim.policies.routing import LeastLoaded
 from fleetsim.policies.tokenlake import TokenLake
-from fleetsim.repro.tokenlake import config, store_token_cost
+from fleetsim.repro.tokenlake import config
 from fleetsim.run import run
 from fleetsim.serving.kv_cache import KVCache
 from fleetsim.serving.request import Request
@@ -304,8 +307,13 @@ def test_the_mooncake_store_evicts_least_recently_used_segments_at_capacity():
 
 def test_the_store_load_is_priced_from_the_model_and_the_gpu():
     """KV bytes per token over PCIe, over a token's prefill at the BF16 roofline."""
-    assert store_token_cost("llama-3.1-8b", "h100") == pytest.approx(
+    assert store_token_cost(get_model("llama-3.1-8b"), get_gpu("h100")) == pytest.approx(
         (131072 / 64e9) / (2 * 8030261248 / 989e12))
+
+
+def test_a_shipped_query_moves_its_query_and_attention_output_on_every_layer():
+    """Llama-3.1-8B: 32 heads x 128 x 32 layers, BF16, out and back."""
+    assert query_bytes_per_token(get_model("llama-3.1-8b")) == 2 * 32 * 128 * 32 * 2
 
 
 def test_tokenlake_with_cache_aware_routing_routes_as_cache_aware_does():

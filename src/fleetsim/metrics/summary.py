@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fleetsim.metrics.slo import slo_met
 from fleetsim.serving.recorder import Records
 
 
@@ -121,8 +122,7 @@ def summarize(
     num_finished = int(req["finish_s"].size)
     end_s = float(req["finish_s"].max()) if num_finished else first_arrival_s
     makespan_s = max(end_s - first_arrival_s, 1e-12)
-    met_ttft = lat["ttft_s"] <= slo.ttft_s
-    met_tpot = np.isnan(lat["tpot_s"]) | (lat["tpot_s"] <= slo.tpot_s)
+    met_ttft, met_tpot = slo_met(lat["ttft_s"], lat["tpot_s"], slo.ttft_s, slo.tpot_s)
     met = met_ttft & met_tpot
     denom = max(num_arrived, 1)
     total_blocks = sum(num_kv_blocks_by_replica.values())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from fleetsim.moe.placement import (
     check_layout,
     packed_phy2log,
     reorder_across_nodes,
+    static_phy2log,
 )
 
 
@@ -386,3 +388,17 @@ def plan_view(
         tolerance=tolerance,
     )
     return quota_placement(phy2log, quota, load, view.slots_per_gpu)
+
+
+def ultraep_planner(*, within_node: bool, tolerance: float = 0.01
+                    ) -> Callable[[BalanceView], Placement]:
+    """UltraEP as its repository deploys it (Dots-Infra/UltraEP, README): masters fixed where
+    Megatron-LM puts them (``static_phy2log``, where ``QuotaPlanner`` packs them to the first
+    load), spare slots refilled from each microbatch's exact load with no move budget,
+    stopping within ``tolerance`` of the mean (``ULTRA_EP_QUOTA_ORACLE_EPS`` = 0.01).
+    ``within_node``: replicas stay inside a node (an NVLink domain smaller than the EP group)."""
+    def plan(view: BalanceView) -> Placement:
+        start = None if view.previous is not None else static_phy2log(
+            view.num_layers, view.num_experts, view.num_gpus, view.slots_per_gpu)
+        return plan_view(view, None, tolerance, within_node=within_node, initial_phy2log=start)
+    return plan

@@ -46,7 +46,6 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
-    RunFiles,
     add,
     better_ratio,
     fmt,
@@ -252,8 +251,8 @@ def compare(ctx: ReproContext) -> Comparison:
             s = summarize(simulate(setup, rate, scheduler, cost))
             summaries[(policy, label)] = s
             results[policy][label] = s["reactive_latency_mean_s"]
-            ctx.runs[(policy, label)] = RunFiles(s, {"policy": policy, "reactive_per_min": rate,
-                                                     **dataclasses.asdict(setup)})
+            ctx.keep(policy, label, s, {"policy": policy, "reactive_per_min": rate,
+                                        **dataclasses.asdict(setup)})
     comparison = _comparison(setup, cost, rates, results, summaries)
     if not ctx.quick:
         comparison.notes.extend(background_curve(setup, cost, ctx))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetsim.metrics.slo import crossing_rate
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
@@ -45,6 +46,7 @@ from fleetsim.repro.frame import (
     fmt,
     is_bound,
 )
+from fleetsim.repro.sweep import sweep_rates
 
 NUM_PROGRAMS, QUICK_PROGRAMS = 300, 150
 RATES = (1.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # programs per second on 4 engines (our sweep)
@@ -89,48 +91,32 @@ def config(policy: str, rate: float, num_programs: int) -> dict[str, Any]:
     }
 
 
-def max_rate(rates: tuple[float, ...], values: list[float | None], target: float
-             ) -> float | None:
-    """The highest rate at which ``values`` (a latency per rate, rising with it) stays within
-    ``target``: linear between the last rate within it and the first beyond, the top rate
-    when it never leaves it (then a bound), None when even the lowest rate misses it."""
-    prev: tuple[float, float] | None = None
-    for rate, value in zip(rates, values, strict=True):
-        if value is None or value > target:
-            if prev is None:
-                return None
-            if value is None:
-                return prev[0]
-            r0, v0 = prev
-            return r0 + (rate - r0) * (target - v0) / (value - v0)
-        prev = (rate, value)
-    return rates[-1]
-
-
 def _ratio(rates: tuple[float, ...], system: list[float | None], baseline: list[float | None],
            target: float) -> tuple[float | None, bool]:
     """System's max rate over the baseline's at ``target``, and whether it is a bound."""
-    a, b = max_rate(rates, system, target), max_rate(rates, baseline, target)
+    a, b = crossing_rate(rates, system, target), crossing_rate(rates, baseline, target)
     if a is None or b is None or b <= 0:
         return None, False
     return a / b, is_bound(rates[-1], a, b)
 
 
+def _mean_slowdown(run: Any) -> float | None:
+    """The programs' mean slowdown; None where programs were left unfinished."""
+    programs = run.summary["programs"]
+    return programs["slowdown"]["mean"] if programs["num_unfinished"] == 0 else None
+
+
 def compare(ctx: ReproContext) -> Comparison:
     rates = QUICK_RATES if ctx.quick else RATES
     n = QUICK_PROGRAMS if ctx.quick else NUM_PROGRAMS
-    slow: dict[str, list[float | None]] = {p: [] for p in POLICIES}
-    extra: dict[str, list[str]] = {p: [] for p in POLICIES}
-    for rate in rates:
-        for policy in POLICIES:
-            summary = ctx.run(policy, f"{rate:g}", config(policy, rate, n)).summary
-            prog = summary["programs"]
-            slow[policy].append(prog["slowdown"]["mean"] if prog["num_unfinished"] == 0
-                                else None)
-            extra[policy].append(f"{summary['num_preemptions']}/"
-                                 f"{summary['kv_cache']['mean_used_fraction']:.2f}")
-    results = {p: {f"{r:g}": v for r, v in zip(rates, slow[p], strict=True)} for p in POLICIES}
-    headline = {p: max_rate(rates, slow[p], TARGET_SLOWDOWN) for p in POLICIES}
+    sweep = sweep_rates(ctx, tuple(POLICIES), rates, lambda policy, i: config(policy,
+                                                                              rates[i], n))
+    results = sweep.curves(_mean_slowdown)
+    slow = {p: list(by_rate.values()) for p, by_rate in results.items()}
+    extra = {p: [f"{run.summary['num_preemptions']}/"
+                 f"{run.summary['kv_cache']['mean_used_fraction']:.2f}" for run in runs]
+             for p, runs in sweep.runs.items()}
+    headline = sweep.crossings(results, TARGET_SLOWDOWN)
     ratio, bound = _ratio(rates, slow["atlas"], slow["vllm"], TARGET_SLOWDOWN)
     attribution = {name: _ratio(rates, slow[name], slow["vllm"], TARGET_SLOWDOWN)[0]
                    for name in ABLATIONS}

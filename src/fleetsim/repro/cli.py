@@ -382,17 +382,10 @@ def _sets(doc: dict[str, Any]) -> str:
 def _write(out: Path, repro: Any, comparison: Any, ctx: Any, doc: dict[str, Any]) -> bool:
     """Each run's files, repro.json and the key figure, as one set; True if a figure was
     drawn (matplotlib is an optional dependency)."""
-    from fleetsim.results import StagedFolder, write_json, write_run_files
+    from fleetsim.results import StagedFolder, write_json
 
     with StagedFolder(out) as tmp:
-        for (policy, load), result in ctx.runs.items():
-            folder = tmp / "runs" / _safe(policy) / _safe(load)
-            folder.mkdir(parents=True)
-            if result.records is None:  # a run without requests (an MoE pass model)
-                write_json(folder / "summary.json", result.summary)
-                write_json(folder / "config.json", result.config)
-            else:
-                write_run_files(folder, result.summary, result.config, result.records.requests)
+        write_runs(tmp / "runs", ctx.runs)
         write_json(tmp / "repro.json", doc)
         try:
             from fleetsim.repro.plot import key_figure
@@ -402,6 +395,21 @@ def _write(out: Path, repro: Any, comparison: Any, ctx: Any, doc: dict[str, Any]
         if repro.extra_figures is not None:
             repro.extra_figures(ctx, tmp)
     return True
+
+
+def write_runs(folder: Path, runs: dict[tuple[str, str], Any]) -> None:
+    """Each kept run (``ReproContext.runs``) into ``folder/policy/load``: its summary and
+    config, and ``requests.csv`` where it has request rows (not an MoE pass model's)."""
+    from fleetsim.results import write_json, write_run_files
+
+    for (policy, load), result in runs.items():
+        where = folder / _safe(policy) / _safe(load)
+        where.mkdir(parents=True)
+        if result.records is None:
+            write_json(where / "summary.json", result.summary)
+            write_json(where / "config.json", result.config)
+        else:
+            write_run_files(where, result.summary, result.config, result.records.requests)
 
 
 def _safe(name: str) -> str:

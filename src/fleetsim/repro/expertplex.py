@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from fleetsim.errors import FleetsimInputError
-from fleetsim.expert_pool import Limits, attainment, simulate
+from fleetsim.expert_pool import Limits, simulate
 from fleetsim.hardware import get_gpu
+from fleetsim.metrics.slo import attainment, crossing_rate
 from fleetsim.models import get_model
 from fleetsim.moe.expertplex import CostModel, SystemLayout, sm_policy
 from fleetsim.repro.frame import (
@@ -51,7 +52,6 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
-    RunFiles,
     add,
     better_ratio,
     is_bound,
@@ -172,20 +172,6 @@ def workload(setup: ExpertPlexSetup, num_requests: int
     return np.cumsum(gaps), prompts[rows], outputs[rows]
 
 
-def goodput(rates: tuple[float, ...], scores: list[float], target: float) -> float:
-    """Highest rate meeting ``target``, interpolated to where the score crosses it after the
-    last passing rate (0 when even the lowest rate fails)."""
-    best = 0.0
-    for i, (rate, score) in enumerate(zip(rates, scores, strict=True)):
-        if score < target:
-            if i == 0:
-                return 0.0
-            lo, s_lo = rates[i - 1], scores[i - 1]
-            return lo + (rate - lo) * (s_lo - target) / (s_lo - score)
-        best = rate
-    return best
-
-
 class _Sweep:
     def __init__(self, setup: ExpertPlexSetup, cost: CostModel, rates: tuple[float, ...]):
         self.setup, self.cost, self.rates = setup, cost, rates
@@ -215,7 +201,8 @@ class _Sweep:
             arrivals = self.unit[:n] / total
             res = simulate(layout, self.cost, self.limits, policy, arrivals, self.prompts[:n],
                            self.outputs[:n], overlap=self.setup.overlap)
-            score = attainment(res, self.setup.ttft_slo_s, self.setup.tpot_slo_s)
+            score = attainment(res.ttft, res.tpot, self.setup.ttft_slo_s,
+                               self.setup.tpot_slo_s)
             fails += score < self.setup.target
             out.append((score, {
                 "slo_attainment": score, "requests": n, "rate_req_s": total,
@@ -245,7 +232,9 @@ def compare(ctx: ReproContext) -> Comparison:
             if ctx.progress is not None:
                 ctx.progress(f"{system} {layout.label}")
             runs = sweep.scores(layout)
-            gp = goodput(rates, [score for score, _ in runs], setup.target)
+            # goodput: the highest rate meeting the target (0 when even the lowest misses)
+            gp = crossing_rate(rates, [score for score, _ in runs], setup.target,
+                               rising=False) or 0.0
             tried.append(f"{layout.label} {gp:.2f}")
             if best is None or gp > best[0]:
                 best = (gp, layout, runs)
@@ -256,8 +245,8 @@ def compare(ctx: ReproContext) -> Comparison:
         for rate, (score, summary) in zip(rates, runs, strict=True):
             label = f"{rate:g}"
             results[system][label] = None if np.isnan(score) else score
-            ctx.runs[(system, label)] = RunFiles(
-                {"layout": layout.label, **summary},
+            ctx.keep(
+                system, label, {"layout": layout.label, **summary},
                 {"system": system, "rate_req_s_per_gpu": rate,
                  "prefill_gpus": list(layout.prefill_gpus),
                  "decode_gpus": list(layout.decode_gpus), "pool": layout.pool,

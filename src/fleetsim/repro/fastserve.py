@@ -31,6 +31,7 @@ except where marked as an assumption:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ from fleetsim.repro.frame import (
     fmt,
     is_bound,
 )
+from fleetsim.repro.sweep import sweep_rates
 
 MODEL, GPU = "opt-13b", "a100"
 SLO_S_PER_TOKEN = 0.3  # the artifact's figures 11 and 12
@@ -126,23 +128,12 @@ def config(policy: str, rate: float, num_jobs: int) -> dict[str, Any]:
 
 def compare(ctx: ReproContext) -> Comparison:
     rates, jobs = (QUICK_RATES, QUICK_JOBS) if ctx.quick else (RATES, JOBS)
-    mean: dict[str, dict[str, float | None]] = {}
-    p95: dict[str, dict[str, float | None]] = {}
-    # Every (policy, rate) run is independent: given at once, they spread over the free cores.
-    runs = [(policy, f"{rate:g}", config(policy, rate, n))
-            for policy in POLICIES for rate, n in zip(rates, jobs, strict=True)]
-    for (policy, label, _), result in zip(runs, ctx.run_many(runs), strict=True):
-        assert result.records is not None  # a serving run keeps its request rows
-        per_token = (None if result.summary["num_unfinished"]
-                     else latency_per_output_token(result.records.requests))
-        mean.setdefault(policy, {})[label] = (float(np.mean(per_token))
-                                              if per_token is not None else None)
-        p95.setdefault(policy, {})[label] = (float(np.percentile(per_token, 95))
-                                             if per_token is not None else None)
-    at_slo = {p: crossing_rate(rates, list(v.values()), SLO_S_PER_TOKEN)
-              for p, v in mean.items()}
-    tail_at_slo = {p: crossing_rate(rates, list(v.values()), SLO_S_PER_TOKEN)
-                   for p, v in p95.items()}
+    sweep = sweep_rates(ctx, tuple(POLICIES), rates,
+                        lambda policy, i: config(policy, rates[i], jobs[i]))
+    mean = sweep.curves(lambda run: _per_token(run, np.mean))
+    p95 = sweep.curves(lambda run: _per_token(run, lambda x: np.percentile(x, 95)))
+    at_slo = sweep.crossings(mean, SLO_S_PER_TOKEN)
+    tail_at_slo = sweep.crossings(p95, SLO_S_PER_TOKEN)
     ratio = better_ratio(at_slo["fastserve"], at_slo["vllm"], "higher")
     tail_ratio = better_ratio(tail_at_slo["fastserve"], tail_at_slo["vllm"], "higher")
     last = rates[-1]
@@ -184,22 +175,11 @@ def latency_per_output_token(req: Any) -> Any:
         req["num_output_tokens"], dtype=np.float64)
 
 
-def crossing_rate(rates: tuple[float, ...], values: list[float | None], slo: float
-                  ) -> float | None:
-    """The arrival rate where ``values`` (rising with load) first exceed ``slo``, linearly
-    interpolated between the last rate within and the first beyond, as the artifact's
-    ``find_intersection_point``; the last rate if none exceeds it (a lower bound); None if
-    even the lowest rate misses."""
-    best = None
-    for i, (rate, value) in enumerate(zip(rates, values, strict=True)):
-        if value is None or value > slo:
-            if best is not None and value is not None:
-                prev = values[i - 1]
-                assert prev is not None
-                best = rates[i - 1] + (rate - rates[i - 1]) * (slo - prev) / (value - prev)
-            return best
-        best = rate
-    return best
+def _per_token(run: Any, stat: Callable[[Any], Any]) -> float | None:
+    """``stat`` of a run's latencies per output token; None where jobs were left unfinished."""
+    if run.summary["num_unfinished"]:
+        return None
+    return float(stat(latency_per_output_token(run.records.requests)))
 
 
 def _fmt_rate(value: float | None, last: float) -> str:

@@ -28,6 +28,7 @@ from fleetsim.configutil import apply_overrides, from_dict
 from fleetsim.errors import FleetsimInputError
 from fleetsim.registry import make_registry
 from fleetsim.repro.pool import SubRuns
+from fleetsim.results import RequestRows, RunFiles
 from fleetsim.run import RunResult, run
 from fleetsim.workloads import Workload
 
@@ -131,24 +132,6 @@ class Comparison:
 _Setup = TypeVar("_Setup")
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRows:
-    """The per-request columns of a run that is not a serving simulation (``requests.csv``)."""
-
-    requests: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class RunFiles:
-    """A run that is not a serving simulation (an MoE pass model, an RL rollout, a SoC run),
-    kept in ``ReproContext.runs`` and written like one: ``summary.json``, ``config.json``,
-    and ``requests.csv`` when ``records`` holds request rows."""
-
-    summary: dict[str, Any]
-    config: dict[str, Any]
-    records: RequestRows | None = None
-
-
 def setup_from(ctx: ReproContext, cls: type[_Setup], quick: Mapping[str, Any],
                name: str) -> _Setup:
     """A reproduction's own setup dataclass ``cls``: ``quick``'s settings under ``--quick``,
@@ -158,10 +141,12 @@ def setup_from(ctx: ReproContext, cls: type[_Setup], quick: Mapping[str, Any],
     return from_dict(cls, data, name)
 
 
-def run_files(data: Mapping[str, Any]) -> RunFiles:
-    """Simulate the config ``data`` (overrides already applied) and keep what is written of
-    it: a sub-simulation that runs in a helper process (``ReproContext.run_many``)."""
-    result = run(config_from_dict(dict(data)))
+def run_files(item: tuple[Mapping[str, Any], Workload | None]) -> RunFiles:
+    """Simulate the config of ``item`` (overrides already applied; with its in-memory
+    requests, if any) and keep what is written of it: a sub-simulation that runs in a helper
+    process (``ReproContext.run_many``)."""
+    data, workload = item
+    result = run(config_from_dict(dict(data)), workload=workload)
     return RunFiles(result.summary, result.config, RequestRows(dict(result.records.requests)))
 
 
@@ -197,21 +182,33 @@ class ReproContext:
         self.runs[(policy, load)] = result
         return result
 
-    def run_many(self, runs: Sequence[tuple[str, str, Mapping[str, Any]]]
+    def keep(self, policy: str, load: str, summary: dict[str, Any], config: dict[str, Any],
+             requests: Mapping[str, Any] | None = None) -> None:
+        """Keep a run that did not go through ``run`` (an RL rollout, an MoE pass model, a
+        SoC run) as the run of (``policy``, ``load``), written like one: its summary, config
+        and, given ``requests`` (columns), ``requests.csv``."""
+        self.runs[(policy, load)] = RunFiles(
+            summary, config, None if requests is None else RequestRows(requests))
+
+    def run_many(self, runs: Sequence[tuple[str, str, Mapping[str, Any]]], *,
+                 workloads: Sequence[Workload | None] | None = None
                  ) -> list[RunResult | RunFiles]:
-        """``[self.run(policy, load, base) for policy, load, base in runs]``, the runs spread
-        over ``subruns`` (each config is checked here first, so bad input fails as in
-        ``run``). Kept and reported in ``runs``' order; a run that went to a helper process
-        comes back as ``RunFiles`` (its summary, config and request rows)."""
+        """``[self.run(policy, load, base, workload=w) for ...]`` over ``runs`` and
+        ``workloads`` (one per run, default none), the runs spread over ``subruns`` (each
+        config is checked here first, so bad input fails as in ``run``). Kept and reported
+        in ``runs``' order; a run that went to a helper process comes back as ``RunFiles``
+        (its summary, config and request rows)."""
+        wls = [None] * len(runs) if workloads is None else list(workloads)
         if not self.subruns.parallel:
-            return [self.run(policy, load, base) for policy, load, base in runs]
+            return [self.run(policy, load, base, workload=wl)
+                    for (policy, load, base), wl in zip(runs, wls, strict=True)]
         datas = []
         for _, _, base in runs:
             data: dict[str, Any] = copy.deepcopy(dict(base))
             apply_overrides(data, self.overrides)
             config_from_dict(copy.deepcopy(data))  # bad input fails here, before any run
             datas.append(data)
-        results = self.subruns.map(run_files, datas)
+        results = self.subruns.map(run_files, list(zip(datas, wls, strict=True)))
         for (policy, load, _), result in zip(runs, results, strict=True):
             if self.progress is not None:
                 self.progress(f"{policy} @ {load}")

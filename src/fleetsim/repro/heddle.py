@@ -49,8 +49,6 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
-    RequestRows,
-    RunFiles,
     add,
     better_ratio,
     fmt,
@@ -144,8 +142,7 @@ def run_kept(ctx: ReproContext, policy: str, label: str, data: dict[str, Any],
     actor = get_model(cfg.actor)
     check_fits_model(cfg, actor.max_context_tokens, actor.name)
     result = run_agentic_rollout(rollout_config(cfg), simulations)
-    ctx.runs[(policy, label)] = RunFiles(result.summary, result.config,
-                                         RequestRows(result.records.requests))
+    ctx.keep(policy, label, result.summary, result.config, result.records.requests)
     return result
 
 

@@ -26,9 +26,9 @@ README.md`` and ``test/longserve/5-start-api-server.py``), except where marked:
   has;
 - ``loongserve-no-esp``: the same 4 x TP 2 gang with a fixed degree of parallelism (every
   prefill on all instances, decode batches always lent): the artifact's "w/o ESP (TP=2, SP=4)";
-- workloads: see ``loongserve_workload`` (ShareGPT lengths embedded; L-Eval from its paper's
-  per-task length statistics, ``fleetsim.workloads.leval``; LV-Eval from its stated length
-  levels, since its texts are not reachable offline);
+- workloads: see ``fleetsim.workloads.long_context`` (ShareGPT lengths embedded; L-Eval
+  from its paper's per-task length statistics, ``fleetsim.workloads.leval``; LV-Eval from its
+  stated length levels, since its texts are not reachable offline);
 - metric: the artifact's Figure 10 (``ae-plot-fig-10-11-12.py``, ``lib_benchmark_serving/
   metrics.py``): mean per-token latency ``latency / (prompt + output)``, mean input-token
   latency ``ttft / prompt`` and mean output-token latency (tpot), each against the dataset's
@@ -42,13 +42,13 @@ README.md`` and ``test/longserve/5-start-api-server.py``), except where marked:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from fleetsim.esp import DecodeShard, EspCostModel, fit_analytical
 from fleetsim.hardware import get_gpu
+from fleetsim.metrics.slo import crossing_rate
 from fleetsim.models import get_model
 from fleetsim.repro.frame import (
     Comparison,
@@ -69,8 +69,9 @@ from fleetsim.repro.loongserve_ablation import (
     ablation_notes,
     group_config,
 )
-from fleetsim.repro.loongserve_workload import workload
+from fleetsim.repro.sweep import sweep_rates
 from fleetsim.workloads import Workload
+from fleetsim.workloads.long_context import workload
 
 MODEL, GPU = "lwm-text-1m", "a100"
 INSTANCE_TP, NUM_INSTANCES = 2, 4
@@ -125,26 +126,14 @@ def compare(ctx: ReproContext) -> Comparison:
     rates_by: dict[str, tuple[float, ...]] = QUICK_RATES if ctx.quick else RATES
     esp = _esp_models()
     seed = ctx.config({"seed": 0}).seed  # ``--set seed=N`` reseeds the workloads too
-    curves: dict[str, dict[str, dict[str, tuple[float, float, float]]]] = {}
-    for dataset in datasets:
-        curves[dataset] = {s: {} for s in systems_for(dataset)}
-        for rate in rates_by[dataset]:
-            n = QUICK_REQUESTS if ctx.quick else max(MIN_REQUESTS,
-                                                     round(rate * ARRIVALS_S[dataset]))
-            wl = workload(dataset, n, rate, seed=seed)
-            for system in systems_for(dataset):
-                label = f"{rate:g}"
-                if not ctx.quick and _past_every_slo(curves[dataset][system], dataset):
-                    continue  # its crossings are set (CPU time); the quick slice runs all
-                if ctx.progress is not None:
-                    ctx.progress(f"{system} {dataset} @ {label} req/s")
-                curves[dataset][system][label] = _run(ctx, system, dataset, rate, seed, wl, esp)
+    curves: dict[str, dict[str, dict[str, tuple[float, float, float]]]] = {
+        dataset: _sweep(ctx, dataset, rates_by[dataset], seed) for dataset in datasets}
     main = curves["mixed"]
     results: dict[str, dict[str, float | None]] = {
         s: {f"{r:g}": (main[s][f"{r:g}"][0] if f"{r:g}" in main[s] else None)
             for r in rates_by["mixed"]} for s in main}
     rates = rates_by["mixed"]
-    at_slo = {s: _max_rate(rates, [v[0] for v in main[s].values()], SLO_MS["mixed"][0] / 1e3)
+    at_slo = {s: crossing_rate(rates, [v[0] for v in main[s].values()], SLO_MS["mixed"][0] / 1e3)
               for s in main}
     ratio = better_ratio(at_slo["loongserve"], at_slo["lightllm-sf"], "higher")
     notes = _notes(curves, rates_by, esp)
@@ -173,11 +162,27 @@ def systems_for(dataset: str) -> tuple[str, ...]:
         s for s in SYSTEMS if s != "distserve")
 
 
-def _run(ctx: ReproContext, system: str, dataset: str, rate: float, seed: int, wl: Workload,
-         esp: tuple[EspCostModel, Any]) -> tuple[float, float, float]:
-    result = ctx.run(system, f"{dataset} {rate:g}", baseline_config(system, dataset),
-                     workload=wl)
-    req = result.records.requests
+def _sweep(ctx: ReproContext, dataset: str, rates: tuple[float, ...], seed: int
+           ) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Every system at every rate on the same requests per rate: system -> rate label -> the
+    three latencies. In a full run a system stops once past every SLO (its crossings are set;
+    CPU time); the quick slice runs all."""
+    def requests(i: int) -> Workload:
+        n = QUICK_REQUESTS if ctx.quick else max(MIN_REQUESTS,
+                                                 round(rates[i] * ARRIVALS_S[dataset]))
+        return workload(dataset, n, rates[i], seed=seed)
+
+    def past_every_slo(runs: list[Any]) -> bool:
+        return _past_every_slo({str(i): _latencies(r) for i, r in enumerate(runs)}, dataset)
+
+    sweep = sweep_rates(ctx, systems_for(dataset), rates,
+                        lambda system, _: baseline_config(system, dataset), prefix=f"{dataset} ",
+                        workload=requests, until=None if ctx.quick else past_every_slo)
+    return sweep.curves(_latencies)
+
+
+def _latencies(run: Any) -> tuple[float, float, float]:
+    req = run.records.requests
     return latency_metrics(req["arrival_s"], req["first_token_s"], req["finish_s"],
                            req["num_prompt_tokens"], req["num_output_tokens"])
 
@@ -243,19 +248,6 @@ def _past_every_slo(curve: dict[str, tuple[float, float, float]], dataset: str) 
                                    for v in curve.values()) for col in range(3))
 
 
-def _max_rate(rates: Sequence[float], values: Sequence[float], slo: float) -> float | None:
-    """The artifact's ``get_intersection_point``: the first rate where the curve crosses the
-    SLO, linearly interpolated; the last rate if it never does (a lower bound), None if even
-    the first rate misses it. ``values`` may stop short of ``rates`` once it has crossed."""
-    if values[0] > slo:
-        return None
-    for i in range(min(len(rates), len(values)) - 1):
-        if (values[i] >= slo) != (values[i + 1] >= slo):
-            return rates[i] + (rates[i + 1] - rates[i]) * (slo - values[i]) / (
-                values[i + 1] - values[i])
-    return rates[-1]
-
-
 def _notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...]],
            esp: tuple[EspCostModel, Any]) -> list[str]:
     cost = esp[0]
@@ -275,7 +267,7 @@ def _notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...]],
         rates = rates_by[dataset]
         for col, name in enumerate(("per-token", "input-token", "output-token")):
             slo = SLO_MS[dataset][col] / 1e3
-            best = {s: _max_rate(rates, [v[col] for v in by_system[s].values()], slo)
+            best = {s: crossing_rate(rates, [v[col] for v in by_system[s].values()], slo)
                     for s in by_system}
             rows = ", ".join(f"{s} {_fmt_rate(best[s], rates[-1])}" for s in by_system)
             ls = best["loongserve"]
@@ -322,7 +314,7 @@ def published_notes(curves: dict[str, Any], rates_by: dict[str, tuple[float, ...
             slo = SLO_MS[dataset][col] / 1e3
             parts, ratios = [], []
             for system, values in published.items():
-                ours = _max_rate(rates, [v[col] for v in curves[dataset][system].values()],
+                ours = crossing_rate(rates, [v[col] for v in curves[dataset][system].values()],
                                  slo)
                 parts.append(f"{system} {_fmt_rate(ours, rates[-1])} vs "
                              f"{_fmt_published(values[col])}"

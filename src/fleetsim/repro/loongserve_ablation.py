@@ -27,10 +27,11 @@ import numpy as np
 from fleetsim.config import config_from_dict
 from fleetsim.esp import AnalyticalModel, EspCostModel, fit_analytical
 from fleetsim.hardware import get_gpu
+from fleetsim.metrics.slo import attainment, crossing_rate
 from fleetsim.models import get_model
-from fleetsim.repro.loongserve_workload import workload
 from fleetsim.run import run
 from fleetsim.workloads import Workload
+from fleetsim.workloads.long_context import workload
 
 ALPHAS = (1.0, 1.2, 1.4)
 RATES: dict[float, tuple[float, ...]] = {1.0: (0.25, 0.5, 0.75, 1.0, 1.25, 1.5),
@@ -108,31 +109,19 @@ def _every(wl: Workload, start: int, step: int) -> Workload:
                     name=f"{wl.name} [{start}::{step}]")
 
 
-def attainment(requests: Mapping[str, Any], fit: Any) -> float:
+def ablation_attainment(requests: Mapping[str, Any], fit: Any) -> float:
     """Share of requests within both SLOs (``get_both_slo_attainment``, per request), from
-    their columns (``COLUMNS``)."""
+    their columns (``COLUMNS``): each request's TTFT target scales with its standalone
+    prefill."""
     arrival, first, finish = (np.asarray(requests[c], dtype=np.float64)
                               for c in ("arrival_s", "first_token_s", "finish_s"))
     prompt = np.asarray(requests["num_prompt_tokens"], dtype=np.float64)
     out = np.asarray(requests["num_output_tokens"], dtype=np.float64)
-    ok = 0
-    for a, f, e, n, o in zip(arrival, first, finish, prompt, out, strict=True):
-        ttft_slo = max(TTFT_TOL * fit.predict_s(4, n, n * n), TTFT_FLOOR_S)
-        tpot = (e - f) / (o - 1) if o > 1 else 0.0
-        ok += f - a <= ttft_slo and tpot <= TPOT_SLO_S
-    return ok / len(arrival)
-
-
-def max_rate_at_attainment(rates: Sequence[float], values: Sequence[float]) -> float | None:
-    """Where attainment first falls below 90%, interpolated; the last rate if never (a
-    lower bound); None if even the first rate misses."""
-    if values[0] < ATTAINMENT:
-        return None
-    for i in range(min(len(rates), len(values)) - 1):  # values stop once below (ablation)
-        if values[i + 1] < ATTAINMENT:
-            return rates[i] + (rates[i + 1] - rates[i]) * (values[i] - ATTAINMENT) / (
-                values[i] - values[i + 1])
-    return rates[-1]
+    ttft_slo_s = np.array([max(TTFT_TOL * fit.predict_s(4, n, n * n), TTFT_FLOOR_S)
+                           for n in prompt])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot_s = np.where(out > 1, (finish - first) / (out - 1), np.nan)
+    return attainment(first - arrival, tpot_s, ttft_slo_s, TPOT_SLO_S)
 
 
 def ablation(layouts: Layouts, seed: int, progress: Any = None,
@@ -151,7 +140,7 @@ def ablation(layouts: Layouts, seed: int, progress: Any = None,
                     continue
                 if progress is not None:
                     progress(f"{variant} zipf{alpha:g} @ {rate:g} req/s")
-                out[alpha][variant].append(attainment(run_variant(variant, wl, layouts),
+                out[alpha][variant].append(ablation_attainment(run_variant(variant, wl, layouts),
                                                       layouts.fit[2]))
     return out
 
@@ -160,7 +149,8 @@ def ablation_notes(curves: dict[float, dict[str, list[float]]]) -> list[str]:
     notes = []
     for alpha, by_variant in curves.items():
         rates = RATES[alpha]
-        best = {v: max_rate_at_attainment(rates, a) for v, a in by_variant.items()}
+        best = {v: crossing_rate(rates, a, ATTAINMENT, rising=False)
+            for v, a in by_variant.items()}
         ls = best["loongserve"]
         parts = []
         for v, b in best.items():

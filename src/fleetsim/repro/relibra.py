@@ -79,7 +79,6 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
-    RunFiles,
     add,
     better_ratio,
     fmt_ratios,
@@ -221,9 +220,9 @@ def compare(ctx: ReproContext) -> Comparison:
             s = summarize(rows, ideal_s, setup)
             summaries[(policy, scenario)] = s
             results[policy][scenario] = s["share_of_ideal"]
-            ctx.runs[(policy, scenario)] = RunFiles(
-                s, {"workload": scenario, "policy": policy, "model": "Qwen3-235B-A22B",
-                    **dataclasses.asdict(setup)})
+            ctx.keep(policy, scenario, s, {"workload": scenario, "policy": policy,
+                                           "model": "Qwen3-235B-A22B",
+                                           **dataclasses.asdict(setup)})
     comparison = _comparison(results, summaries)
     if not ctx.quick:
         comparison.notes.extend(ablations(setup, ctx))

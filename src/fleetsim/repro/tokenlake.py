@@ -41,8 +41,9 @@ from typing import Any
 import numpy as np
 
 from fleetsim.hardware.gpu import get_gpu
+from fleetsim.metrics.slo import crossing_rate
 from fleetsim.models import get_model
-from fleetsim.repro.fastserve import crossing_rate
+from fleetsim.perf.kv_movement import query_bytes_per_token, store_token_cost
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
@@ -56,6 +57,8 @@ from fleetsim.repro.frame import (
     fmt_ratios,
     is_bound,
 )
+from fleetsim.repro.sweep import sweep_rates
+from fleetsim.results import RunFiles
 from fleetsim.run import RunResult
 
 MODEL, GPU, NUM_REPLICAS = "llama-3.1-8b", "h100", 8
@@ -69,7 +72,6 @@ SYSTEM, BASELINE, ABLATION = "tokenlake", "cache_aware", "least_loaded"
 MOONCAKE = "mooncake"  # the paper's second baseline: cache-centric P/D with a host KV store
 CACHE_AWARE_POOL = "tokenlake-cache-aware"  # ablation: the pool, routed by cache_aware
 POLICIES = (SYSTEM, BASELINE, MOONCAKE, ABLATION, CACHE_AWARE_POOL)
-ACTIVATION_BYTES = 2  # bf16 queries and attention outputs
 # Mooncake's P/D split: 3 prefill to 1 decode instance, its end-to-end comparison's
 # "Mooncake-[3P+1D]" against "vLLM-[4M]" (arXiv:2407.00079, section 8.1), on our 8 GPUs.
 NUM_PREFILL, NUM_DECODE = 6, 2
@@ -85,31 +87,15 @@ SWAP_SPACE_GIB = 4  # vLLM's default swap_space: gives each GPU its host link (P
 LONG_MODEL, LONG_TP, LONG_SCALES = "lwm-text-1m", 2, (0.5, 1.0, 1.5, 2.0)
 
 
-def store_token_cost(model_name: str, gpu_name: str) -> float:
-    """Loading one token's KV from host memory over PCIe, in prefill tokens: KV bytes per
-    token / the GPU's PCIe bandwidth, over a token's prefill at the BF16 roofline (2 FLOPs per
-    parameter / peak BF16 FLOP/s); model config and GPU datasheet, no measured efficiency (so
-    it overstates the load's relative cost by the prefill's shortfall from the peak)."""
-    m, g = get_model(model_name), get_gpu(gpu_name)
-    load_s = m.kv_bytes_per_token() / g.pcie_bw_bytes_per_s
-    return load_s / (2.0 * m.num_params / g.peak_flops("bf16"))
-
-
-def query_bytes_per_token(model_name: str) -> float:
-    """What shipping one new token's query to a segment's replica moves, all layers: the query
-    out and the attention output back (``num_attention_heads x head_dim`` each; the model's
-    config.json)."""
-    m = get_model(model_name)
-    return 2.0 * m.num_attention_heads * m.head_dim * m.num_layers * ACTIVATION_BYTES
-
-
 def router(policy: str, model: str = MODEL) -> dict[str, Any]:
     if policy in (SYSTEM, CACHE_AWARE_POOL):
-        return {"name": SYSTEM, "args": {"query_bytes_per_token": query_bytes_per_token(model),
+        return {"name": SYSTEM, "args": {"query_bytes_per_token": query_bytes_per_token(
+                    get_model(model)),
                                          "cache_aware_routing": policy == CACHE_AWARE_POOL}}
     if policy == MOONCAKE:
         return {"name": MOONCAKE, "args": {"store_bytes": STORE_BYTES,
-                                           "store_token_cost": store_token_cost(model, GPU)}}
+                                           "store_token_cost": store_token_cost(
+                                               get_model(model), get_gpu(GPU))}}
     return {"name": policy}
 
 
@@ -141,14 +127,14 @@ def config(policy: str, scale: float, max_requests: int | None, *, model: str = 
     }
 
 
-def p90_ttft_s(result: RunResult) -> float:
+def p90_ttft_s(result: RunResult | RunFiles) -> float:
     req = result.records.requests
     ttft = np.asarray(req["first_token_s"], dtype=np.float64) - np.asarray(
         req["arrival_s"], dtype=np.float64)
     return float(np.percentile(ttft, 90))
 
 
-def hit_rate(result: RunResult) -> float:
+def hit_rate(result: RunResult | RunFiles) -> float:
     """Prefix-hit tokens over prompt tokens, every request (a block borrowed from another
     replica's cache is a hit, as TokenLake counts pool hits)."""
     req = result.records.requests
@@ -162,18 +148,14 @@ def sweep(ctx: ReproContext, scales: tuple[float, ...], max_requests: int | None
     """Every policy at every scale: the rates, P90 TTFT and hit rate per policy and load, and
     each run's routing report (by policy, then load)."""
     rates = tuple(s * TRACE_RATE_PER_S for s in scales)
-    ttft: dict[str, dict[str, float | None]] = {}
-    hits: dict[str, list[float]] = {}
-    reports: dict[str, dict[str, Any]] = {}
-    for policy in POLICIES:
-        ttft[policy], hits[policy], reports[policy] = {}, [], {}
-        for scale, rate in zip(scales, rates, strict=True):
-            result = ctx.run(policy, f"{label}{rate:.2f}",
-                             config(policy, scale, max_requests, model=model, tp=tp))
-            ttft[policy][f"{rate:.2f}"] = (None if result.summary["num_unfinished"]
-                                          else p90_ttft_s(result))
-            hits[policy].append(hit_rate(result))
-            reports[policy][f"{rate:.2f}"] = result.summary["routing"]
+    runs = sweep_rates(ctx, POLICIES, rates, lambda policy, i: config(
+        policy, scales[i], max_requests, model=model, tp=tp), label=lambda r: f"{r:.2f}",
+        prefix=label)
+    ttft = runs.curves(lambda run: None if run.summary["num_unfinished"] else p90_ttft_s(run))
+    hits = {p: [hit_rate(run) for run in by_rate] for p, by_rate in runs.runs.items()}
+    reports = {p: {k: run.summary["routing"] for k, run in zip(runs.labels, by_rate,
+                                                               strict=True)}
+               for p, by_rate in runs.runs.items()}
     return rates, ttft, hits, reports
 
 

@@ -54,8 +54,7 @@ from fleetsim.moe.ep_pass import EpPassModel, PassBreakdown, Planner, run_pass
 from fleetsim.moe.load_presets import LoadPreset, get_preset, preset_spec
 from fleetsim.moe.loads import LoadSpec, make_loads
 from fleetsim.moe.outer import OuterLayout, outer_s
-from fleetsim.moe.placement import BalanceView, Placement, static_phy2log
-from fleetsim.moe.quota import plan_view
+from fleetsim.moe.quota import ultraep_planner
 from fleetsim.repro.frame import (
     Comparison,
     Loads,
@@ -63,7 +62,6 @@ from fleetsim.repro.frame import (
     Paper,
     ReproContext,
     Reproduction,
-    RunFiles,
     add,
     better_ratio,
     setup_from,
@@ -150,19 +148,10 @@ class UltraEpSetup:
 QUICK = {"num_microbatches": 4, "num_warmup": 4, "num_layers": 16, "eplb_window": 4}
 
 
-def ultraep_planner(within_domain: bool) -> Planner:
-    """UltraEP: masters where Megatron puts them, replicas from the exact load."""
-    def plan(view: BalanceView) -> Placement:
-        start = None if view.previous is not None else static_phy2log(
-            view.num_layers, view.num_experts, view.num_gpus, view.slots_per_gpu)
-        return plan_view(view, None, 0.01, within_node=within_domain, initial_phy2log=start)
-    return plan
-
-
 def planners(setup: UltraEpSetup, domain: int) -> dict[str, Planner | None]:
     eplb = EplbStale(window=setup.eplb_window, every=setup.eplb_window)
-    return {"ultraep": ultraep_planner(domain < setup.ep), "megatron": NoBalancing().plan,
-            "eplb": eplb.plan, "force_balanced": None}
+    return {"ultraep": ultraep_planner(within_node=domain < setup.ep),
+            "megatron": NoBalancing().plan, "eplb": eplb.plan, "force_balanced": None}
 
 
 def setting_loads(setup: UltraEpSetup, phase: str, preset: str) -> np.ndarray:
@@ -227,9 +216,9 @@ def compare(ctx: ReproContext) -> Comparison:
             s = summarize(rows, ideal_s, scale, tokens)
             summaries[(policy, label)] = s
             results[policy][label] = s["share_of_ideal"]
-            ctx.runs[(policy, label)] = RunFiles(
-                s, {"setting": label, "phase": phase, "gpu": gpu, "nvlink_domain": domain,
-                    "load_preset": preset, "policy": policy, **dataclasses.asdict(setup)})
+            ctx.keep(policy, label, s, {"setting": label, "phase": phase, "gpu": gpu,
+                                        "nvlink_domain": domain, "load_preset": preset,
+                                        "policy": policy, **dataclasses.asdict(setup)})
     return _comparison(results, summaries)
 
 

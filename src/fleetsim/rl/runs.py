@@ -6,28 +6,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from fleetsim.configutil import apply_overrides
+from fleetsim.results import RequestRows, RunFiles
 from fleetsim.rl.config import rl_config_from_dict
 from fleetsim.rl.job import run_rl
 from fleetsim.rl.results import RLResult
-
-
-@dataclass(frozen=True, slots=True)
-class _Records:
-    requests: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class RunFiles:
-    """What a reproduction writes per run (``summary.json``, ``config.json`` and the
-    rollouts' ``requests.csv``), shaped as a serving ``RunResult``."""
-
-    summary: dict[str, Any]
-    config: dict[str, Any]
-    records: _Records
 
 
 def with_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -47,9 +32,8 @@ def run_kept(ctx: Any, policy: str, load: str, data: Mapping[str, Any]) -> RLRes
 
 def keep(ctx: Any, policy: str, load: str, result: RLResult) -> None:
     """Keep ``result`` in ``ctx`` as the run of (``policy``, ``load``)."""
-    requests = result.job.gen.recorder.records().requests
-    ctx.runs[(policy, load)] = RunFiles(result.summary, result.summary["config"],
-                                        _Records(requests))
+    ctx.keep(policy, load, result.summary, result.summary["config"],
+             result.job.gen.recorder.records().requests)
 
 
 def rl_files(data: Mapping[str, Any]) -> RunFiles:
@@ -57,7 +41,7 @@ def rl_files(data: Mapping[str, Any]) -> RunFiles:
     written of it: a run that can go to a helper process (``run_kept_many``)."""
     result = run_rl(rl_config_from_dict(dict(data)))
     return RunFiles(result.summary, result.summary["config"],
-                    _Records(result.job.gen.recorder.records().requests))
+                    RequestRows(result.job.gen.recorder.records().requests))
 
 
 def run_kept_many(ctx: Any, runs: Sequence[tuple[str, str, Mapping[str, Any]]]

@@ -150,6 +150,7 @@ def check_slo_reachable(config: SimConfig, target: float, sample: int = 2000) ->
     import numpy as np
 
     from fleetsim.hardware import get_gpu
+    from fleetsim.metrics.slo import attainment
     from fleetsim.models import get_model
     from fleetsim.run import pool_step_model, seed_streams
     from fleetsim.serving.standalone import decode_time_s, prefill_time_s
@@ -176,8 +177,7 @@ def check_slo_reachable(config: SimConfig, target: float, sample: int = 2000) ->
                     for p, o in zip(prompt, output, strict=True)]
             best_tpot = np.minimum(best_tpot, tpot)
     slo = config.slo
-    met = (best_ttft <= slo.ttft_s) & (best_tpot <= slo.tpot_s)
-    share = float(met.mean())
+    share = attainment(best_ttft, best_tpot, slo.ttft_s, slo.tpot_s)
     if share < target:
         raise FleetsimInputError(
             "slo", f"ttft_s={slo.ttft_s:g}, tpot_s={slo.tpot_s:g}",

@@ -18,7 +18,7 @@ reference answers per task, counted in the repository's ``LEval-data/*.jsonl`` a
 ``cd34b05`` (only the counts are kept); two files were not readable here (``codeU``,
 ``narrative_qa``) and take their group's instruction-weighted mean (closed-ended tasks 4.3
 words, open-ended QA 28.5) [assumption]. Words become tokens at 1.3 Llama tokens per word
-[assumption, as for LV-Eval in ``repro/loongserve_workload.py``]; every request of a task asks
+[assumption, as for LV-Eval in ``workloads/long_context.py``]; every request of a task asks
 for the task's mean (a point mass: the spread within a task is not published).
 """
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetsim.workloads import Workload, leval
+from fleetsim.workloads import leval
 from fleetsim.workloads.loaders import read_column
+from fleetsim.workloads.workload import Workload
 
 DATASETS = ("sharegpt", "leval", "lv-eval", "mixed", "zipf<alpha>")
 ZIPF_TARGETS = (10, 200_000)  # 4-mix-dataset-zipf.py: lens = range(10, 200000)
