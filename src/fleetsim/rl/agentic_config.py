@@ -7,6 +7,7 @@ run and scale, the seed) is not repeated here: the source takes it from the ``[r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fleetsim.programs.generators import SIGMA_TOOL
 from fleetsim.rl.resource_manager import TP_CHOICES
@@ -15,6 +16,64 @@ from fleetsim.rl.trajectory_predictor import PredictorConfig
 
 SCHEDULINGS = ("fcfs", "progressive_priority")
 PLACEMENTS = ("least_requests", "sticky", "sticky_skew", "heddle")
+
+
+class RolloutChoices(Protocol):
+    """The system's choices, as both the ``[rl.generation.agentic]`` table and one rollout's
+    config hold them."""
+
+    @property
+    def scheduling(self) -> str: ...
+    @property
+    def placement(self) -> str: ...
+    @property
+    def migration(self) -> bool: ...
+    @property
+    def resource_manager(self) -> bool: ...
+    @property
+    def split(self) -> tuple[int, ...]: ...
+    @property
+    def tp_choices(self) -> tuple[int, ...]: ...
+    @property
+    def anneal_steps(self) -> int: ...
+    @property
+    def split_scoring(self) -> str: ...
+    @property
+    def num_replayed(self) -> int: ...
+    @property
+    def preemption_mode(self) -> str: ...
+
+
+def check_rollout_choices(c: RolloutChoices) -> None:
+    """Raise ``ValueError`` naming the field for a choice no rollout can run: one check for the
+    RL job's table and the rollout's own config, which hold the same choices."""
+    if c.scheduling not in SCHEDULINGS:
+        raise ValueError(f"scheduling must be one of {', '.join(SCHEDULINGS)}, got "
+                         f"{c.scheduling!r}")
+    if c.placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got "
+                         f"{c.placement!r}")
+    if c.migration and c.placement != "heddle":
+        raise ValueError(f"migration needs placement heddle (its bands say where a "
+                         f"trajectory belongs), got placement {c.placement!r}")
+    if c.resource_manager and c.placement != "heddle":
+        raise ValueError(f"resource_manager needs placement heddle (its DP assigns the "
+                         f"trajectories to the workers), got placement {c.placement!r}")
+    if c.split and (c.resource_manager or c.placement != "heddle"):
+        raise ValueError(f"split {list(c.split)} fixes the workers: it needs placement "
+                         f"heddle and resource_manager off")
+    if not c.tp_choices or any(t not in TP_CHOICES for t in c.tp_choices):
+        raise ValueError(f"tp_choices must be some of {list(TP_CHOICES)} (powers of two "
+                         f"within a node), got {list(c.tp_choices)}")
+    if c.anneal_steps < 0:
+        raise ValueError(f"anneal_steps must be >= 0, got {c.anneal_steps}")
+    if c.split_scoring not in ("dp", "replay"):
+        raise ValueError(f"split_scoring must be dp or replay, got {c.split_scoring!r}")
+    if not 1 <= c.num_replayed <= 64:
+        raise ValueError(f"num_replayed must be in 1..64 splits, got {c.num_replayed}")
+    if c.preemption_mode not in ("recompute", "swap"):
+        raise ValueError(f"preemption_mode must be recompute or swap, got "
+                         f"{c.preemption_mode!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,31 +123,7 @@ class AgenticConfig:
     """The trajectory-length predictor's quality per finished turn."""
 
     def __post_init__(self) -> None:
-        if self.scheduling not in SCHEDULINGS:
-            raise ValueError(f"scheduling must be one of {', '.join(SCHEDULINGS)}, got "
-                             f"{self.scheduling!r}")
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got "
-                             f"{self.placement!r}")
-        for name in ("migration", "resource_manager"):
-            if getattr(self, name) and self.placement != "heddle":
-                raise ValueError(f"{name} needs placement heddle (its DP assigns "
-                                 f"trajectories to workers), got placement {self.placement!r}")
-        if self.split and (self.resource_manager or self.placement != "heddle"):
-            raise ValueError(f"split {list(self.split)} fixes the workers: it needs placement "
-                             f"heddle and resource_manager off")
-        if not self.tp_choices or any(t not in TP_CHOICES for t in self.tp_choices):
-            raise ValueError(f"tp_choices must be some of {list(TP_CHOICES)}, got "
-                             f"{list(self.tp_choices)}")
-        if self.anneal_steps < 0:
-            raise ValueError(f"anneal_steps must be >= 0, got {self.anneal_steps}")
-        if self.split_scoring not in ("dp", "replay"):
-            raise ValueError(f"split_scoring must be dp or replay, got {self.split_scoring!r}")
-        if not 1 <= self.num_replayed <= 64:
-            raise ValueError(f"num_replayed must be in 1..64 splits, got {self.num_replayed}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be recompute or swap, got "
-                             f"{self.preemption_mode!r}")
+        check_rollout_choices(self)
         # The trajectory fields' own checks (shares summing to 1, latencies >= 0).
         self.trajectory_args(1, 1, "dapo-qwen2.5-32b", 1.0, None)
 

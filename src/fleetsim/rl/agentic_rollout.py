@@ -40,6 +40,7 @@ from fleetsim.policies.trajectories import TrajectoryPlan
 from fleetsim.programs.runtime import call_timer
 from fleetsim.programs.source import ProgramSource
 from fleetsim.registry import PolicySpec
+from fleetsim.rl.agentic_config import check_rollout_choices
 from fleetsim.rl.resource_manager import (
     TP_CHOICES,
     Allocation,
@@ -61,8 +62,7 @@ from fleetsim.serving.recorder import Records
 from fleetsim.serving.request import Request
 from fleetsim.serving.settings import PlugIns
 
-SCHEDULINGS = ("fcfs", "progressive_priority")
-PLACEMENTS = {"least_requests": "least_requests", "sticky": "sticky",
+ROUTERS = {"least_requests": "least_requests", "sticky": "sticky",
               "sticky_skew": "sticky_skew", "heddle": "trajectory_plan"}  # -> router
 HASH_BLOCK_TOKENS = 64  # prefix-hash block of the program source (docs/programs.md)
 
@@ -123,45 +123,18 @@ class AgenticRolloutConfig:
     """Seeds the batch, the predictor's errors and routing (one stream each)."""
 
     def __post_init__(self) -> None:
-        if self.scheduling not in SCHEDULINGS:
-            raise ValueError(f"scheduling must be one of {', '.join(SCHEDULINGS)}, got "
-                             f"{self.scheduling!r}")
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got "
-                             f"{self.placement!r}")
-        if self.migration and self.placement != "heddle":
-            raise ValueError(f"migration needs placement heddle (its bands say where a "
-                             f"trajectory belongs), got placement {self.placement!r}")
-        if self.resource_manager and self.placement != "heddle":
-            raise ValueError(f"resource_manager needs placement heddle (its DP assigns the "
-                             f"trajectories to the workers), got placement "
-                             f"{self.placement!r}")
+        check_rollout_choices(self)
         if self.tp < 1 or self.num_gpus < self.tp or self.num_gpus % self.tp:
             raise ValueError(f"num_gpus must be a positive multiple of tp, got num_gpus "
                              f"{self.num_gpus} and tp {self.tp}")
         if self.resource_manager and self.tp not in TP_CHOICES:
             raise ValueError(f"tp must be one of {list(TP_CHOICES)} with resource_manager "
                              f"(the annealing starts from every worker at tp), got {self.tp}")
-        if not self.tp_choices or any(t not in TP_CHOICES for t in self.tp_choices):
-            raise ValueError(f"tp_choices must be some of {list(TP_CHOICES)} (powers of two "
-                             f"within a node), got {list(self.tp_choices)}")
-        if self.anneal_steps < 0:
-            raise ValueError(f"anneal_steps must be >= 0, got {self.anneal_steps}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be recompute or swap, got "
-                             f"{self.preemption_mode!r}")
         if self.preemption_mode == "swap" and not self.engine.swap_space_gib > 0:
             raise ValueError("preemption_mode swap needs host memory: set "
                              "engine.swap_space_gib > 0")
         if self.split:
-            if self.resource_manager or self.placement != "heddle":
-                raise ValueError(f"split {list(self.split)} fixes the workers: it needs "
-                                 f"placement heddle and resource_manager off")
             check_split(self.split, self.num_gpus, TP_CHOICES)
-        if self.split_scoring not in ("dp", "replay"):
-            raise ValueError(f"split_scoring must be dp or replay, got {self.split_scoring!r}")
-        if not 1 <= self.num_replayed <= 64:
-            raise ValueError(f"num_replayed must be in 1..64 splits, got {self.num_replayed}")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -274,7 +247,7 @@ def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
                            predictor, placement, cfg.migration,
                            float(model.kv_bytes_per_token()))
     router_args = {"skew_threshold": cfg.skew_threshold} if cfg.placement == "sticky_skew" else {}
-    router = make_router(PolicySpec(name=PLACEMENTS[cfg.placement], args=router_args))
+    router = make_router(PolicySpec(name=ROUTERS[cfg.placement], args=router_args))
     batching = PolicySpec(name=cfg.scheduling if cfg.scheduling != "fcfs" else "token_budget",
                           args=({"preemption_mode": "swap"} if cfg.preemption_mode == "swap"
                                 else {}))
