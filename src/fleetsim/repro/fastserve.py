@@ -85,8 +85,10 @@ PANEL_SOURCE = ("the artifact's committed figures (LLMServe/FastServe, benchmark
 EAGER_S_PER_DECODE_STEP_LLAMA2_7B = (1.2 - 1.05) / 100
 EAGER_OVERHEAD_S = EAGER_S_PER_DECODE_STEP_LLAMA2_7B * 40 / 32
 
-LENGTHS = {"path": "embedded:sharegpt_lengths", "max_prompt_tokens": 1024,
-           "max_total_tokens": 2048}  # benchmark-serving.py's ShareGPT filter
+# benchmark-serving.py's ShareGPT filter
+SHAREGPT, MAX_PROMPT_TOKENS, MAX_TOTAL_TOKENS = "embedded:sharegpt_lengths", 1024, 2048
+LENGTHS = {"path": SHAREGPT, "max_prompt_tokens": MAX_PROMPT_TOKENS,
+           "max_total_tokens": MAX_TOTAL_TOKENS}
 
 # policy -> (batching spec, max running requests). FastServe's engine keeps every admitted
 # job resident (paused, or swapped to host) and batches 16 of them; its only limit is memory,
@@ -174,8 +176,9 @@ def lengths_note() -> str:
     """What the artifact's filter keeps of the embedded ShareGPT rows, measured: the client
     sends the first turn of each conversation instead, whose lengths we have no public
     statistics for (so their effect on the ratio is not measured)."""
-    rows = PairedLengthsConfig(**LENGTHS).distribution()
-    every = read_column(LENGTHS["path"], "num_prefill_tokens")
+    rows = PairedLengthsConfig(path=SHAREGPT, max_prompt_tokens=MAX_PROMPT_TOKENS,
+                               max_total_tokens=MAX_TOTAL_TOKENS).distribution()
+    every = read_column(SHAREGPT, "num_prefill_tokens")
     return (f"lengths: the embedded ShareGPT rows' prompts average {np.mean(every):,.0f} "
             f"tokens (median {np.median(every):,.0f}); the artifact's filter keeps "
             f"{len(rows.prompts):,} of {len(every):,} ({len(rows.prompts) / len(every):.0%}), "

@@ -166,7 +166,8 @@ def compare(ctx: ReproContext) -> Comparison:
              ) -> tuple[float | None, float | None]:
         """The paper's form: the mean of the reductions 1 - system/baseline over the
         baselines and the settings (its "-20.1% on average"), Req95 and Req99."""
-        ratios95, ratios99 = [], []
+        ratios95: list[float] = []
+        ratios99: list[float] = []
         for base in baselines:
             for k in keys:
                 hx, b = got[(system, *k)], got[(base, *k)]
