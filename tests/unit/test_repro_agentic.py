@@ -3,6 +3,8 @@ rate sweep (crossings interpolated, bounds flagged) and the entries' ablation se
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from fleetsim.metrics.slo import crossing_rate as max_rate
@@ -69,3 +71,43 @@ def test_hexagent_says_which_baseline_its_average_wins_or_loses_against():
     assert comparison.ratio == pytest.approx(1 / (1 + 1 / 6))
     assert ("per baseline, mean reduction over the settings (Req95/Req99): w-fcfs "
             "-50.0%/-50.0%, w-llf +0.0%/+0.0%, atlas +100.0%/+100.0%") in comparison.notes
+
+
+class _Slowdowns:
+    """A ReproContext whose runs give fixed mean slowdowns per (policy, rate); it keeps the
+    configs it was given."""
+
+    quick = False
+
+    def __init__(self, by_policy: dict[str, list[float]], rates: tuple[float, ...]) -> None:
+        self.by_policy, self.rates, self.configs = by_policy, rates, []
+
+    def run_many(self, runs, workloads=None):
+        out = []
+        for policy, _, config in runs:
+            self.configs.append(config)
+            slowdown = self.by_policy[policy][self.rates.index(
+                config["programs"]["rate_per_s"])]
+            out.append(SimpleNamespace(summary={
+                "programs": {"slowdown": {"mean": slowdown}, "num_unfinished": 0},
+                "num_preemptions": 3, "kv_cache": {"mean_used_fraction": 0.5}}))
+        return out
+
+
+def test_autellix_full_run_measures_the_schedulers_where_kv_binds():
+    """The regime where the scheduler can matter: one engine of a GPU whose KV binds, the
+    schedulers against vLLM in the ratio's form (crossings of the same target)."""
+    from fleetsim.repro.autellix import KV_BOUND_GPU, KV_BOUND_RATES, kv_bound_notes
+
+    rates = KV_BOUND_RATES  # 0.5, 0.75, 1, ...: vllm crosses 2 at 0.75, atlas at 1
+    ctx = _Slowdowns({"vllm": [1.5, 2.0, 3.0, 4.0, 5.0, 6.0],
+                      "atlas": [1.5, 1.75, 2.0, 3.0, 4.0, 5.0],
+                      "atlas-no-preempt": [1.5, 3.0, 3.5, 4.0, 5.0, 6.0]}, rates)
+    notes = kv_bound_notes(ctx)
+    assert {(c["hardware"]["gpu"], c["hardware"]["num_replicas"]) for c in ctx.configs} == {
+        (KV_BOUND_GPU, 1)}
+    assert len(ctx.configs) == 3 * len(rates)
+    assert any("atlas over vllm at mean slowdown <= 2: 1.33x" in n for n in notes)
+    # atlas-no-preempt crosses 2 at 0.5 + 0.25 * 0.5 / 1.5
+    assert any(f"atlas-no-preempt over vllm at mean slowdown <= 2: "
+               f"{(0.5 + 0.25 / 3) / 0.75:.2f}x" in n for n in notes)
