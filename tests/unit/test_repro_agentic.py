@@ -43,7 +43,10 @@ class _Scaled:
     """A run's summary with the given Req95 and Req99 (the SLO scales)."""
 
     def __init__(self, req95: float, req99: float) -> None:
-        self.summary = {"programs": {"slo_scale": {"req95": req95, "req99": req99}}}
+        self.summary = {"programs": {"slo_scale": {"req95": req95, "req99": req99}},
+                        "pools": [{"gpu": "H200", "role": "prefill", "busy_fraction": 0.9},
+                                  {"gpu": "H200", "role": "decode", "busy_fraction": 0.5},
+                                  {"gpu": "A100", "role": "decode", "busy_fraction": 0.0}]}
 
 
 class _FixedScales:
@@ -71,6 +74,10 @@ def test_hexagent_says_which_baseline_its_average_wins_or_loses_against():
     assert comparison.ratio == pytest.approx(1 / (1 + 1 / 6))
     assert ("per baseline, mean reduction over the settings (Req95/Req99): w-fcfs "
             "-50.0%/-50.0%, w-llf +0.0%/+0.0%, atlas +100.0%/+100.0%") in comparison.notes
+    # and whether the routers leave a GPU type's decode replicas idle (prefill pools left out)
+    assert ("decode replicas busy, share of the run, by GPU (llama-3.1-70b lats @8/s): "
+            "hexagent H200 50%, A100 0%; w-fcfs H200 50%, A100 0%; hexagent-speed-aware "
+            "H200 50%, A100 0%") in comparison.notes
 
 
 class _Slowdowns:

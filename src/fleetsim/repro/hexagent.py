@@ -152,7 +152,8 @@ def compare(ctx: ReproContext) -> Comparison:
                     runs.append(("w-llf", label + (f"-s{s:g}" if len(scales) > 1 else ""),
                                  config({"name": "workflow_llf", "args": {"slo_scale": s}},
                                         SPEED, SPEED, model, workload, rate, n)))
-    scaled = [_scales(r.summary) for r in ctx.run_many(runs)]
+    done = ctx.run_many(runs)
+    scaled = [_scales(r.summary) for r in done]
     # (policy, model, workload, rate) -> (Req95, Req99); W-LLF: the best over its scales
     got: dict[tuple[str, str, str, str], tuple[float | None, float | None]] = {
         k: (_min([scaled[i][0] for i in ix]), _min([scaled[i][1] for i in ix]))
@@ -196,10 +197,25 @@ def compare(ctx: ReproContext) -> Comparison:
         attribution[name] = as_ratio(a95)
         notes.append(f"{name} (HexAGenT without {what}): Req95 {_pct(a95)}, Req99 "
                      f"{_pct(a99)} against the same baselines")
+    busy_at = ("llama-3.1-70b", "lats", "8")
+    if ("hexagent", *busy_at) in index:
+        notes.append(_decode_busy_note(busy_at, {p: done[index[(p, *busy_at)][0]].summary
+                                                 for p in ("hexagent", "w-fcfs",
+                                                           "hexagent-speed-aware")}))
     notes.extend(f"{k[0]} {k[1]} @{k[2]}/s Req95/Req99: " + ", ".join(
         f"{p} " + "/".join(fmt(v) for v in got[(p, *k)])
         for p in names) for k in sorted({k[1:] for k in got}))
     return Comparison(results=results, ratio=ratio, notes=notes, attribution=attribution)
+
+
+def _decode_busy_note(setting: tuple[str, str, str], summaries: dict[str, Any]) -> str:
+    """How busy each GPU type's decode replicas were (share of the run a step ran): whether a
+    router leaves the faster ones idle."""
+    model, workload, rate = setting
+    return (f"decode replicas busy, share of the run, by GPU ({model} {workload} @{rate}/s): "
+            + "; ".join(f"{p} " + ", ".join(
+                f"{pool['gpu']} {pool['busy_fraction']:.0%}" for pool in summary["pools"]
+                if pool["role"] == "decode") for p, summary in summaries.items()))
 
 
 HEXAGENT = add(Reproduction(
