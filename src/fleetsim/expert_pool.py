@@ -6,7 +6,7 @@ on a shared resource (``serving/shared_steps.py``); and the three systems Expert
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -45,6 +45,9 @@ class Limits:
 class Outcome:
     ttft: np.ndarray
     tpot: np.ndarray
+    busy_share_by_pool: dict[str, float] = field(default_factory=dict)
+    """pool name -> share of the run (first arrival to last finish) its replicas were busy
+    stepping, averaged over its replicas."""
 
 
 def kv_blocks(cost: CostModel, gpus: int, weight_bytes_per_gpu: float) -> int:
@@ -105,8 +108,9 @@ def simulate(layout: SystemLayout, cost: CostModel, limits: Limits, sm: SmPolicy
     w = Workload(arrival_s=np.asarray(arrivals, dtype=np.float64),
                  num_prompt_tokens=np.asarray(prompts, dtype=np.int64),
                  num_output_tokens=np.asarray(outputs, dtype=np.int64))
+    setups = pools(layout, cost, sm, overlap=overlap)
     rec, _ = simulate_cluster(
-        w, pools(layout, cost, sm, overlap=overlap), router=LeastLoaded(),
+        w, setups, router=LeastLoaded(),
         decode_router=LeastLoaded(),
         make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
         rng=np.random.default_rng(0), kv_bytes_per_token=float(cost.model.kv_bytes_per_token()),
@@ -125,7 +129,21 @@ def simulate(layout: SystemLayout, cost: CostModel, limits: Limits, sm: SmPolicy
         raise RuntimeError(f"{len(order)} of {n} requests finished")
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), math.nan)
-    return Outcome(first - arrival, tpot)
+    return Outcome(first - arrival, tpot, _busy_shares(setups, rec.busy_s_by_replica,
+                                                       float(finish.max() - arrival.min())))
+
+
+def _busy_shares(setups: list[PoolSetup], busy_s_by_replica: dict[int, float],
+                 span_s: float) -> dict[str, float]:
+    """Each pool's mean busy share; the cluster numbers replicas in pool order."""
+    out: dict[str, float] = {}
+    first = 0
+    for setup in setups:
+        ids = range(first, first + setup.num_replicas)
+        out[setup.name] = sum(busy_s_by_replica.get(i, 0.0) for i in ids) / (
+            setup.num_replicas * span_s) if span_s > 0 else 0.0
+        first += setup.num_replicas
+    return out
 
 
 def shared_expert_pools(config: SimConfig, model: ModelSpec, setups: list[PoolSetup],

@@ -4,13 +4,15 @@ expertplex``'s bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from fleetsim.cli import main
-from fleetsim.expert_pool import Limits, pools, simulate
+from fleetsim.expert_pool import Limits, _busy_shares, pools, simulate
 from fleetsim.hardware import get_gpu
 from fleetsim.models import get_model
 from fleetsim.moe.expertplex import (
@@ -32,6 +34,7 @@ from fleetsim.moe.tile_model import (
 )
 from fleetsim.policies import TokenBudgetPlanner, make_ordering
 from fleetsim.policies.routing import LeastLoaded
+from fleetsim.repro import REPRODUCTIONS
 from fleetsim.repro.expertplex import ExpertPlexSetup, _Sweep, layouts
 from fleetsim.serving.cluster import PoolSetup, simulate_cluster
 from fleetsim.serving.shared_steps import SharedStepModel
@@ -154,6 +157,18 @@ def test_shared_pool_couples_the_phases(cost):
     alone = simulate(layout, cost, limits, policy, arrivals * 100, prompts, outputs)
     assert np.nanmedian(busy.tpot) > np.nanmedian(alone.tpot)
     assert np.all(np.isfinite(busy.ttft)) and np.all(busy.ttft > 0)
+    # what binds (the entry's note): requests 100x apart leave the attention groups idle
+    assert set(busy.busy_share_by_pool) == {"prefill", "decode"}
+    assert (alone.busy_share_by_pool["decode"] < busy.busy_share_by_pool["decode"] <= 1
+            and alone.busy_share_by_pool["prefill"] < busy.busy_share_by_pool["prefill"])
+
+
+def test_busy_shares_average_each_pools_replicas_over_the_run():
+    """Replicas are numbered in pool order; a pool's share is its replicas' mean."""
+    setups = [SimpleNamespace(name="prefill", num_replicas=1),
+              SimpleNamespace(name="decode", num_replicas=2)]
+    shares = _busy_shares(setups, {0: 5.0, 1: 10.0, 2: 6.0}, 10.0)
+    assert shares == pytest.approx({"prefill": 0.5, "decode": 0.8})
 
 
 def test_colocation_interferes_and_pd_does_not(cost):
@@ -268,3 +283,13 @@ def test_vectorized_decode_steps_equal_single_steps_bit_for_bit(cost, num_decode
                             overlap=overlap)
         assert m.decode_step_times_s(num_decode, kv).tolist() == [
             m.step_time_s((), num_decode, int(k)) for k in kv]
+
+
+def test_the_ablation_keeps_decodes_reference_share_of_the_pool(cost):
+    """``expertplex-static-sm`` removes the SM re-allocation: decode's share stays q_ref at
+    every batch, where ExpertPlex's follows the batch's tiles."""
+    adaptive = SmPolicy(q_ref=60, x_ref=cost.tiles_per_gpu(1024, 16), q_max=116, cluster=2)
+    static = dataclasses.replace(adaptive, adaptive=False)
+    assert cost.decode_sms(adaptive, 8, 16) < 60 < cost.decode_sms(adaptive, 4096, 16)
+    assert {cost.decode_sms(static, n, 16) for n in (8, 1024, 4096)} == {60}
+    assert "expertplex-static-sm" in REPRODUCTIONS["expertplex"].baselines

@@ -187,3 +187,18 @@ def test_only_the_artifacts_eager_vllm_runs_pay_the_launch_overhead():
     plain["engine"].pop("step_overhead_s")
     graphs["engine"].pop("step_overhead_s")
     assert plain == graphs  # the same vLLM otherwise
+
+
+def test_the_document_measures_what_the_filter_keeps_of_the_embedded_lengths():
+    """The artifact's client sends first turns; ours draws filtered rows: the note gives what
+    the filter keeps, counted here independently from the embedded file."""
+    from fleetsim.repro.fastserve import lengths_note
+    from fleetsim.workloads.loaders import read_column
+
+    prompts = read_column("embedded:sharegpt_lengths", "num_prefill_tokens")
+    outputs = read_column("embedded:sharegpt_lengths", "num_decode_tokens")
+    kept = (prompts <= 1024) & (prompts + outputs <= 2048)
+    note = lengths_note()
+    assert f"keeps {kept.sum():,} of {len(prompts):,}" in note
+    assert f"mean prompt {prompts[kept].mean():.0f} / output {outputs[kept].mean():.0f}" in note
+    assert f"average {prompts.mean():,.0f} tokens" in note

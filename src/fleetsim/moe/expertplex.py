@@ -50,6 +50,9 @@ class SmPolicy:
     x_ref: float
     q_max: int
     cluster: int
+    adaptive: bool = True
+    """False: decode keeps its reference share q_ref whatever batch it runs (the SM
+    re-allocation removed: the reproduction's ablation ``expertplex-static-sm``)."""
 
 
 @dataclass
@@ -197,6 +200,8 @@ class CostModel:
             self.a2a_s(tokens, pool, span) + expert)
 
     def decode_sms(self, policy: SmPolicy, decode: int, pool: int) -> int:
+        if not policy.adaptive:
+            return policy.q_ref
         return reallocate_sms(policy.q_ref, self.tiles_per_gpu(decode, pool), policy.x_ref,
                               policy.q_max, policy.cluster)
 
@@ -336,11 +341,12 @@ prefill-heavy moment slows)."""
 
 
 def sm_policy(cost: CostModel, layout: SystemLayout, mean_context: float, *,
-              max_decode_per_gpu: int, tpot_slo_s: float, sm_cluster: int) -> SmPolicy:
+              max_decode_per_gpu: int, tpot_slo_s: float, sm_cluster: int,
+              adaptive: bool = True) -> SmPolicy:
     """Decode's reference allocation x*_moe -> q: the fewest SMs (whole clusters, at most
     Q_max) with which a step of decode's largest batch, at the workload's mean context, meets
     90% of the TPOT SLO; x*_moe is that batch's tile count. Online, q' scales with the tiles
-    of the batch decode actually runs (``reallocate_sms``)."""
+    of the batch decode actually runs (``reallocate_sms``); ``adaptive=False`` keeps q."""
     q_max = min(ceil_to(cost.num_sms * 7 / 8, sm_cluster), cost.num_sms)
     if layout.kind != "expertplex":
         return SmPolicy(q_ref=q_max, x_ref=1.0, q_max=q_max, cluster=sm_cluster)
@@ -355,7 +361,7 @@ def sm_policy(cost: CostModel, layout: SystemLayout, mean_context: float, *,
             q_ref = q
             break
     return SmPolicy(q_ref=q_ref, x_ref=cost.tiles_per_gpu(largest, layout.pool), q_max=q_max,
-                    cluster=sm_cluster)
+                    cluster=sm_cluster, adaptive=adaptive)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,7 +29,10 @@ lacks):
   prompt + output <= 2,048), Poisson arrivals; SLOs TTFT <= 2 s and TPOT <= 100 ms, 90% of
   requests meeting both (the paper's SLO values are not in what we could read);
 - every system gets its best split of the budget (PD: prefill vs decode instances; ExpertPlex:
-  pool size and attention GPUs per phase), found by the same rate sweep.
+  pool size and attention GPUs per phase), found by the same rate sweep;
+- attribution: ``expertplex-static-sm``, ExpertPlex's best split with decode keeping its
+  reference share of the pool's SMs (the SM re-allocation removed; the shared pool, one copy
+  of the experts, stays).
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ from fleetsim.repro.frame import (
 from fleetsim.workloads.loaders import read_column
 
 SYSTEMS = ("expertplex", "pd_instance", "pd_colocated")
+ABLATION = "expertplex-static-sm"
+"""ExpertPlex at its best split with the SM re-allocation removed: decode keeps its reference
+share of the pool's SMs whatever batch it runs (``SmPolicy.adaptive``)."""
 PAPER_VS = {"pd_instance": 2.01, "pd_colocated": 1.66}
 # Up to 10 req/s per GPU: with the expert cost's weight-read term the baselines' knee moved
 # past the earlier grid's top (6), where their goodput was only a lower bound.
@@ -182,14 +188,17 @@ class _Sweep:
         self.limits = Limits(token_budget_per_gpu=setup.token_budget_per_gpu,
                              max_decode_per_gpu=setup.max_decode_per_gpu)
 
-    def scores(self, layout: SystemLayout) -> list[tuple[float, dict[str, Any]]]:
+    def scores(self, layout: SystemLayout, *, adaptive: bool = True
+               ) -> list[tuple[float, dict[str, Any]]]:
         """(SLO attainment, summary) per rate; after two failing rates the sweep stops (NaN:
-        not run, nothing claimed)."""
+        not run, nothing claimed). ``adaptive=False``: ExpertPlex without its SM
+        re-allocation."""
         out: list[tuple[float, dict[str, Any]]] = []
         setup = self.setup
         policy = sm_policy(self.cost, layout, self.mean_context,
                            max_decode_per_gpu=setup.max_decode_per_gpu,
-                           tpot_slo_s=setup.tpot_slo_s, sm_cluster=setup.sm_cluster)
+                           tpot_slo_s=setup.tpot_slo_s, sm_cluster=setup.sm_cluster,
+                           adaptive=adaptive)
         fails = 0
         for rate in self.rates:
             if fails >= 2:
@@ -209,7 +218,9 @@ class _Sweep:
                 "ttft_p50_s": float(np.nanpercentile(res.ttft, 50)),
                 "ttft_p90_s": float(np.nanpercentile(res.ttft, 90)),
                 "tpot_p50_s": float(np.nanpercentile(res.tpot, 50)),
-                "tpot_p90_s": float(np.nanpercentile(res.tpot, 90))}))
+                "tpot_p90_s": float(np.nanpercentile(res.tpot, 90)),
+                **{f"busy_share_{pool}": share
+                   for pool, share in res.busy_share_by_pool.items()}}))
         return out
 
 
@@ -225,21 +236,9 @@ def compare(ctx: ReproContext) -> Comparison:
     results: dict[str, dict[str, float | None]] = {}
     headline: dict[str, float | None] = {}
     notes: list[str] = []
-    for system, candidates in layouts(setup, cost).items():
-        best: tuple[float, SystemLayout, list[tuple[float, dict[str, Any]]]] | None = None
-        tried = []
-        for layout in candidates:
-            if ctx.progress is not None:
-                ctx.progress(f"{system} {layout.label}")
-            runs = sweep.scores(layout)
-            # goodput: the highest rate meeting the target (0 when even the lowest misses)
-            gp = crossing_rate(rates, [score for score, _ in runs], setup.target,
-                               rising=False) or 0.0
-            tried.append(f"{layout.label} {gp:.2f}")
-            if best is None or gp > best[0]:
-                best = (gp, layout, runs)
-        assert best is not None
-        gp, layout, runs = best
+
+    def record(system: str, layout: SystemLayout, gp: float,
+               runs: list[tuple[float, dict[str, Any]]]) -> None:
         headline[system] = gp * setup.gpu_budget
         results[system] = {}
         for rate, (score, summary) in zip(rates, runs, strict=True):
@@ -251,10 +250,46 @@ def compare(ctx: ReproContext) -> Comparison:
                  "prefill_gpus": list(layout.prefill_gpus),
                  "decode_gpus": list(layout.decode_gpus), "pool": layout.pool,
                  **asdict(setup)})
+
+    def goodput(runs: list[tuple[float, dict[str, Any]]]) -> float:
+        """The highest rate meeting the target (0 when even the lowest misses)."""
+        return crossing_rate(rates, [score for score, _ in runs], setup.target,
+                             rising=False) or 0.0
+
+    best_layouts: dict[str, SystemLayout] = {}
+    for system, candidates in layouts(setup, cost).items():
+        best: tuple[float, SystemLayout, list[tuple[float, dict[str, Any]]]] | None = None
+        tried = []
+        for layout in candidates:
+            if ctx.progress is not None:
+                ctx.progress(f"{system} {layout.label}")
+            runs = sweep.scores(layout)
+            gp = goodput(runs)
+            tried.append(f"{layout.label} {gp:.2f}")
+            if best is None or gp > best[0]:
+                best = (gp, layout, runs)
+        assert best is not None
+        gp, layout, runs = best
+        best_layouts[system] = layout
+        record(system, layout, gp, runs)
         top = " (at least: the sweep's top rate met the SLOs)" if gp >= rates[-1] else ""
         notes.append(f"{system}: best split {layout.label} ({layout.total_gpus} GPUs), goodput "
                      f"{gp * setup.gpu_budget:.1f} req/s{top}; req/s per GPU of every split "
                      f"tried: {'; '.join(tried)}")
+        if system == "expertplex":
+            notes.append(_busy_note(rates, runs, setup.target))
+    # Attribution: ExpertPlex's best split again, its SM re-allocation removed.
+    layout = best_layouts["expertplex"]
+    if ctx.progress is not None:
+        ctx.progress(f"{ABLATION} {layout.label}")
+    runs = sweep.scores(layout, adaptive=False)
+    gp = goodput(runs)
+    record(ABLATION, layout, gp, runs)
+    notes.append(f"{ABLATION} (expertplex's best split {layout.label}, decode keeping its "
+                 f"reference share of the pool's SMs): goodput {gp * setup.gpu_budget:.1f} "
+                 f"req/s")
+    attribution = {ABLATION: better_ratio(headline[ABLATION], headline["pd_instance"],
+                                          "higher")}
     ratio = better_ratio(headline["expertplex"], headline["pd_instance"], "higher")
     for base, paper in PAPER_VS.items():
         r = better_ratio(headline["expertplex"], headline[base], "higher")
@@ -267,8 +302,22 @@ def compare(ctx: ReproContext) -> Comparison:
                      f"table's calibration points {lat.fit_error:.1%}")
     top_goodput = rates[-1] * setup.gpu_budget  # goodput at the top rate is "at least"
     return Comparison(results=results, ratio=ratio, headline=headline, notes=notes,
+                      attribution=attribution,
                       ratio_is_bound=is_bound(top_goodput, headline["expertplex"],
                                               headline["pd_instance"]))
+
+
+def _busy_note(rates: tuple[float, ...], runs: list[tuple[float, dict[str, Any]]],
+               target: float) -> str:
+    """What binds ExpertPlex's best split: its attention groups' busy shares at the first rate
+    that misses the SLO target (a group busy all the time is the bottleneck)."""
+    for rate, (score, summary) in zip(rates, runs, strict=True):
+        if not np.isnan(score) and score < target:
+            return (f"expertplex's best split at {rate:g} req/s per GPU (the first rate "
+                    f"missing the target, attainment {score:.0%}): attention busy "
+                    f"{summary['busy_share_prefill']:.0%} of the run in its prefill group, "
+                    f"{summary['busy_share_decode']:.0%} in its decode group")
+    return "expertplex's best split met the target at every rate swept"
 
 
 EXPERTPLEX = add(Reproduction(
@@ -282,7 +331,7 @@ EXPERTPLEX = add(Reproduction(
           "1-10); SLOs TTFT 2 s and TPOT 100 ms for 90% of requests; each system at its "
           "best split of the budget",
     system="expertplex",
-    baselines=("pd_instance", "pd_colocated"),
+    baselines=("pd_instance", "pd_colocated", ABLATION),
     baseline="pd_instance",
     metric=Metric(name="SLO attainment", unit="fraction", direction="higher"),
     ratio_definition="expertplex / pd_instance goodput (req/s at 90% SLO attainment)",
