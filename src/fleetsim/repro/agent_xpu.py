@@ -19,9 +19,9 @@ read, not the body, so the mechanisms are theirs and the numbers ours):
   replication plan's chunk sweep (8/16/32/64/256) runs at 2 per minute in the full run;
 - attribution: the iGPU-only engine with a reactive-first rule (``ABLATIONS``: a priority
   queue, and the same with proactive requests stopped between steps), no NPU, no chunking,
-  no backfill: how much of the cut a simple priority rule carries;
-- Agent.xpu without its bandwidth-aware dispatch (``BANDWIDTH_BLIND``, notes: proactive
-  prefill on the NPU runs beside a reactive decode on the iGPU whatever it costs that decode);
+  no backfill: how much of the cut a simple priority rule carries; and Agent.xpu without its
+  bandwidth-aware dispatch (``BANDWIDTH_BLIND``: proactive prefill on the NPU runs beside a
+  reactive decode on the iGPU whatever it costs that decode);
 - the curve over background load: 0-8 proactive flows at 2 per minute (full run, notes).
 
 Metrics as the paper: reactive latency (arrival to last token; mean / P90 / P99) and
@@ -251,7 +251,7 @@ def compare(ctx: ReproContext) -> Comparison:
     cost = ModelCost(get_model(setup.model), setup.bits_per_weight)
     rates = QUICK_RATES if ctx.quick else RATES
     results: dict[str, dict[str, float | None]] = {
-        p: {} for p in (*POLICIES, *ABLATIONS)}
+        p: {} for p in (*POLICIES, *ABLATIONS, BANDWIDTH_BLIND)}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
     for rate in rates:
         label = f"{rate:g}"
@@ -260,8 +260,6 @@ def compare(ctx: ReproContext) -> Comparison:
                 ctx.progress(f"{policy} @ {label}/min")
             s = summarize(simulate(setup, rate, scheduler, cost))
             summaries[(policy, label)] = s
-            if policy not in results:  # an ablation reported in the notes only
-                continue
             results[policy][label] = s["reactive_latency_mean_s"]
             ctx.keep(policy, label, s, {"policy": policy, "reactive_per_min": rate,
                                         **dataclasses.asdict(setup)})
@@ -330,7 +328,8 @@ def _comparison(setup: AgentXpuSetup, cost: ModelCost, rates: tuple[float, ...],
                  + ", ".join(fmt(summaries[(BANDWIDTH_BLIND, x)]["proactive_per_min"])
                              for x in labels) + " req/min")
     return Comparison(results=results, ratio=min(valid) if valid else None, notes=notes,
-                      attribution={name: vs_igpu(name) for name in ABLATIONS},
+                      attribution={name: vs_igpu(name) for name in (*ABLATIONS,
+                                                                    BANDWIDTH_BLIND)},
                       attribution_reference=vs_igpu("agent-xpu"))
 
 
@@ -436,7 +435,7 @@ AGENT_XPU = add(Reproduction(
           "Llama-3.2-3B at 4.5-bit weights; reactive requests Poisson at 1/2/4 per min plus 4 "
           "proactive flows, Azure-conversation lengths, 30 min (3 with --quick)",
     system="agent-xpu",
-    baselines=("igpu-only", "static-partition", *ABLATIONS),
+    baselines=("igpu-only", "static-partition", *ABLATIONS, BANDWIDTH_BLIND),
     baseline="igpu-only",
     metric=Metric(name="reactive latency (mean)", unit="s", direction="lower"),
     ratio_definition="smallest baseline / agent-xpu mean reactive latency over the loads and "
