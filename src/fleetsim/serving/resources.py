@@ -138,7 +138,7 @@ class SharedResources:
         self.used_by_resource: dict[ResourceKey, float] = {}  # resource -> units drawn so far
         self.work_by_client: dict[str, float] = {}  # client -> work units done so far
         # resource -> the replicas' ports onto it (``shared_steps.py``): what a replica may
-        # read of the others' steps, and whom it wakes when its own start or end.
+        # read of the others' steps, and whom it wakes when its own steps start or end.
         self.ports: dict[ResourceKey, list[SharedSteps]] = {}
         sim.on(RESOURCE_START, self._on_start, "resource_start")
         sim.on(RESOURCE_CHECK, self._on_check, "resource_check")
