@@ -224,3 +224,55 @@ def test_soc_pools_fast_forward_equal_stepping(seed, n, rate, layout):
         assert ff.keys() == step.keys()
         for k in ff:
             assert ff[k] == pytest.approx(step[k], rel=1e-9, abs=1e-12), (col, k)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 30),
+       rate=st.sampled_from([0.5, 5.0, 50.0]), layout=st.sampled_from(["pd", "mixed2"]),
+       igpu=st.sampled_from(["agent_xpu", "token_budget"]), slack=st.sampled_from([0.0, 0.1]))
+def test_bandwidth_aware_dispatch_fast_forward_equals_stepping(seed, n, rate, layout, igpu,
+                                                               slack):
+    """Agent.xpu's bandwidth-aware dispatch on the NPU (``agent_xpu``, reactive and proactive
+    requests) beside an iGPU under the same policy or under one that fast-forwards its decode
+    windows: the NPU's vetoes and wake-ups cut those windows, so fast-forward equals
+    stepping; everyone finishes (a vetoed replica is always woken) and the DDR ends idle."""
+    from fleetsim.models import get_model
+    from fleetsim.perf.soc import ModelCost
+    from fleetsim.perf.soc_calibration import lunar_lake
+    from fleetsim.policies.agent_xpu import AgentXpuPlanner
+    from fleetsim.soc_pools import soc_step_model
+
+    rng = np.random.default_rng(seed)
+    w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 1500, n),
+                      rng.integers(1, 120, n), priority=rng.integers(0, 2, n))
+    soc, cost = lunar_lake(), ModelCost(get_model("Llama-3.2-3B"), 4.5)
+    roles = ("prefill", "decode") if layout == "pd" else ("mixed", "mixed")
+    pools = [PoolSetup(name=acc, role=role, num_replicas=1,
+                       step_model=soc_step_model(soc, cost, acc), num_kv_blocks=3000,
+                       link_bw_bytes_per_s=math.inf)
+             for acc, role in zip(("npu", "igpu"), roles, strict=True)]
+    out, waits = [], []
+    for ff in (True, False):
+        made = []
+
+        def make_policy(made=made):  # replica 0 (the NPU) first, then the iGPU
+            made.append(AgentXpuPlanner(chunk_tokens=256, reactive_slack=slack)
+                        if not made or igpu == "agent_xpu" else TokenBudgetPlanner())
+            return made[-1]
+
+        rec, cluster = simulate_cluster(
+            w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
+            make_batch_policy=make_policy, order_key=make_ordering("priority"),
+            rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
+            block_size=16, max_batched_tokens=512, max_running=16, fast_forward=ff,
+            debug=True)
+        assert len(rec.requests["request_id"]) == n
+        assert cluster.resources is not None and not cluster.resources.active
+        assert not any(r.shared.waiting for r in cluster.replicas)
+        out.append(rec)
+        waits.append([r.shared.num_waits for r in cluster.replicas])
+    for col in ("first_token_s", "finish_s", "replica_id"):
+        ff, step = by_id(out[0], col), by_id(out[1], col)
+        assert ff.keys() == step.keys()
+        for k in ff:
+            assert ff[k] == pytest.approx(step[k], rel=1e-9, abs=1e-12), (col, k)

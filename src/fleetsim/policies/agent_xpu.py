@@ -19,12 +19,19 @@ This policy runs on both replicas; on a mixed replica it fuses the two halves in
   stays within ``reactive_slack`` of the urgent class's step alone [R: the slack value].
 - Stage-divergent batching (v2): every urgent decode is batched in one step; one prefill chunk
   per step (one job on the prefill accelerator).
+- Bandwidth-aware dispatch (v1 "bandwidth-aware dispatch", v2 "reduce bandwidth contention"):
+  a step that serves no reactive request starts only if its DDR share slows every reactive
+  decode step running on the other accelerator by at most ``reactive_slack`` [R: the test, the
+  same slack]. The replica reads the other's step through ``ReplicaView.co_resident_steps``
+  and ``co_resident_slowdowns`` (the DDR shared max-min, ``soc_pools.py``); a vetoed replica
+  sleeps (``StepPlan.wait_for_co_resident``) until the other starts or ends a step, and so
+  does one that finds the other between steps at this instant (it decides after the other
+  has: a handed-off reactive request's first decode step is placed before proactive work).
+  ``bandwidth_aware = False`` switches this off.
 
-Not modelled here (each a difference from the earlier SoC-only loop, docs/reproductions.md):
+Not modelled here (a difference from the earlier SoC-only loop, docs/reproductions.md):
 elastic binding of a prefill chunk to an idle decode accelerator (a P/D decode replica never
-prefills), and bandwidth-aware dispatch (throttling proactive prefill on one accelerator while
-a reactive decode runs on the other: a batching policy sees its own replica only); the DDR
-itself is shared max-min between the two replicas' steps (``soc_pools.py``).
+prefills; switched off alone in the old loop, it moved none of its figures).
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from fleetsim.policies.ordering import make_ordering
 from fleetsim.serving.contract import OrderKey, StepPlan
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import ReplicaView
+
+_WAIT = StepPlan({}, wait_for_co_resident=True)
 
 
 @register_batch("agent_xpu")
@@ -53,6 +62,9 @@ class AgentXpuPlanner:
     """Requests whose ``priority`` is at most this are reactive."""
     preemptive: bool = True
     """False: started work is never overtaken (the mechanism switched off)."""
+    bandwidth_aware: bool = True
+    """Proactive steps wait while they would slow a reactive decode on a replica sharing the
+    DDR by more than ``reactive_slack`` (False: the mechanism switched off)."""
     order_key: OrderKey = field(init=False, repr=False)
 
     splits_prompts = True
@@ -65,6 +77,9 @@ class AgentXpuPlanner:
             raise ValueError(f"reactive_slack must be in [0, 1], got {self.reactive_slack!r}")
         if not isinstance(self.preemptive, bool):
             raise ValueError(f"preemptive must be true or false, got {self.preemptive!r}")
+        if not isinstance(self.bandwidth_aware, bool):
+            raise ValueError(f"bandwidth_aware must be true or false, got "
+                             f"{self.bandwidth_aware!r}")
         # The replica's queues in (priority, arrival) order: reactive requests at the front.
         self.order_key = make_ordering("priority")
 
@@ -82,13 +97,43 @@ class AgentXpuPlanner:
         for urgent in classes:
             plan = self._plan_class(view, urgent, now_s)
             if plan is not None:
-                return plan
+                return self._dispatch(view, plan)
         # Nothing fits (a waiting prompt short of KV or a slot, a class that cannot evict
         # enough): every running request, best first, preempting from the worst end.
         tokens: dict[int, int] = {}
         _, _, preempt = serve_running(view, tokens, view.max_batched_tokens,
                                       kv.num_available_blocks, self.chunk_tokens)
-        return StepPlan(tokens, tuple(preempt))
+        return self._dispatch(view, StepPlan(tokens, tuple(preempt)))
+
+    def _dispatch(self, view: ReplicaView, plan: StepPlan) -> StepPlan:
+        """Bandwidth-aware dispatch: ``plan``, or a wait if it serves no reactive request and
+        would slow a reactive decode on another replica of the DDR beyond the slack."""
+        tokens = plan.tokens_by_request
+        if not self.bandwidth_aware or not tokens:
+            return plan
+        limit = self.max_reactive_priority
+        served = [r for r in (*view.running, *view.waiting) if r.id in tokens]
+        if any(r.priority <= limit for r in served):
+            return plan
+        others = view.co_resident_steps
+        if others is None:  # another replica starts or ends a step now: after it
+            return _WAIT
+        if not any(r.priority <= limit for s in others for r in s.decodes):
+            return plan
+        chunks: list[tuple[int, int]] = []
+        num_decode = kv_tokens = 0
+        for r in served:
+            if r.num_tokens_to_next_output == 1 and r.num_output_tokens > 0:
+                num_decode += 1
+                kv_tokens += r.num_computed_tokens
+            else:
+                chunks.append((tokens[r.id], r.num_computed_tokens))
+        slowdowns = view.co_resident_slowdowns(chunks, num_decode, kv_tokens)
+        for step, slowdown in zip(others, slowdowns, strict=True):
+            if slowdown > 1.0 + self.reactive_slack and any(
+                    r.priority <= limit for r in step.decodes):
+                return _WAIT
+        return plan
 
     def _plan_class(self, view: ReplicaView, urgent: tuple[int, int],
                     now_s: float) -> StepPlan | None:

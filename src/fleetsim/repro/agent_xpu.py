@@ -19,7 +19,9 @@ read, not the body, so the mechanisms are theirs and the numbers ours):
   replication plan's chunk sweep (8/16/32/64/256) runs at 2 per minute in the full run;
 - attribution: the iGPU-only engine with a reactive-first rule (``ABLATIONS``: a priority
   queue, and the same with proactive requests stopped between steps), no NPU, no chunking,
-  no backfill: how much of the cut a simple priority rule carries;
+  no backfill: how much of the cut a simple priority rule carries; and Agent.xpu without its
+  bandwidth-aware dispatch (``BANDWIDTH_BLIND``: proactive prefill on the NPU runs beside a
+  reactive decode on the iGPU whatever it costs that decode);
 - the curve over background load: 0-8 proactive flows at 2 per minute (full run, notes).
 
 Metrics as the paper: reactive latency (arrival to last token; mean / P90 / P99) and
@@ -60,6 +62,8 @@ POLICIES = ("agent-xpu", "igpu-only", "static-partition")
 # no chunked prefill and no backfill; "next" starts the earliest reactive request when the
 # engine is free (no preemption), "first" also stops a proactive request between its steps.
 ABLATIONS = {"igpu-reactive-next": "reactive_next", "igpu-reactive-first": "reactive_first"}
+# Agent.xpu with bandwidth-aware dispatch switched off (the policy's ``bandwidth_aware``).
+BANDWIDTH_BLIND = "agent-xpu-bandwidth-blind"
 BACKGROUND_FLOWS = (0, 1, 2, 4, 8)  # the curve over background load, at 2 requests/min
 RATES = (1.0, 2.0, 4.0)  # reactive requests per minute
 QUICK_RATES = (2.0,)
@@ -116,6 +120,8 @@ class OnEngine:
     (``serve_best``), instead of running ``max_running`` requests to their end."""
     agent_xpu: bool = False
     """Agent.xpu's scheduler (the ``agent_xpu`` batching policy) on every pool."""
+    bandwidth_aware: bool = True
+    """With ``agent_xpu``: its bandwidth-aware dispatch on (the policy's argument)."""
     max_running: int | None = None
     """Requests served at once (None: the setup's ``max_running``)."""
 
@@ -146,6 +152,8 @@ def schedulers(setup: AgentXpuSetup, cost: ModelCost) -> dict[str, System]:
         "static-partition": OnEngine(SPLIT),
         "igpu-reactive-next": OnEngine(IGPU, ordering="priority"),
         "igpu-reactive-first": OnEngine(IGPU, ordering="priority", pause=True),
+        BANDWIDTH_BLIND: dataclasses.replace(agent_xpu_system(setup, cost),
+                                             bandwidth_aware=False),
     }
 
 
@@ -174,7 +182,8 @@ def traffic(setup: AgentXpuSetup, rate_per_min: float) -> AgentTraffic:
 def _batching(setup: AgentXpuSetup, system: OnEngine) -> dict[str, Any]:
     if system.agent_xpu:
         return {"batching": {"name": "agent_xpu", "args": {
-            "chunk_tokens": setup.chunk_tokens, "reactive_slack": setup.reactive_slack}}}
+            "chunk_tokens": setup.chunk_tokens, "reactive_slack": setup.reactive_slack,
+            "bandwidth_aware": system.bandwidth_aware}}}
     if system.pause:
         return {"batching": {"name": "serve_best", "args": {
             "max_serving": setup.max_running, "ordering": system.ordering}}}
@@ -241,7 +250,8 @@ def compare(ctx: ReproContext) -> Comparison:
     setup = setup_from(ctx, AgentXpuSetup, QUICK, "agent-xpu")
     cost = ModelCost(get_model(setup.model), setup.bits_per_weight)
     rates = QUICK_RATES if ctx.quick else RATES
-    results: dict[str, dict[str, float | None]] = {p: {} for p in (*POLICIES, *ABLATIONS)}
+    results: dict[str, dict[str, float | None]] = {
+        p: {} for p in (*POLICIES, *ABLATIONS, BANDWIDTH_BLIND)}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
     for rate in rates:
         label = f"{rate:g}"
@@ -310,8 +320,16 @@ def _comparison(setup: AgentXpuSetup, cost: ModelCost, rates: tuple[float, ...],
                  + " s, proactive " + ", ".join(fmt(summaries[(name, x)]["proactive_per_min"])
                                                 for x in labels) + " req/min"
                  for name, order in ABLATIONS.items())
+    notes.append(f"{BANDWIDTH_BLIND} (agent-xpu without bandwidth-aware dispatch) per load: "
+                 "reactive latency mean "
+                 + ", ".join(fmt(summaries[(BANDWIDTH_BLIND, x)]["reactive_latency_mean_s"])
+                             for x in labels)
+                 + " s, proactive "
+                 + ", ".join(fmt(summaries[(BANDWIDTH_BLIND, x)]["proactive_per_min"])
+                             for x in labels) + " req/min")
     return Comparison(results=results, ratio=min(valid) if valid else None, notes=notes,
-                      attribution={name: vs_igpu(name) for name in ABLATIONS},
+                      attribution={name: vs_igpu(name) for name in (*ABLATIONS,
+                                                                    BANDWIDTH_BLIND)},
                       attribution_reference=vs_igpu("agent-xpu"))
 
 
@@ -367,6 +385,8 @@ def background_curve(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -
         run_setup = dataclasses.replace(setup, num_proactive_flows=flows)
         per_flows[flows] = {}
         for policy, scheduler in schedulers(run_setup, cost).items():
+            if policy == BANDWIDTH_BLIND:  # the ablation runs at the loads only
+                continue
             if ctx.progress is not None:
                 ctx.progress(f"{policy}, {flows} proactive flows")
             per_flows[flows][policy] = summarize(simulate(run_setup, 2.0, scheduler, cost))
@@ -415,7 +435,7 @@ AGENT_XPU = add(Reproduction(
           "Llama-3.2-3B at 4.5-bit weights; reactive requests Poisson at 1/2/4 per min plus 4 "
           "proactive flows, Azure-conversation lengths, 30 min (3 with --quick)",
     system="agent-xpu",
-    baselines=("igpu-only", "static-partition", *ABLATIONS),
+    baselines=("igpu-only", "static-partition", *ABLATIONS, BANDWIDTH_BLIND),
     baseline="igpu-only",
     metric=Metric(name="reactive latency (mean)", unit="s", direction="lower"),
     ratio_definition="smallest baseline / agent-xpu mean reactive latency over the loads and "

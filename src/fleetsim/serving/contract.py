@@ -46,6 +46,9 @@ class StepPlan(NamedTuple):
     swap_in: tuple[int, ...] = ()  # swapped request_ids whose KV comes back
     migrate: tuple[tuple[int, int], ...] = ()  # (running request_id, destination replica_id)
     rekey: tuple[int, ...] = ()  # request_ids whose ordering key changed (re-sorted first)
+    # No tokens now: sleep until a replica sharing this one's resource starts or ends a step
+    # (``ReplicaView.co_resident_steps``): a veto of work that would slow what runs there.
+    wait_for_co_resident: bool = False
 
 
 class BatchPolicy(Protocol):

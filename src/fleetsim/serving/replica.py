@@ -347,6 +347,8 @@ class Replica:
         meanwhile: the group wakes it again once it has changed its instances)."""
         if self.group_hold is not None:
             self.busy = False
+            if self.shared is not None:
+                self.shared.announce()
             return
         self._start_step()
 
@@ -475,6 +477,17 @@ class Replica:
                 self._migrate(req, dst)
 
     def _start_step(self) -> None:
+        shared = self.shared
+        if shared is None:
+            self._next_step()
+            return
+        # Replicas waiting on this one's steps (``StepPlan.wait_for_co_resident``) plan again
+        # once it has started its next step, or stopped.
+        shared.waiting = False
+        self._next_step()
+        shared.announce()
+
+    def _next_step(self) -> None:
         if self._migrations:
             self._apply_migrations()
         running = self.running
@@ -592,6 +605,18 @@ class Replica:
             total += num_new
         if total > self.max_batched_tokens:
             raise PlanError(f"plan computes {total} tokens, budget {self.max_batched_tokens}")
+        if plan.wait_for_co_resident:
+            shared = self.shared
+            if total or plan.preempt or plan.swap_out or plan.swap_in or plan.migrate:
+                raise PlanError(f"a plan that waits for co-resident replicas does nothing "
+                                f"else: {plan}")
+            if shared is None or not shared.wait():
+                raise PlanError(f"plan waits for co-resident replicas, but none shares "
+                                f"replica {self.replica_id}'s resource or runs a step at "
+                                f"{now_s} s: nothing would wake it")
+            self.busy = False
+            self._step = None
+            return None
         if total == 0:
             if (plan.preempt or (plan.rekey and not (
                     plan.swap_out or plan.swap_in or plan.migrate))) and self.waiting:
@@ -817,6 +842,8 @@ class Replica:
         hold = self.group_hold
         if hold is not None:  # a group changes this member's instances at this boundary
             self.busy = False
+            if self.shared is not None:
+                self.shared.announce()
             hold(self)
             return
         self._start_step()

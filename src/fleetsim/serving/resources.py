@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from fleetsim.core.simulator import Simulator
+
+if TYPE_CHECKING:
+    from fleetsim.serving.shared_steps import SharedSteps
 
 RESOURCE_START: Final = 25  # a job's delay has passed: it starts drawing on its resources
 RESOURCE_CHECK: Final = 33  # a job may have finished
@@ -134,6 +137,9 @@ class SharedResources:
         self.num_changes = 0  # allocations computed (each one an event that cuts windows)
         self.used_by_resource: dict[ResourceKey, float] = {}  # resource -> units drawn so far
         self.work_by_client: dict[str, float] = {}  # client -> work units done so far
+        # resource -> the replicas' ports onto it (``shared_steps.py``): what a replica may
+        # read of the others' steps, and whom it wakes when its own steps start or end.
+        self.ports: dict[ResourceKey, list[SharedSteps]] = {}
         sim.on(RESOURCE_START, self._on_start, "resource_start")
         sim.on(RESOURCE_CHECK, self._on_check, "resource_check")
 

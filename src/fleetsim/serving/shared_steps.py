@@ -17,6 +17,13 @@ moment another job or holder comes, the service tells it first (``SharedResource
 cuts its window back to the step in progress (``Replica.interrupt``), and turns what is left of
 that step into a job at the shared rates. A replica alone for a whole run therefore gives
 exactly the results of a plain replica whose step model is ``private + work / capacity``.
+
+The replicas on one resource may read what the others run (``ReplicaView.co_resident_steps``)
+and price how much a step of theirs would slow those steps (``slowdowns``): a policy may then
+decline to start work (``StepPlan.wait_for_co_resident``; Agent.xpu's bandwidth-aware
+dispatch). Such a replica sleeps until another replica on the resource starts or ends a step
+(``announce``): one more event, at a time stepping would also plan, so fast-forward stays
+exact (reading the others cuts their windows back to the step in progress).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources
+from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources, max_min_rates
 
 if TYPE_CHECKING:
     from fleetsim.serving.replica import Replica
@@ -122,6 +129,54 @@ class SharedSteps:
         self._job_step: Step | None = None
         self.num_alone_steps = 0
         self.num_shared_steps = 0
+        self.peers: list[SharedSteps] = []  # every port onto the resource, this one included
+        self.waiting = False  # the replica sleeps until another one's step starts or ends
+        self.num_waits = 0
+
+    def co_residents(self) -> list[SharedSteps]:
+        """The other replicas' ports onto this port's resource."""
+        return [p for p in self.peers if p is not self and p.replica is not None]
+
+    def wait(self) -> bool:
+        """The replica sleeps until another replica on the resource starts or ends a step;
+        False (and no sleep) when none is stepping or about to, as nothing would wake it."""
+        if not any(p.replica is not None and p.replica.busy for p in self.co_residents()):
+            return False
+        self.waiting = True
+        self.num_waits += 1
+        return True
+
+    def announce(self) -> None:
+        """This replica started a step, ended one or stopped: the others waiting plan again
+        (after every input of this instant)."""
+        for p in self.peers:
+            if p.waiting and p is not self:
+                p.waiting = False
+                replica = p.replica
+                assert replica is not None
+                replica.wake()
+
+    def slowdowns(self, steps: Sequence[tuple[SharedSteps, Step]],
+                  chunks: Sequence[tuple[int, int]], num_decode: int,
+                  kv_tokens: int) -> list[float]:
+        """How many times longer each of ``steps`` (other ports' steps in progress) would take
+        with a step of this shape beside them: their whole demands at the max-min shares with
+        and without it, as if each ran throughout (1.0: not slowed)."""
+        demands = [(p, p.model.demand(*_step_args(step))) for p, step in steps]
+        mine = (self, self.model.demand(chunks, num_decode, kv_tokens))
+        capacity = self.service.capacity
+
+        def jobs(ds: list[tuple[SharedSteps, StepDemand]]) -> list[Job]:
+            return [Job(d.work, p.uses, d.weight, min(p.model.max_rate, d.max_rate),
+                        _ignore, None, "") for p, d in ds]
+
+        without = max_min_rates(jobs(demands), capacity)
+        beside = max_min_rates(jobs([*demands, mine]), capacity)
+        out = []
+        for (p, d), a, b in zip(demands, without, beside[:-1], strict=True):
+            alone_s = _time_s(p.model, d, a)
+            out.append(_time_s(p.model, d, b) / alone_s if alone_s > 0 else 1.0)
+        return out
 
     def alone(self) -> bool:
         """Whether nobody else draws on (or holds) the resource now."""
@@ -196,6 +251,16 @@ class SharedSteps:
         self.run_as_job(step, delay_s=private_left, work=d.work - done)
 
 
+def _ignore(job: Job) -> None:
+    pass
+
+
+def _time_s(model: SharedStepModel, d: StepDemand, rate: float) -> float:
+    """A step's length at a constant ``rate`` of its shared work."""
+    shared_s = d.work / rate if d.work > 0 else 0.0
+    return max(d.private_s, shared_s) if model.overlap else d.private_s + shared_s
+
+
 def _step_args(step: Step) -> tuple[list[tuple[int, int]], int, int]:
     chunks = [(n, r.num_computed_tokens) for r, n in step.chunks]
     kv_tokens = 0
@@ -217,4 +282,8 @@ def shared_port(service: SharedResources, model: SharedStepModel, client: str,
     elif have != model.capacity_per_s:
         raise ValueError(f"shared resource {model.resource!r}: one pool gives it "
                          f"{have} units/s, another {model.capacity_per_s}; give one capacity")
-    return SharedSteps(service, model, client, key)
+    port = SharedSteps(service, model, client, key)
+    peers = service.ports.setdefault(key, [])
+    peers.append(port)
+    port.peers = peers  # one list, seen by every port onto the resource
+    return port

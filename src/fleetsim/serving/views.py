@@ -9,17 +9,31 @@ in flight is cut back to the step in progress), so reading it costs speed, never
 
 The view is read-only by its types: queues are ``Sequence``s, and the KV cache is seen
 through ``KVView``, its queries only. Policies must not mutate the requests they see.
+
+Replicas whose steps share a resource (an SoC's DDR, ``shared_steps.py``) also see the steps
+the others run (``co_resident_steps``, exact after settling their windows) and how much a step
+of their own would slow those (``co_resident_slowdowns``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from fleetsim.serving.request import SWAPPING_IN, SWAPPING_OUT, Request
 
 if TYPE_CHECKING:
     from fleetsim.serving.replica import Replica
+    from fleetsim.serving.shared_steps import SharedSteps
+    from fleetsim.serving.window import Step
+
+
+class CoResidentStep(NamedTuple):
+    """The step another replica on the same shared resource runs now."""
+
+    replica_id: int
+    decodes: tuple[Request, ...]  # requests computing one decode token in it
+    chunks: tuple[tuple[Request, int], ...]  # (request, prompt tokens) of its prefill chunks
 
 
 class KVView(Protocol):
@@ -162,6 +176,54 @@ class ReplicaView:
         profile: FastServe's skip-join asks it for prefill times)."""
         return self._replica.step_model.step_time_s(prefill_chunks, num_decode,
                                                     decode_kv_tokens)
+
+    @property
+    def co_resident_steps(self) -> tuple[CoResidentStep, ...] | None:
+        """The steps in progress on the other replicas whose steps share this one's resource
+        (none outside an SoC-like cluster), or None while one of them starts or ends a step at
+        this very instant (its next step is still to be planned: ``StepPlan``'s
+        ``wait_for_co_resident`` hears when it is)."""
+        steps = self._co_resident()
+        if steps is None:
+            return None
+        out: list[CoResidentStep] = []
+        for port, step in steps:
+            other = port.replica
+            assert other is not None
+            out.append(CoResidentStep(other.replica_id, tuple(step.decodes),
+                                      tuple(step.chunks)))
+        return tuple(out)
+
+    def co_resident_slowdowns(self, prefill_chunks: Sequence[tuple[int, int]],
+                              num_decode: int, decode_kv_tokens: int) -> tuple[float, ...]:
+        """For each of ``co_resident_steps``, how many times longer it would take if a step
+        of this shape (``step_time_s``'s arguments) ran beside it on the shared resource
+        (1.0: not slowed): both steps' whole demands at the resource's max-min shares."""
+        steps = self._co_resident()
+        shared = self._replica.shared
+        if not steps or shared is None:
+            return ()
+        return tuple(shared.slowdowns(steps, prefill_chunks, num_decode, decode_kv_tokens))
+
+    def _co_resident(self) -> list[tuple[SharedSteps, Step]] | None:
+        shared = self._replica.shared
+        if shared is None:
+            return []
+        now_s = self._replica.sim.now_s
+        out: list[tuple[SharedSteps, Step]] = []
+        for port in shared.co_residents():
+            other = port.replica
+            assert other is not None
+            other.interrupt()  # a window in flight is cut back to the step in progress
+            step = other.current_step
+            if step is None:
+                if other.busy:  # woken: it plans its first step at this instant
+                    return None
+                continue
+            if step.end_s <= now_s:  # it ends now; the next one is still to come
+                return None
+            out.append((port, step))
+        return out
 
     @property
     def num_free_host_blocks(self) -> int:
