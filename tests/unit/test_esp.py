@@ -20,6 +20,7 @@ from fleetsim.esp import (
     plan_objective,
     plan_prefill,
 )
+from fleetsim.esp.admission import Reservation, reservation_fits
 from fleetsim.esp.dp import PrefillBatch
 from fleetsim.esp.rules import (
     decode_slowdown_s,
@@ -200,6 +201,59 @@ def test_spread_kv_decodes_faster_than_one_instance_for_long_contexts(cost):
 def test_analytical_fit_tracks_the_cost_model(analytical):
     assert analytical.mean_rel_error < 0.10  # the artifact's bar for its own fit
     assert analytical.predict_s(4, 1e5, 1e10) < analytical.predict_s(1, 1e5, 1e10)
+
+
+def test_analytical_fit_grows_with_the_tokens_where_it_says_so(analytical):
+    """``grows(k)`` licenses the refill's shortcut (the shortest request too slow alone means
+    every request is): where it holds, a longer batch is never predicted faster."""
+    rng = np.random.default_rng(3)
+    for k in range(1, 6):
+        if not analytical.grows(k):
+            continue
+        lengths = np.sort(rng.integers(1, 500_000, 200))
+        times = [analytical.predict_s(k, int(x), int(x) * int(x)) for x in lengths]
+        assert times == sorted(times), k
+    assert analytical.grows(4) and not analytical.grows(0)
+
+
+def test_the_fit_is_reused_by_runs_of_one_layout_and_not_across_layouts():
+    from fleetsim.policies import esp as planner
+
+    planner._FITS.clear()
+    first = _esp_run(n=4).summary["group"]["analytical_model_mean_rel_error"]
+    assert len(planner._FITS) == 1
+    fit = next(iter(planner._FITS.values()))
+    again = _esp_run(n=4, seed=1).summary["group"]["analytical_model_mean_rel_error"]
+    assert len(planner._FITS) == 1 and next(iter(planner._FITS.values())) is fit
+    assert again == first
+    _esp_run(n=4, capacity=120_000)  # another KV capacity per instance: another fit
+    assert len(planner._FITS) == 2
+
+
+# -- LightLLM's KV reservation -----------------------------------------------------------------
+def test_incremental_reservation_answers_as_the_sort():
+    """``Reservation`` (prefix/suffix tables, entries added as a walk takes them) gives
+    ``reservation_fits``'s answer for every candidate, ties in remaining output included."""
+    rng = np.random.default_rng(7)
+    num_true = num_false = 0
+    for _ in range(400):
+        entries = [(int(u), int(r)) for u, r in zip(rng.integers(0, 50, rng.integers(0, 12)),
+                                                  rng.integers(-1, 6, 12), strict=False)]
+        capacity = int(rng.integers(0, 300))
+        reserved, kept = Reservation(list(entries), capacity), list(entries)
+        for _ in range(8):
+            entry = (int(rng.integers(0, 50)), int(rng.integers(-1, 6)))
+            if rng.random() < 0.3:  # taken without a check first
+                reserved.add(entry)
+                kept.append(entry)
+                continue
+            fits = reserved.fits(entry)
+            assert fits == reservation_fits(kept + [entry], capacity), (kept, entry, capacity)
+            num_true, num_false = num_true + fits, num_false + (not fits)
+            if fits:
+                reserved.add(entry)
+                kept.append(entry)
+    assert num_true > 100 and num_false > 100  # both answers exercised
 
 
 # -- the ESP step model (a member of k instances) -------------------------------------------

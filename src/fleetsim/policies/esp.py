@@ -43,7 +43,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fleetsim.esp.admission import Admission, Pending, Resident, reservation_fits
+from fleetsim.esp.admission import Admission, Pending, Reservation, Resident
 from fleetsim.esp.config import EspConfig
 from fleetsim.esp.cost import AnalyticalModel, fit_analytical
 from fleetsim.esp.dp import plan_prefill
@@ -51,6 +51,27 @@ from fleetsim.esp.rules import migration_pays, should_pause
 from fleetsim.policies.group_planners import register_group_planner
 from fleetsim.serving.contract import GroupPlan, GroupView
 from fleetsim.serving.request import Request
+
+# (step model key, instances, KV tokens per instance) -> the fit: profiling is ~84 prefills
+# priced by the step model, the same in every run of one layout (a sweep's rates, the
+# benchmark's warm-up); bounded, as a sweep over step models could grow it.
+_FITS: dict[tuple[object, int, int], AnalyticalModel] = {}
+_MAX_FITS = 64
+
+
+def _fit(view: GroupView, num_instances: int, cap: int) -> AnalyticalModel:
+    """LoongServe's analytical model, fitted to the group's step model (once per key)."""
+    key = view.step_model_key
+    fit = _FITS.get((key, num_instances, cap)) if key is not None else None
+    if fit is None:
+        fit = fit_analytical(
+            lambda lengths, k: view.step_time_s(k, [(x, 0) for x in lengths], 0, 0),
+            num_instances, cap)
+        if key is not None:
+            if len(_FITS) >= _MAX_FITS:
+                _FITS.clear()
+            _FITS[(key, num_instances, cap)] = fit
+    return fit
 
 
 @register_group_planner("esp")
@@ -108,13 +129,11 @@ class EspPlanner:
         n = view.num_instances
         cap = view.num_kv_blocks_per_instance * view.block_size
         if self.predictor is None:
-            self.predictor = fit_analytical(
-                lambda lengths, k: view.step_time_s(k, [(x, 0) for x in lengths], 0, 0), n, cap)
-        self._note_finishes()
+            self.predictor = _fit(view, n, cap)
         # Members read without cutting their windows: a running request's token counts lag
         # by its member's ``num_steps_ahead`` (the same for all of them).
         states = [view.member_state(m) for m in range(n)]
-        running = [list(s.running) for s in states]
+        running: list[Sequence[Request]] = [s.running for s in states]  # (read, not changed)
         ahead = [s.num_steps_ahead for s in states]
         used: list[int] | None = None  # KV tokens per instance, read when needed
         busy = [bool(running[m] or states[m].waiting) for m in range(n)]
@@ -140,8 +159,7 @@ class EspPlanner:
         may_admit = not any(busy) or now_s >= self._next_admit_s
         if (waiting and not may_admit and prefilling and self.elastic and self.refill_idle
                 and now_s < self._iteration_end_s):
-            used = self._used_by_instance(view, before, cap)
-            refill = self._refill(view, waiting, alloc, busy, running, ahead, used, cap,
+            refill = self._refill(view, waiting, before, alloc, busy, running, ahead, cap,
                                   now_s)
             if refill:
                 slot = next(m for m in range(n) if not alloc[m] and not busy[m])
@@ -160,6 +178,7 @@ class EspPlanner:
                        for r in waiting)
             if used is None:
                 used = self._used_by_instance(view, before, cap)
+            self._note_finishes()
             chosen = [waiting[i] for i in self.admission.take(
                 pending, residents, used, cap, self.predictor.predict_s)]
             # Output tokens each member's requests have emitted (the pause rule's input).
@@ -190,13 +209,14 @@ class EspPlanner:
             self._outstanding = [r for r in self._outstanding if math.isnan(r.finish_s)]
 
     @staticmethod
-    def _used_by_instance(view: GroupView, alloc: Sequence[tuple[int, ...]], cap: int
-                          ) -> list[int]:
+    def _used_by_instance(view: GroupView, alloc: Sequence[tuple[int, ...]], cap: int,
+                          only: Sequence[int] | None = None) -> list[int]:
         """KV tokens on each instance: a member's KV fills its instances in order (the
-        code's placement keeps it on as few as possible, most used first)."""
+        code's placement keeps it on as few as possible, most used first). ``only``: exact
+        for these instances (the members holding them are read), 0 for the others."""
         used = [0] * view.num_instances
         for m, insts in enumerate(alloc):
-            if not insts:
+            if not insts or (only is not None and not any(i in only for i in insts)):
                 continue
             left = view.member_used_blocks(m) * view.block_size
             for i in insts:
@@ -205,7 +225,7 @@ class EspPlanner:
         return used
 
     def _scale(self, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
-               prefills: list[bool], running: list[list[Request]]) -> None:
+               prefills: list[bool], running: list[Sequence[Request]]) -> None:
         """Idle members give their instances back; decoding members keep what their KV and
         the next ``max_wait_steps`` tokens of each request need, taking idle instances when
         they need more."""
@@ -235,9 +255,10 @@ class EspPlanner:
         owned = {i for m, a in enumerate(alloc) if busy[m] for i in a}
         return tuple(i for i in range(len(alloc)) if i not in owned)
 
-    def _refill(self, view: GroupView, waiting: Sequence[Request], alloc: list[tuple[int, ...]],
-                busy: list[bool], running: list[list[Request]], ahead: list[int],
-                used: list[int], cap: int, now_s: float) -> list[Request]:
+    def _refill(self, view: GroupView, waiting: Sequence[Request],
+                before: Sequence[tuple[int, ...]], alloc: list[tuple[int, ...]],
+                busy: list[bool], running: list[Sequence[Request]], ahead: list[int],
+                cap: int, now_s: float) -> list[Request]:
         """The code's greedy refill (``req_queue.py::generate_greedy_req_list``): while a
         prefill iteration runs, the instances no batch holds take, in queue order, the
         waiting requests whose KV reservation fits and whose prefill on all of them together
@@ -245,29 +266,42 @@ class EspPlanner:
         idle = self._idle_instances(alloc, busy)
         if not idle:
             return []
-        predict = self.predictor.predict_s  # type: ignore[union-attr]
+        predictor = self.predictor
+        assert predictor is not None
+        predict, k = predictor.predict_s, len(idle)
         left_s = self._iteration_end_s - now_s
-        room = sum(cap - used[i] for i in idle)
-        entries = [(r.num_computed_tokens + d, r.max_output_tokens - r.num_output_tokens - d)
-                   for rs, d in zip(running, ahead, strict=True) for r in rs]
-        num_running = len(entries)
-        total = view.num_instances * cap
+        num_running = sum(len(rs) for rs in running)
+        if num_running >= self.max_running:
+            return []
+        # Walked alone (nothing taken yet), a request fits only if it is short enough; when
+        # the prediction grows with the tokens, the shortest one failing means all do.
+        shortest = min(r.num_tokens for r in waiting)
+        if predictor.grows(k) and predict(k, shortest, shortest * shortest) > left_s:
+            return []
+        used = self._used_by_instance(view, before, cap, idle)
+        limit = min(self.batch_max_tokens, sum(cap - used[i] for i in idle))
+        if shortest > limit:
+            return []
+        reserved = Reservation(
+            [(r.num_computed_tokens + d, r.max_output_tokens - r.num_output_tokens - d)
+             for rs, d in zip(running, ahead, strict=True) for r in rs],
+            view.num_instances * cap)
         taken: list[Request] = []
         s1 = s2 = 0
         for req in waiting:
             length = req.num_tokens
             entry = (length, req.max_output_tokens - req.num_output_tokens - 1)
             if (num_running + len(taken) < self.max_running
-                    and s1 + length <= min(self.batch_max_tokens, room)
-                    and predict(len(idle), s1 + length, s2 + length * length) <= left_s
-                    and reservation_fits(entries + [entry], total)):
+                    and s1 + length <= limit
+                    and predict(k, s1 + length, s2 + length * length) <= left_s
+                    and reserved.fits(entry)):
                 taken.append(req)
-                entries.append(entry)
+                reserved.add(entry)
                 s1, s2 = s1 + length, s2 + length * length
         return taken
 
     def _prefill(self, view: GroupView, chosen: list[Request], alloc: list[tuple[int, ...]],
-                 busy: list[bool], running: list[list[Request]], emitted: list[int],
+                 busy: list[bool], running: list[Sequence[Request]], emitted: list[int],
                  used: list[int], cap: int, assign: list[tuple[int, int]],
                  merge: list[tuple[int, int]], now_s: float) -> bool:
         """Plan the prefill iteration of ``chosen``: pause decode members, cut the requests
@@ -318,7 +352,7 @@ class EspPlanner:
         return True
 
     def _consolidate(self, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
-                     running: list[list[Request]], emitted: list[int], used: list[int],
+                     running: list[Sequence[Request]], emitted: list[int], used: list[int],
                      cap: int, s1: float, s2: float) -> list[tuple[int, int]]:
         """Free instances for the prefill by merging the decode member with the least KV
         into the most used one that has room for it (and its next iterations' tokens), while
@@ -348,7 +382,7 @@ class EspPlanner:
                     return merges
             dst = targets[0]
             merges.append((src, dst))
-            running[dst] = running[dst] + running[src]
+            running[dst] = [*running[dst], *running[src]]
             running[src] = []
             emitted[dst] += emitted[src]
             emitted[src] = 0

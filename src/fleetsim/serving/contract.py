@@ -10,7 +10,7 @@ method that reads an exact view at ``now_s`` and returns a plan or a choice (STY
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -159,6 +159,11 @@ class GroupView(Protocol):
         """One step of a member of ``degree`` instances (the group's step model)."""
     def kv_move_s(self, num_tokens: int) -> float:
         """Seconds to move ``num_tokens`` of KV from one instance to another."""
+    @property
+    def step_model_key(self) -> Hashable | None:
+        """Equal keys: ``step_time_s`` equal at every degree, in this run and any other (a
+        planner may reuse what it derived from it, as ESP's analytical fit); None: no
+        such promise."""
 
 
 class GroupPlanner(Protocol):
