@@ -16,6 +16,7 @@ from fleetsim.esp import (
     EspConfig,
     EspCostModel,
     EspStepModel,
+    dp,
     fit_analytical,
     plan_objective,
     plan_prefill,
@@ -74,8 +75,16 @@ def _brute_force(lengths, free, predict):
     return best
 
 
+@pytest.fixture(params=["scalar", "numpy"])
+def dp_path(request, monkeypatch):
+    """Both implementations of the DP: plain floats (a few requests) and numpy (more)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(dp, "SCALAR_MAX_REQUESTS", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("seed", range(12))
-def test_prefill_dp_is_optimal_against_brute_force(seed, analytical):
+def test_prefill_dp_is_optimal_against_brute_force(seed, analytical, dp_path):
     rng = np.random.default_rng(seed)
     n, k = int(rng.integers(1, 6)), int(rng.integers(1, 5))
     lengths = sorted((int(x) for x in np.exp(rng.uniform(np.log(50), np.log(150_000), n))),
@@ -96,6 +105,24 @@ def test_prefill_dp_is_optimal_against_brute_force(seed, analytical):
     assert len(used) == len(set(used))
     for b in plan.batches:
         assert sum(lengths[r] for r in b.requests) <= sum(free[i] for i in b.instances)
+
+
+def test_prefill_dp_in_plain_floats_is_numpys_to_the_bit(analytical, monkeypatch):
+    """The scalar DP (a few requests) returns numpy's plan and objective bit for bit,
+    ties (equal lengths, equal free slots) and plans that do not fit included."""
+    rng = np.random.default_rng(11)
+    cases = []
+    for _ in range(300):
+        n, k = int(rng.integers(1, dp.SCALAR_MAX_REQUESTS + 1)), int(rng.integers(1, 6))
+        pool = [int(x) for x in np.exp(rng.uniform(np.log(20), np.log(200_000), 3))]
+        lengths = sorted((pool[int(i)] for i in rng.integers(0, 3, n)), reverse=True)
+        free = [int(rng.choice([30_000, 80_000, 210_000])) for _ in range(k)]
+        cases.append((lengths, free))
+    scalar = [plan_prefill(lengths, free, analytical.predict_s) for lengths, free in cases]
+    monkeypatch.setattr(dp, "SCALAR_MAX_REQUESTS", 0)
+    vector = [plan_prefill(lengths, free, analytical.predict_s) for lengths, free in cases]
+    assert scalar == vector
+    assert sum(p is None for p in scalar) > 10 and sum(p is not None for p in scalar) > 100
 
 
 def test_prefill_dp_refuses_what_cannot_fit(analytical):

@@ -132,15 +132,20 @@ class EspPlanner:
             self.predictor = _fit(view, n, cap)
         # Members read without cutting their windows: a running request's token counts lag
         # by its member's ``num_steps_ahead`` (the same for all of them).
-        states = [view.member_state(m) for m in range(n)]
-        running: list[Sequence[Request]] = [s.running for s in states]  # (read, not changed)
-        ahead = [s.num_steps_ahead for s in states]
-        used: list[int] | None = None  # KV tokens per instance, read when needed
-        busy = [bool(running[m] or states[m].waiting) for m in range(n)]
+        running: list[Sequence[Request]] = []  # (read, not changed)
+        ahead: list[int] = []
+        busy: list[bool] = []
         # Members with a prefill queued or in progress (a window's lag cancels in the test,
         # and a window with steps done holds only decodes).
-        prefills = [bool(s.waiting) or (not s.num_steps_ahead and any(
-            r.num_computed_tokens < r.num_tokens - 1 for r in s.running)) for s in states]
+        prefills: list[bool] = []
+        for m in range(n):
+            state = view.member_state(m)
+            running.append(state.running)
+            ahead.append(state.num_steps_ahead)
+            busy.append(bool(state.running or state.waiting))
+            prefills.append(bool(state.waiting) or (not state.num_steps_ahead and any(
+                r.num_computed_tokens < r.num_tokens - 1 for r in state.running)))
+        used: list[int] | None = None  # KV tokens per instance, read when needed
         before = view.instances_by_member
         alloc = list(before)
         if self.elastic:
@@ -233,7 +238,7 @@ class EspPlanner:
         for m, insts in enumerate(alloc):
             if insts and not busy[m]:
                 alloc[m] = ()
-        free = sorted(set(range(view.num_instances)) - {i for a in alloc for i in a})
+        free: list[int] | None = None  # the instances no member holds, found when needed
         for m, insts in enumerate(alloc):
             if not insts or prefills[m]:
                 continue  # off, or still prefilling
@@ -242,10 +247,15 @@ class EspPlanner:
             k = max(1, -(-(fewest + extra) // bpi))
             if k != max(1, -(-(most + extra) // bpi)):  # the bounds disagree: count exactly
                 k = max(1, -(-(view.member_used_blocks(m) + extra) // bpi))
+            if k == len(insts):
+                continue
+            if free is None:
+                held = {i for a in alloc for i in a}
+                free = [i for i in range(view.num_instances) if i not in held]
             if k < len(insts):
                 alloc[m] = insts[:k]
                 free.extend(insts[k:])
-            elif k > len(insts) and free:
+            elif free:
                 take = free[:k - len(insts)]
                 alloc[m] = insts + tuple(take)
                 free = free[len(take):]
