@@ -166,16 +166,19 @@ class Reservation:
     used up to it, and each entry after it moves one place down (its peak grows by its
     ``rem``) and holds the candidate's tokens too. So the check is three maxima over
     prefix and suffix tables, rebuilt when an entry is added (the same integers as the sort:
-    the answer is identical)."""
+    the answer is identical). The first check sorts once instead: a walk that stops there
+    (one waiting request, a long running batch) does not pay for the tables."""
 
-    __slots__ = ("capacity", "_entries", "_sorted", "_neg_rem", "_used_before", "_head",
-                 "_tail")
+    __slots__ = ("capacity", "_entries", "_sorted", "_checked", "_neg_rem", "_used_before",
+                 "_head", "_tail")
 
     def __init__(self, entries: list[tuple[int, int]], capacity: int) -> None:
-        """``entries``: (used, remaining) pairs, in the order the stable sort breaks ties."""
+        """``entries``: (used, remaining) pairs, in the order the stable sort breaks ties
+        (the list is kept: ``add`` appends to it)."""
         self.capacity = capacity
-        self._entries = entries  # sorted and indexed at the first check (a walk may need none)
+        self._entries = entries  # sorted when the tables are first built
         self._sorted = False
+        self._checked = False  # the first check is one sort (a walk may need only one)
         self._neg_rem: list[int] | None = None  # None: the tables below are stale
         self._used_before: list[int] = []  # [i]: tokens used by the first i entries
         self._head: list[float] = []  # [i]: the largest peak of the first i entries
@@ -201,17 +204,29 @@ class Reservation:
 
     def fits(self, entry: tuple[int, int]) -> bool:
         """Would the entries and ``entry`` (used, remaining) fit the capacity?"""
+        neg_rem = self._neg_rem
+        if neg_rem is None:
+            if not self._checked:
+                self._checked = True
+                return reservation_fits(self._entries + [entry], self.capacity)
+            neg_rem = self._index()
         used, rem = entry
-        neg_rem = self._neg_rem if self._neg_rem is not None else self._index()
         at = bisect_right(neg_rem, -rem)
         own = rem * (at + 1) + self._used_before[at] + used
         return max(own, self._head[at], self._tail[at] + used) <= self.capacity
 
     def add(self, entry: tuple[int, int]) -> None:
         """Take ``entry`` into the set (after any with as much left: the stable order)."""
-        neg_rem = self._neg_rem if self._neg_rem is not None else self._index()
-        self._entries.insert(bisect_right(neg_rem, -entry[1]), entry)
-        self._neg_rem = None  # re-indexed at the next check
+        if self._sorted:
+            self._entries.insert(bisect_right(self._entries, -entry[1], key=_neg_remaining),
+                                 entry)
+        else:
+            self._entries.append(entry)
+        self._neg_rem = None  # the tables are rebuilt at the next check
+
+
+def _neg_remaining(entry: tuple[int, int]) -> int:
+    return -entry[1]
 
 
 def reservation_fits(entries: list[tuple[int, int]], capacity: int) -> bool:
