@@ -194,8 +194,8 @@ class Reservation:
         peaks = [rem * i + used for i, (rem, used) in enumerate(
             zip(rems, used_before[1:], strict=True), 1)]
         self._head = [-math.inf, *accumulate(peaks, max)]
-        tail = [*accumulate([p + r for p, r in zip(reversed(peaks), reversed(rems),
-                                                    strict=True)], max)]
+        tail: list[float] = [*accumulate([p + r for p, r in zip(
+            reversed(peaks), reversed(rems), strict=True)], max)]
         tail.reverse()
         tail.append(-math.inf)
         self._used_before, self._tail = used_before, tail
