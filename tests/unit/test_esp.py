@@ -356,6 +356,42 @@ def test_esp_group_fast_forward_equals_stepping_and_is_deterministic():
         assert np.array_equal(values, _columns(again)[col]), col
 
 
+def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch):
+    """While every busy member is in one prefill step, the planner names its next wake at
+    that step's end rather than every ``max_wait_steps`` iterations: the same records and
+    summary as polling throughout (in both engines' orders: fast-forward and stepping), with
+    far fewer plans."""
+    from fleetsim.policies.esp import EspPlanner
+
+    calls = {"plans": 0}
+    plan = EspPlanner.plan
+
+    def counted(self, view, now_s):
+        calls["plans"] += 1
+        return plan(self, view, now_s)
+
+    monkeypatch.setattr(EspPlanner, "plan", counted)
+    rng = np.random.default_rng(4)  # a third long prompts (prefills of seconds), the rest short
+    prompts = np.where(rng.random(40) < 0.3, rng.integers(100_000, 300_000, 40),
+                       rng.integers(200, 4000, 40))
+    outputs, arrival = rng.integers(2, 200, 40), np.cumsum(rng.exponential(1.5, 40))
+    runs = {}
+    for skip in (True, False):
+        if not skip:
+            monkeypatch.setattr(EspPlanner, "_skip_polls", lambda self, view, busy, w: w)
+        for fast in (True, False):
+            calls["plans"] = 0
+            result = _esp_run(prompts=prompts, outputs=outputs, arrival=arrival,
+                              fast_forward=fast)
+            runs[skip, fast] = (_columns(result), result.summary, calls["plans"])
+    for fast in (True, False):
+        skipped, polled = runs[True, fast], runs[False, fast]
+        for col, values in skipped[0].items():
+            assert np.array_equal(values, polled[0][col]), col
+        assert skipped[1] == polled[1]
+        assert skipped[2] < 0.7 * polled[2]  # polls really were left out
+
+
 def test_a_long_decode_keeps_two_full_instances_plus_room_to_grow():
     # the prompt fills two instances exactly: prefilled wide, kept on three (its KV and the
     # next iterations' tokens), never preempted

@@ -106,6 +106,8 @@ class EspPlanner:
     _iteration_end_s: float = field(init=False, default=0.0, repr=False)
     dop_histogram: dict[int, int] = field(init=False, default_factory=dict)
     _next_admit_s: float = field(init=False, default=0.0, repr=False)
+    # Polls left out (``_skip_polls``): the first one's time and the wake that ends them.
+    _skipped: tuple[float, float] | None = field(init=False, default=None, repr=False)
     _outstanding: list[Request] = field(init=False, default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +132,8 @@ class EspPlanner:
         cap = view.num_kv_blocks_per_instance * view.block_size
         if self.predictor is None:
             self.predictor = _fit(view, n, cap)
+        if self._skipped is not None:
+            self._catch_up(now_s)
         # Members read without cutting their windows: a running request's token counts lag
         # by its member's ``num_steps_ahead`` (the same for all of them).
         running: list[Sequence[Request]] = []  # (read, not changed)
@@ -204,7 +208,46 @@ class EspPlanner:
         if waiting and self._next_admit_s > now_s:
             wake_s = min(wake_s, self._next_admit_s) if wake_s is not None else (
                 self._next_admit_s)
+        if (wake_s is not None and prefilling and not assign and not merge
+                and all(prefills[m] for m in range(n) if busy[m])
+                and all(a == b for a, b in zip(alloc, before, strict=True))):
+            wake_s = self._skip_polls(view, busy, wake_s)
         return GroupPlan(tuple(alloc), tuple(assign), wake_s, tuple(merge))
+
+    def _skip_polls(self, view: GroupView, busy: list[bool], wake_s: float) -> float:
+        """The wake that replaces the polls this plan would be followed by while nothing
+        can change. Busy members are all prefilling, each in one ordinary step, and this
+        plan changes nothing: until the first of those steps ends (or an arrival or a
+        finish, which plan at once), every poll reads the same members and the same queue,
+        so it changes nothing either (the refill's prediction only gets later against a
+        nearer iteration end; admission waits while a prefill runs) and only moves the
+        next admission on (``_catch_up`` does that when the next plan comes). The polls'
+        times are the same chain of sums, so the plan after them comes at the same time."""
+        end_s = math.inf
+        for m, is_busy in enumerate(busy):
+            if is_busy:
+                step_end_s = view.member_step_end_s(m)
+                if step_end_s is None:
+                    return wake_s
+                end_s = min(end_s, step_end_s)
+        if wake_s >= end_s:
+            return wake_s
+        first_s = wake_s
+        while wake_s < end_s:
+            wake_s = wake_s + self.max_wait_steps * self.avg_decoding_s
+        self._skipped = (first_s, wake_s)
+        return wake_s
+
+    def _catch_up(self, now_s: float) -> None:
+        """What the polls left out before ``now_s`` would have done: each put the next
+        admission ``max_wait_steps`` iterations after it (a prefill was running)."""
+        assert self._skipped is not None
+        poll_s, until_s = self._skipped
+        self._skipped = None
+        while poll_s < now_s and poll_s < until_s:
+            self._next_admit_s = max(self._next_admit_s,
+                                     poll_s + self.max_wait_steps * self.avg_decoding_s)
+            poll_s = poll_s + self.max_wait_steps * self.avg_decoding_s
 
     def _note_finishes(self) -> None:
         done = [r for r in self._outstanding if not math.isnan(r.finish_s)]

@@ -159,6 +159,10 @@ class GroupView(Protocol):
         """One step of a member of ``degree`` instances (the group's step model)."""
     def kv_move_s(self, num_tokens: int) -> float:
         """Seconds to move ``num_tokens`` of KV from one instance to another."""
+    def member_step_end_s(self, member: int) -> float | None:
+        """When member ``member``'s step in flight ends, if it is one ordinary step: its
+        queues and token counts stay as they are until then (unless the group changes
+        them). None between steps and in a fast-forward window."""
     @property
     def step_model_key(self) -> Hashable | None:
         """Equal keys: ``step_time_s`` equal at every degree, in this run and any other (a

@@ -122,6 +122,10 @@ class _View:
     def step_model_key(self) -> Hashable | None:
         return self._group.step_model_key
 
+    def member_step_end_s(self, member: int) -> float | None:
+        step = self._group.members[member].current_step
+        return step.end_s if step is not None and step.window is None else None
+
     def kv_move_s(self, num_tokens: int) -> float:
         move = self._group.kv_move_s
         return move(num_tokens) if move is not None and num_tokens > 0 else 0.0
