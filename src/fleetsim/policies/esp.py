@@ -31,6 +31,11 @@ the group's own step model, read through the view on the first plan.
 Before a prefill iteration, decode members are merged to free instances while that pays
 (``_minimize_decoding_occupied_instances``; the move's time is weighed, not charged).
 
+The code decides every iteration; here the planner polls every ``max_wait_steps`` iterations
+and after each arrival and finish, and leaves out the polls that cannot change anything
+(every busy member in one prefill step: ``_skip_polls``), keeping their times and their
+effect on the next admission, so the results are those of polling throughout.
+
 Not modelled (each a difference from the code, stated in docs/reproductions.md): members
 decode independently rather than in one lock step; a member's KV is one pool over its
 instances (the step model spreads it evenly); preemption when KV runs out is the member's
