@@ -378,7 +378,7 @@ def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch):
     runs = {}
     for skip in (True, False):
         if not skip:
-            monkeypatch.setattr(EspPlanner, "_skip_polls", lambda self, view, busy, w: w)
+            monkeypatch.setattr(EspPlanner, "_skip_polls", lambda self, *args: args[-1])
         for fast in (True, False):
             calls["plans"] = 0
             result = _esp_run(prompts=prompts, outputs=outputs, arrival=arrival,
@@ -390,6 +390,43 @@ def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch):
             assert np.array_equal(values, polled[0][col]), col
         assert skipped[1] == polled[1]
         assert skipped[2] < 0.7 * polled[2]  # polls really were left out
+
+
+class _StepsView:
+    """A group of a prefilling member 0 (its step ends at 10 s) and a decoding member 1
+    whose KV may reach ``most`` blocks by its step's end (at 20 s), 100 blocks per
+    instance."""
+
+    num_kv_blocks_per_instance, block_size = 100, 16
+
+    def __init__(self, most):
+        self.most = most
+
+    def member_step_end_s(self, m):
+        return (10.0, 20.0)[m]
+
+    def member_used_blocks_range(self, m):
+        return (90, 95)
+
+    def member_used_blocks_at_step_end(self, m):
+        return self.most
+
+
+@pytest.mark.parametrize(("most", "walked", "skips"), [(99, False, True), (101, False, False),
+                                                        (99, True, False)])
+def test_polls_are_left_out_beside_a_decode_only_while_its_scaling_cannot_change(
+        most, walked, skips):
+    """Beside a decoding member, polls are left out only while its KV stays within the
+    instances it has until its step ends (the bounds now and at the end give one count) and
+    the refill failed before walking the running requests' reservations."""
+    from fleetsim.policies.esp import EspPlanner
+
+    planner = EspPlanner()
+    planner._refill_walked = walked
+    wake_s = planner._skip_polls(_StepsView(most), [True, True], [True, False],
+                                 [[object()], [object()]], 1.0)
+    assert (wake_s > 10.0) == skips and wake_s >= 1.0
+    assert (planner._skipped is not None) == skips
 
 
 def test_a_long_decode_keeps_two_full_instances_plus_room_to_grow():

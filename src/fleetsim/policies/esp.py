@@ -113,6 +113,7 @@ class EspPlanner:
     _next_admit_s: float = field(init=False, default=0.0, repr=False)
     # Polls left out (``_skip_polls``): the first one's time and the wake that ends them.
     _skipped: tuple[float, float] | None = field(init=False, default=None, repr=False)
+    _refill_walked: bool = field(init=False, default=False, repr=False)
     _outstanding: list[Request] = field(init=False, default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -171,6 +172,7 @@ class EspPlanner:
             self._next_admit_s = max(self._next_admit_s,
                                      now_s + self.max_wait_steps * self.avg_decoding_s)
         may_admit = not any(busy) or now_s >= self._next_admit_s
+        self._refill_walked = False
         if (waiting and not may_admit and prefilling and self.elastic and self.refill_idle
                 and now_s < self._iteration_end_s):
             refill = self._refill(view, waiting, before, alloc, busy, running, ahead, cap,
@@ -214,27 +216,40 @@ class EspPlanner:
             wake_s = min(wake_s, self._next_admit_s) if wake_s is not None else (
                 self._next_admit_s)
         if (wake_s is not None and prefilling and not assign and not merge
-                and all(prefills[m] for m in range(n) if busy[m])
                 and all(a == b for a, b in zip(alloc, before, strict=True))):
-            wake_s = self._skip_polls(view, busy, wake_s)
+            wake_s = self._skip_polls(view, busy, prefills, running, wake_s)
         return GroupPlan(tuple(alloc), tuple(assign), wake_s, tuple(merge))
 
-    def _skip_polls(self, view: GroupView, busy: list[bool], wake_s: float) -> float:
+    def _skip_polls(self, view: GroupView, busy: list[bool], prefills: list[bool],
+                    running: list[Sequence[Request]], wake_s: float) -> float:
         """The wake that replaces the polls this plan would be followed by while nothing
-        can change. Busy members are all prefilling, each in one ordinary step, and this
-        plan changes nothing: until the first of those steps ends (or an arrival or a
-        finish, which plan at once), every poll reads the same members and the same queue,
-        so it changes nothing either (the refill's prediction only gets later against a
-        nearer iteration end; admission waits while a prefill runs) and only moves the
-        next admission on (``_catch_up`` does that when the next plan comes). The polls'
-        times are the same chain of sums, so the plan after them comes at the same time."""
+        can change. A member prefills, this plan changes nothing, and every busy member is
+        in a step: one prefill step, or decodes whose instances stay what they need until
+        the step ends (the scaling bound at both ends of the step gives the same count).
+        Until the first of those steps ends (or an arrival or a finish, which plan at once)
+        every poll reads the same queues and the same scaling, so it changes nothing either
+        (the refill's prediction only gets later against a nearer iteration end, when it
+        failed before its walk or the running requests do not move; admission waits while
+        a prefill runs) and only moves the next admission on (``_catch_up`` does that when
+        the next plan comes). The polls' times are the same chain of sums, so the plan
+        after them comes at the same time."""
+        bpi, bs = view.num_kv_blocks_per_instance, view.block_size
         end_s = math.inf
         for m, is_busy in enumerate(busy):
-            if is_busy:
-                step_end_s = view.member_step_end_s(m)
-                if step_end_s is None:
+            if not is_busy:
+                continue
+            step_end_s = view.member_step_end_s(m)
+            if step_end_s is None:
+                return wake_s
+            if not prefills[m]:  # decoding: its KV grows, its scaling must not change
+                if self._refill_walked or not self.elastic:
                     return wake_s
-                end_s = min(end_s, step_end_s)
+                extra = len(running[m]) * (1 + self.max_wait_steps // bs)
+                fewest = view.member_used_blocks_range(m)[0]
+                most = view.member_used_blocks_at_step_end(m)
+                if -(-(fewest + extra) // bpi) != -(-(most + extra) // bpi):
+                    return wake_s
+            end_s = min(end_s, step_end_s)
         if wake_s >= end_s:
             return wake_s
         first_s = wake_s
@@ -340,6 +355,7 @@ class EspPlanner:
         limit = min(self.batch_max_tokens, sum(cap - used[i] for i in idle))
         if shortest > limit:
             return []
+        self._refill_walked = True
         reserved = Reservation(
             [(r.num_computed_tokens + d, r.max_output_tokens - r.num_output_tokens - d)
              for rs, d in zip(running, ahead, strict=True) for r in rs],

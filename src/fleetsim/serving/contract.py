@@ -160,9 +160,13 @@ class GroupView(Protocol):
     def kv_move_s(self, num_tokens: int) -> float:
         """Seconds to move ``num_tokens`` of KV from one instance to another."""
     def member_step_end_s(self, member: int) -> float | None:
-        """When member ``member``'s step in flight ends, if it is one ordinary step: its
-        queues and token counts stay as they are until then (unless the group changes
-        them). None between steps and in a fast-forward window."""
+        """When member ``member``'s step in flight ends (a fast-forward window: its last
+        step); None between steps. Until then its queues stay as they are (unless the group
+        changes them), and so do its token counts in one ordinary step; in a window its
+        requests advance a token a step."""
+    def member_used_blocks_at_step_end(self, member: int) -> int:
+        """The most KV blocks member ``member`` may hold when its step in flight ends (a
+        window's last step); its blocks now between steps."""
     @property
     def step_model_key(self) -> Hashable | None:
         """Equal keys: ``step_time_s`` equal at every degree, in this run and any other (a

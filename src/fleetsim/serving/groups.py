@@ -124,7 +124,17 @@ class _View:
 
     def member_step_end_s(self, member: int) -> float | None:
         step = self._group.members[member].current_step
-        return step.end_s if step is not None and step.window is None else None
+        return step.end_s if step is not None else None
+
+    def member_used_blocks_at_step_end(self, member: int) -> int:
+        m = self._group.members[member]
+        step = m.current_step
+        used = m.kv.num_used_blocks
+        if step is None or step.window is None:
+            return used
+        # Each decoder holds its computed tokens' KV: k steps take at most ceil(k / block
+        # size) blocks each (``DecodeWindows.peek``'s bound, at the window's last step).
+        return used + -(-step.num_steps // m.kv.block_size) * len(step.decodes)
 
     def kv_move_s(self, num_tokens: int) -> float:
         move = self._group.kv_move_s
