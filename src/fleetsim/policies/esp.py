@@ -241,6 +241,9 @@ class EspPlanner:
             step_end_s = view.member_step_end_s(m)
             if step_end_s is None:
                 return wake_s
+            # A prefilling member is in one ordinary step (a window opens only with nothing
+            # to prefill, and a request queued on a member cuts its window): its counts
+            # hold until the step ends.
             if not prefills[m]:  # decoding: its KV grows, its scaling must not change
                 if self._refill_walked or not self.elastic:
                     return wake_s
