@@ -343,7 +343,8 @@ def group_setup(config: SimConfig, model: ModelSpec, pools: list[PoolSetup]) -> 
         return by_degree[k]
 
     return GroupSetup(planner=make_group_planner(group.planner), step_model_for=step_model_for,
-                      kv_move_s=cost.migration_s)
+                      kv_move_s=cost.migration_s,
+                      step_model_key=("esp", cost.key, group.min_compute_bound_batch))
 
 
 def _check_swap_space(config: SimConfig) -> None:

@@ -16,10 +16,12 @@ from fleetsim.esp import (
     EspConfig,
     EspCostModel,
     EspStepModel,
+    dp,
     fit_analytical,
     plan_objective,
     plan_prefill,
 )
+from fleetsim.esp.admission import Reservation, reservation_fits
 from fleetsim.esp.dp import PrefillBatch
 from fleetsim.esp.rules import (
     decode_slowdown_s,
@@ -73,8 +75,16 @@ def _brute_force(lengths, free, predict):
     return best
 
 
+@pytest.fixture(params=["scalar", "numpy"])
+def dp_path(request, monkeypatch):
+    """Both implementations of the DP: plain floats (a few requests) and numpy (more)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(dp, "SCALAR_MAX_REQUESTS", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("seed", range(12))
-def test_prefill_dp_is_optimal_against_brute_force(seed, analytical):
+def test_prefill_dp_is_optimal_against_brute_force(seed, analytical, dp_path):
     rng = np.random.default_rng(seed)
     n, k = int(rng.integers(1, 6)), int(rng.integers(1, 5))
     lengths = sorted((int(x) for x in np.exp(rng.uniform(np.log(50), np.log(150_000), n))),
@@ -95,6 +105,24 @@ def test_prefill_dp_is_optimal_against_brute_force(seed, analytical):
     assert len(used) == len(set(used))
     for b in plan.batches:
         assert sum(lengths[r] for r in b.requests) <= sum(free[i] for i in b.instances)
+
+
+def test_prefill_dp_in_plain_floats_is_numpys_to_the_bit(analytical, monkeypatch):
+    """The scalar DP (a few requests) returns numpy's plan and objective bit for bit,
+    ties (equal lengths, equal free slots) and plans that do not fit included."""
+    rng = np.random.default_rng(11)
+    cases = []
+    for _ in range(300):
+        n, k = int(rng.integers(1, dp.SCALAR_MAX_REQUESTS + 1)), int(rng.integers(1, 6))
+        pool = [int(x) for x in np.exp(rng.uniform(np.log(20), np.log(200_000), 3))]
+        lengths = sorted((pool[int(i)] for i in rng.integers(0, 3, n)), reverse=True)
+        free = [int(rng.choice([30_000, 80_000, 210_000])) for _ in range(k)]
+        cases.append((lengths, free))
+    scalar = [plan_prefill(lengths, free, analytical.predict_s) for lengths, free in cases]
+    monkeypatch.setattr(dp, "SCALAR_MAX_REQUESTS", 0)
+    vector = [plan_prefill(lengths, free, analytical.predict_s) for lengths, free in cases]
+    assert scalar == vector
+    assert sum(p is None for p in scalar) > 10 and sum(p is not None for p in scalar) > 100
 
 
 def test_prefill_dp_refuses_what_cannot_fit(analytical):
@@ -202,6 +230,59 @@ def test_analytical_fit_tracks_the_cost_model(analytical):
     assert analytical.predict_s(4, 1e5, 1e10) < analytical.predict_s(1, 1e5, 1e10)
 
 
+def test_analytical_fit_grows_with_the_tokens_where_it_says_so(analytical):
+    """``grows(k)`` licenses the refill's shortcut (the shortest request too slow alone means
+    every request is): where it holds, a longer batch is never predicted faster."""
+    rng = np.random.default_rng(3)
+    for k in range(1, 6):
+        if not analytical.grows(k):
+            continue
+        lengths = np.sort(rng.integers(1, 500_000, 200))
+        times = [analytical.predict_s(k, int(x), int(x) * int(x)) for x in lengths]
+        assert times == sorted(times), k
+    assert analytical.grows(4) and not analytical.grows(0)
+
+
+def test_the_fit_is_reused_by_runs_of_one_layout_and_not_across_layouts():
+    from fleetsim.policies import esp as planner
+
+    planner._FITS.clear()
+    first = _esp_run(n=4).summary["group"]["analytical_model_mean_rel_error"]
+    assert len(planner._FITS) == 1
+    fit = next(iter(planner._FITS.values()))
+    again = _esp_run(n=4, seed=1).summary["group"]["analytical_model_mean_rel_error"]
+    assert len(planner._FITS) == 1 and next(iter(planner._FITS.values())) is fit
+    assert again == first
+    _esp_run(n=4, capacity=120_000)  # another KV capacity per instance: another fit
+    assert len(planner._FITS) == 2
+
+
+# -- LightLLM's KV reservation -----------------------------------------------------------------
+def test_incremental_reservation_answers_as_the_sort():
+    """``Reservation`` (prefix/suffix tables, entries added as a walk takes them) gives
+    ``reservation_fits``'s answer for every candidate, ties in remaining output included."""
+    rng = np.random.default_rng(7)
+    num_true = num_false = 0
+    for _ in range(400):
+        entries = [(int(u), int(r)) for u, r in zip(rng.integers(0, 50, rng.integers(0, 12)),
+                                                  rng.integers(-1, 6, 12), strict=False)]
+        capacity = int(rng.integers(0, 300))
+        reserved, kept = Reservation(list(entries), capacity), list(entries)
+        for _ in range(8):
+            entry = (int(rng.integers(0, 50)), int(rng.integers(-1, 6)))
+            if rng.random() < 0.3:  # taken without a check first
+                reserved.add(entry)
+                kept.append(entry)
+                continue
+            fits = reserved.fits(entry)
+            assert fits == reservation_fits(kept + [entry], capacity), (kept, entry, capacity)
+            num_true, num_false = num_true + fits, num_false + (not fits)
+            if fits:
+                reserved.add(entry)
+                kept.append(entry)
+    assert num_true > 100 and num_false > 100  # both answers exercised
+
+
 # -- the ESP step model (a member of k instances) -------------------------------------------
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_step_model_prices_prefill_and_decode_as_the_cost_model(cost, k):
@@ -273,6 +354,79 @@ def test_esp_group_fast_forward_equals_stepping_and_is_deterministic():
     for col, values in _columns(fast).items():
         assert np.array_equal(values, _columns(slow)[col]), col
         assert np.array_equal(values, _columns(again)[col]), col
+
+
+def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch):
+    """While every busy member is in one prefill step, the planner names its next wake at
+    that step's end rather than every ``max_wait_steps`` iterations: the same records and
+    summary as polling throughout (in both engines' orders: fast-forward and stepping), with
+    far fewer plans."""
+    from fleetsim.policies.esp import EspPlanner
+
+    calls = {"plans": 0}
+    plan = EspPlanner.plan
+
+    def counted(self, view, now_s):
+        calls["plans"] += 1
+        return plan(self, view, now_s)
+
+    monkeypatch.setattr(EspPlanner, "plan", counted)
+    rng = np.random.default_rng(4)  # a third long prompts (prefills of seconds), the rest short
+    prompts = np.where(rng.random(40) < 0.3, rng.integers(100_000, 300_000, 40),
+                       rng.integers(200, 4000, 40))
+    outputs, arrival = rng.integers(2, 200, 40), np.cumsum(rng.exponential(1.5, 40))
+    runs = {}
+    for skip in (True, False):
+        if not skip:
+            monkeypatch.setattr(EspPlanner, "_skip_polls", lambda self, *args: args[-1])
+        for fast in (True, False):
+            calls["plans"] = 0
+            result = _esp_run(prompts=prompts, outputs=outputs, arrival=arrival,
+                              fast_forward=fast)
+            runs[skip, fast] = (_columns(result), result.summary, calls["plans"])
+    for fast in (True, False):
+        skipped, polled = runs[True, fast], runs[False, fast]
+        for col, values in skipped[0].items():
+            assert np.array_equal(values, polled[0][col]), col
+        assert skipped[1] == polled[1]
+        assert skipped[2] < 0.7 * polled[2]  # polls really were left out
+
+
+class _StepsView:
+    """A group of a prefilling member 0 (its step ends at 10 s) and a decoding member 1
+    whose KV may reach ``most`` blocks by its step's end (at 20 s), 100 blocks per
+    instance."""
+
+    num_kv_blocks_per_instance, block_size = 100, 16
+
+    def __init__(self, most):
+        self.most = most
+
+    def member_step_end_s(self, m):
+        return (10.0, 20.0)[m]
+
+    def member_used_blocks_range(self, m):
+        return (90, 95)
+
+    def member_used_blocks_at_step_end(self, m):
+        return self.most
+
+
+@pytest.mark.parametrize(("most", "walked", "skips"), [(99, False, True), (101, False, False),
+                                                        (99, True, False)])
+def test_polls_are_left_out_beside_a_decode_only_while_its_scaling_cannot_change(
+        most, walked, skips):
+    """Beside a decoding member, polls are left out only while its KV stays within the
+    instances it has until its step ends (the bounds now and at the end give one count) and
+    the refill failed before walking the running requests' reservations."""
+    from fleetsim.policies.esp import EspPlanner
+
+    planner = EspPlanner()
+    planner._refill_walked = walked
+    wake_s = planner._skip_polls(_StepsView(most), [True, True], [True, False],
+                                 [[object()], [object()]], 1.0)
+    assert (wake_s > 10.0) == skips and wake_s >= 1.0
+    assert (planner._skipped is not None) == skips
 
 
 def test_a_long_decode_keeps_two_full_instances_plus_room_to_grow():

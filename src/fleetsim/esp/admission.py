@@ -16,7 +16,10 @@ can ask it; the group planner (``policies/esp.py``) does.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -67,8 +70,8 @@ class Admission:
             return self._take_fixed(waiting, running, used_by_instance, capacity)
         cfg = self.cfg
         k_all, cap = len(used_by_instance), capacity
-        entries = [(r.kv_tokens, r.num_remaining) for r in running]
         total = k_all * cap
+        reserved = Reservation([(r.kv_tokens, r.num_remaining) for r in running], total)
         used = sum(used_by_instance)
         budget = min(cfg.batch_max_tokens, total - used)
         max_idle = k_all - math.ceil(used / cap)
@@ -92,7 +95,7 @@ class Admission:
             entry = (length, req.num_remaining - 1)
             if (len(running) + len(new) + len(undecided) < cfg.max_running
                     and s1 + length <= budget
-                    and reservation_fits(entries + [entry], total)):
+                    and reserved.fits(entry)):
                 if (not undecided or allow_ooe) and s1 + length <= max_idle * cap:
                     t_now = predict(max_idle, s1 + length, s2 + length * length)
                     t_best = predict(k_all, s1 + length, s2 + length * length)
@@ -100,12 +103,12 @@ class Admission:
                         if undecided and skipped_before is None:
                             skipped_before = len(new)
                         new.append(at)
-                        entries.append(entry)
+                        reserved.add(entry)
                         s1, s2 = s1 + length, s2 + length * length
                         continue
                 if may_undecide and s1 + u1 + length <= budget:
                     undecided.append(at)
-                    entries.append(entry)
+                    reserved.add(entry)
                     u1, u2, u_inv = u1 + length, u2 + length * length, u_inv + 1.0 / length
                     t_preempt = predict(k_all, s1 + u1, s2 + u2)
                     if (t_preempt * inv_decode <= wait_s * u_inv
@@ -127,18 +130,18 @@ class Admission:
     def _take_fixed(self, waiting: Iterable[Pending], running: Sequence[Resident],
                     used_by_instance: Sequence[int], capacity: int) -> list[int]:
         cfg = self.cfg
-        entries = [(r.kv_tokens, r.num_remaining) for r in running]
         total = len(used_by_instance) * capacity
         budget = min(cfg.batch_max_tokens, total - sum(used_by_instance))
         new: list[int] = []
         s1 = 0
+        reserved = Reservation([(r.kv_tokens, r.num_remaining) for r in running], total)
         for at, req in enumerate(waiting):
             entry = (req.prefill_tokens, req.num_remaining - 1)
             if (len(running) + len(new) >= cfg.max_running or s1 + req.prefill_tokens > budget
-                    or not reservation_fits(entries + [entry], total)):
+                    or not reserved.fits(entry)):
                 break
             new.append(at)
-            entries.append(entry)
+            reserved.add(entry)
             s1 += req.prefill_tokens
         return new
 
@@ -151,6 +154,79 @@ class Admission:
         for r in running:
             iterations = max(iterations, mean_out - r.num_emitted, 0.1 * r.num_emitted)
         return iterations * self.cfg.avg_decoding_s
+
+
+class Reservation:
+    """``reservation_fits(entries + [entry], capacity)`` for many candidate ``entry``s and a
+    set of entries that grows by the ones taken, in O(log n) a candidate rather than a sort.
+
+    In the sorted order (remaining output, most first; ties in the order given, as the stable
+    sort) a candidate of ``rem`` goes after every entry with at least ``rem`` left, at ``p``:
+    the entries before it keep their peaks, its own is ``rem * (p + 1)`` plus the tokens
+    used up to it, and each entry after it moves one place down (its peak grows by its
+    ``rem``) and holds the candidate's tokens too. So the check is three maxima over
+    prefix and suffix tables, rebuilt when an entry is added (the same integers as the sort:
+    the answer is identical). The first check sorts once instead: a walk that stops there
+    (one waiting request, a long running batch) does not pay for the tables."""
+
+    __slots__ = ("capacity", "_entries", "_sorted", "_checked", "_neg_rem", "_used_before",
+                 "_head", "_tail")
+
+    def __init__(self, entries: list[tuple[int, int]], capacity: int) -> None:
+        """``entries``: (used, remaining) pairs, in the order the stable sort breaks ties
+        (the list is kept: ``add`` appends to it)."""
+        self.capacity = capacity
+        self._entries = entries  # sorted when the tables are first built
+        self._sorted = False
+        self._checked = False  # the first check is one sort (a walk may need only one)
+        self._neg_rem: list[int] | None = None  # None: the tables below are stale
+        self._used_before: list[int] = []  # [i]: tokens used by the first i entries
+        self._head: list[float] = []  # [i]: the largest peak of the first i entries
+        self._tail: list[float] = []  # [i]: the largest peak + rem of entries i..n-1
+
+    def _index(self) -> list[int]:
+        if not self._sorted:  # remaining output, most first; reverse keeps ties in order
+            self._entries = sorted(self._entries, key=itemgetter(1), reverse=True)
+            self._sorted = True
+        entries = self._entries
+        rems = [rem for _, rem in entries]
+        used_before = [0, *accumulate(used for used, _ in entries)]
+        peaks = [rem * i + used for i, (rem, used) in enumerate(
+            zip(rems, used_before[1:], strict=True), 1)]
+        self._head = [-math.inf, *accumulate(peaks, max)]
+        tail: list[float] = [*accumulate([p + r for p, r in zip(
+            reversed(peaks), reversed(rems), strict=True)], max)]
+        tail.reverse()
+        tail.append(-math.inf)
+        self._used_before, self._tail = used_before, tail
+        self._neg_rem = neg_rem = [-rem for rem in rems]
+        return neg_rem
+
+    def fits(self, entry: tuple[int, int]) -> bool:
+        """Would the entries and ``entry`` (used, remaining) fit the capacity?"""
+        neg_rem = self._neg_rem
+        if neg_rem is None:
+            if not self._checked:
+                self._checked = True
+                return reservation_fits(self._entries + [entry], self.capacity)
+            neg_rem = self._index()
+        used, rem = entry
+        at = bisect_right(neg_rem, -rem)
+        own = rem * (at + 1) + self._used_before[at] + used
+        return max(own, self._head[at], self._tail[at] + used) <= self.capacity
+
+    def add(self, entry: tuple[int, int]) -> None:
+        """Take ``entry`` into the set (after any with as much left: the stable order)."""
+        if self._sorted:
+            self._entries.insert(bisect_right(self._entries, -entry[1], key=_neg_remaining),
+                                 entry)
+        else:
+            self._entries.append(entry)
+        self._neg_rem = None  # the tables are rebuilt at the next check
+
+
+def _neg_remaining(entry: tuple[int, int]) -> int:
+    return -entry[1]
 
 
 def reservation_fits(entries: list[tuple[int, int]], capacity: int) -> bool:

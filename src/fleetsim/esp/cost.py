@@ -72,6 +72,9 @@ class EspCostModel:
             step = build_step_model(model, gpu, tp=tp)
         assert isinstance(step, TableStepModel)  # the built-in model: it has breakdown_s
         self.step = step
+        # Equal keys, equal costs: what prices a step (the step model's own key) and the
+        # ring and the exchange (the model's shape, the GPU's link, the instance's TP).
+        self.key: tuple[object, ...] = (model, gpu, tp, step.key)
         self.kv_bytes_per_token_per_gpu = model.kv_bytes_per_token_per_gpu(tp)
         self.link_bw_bytes_per_s = gpu.nvlink_bw_bytes_per_s * LINK_BW_EFF
         self._dec_attn: dict[int, tuple[float, float]] = {}  # batch -> (a, c) of decode attention
@@ -219,6 +222,15 @@ class AnalyticalModel:
     @property
     def max_k(self) -> int:
         return len(self.coefficients)
+
+    def grows(self, k: int) -> bool:
+        """Is ``predict_s(k, ...)`` non-decreasing in both sums (B_k, C_k >= 0)? Then a
+        batch predicted too slow stays too slow with longer requests (floats round
+        monotonically, so this holds for the computed values too)."""
+        if k < 1:
+            return False
+        _, b, c = self.coefficients[min(k, self.max_k) - 1]
+        return b >= 0.0 and c >= 0.0
 
     def predict_s(self, k: int, sum_tokens: float, sum_sq_tokens: float) -> float:
         if k < 1:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 Predictor = Callable[[int, float, float], float]
+SCALAR_MAX_REQUESTS = 6  # up to this many requests the DP runs in plain floats (faster)
 """(k instances, sum of input lengths, sum of squared input lengths) -> seconds."""
 
 
@@ -50,6 +51,8 @@ def plan_prefill(lengths: Sequence[int], free_tokens: Sequence[int], predict: Pr
     n, num_inst = len(lengths), len(free_tokens)
     if n == 0 or num_inst == 0 or sum(lengths) > sum(free_tokens):
         return None
+    if n <= SCALAR_MAX_REQUESTS:
+        return _plan_prefill_scalar(lengths, free_tokens, predict)
     lens = np.asarray(lengths, dtype=np.float64)
     p1 = np.concatenate(([0.0], np.cumsum(lens)))
     p2 = np.concatenate(([0.0], np.cumsum(lens * lens)))
@@ -82,6 +85,61 @@ def plan_prefill(lengths: Sequence[int], free_tokens: Sequence[int], predict: Pr
                                     instances=tuple(range(j - k, j))))
         i, j = i - size, j - k
     return PrefillPlan(batches=tuple(reversed(batches)), objective_s=float(best[n, j_best]))
+
+
+def _plan_prefill_scalar(lengths: Sequence[int], free_tokens: Sequence[int],
+                         predict: Predictor) -> PrefillPlan | None:
+    """``plan_prefill`` in plain floats, for a few requests (numpy's per-call cost dominates
+    there): the same operations in the same order (prefix sums added left to right, each
+    cost ``(a + b*s1 + c*s2) * sinv + best``, the first minimum kept), so the same plan and
+    objective to the last bit."""
+    n, num_inst = len(lengths), len(free_tokens)
+    p1, p2, pinv = [0.0], [0.0], [0.0]
+    for x in lengths:
+        f = float(x)
+        p1.append(p1[-1] + f)
+        p2.append(p2[-1] + f * f)
+        pinv.append(pinv[-1] + 1.0 / f)
+    cap = [0]
+    for free in free_tokens:
+        cap.append(cap[-1] + int(free))
+    inf = math.inf
+    best = [[inf] * (num_inst + 1) for _ in range(n + 1)]
+    best[0][0] = 0.0
+    choice = [[(0, 0)] * (num_inst + 1) for _ in range(n + 1)]
+    coef = [_coefficients(predict, k) for k in range(num_inst + 1)]
+    for i in range(1, n + 1):
+        row = best[i]
+        for j in range(1, num_inst + 1):
+            for k in range(1, j + 1):
+                a, b, c = coef[k]
+                room = cap[j] - cap[j - k]
+                low, at = inf, 0
+                for size in range(1, i + 1):  # the batch of the last ``size`` requests
+                    start = i - size
+                    s1 = p1[i] - p1[start]
+                    if s1 > room:
+                        cost = inf
+                    else:
+                        cost = ((a + b * s1 + c * (p2[i] - p2[start])) * (pinv[i] - pinv[start])
+                                + best[start][j - k])
+                    if cost < low or size == 1:
+                        low, at = cost, size
+                if low < row[j]:
+                    row[j] = low
+                    choice[i][j] = (at, k)
+    last = best[n]
+    j_best = min(range(1, num_inst + 1), key=lambda j: (last[j], j))
+    if not math.isfinite(last[j_best]):
+        return None
+    batches: list[PrefillBatch] = []
+    i, j = n, j_best
+    while i > 0:
+        size, k = choice[i][j]
+        batches.append(PrefillBatch(requests=tuple(range(i - size, i)),
+                                    instances=tuple(range(j - k, j))))
+        i, j = i - size, j - k
+    return PrefillPlan(batches=tuple(reversed(batches)), objective_s=float(last[j_best]))
 
 
 def plan_objective(lengths: Sequence[int], plan: Sequence[PrefillBatch], predict: Predictor

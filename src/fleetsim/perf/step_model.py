@@ -241,6 +241,12 @@ class TableStepModel:
         async_step_gap_s: float = ASYNC_STEP_GAP_S,
     ) -> None:
         self.model, self.gpu, self.tp = model, gpu, tp
+        # Every constructor argument: equal keys price every step alike (a caller may reuse
+        # what it derived from one model for another, e.g. ESP's analytical fit).
+        self.key: tuple[object, ...] = (model, gpu, tp, use_tables, float(step_overhead_s),
+                                        float(step_overhead_per_seq_s),
+                                        float(kernel_time_scale), bool(async_scheduling),
+                                        float(async_step_gap_s))
         key = (model, gpu, tp, use_tables)
         if key not in _GRID_CACHE:
             _GRID_CACHE[key] = _build_grids(model, gpu, tp, use_tables)

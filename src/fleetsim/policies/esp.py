@@ -31,6 +31,11 @@ the group's own step model, read through the view on the first plan.
 Before a prefill iteration, decode members are merged to free instances while that pays
 (``_minimize_decoding_occupied_instances``; the move's time is weighed, not charged).
 
+The code decides every iteration; here the planner polls every ``max_wait_steps`` iterations
+and after each arrival and finish, and leaves out the polls that cannot change anything
+(every busy member in one prefill step: ``_skip_polls``), keeping their times and their
+effect on the next admission, so the results are those of polling throughout.
+
 Not modelled (each a difference from the code, stated in docs/reproductions.md): members
 decode independently rather than in one lock step; a member's KV is one pool over its
 instances (the step model spreads it evenly); preemption when KV runs out is the member's
@@ -43,7 +48,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fleetsim.esp.admission import Admission, Pending, Resident, reservation_fits
+from fleetsim.esp.admission import Admission, Pending, Reservation, Resident
 from fleetsim.esp.config import EspConfig
 from fleetsim.esp.cost import AnalyticalModel, fit_analytical
 from fleetsim.esp.dp import plan_prefill
@@ -51,6 +56,27 @@ from fleetsim.esp.rules import migration_pays, should_pause
 from fleetsim.policies.group_planners import register_group_planner
 from fleetsim.serving.contract import GroupPlan, GroupView
 from fleetsim.serving.request import Request
+
+# (step model key, instances, KV tokens per instance) -> the fit: profiling is ~84 prefills
+# priced by the step model, the same in every run of one layout (a sweep's rates, the
+# benchmark's warm-up); bounded, as a sweep over step models could grow it.
+_FITS: dict[tuple[object, int, int], AnalyticalModel] = {}
+_MAX_FITS = 64
+
+
+def _fit(view: GroupView, num_instances: int, cap: int) -> AnalyticalModel:
+    """LoongServe's analytical model, fitted to the group's step model (once per key)."""
+    key = view.step_model_key
+    fit = _FITS.get((key, num_instances, cap)) if key is not None else None
+    if fit is None:
+        fit = fit_analytical(
+            lambda lengths, k: view.step_time_s(k, [(x, 0) for x in lengths], 0, 0),
+            num_instances, cap)
+        if key is not None:
+            if len(_FITS) >= _MAX_FITS:
+                _FITS.clear()
+            _FITS[(key, num_instances, cap)] = fit
+    return fit
 
 
 @register_group_planner("esp")
@@ -85,6 +111,9 @@ class EspPlanner:
     _iteration_end_s: float = field(init=False, default=0.0, repr=False)
     dop_histogram: dict[int, int] = field(init=False, default_factory=dict)
     _next_admit_s: float = field(init=False, default=0.0, repr=False)
+    # Polls left out (``_skip_polls``): the first one's time and the wake that ends them.
+    _skipped: tuple[float, float] | None = field(init=False, default=None, repr=False)
+    _refill_walked: bool = field(init=False, default=False, repr=False)
     _outstanding: list[Request] = field(init=False, default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -108,20 +137,25 @@ class EspPlanner:
         n = view.num_instances
         cap = view.num_kv_blocks_per_instance * view.block_size
         if self.predictor is None:
-            self.predictor = fit_analytical(
-                lambda lengths, k: view.step_time_s(k, [(x, 0) for x in lengths], 0, 0), n, cap)
-        self._note_finishes()
+            self.predictor = _fit(view, n, cap)
+        if self._skipped is not None:
+            self._catch_up(now_s)
         # Members read without cutting their windows: a running request's token counts lag
         # by its member's ``num_steps_ahead`` (the same for all of them).
-        states = [view.member_state(m) for m in range(n)]
-        running = [list(s.running) for s in states]
-        ahead = [s.num_steps_ahead for s in states]
-        used: list[int] | None = None  # KV tokens per instance, read when needed
-        busy = [bool(running[m] or states[m].waiting) for m in range(n)]
+        running: list[Sequence[Request]] = []  # (read, not changed)
+        ahead: list[int] = []
+        busy: list[bool] = []
         # Members with a prefill queued or in progress (a window's lag cancels in the test,
         # and a window with steps done holds only decodes).
-        prefills = [bool(s.waiting) or (not s.num_steps_ahead and any(
-            r.num_computed_tokens < r.num_tokens - 1 for r in s.running)) for s in states]
+        prefills: list[bool] = []
+        for m in range(n):
+            state = view.member_state(m)
+            running.append(state.running)
+            ahead.append(state.num_steps_ahead)
+            busy.append(bool(state.running or state.waiting))
+            prefills.append(bool(state.waiting) or (not state.num_steps_ahead and any(
+                r.num_computed_tokens < r.num_tokens - 1 for r in state.running)))
+        used: list[int] | None = None  # KV tokens per instance, read when needed
         before = view.instances_by_member
         alloc = list(before)
         if self.elastic:
@@ -138,10 +172,10 @@ class EspPlanner:
             self._next_admit_s = max(self._next_admit_s,
                                      now_s + self.max_wait_steps * self.avg_decoding_s)
         may_admit = not any(busy) or now_s >= self._next_admit_s
+        self._refill_walked = False
         if (waiting and not may_admit and prefilling and self.elastic and self.refill_idle
                 and now_s < self._iteration_end_s):
-            used = self._used_by_instance(view, before, cap)
-            refill = self._refill(view, waiting, alloc, busy, running, ahead, used, cap,
+            refill = self._refill(view, waiting, before, alloc, busy, running, ahead, cap,
                                   now_s)
             if refill:
                 slot = next(m for m in range(n) if not alloc[m] and not busy[m])
@@ -160,6 +194,7 @@ class EspPlanner:
                        for r in waiting)
             if used is None:
                 used = self._used_by_instance(view, before, cap)
+            self._note_finishes()
             chosen = [waiting[i] for i in self.admission.take(
                 pending, residents, used, cap, self.predictor.predict_s)]
             # Output tokens each member's requests have emitted (the pause rule's input).
@@ -180,7 +215,62 @@ class EspPlanner:
         if waiting and self._next_admit_s > now_s:
             wake_s = min(wake_s, self._next_admit_s) if wake_s is not None else (
                 self._next_admit_s)
+        if (wake_s is not None and prefilling and not assign and not merge
+                and all(a == b for a, b in zip(alloc, before, strict=True))):
+            wake_s = self._skip_polls(view, busy, prefills, running, wake_s)
         return GroupPlan(tuple(alloc), tuple(assign), wake_s, tuple(merge))
+
+    def _skip_polls(self, view: GroupView, busy: list[bool], prefills: list[bool],
+                    running: list[Sequence[Request]], wake_s: float) -> float:
+        """The wake that replaces the polls this plan would be followed by while nothing
+        can change. A member prefills, this plan changes nothing, and every busy member is
+        in a step: one prefill step, or decodes whose instances stay what they need until
+        the step ends (the scaling bound at both ends of the step gives the same count).
+        Until the first of those steps ends (or an arrival or a finish, which plan at once)
+        every poll reads the same queues and the same scaling, so it changes nothing either
+        (the refill's prediction only gets later against a nearer iteration end, when it
+        failed before its walk or the running requests do not move; admission waits while
+        a prefill runs) and only moves the next admission on (``_catch_up`` does that when
+        the next plan comes). The polls' times are the same chain of sums, so the plan
+        after them comes at the same time."""
+        bpi, bs = view.num_kv_blocks_per_instance, view.block_size
+        end_s = math.inf
+        for m, is_busy in enumerate(busy):
+            if not is_busy:
+                continue
+            step_end_s = view.member_step_end_s(m)
+            if step_end_s is None:
+                return wake_s
+            # A prefilling member is in one ordinary step (a window opens only with nothing
+            # to prefill, and a request queued on a member cuts its window): its counts
+            # hold until the step ends.
+            if not prefills[m]:  # decoding: its KV grows, its scaling must not change
+                if self._refill_walked or not self.elastic:
+                    return wake_s
+                extra = len(running[m]) * (1 + self.max_wait_steps // bs)
+                fewest = view.member_used_blocks_range(m)[0]
+                most = view.member_used_blocks_at_step_end(m)
+                if -(-(fewest + extra) // bpi) != -(-(most + extra) // bpi):
+                    return wake_s
+            end_s = min(end_s, step_end_s)
+        if wake_s >= end_s:
+            return wake_s
+        first_s = wake_s
+        while wake_s < end_s:
+            wake_s = wake_s + self.max_wait_steps * self.avg_decoding_s
+        self._skipped = (first_s, wake_s)
+        return wake_s
+
+    def _catch_up(self, now_s: float) -> None:
+        """What the polls left out before ``now_s`` would have done: each put the next
+        admission ``max_wait_steps`` iterations after it (a prefill was running)."""
+        assert self._skipped is not None
+        poll_s, until_s = self._skipped
+        self._skipped = None
+        while poll_s < now_s and poll_s < until_s:
+            self._next_admit_s = max(self._next_admit_s,
+                                     poll_s + self.max_wait_steps * self.avg_decoding_s)
+            poll_s = poll_s + self.max_wait_steps * self.avg_decoding_s
 
     def _note_finishes(self) -> None:
         done = [r for r in self._outstanding if not math.isnan(r.finish_s)]
@@ -190,13 +280,14 @@ class EspPlanner:
             self._outstanding = [r for r in self._outstanding if math.isnan(r.finish_s)]
 
     @staticmethod
-    def _used_by_instance(view: GroupView, alloc: Sequence[tuple[int, ...]], cap: int
-                          ) -> list[int]:
+    def _used_by_instance(view: GroupView, alloc: Sequence[tuple[int, ...]], cap: int,
+                          only: Sequence[int] | None = None) -> list[int]:
         """KV tokens on each instance: a member's KV fills its instances in order (the
-        code's placement keeps it on as few as possible, most used first)."""
+        code's placement keeps it on as few as possible, most used first). ``only``: exact
+        for these instances (the members holding them are read), 0 for the others."""
         used = [0] * view.num_instances
         for m, insts in enumerate(alloc):
-            if not insts:
+            if not insts or (only is not None and not any(i in only for i in insts)):
                 continue
             left = view.member_used_blocks(m) * view.block_size
             for i in insts:
@@ -205,7 +296,7 @@ class EspPlanner:
         return used
 
     def _scale(self, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
-               prefills: list[bool], running: list[list[Request]]) -> None:
+               prefills: list[bool], running: list[Sequence[Request]]) -> None:
         """Idle members give their instances back; decoding members keep what their KV and
         the next ``max_wait_steps`` tokens of each request need, taking idle instances when
         they need more."""
@@ -213,7 +304,7 @@ class EspPlanner:
         for m, insts in enumerate(alloc):
             if insts and not busy[m]:
                 alloc[m] = ()
-        free = sorted(set(range(view.num_instances)) - {i for a in alloc for i in a})
+        free: list[int] | None = None  # the instances no member holds, found when needed
         for m, insts in enumerate(alloc):
             if not insts or prefills[m]:
                 continue  # off, or still prefilling
@@ -222,10 +313,15 @@ class EspPlanner:
             k = max(1, -(-(fewest + extra) // bpi))
             if k != max(1, -(-(most + extra) // bpi)):  # the bounds disagree: count exactly
                 k = max(1, -(-(view.member_used_blocks(m) + extra) // bpi))
+            if k == len(insts):
+                continue
+            if free is None:
+                held = {i for a in alloc for i in a}
+                free = [i for i in range(view.num_instances) if i not in held]
             if k < len(insts):
                 alloc[m] = insts[:k]
                 free.extend(insts[k:])
-            elif k > len(insts) and free:
+            elif free:
                 take = free[:k - len(insts)]
                 alloc[m] = insts + tuple(take)
                 free = free[len(take):]
@@ -235,9 +331,10 @@ class EspPlanner:
         owned = {i for m, a in enumerate(alloc) if busy[m] for i in a}
         return tuple(i for i in range(len(alloc)) if i not in owned)
 
-    def _refill(self, view: GroupView, waiting: Sequence[Request], alloc: list[tuple[int, ...]],
-                busy: list[bool], running: list[list[Request]], ahead: list[int],
-                used: list[int], cap: int, now_s: float) -> list[Request]:
+    def _refill(self, view: GroupView, waiting: Sequence[Request],
+                before: Sequence[tuple[int, ...]], alloc: list[tuple[int, ...]],
+                busy: list[bool], running: list[Sequence[Request]], ahead: list[int],
+                cap: int, now_s: float) -> list[Request]:
         """The code's greedy refill (``req_queue.py::generate_greedy_req_list``): while a
         prefill iteration runs, the instances no batch holds take, in queue order, the
         waiting requests whose KV reservation fits and whose prefill on all of them together
@@ -245,29 +342,43 @@ class EspPlanner:
         idle = self._idle_instances(alloc, busy)
         if not idle:
             return []
-        predict = self.predictor.predict_s  # type: ignore[union-attr]
+        predictor = self.predictor
+        assert predictor is not None
+        predict, k = predictor.predict_s, len(idle)
         left_s = self._iteration_end_s - now_s
-        room = sum(cap - used[i] for i in idle)
-        entries = [(r.num_computed_tokens + d, r.max_output_tokens - r.num_output_tokens - d)
-                   for rs, d in zip(running, ahead, strict=True) for r in rs]
-        num_running = len(entries)
-        total = view.num_instances * cap
+        num_running = sum(len(rs) for rs in running)
+        if num_running >= self.max_running:
+            return []
+        # Walked alone (nothing taken yet), a request fits only if it is short enough; when
+        # the prediction grows with the tokens, the shortest one failing means all do.
+        shortest = min(r.num_tokens for r in waiting)
+        if predictor.grows(k) and predict(k, shortest, shortest * shortest) > left_s:
+            return []
+        used = self._used_by_instance(view, before, cap, idle)
+        limit = min(self.batch_max_tokens, sum(cap - used[i] for i in idle))
+        if shortest > limit:
+            return []
+        self._refill_walked = True
+        reserved = Reservation(
+            [(r.num_computed_tokens + d, r.max_output_tokens - r.num_output_tokens - d)
+             for rs, d in zip(running, ahead, strict=True) for r in rs],
+            view.num_instances * cap)
         taken: list[Request] = []
         s1 = s2 = 0
         for req in waiting:
             length = req.num_tokens
             entry = (length, req.max_output_tokens - req.num_output_tokens - 1)
             if (num_running + len(taken) < self.max_running
-                    and s1 + length <= min(self.batch_max_tokens, room)
-                    and predict(len(idle), s1 + length, s2 + length * length) <= left_s
-                    and reservation_fits(entries + [entry], total)):
+                    and s1 + length <= limit
+                    and predict(k, s1 + length, s2 + length * length) <= left_s
+                    and reserved.fits(entry)):
                 taken.append(req)
-                entries.append(entry)
+                reserved.add(entry)
                 s1, s2 = s1 + length, s2 + length * length
         return taken
 
     def _prefill(self, view: GroupView, chosen: list[Request], alloc: list[tuple[int, ...]],
-                 busy: list[bool], running: list[list[Request]], emitted: list[int],
+                 busy: list[bool], running: list[Sequence[Request]], emitted: list[int],
                  used: list[int], cap: int, assign: list[tuple[int, int]],
                  merge: list[tuple[int, int]], now_s: float) -> bool:
         """Plan the prefill iteration of ``chosen``: pause decode members, cut the requests
@@ -318,7 +429,7 @@ class EspPlanner:
         return True
 
     def _consolidate(self, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
-                     running: list[list[Request]], emitted: list[int], used: list[int],
+                     running: list[Sequence[Request]], emitted: list[int], used: list[int],
                      cap: int, s1: float, s2: float) -> list[tuple[int, int]]:
         """Free instances for the prefill by merging the decode member with the least KV
         into the most used one that has room for it (and its next iterations' tokens), while
@@ -348,7 +459,7 @@ class EspPlanner:
                     return merges
             dst = targets[0]
             merges.append((src, dst))
-            running[dst] = running[dst] + running[src]
+            running[dst] = [*running[dst], *running[src]]
             running[src] = []
             emitted[dst] += emitted[src]
             emitted[src] = 0

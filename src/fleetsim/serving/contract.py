@@ -10,7 +10,7 @@ method that reads an exact view at ``now_s`` and returns a plan or a choice (STY
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -162,6 +162,19 @@ class GroupView(Protocol):
         """One step of a member of ``degree`` instances (the group's step model)."""
     def kv_move_s(self, num_tokens: int) -> float:
         """Seconds to move ``num_tokens`` of KV from one instance to another."""
+    def member_step_end_s(self, member: int) -> float | None:
+        """When member ``member``'s step in flight ends (a fast-forward window: its last
+        step); None between steps. Until then its queues stay as they are (unless the group
+        changes them), and so do its token counts in one ordinary step; in a window its
+        requests advance a token a step."""
+    def member_used_blocks_at_step_end(self, member: int) -> int:
+        """The most KV blocks member ``member`` may hold when its step in flight ends (a
+        window's last step); its blocks now between steps."""
+    @property
+    def step_model_key(self) -> Hashable | None:
+        """Equal keys: ``step_time_s`` equal at every degree, in this run and any other (a
+        planner may reuse what it derived from it, as ESP's analytical fit); None: no
+        such promise."""
 
 
 class GroupPlanner(Protocol):

@@ -24,7 +24,7 @@ not swap or hand off KV (the group refuses a change while a member has moves in 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -55,6 +55,9 @@ class GroupSetup:
     kv_move_s: Callable[[int], float] | None = None
     """Seconds to move KV tokens between two instances, for planners that weigh a merge
     (None: free)."""
+    step_model_key: Hashable | None = None
+    """Equal keys: equal ``step_model_for`` at every degree, so a planner may reuse what it
+    derived from them in an earlier run (None: no such promise)."""
 
 
 class _View:
@@ -115,6 +118,24 @@ class _View:
         return self._group.step_model(degree).step_time_s(prefill_chunks, num_decode,
                                                           kv_tokens)
 
+    @property
+    def step_model_key(self) -> Hashable | None:
+        return self._group.step_model_key
+
+    def member_step_end_s(self, member: int) -> float | None:
+        step = self._group.members[member].current_step
+        return step.end_s if step is not None else None
+
+    def member_used_blocks_at_step_end(self, member: int) -> int:
+        m = self._group.members[member]
+        step = m.current_step
+        used = m.kv.num_used_blocks
+        if step is None or step.window is None:
+            return used
+        # Each decoder holds its computed tokens' KV: k steps take at most ceil(k / block
+        # size) blocks each (``DecodeWindows.peek``'s bound, at the window's last step).
+        return used + -(-step.num_steps // m.kv.block_size) * len(step.decodes)
+
     def kv_move_s(self, num_tokens: int) -> float:
         move = self._group.kv_move_s
         return move(num_tokens) if move is not None and num_tokens > 0 else 0.0
@@ -131,6 +152,7 @@ class InstanceGroup:
         self.planner = setup.planner
         self._step_model_for = setup.step_model_for
         self.kv_move_s = setup.kv_move_s
+        self.step_model_key = setup.step_model_key
         self._models: dict[int, StepTimeModel] = {}
         self.blocks_per_instance = members[0].kv.num_blocks
         self.waiting: list[Request] = []
@@ -227,7 +249,7 @@ class InstanceGroup:
             raise PlanError(f"group plan gives {len(alloc)} members instances, the group has "
                             f"{n}: {plan}")
         seen: set[int] = set()
-        for insts in alloc:
+        for insts in alloc if alloc != self.instances_by_member else ():  # (checked before)
             for i in insts:
                 if not 0 <= i < n or i in seen:
                     raise PlanError(f"group plan uses instance {i} twice or out of 0..{n - 1}: "
@@ -240,6 +262,8 @@ class InstanceGroup:
                 raise PlanError(f"group plan merges member {src} into {dst}: not two distinct "
                                 f"members, the second with instances after the plan: {plan}")
             merged.add(src)
+        if not plan.assign:
+            return
         waiting = {r.id for r in self.waiting}
         for rid, m in plan.assign:
             if rid not in waiting or not 0 <= m < n or not alloc[m]:
