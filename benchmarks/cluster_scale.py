@@ -14,7 +14,7 @@ import resource
 import time
 
 from fleetsim import native
-from fleetsim.config import config_from_dict
+from fleetsim.config import SimConfig, config_from_dict
 from fleetsim.run import run
 
 
@@ -26,6 +26,21 @@ def lengths() -> tuple[dict, dict]:
              "column": "num_decode_tokens"})
 
 
+def scale_config(num_requests: int, num_replicas: int, rate_per_replica: float) -> SimConfig:
+    """The benchmark's run: ``num_requests`` Poisson arrivals on ``num_replicas`` of
+    Llama-3.1-8B on H100, routed by power of two choices."""
+    prompt, output = lengths()
+    return config_from_dict({
+        "model": "llama-3.1-8b",
+        "hardware": {"gpu": "h100-sxm", "num_replicas": num_replicas},
+        "cluster": {"router": {"name": "power_of_two"}},
+        "workload": {"trace": None, "arrival": "poisson",
+                     "rate_per_s": rate_per_replica * num_replicas,
+                     "num_requests": num_requests, "prompt_tokens": prompt,
+                     "output_tokens": output},
+    })
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1_000_000)
@@ -33,16 +48,7 @@ def main() -> None:
     parser.add_argument("--rate-per-replica", type=float, default=2.0,
                         help="arrivals per second per replica (about 70%% busy on an H100)")
     args = parser.parse_args()
-    prompt, output = lengths()
-    config = config_from_dict({
-        "model": "llama-3.1-8b",
-        "hardware": {"gpu": "h100-sxm", "num_replicas": args.replicas},
-        "cluster": {"router": {"name": "power_of_two"}},
-        "workload": {"trace": None, "arrival": "poisson",
-                     "rate_per_s": args.rate_per_replica * args.replicas,
-                     "num_requests": args.requests, "prompt_tokens": prompt,
-                     "output_tokens": output},
-    })
+    config = scale_config(args.requests, args.replicas, args.rate_per_replica)
     start = time.perf_counter()
     s = run(config).summary
     wall_s = time.perf_counter() - start
