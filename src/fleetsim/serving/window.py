@@ -164,12 +164,8 @@ class DecodeWindows:
             ends = [start_s + self._decode_step_s(n, kv_tokens)]
         else:
             # Decoders finishing inside the window, in order: (steps left, computed tokens).
-            finishes: list[tuple[int, int]] = []
-            if min_left < k:
-                for i in range(n):
-                    if lefts[i] < k:
-                        finishes.append((lefts[i], decodes[i].num_computed_tokens))
-                finishes.sort()
+            finishes: list[tuple[int, int]] = [] if min_left >= k else sorted(
+                [(lefts[i], decodes[i].num_computed_tokens) for i in range(n) if lefts[i] < k])
             if self._has_terms:
                 ends = self._ends_python(start_s, n, kv_tokens, k, finishes)
             else:
