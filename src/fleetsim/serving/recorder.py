@@ -249,20 +249,22 @@ CHUNK_ROWS = 1 << 14
 class Columns:
     """A table of numbers filled row by row: each row is appended flat to ``rows`` (no tuple
     per row, and cheaper than an ``array('d')``, which parses every value it is given), and
-    every ``CHUNK_ROWS`` rows those become one array per column (``flush``), so a million
-    requests' rows take 8 bytes a number, not a list slot and a Python float (32), and the
-    lists the garbage collector walks stay short. Integer columns are cast back to int64
-    (exact: every count and id here is far below 2**53)."""
+    every ``CHUNK_ROWS`` rows those are written into one array per column (``flush``), so a
+    million requests' rows take 8 bytes a number instead of a list slot and a Python float
+    (32). A column's array doubles when full (pages never written are not resident), and
+    ``columns()`` returns views of it: no copy at the end, no chunks left to join. Integer
+    columns are cast back to int64 (exact: every count and id here is far below 2**53)."""
 
-    __slots__ = ("int_cols", "limit", "names", "num_flushed", "pieces", "rows")
+    __slots__ = ("arrays", "limit", "names", "num_flushed", "rows")
 
     def __init__(self, names: tuple[str, ...], int_cols: frozenset[str],
                  chunk_rows: int = CHUNK_ROWS) -> None:
         self.names = names
-        self.int_cols = int_cols
         self.rows: list[float] = []  # rows not flushed yet, one after another
         self.limit = chunk_rows * len(names)  # flush when ``rows`` holds this many numbers
-        self.pieces: list[list[NDArray]] = [[] for _ in names]  # per column, in row order
+        # One per column, its first ``num_flushed`` values written.
+        self.arrays: list[NDArray] = [
+            np.empty(chunk_rows, np.int64 if name in int_cols else np.float64) for name in names]
         self.num_flushed = 0
 
     @property
@@ -275,46 +277,39 @@ class Columns:
             return
         table = np.array(self.rows, dtype=np.float64).reshape(-1, len(self.names))
         self.rows = []
-        for j, name in enumerate(self.names):
-            self.pieces[j].append(table[:, j].astype(np.int64) if name in self.int_cols
-                                  else table[:, j].copy())
-        self.num_flushed += table.shape[0]
+        n, m = self.num_flushed, table.shape[0]
+        arrays = self.arrays
+        if n + m > len(arrays[0]):
+            capacity = max(2 * len(arrays[0]), n + m)
+            for j, old in enumerate(arrays):  # one column at a time: the old one goes at once
+                grown = np.empty(capacity, old.dtype)
+                grown[:n] = old[:n]
+                arrays[j] = grown
+        for j, column in enumerate(arrays):
+            column[n:n + m] = table[:, j]  # (to int64 as ``astype`` casts)
+        self.num_flushed = n + m
 
     def columns(self) -> dict[str, NDArray]:
-        """Every row so far, one read-only array per column (joined in place: a later call
-        returns the same arrays, plus any rows added since)."""
+        """Every row so far, one read-only array per column (views: later rows go after
+        them)."""
         self.flush()
+        n = self.num_flushed
         out: dict[str, NDArray] = {}
-        for j, name in enumerate(self.names):
-            pieces = self.pieces[j]
-            if len(pieces) != 1:
-                joined = (np.concatenate(pieces) if pieces else
-                          np.empty(0, np.int64 if name in self.int_cols else np.float64))
-                pieces.clear()  # each piece freed before the next column is joined
-                pieces.append(joined)
-            col = pieces[0]
-            col.flags.writeable = False
-            out[name] = col
+        for name, column in zip(self.names, self.arrays, strict=True):
+            view = column[:n]
+            view.flags.writeable = False
+            out[name] = view
         return out
 
     def rows_from(self, start: int) -> list[float]:
         """Rows ``start`` onwards, flat, as ``rows`` holds them (numbers as Python floats
         and ints; an integer column's values come back as floats from the arrays)."""
-        width = len(self.names)
-        if start >= self.num_flushed:
-            return self.rows[(start - self.num_flushed) * width:]
-        self.flush()
-        # The pieces holding rows ``start`` onwards: the last ones (a monitor reads recent rows).
-        first, at = len(self.pieces[0]), self.num_flushed
-        while at > start:
-            first -= 1
-            at -= len(self.pieces[0][first])
-        table = np.stack([np.concatenate(p[first:])[start - at:].astype(np.float64)
-                          for p in self.pieces], axis=1)
+        n = self.num_flushed
+        if start >= n:
+            return self.rows[(start - n) * len(self.names):]
+        table = np.stack([column[start:n].astype(np.float64) for column in self.arrays], axis=1)
         flat: list[float] = table.ravel().tolist()
-        return flat
-
-
+        return flat + self.rows
 @functools.lru_cache(maxsize=4096)
 def _packer(n: int) -> struct.Struct:
     """Packs ``n`` floats as native doubles (C-speed conversion, unlike ``array.extend``)."""
