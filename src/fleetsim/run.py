@@ -662,7 +662,11 @@ def pool_summaries(records: Records, summary: dict, pool_infos: list[dict],
         busy = sum(records.busy_s_by_replica.get(i, 0.0) for i in ids)
         kv_s = sum(records.kv_block_seconds_by_replica.get(i, 0.0) for i in ids)
         mask = np.isin(records.timeline["replica_id"], ids)
-        sub = Records(records.requests, {k: v[mask] for k, v in records.timeline.items()},
+        # (the one pool of most runs: its rows are all of them, and a copy of a million
+        # requests' timeline would be ~230 MB)
+        timeline = records.timeline if mask.all() else {
+            k: v[mask] for k, v in records.timeline.items()}
+        sub = Records(records.requests, timeline,
                       records.num_steps, records.busy_s_by_replica,
                       records.kv_block_seconds_by_replica, records.timeline_origin_s,
                       records.timeline_bin_s)

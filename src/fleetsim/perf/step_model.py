@@ -93,9 +93,14 @@ class _Piecewise:
         return self.at(x)  # (``lookup()`` builds a closure: for loops that call it often)
 
     def at(self, x: float) -> float:
-        """y(x), as ``lookup()(x)``: a method, so the compiled engine calls it directly."""
-        if x.__class__ is int and 0 <= x < self.num_dense:
-            return self.ys[int(x)]
+        """y(x), as ``lookup()(x)``: a method, so the compiled engine calls it directly.
+        (An integral x on the dense run is an index whatever its type: the compiled engine
+        passes every x as a C double, and the formula below gives ``ys[i] + slope * 0.0``
+        there, the same value.)"""
+        if 0 <= x < self.num_dense:
+            i = int(x)
+            if i == x:
+                return self.ys[i]
         xs = self.xs
         i = bisect_right(xs, x + 0.0) - 1
         if i < 0:

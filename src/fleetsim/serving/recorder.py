@@ -85,11 +85,8 @@ class Recorder:
 
     def __init__(self, timeline_origin_s: float = 0.0, timeline_bin_s: float = 0.0,
                  pool_of: list[str] | None = None) -> None:
-        # Flat lists, one row after another: no tuple per row (about a third of the memory
-        # a list of tuples takes), and cheaper to fill than an ``array('d')``, which parses
-        # every value it is given.
-        self._rows: list[float] = []
-        self._timeline: list[float] = []
+        self._requests = Columns(REQUEST_COLUMNS, REQUEST_INT_COLUMNS)
+        self._timeline = Columns(TIMELINE_COLUMNS, TIMELINE_INT_COLUMNS)
         self.num_steps = 0
         self.busy_s_by_replica: dict[int, float] = {}
         self.kv_block_seconds_by_replica: dict[int, float] = {}
@@ -131,13 +128,17 @@ class Recorder:
 
     def on_finish(self, replica_id: int, req: Request) -> None:
         itl_p99, itl_max = itl_stats(req)
-        self._rows.extend((
+        table = self._requests
+        rows = table.rows
+        rows.extend((
             req.id, replica_id, req.arrival_s, req.num_prompt_tokens, req.num_output_tokens,
             req.first_scheduled_s, req.first_token_s, req.finish_s, req.num_preemptions,
             req.num_prefix_hit_tokens, req.num_computed_tokens_total, req.num_recomputed_tokens,
             replica_id if req.prefill_replica_id is None else req.prefill_replica_id,
             req.kv_transfer_s, req.num_swaps, req.last_token_s, itl_p99, itl_max,
         ))
+        if len(rows) >= table.limit:
+            table.flush()
         online = self.online
         if online is not None:
             pool = self.pool_of[replica_id] if replica_id < len(self.pool_of) else "default"
@@ -150,15 +151,15 @@ class Recorder:
     @property
     def num_finished(self) -> int:
         """Requests finished so far."""
-        return len(self._rows) // len(REQUEST_COLUMNS)
+        return self._requests.num_rows
 
     def finished_since(self, start: int) -> list[tuple[float, float, float, int]]:
         """``(arrival_s, first_token_s, finish_s, num_output_tokens)`` of the requests that
         finished after the first ``start`` (a monitor's window)."""
+        rows = self._requests.rows_from(start)
         width = len(REQUEST_COLUMNS)
-        rows = self._rows
         return [(rows[i + 2], rows[i + 6], rows[i + 7], int(rows[i + 4]))
-                for i in range(start * width, len(rows), width)]
+                for i in range(0, len(rows), width)]
 
     def on_abort(self, replica_id: int, req: Request) -> None:
         assert req.abort_reason is not None
@@ -176,21 +177,23 @@ class Recorder:
         busy[replica_id] = busy.get(replica_id, 0.0) + busy_s
         kvs = self.kv_block_seconds_by_replica
         kvs[replica_id] = kvs.get(replica_id, 0.0) + kv_block_seconds
-        self._timeline.extend(
+        table = self._timeline
+        rows = table.rows
+        rows.extend(
             (end_s, replica_id, busy_s, num_steps, num_tokens, num_used_blocks, num_running,
              num_waiting, kv_block_seconds))
+        if len(rows) >= table.limit:
+            table.flush()
 
     def records(self) -> Records:
-        int_cols = {"request_id", "replica_id", "num_prompt_tokens", "num_output_tokens",
-                    "num_preemptions", "num_prefix_hit_tokens", "num_computed_tokens",
-                    "num_recomputed_tokens", "prefill_replica_id", "num_swaps"}
-        requests = _columns(self._rows, REQUEST_COLUMNS, int_cols)
+        requests = self._requests.columns()
         # By finish time, ties by request id: replicas may report a finish inside a
-        # fast-forward window after later events elsewhere.
+        # fast-forward window after later events elsewhere. (One column at a time: the
+        # sorted copies never all coexist with the originals.)
         order = np.lexsort((requests["request_id"], requests["finish_s"]))
-        requests = {name: col[order] for name, col in requests.items()}
-        timeline = _columns(self._timeline, TIMELINE_COLUMNS,
-                            set(TIMELINE_COLUMNS) - {"end_s", "busy_s", "kv_block_seconds"})
+        for name in REQUEST_COLUMNS:
+            requests[name] = requests[name][order]
+        timeline = self._timeline.columns()
         gaps, counts = self._itl_arrays()
         return Records(requests, timeline, self.num_steps, dict(self.busy_s_by_replica),
                        dict(self.kv_block_seconds_by_replica), self.timeline_origin_s,
@@ -235,15 +238,78 @@ TIMELINE_COLUMNS = ("end_s", "replica_id", "busy_s", "num_steps", "num_tokens",
                     "num_used_blocks", "num_running", "num_waiting", "kv_block_seconds")
 
 
-def _columns(rows: list[float], names: tuple[str, ...], int_cols: set[str]
-             ) -> dict[str, NDArray]:
-    """Rows of numbers as one array per column: one float64 matrix, then the integer columns
-    cast back (exact: every count and id here is far below 2**53)."""
-    table = np.array(rows, dtype=np.float64).reshape(-1, len(names))
-    return {name: (table[:, j].astype(np.int64) if name in int_cols else table[:, j].copy())
-            for j, name in enumerate(names)}
+TIMELINE_INT_COLUMNS = frozenset(TIMELINE_COLUMNS) - {"end_s", "busy_s", "kv_block_seconds"}
+REQUEST_INT_COLUMNS = frozenset((
+    "request_id", "replica_id", "num_prompt_tokens", "num_output_tokens", "num_preemptions",
+    "num_prefix_hit_tokens", "num_computed_tokens", "num_recomputed_tokens",
+    "prefill_replica_id", "num_swaps"))
+CHUNK_ROWS = 1 << 14
 
 
+class Columns:
+    """A table of numbers filled row by row: each row is appended flat to ``rows`` (no tuple
+    per row, and cheaper than an ``array('d')``, which parses every value it is given), and
+    every ``CHUNK_ROWS`` rows those are written into one array per column (``flush``), so a
+    million requests' rows take 8 bytes a number instead of a list slot and a Python float
+    (32). A column's array doubles when full (pages never written are not resident), and
+    ``columns()`` returns views of it: no copy at the end, no chunks left to join. Integer
+    columns are cast back to int64 (exact: every count and id here is far below 2**53)."""
+
+    __slots__ = ("arrays", "limit", "names", "num_flushed", "rows")
+
+    def __init__(self, names: tuple[str, ...], int_cols: frozenset[str],
+                 chunk_rows: int = CHUNK_ROWS) -> None:
+        self.names = names
+        self.rows: list[float] = []  # rows not flushed yet, one after another
+        self.limit = chunk_rows * len(names)  # flush when ``rows`` holds this many numbers
+        # One per column, its first ``num_flushed`` values written.
+        self.arrays: list[NDArray] = [
+            np.empty(chunk_rows, np.int64 if name in int_cols else np.float64) for name in names]
+        self.num_flushed = 0
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_flushed + len(self.rows) // len(self.names)
+
+    def flush(self) -> None:
+        """Move the rows of ``rows`` into the columns' arrays."""
+        if not self.rows:
+            return
+        table = np.array(self.rows, dtype=np.float64).reshape(-1, len(self.names))
+        self.rows = []
+        n, m = self.num_flushed, table.shape[0]
+        arrays = self.arrays
+        if n + m > len(arrays[0]):
+            capacity = max(2 * len(arrays[0]), n + m)
+            for j, old in enumerate(arrays):  # one column at a time: the old one goes at once
+                grown = np.empty(capacity, old.dtype)
+                grown[:n] = old[:n]
+                arrays[j] = grown
+        for j, column in enumerate(arrays):
+            column[n:n + m] = table[:, j]  # (to int64 as ``astype`` casts)
+        self.num_flushed = n + m
+
+    def columns(self) -> dict[str, NDArray]:
+        """Every row so far, one read-only array per column (views: later rows go after
+        them)."""
+        self.flush()
+        n = self.num_flushed
+        out: dict[str, NDArray] = {}
+        for name, column in zip(self.names, self.arrays, strict=True):
+            view = column[:n]
+            view.flags.writeable = False
+            out[name] = view
+        return out
+
+    def rows_from(self, start: int) -> list[float]:
+        """Rows ``start`` onwards, flat, as ``rows`` holds them (numbers as Python floats
+        and ints; an integer column's values come back as floats from the arrays)."""
+        n = self.num_flushed
+        if start >= n:
+            return self.rows[(start - n) * len(self.names):]
+        table = np.stack([column[start:n].astype(np.float64) for column in self.arrays], axis=1)
+        flat: list[float] = table.ravel().tolist()
+        return flat + self.rows
 @functools.lru_cache(maxsize=4096)
 def _packer(n: int) -> struct.Struct:
     """Packs ``n`` floats as native doubles (C-speed conversion, unlike ``array.extend``)."""

@@ -770,8 +770,8 @@ class Replica:
         self._carried = self._window_rows(step, k - 1,
                                           step.window.ends[k - 2] if k > 1 else step.start_s)
         # The step in progress: the decoders left, their blocks for it already taken.
-        remaining = [r for r, left in zip(step.decodes, step.window.lefts, strict=True)
-                     if left >= k]
+        decodes, lefts = step.decodes, step.window.lefts
+        remaining = [decodes[i] for i in range(len(decodes)) if lefts[i] >= k]
         self._load_tokens += len(self._finish_times) - len(step.window.finish_steps)
         self._finish_times = []
         step.start_s = step.window.ends[k - 2] if k > 1 else step.start_s

@@ -13,25 +13,32 @@ from fleetsim.serving.contract import SourceContext as SourceContext  # re-expor
 from fleetsim.serving.request import Request
 from fleetsim.workloads.workload import Workload
 
+CHUNK_ROWS = 4096
+
 
 class WorkloadSource:
     """A fixed workload, one arrival scheduled at a time (the next when one arrives), so the
-    event heap stays small however long the trace. Ids are row indices."""
+    event heap stays small however long the trace. Ids are row indices. Rows are read from
+    the workload's arrays ``CHUNK_ROWS`` at a time (a million rows as Python lists would take
+    about 100 MB)."""
 
     wants_finishes = False
 
     def __init__(self, workload: Workload) -> None:
-        self.arrival_s: list[float] = workload.arrival_s.tolist()
-        self.prompt: list[int] = workload.num_prompt_tokens.tolist()
-        self.output: list[int] = workload.num_output_tokens.tolist()
+        self.workload = workload
         self.hash_ids = workload.hash_ids
-        self.priority: list[int] | None = (
-            workload.priority.tolist() if workload.priority is not None else None)
+        self._num_rows = len(workload.arrival_s)
         self._next = 0
+        # The rows [_chunk_start, _chunk_start + len(_arrival_s)) as Python numbers.
+        self._chunk_start = 0
+        self._arrival_s: list[float] = []
+        self._prompt: list[int] = []
+        self._output: list[int] = []
+        self._priority: list[int] | None = None
 
     @property
     def num_requests(self) -> int | None:
-        return len(self.arrival_s)
+        return self._num_rows
 
     def start(self, ctx: SourceContext) -> None:
         self._submit_next(ctx)
@@ -44,17 +51,34 @@ class WorkloadSource:
 
     def _submit_next(self, ctx: SourceContext) -> None:
         i = self._next
-        if i < len(self.arrival_s):
+        if i < self._num_rows:
             self._next = i + 1
-            ctx.submit_at(self.arrival_s[i], self.request(ctx.new_request_id(), i))
+            req = self.request(ctx.new_request_id(), i)
+            ctx.submit_at(req.arrival_s, req)
 
     def request(self, rid: int, i: int) -> Request:
         """Row ``i`` as a fresh request with id ``rid``."""
+        j = i - self._chunk_start
+        if not 0 <= j < len(self._arrival_s):
+            self._load_chunk(i)
+            j = i - self._chunk_start
+        priority = self._priority
         return Request(
-            id=rid, arrival_s=self.arrival_s[i], num_prompt_tokens=self.prompt[i],
-            max_output_tokens=self.output[i],
+            id=rid, arrival_s=self._arrival_s[j], num_prompt_tokens=self._prompt[j],
+            max_output_tokens=self._output[j],
             hash_ids=self.hash_ids[i] if self.hash_ids is not None else (),
-            priority=self.priority[i] if self.priority is not None else 0)
+            priority=priority[j] if priority is not None else 0)
+
+    def _load_chunk(self, i: int) -> None:
+        """Make the chunk holding row ``i`` the current one."""
+        start = i - i % CHUNK_ROWS
+        end = start + CHUNK_ROWS
+        w = self.workload
+        self._chunk_start = start
+        self._arrival_s = w.arrival_s[start:end].tolist()
+        self._prompt = w.num_prompt_tokens[start:end].tolist()
+        self._output = w.num_output_tokens[start:end].tolist()
+        self._priority = w.priority[start:end].tolist() if w.priority is not None else None
 
 
 class ClosedLoopSource(WorkloadSource):
@@ -70,7 +94,7 @@ class ClosedLoopSource(WorkloadSource):
         self.max_concurrency = max_concurrency
 
     def start(self, ctx: SourceContext) -> None:
-        for _ in range(min(self.max_concurrency, len(self.arrival_s))):
+        for _ in range(min(self.max_concurrency, self._num_rows)):
             self._send_next(ctx, 0.0)
 
     def on_arrival(self, req: Request, ctx: SourceContext) -> None:
@@ -81,10 +105,10 @@ class ClosedLoopSource(WorkloadSource):
 
     def _send_next(self, ctx: SourceContext, free_s: float) -> None:
         i = self._next
-        if i < len(self.arrival_s):
+        if i < self._num_rows:
             self._next = i + 1
-            at_s = max(self.arrival_s[i], free_s)
             req = self.request(ctx.new_request_id(), i)
+            at_s = max(req.arrival_s, free_s)
             req.arrival_s = at_s
             ctx.submit_at(at_s, req)
 

@@ -125,18 +125,25 @@ class DecodeWindows:
         first_need = 0
         kv_tokens = 0
         lefts: list[int] = []
+        # (min and max kept as the loop goes: in the compiled engine a builtin over a list
+        # is a generic call)
+        min_left = max_left = decodes[0].max_output_tokens - decodes[0].num_output_tokens
         for r in decodes:
             c = r.num_computed_tokens
             kv_tokens += c
             need = blocks_short(r, c + 1, bs, per_entry)
             if need > 0:
                 first_need += need
-            lefts.append(r.max_output_tokens - r.num_output_tokens)
+            left = r.max_output_tokens - r.num_output_tokens
+            lefts.append(left)
+            if left < min_left:
+                min_left = left
+            elif left > max_left:
+                max_left = left
         free = kv.num_free_blocks - first_need
         if free < 0:
             return None
-        min_left = min(lefts)
-        max_steps = max(lefts) if through else min_left
+        max_steps = max_left if through else min_left
         start_s = step.start_s
         hint = self.next_input_hint_s
         edge_s = self.next_edge_s(start_s)
@@ -145,7 +152,7 @@ class DecodeWindows:
         elif hint is None and until_s == math.inf and edge_s == math.inf:
             k = max_steps if max_steps < self.cap else self._capped()
         else:
-            first_s = self.step_model.step_time_s((), n, kv_tokens)
+            first_s = self._decode_step_s(n, kv_tokens)
             k = 1 if start_s + first_s >= min(until_s, edge_s) else self._cap_steps(
                 max_steps, start_s, first_s, until_s, edge_s)
         # Over k steps a decoder crosses at most ceil((k - 1) / bs) block boundaries after
@@ -154,12 +161,11 @@ class DecodeWindows:
         if k > 1 and n * -(-(k - 1) // bs) > free:
             k = _steps_within(decodes, bs, per_entry, free, k)
         if k == 1:
-            ends = [start_s + self.step_model.step_time_s((), n, kv_tokens)]
+            ends = [start_s + self._decode_step_s(n, kv_tokens)]
         else:
             # Decoders finishing inside the window, in order: (steps left, computed tokens).
-            finishes = [] if min_left >= k else sorted(
-                (left, r.num_computed_tokens)
-                for left, r in zip(lefts, decodes, strict=True) if left < k)
+            finishes: list[tuple[int, int]] = [] if min_left >= k else sorted(
+                [(lefts[i], decodes[i].num_computed_tokens) for i in range(n) if lefts[i] < k])
             if self._has_terms:
                 ends = self._ends_python(start_s, n, kv_tokens, k, finishes)
             else:
@@ -255,6 +261,17 @@ class DecodeWindows:
         w.emitted0 = emitted0
         step.window = w
         return self._finish_open(step, until_s, edge_s)
+
+    def _decode_step_s(self, n: int, kv_tokens: int) -> float:
+        """``step_time_s((), n, kv_tokens)``, from the decode terms where the model has them
+        (the same floats: ``decode_terms_s`` promises it; cheaper, the terms are kept)."""
+        if not self._has_terms:
+            return self.step_model.step_time_s((), n, kv_tokens)
+        terms = self._terms.get(n)
+        if terms is None:
+            terms = self._terms[n] = self.step_model.decode_terms_s(n)  # type: ignore[attr-defined]
+        base, per_kv, extra = terms
+        return (base + per_kv * float(kv_tokens)) + extra
 
     def _ends_python(self, start_s: float, n: int, kv_tokens: int, k: int,
                      finishes: list[tuple[int, int]]) -> list[float]:
@@ -352,7 +369,9 @@ class DecodeWindows:
         late = 0.0
         before: list[tuple[int, int, Request]] = []
         at_end = w.at_end
-        for i, (r, left) in enumerate(zip(step.decodes, w.lefts, strict=True)):
+        decodes, lefts = step.decodes, w.lefts
+        for i in range(len(decodes)):  # (indices: cheaper than zip in the compiled engine)
+            r, left = decodes[i], lefts[i]
             c = r.num_computed_tokens
             s_i = left if left < k else k  # steps it takes blocks for
             t_i = left if left < m else m  # steps it commits
