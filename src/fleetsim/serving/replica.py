@@ -514,7 +514,7 @@ class Replica:
             raise PlanError(f"{type(self.batch_policy).__name__} keeps planning preemptions "
                             f"and no tokens at {now_s} s")
         if step is not None:
-            self._execute(step, now_s)
+            self._execute(step, now_s, plan.repeats)
 
     def _open_idle_window(self) -> bool:
         """Nothing waits and every running request decodes: the plan is known (the policy
@@ -694,7 +694,7 @@ class Replica:
         self.moves.hand_off(req, dst)
 
     # ---- step phase 3: execute -------------------------------------------------------
-    def _execute(self, step: Step, now_s: float) -> None:
+    def _execute(self, step: Step, now_s: float, repeats: bool = False) -> None:
         self.busy = True
         shared = self.shared
         if shared is not None:
@@ -706,8 +706,10 @@ class Replica:
         # A prefix-pool member with requests waiting plans every step: what they cost to
         # admit moves with the whole pool (another member's cache, or a local eviction of a
         # block the pool still holds elsewhere, which makes it cheaper), so its plan need not
-        # repeat.
-        if step.is_all_decode and self.fast_forward and not (
+        # repeat. ``repeats``: this plan says it repeats (``StepPlan.repeats``), as every
+        # all-decode plan of a fast-forward-safe policy does.
+        if step.is_all_decode and (self.fast_forward or (
+                repeats and self._fast_forward_wanted)) and not (
                 self.waiting and self.kv.prefix.peers is not None):
             end_s = self._windows.open(step, self.until_s)
             assert end_s is not None  # the plan took the first step's blocks
