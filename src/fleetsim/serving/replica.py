@@ -528,7 +528,7 @@ class Replica:
         through = (self.on_finish is None and self.until_s == math.inf
                    and not self.moves.incoming and self.kv.prefix.peers is None)
         shared = self.shared
-        if shared is not None and not shared.alone():
+        if shared is not None and (not shared.alone() or shared.others_waiting()):
             return False  # its steps' length depends on the others: one at a time, as jobs
         if self._windows.open(step, self.until_s, through) is None:
             return False
@@ -710,7 +710,8 @@ class Replica:
         # all-decode plan of a fast-forward-safe policy does.
         if step.is_all_decode and (self.fast_forward or (
                 repeats and self._fast_forward_wanted)) and not (
-                self.waiting and self.kv.prefix.peers is not None):
+                self.waiting and self.kv.prefix.peers is not None) and not (
+                shared is not None and shared.others_waiting()):
             end_s = self._windows.open(step, self.until_s)
             assert end_s is not None  # the plan took the first step's blocks
             self._note_finishes(step)
