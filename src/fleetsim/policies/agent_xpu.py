@@ -159,7 +159,7 @@ class AgentXpuPlanner:
         victims = [r for r in reversed(running) if self._urgency(r, True) != urgent]
         # Every running request is of this class: if the step decodes them all, it repeats
         # (``StepPlan.repeats``; see ``plan``).
-        alone = not victims
+        one_class = not victims
 
         def fit(req: Request, num_new: int, needed: int) -> bool:
             nonlocal available, budget
@@ -202,7 +202,7 @@ class AgentXpuPlanner:
                 break
         if not tokens:
             return None
-        if alone:
+        if one_class:
             return StepPlan(tokens, repeats=True)
         self._piggyback(view, tokens, set(preempt), chunk, urgent, budget, available)
         return StepPlan(tokens, tuple(preempt))

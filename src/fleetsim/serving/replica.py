@@ -529,7 +529,9 @@ class Replica:
                    and not self.moves.incoming and self.kv.prefix.peers is None)
         shared = self.shared
         if shared is not None and (not shared.alone() or shared.others_waiting()):
-            return False  # its steps' length depends on the others: one at a time, as jobs
+            # Its steps' length depends on the others (one at a time, as jobs), or one woken
+            # at this step would cut the window back at once.
+            return False
         if self._windows.open(step, self.until_s, through) is None:
             return False
         if shared is not None:
