@@ -6,10 +6,12 @@ retired SoC loop, ``soc/engine.py``, cost 25-60x). The requests are Agent.xpu's 
 traffic (Poisson, lengths from the Azure 2023 conversation trace, prompts capped at 2,048),
 served by an iGPU engine that batches up to ``--slots`` requests, by prefill on the NPU with
 decode on the iGPU (both on the shared DDR), and by Agent.xpu's scheduler (``agent_xpu``) on
-that P/D pair. CPU time is the process's (``time.process_time``); run it with
-``FLEETSIM_PURE=1`` to measure pure Python.
+that P/D pair. The last line adds ``--flows`` proactive flows to the reactive traffic (each
+issues its next request when its last one ends: Agent.xpu's mixed traffic, two classes on
+the iGPU), per token it generates. CPU time is the process's (``time.process_time``); run it
+with ``FLEETSIM_PURE=1`` to measure pure Python.
 
-    python benchmarks/soc_cost_per_token.py [--per-min 60] [--minutes 30] [--slots 8]
+    python benchmarks/soc_cost_per_token.py [--per-min 60] [--minutes 30] [--slots 8] [--flows 4]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from fleetsim import native
 from fleetsim.config import config_from_dict
 from fleetsim.run import run
+from fleetsim.soc_run import run_agent_traffic
 from fleetsim.workloads.agent_traffic import (
     AgentTraffic,
     LengthSampler,
@@ -56,6 +59,7 @@ def main() -> None:
     parser.add_argument("--per-min", type=float, default=60.0)
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--flows", type=int, default=4)
     args = parser.parse_args()
     traffic = AgentTraffic(reactive_per_min=args.per_min, num_proactive_flows=0,
                            duration_s=args.minutes * 60.0)
@@ -78,9 +82,20 @@ def main() -> None:
         result = run(config, workload=wl)
         rows.append((label, time.process_time() - t0))
         assert result.summary["num_finished"] == len(wl)
-    main_cpu = rows[-1][1]
+    mixed = AgentTraffic(reactive_per_min=args.per_min, num_proactive_flows=args.flows,
+                         duration_s=args.minutes * 60.0)
+    config = config_from_dict(_config(pd, args.slots, True, "agent_xpu"))
+    t0 = time.process_time()
+    out = run_agent_traffic(config, mixed)
+    mixed_cpu = time.process_time() - t0
+    mixed_tokens = int(out.records.requests["num_output_tokens"].sum())
+    main_per_token = rows[-1][1] / tokens
     for label, cpu in rows:
-        print(f"  {label:42s} {cpu / tokens * 1000:8.4f}  ({cpu / main_cpu:5.2f}x main)")
+        print(f"  {label:42s} {cpu / tokens * 1000:8.4f}  ({cpu / tokens / main_per_token:5.2f}x "
+              f"main)")
+    label = f"  ... with {args.flows} proactive flows ({mixed_tokens} tokens)"
+    print(f"{label:44s} {mixed_cpu / mixed_tokens * 1000:8.4f}  "
+          f"({mixed_cpu / mixed_tokens / main_per_token:5.2f}x main)")
 
 
 if __name__ == "__main__":

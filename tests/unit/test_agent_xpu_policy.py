@@ -144,6 +144,29 @@ def test_bad_agent_config_is_one_line_and_exit_2(override, needle, capsys, tmp_p
     assert code == 2 and needle in err and len(err.splitlines()) == 1
 
 
+def test_one_class_decode_steps_fast_forward_equal_to_stepping():
+    # A proactive request decodes alone, then with a reactive one beside it: it piggybacks
+    # while the step stays within the slack (1 + 0.1 x 2 + 1e-4 x KV against 1.1 x the
+    # reactive step alone), which it leaves as contexts grow, and resumes
+    # alone when the reactive answer ends. Alone, the plan repeats (``StepPlan.repeats``): the
+    # engine runs windows of many steps. Two classes are planned every step: claiming the
+    # piggybacked plan repeats would keep the proactive decode in past its exit.
+    w = make_workload([0.0, 3.0], [16, 16], [300, 200], priority=[PROACTIVE, REACTIVE])
+    out = []
+    for ff in (True, False):
+        rec, _ = simulate(w, step_model=LinearStepModel(1.0, 0.1, 1e-4),
+                          batch_policy=AgentXpuPlanner(), max_batched_tokens=512,
+                          fast_forward=ff, timeline=(0.0, 1000.0))
+        out.append(rec)
+    fast, slow = out
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    assert fast.timeline["num_steps"].max() > 100  # a window
+    assert fast.timeline["num_steps"].sum() == slow.timeline["num_steps"].sum()
+    r = _by_id(slow)
+    assert r["finish_s"][0] - r["finish_s"][1] > 200.0  # left the reactive steps early
+
+
 def _soc_pd(**args):
     """Agent.xpu's P/D pair on the SoC: prefill on the NPU, decode on the iGPU."""
     return config_from_dict({

@@ -90,6 +90,14 @@ class AgentXpuPlanner:
         return (reactive, 0) if self.preemptive else (0 if started else 1, reactive)
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
+        """The step. A step that decodes every running request, all of one class, repeats
+        while nothing arrives or finishes and free KV only shrinks (``StepPlan.repeats``: the
+        engine fast-forwards it): the classes ahead of it have no running request and their
+        best waiting prompt stays short of a slot or KV; its own best waiting prompt too;
+        nothing of another class runs, so nothing piggybacks or is preempted; and a step of a
+        replica sharing the DDR, which could change the dispatch, cuts the window. Not
+        promised with other classes running: the slack test's outcome changes as contexts
+        grow."""
         running, waiting = view.running, view.waiting
         classes = sorted({self._urgency(r, True) for r in running}
                          | {self._urgency(r, False) for r in waiting})
@@ -149,6 +157,9 @@ class AgentXpuPlanner:
         tokens: dict[int, int] = {}
         preempt: list[int] = []
         victims = [r for r in reversed(running) if self._urgency(r, True) != urgent]
+        # Every running request is of this class: if the step decodes them all, it repeats
+        # (``StepPlan.repeats``; see ``plan``).
+        one_class = not victims
 
         def fit(req: Request, num_new: int, needed: int) -> bool:
             nonlocal available, budget
@@ -191,6 +202,8 @@ class AgentXpuPlanner:
                 break
         if not tokens:
             return None
+        if one_class:
+            return StepPlan(tokens, repeats=True)
         self._piggyback(view, tokens, set(preempt), chunk, urgent, budget, available)
         return StepPlan(tokens, tuple(preempt))
 

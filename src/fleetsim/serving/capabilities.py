@@ -10,7 +10,8 @@ of them once) lets it skip planning those steps. A class declares them with a cl
 own gets none, because changing ``plan`` may break them. ``engine.debug`` checks the
 promises at every window. The two are independent: a policy whose priorities change as
 requests run (a multi-level feedback queue) is not ``fast_forward_safe`` while requests wait,
-yet may decode everyone when nothing waits.
+yet may decode everyone when nothing waits. A policy whose plans repeat only in some states
+promises it plan by plan instead (``StepPlan.repeats``: ``agent_xpu`` with one class running).
 """
 
 from __future__ import annotations

@@ -49,6 +49,12 @@ class StepPlan(NamedTuple):
     # No tokens now: sleep until a replica sharing this one's resource starts or ends a step
     # (``ReplicaView.co_resident_steps``): a veto of work that would slow what runs there.
     wait_for_co_resident: bool = False
+    # The policy promises that this plan, if it decodes every running request once, repeats
+    # step after step while nothing arrives or finishes and free KV only shrinks (what
+    # ``Capabilities.fast_forward_safe`` promises of every such plan): the engine may then
+    # fast-forward it (``serving/window.py``). For a policy whose plans repeat only in some
+    # states (``agent_xpu``: one class of requests running).
+    repeats: bool = False
 
 
 class BatchPolicy(Protocol):

@@ -514,7 +514,7 @@ class Replica:
             raise PlanError(f"{type(self.batch_policy).__name__} keeps planning preemptions "
                             f"and no tokens at {now_s} s")
         if step is not None:
-            self._execute(step, now_s)
+            self._execute(step, now_s, plan.repeats)
 
     def _open_idle_window(self) -> bool:
         """Nothing waits and every running request decodes: the plan is known (the policy
@@ -528,8 +528,10 @@ class Replica:
         through = (self.on_finish is None and self.until_s == math.inf
                    and not self.moves.incoming and self.kv.prefix.peers is None)
         shared = self.shared
-        if shared is not None and not shared.alone():
-            return False  # its steps' length depends on the others: one at a time, as jobs
+        if shared is not None and (not shared.alone() or shared.others_waiting()):
+            # Its steps' length depends on the others (one at a time, as jobs), or one woken
+            # at this step would cut the window back at once.
+            return False
         if self._windows.open(step, self.until_s, through) is None:
             return False
         if shared is not None:
@@ -694,7 +696,7 @@ class Replica:
         self.moves.hand_off(req, dst)
 
     # ---- step phase 3: execute -------------------------------------------------------
-    def _execute(self, step: Step, now_s: float) -> None:
+    def _execute(self, step: Step, now_s: float, repeats: bool = False) -> None:
         self.busy = True
         shared = self.shared
         if shared is not None:
@@ -706,9 +708,12 @@ class Replica:
         # A prefix-pool member with requests waiting plans every step: what they cost to
         # admit moves with the whole pool (another member's cache, or a local eviction of a
         # block the pool still holds elsewhere, which makes it cheaper), so its plan need not
-        # repeat.
-        if step.is_all_decode and self.fast_forward and not (
-                self.waiting and self.kv.prefix.peers is not None):
+        # repeat. ``repeats``: this plan says it repeats (``StepPlan.repeats``), as every
+        # all-decode plan of a fast-forward-safe policy does.
+        if step.is_all_decode and (self.fast_forward or (
+                repeats and self._fast_forward_wanted)) and not (
+                self.waiting and self.kv.prefix.peers is not None) and not (
+                shared is not None and shared.others_waiting()):
             end_s = self._windows.open(step, self.until_s)
             assert end_s is not None  # the plan took the first step's blocks
             self._note_finishes(step)

@@ -146,6 +146,12 @@ class SharedSteps:
         self.num_waits += 1
         return True
 
+    def others_waiting(self) -> bool:
+        """Whether another replica on the resource sleeps until this one starts a step: woken
+        then, it reads this one's step or starts one of its own, either of which cuts a window
+        back to its first step (so one is not worth opening; speed only)."""
+        return any(p.waiting for p in self.peers if p is not self)
+
     def announce(self) -> None:
         """This replica started a step, ended one or stopped: the others waiting plan again
         (after every input of this instant)."""
