@@ -62,6 +62,9 @@ def test_cannot_schedule_in_the_past_or_register_twice():
 _SPIN = """
 import functools, os, signal, threading
 from fleetsim.core.simulator import Simulator
+# Ctrl-C's handler, whatever was inherited: a background job of a non-interactive shell
+# (`make test &` in a script) starts with SIGINT ignored, and the loop would spin to the timeout.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sim = Simulator()
 # A loop with no interpreted code at all: the handler reschedules itself (C and, in the
 # compiled engine, compiled code only).

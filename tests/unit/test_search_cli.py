@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 
@@ -54,11 +56,22 @@ def test_slo_scale_json(capsys):
     assert set(json.loads(out)["slo_scale"]) == {"req90", "req95", "req99"}
 
 
-def test_plan_json_writes_plan_and_plot(tmp_path, capsys):
-    out_dir, png = tmp_path / "p", tmp_path / "front.png"
-    code, out, err = run_cli(capsys, "plan", "--gpus", "h100,a100", "--max-gpus", "1",
-                             "--requests-per-gpu", "40", "--max-runs", "4", "--json",
-                             "--out", str(out_dir), "--plot", str(png))
+@pytest.fixture(scope="module")
+def plan_run(tmp_path_factory):
+    """One ``plan --json`` with every output flag the tests below read (``--out``, ``--plot``,
+    ``--total-gpus``, ``--target-rate``): one run for both tests where they share a worker."""
+    folder = tmp_path_factory.mktemp("plan")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["plan", "--gpus", "h100,a100", "--max-gpus", "1", "--requests-per-gpu",
+                     "40", "--max-runs", "4", "--json", "--total-gpus", "4", "--target-rate",
+                     "10", "--out", str(folder / "p"), "--plot", str(folder / "front.png")])
+    return code, out.getvalue(), err.getvalue(), folder
+
+
+def test_plan_json_writes_plan_and_plot(plan_run):
+    code, out, err, folder = plan_run
+    out_dir, png = folder / "p", folder / "front.png"
     assert code == 0, err
     r = json.loads(out)
     assert r == json.loads((out_dir / "plan.json").read_text())
@@ -68,12 +81,10 @@ def test_plan_json_writes_plan_and_plot(tmp_path, capsys):
     assert all(r["points"][i]["usd_per_hour"] > 0 for i in r["front"])
 
 
-def test_plan_in_aiconfigurator_terms(capsys):
+def test_plan_in_aiconfigurator_terms(plan_run, capsys):
     """tokens/s per GPU and per user at goodput, a GPU budget, a target rate, and the
     vllm serve line of every point."""
-    code, out, err = run_cli(capsys, "plan", "--gpus", "h100,a100", "--max-gpus", "1",
-                             "--requests-per-gpu", "40", "--max-runs", "4", "--json",
-                             "--total-gpus", "4", "--target-rate", "10")
+    code, out, err, _ = plan_run
     assert code == 0, err
     r = json.loads(out)
     assert (r["total_gpus"], r["target_rate_per_s"]) == (4, 10)
