@@ -454,6 +454,41 @@ def test_idle_instances_are_refilled_during_a_long_prefill(refill):
     assert result.summary["group"]["num_refills"] == (1 if refill else 0)
 
 
+def test_a_decode_outgrowing_its_instance_merges_when_none_is_idle():
+    """A 59k-token prompt decodes on one 60k-token instance while a 150k-token prompt holds
+    the other three; when the decode's KV outgrows its instance and no instance is idle it
+    merges into the long prompt's member (the four instances hold both), rather than
+    preempting itself and waiting for ever (an empty plan, PlanError, before the fix)."""
+    result = _esp_run(capacity=60_000, prompts=[59_000, 150_000, 300, 500],
+                      outputs=[3000, 20, 5, 5], arrival=np.array([0.0, 3.0, 4.0, 5.0]))
+    r = result.records.requests
+    assert np.all(np.isfinite(r["finish_s"])) and len(r["request_id"]) == 4
+    assert r["num_preemptions"].sum() == 0
+    assert result.summary["group"]["num_merges"] >= 1
+
+
+@pytest.mark.parametrize("seed", [*range(8), 36])
+def test_prompts_around_an_instance_finish_or_fail_as_the_engine_does(seed):
+    """Prompts and outputs drawn around one instance's KV (60k tokens, the group 240k): every
+    request finishes, or the run stops before it starts with the engine's one-line input
+    error for a request larger than the whole group (``run.check_fits``), never PlanError
+    (seeds 1 and 36 raised it before decodes could merge for room)."""
+    from fleetsim.errors import FleetsimInputError
+
+    rng = np.random.default_rng(seed)
+    prompts, outputs = rng.integers(20_000, 150_000, 5), rng.integers(2, 4000, 5)
+    arrival = np.cumsum(rng.exponential(3.0, 5))
+    if seed == 7:
+        prompts[2] = 250_000  # past the whole group
+    if np.max(prompts + outputs) > 240_000:
+        with pytest.raises(FleetsimInputError, match="holds only 15000 blocks"):
+            _esp_run(capacity=60_000, prompts=prompts, outputs=outputs, arrival=arrival)
+        return
+    result = _esp_run(capacity=60_000, prompts=prompts, outputs=outputs, arrival=arrival)
+    r = result.records.requests
+    assert len(r["request_id"]) == 5 and np.all(np.isfinite(r["finish_s"]))
+
+
 def test_tight_memory_runs_clean():
     result = _esp_run(capacity=60_000, seed=2, n=40)
     assert len(result.records.requests["request_id"]) == 40

@@ -158,12 +158,12 @@ class EspPlanner:
         used: list[int] | None = None  # KV tokens per instance, read when needed
         before = view.instances_by_member
         alloc = list(before)
+        merge: list[tuple[int, int]] = []
         if self.elastic:
-            self._scale(view, alloc, busy, prefills, running)
+            merge = self._scale(view, alloc, busy, prefills, running)
         else:
             alloc = [tuple(range(n))] + [()] * (n - 1)
         assign: list[tuple[int, int]] = []
-        merge: list[tuple[int, int]] = []
         waiting = view.waiting
         # A prefill iteration ends when its longest prefill does; the next admission comes
         # ``max_wait_steps`` decode iterations later (or as soon as nothing runs).
@@ -296,18 +296,20 @@ class EspPlanner:
         return used
 
     def _scale(self, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
-               prefills: list[bool], running: list[Sequence[Request]]) -> None:
+               prefills: list[bool], running: list[Sequence[Request]]) -> list[tuple[int, int]]:
         """Idle members give their instances back; decoding members keep what their KV and
         the next ``max_wait_steps`` tokens of each request need, taking idle instances when
-        they need more."""
+        they need more, or merging into another member when none is idle
+        (``_merge_for_room``). Returns the merges."""
         bpi, bs = view.num_kv_blocks_per_instance, view.block_size
         for m, insts in enumerate(alloc):
             if insts and not busy[m]:
                 alloc[m] = ()
         free: list[int] | None = None  # the instances no member holds, found when needed
+        merges: list[tuple[int, int]] = []
         for m, insts in enumerate(alloc):
-            if not insts or prefills[m]:
-                continue  # off, or still prefilling
+            if not insts or prefills[m] or not busy[m] or any(d == m for _, d in merges):
+                continue  # off, still prefilling, or just merged into (its KV read later)
             extra = len(running[m]) * (1 + self.max_wait_steps // bs)
             fewest, most = view.member_used_blocks_range(m)
             k = max(1, -(-(fewest + extra) // bpi))
@@ -325,6 +327,36 @@ class EspPlanner:
                 take = free[:k - len(insts)]
                 alloc[m] = insts + tuple(take)
                 free = free[len(take):]
+            if k > len(alloc[m]):
+                merges.extend(self._merge_for_room(view, alloc, busy, running, m, extra))
+        return merges
+
+    def _merge_for_room(self, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
+                        running: list[Sequence[Request]], m: int,
+                        extra: int) -> list[tuple[int, int]]:
+        """Member ``m`` outgrows its instances and no instance is free: merge it into the
+        busy member whose instances and ``m``'s together hold both members' KV and next
+        tokens, the most used first (ESP's scale-up of a decode: its KV spreads over the
+        instances another batch holds). Nothing if none can; updates ``alloc``, ``busy``
+        and ``running`` in place."""
+        bpi = view.num_kv_blocks_per_instance
+        need = view.member_used_blocks(m) + extra
+        targets = []
+        for d, insts in enumerate(alloc):
+            if d == m or not insts or not busy[d]:
+                continue
+            used_d = view.member_used_blocks(d) + len(running[d]) * (
+                1 + self.max_wait_steps // view.block_size)
+            if (len(insts) + len(alloc[m])) * bpi >= need + used_d:
+                targets.append((-used_d, d))
+        if not targets:
+            return []
+        d = min(targets)[1]
+        alloc[d], alloc[m] = alloc[d] + alloc[m], ()
+        running[d], running[m] = [*running[d], *running[m]], []
+        busy[m] = False
+        self.num_merges += 1
+        return [(m, d)]
 
     @staticmethod
     def _idle_instances(alloc: list[tuple[int, ...]], busy: list[bool]) -> tuple[int, ...]:
