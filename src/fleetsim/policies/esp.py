@@ -299,8 +299,9 @@ class EspPlanner:
                prefills: list[bool], running: list[Sequence[Request]]) -> list[tuple[int, int]]:
         """Idle members give their instances back; decoding members keep what their KV and
         the next ``max_wait_steps`` tokens of each request need, taking idle instances when
-        they need more, or merging into another member when none is idle
-        (``_merge_for_room``). Returns the merges."""
+        they need more, or, when none is idle and their KV leaves no block for each
+        request's next token, merging into another member (``_merge_for_room``). Returns
+        the merges."""
         bpi, bs = view.num_kv_blocks_per_instance, view.block_size
         for m, insts in enumerate(alloc):
             if insts and not busy[m]:
@@ -327,7 +328,8 @@ class EspPlanner:
                 take = free[:k - len(insts)]
                 alloc[m] = insts + tuple(take)
                 free = free[len(take):]
-            if k > len(alloc[m]):
+            if k > len(alloc[m]) and (view.member_used_blocks(m) + len(running[m])
+                                      > len(alloc[m]) * bpi):
                 merges.extend(self._merge_for_room(view, alloc, busy, running, m, extra))
         return merges
 
