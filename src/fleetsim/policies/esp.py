@@ -247,7 +247,7 @@ class EspPlanner:
             if not prefills[m]:  # decoding: its KV grows, its scaling must not change
                 if self._refill_walked or not self.elastic:
                     return wake_s
-                extra = len(running[m]) * (1 + self.max_wait_steps // bs)
+                extra = self._headroom_blocks(len(running[m]), bs)
                 fewest = view.member_used_blocks_range(m)[0]
                 most = view.member_used_blocks_at_step_end(m)
                 if -(-(fewest + extra) // bpi) != -(-(most + extra) // bpi):
@@ -311,7 +311,7 @@ class EspPlanner:
         for m, insts in enumerate(alloc):
             if not insts or prefills[m] or not busy[m] or any(d == m for _, d in merges):
                 continue  # off, still prefilling, or just merged into (its KV read later)
-            extra = len(running[m]) * (1 + self.max_wait_steps // bs)
+            extra = self._headroom_blocks(len(running[m]), bs)
             fewest, most = view.member_used_blocks_range(m)
             k = max(1, -(-(fewest + extra) // bpi))
             if k != max(1, -(-(most + extra) // bpi)):  # the bounds disagree: count exactly
@@ -347,8 +347,8 @@ class EspPlanner:
         for d, insts in enumerate(alloc):
             if d == m or not insts or not busy[d]:
                 continue
-            used_d = view.member_used_blocks(d) + len(running[d]) * (
-                1 + self.max_wait_steps // view.block_size)
+            used_d = view.member_used_blocks(d) + self._headroom_blocks(len(running[d]),
+                                                                        view.block_size)
             if (len(insts) + len(alloc[m])) * bpi >= need + used_d:
                 targets.append((-used_d, d))
         if not targets:
@@ -359,6 +359,11 @@ class EspPlanner:
         busy[m] = False
         self.num_merges += 1
         return [(m, d)]
+
+    def _headroom_blocks(self, num_running: int, block_size: int) -> int:
+        """Blocks a decode member keeps free for its requests' next ``max_wait_steps``
+        tokens (one each now, and one per block those steps may cross)."""
+        return num_running * (1 + self.max_wait_steps // block_size)
 
     @staticmethod
     def _idle_instances(alloc: list[tuple[int, ...]], busy: list[bool]) -> tuple[int, ...]:
@@ -480,7 +485,7 @@ class EspPlanner:
             if len(decoding) < 2 or num_owned <= -(-sum(used) // cap):
                 return merges
             src = min(decoding, key=lambda m: (kv[m], m))
-            need = kv[src] + len(running[src]) * bs * (1 + self.max_wait_steps // bs)
+            need = kv[src] + bs * self._headroom_blocks(len(running[src]), bs)
             targets = sorted((m for m in decoding if m != src
                               and len(alloc[m]) * cap - kv[m] >= need),
                              key=lambda m: (-kv[m], m))
