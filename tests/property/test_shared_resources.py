@@ -188,26 +188,31 @@ def test_ddr_sharing_of_the_soc_is_a_special_case(demands, total):
         share_bandwidth(demands, total), rel=1e-9)
 
 
+def _soc_pools(layout):
+    """An SoC's NPU and iGPU pools (Llama-3.2-3B at 4.5 bits on Lunar Lake), P/D or two mixed."""
+    from fleetsim.models import get_model
+    from fleetsim.perf.soc import ModelCost
+    from fleetsim.perf.soc_calibration import lunar_lake
+    from fleetsim.soc_pools import soc_step_model
+
+    soc, cost = lunar_lake(), ModelCost(get_model("Llama-3.2-3B"), 4.5)
+    roles = ("prefill", "decode") if layout == "pd" else ("mixed", "mixed")
+    return [PoolSetup(name=acc, role=role, num_replicas=1,
+                      step_model=soc_step_model(soc, cost, acc), num_kv_blocks=3000,
+                      link_bw_bytes_per_s=math.inf)
+            for acc, role in zip(("npu", "igpu"), roles, strict=True)]
+
+
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 30),
        rate=st.sampled_from([0.5, 5.0, 50.0]), layout=st.sampled_from(["pd", "mixed2"]))
 def test_soc_pools_fast_forward_equal_stepping(seed, n, rate, layout):
     """An SoC's NPU and iGPU (``cluster.soc``): steps capped at their own DDR demand, windows
     priced vectorized. Everyone finishes, the DDR ends idle, fast-forward equals stepping."""
-    from fleetsim.models import get_model
-    from fleetsim.perf.soc import ModelCost
-    from fleetsim.perf.soc_calibration import lunar_lake
-    from fleetsim.soc_pools import soc_step_model
-
     rng = np.random.default_rng(seed)
     w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 1500, n),
                       rng.integers(1, 120, n))
-    soc, cost = lunar_lake(), ModelCost(get_model("Llama-3.2-3B"), 4.5)
-    roles = ("prefill", "decode") if layout == "pd" else ("mixed", "mixed")
-    pools = [PoolSetup(name=acc, role=role, num_replicas=1,
-                       step_model=soc_step_model(soc, cost, acc), num_kv_blocks=3000,
-                       link_bw_bytes_per_s=math.inf)
-             for acc, role in zip(("npu", "igpu"), roles, strict=True)]
+    pools = _soc_pools(layout)
     out = []
     for ff in (True, False):
         rec, cluster = simulate_cluster(
@@ -238,21 +243,12 @@ def test_bandwidth_aware_dispatch_fast_forward_equals_stepping(seed, n, rate, la
     vetoes and wake-ups cut those windows, so fast-forward equals stepping request by
     request, bit for bit; everyone finishes (a vetoed replica is always woken) and the DDR
     ends idle."""
-    from fleetsim.models import get_model
-    from fleetsim.perf.soc import ModelCost
-    from fleetsim.perf.soc_calibration import lunar_lake
     from fleetsim.policies.agent_xpu import AgentXpuPlanner
-    from fleetsim.soc_pools import soc_step_model
 
     rng = np.random.default_rng(seed)
     w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 1500, n),
                       rng.integers(1, 120, n), priority=rng.integers(0, 2, n))
-    soc, cost = lunar_lake(), ModelCost(get_model("Llama-3.2-3B"), 4.5)
-    roles = ("prefill", "decode") if layout == "pd" else ("mixed", "mixed")
-    pools = [PoolSetup(name=acc, role=role, num_replicas=1,
-                       step_model=soc_step_model(soc, cost, acc), num_kv_blocks=3000,
-                       link_bw_bytes_per_s=math.inf)
-             for acc, role in zip(("npu", "igpu"), roles, strict=True)]
+    pools = _soc_pools(layout)
     out, waits = [], []
     for ff in (True, False):
         made = []

@@ -267,23 +267,25 @@ class DecodeWindows:
         (the same floats: ``decode_terms_s`` promises it; cheaper, the terms are kept)."""
         if not self._has_terms:
             return self.step_model.step_time_s((), n, kv_tokens)
+        base, per_kv, extra = self._decode_terms(n)
+        return (base + per_kv * float(kv_tokens)) + extra
+
+    def _decode_terms(self, n: int) -> tuple[float, float, float]:
+        """The model's decode terms of a batch of ``n``, computed once per size."""
         terms = self._terms.get(n)
         if terms is None:
             terms = self._terms[n] = self.step_model.decode_terms_s(n)  # type: ignore[attr-defined]
-        base, per_kv, extra = terms
-        return (base + per_kv * float(kv_tokens)) + extra
+        return terms
 
     def _ends_python(self, start_s: float, n: int, kv_tokens: int, k: int,
                      finishes: list[tuple[int, int]]) -> list[float]:
         """End times of k decode steps from ``start_s``, in plain Python with the model's
         decode terms: the same float operations as ``step_time_s`` and the same additions as
         step by step."""
-        terms = self._terms
         ends: list[float] = []
         t = start_s
         for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
-            base, per_kv, extra = terms.get(size) or terms.setdefault(
-                size, self.step_model.decode_terms_s(size))  # type: ignore[attr-defined]
+            base, per_kv, extra = self._decode_terms(size)
             # Floats throughout: exact, token counts stay far below 2**53.
             kv = float(kv_at_a)
             step_kv = float(size)
