@@ -32,7 +32,9 @@ Differences from the code, by design: a demoted job goes to its new queue by arr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleetsim.policies.batching import register_batch
 from fleetsim.serving.contract import StepPlan
@@ -45,12 +47,22 @@ SCHEDULERS = ("mlfq", "fcfs", "srpt")
 class JobState:
     """FastServe's per-job state (kept in ``Request.policy_state``)."""
 
-    __slots__ = ("last_run_s", "level", "level_entry_service_s")
+    __slots__ = ("last_run_s", "level", "level_entry_service_s", "seen_service_s")
 
     def __init__(self, level: int, service_s: float, now_s: float) -> None:
         self.level = level
         self.level_entry_service_s = service_s  # attained service when it entered the level
         self.last_run_s = now_s  # last time it was in a batch (starvation)
+        self.seen_service_s = service_s  # attained service when its level was last checked
+
+
+def _mlfq_order(req: Request) -> tuple[float, ...]:
+    """``mlfq_key`` for a job the planner has seen (every job, once levels are updated)."""
+    return (req.policy_state.level, req.arrival_s, req.id)
+
+
+def _fcfs_order(req: Request) -> tuple[float, ...]:
+    return (req.arrival_s, req.id)
 
 
 def mlfq_key(req: Request, now_s: float) -> tuple[float, ...]:
@@ -88,6 +100,7 @@ class FastServePlanner:
     """No new prefill starts while the host tier is this full (code: free CPU blocks < 10%)."""
     _iterations: int = field(default=0, init=False, repr=False)
     _prefill_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _quanta: list[float] = field(default_factory=list, init=False, repr=False)
 
     splits_prompts = False  # whole prompts, as FastServe's engine runs them
 
@@ -113,7 +126,11 @@ class FastServePlanner:
 
     # ---- priorities ------------------------------------------------------------------
     def _quantum_s(self, level: int) -> float:
-        return self.base_quantum_s * self.quantum_ratio ** level
+        """Queue ``level``'s quantum (kept per level: asked for every job at every plan)."""
+        quanta = self._quanta
+        while len(quanta) <= level:
+            quanta.append(self.base_quantum_s * self.quantum_ratio ** len(quanta))
+        return quanta[level]
 
     def _join_level(self, view: ReplicaView, req: Request) -> int:
         """Skip-join: the first queue whose quantum covers the prefill at batch size 1."""
@@ -128,10 +145,20 @@ class FastServePlanner:
 
     def _update_levels(self, view: ReplicaView, jobs: list[Request], now_s: float) -> list[int]:
         """Join, demote and (every starvation period) promote; returns the ids whose level
-        changed."""
+        changed.
+
+        Between starvation checks only the jobs whose attained service changed since their
+        level was last checked are looked at (and jobs never seen): a check leaves a job
+        within its level's quantum (demoted, its service at the new level starts from zero),
+        so it can leave it again only by running. Every job is looked at, as the rules say,
+        after each iteration: this finds the same ones without a pass over the hundreds of
+        resident jobs per iteration."""
         changed: list[int] = []
         starving = self._iterations % self.starvation_period == 0
-        quantum_s = self._quantum_s
+        if not starving:
+            jobs = [r for r in jobs if type(r.policy_state) is not JobState
+                    or r.service_s != r.policy_state.seen_service_s]
+        quanta = self._quanta
         for req in jobs:
             state = req.policy_state
             if not isinstance(state, JobState):
@@ -140,12 +167,14 @@ class FastServePlanner:
                 changed.append(req.id)
                 continue
             level = state.level
-            if req.service_s - state.level_entry_service_s > quantum_s(level):
+            quantum_s = quanta[level] if level < len(quanta) else self._quantum_s(level)
+            if req.service_s - state.level_entry_service_s > quantum_s:
                 state.level = level + 1
                 state.level_entry_service_s = req.service_s
             if starving and now_s - state.last_run_s >= self.starvation_limit_s:
                 state.level = 0
                 state.level_entry_service_s = req.service_s
+            state.seen_service_s = req.service_s
             if state.level != level:
                 changed.append(req.id)
         return changed
@@ -160,15 +189,20 @@ class FastServePlanner:
     # ---- the plan --------------------------------------------------------------------
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
         self._iterations += 1
-        running, waiting, swapped = list(view.running), list(view.waiting), list(view.swapped)
+        running, waiting, swapped = view.running, view.waiting, view.swapped
         rekey: list[int] = []
+        order: Callable[[Request], Any]
         if self.scheduler == "mlfq":
-            rekey = self._update_levels(view, running + waiting + swapped, now_s)
-        if self.scheduler == "mlfq":  # every job has its JobState now: mlfq_key, inlined
-            jobs = sorted(running + waiting + swapped,
-                          key=lambda r: (r.policy_state.level, r.arrival_s, r.id))
+            rekey = self._update_levels(view, [*running, *waiting, *swapped], now_s)
+            order = _mlfq_order  # every job has its JobState now
+        elif self.scheduler == "fcfs":
+            order = _fcfs_order
         else:
-            jobs = sorted(running + waiting + swapped, key=self._priority)
+            order = self._priority
+        # Resident and waiting jobs by priority (keys are unique: they end with the id). The
+        # swapped ones never enter a batch (they must come back first): they are sorted
+        # only when some may be swapped in.
+        jobs = sorted([*running, *waiting], key=order)
         kv = view.kv
         available = kv.num_available_blocks
         budget = view.max_batched_tokens
@@ -205,19 +239,22 @@ class FastServePlanner:
         if self.proactive_swap and host_total:
             reserve = max(self.max_batch_size, self.min_free_blocks)
             coming = view.num_blocks_swapping_out
-            # Lowest priority first: resident jobs left out of this batch.
-            for req in reversed(jobs):
-                if available + coming >= reserve:
-                    break
-                if req.state != RUNNING or req.id in batch or req.num_computed_tokens == 0:
-                    continue
-                blocks = kv.num_blocks_for(req.num_computed_tokens)
-                if blocks <= host_free:
-                    swap_out.append(req.id)
-                    host_free -= blocks
-                    coming += kv.reclaimable_blocks(req)
-            if not swap_out:
-                for req in jobs:  # highest priority first
+            # Lowest priority first: resident jobs left out of this batch (most plans keep
+            # the reserve and look at none).
+            if available + coming < reserve:
+                for req in reversed(jobs):
+                    if available + coming >= reserve:
+                        break
+                    if (req.state != RUNNING or req.id in batch
+                            or req.num_computed_tokens == 0):
+                        continue
+                    blocks = kv.num_blocks_for(req.num_computed_tokens)
+                    if blocks <= host_free:
+                        swap_out.append(req.id)
+                        host_free -= blocks
+                        coming += kv.reclaimable_blocks(req)
+            if not swap_out and swapped:
+                for req in sorted(swapped, key=order):  # highest priority first
                     if len(swap_in) == self.max_batch_size or slots <= 0:
                         break
                     if req.state != SWAPPED:

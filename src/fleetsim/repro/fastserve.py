@@ -31,6 +31,7 @@ except where marked as an assumption:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -122,7 +123,8 @@ def config(policy: str, rate: float, num_jobs: int) -> dict[str, Any]:
                    # --enforce-eager runs (on every step: prefill steps too, a small share)
                    "step_overhead_s": STEP_OVERHEAD_S + (EAGER_OVERHEAD_S if policy in EAGER
                                                          else 0.0)},
-        "policy": {"batching": batching},
+        # a copy: a caller may change the run's policy args (not every later run's)
+        "policy": {"batching": copy.deepcopy(batching)},
         "workload": {"trace": None, "arrival": "poisson", "rate_per_s": rate,
                      "num_requests": num_jobs, "lengths": dict(LENGTHS)},
         "slo": {"ttft_s": 1e6, "tpot_s": 1e6},  # the per-token-latency SLO is applied here
