@@ -25,7 +25,8 @@ from pathlib import Path
 from types import ModuleType
 
 # Engine internals only: policies users subclass stay interpreted (a compiled class cannot be
-# subclassed from Python), except batching's helpers, which are functions.
+# subclassed from Python), except the planners' per-step helpers: batching's functions, and
+# FastServe's loops with its per-job state (a record no one subclasses).
 NATIVE_MODULES = (
     "core/simulator.py",
     "serving/request.py",
@@ -41,6 +42,7 @@ NATIVE_MODULES = (
     "serving/recorder.py",
     "serving/itl.py",
     "policies/batch_steps.py",
+    "policies/fastserve_steps.py",
     "policies/ordering.py",
     "perf/step_model.py",
 )

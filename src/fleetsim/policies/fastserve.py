@@ -37,32 +37,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetsim.policies.batching import register_batch
+from fleetsim.policies.fastserve_steps import (
+    JobState,
+    choose_batch,
+    fcfs_order,
+    mlfq_order,
+    swap_in_highest,
+    swap_out_lowest,
+    update_levels,
+)
 from fleetsim.serving.contract import StepPlan
-from fleetsim.serving.request import RUNNING, SWAPPED, WAITING, Request
+from fleetsim.serving.request import RUNNING, Request
 from fleetsim.serving.views import ReplicaView
 
 SCHEDULERS = ("mlfq", "fcfs", "srpt")
-
-
-class JobState:
-    """FastServe's per-job state (kept in ``Request.policy_state``)."""
-
-    __slots__ = ("last_run_s", "level", "level_entry_service_s", "seen_service_s")
-
-    def __init__(self, level: int, service_s: float, now_s: float) -> None:
-        self.level = level
-        self.level_entry_service_s = service_s  # attained service when it entered the level
-        self.last_run_s = now_s  # last time it was in a batch (starvation)
-        self.seen_service_s = service_s  # attained service when its level was last checked
-
-
-def _mlfq_order(req: Request) -> tuple[float, ...]:
-    """``mlfq_key`` for a job the planner has seen (every job, once levels are updated)."""
-    return (req.policy_state.level, req.arrival_s, req.id)
-
-
-def _fcfs_order(req: Request) -> tuple[float, ...]:
-    return (req.arrival_s, req.id)
 
 
 def mlfq_key(req: Request, now_s: float) -> tuple[float, ...]:
@@ -145,39 +133,10 @@ class FastServePlanner:
 
     def _update_levels(self, view: ReplicaView, jobs: list[Request], now_s: float) -> list[int]:
         """Join, demote and (every starvation period) promote; returns the ids whose level
-        changed.
-
-        Between starvation checks only the jobs whose attained service changed since their
-        level was last checked are looked at (and jobs never seen): a check leaves a job
-        within its level's quantum (demoted, its service at the new level starts from zero),
-        so it can leave it again only by running. Every job is looked at, as the rules say,
-        after each iteration: this finds the same ones without a pass over the hundreds of
-        resident jobs per iteration."""
-        changed: list[int] = []
-        starving = self._iterations % self.starvation_period == 0
-        if not starving:
-            jobs = [r for r in jobs if type(r.policy_state) is not JobState
-                    or r.service_s != r.policy_state.seen_service_s]
-        quanta = self._quanta
-        for req in jobs:
-            state = req.policy_state
-            if not isinstance(state, JobState):
-                req.policy_state = JobState(self._join_level(view, req), req.service_s,
-                                            req.arrival_s)
-                changed.append(req.id)
-                continue
-            level = state.level
-            quantum_s = quanta[level] if level < len(quanta) else self._quantum_s(level)
-            if req.service_s - state.level_entry_service_s > quantum_s:
-                state.level = level + 1
-                state.level_entry_service_s = req.service_s
-            if starving and now_s - state.last_run_s >= self.starvation_limit_s:
-                state.level = 0
-                state.level_entry_service_s = req.service_s
-            state.seen_service_s = req.service_s
-            if state.level != level:
-                changed.append(req.id)
-        return changed
+        changed (``fastserve_steps.update_levels``)."""
+        return update_levels(jobs, self._iterations % self.starvation_period == 0, now_s,
+                             self.starvation_limit_s, self._quanta, self._quantum_s,
+                             lambda req: self._join_level(view, req))
 
     def _priority(self, req: Request) -> tuple[float, ...]:
         if self.scheduler == "srpt":
@@ -194,9 +153,9 @@ class FastServePlanner:
         order: Callable[[Request], Any]
         if self.scheduler == "mlfq":
             rekey = self._update_levels(view, [*running, *waiting, *swapped], now_s)
-            order = _mlfq_order  # every job has its JobState now
+            order = mlfq_order  # every job has its JobState now
         elif self.scheduler == "fcfs":
-            order = _fcfs_order
+            order = fcfs_order
         else:
             order = self._priority
         # Resident and waiting jobs by priority (keys are unique: they end with the id). The
@@ -204,36 +163,15 @@ class FastServePlanner:
         # only when some may be swapped in.
         jobs = sorted([*running, *waiting], key=order)
         kv = view.kv
-        available = kv.num_available_blocks
-        budget = view.max_batched_tokens
         slots = view.max_running - len(running) - view.num_swapping_in
         host_free = view.num_free_host_blocks
         host_total = view.num_host_blocks
         admit_ok = host_total == 0 or host_free > (1 - self.host_full_share) * host_total
         tokens: dict[int, int] = {}
         batch: set[int] = set()
-        for req in jobs:
-            if len(batch) == self.max_batch_size or budget <= 0:
-                break
-            if req.state == RUNNING:  # resident: it runs unless its KV cannot grow
-                num_new = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
-                needed = kv.blocks_needed(req, num_new)
-            elif req.state == WAITING and admit_ok and slots > 0:  # a whole prompt
-                num_new = req.num_tokens - kv.num_prefix_hit_tokens(req)
-                needed = kv.admission_blocks(req, num_new)
-            else:  # swapped (it must come back first) or no room to admit
-                continue
-            if num_new > budget or needed > available:
-                continue  # it waits; jobs behind it may still fit
-            tokens[req.id] = num_new
-            budget -= num_new
-            available -= needed
-            batch.add(req.id)
-            if req.state == WAITING:
-                slots -= 1
-            state = req.policy_state
-            if isinstance(state, JobState):
-                state.last_run_s = now_s
+        available, slots = choose_batch(jobs, kv, view.max_batched_tokens,
+                                        kv.num_available_blocks, slots, admit_ok,
+                                        self.max_batch_size, now_s, tokens, batch)
         swap_out: list[int] = []
         swap_in: list[int] = []
         if self.proactive_swap and host_total:
@@ -242,29 +180,11 @@ class FastServePlanner:
             # Lowest priority first: resident jobs left out of this batch (most plans keep
             # the reserve and look at none).
             if available + coming < reserve:
-                for req in reversed(jobs):
-                    if available + coming >= reserve:
-                        break
-                    if (req.state != RUNNING or req.id in batch
-                            or req.num_computed_tokens == 0):
-                        continue
-                    blocks = kv.num_blocks_for(req.num_computed_tokens)
-                    if blocks <= host_free:
-                        swap_out.append(req.id)
-                        host_free -= blocks
-                        coming += kv.reclaimable_blocks(req)
+                swap_out = swap_out_lowest(jobs, batch, kv, available, coming, reserve,
+                                           host_free)
             if not swap_out and swapped:
-                for req in sorted(swapped, key=order):  # highest priority first
-                    if len(swap_in) == self.max_batch_size or slots <= 0:
-                        break
-                    if req.state != SWAPPED:
-                        continue
-                    need = kv.num_blocks_for(req.num_computed_tokens + 1)
-                    if need > available - reserve:
-                        break
-                    swap_in.append(req.id)
-                    available -= need
-                    slots -= 1
+                swap_in = swap_in_highest(sorted(swapped, key=order), kv, available, reserve,
+                                          slots, self.max_batch_size)
         preempt: tuple[int, ...] = ()
         if not tokens and not swap_out and not swap_in and running and not (
                 view.num_swapping_in or view.num_blocks_swapping_out):
