@@ -37,6 +37,8 @@ NATIVE_MODULES = (
     "serving/kv_moves.py",
     "serving/replica.py",
     "serving/transfers.py",
+    "serving/resources.py",
+    "serving/shared_steps.py",
     "serving/sources.py",
     "serving/cluster.py",
     "serving/recorder.py",
@@ -45,6 +47,8 @@ NATIVE_MODULES = (
     "policies/fastserve_steps.py",
     "policies/ordering.py",
     "perf/step_model.py",
+    "perf/soc.py",
+    "perf/soc_contention.py",
 )
 
 PACKAGE_DIR = Path(__file__).resolve().parent
