@@ -45,6 +45,7 @@ NATIVE_MODULES = (
     "serving/itl.py",
     "policies/batch_steps.py",
     "policies/fastserve_steps.py",
+    "policies/agent_xpu_steps.py",
     "policies/ordering.py",
     "perf/step_model.py",
     "perf/soc.py",

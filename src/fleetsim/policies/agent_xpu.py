@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetsim.policies.batch_steps import next_chunk, serve_running
+from fleetsim.policies.agent_xpu_steps import class_step, classes_present, piggyback, urgency
+from fleetsim.policies.batch_steps import serve_running
 from fleetsim.policies.batching import register_batch
 from fleetsim.policies.ordering import make_ordering
 from fleetsim.serving.contract import OrderKey, StepPlan
@@ -86,8 +87,7 @@ class AgentXpuPlanner:
     def _urgency(self, req: Request, started: bool) -> tuple[int, int]:
         """The class ``req`` belongs to (smaller is served first): reactive before proactive;
         without preemption, started (running) work before the rest."""
-        reactive = 0 if req.priority <= self.max_reactive_priority else 1
-        return (reactive, 0) if self.preemptive else (0 if started else 1, reactive)
+        return urgency(req, started, self.max_reactive_priority, self.preemptive)
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
         """The step. A step that decodes every running request, all of one class, repeats
@@ -98,11 +98,8 @@ class AgentXpuPlanner:
         replica sharing the DDR, which could change the dispatch, cuts the window. Not
         promised with other classes running: the slack test's outcome changes as contexts
         grow."""
-        running, waiting = view.running, view.waiting
-        classes = sorted({self._urgency(r, True) for r in running}
-                         | {self._urgency(r, False) for r in waiting})
         kv = view.kv
-        for urgent in classes:
+        for urgent in classes_present(view, self.max_reactive_priority, self.preemptive):
             plan = self._plan_class(view, urgent, now_s)
             if plan is not None:
                 return self._dispatch(view, plan)
@@ -145,63 +142,15 @@ class AgentXpuPlanner:
 
     def _plan_class(self, view: ReplicaView, urgent: tuple[int, int],
                     now_s: float) -> StepPlan | None:
-        """The step led by class ``urgent``, or None if none of its requests can run now."""
-        kv = view.kv
-        bs, per_entry = kv.block_size, kv.blocks_per_entry
-        budget = view.max_batched_tokens
-        available = kv.num_available_blocks
-        running = view.running
-        mine = [r for r in running if self._urgency(r, True) == urgent]
-        decoders = [r for r in mine if r.num_tokens_to_next_output == 1]
-        prefilling = [r for r in mine if r.num_tokens_to_next_output > 1]
-        tokens: dict[int, int] = {}
-        preempt: list[int] = []
-        victims = [r for r in reversed(running) if self._urgency(r, True) != urgent]
+        """The step led by class ``urgent``, or None if none of its requests can run now
+        (``agent_xpu_steps.class_step``, then ``piggyback``)."""
+        step = class_step(view, urgent, self.chunk_tokens, self.max_reactive_priority,
+                          self.preemptive)
+        if step is None:
+            return None
+        tokens, preempt, chunk, one_class, budget, available = step
         # Every running request is of this class: if the step decodes them all, it repeats
         # (``StepPlan.repeats``; see ``plan``).
-        one_class = not victims
-
-        def fit(req: Request, num_new: int, needed: int) -> bool:
-            nonlocal available, budget
-            # Short of KV: recompute requests of other classes later, the least urgent first.
-            while needed > available and victims:
-                victim = victims.pop(0)
-                preempt.append(victim.id)
-                available += kv.reclaimable_blocks(victim)
-            if needed > available or num_new > budget:
-                return False
-            tokens[req.id] = num_new
-            budget -= num_new
-            available -= needed
-            return True
-
-        for r in decoders:
-            if not fit(r, *next_chunk(r, 1, bs, per_entry)):
-                break
-        chunk: tuple[int, int] | None = None  # (tokens, computed) of the step's prefill chunk
-        for r in prefilling:  # a started prompt (best first): its next chunk
-            num_new, needed = next_chunk(r, min(budget, self.chunk_tokens), bs, per_entry)
-            if num_new > 0 and fit(r, num_new, needed):
-                chunk = (num_new, r.num_computed_tokens)
-            break
-        if chunk is None and not preempt:
-            # Admit the best waiting prompt of the class. Not in a step that preempts: a
-            # victim's blocks were counted free, and they may hold prefix entries it would pin.
-            num_running = len(running) + view.num_swapping_in
-            for r in view.waiting:
-                if self._urgency(r, False) != urgent:
-                    continue
-                todo = r.num_tokens - kv.num_prefix_hit_tokens(r)
-                num_new = min(todo, budget, self.chunk_tokens)
-                needed = kv.admission_blocks(r, num_new)
-                if num_new > 0 and num_running < view.max_running and needed <= available:
-                    tokens[r.id] = num_new
-                    budget -= num_new
-                    available -= needed
-                    chunk = (num_new, r.num_computed_tokens)
-                break
-        if not tokens:
-            return None
         if one_class:
             return StepPlan(tokens, repeats=True)
         self._piggyback(view, tokens, set(preempt), chunk, urgent, budget, available)
@@ -211,23 +160,5 @@ class AgentXpuPlanner:
                    chunk: tuple[int, int] | None, urgent: tuple[int, int], budget: int,
                    available: int) -> None:
         """The other classes' decodes join while the step stays within the slack."""
-        kv = view.kv
-        chunks = [chunk] if chunk is not None else []
-        decoding = [r for r in view.running
-                    if r.id in tokens and r.num_tokens_to_next_output == 1]
-        num_decode = len(decoding)
-        kv_tokens = sum(r.num_computed_tokens for r in decoding)
-        limit = view.step_time_s(chunks, num_decode, kv_tokens) * (1.0 + self.reactive_slack)
-        for r in view.running:
-            if (r.id in tokens or r.id in preempted or r.num_tokens_to_next_output != 1
-                    or self._urgency(r, True) == urgent):
-                continue
-            num_new, needed = next_chunk(r, 1, kv.block_size, kv.blocks_per_entry)
-            if budget < 1 or needed > available or view.step_time_s(
-                    chunks, num_decode + 1, kv_tokens + r.num_computed_tokens) > limit:
-                break
-            tokens[r.id] = num_new
-            budget -= 1
-            available -= needed
-            num_decode += 1
-            kv_tokens += r.num_computed_tokens
+        piggyback(view, tokens, preempted, chunk, urgent, budget, available,
+                  self.reactive_slack, self.max_reactive_priority, self.preemptive)

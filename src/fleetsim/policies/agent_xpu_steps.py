@@ -1,0 +1,140 @@
+"""Agent.xpu's per-step loops (``policies/agent_xpu.py``): plain functions over the replica's
+view, compiled with the engine by ``make native`` (the planner class stays interpreted so
+users can subclass it), as ``batch_steps.py`` is for the token-budget planners. They run every
+step over the running and waiting requests of the SoC's replicas."""
+
+from __future__ import annotations
+
+from fleetsim.policies.batch_steps import next_chunk
+from fleetsim.serving.request import Request
+from fleetsim.serving.views import ReplicaView
+
+ClassStep = tuple[dict[int, int], list[int], tuple[int, int] | None, bool, int, int]
+"""A class's step: tokens per request, the requests preempted (ids, in order), the prefill
+chunk (tokens, computed) if any, whether every running request is of the class, and the
+budget and blocks left."""
+
+
+def urgency(req: Request, started: bool, max_reactive_priority: int,
+            preemptive: bool) -> tuple[int, int]:
+    """The class ``req`` belongs to (smaller is served first): reactive before proactive;
+    without preemption, started (running) work before the rest."""
+    reactive = 0 if req.priority <= max_reactive_priority else 1
+    return (reactive, 0) if preemptive else (0 if started else 1, reactive)
+
+
+def classes_present(view: ReplicaView, max_reactive_priority: int,
+                    preemptive: bool) -> list[tuple[int, int]]:
+    """The classes of the running and waiting requests, most urgent first."""
+    found: set[tuple[int, int]] = set()
+    for r in view.running:
+        found.add(urgency(r, True, max_reactive_priority, preemptive))
+    for r in view.waiting:
+        found.add(urgency(r, False, max_reactive_priority, preemptive))
+    return sorted(found)
+
+
+def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
+               max_reactive_priority: int, preemptive: bool) -> ClassStep | None:
+    """The step led by class ``urgent``: its decodes (best first), then one prefill chunk of
+    its first started prompt, or else of its best waiting prompt; short of KV, requests of
+    other classes are preempted (recompute later), the least urgent first. None if none of
+    the class's requests can run now."""
+    kv = view.kv
+    bs, per_entry = kv.block_size, kv.blocks_per_entry
+    budget = view.max_batched_tokens
+    available = kv.num_available_blocks
+    running = view.running
+    decoders: list[Request] = []
+    prefilling: list[Request] = []
+    for r in running:
+        if urgency(r, True, max_reactive_priority, preemptive) == urgent:
+            if r.num_tokens_to_next_output == 1:
+                decoders.append(r)
+            elif r.num_tokens_to_next_output > 1:
+                prefilling.append(r)
+    victims = [r for r in reversed(running)
+               if urgency(r, True, max_reactive_priority, preemptive) != urgent]
+    one_class = not victims
+    tokens: dict[int, int] = {}
+    preempt: list[int] = []
+    next_victim = 0
+    # fit(request, tokens, blocks), written out twice below: short of KV, recompute requests
+    # of other classes later, the least urgent first; then take it if it fits.
+    for r in decoders:
+        num_new, needed = next_chunk(r, 1, bs, per_entry)
+        while needed > available and next_victim < len(victims):
+            victim = victims[next_victim]
+            next_victim += 1
+            preempt.append(victim.id)
+            available += kv.reclaimable_blocks(victim)
+        if needed > available or num_new > budget:
+            break
+        tokens[r.id] = num_new
+        budget -= num_new
+        available -= needed
+    chunk: tuple[int, int] | None = None  # (tokens, computed) of the step's prefill chunk
+    for r in prefilling:  # a started prompt (best first): its next chunk
+        num_new, needed = next_chunk(r, min(budget, chunk_tokens), bs, per_entry)
+        if num_new > 0:
+            while needed > available and next_victim < len(victims):
+                victim = victims[next_victim]
+                next_victim += 1
+                preempt.append(victim.id)
+                available += kv.reclaimable_blocks(victim)
+            if not (needed > available or num_new > budget):
+                tokens[r.id] = num_new
+                budget -= num_new
+                available -= needed
+                chunk = (num_new, r.num_computed_tokens)
+        break
+    if chunk is None and not preempt:
+        # Admit the best waiting prompt of the class. Not in a step that preempts: a
+        # victim's blocks were counted free, and they may hold prefix entries it would pin.
+        num_running = len(running) + view.num_swapping_in
+        for r in view.waiting:
+            if urgency(r, False, max_reactive_priority, preemptive) != urgent:
+                continue
+            todo = r.num_tokens - kv.num_prefix_hit_tokens(r)
+            num_new = min(todo, budget, chunk_tokens)
+            needed = kv.admission_blocks(r, num_new)
+            if num_new > 0 and num_running < view.max_running and needed <= available:
+                tokens[r.id] = num_new
+                budget -= num_new
+                available -= needed
+                chunk = (num_new, r.num_computed_tokens)
+            break
+    if not tokens:
+        return None
+    return tokens, preempt, chunk, one_class, budget, available
+
+
+def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
+              chunk: tuple[int, int] | None, urgent: tuple[int, int], budget: int,
+              available: int, reactive_slack: float, max_reactive_priority: int,
+              preemptive: bool) -> None:
+    """The other classes' decodes join ``tokens`` (best first) while the step stays within
+    ``reactive_slack`` of the urgent class's step alone."""
+    kv = view.kv
+    chunks = [chunk] if chunk is not None else []
+    num_decode = 0
+    kv_tokens = 0
+    for r in view.running:
+        if r.id in tokens and r.num_tokens_to_next_output == 1:
+            num_decode += 1
+            kv_tokens += r.num_computed_tokens
+    limit = view.step_time_s(chunks, num_decode, kv_tokens) * (1.0 + reactive_slack)
+    bs, per_entry = kv.block_size, kv.blocks_per_entry
+    for r in view.running:
+        if (r.id in tokens or r.id in preempted or r.num_tokens_to_next_output != 1
+                or urgency(r, True, max_reactive_priority, preemptive) == urgent):
+            continue
+        num_new, needed = next_chunk(r, 1, bs, per_entry)
+        if budget < 1 or needed > available or view.step_time_s(
+                chunks, num_decode + 1, kv_tokens + r.num_computed_tokens) > limit:
+            break
+        tokens[r.id] = num_new
+        budget -= 1
+        available -= needed
+        num_decode += 1
+        kv_tokens += r.num_computed_tokens
