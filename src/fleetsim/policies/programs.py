@@ -255,9 +255,13 @@ class HexAGenTPriority(_ProgramOrdered):
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
         waiting = view.waiting
         if len(waiting) > 1:
-            keys = [self.key(r, now_s) for r in waiting]
-            if any(keys[i] > keys[i + 1] for i in range(len(keys) - 1)):
-                return StepPlan({}, rekey=tuple(r.id for r in waiting))
+            key = self.key
+            prev = key(waiting[0], now_s)
+            for i in range(1, len(waiting)):  # up to the first call out of order
+                k = key(waiting[i], now_s)
+                if prev > k:
+                    return StepPlan({}, rekey=tuple(r.id for r in waiting))
+                prev = k
         return TokenBudgetPlanner.plan(self, view, now_s)
 
     def key(self, req: Request, now_s: float) -> Key:
