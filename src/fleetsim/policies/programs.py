@@ -404,27 +404,30 @@ class HexAGenTPlacement:
         step = getattr(d, "step_time_s", None)
         if step is None:
             return 0.0
-        queued = len(d.waiting) + d.num_incoming + 1  # (the first read settles d)
-        running = d.running
-        num_running = len(running)
+        # (read without cutting d's decode window: every decision reads every decode replica)
+        num_running, running_tokens, num_waiting, num_available_blocks = d.decode_load()
+        queued = num_waiting + d.num_incoming + 1
         context = req.num_prompt_tokens + req.max_output_tokens // 2
-        kv_tokens = sum([r.num_tokens for r in running]) + queued * context
+        kv_tokens = running_tokens + queued * context
         decode_s = req.max_output_tokens * float(step((), num_running + queued, kv_tokens))
-        kv = d.kv
-        if not hasattr(kv, "num_available_blocks"):
+        if _room(d, req, num_running, num_available_blocks):
             return decode_s
-        need = kv.num_blocks_for(req.num_prompt_tokens + req.max_output_tokens)
-        fits = need <= kv.num_available_blocks and num_running + d.num_incoming < d.max_running
-        return decode_s if fits else 2 * decode_s
+        return 2 * decode_s
 
     @staticmethod
     def _fits(d: Any, req: Request) -> bool:
-        kv = d.kv
-        if not hasattr(kv, "num_available_blocks"):
+        load = getattr(d, "decode_load", None)
+        if load is None:
             return True
-        need = kv.num_blocks_for(req.num_prompt_tokens + req.max_output_tokens)
-        return bool(need <= kv.num_available_blocks
-                    and len(d.running) + d.num_incoming < d.max_running)
+        num_running, _, _, num_available_blocks = load()
+        return _room(d, req, num_running, num_available_blocks)
+
+
+def _room(d: Any, req: Request, num_running: int, num_available_blocks: int) -> bool:
+    """Whether decode replica ``d`` (``num_running`` calls, ``num_available_blocks`` free) can
+    take ``req`` now: blocks for its whole sequence and a running slot."""
+    need = -(-(req.num_prompt_tokens + req.max_output_tokens) // d.block_size)
+    return bool(need <= num_available_blocks and num_running + d.num_incoming < d.max_running)
 
 
 @register_router("speed_aware")
