@@ -115,6 +115,8 @@ class AutellixPLAS(_ProgramOrdered):
     based on their programs' previously completed calls", arXiv 2502.13965 abstract; a call
     that exhausts its queue's quantum is demoted, its Figure 10). A running call's queue
     counts its own service too. False: order only (queues, no preemption)."""
+    _level_by_service: dict[float, int] = field(default_factory=dict, init=False, repr=False)
+    # (every plan re-keys the queued calls, most with the service they had at the last one)
 
     capabilities = Capabilities(fast_forward_safe=False, decodes_all_when_idle=True)
 
@@ -191,7 +193,13 @@ class AutellixPLAS(_ProgramOrdered):
         # queue's quantum while it runs is demoted (the paper's Figure 10).
         service = self.service_s(tag) + (req.service_s if self.preemptive else 0.0)
         waited = now_s - tag.program.arrival_s - service
-        level = _level(service, self.base_quantum_s, self.quantum_ratio, self.num_levels)
+        levels = self._level_by_service
+        level = levels.get(service)
+        if level is None:
+            if len(levels) >= 4096:  # (running calls bring a new service every step)
+                levels.clear()
+            level = levels[service] = _level(service, self.base_quantum_s, self.quantum_ratio,
+                                             self.num_levels)
         if service > 0 and waited > self.starvation_ratio * service:
             level = 0
         return (level, tag.program.arrival_s, req.arrival_s, req.id)
