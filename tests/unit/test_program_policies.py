@@ -83,6 +83,11 @@ class _Replica:
         self.running = self.waiting = ()
         self.num_incoming, self.max_running, self.hash_block_tokens = 0, 256, None
         self.link_bw_bytes_per_s, self.kv_bytes_per_token = link_bw, 1e5
+        self.block_size = 16
+
+    def decode_load(self):
+        return (len(self.running), sum(r.num_tokens for r in self.running), len(self.waiting),
+                self.kv.num_available_blocks)
 
     def step_time_s(self, chunks, num_decode, kv):
         return sum(n for n, _ in chunks) * self._per + (self._decode_step_s if num_decode
@@ -287,3 +292,31 @@ def test_hexagent_replans_the_decode_stage_at_the_handoff():
     assert HexAGenTPlacement(replan_decode=False).route(_View([slow, fast]), req, 0.0) == 0
     fast._decode_step_s = 0.008  # equal now: the planned replica first among equals
     assert HexAGenTPlacement().route(_View([slow, fast]), req, 0.0) == 0
+
+
+def test_decode_load_reads_what_the_queues_and_the_kv_cache_show(monkeypatch):
+    """``ReplicaView.decode_load`` (the decode estimates' one read of a decode replica),
+    read first, equals the running calls, their tokens, the waiting calls and the free KV the
+    view then shows, windows in flight included (a read that left a window running would
+    lag by the steps it has done)."""
+    from fleetsim.repro import hexagent
+
+    route = SpeedAware.route
+    seen = {"reads": 0, "in_window": 0}
+
+    def checking_route(self, view, req, now_s):
+        for d in view.replicas:
+            if d.role == "decode":
+                step = d._replica.current_step
+                seen["in_window"] += step is not None and step.window is not None
+                load = d.decode_load()
+                assert load == (len(d.running), sum(r.num_tokens for r in d.running),
+                                len(d.waiting), d.kv.num_available_blocks)
+                seen["reads"] += 1
+        return route(self, view, req, now_s)
+
+    monkeypatch.setattr(SpeedAware, "route", checking_route)
+    cfg = hexagent.config({"name": "workflow_fcfs"}, hexagent.SPEED, hexagent.SPEED,
+                          "llama-3.1-70b", "lats", 8.0, 20)
+    assert run(config_from_dict(cfg)).summary["programs"]["num_finished"] == 20
+    assert seen["in_window"] > 20 and seen["reads"] > seen["in_window"]

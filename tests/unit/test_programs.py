@@ -19,7 +19,7 @@ from fleetsim.programs.dag import assign_hash_ids, shared_prefix_tokens
 from fleetsim.programs.formats import weka_program
 from fleetsim.programs.generators import GENERATORS, generate
 from fleetsim.programs.source import kv_links
-from fleetsim.programs.standalone import critical_path_s
+from fleetsim.programs.standalone import CallTimer, critical_path_s
 from fleetsim.registry import PolicySpec
 from fleetsim.run import run
 from fleetsim.search.slo_scale import _program_scale, deadline_slo_scale, program_slo_scales
@@ -114,6 +114,42 @@ def test_critical_path_adds_tool_times_on_the_longest_path():
                       Call(1, 1, (1, 2), 0.0)))
     assert critical_path_s(p, [1.0, 20.0, 1.0, 1.0]) == 1 + 2 + 20 + 1
     assert critical_path_s(p, [1.0, 1.0, 1.0, 1.0]) == 1 + 2 + 1 + 9 + 1
+
+
+class _LinearDecode:
+    """A step model whose decode step is ``base + per_kv * kv`` (prefill: 1e-5 s a token)."""
+
+    def __init__(self, base, per_kv):
+        self.base, self.per_kv = base, per_kv
+
+    def step_time_s(self, chunks, num_decode, kv):
+        return (sum(n for n, _ in chunks) * 1e-5
+                + (self.base + self.per_kv * kv if num_decode else 0.0))
+
+    def decode_step_times_s(self, num_decode, kv):
+        return self.base + self.per_kv * np.asarray(kv, dtype=np.float64)
+
+    def decode_terms_s(self, num_decode):
+        return self.base, self.per_kv, 0.0
+
+
+@pytest.mark.parametrize(("pools", "num_summed"), [
+    # H200-like never slower than the others: only its decode time is summed
+    ([(0.02, 3e-8), (0.01, 1e-8), (0.012, 2e-8)], 1),
+    # a faster step that grows faster with context: the best depends on the call
+    ([(0.01, 5e-6), (0.02, 1e-8)], 2),
+])
+def test_call_times_take_the_fastest_decode_pool_bit_for_bit(pools, num_summed):
+    """A call's standalone time uses the least decode time over the decode pools; summing
+    only a pool never slower than the others gives the same float."""
+    models = [_LinearDecode(b, k) for b, k in pools]
+    timer = CallTimer([_LinearDecode(0.0, 0.0)], 512, models, 1e-6, 0.001)
+    assert len(timer._decode_candidates) == num_summed
+    for prompt, output in ((10, 2), (300, 57), (4000, 700), (20000, 1500)):
+        decode = min(float(m.decode_step_times_s(1, prompt + np.arange(output - 1)).sum())
+                     for m in models)
+        prefill = timer.call_s(prompt, 0, 1)  # (one token: the prefill alone)
+        assert timer.call_s(prompt, 0, output) == prefill + 0.001 + 1e-6 * prompt + decode
 
 
 def test_weka_conversation_becomes_a_chain_with_a_sub_agent_fork_join():

@@ -215,13 +215,20 @@ def timeline_bins(
     inside = first == last
     sums = {name: np.bincount(first[inside], weights=v[inside], minlength=num_fine)
             for name, v in quantities.items()}
-    for j in np.flatnonzero(~inside).tolist():  # single steps across an edge: split by time
-        dur = float(busy_s[j])
-        for b in range(int(first[j]), int(last[j]) + 1):
-            overlap = min(float(ends[j]), edges[b + 1]) - max(float(starts[j]), edges[b])
-            if overlap > 0 and dur > 0:
-                for name, v in quantities.items():
-                    sums[name][b] += float(v[j]) * overlap / dur
+    # Single steps across an edge: split by time. Each (step, bin) pair it spans, step by
+    # step and bin by bin; ``np.add.at`` adds unbuffered in that order, so every bin gets the
+    # same floats in the same order as a loop over the steps would add them.
+    across = np.flatnonzero(~inside)
+    spans = np.maximum(last[across] - first[across] + 1, 0)
+    j = np.repeat(across, spans)
+    b = np.repeat(first[across], spans) + (np.arange(j.size)
+                                          - np.repeat(np.cumsum(spans) - spans, spans))
+    overlap = np.minimum(ends[j], edges[b + 1]) - np.maximum(starts[j], edges[b])
+    dur = busy_s[j]
+    keep = (overlap > 0) & (dur > 0)
+    j, b, overlap, dur = j[keep], b[keep], overlap[keep], dur[keep]
+    for name, v in quantities.items():
+        np.add.at(sums[name], b, v[j] * overlap / dur)
     group = -(-num_fine // max_bins)
     num_bins = -(-num_fine // group)
     pad = num_bins * group - num_fine

@@ -115,6 +115,8 @@ class AutellixPLAS(_ProgramOrdered):
     based on their programs' previously completed calls", arXiv 2502.13965 abstract; a call
     that exhausts its queue's quantum is demoted, its Figure 10). A running call's queue
     counts its own service too. False: order only (queues, no preemption)."""
+    _level_by_service: dict[float, int] = field(default_factory=dict, init=False, repr=False)
+    # (every plan re-keys the queued calls, most with the service they had at the last one)
 
     capabilities = Capabilities(fast_forward_safe=False, decodes_all_when_idle=True)
 
@@ -191,7 +193,13 @@ class AutellixPLAS(_ProgramOrdered):
         # queue's quantum while it runs is demoted (the paper's Figure 10).
         service = self.service_s(tag) + (req.service_s if self.preemptive else 0.0)
         waited = now_s - tag.program.arrival_s - service
-        level = _level(service, self.base_quantum_s, self.quantum_ratio, self.num_levels)
+        levels = self._level_by_service
+        level = levels.get(service)
+        if level is None:
+            if len(levels) >= 4096:  # (running calls bring a new service every step)
+                levels.clear()
+            level = levels[service] = _level(service, self.base_quantum_s, self.quantum_ratio,
+                                             self.num_levels)
         if service > 0 and waited > self.starvation_ratio * service:
             level = 0
         return (level, tag.program.arrival_s, req.arrival_s, req.id)
@@ -255,9 +263,13 @@ class HexAGenTPriority(_ProgramOrdered):
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
         waiting = view.waiting
         if len(waiting) > 1:
-            keys = [self.key(r, now_s) for r in waiting]
-            if any(keys[i] > keys[i + 1] for i in range(len(keys) - 1)):
-                return StepPlan({}, rekey=tuple(r.id for r in waiting))
+            key = self.key
+            prev = key(waiting[0], now_s)
+            for i in range(1, len(waiting)):  # up to the first call out of order
+                k = key(waiting[i], now_s)
+                if prev > k:
+                    return StepPlan({}, rekey=tuple(r.id for r in waiting))
+                prev = k
         return TokenBudgetPlanner.plan(self, view, now_s)
 
     def key(self, req: Request, now_s: float) -> Key:
@@ -343,22 +355,27 @@ class HexAGenTPlacement:
         if reps and getattr(reps[0], "role", "mixed") == "decode":
             return self._route_decode(reps, req)
         tag = _tag(req)
-        best, best_plan = 0, Plan(None, math.inf)
-        decodes = [(d, self._decode_s(d, req)) for d in getattr(view, "next_stage", ())]
+        # Each decode replica's (id, link, decode seconds), read once per decision; the pairs
+        # are then plain float arithmetic (a Plan is made for the chosen one only).
+        decodes = [(d.replica_id, d.link_bw_bytes_per_s, self._decode_s(d, req))
+                   for d in getattr(view, "next_stage", ())]
+        best, best_decode, best_delta = 0, None, math.inf
         for i, p in enumerate(reps):
             prefill_s = self._prefill_s(p, req)
             if not decodes:
-                plan = Plan(None, prefill_s + self._decode_s(p, req))
+                decode_id, delta = None, prefill_s + self._decode_s(p, req)
             else:
                 n_bytes = p.kv_bytes_per_token * req.num_prompt_tokens
-                plan = min((Plan(d.replica_id, prefill_s
-                                 + n_bytes / min(p.link_bw_bytes_per_s, d.link_bw_bytes_per_s)
-                                 + decode_s) for d, decode_s in decodes),
-                           key=lambda pl: pl.delta_s)
-            if plan.delta_s < best_plan.delta_s:
-                best, best_plan = i, plan
+                p_bw = p.link_bw_bytes_per_s
+                decode_id, delta = None, math.inf
+                for d_id, d_bw, decode_s in decodes:  # the first pair that completes first
+                    pair = prefill_s + n_bytes / min(p_bw, d_bw) + decode_s
+                    if decode_id is None or pair < delta:
+                        decode_id, delta = d_id, pair
+            if delta < best_delta:
+                best, best_decode, best_delta = i, decode_id, delta
         if tag is not None:
-            tag.policy = best_plan
+            tag.policy = Plan(best_decode, best_delta)
         return best
 
     def _route_decode(self, reps: Sequence[Any], req: Request) -> int:
@@ -370,9 +387,10 @@ class HexAGenTPlacement:
                     if not self.replan_decode:
                         return i
                     # the planned replica first among equals
-                    return min(range(len(reps)), key=lambda j: (
-                        self._decode_s(reps[j], req), j != i, j))
-        return min(range(len(reps)), key=lambda i: (self._decode_s(reps[i], req), i))
+                    times = [self._decode_s(r, req) for r in reps]
+                    best = _first_min(times)
+                    return i if times[i] == times[best] else best
+        return _first_min([self._decode_s(d, req) for d in reps])
 
     def _prefill_s(self, r: Any, req: Request) -> float:
         # The whole prompt: with prefix hits in the estimate, calls piled onto the replicas
@@ -394,20 +412,30 @@ class HexAGenTPlacement:
         step = getattr(d, "step_time_s", None)
         if step is None:
             return 0.0
-        queued = len(d.waiting) + d.num_incoming + 1
+        # (read without cutting d's decode window: every decision reads every decode replica)
+        num_running, running_tokens, num_waiting, num_available_blocks = d.decode_load()
+        queued = num_waiting + d.num_incoming + 1
         context = req.num_prompt_tokens + req.max_output_tokens // 2
-        kv_tokens = sum(r.num_tokens for r in d.running) + queued * context
-        decode_s = req.max_output_tokens * float(step([], len(d.running) + queued, kv_tokens))
-        return decode_s if self._fits(d, req) else 2 * decode_s
+        kv_tokens = running_tokens + queued * context
+        decode_s = req.max_output_tokens * float(step((), num_running + queued, kv_tokens))
+        if _room(d, req, num_running, num_available_blocks):
+            return decode_s
+        return 2 * decode_s
 
     @staticmethod
     def _fits(d: Any, req: Request) -> bool:
-        kv = d.kv
-        if not hasattr(kv, "num_available_blocks"):
+        load = getattr(d, "decode_load", None)
+        if load is None:
             return True
-        need = kv.num_blocks_for(req.num_prompt_tokens + req.max_output_tokens)
-        return bool(need <= kv.num_available_blocks
-                    and len(d.running) + d.num_incoming < d.max_running)
+        num_running, _, _, num_available_blocks = load()
+        return _room(d, req, num_running, num_available_blocks)
+
+
+def _room(d: Any, req: Request, num_running: int, num_available_blocks: int) -> bool:
+    """Whether decode replica ``d`` (``num_running`` calls, ``num_available_blocks`` free) can
+    take ``req`` now: blocks for its whole sequence and a running slot."""
+    need = -(-(req.num_prompt_tokens + req.max_output_tokens) // d.block_size)
+    return bool(need <= num_available_blocks and num_running + d.num_incoming < d.max_running)
 
 
 @register_router("speed_aware")
@@ -424,9 +452,18 @@ class SpeedAware(HexAGenTPlacement):
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
         reps: Sequence[Any] = view.replicas
-        if reps and getattr(reps[0], "role", "mixed") == "decode":
-            return min(range(len(reps)), key=lambda i: (self._decode_s(reps[i], req), i))
-        if reps and getattr(reps[0], "role", "mixed") == "prefill":
-            return min(range(len(reps)), key=lambda i: (self._prefill_s(reps[i], req), i))
-        return min(range(len(reps)), key=lambda i: (
-            self._prefill_s(reps[i], req) + self._decode_s(reps[i], req), i))
+        role = getattr(reps[0], "role", "mixed") if reps else "mixed"
+        if role == "decode":
+            return _first_min([self._decode_s(d, req) for d in reps])
+        if role == "prefill":
+            return _first_min([self._prefill_s(p, req) for p in reps])
+        return _first_min([self._prefill_s(r, req) + self._decode_s(r, req) for r in reps])
+
+
+def _first_min(times: Sequence[float]) -> int:
+    """The index of the first smallest of ``times`` (``min`` by (time, index))."""
+    best = 0
+    for i in range(1, len(times)):
+        if times[i] < times[best]:
+            best = i
+    return best

@@ -31,6 +31,10 @@ class CallTimer:
     """P/D: seconds per prompt token over the fastest idle link (KV bytes / bandwidth)."""
     handoff_latency_s: float = 0.0
     _cache: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
+    _decode_candidates: Sequence[StepTimeModel] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._decode_candidates = _never_slower(self.decode_models)
 
     def call_s(self, num_prompt_tokens: int, num_hit_tokens: int, num_output_tokens: int
                ) -> float:
@@ -43,7 +47,7 @@ class CallTimer:
                      for m in self.prefill_models)
                  + self.handoff_latency_s + self.handoff_s_per_token * num_prompt_tokens
                  + min(decode_time_s(m, num_prompt_tokens, num_output_tokens)
-                       for m in self.decode_models))
+                       for m in self._decode_candidates))
         else:
             t = min(_prefill_s(m, num_prompt_tokens, num_hit_tokens, self.max_batched_tokens)
                     + decode_time_s(m, num_prompt_tokens, num_output_tokens)
@@ -56,6 +60,25 @@ class CallTimer:
         hits = shared_prefix_tokens(program, block_tokens)
         return [self.call_s(c.num_prompt_tokens, h, c.num_output_tokens)
                 for c, h in zip(program.calls, hits, strict=True)]
+
+
+def _never_slower(models: Sequence[StepTimeModel]) -> Sequence[StepTimeModel]:
+    """``models`` cut to one whose decode steps at batch size 1 are never slower than any
+    other's, where there is one: the least of their decode times is then its own, and the
+    others need not be summed (the same float: ties are equal). A decode step is
+    ``(base + per_kv * kv) + extra`` (``decode_terms_s``) and float rounding is monotone, so
+    terms no greater give steps no longer at every KV size, and their sums, added in the same
+    order, no greater. Without ``decode_terms_s`` on every model: all of them."""
+    terms = []
+    for m in models:
+        decode_terms_s = getattr(m, "decode_terms_s", None)
+        if decode_terms_s is None:
+            return models
+        terms.append(decode_terms_s(1))
+    for i, (base, per_kv, extra) in enumerate(terms):
+        if all(base <= b and per_kv <= p and extra <= e for b, p, e in terms):
+            return (models[i],)
+    return models
 
 
 def _prefill_s(model: StepTimeModel, num_prompt_tokens: int, num_hit_tokens: int,

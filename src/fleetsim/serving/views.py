@@ -101,6 +101,11 @@ class ReplicaView:
         return self._replica.kv.num_blocks
 
     @property
+    def block_size(self) -> int:
+        """Tokens per KV block."""
+        return self._replica.kv.block_size
+
+    @property
     def hash_block_tokens(self) -> int | None:
         return self._replica.kv.hash_block_tokens
 
@@ -138,6 +143,24 @@ class ReplicaView:
         """Requests waiting to be admitted, sorted by the ordering policy, best first."""
         self._replica.interrupt()
         return self._replica.waiting
+
+    def decode_load(self) -> tuple[int, int, int, int]:
+        """(running requests, their tokens, waiting requests, KV blocks available): what a
+        router's decode estimate reads of every decode replica at each decision
+        (``policies/programs.py``), in one call.
+
+        It settles the window in flight like ``running`` does. Reading it instead through
+        ``Replica.peek_window`` (no cut: 7% fewer step events on HexAGenT's LATS at 12
+        programs/s) leaves every request's record the same but moves the busy-time and KV-use
+        integrals of the summary in their last bits (windows add them in another
+        association), so the reads cut, and results stay bit-identical."""
+        replica = self._replica
+        replica.interrupt()
+        running = replica.running
+        num_tokens = 0
+        for r in running:
+            num_tokens += r.num_tokens
+        return len(running), num_tokens, len(replica.waiting), replica.kv.num_available_blocks
 
     @property
     def swapped(self) -> Sequence[Request]:
