@@ -269,7 +269,7 @@ class Placement:
         if self.rank_of_worker[dst] >= self.rank_of_worker.get(src, len(self.bands)):
             return None
         r_x = remaining(trajectory)
-        r_y = max((remaining(y) for y in self.members[dst]), default=0.0)
+        r_y = max(map(remaining, self.members[dst]), default=0.0)
         t = self._per_token_s
         before = max(r_x * t(src, len(self.members[src])),
                      r_y * t(dst, len(self.members[dst])))
