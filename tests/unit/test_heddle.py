@@ -18,7 +18,7 @@ from fleetsim.cli import main
 from fleetsim.config import EngineConfig
 from fleetsim.models import get_model
 from fleetsim.policies.trajectories import StickySkew, TrajectoryPlan
-from fleetsim.rl import agentic_rollout
+from fleetsim.rl import agentic_rollout, trajectory_placement
 from fleetsim.rl.agentic_rollout import AgenticRolloutConfig, run_agentic_rollout
 from fleetsim.rl.resource_manager import (
     NODE_GPUS,
@@ -84,6 +84,70 @@ def test_dp_grouping_is_optimal_against_brute_force():
 def test_dp_isolates_the_longest_and_spreads_the_rest():
     sizes, cost = dp_group_sizes([100, 10, 10, 10, 10, 10], 3, T)
     assert sizes == [1, 2, 3] and math.isclose(cost, 100.0)
+
+
+def _reference_dp(lengths, workers, tie_break=True):
+    """The DP over whole ``(n+1) x (n+1)`` cost matrices, column by column (the obvious
+    form the blocked one must equal exactly): group sizes and the least largest cost."""
+    n = len(lengths)
+    prefix = np.concatenate(([0.0], np.cumsum(lengths)))
+    j, i = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
+    size = i - j
+
+    def matrix(per_token_s, max_live):
+        live = max(1, n if max_live is None else min(n, max_live))
+        t = np.array([0.0] + [per_token_s(b) for b in range(1, live + 1)])
+        b = np.clip(size, 1, live)
+        first = np.append(np.asarray(lengths, dtype=float), 0.0)[j]
+        c = np.where(size > 0, t[b] * np.maximum(first, (prefix[i] - prefix[j]) / b), 0.0)
+        return np.where(size < 0, math.inf, c)
+
+    def run(costs, combine):
+        f, choices = np.full(n + 1, math.inf), []
+        f[0] = 0.0
+        for c in costs:
+            m = combine(f[:, None], c)
+            choices.append(np.argmin(m, axis=0))
+            f = m[choices[-1], np.arange(n + 1)]
+        sizes, end = [], n
+        for arg in reversed(choices):
+            sizes.append(end - int(arg[end]))
+            end = int(arg[end])
+        return sizes[::-1], float(f[n])
+
+    costs = [matrix(t, live) for t, live in workers]
+    sizes, best = run(costs, np.maximum)
+    if tie_break:
+        squares = [np.where(c <= best * (1 + 1e-12), (size ** 2).astype(float), math.inf)
+                   for c in costs]
+        sizes = run(squares, np.add)[0]
+    return sizes, best
+
+
+@pytest.mark.parametrize("block_cells", [1, 7, 64, trajectory_placement.BLOCK_CELLS])
+def test_blocked_dp_equals_the_whole_matrix_dp_exactly(monkeypatch, block_cells):
+    """The DP kept in row blocks of the lower triangle (and the resource manager's scorer,
+    which shares the DP's rows between splits with a common prefix) gives exactly the
+    whole-matrix DP's sizes and cost, ties included (lengths with repeats, several blocks)."""
+    monkeypatch.setattr(trajectory_placement, "BLOCK_CELLS", block_cells)
+    rng = random.Random(block_cells)
+    other = lambda b: 0.6 + 0.07 * (b - 1) ** 1.3  # noqa: E731
+    for _ in range(60):
+        n, w = rng.randint(1, 40), rng.randint(1, 5)
+        max_live = rng.choice([None, 1, 3, 7])
+        lengths = sorted((rng.randint(1, 12) * rng.choice([1.0, 1.5]) for _ in range(n)),
+                         reverse=True)
+        assert dp_group_sizes(lengths, w, T, max_live) == _reference_dp(
+            lengths, [(T, max_live)] * w)
+        ws = [rng.choice([(T, max_live), (other, 3)]) for _ in range(w)]
+        assert dp_group_sizes_per_worker(lengths, ws) == _reference_dp(lengths, ws)
+    lengths = _tail(50, 3)
+    kinds = _kinds()
+    scorer = SplitScorer(lengths, kinds)
+    for split in [(8, 8), (8, 4, 4), (8, 4, 2, 2), (8, 4, 2, 1, 1), (4, 4, 4, 4),
+                  (2,) * 8, (8, 4, 2, 2)]:
+        assert scorer(split) == _reference_dp(
+            lengths, [(kinds[tp].per_token_s, kinds[tp].max_live) for tp in split])[1]
 
 
 def test_placement_bands_and_moves():

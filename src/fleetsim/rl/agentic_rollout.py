@@ -406,6 +406,9 @@ class RolloutDriver:
                       for i in range(n)]
         self.num_steps_done = [0] * n
         self.num_tokens_done = [0] * n
+        # trajectory -> predicted tokens it has left, kept as its prediction and tokens
+        # change: a migration check reads it for every trajectory on the destination
+        self.remaining = [max(0.0, plan.predicted_tokens) for plan in self.plans]
         self.worker_of_last = [-1] * n  # where each trajectory's last step ran
         self.request_ids: list[list[int]] = [[] for _ in range(n)]
         self.predicted_by_step: list[list[float]] = [[] for _ in range(n)]
@@ -447,17 +450,15 @@ class RolloutDriver:
         else:
             plan.predicted_tokens = self.predictor.predict(
                 traj, self.num_steps_done[traj], self.num_tokens_done[traj])
+            self.remaining[traj] = max(0.0, plan.predicted_tokens - self.num_tokens_done[traj])
             if self.migration and self.placement is not None:
-                dst = self.placement.move_for(traj, plan.predicted_tokens, self._remaining)
+                dst = self.placement.move_for(traj, plan.predicted_tokens,
+                                              self.remaining.__getitem__)
                 if dst is not None:
                     self._moving[traj] = (self.worker_of_last[traj], dst, req.finish_s)
                     self.placement.moved(traj, dst)
                     plan.worker = dst
         self.inner.on_finish(req, self)
-
-    def _remaining(self, traj: int) -> float:
-        """Predicted tokens ``traj`` has left to generate."""
-        return max(0.0, self.plans[traj].predicted_tokens - self.num_tokens_done[traj])
 
     # ---- the context the program source sees ------------------------------------------
     @property

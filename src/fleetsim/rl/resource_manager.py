@@ -31,8 +31,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
-from fleetsim.rl.trajectory_placement import dp_over_matrices, group_cost_matrix
+from fleetsim.rl.trajectory_placement import (
+    dp_last_cost,
+    dp_min_max,
+    dp_start,
+    group_cost_matrix,
+)
 
 NODE_GPUS = 8
 """GPUs per node (H100 HGX): the largest TP a worker may have (TP stays on NVLink)."""
@@ -93,13 +99,17 @@ def check_split(split: Sequence[int], budget: int, allowed: Sequence[int]) -> No
 
 
 class SplitScorer:
-    """Scores splits by the placement DP on the sorted predictions (cached per split)."""
+    """Scores splits by the placement DP on the sorted predictions (cached per split). The
+    DP goes worker by worker in split order, so its row after a split's first workers is
+    kept per prefix and shared by every split that starts with them."""
 
     def __init__(self, lengths_desc: Sequence[float], kinds: dict[int, WorkerKind]) -> None:
         self.kinds = kinds
         self._matrices = {tp: group_cost_matrix(lengths_desc, k.per_token_s, k.max_live)
                           for tp, k in kinds.items()}
         self._cache: dict[tuple[int, ...], float] = {}
+        self._rows: dict[tuple[int, ...], NDArray[np.float64]] = {
+            (): dp_start(len(lengths_desc))}  # split prefix -> the DP's row after it
 
     def ranked(self) -> tuple[tuple[tuple[int, ...], float], ...]:
         """Every split scored so far with its cost, cheapest first (ties: highest TPs)."""
@@ -108,9 +118,16 @@ class SplitScorer:
     def __call__(self, split: tuple[int, ...]) -> float:
         cost = self._cache.get(split)
         if cost is None:
-            _, cost = dp_over_matrices([self._matrices[tp] for tp in split], tie_break=False)
+            cost = dp_last_cost(self._matrices[split[-1]], self._row(split[:-1]))
             self._cache[split] = cost
         return cost
+
+    def _row(self, prefix: tuple[int, ...]) -> NDArray[np.float64]:
+        row = self._rows.get(prefix)
+        if row is None:
+            row = dp_min_max(self._matrices[prefix[-1]], self._row(prefix[:-1]))[1]
+            self._rows[prefix] = row
+        return row
 
     @property
     def num_evaluated(self) -> int:

@@ -18,7 +18,9 @@ nothing (a longer trajectory swapped into a shorter group never lowers either co
 the work term the problem holds a partition problem and contiguity is a restriction, the
 one Heddle's presorted DP makes: the DP is then optimal among contiguous groupings (tests
 check both against brute force). Among the groupings of least cost (only the bottleneck
-group sets it) the most even one is taken (least sum of squared sizes). O(N^2 W) in numpy.
+group sets it) the most even one is taken (least sum of squared sizes). O(N^2 W) in numpy,
+over the lower triangle of the cost matrix in row blocks that stay in cache (``CostBlocks``;
+the whole matrix, 2,049 x 2,049 for Heddle's batch, cost a 33 MB temporary per worker).
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+BLOCK_CELLS = 1 << 16
+"""Cells in one row block of a group-cost matrix (ours: 512 KiB of float64, so a block and
+its temporaries stay in cache; any size gives the same results)."""
+
+# A group-cost matrix, stored by group end: blocks ``(a, c)`` in order of ``a``, where
+# ``c[r, j]`` is the cost of the group ``j..a+r-1`` for ``j < a + len(c)`` (inf for ``j``
+# past the end: an empty-or-reversed group). The columns past a block's last end hold only
+# inf, so they are not stored: a DP over them never takes an inf where a finite cost exists,
+# and the first least entry of a row is the same with or without them.
+CostBlocks = list[tuple[int, NDArray[np.float64]]]
+
 
 def dp_group_sizes(lengths_desc: Sequence[float], num_workers: int,
                    per_token_s: Callable[[int], float], max_live: int | None = None
@@ -37,24 +50,12 @@ def dp_group_sizes(lengths_desc: Sequence[float], num_workers: int,
     largest group cost (module docstring), and that cost. ``per_token_s(b)``: seconds per
     token with ``b`` trajectories decoding (non-decreasing in ``b``); ``max_live``: most
     trajectories a worker decodes at once (None: no limit)."""
-    lengths = np.asarray(lengths_desc, dtype=np.float64)
-    n = len(lengths)
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    if max_live is not None and max_live < 1:
-        raise ValueError(f"max_live must be >= 1 or None, got {max_live}")
-    if n and np.any(np.diff(lengths) > 0):
-        raise ValueError("lengths must be sorted longest first")
-    if n == 0:
+    cost = group_cost_matrix(lengths_desc, per_token_s, max_live)
+    if not len(lengths_desc):
         return [0] * num_workers, 0.0
-    live = n if max_live is None else min(n, max_live)
-    t = np.array([0.0] + [per_token_s(b) for b in range(1, live + 1)], dtype=np.float64)
-    cost = _group_costs(lengths, t, live)
-    _, best = _min_max(cost, num_workers)
-    j = np.arange(n + 1)[:, None]
-    i = np.arange(n + 1)[None, :]
-    squares = np.where(cost <= best * (1 + 1e-12), ((i - j) ** 2).astype(np.float64), math.inf)
-    return _min_sum(squares, num_workers), best
+    return dp_over_matrices([cost] * num_workers)
 
 
 def dp_group_sizes_per_worker(lengths_desc: Sequence[float],
@@ -66,7 +67,7 @@ def dp_group_sizes_per_worker(lengths_desc: Sequence[float],
         raise ValueError("workers must not be empty")
     if not len(lengths_desc):
         return [0] * len(workers), 0.0
-    matrices: dict[int, NDArray[np.float64]] = {}  # one per worker kind (shared T)
+    matrices: dict[int, CostBlocks] = {}  # one per worker kind (shared T)
     for per_token_s, max_live in workers:
         if id(per_token_s) not in matrices:
             matrices[id(per_token_s)] = group_cost_matrix(lengths_desc, per_token_s, max_live)
@@ -74,9 +75,9 @@ def dp_group_sizes_per_worker(lengths_desc: Sequence[float],
 
 
 def group_cost_matrix(lengths_desc: Sequence[float], per_token_s: Callable[[int], float],
-                      max_live: int | None) -> NDArray[np.float64]:
-    """``c[j, i]``: the cost of the group ``j..i-1`` of the sorted trajectories on a worker
-    of ``per_token_s`` and ``max_live`` (module docstring)."""
+                      max_live: int | None) -> CostBlocks:
+    """The cost of every group ``j..i-1`` of the sorted trajectories on a worker of
+    ``per_token_s`` and ``max_live`` (module docstring), as ``CostBlocks``."""
     lengths = np.asarray(lengths_desc, dtype=np.float64)
     n = len(lengths)
     if max_live is not None and max_live < 1:
@@ -88,18 +89,54 @@ def group_cost_matrix(lengths_desc: Sequence[float], per_token_s: Callable[[int]
     return _group_costs(lengths, t, live)
 
 
-def dp_over_matrices(costs: Sequence[NDArray[np.float64]], tie_break: bool = True
+def dp_start(n: int) -> NDArray[np.float64]:
+    """The DP's row before any worker: ``f[i]``, the cost of the first ``i`` trajectories
+    on no workers (0 for none, inf otherwise)."""
+    f = np.full(n + 1, math.inf)
+    f[0] = 0.0
+    return f
+
+
+def dp_min_max(cost: CostBlocks, f: NDArray[np.float64]
+               ) -> tuple[NDArray[np.intp], NDArray[np.float64]]:
+    """One more worker of group costs ``cost`` after ``f``: where its group starts for each
+    end (the first best start) and the least largest cost of the first ``i`` trajectories."""
+    return _step(cost, f, np.maximum)
+
+
+def dp_last_cost(cost: CostBlocks, f: NDArray[np.float64]) -> float:
+    """The least largest cost of all trajectories when the last worker has ``cost``
+    (``dp_min_max``'s last entry, from the last group end alone)."""
+    return float(_step(cost, f, np.maximum, last_only=True)[1][-1])
+
+
+def dp_over_matrices(costs: Sequence[CostBlocks], tie_break: bool = True
                      ) -> tuple[list[int], float]:
     """Group sizes and the least largest cost with worker ``k``'s group costs
     ``costs[k]``; ``tie_break=False`` skips choosing the most even of the optimal groupings
     (the resource manager's search needs only the cost)."""
-    sizes, best = _min_max_each(costs)
+    n = costs[0][-1][0] + len(costs[0][-1][1]) - 1
+    f = dp_start(n)
+    choices: list[NDArray[np.intp]] = []
+    for k, cost in enumerate(costs):
+        arg, f = _step(cost, f, np.maximum, last_only=k == len(costs) - 1)
+        choices.append(arg)
+    best = float(f[n])
     if not tie_break:
-        return sizes, best
-    n = costs[0].shape[0] - 1
-    sq = ((np.arange(n + 1)[None, :] - np.arange(n + 1)[:, None]) ** 2).astype(np.float64)
-    squares = [np.where(c <= best * (1 + 1e-12), sq, math.inf) for c in costs]
-    return _min_sum_each(squares), best
+        return _sizes(choices, n), best
+    # Among the groupings of least cost, the most even: least sum of squared sizes over
+    # groups no costlier than the best.
+    limit = best * (1 + 1e-12)
+    squares: dict[int, CostBlocks] = {}
+    f = dp_start(n)
+    choices = []
+    for k, cost in enumerate(costs):
+        if id(cost) not in squares:
+            squares[id(cost)] = [(a, np.where(c <= limit, _squared_sizes(a, c.shape), math.inf))
+                                 for a, c in cost]
+        arg, f = _step(squares[id(cost)], f, np.add, last_only=k == len(costs) - 1)
+        choices.append(arg)
+    return _sizes(choices, n), best
 
 
 def group_cost(lengths: Sequence[float], per_token_s: Callable[[int], float],
@@ -111,60 +148,30 @@ def group_cost(lengths: Sequence[float], per_token_s: Callable[[int], float],
     return per_token_s(b) * max(max(lengths), sum(lengths) / b)
 
 
-def _min_sum(cost: NDArray[np.float64], num_workers: int) -> list[int]:
-    """Contiguous split minimising the sum of ``cost[j, i]`` over the groups."""
-    n = cost.shape[0] - 1
-    f = np.full(n + 1, math.inf)
-    f[0] = 0.0
-    choices: list[NDArray[np.int64]] = []
-    for _ in range(num_workers):
-        m = f[:, None] + cost
-        choices.append(np.argmin(m, axis=0))
-        f = m[choices[-1], np.arange(n + 1)]
-    return _sizes(choices, n)
+def _step(cost: CostBlocks, f: NDArray[np.float64], combine: np.ufunc, last_only: bool = False
+          ) -> tuple[NDArray[np.intp], NDArray[np.float64]]:
+    """``g[i] = min over j of combine(f[j], cost[j, i])`` and its first ``j``, block by block
+    (``last_only``: for the last end alone; the other entries are left 0)."""
+    n1 = len(f)
+    arg = np.zeros(n1, dtype=np.intp)
+    g = np.zeros(n1, dtype=np.float64)
+    for a, c in cost[-1:] if last_only else cost:
+        if last_only:
+            a, c = n1 - 1, c[-1:]
+        m = combine(f[:c.shape[1]], c)
+        at = m.argmin(axis=1)
+        arg[a:a + len(c)] = at
+        g[a:a + len(c)] = m[np.arange(len(c)), at]
+    return arg, g
 
 
-def _min_max(cost: NDArray[np.float64], num_workers: int) -> tuple[list[int], float]:
-    """Contiguous split of ``n`` items into ``num_workers`` groups minimising the largest
-    ``cost[j, i]`` (group ``j..i-1``)."""
-    n = cost.shape[0] - 1
-    f = np.full(n + 1, math.inf)
-    f[0] = 0.0
-    choices: list[NDArray[np.int64]] = []
-    for _ in range(num_workers):
-        m = np.maximum(f[:, None], cost)  # m[j, i]: first j on k-1 workers, j..i-1 on this one
-        choices.append(np.argmin(m, axis=0))
-        f = m[choices[-1], np.arange(n + 1)]
-    return _sizes(choices, n), float(f[n])
+def _squared_sizes(a: int, shape: tuple[int, ...]) -> NDArray[np.float64]:
+    """``(i - j)^2`` over a block of ends ``a..`` and starts ``0..``."""
+    size = np.arange(a, a + shape[0])[:, None] - np.arange(shape[1])[None, :]
+    return (size ** 2).astype(np.float64)
 
 
-def _min_max_each(costs: Sequence[NDArray[np.float64]]) -> tuple[list[int], float]:
-    """``_min_max`` with worker ``k``'s own cost matrix ``costs[k]``."""
-    n = costs[0].shape[0] - 1
-    f = np.full(n + 1, math.inf)
-    f[0] = 0.0
-    choices: list[NDArray[np.int64]] = []
-    for cost in costs:
-        m = np.maximum(f[:, None], cost)
-        choices.append(np.argmin(m, axis=0))
-        f = m[choices[-1], np.arange(n + 1)]
-    return _sizes(choices, n), float(f[n])
-
-
-def _min_sum_each(costs: Sequence[NDArray[np.float64]]) -> list[int]:
-    """``_min_sum`` with worker ``k``'s own cost matrix ``costs[k]``."""
-    n = costs[0].shape[0] - 1
-    f = np.full(n + 1, math.inf)
-    f[0] = 0.0
-    choices: list[NDArray[np.int64]] = []
-    for cost in costs:
-        m = f[:, None] + cost
-        choices.append(np.argmin(m, axis=0))
-        f = m[choices[-1], np.arange(n + 1)]
-    return _sizes(choices, n)
-
-
-def _sizes(choices: list[NDArray[np.int64]], n: int) -> list[int]:
+def _sizes(choices: list[NDArray[np.intp]], n: int) -> list[int]:
     """Group sizes from the DP's choices (worker k's group starts at ``choices[k][end]``)."""
     sizes = []
     i = n
@@ -177,18 +184,23 @@ def _sizes(choices: list[NDArray[np.int64]], n: int) -> list[int]:
 
 
 def _group_costs(lengths: NDArray[np.float64], t: NDArray[np.float64], live: int
-                 ) -> NDArray[np.float64]:
-    """``c[j, i]`` = cost of the group ``j..i-1`` (0 when empty, inf when ``i < j``)."""
+                 ) -> CostBlocks:
+    """The group costs ``c[j, i]`` of group ``j..i-1`` (0 when empty, inf when ``i < j``) as
+    ``CostBlocks``."""
     n = len(lengths)
-    j = np.arange(n + 1)[:, None]
-    i = np.arange(n + 1)[None, :]
-    size = i - j
-    b = np.clip(size, 1, live)
     prefix = np.concatenate(([0.0], np.cumsum(lengths)))
-    total = prefix[i] - prefix[j]
-    first = np.append(lengths, 0.0)[np.minimum(j, n)]
-    c = np.where(size > 0, t[b] * np.maximum(first, total / b), 0.0)
-    return np.where(size < 0, math.inf, c)
+    first = np.append(lengths, 0.0)  # the group's longest: its first trajectory's length
+    rows = max(1, BLOCK_CELLS // (n + 1))
+    blocks: CostBlocks = []
+    for a in range(0, n + 1, rows):
+        i = np.arange(a, min(n + 1, a + rows))[:, None]
+        j = np.arange(i[-1, 0] + 1)[None, :]
+        size = i - j
+        b = np.clip(size, 1, live)
+        total = prefix[i] - prefix[j]
+        c = np.where(size > 0, t[b] * np.maximum(first[j], total / b), 0.0)
+        blocks.append((a, np.where(size < 0, math.inf, c)))
+    return blocks
 
 
 class Placement:
@@ -257,7 +269,7 @@ class Placement:
         if self.rank_of_worker[dst] >= self.rank_of_worker.get(src, len(self.bands)):
             return None
         r_x = remaining(trajectory)
-        r_y = max((remaining(y) for y in self.members[dst]), default=0.0)
+        r_y = max(map(remaining, self.members[dst]), default=0.0)
         t = self._per_token_s
         before = max(r_x * t(src, len(self.members[src])),
                      r_y * t(dst, len(self.members[dst])))
