@@ -169,6 +169,42 @@ def test_backward_and_recomputation_costs(fwd8b):
     assert times["none"] < times["selective"] < times["full"] == pytest.approx(4 * fwd)
 
 
+def _forward_one_at_a_time(fwd, seq_lens):
+    """``ForwardModel.forward`` as it was before it was vectorised: one micro-batch, its
+    head looked up on a 0-d value."""
+    num_tokens = sum(seq_lens)
+    if num_tokens <= 0:
+        return (0.0, 0.0, 0.0, 0.0, 0.0)
+    comm = fwd._comm(num_tokens)
+    per_token = sum(f(num_tokens) for f in fwd._per_token) + comm
+    moe = float(fwd._per_token[1](num_tokens))
+    attention = fwd.attention_scale * float(fwd._attn(np.asarray(seq_lens, np.float64)).sum())
+    head = float(fwd._head(np.float64(num_tokens))) if fwd.lm_head else 0.0
+    return (per_token + attention, attention, head, comm, moe)
+
+
+@pytest.mark.parametrize(("model", "tp", "head", "scale"), [
+    ("llama-3.1-8b", 2, True, 1.0), ("mixtral-8x7b", 4, False, 1.3)])
+def test_forward_many_is_one_micro_batch_at_a_time_bit_for_bit(model, tp, head, scale):
+    """The vectorised, memoised forward gives every micro-batch's times exactly as timing it
+    alone did: short and long sequences, beyond the attention grid (2**21 tokens), empty."""
+    from fleetsim.models import get_model
+
+    rng = np.random.default_rng(7)
+    mbs = [rng.integers(1, 40_000, rng.integers(1, 30)).tolist() for _ in range(60)]
+    mbs += [[3_000_000], [2_500_000, 7], [], [0, 0], [1], mbs[3], mbs[3][::-1]]
+    fresh = ForwardModel(get_model(model), get_gpu("h100"), tp, lm_head=head,
+                         attention_scale=scale)
+    want = [_forward_one_at_a_time(fresh, mb) for mb in mbs]
+    got = fresh.forward_many(mbs)  # all at once, repeats included
+    assert [(t.layers_s, t.attention_s, t.head_s, t.comm_s, t.moe_s) for t in got] == want
+    # the memo answers what was timed in another grouping with the same values
+    again = ForwardModel(get_model(model), get_gpu("h100"), tp, lm_head=head,
+                         attention_scale=scale)
+    parts = [again.forward(mb) for mb in mbs[::-1]][::-1]
+    assert parts == got and again.forward_many(mbs) == got
+
+
 def test_pack_respects_the_token_budget():
     bins = pack([5000, 3000, 3000, 2000, 9000, 100], 8192)
     assert sorted(s for b in bins for s in b) == [100, 2000, 3000, 3000, 5000, 9000]
