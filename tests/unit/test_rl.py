@@ -211,6 +211,24 @@ def test_pack_respects_the_token_budget():
     assert all(sum(b) <= 8192 or len(b) == 1 for b in bins)
 
 
+@pytest.mark.parametrize("n", [5, 64, 65, 700])
+def test_pack_is_first_fit_decreasing_at_every_size(n):
+    """The vectorised first fit (past ``PACK_SCAN_MAX`` sequences) packs as the scan does."""
+    rng = np.random.default_rng(n)
+    seqs = rng.integers(0, 12_000, n).tolist() + [20_000, 9_000]  # one over the budget
+
+    bins, room = [], []
+    for s in sorted(seqs, reverse=True):
+        i = next((i for i, r in enumerate(room) if s <= r), None)
+        if i is None:
+            bins.append([s])
+            room.append(8192 - s)
+        else:
+            bins[i].append(s)
+            room[i] -= s
+    assert pack(seqs, 8192) == bins
+
+
 # ---- bad input: one line, the field, the fix, exit 2 ------------------------------------
 @pytest.mark.parametrize(("overrides", "field"), [
     (["samples_per_prompt=0"], "samples_per_prompt"),

@@ -195,17 +195,28 @@ class PassResult:
 def pack(seq_lens: Sequence[int], max_tokens: int) -> list[list[int]]:
     """First-fit decreasing packing into micro-batches of at most ``max_tokens`` tokens (a
     longer sequence is a micro-batch of its own), as verl's dynamic batch size does."""
+    order = sorted(seq_lens, reverse=True)
+    smallest = order[-1] if order else 0
     bins: list[list[int]] = []
+    # The first fit is searched among the bins that can still take the shortest sequence, in
+    # the order they were opened: a bin with less room never takes another (the search is
+    # quadratic, and a 20K-token step's rank fills most of its bins).
+    open_bins: list[list[int]] = []
     room: list[int] = []
-    for s in sorted(seq_lens, reverse=True):
+    for s in order:
         for i, r in enumerate(room):
             if s <= r:
-                bins[i].append(s)
-                room[i] -= s
+                open_bins[i].append(s)
+                if r - s < smallest:
+                    del open_bins[i], room[i]
+                else:
+                    room[i] = r - s
                 break
         else:
             bins.append([s])
-            room.append(max_tokens - s)
+            if max_tokens - s >= smallest:
+                open_bins.append(bins[-1])
+                room.append(max_tokens - s)
     return bins
 
 
@@ -218,6 +229,16 @@ def split_ranks(seq_lens: Sequence[int], dp: int) -> list[list[int]]:
         ranks[i].append(s)
         heapq.heapreplace(heap, (load + s, i))
     return ranks
+
+
+@lru_cache(maxsize=16)
+def _packed(seq_lens: tuple[int, ...], dp: int, max_tokens: int
+            ) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[tuple[int, ...], ...], ...]]:
+    """(non-empty ranks, each one's micro-batches) of ``seq_lens``: the same for every pass of
+    a step's samples at this layout (an RL step's old-log-prob, reference and training
+    passes), so packed once."""
+    ranks = tuple(tuple(rank) for rank in split_ranks(seq_lens, dp) if rank)
+    return ranks, tuple(tuple(tuple(mb) for mb in pack(rank, max_tokens)) for rank in ranks)
 
 
 class PassModel:
@@ -258,8 +279,7 @@ class PassModel:
         worst = None
         last_bwd = 0.0
         num_mb = 0
-        ranks = [rank for rank in split_ranks(seq_lens, lay.dp) if rank]
-        packed = [pack(rank, lay.micro_batch_tokens) for rank in ranks]
+        ranks, packed = _packed(tuple(seq_lens), lay.dp, lay.micro_batch_tokens)
         # Every rank's micro-batches timed in one call (the lookups are vectorised).
         times = iter(self.fwd.forward_many([mb for mbs in packed for mb in mbs]))
         for rank, mbs in zip(ranks, packed, strict=True):
