@@ -213,7 +213,8 @@ def test_pack_respects_the_token_budget():
 
 @pytest.mark.parametrize("n", [5, 64, 65, 700])
 def test_pack_is_first_fit_decreasing_at_every_size(n):
-    """The vectorised first fit (past ``PACK_SCAN_MAX`` sequences) packs as the scan does."""
+    """Searching only the bins that can still take the shortest sequence packs as first fit
+    over every bin does (over-budget sequences, exact fits, hundreds of bins)."""
     rng = np.random.default_rng(n)
     seqs = rng.integers(0, 12_000, n).tolist() + [20_000, 9_000]  # one over the budget
 
