@@ -205,6 +205,19 @@ def test_forward_many_is_one_micro_batch_at_a_time_bit_for_bit(model, tp, head, 
     assert parts == got and again.forward_many(mbs) == got
 
 
+def test_forward_memo_forgets_past_its_bound_and_gives_the_same_times(fwd8b, monkeypatch):
+    import fleetsim.perf.training as training
+
+    mbs = [[100 * k + 1, 7] for k in range(30)]
+    want = fwd8b.forward_many(mbs)
+    monkeypatch.setattr(training, "FORWARD_MEMO_MAX", 8)
+    fresh = ForwardModel(fwd8b.model, fwd8b.gpu, fwd8b.tp)
+    assert fresh.forward_many(mbs[:6]) == want[:6]
+    assert fresh.forward_many(mbs[3:9]) == want[3:9]  # three remembered, then cleared
+    assert len(fresh._memo) == 6
+    assert fresh.forward_many(mbs) == want
+
+
 def test_pack_respects_the_token_budget():
     bins = pack([5000, 3000, 3000, 2000, 9000, 100], 8192)
     assert sorted(s for b in bins for s in b) == [100, 2000, 3000, 3000, 5000, 9000]

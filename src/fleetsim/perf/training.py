@@ -63,6 +63,11 @@ class PassTimes:
     tensor-parallel group; an expert-parallel model replaces them with its own."""
 
 
+FORWARD_MEMO_MAX = 1 << 16
+"""Micro-batches a ``ForwardModel`` remembers (a 100-step job would otherwise keep every
+one it timed)."""
+
+
 class ForwardModel:
     """Forward-pass times of ``model`` on ``gpu`` at tensor parallelism ``tp``, from the
     measured tables (roofline where there are none), as in the serving step model.
@@ -96,6 +101,9 @@ class ForwardModel:
         keys = [tuple(mb) for mb in micro_batches]
         new = list(dict.fromkeys(k for k in keys if k not in memo))
         if new:
+            if len(memo) + len(new) > FORWARD_MEMO_MAX:
+                memo.clear()  # the repeats are a step's passes over the same samples
+                new = list(dict.fromkeys(keys))
             for key, times in zip(new, self._times(new), strict=True):
                 memo[key] = times
         return [memo[k] for k in keys]
