@@ -169,10 +169,78 @@ def test_backward_and_recomputation_costs(fwd8b):
     assert times["none"] < times["selective"] < times["full"] == pytest.approx(4 * fwd)
 
 
+def _forward_one_at_a_time(fwd, seq_lens):
+    """``ForwardModel.forward`` as it was before it was vectorised: one micro-batch, its
+    head looked up on a 0-d value."""
+    num_tokens = sum(seq_lens)
+    if num_tokens <= 0:
+        return (0.0, 0.0, 0.0, 0.0, 0.0)
+    comm = fwd._comm(num_tokens)
+    per_token = sum(f(num_tokens) for f in fwd._per_token) + comm
+    moe = float(fwd._per_token[1](num_tokens))
+    attention = fwd.attention_scale * float(fwd._attn(np.asarray(seq_lens, np.float64)).sum())
+    head = float(fwd._head(np.float64(num_tokens))) if fwd.lm_head else 0.0
+    return (per_token + attention, attention, head, comm, moe)
+
+
+@pytest.mark.parametrize(("model", "tp", "head", "scale"), [
+    ("llama-3.1-8b", 2, True, 1.0), ("mixtral-8x7b", 4, False, 1.3)])
+def test_forward_many_is_one_micro_batch_at_a_time_bit_for_bit(model, tp, head, scale):
+    """The vectorised, memoised forward gives every micro-batch's times exactly as timing it
+    alone did: short and long sequences, beyond the attention grid (2**21 tokens), empty."""
+    from fleetsim.models import get_model
+
+    rng = np.random.default_rng(7)
+    mbs = [rng.integers(1, 40_000, rng.integers(1, 30)).tolist() for _ in range(60)]
+    mbs += [[3_000_000], [2_500_000, 7], [], [0, 0], [1], mbs[3], mbs[3][::-1]]
+    fresh = ForwardModel(get_model(model), get_gpu("h100"), tp, lm_head=head,
+                         attention_scale=scale)
+    want = [_forward_one_at_a_time(fresh, mb) for mb in mbs]
+    got = fresh.forward_many(mbs)  # all at once, repeats included
+    assert [(t.layers_s, t.attention_s, t.head_s, t.comm_s, t.moe_s) for t in got] == want
+    # the memo answers what was timed in another grouping with the same values
+    again = ForwardModel(get_model(model), get_gpu("h100"), tp, lm_head=head,
+                         attention_scale=scale)
+    parts = [again.forward(mb) for mb in mbs[::-1]][::-1]
+    assert parts == got and again.forward_many(mbs) == got
+
+
+def test_forward_memo_forgets_past_its_bound_and_gives_the_same_times(fwd8b, monkeypatch):
+    import fleetsim.perf.training as training
+
+    mbs = [[100 * k + 1, 7] for k in range(30)]
+    want = fwd8b.forward_many(mbs)
+    monkeypatch.setattr(training, "FORWARD_MEMO_MAX", 8)
+    fresh = ForwardModel(fwd8b.model, fwd8b.gpu, fwd8b.tp)
+    assert fresh.forward_many(mbs[:6]) == want[:6]
+    assert fresh.forward_many(mbs[3:9]) == want[3:9]  # three remembered, then cleared
+    assert len(fresh._memo) == 6
+    assert fresh.forward_many(mbs) == want
+
+
 def test_pack_respects_the_token_budget():
     bins = pack([5000, 3000, 3000, 2000, 9000, 100], 8192)
     assert sorted(s for b in bins for s in b) == [100, 2000, 3000, 3000, 5000, 9000]
     assert all(sum(b) <= 8192 or len(b) == 1 for b in bins)
+
+
+@pytest.mark.parametrize("n", [5, 64, 65, 700])
+def test_pack_is_first_fit_decreasing_at_every_size(n):
+    """Searching only the bins that can still take the shortest sequence packs as first fit
+    over every bin does (over-budget sequences, exact fits, hundreds of bins)."""
+    rng = np.random.default_rng(n)
+    seqs = rng.integers(0, 12_000, n).tolist() + [20_000, 9_000]  # one over the budget
+
+    bins, room = [], []
+    for s in sorted(seqs, reverse=True):
+        i = next((i for i, r in enumerate(room) if s <= r), None)
+        if i is None:
+            bins.append([s])
+            room.append(8192 - s)
+        else:
+            bins[i].append(s)
+            room[i] -= s
+    assert pack(seqs, 8192) == bins
 
 
 # ---- bad input: one line, the field, the fix, exit 2 ------------------------------------

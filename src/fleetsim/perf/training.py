@@ -63,9 +63,19 @@ class PassTimes:
     tensor-parallel group; an expert-parallel model replaces them with its own."""
 
 
+FORWARD_MEMO_MAX = 1 << 16
+"""Micro-batches a ``ForwardModel`` remembers (a 100-step job would otherwise keep every
+one it timed)."""
+
+
 class ForwardModel:
     """Forward-pass times of ``model`` on ``gpu`` at tensor parallelism ``tp``, from the
-    measured tables (roofline where there are none), as in the serving step model."""
+    measured tables (roofline where there are none), as in the serving step model.
+
+    Each distinct micro-batch (its lengths, in order) is timed once per model: an RL step's
+    old-log-prob, reference and training passes pack the same samples into the same
+    micro-batches, and so do a step's chunks when a length repeats. The model is immutable
+    once built (the memo is keyed on the lengths alone)."""
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, *, backend: str = "auto",
                  lm_head: bool = True, attention_scale: float = 1.0) -> None:
@@ -77,20 +87,50 @@ class ForwardModel:
         self.lm_head = lm_head
         self.attention_scale = attention_scale  # slower (e.g. bitwise-aligned) kernels: > 1
         self.sources = dict(getattr(step, "sources", {}))
+        self._memo: dict[tuple[int, ...], PassTimes] = {}  # micro-batch lengths -> times
 
     def forward(self, seq_lens: Sequence[int]) -> PassTimes:
         """One packed micro-batch of sequences ``seq_lens`` (tokens each)."""
-        num_tokens = sum(seq_lens)
-        if num_tokens <= 0:
-            return PassTimes(0.0, 0.0, 0.0)
-        comm = self._comm(num_tokens)
-        per_token = sum(f(num_tokens) for f in self._per_token) + comm
-        moe = float(self._per_token[1](num_tokens))
-        lens = np.asarray(seq_lens, dtype=np.float64)
-        attention = self.attention_scale * float(self._attn(lens).sum())
+        return self.forward_many([seq_lens])[0]
+
+    def forward_many(self, micro_batches: Sequence[Sequence[int]]) -> list[PassTimes]:
+        """``forward`` of each micro-batch, bit for bit: the table lookups of every new
+        micro-batch in one call (the lookups are elementwise, so the values are those of one
+        micro-batch at a time), each micro-batch's attention summed over its own slice."""
+        memo = self._memo
+        keys = [tuple(mb) for mb in micro_batches]
+        new = list(dict.fromkeys(k for k in keys if k not in memo))
+        if new:
+            if len(memo) + len(new) > FORWARD_MEMO_MAX:
+                memo.clear()  # the repeats are a step's passes over the same samples
+                new = list(dict.fromkeys(keys))
+            for key, times in zip(new, self._times(new), strict=True):
+                memo[key] = times
+        return [memo[k] for k in keys]
+
+    def _times(self, micro_batches: list[tuple[int, ...]]) -> list[PassTimes]:
+        tokens = [sum(mb) for mb in micro_batches]
+        lens = np.fromiter((s for mb in micro_batches for s in mb), dtype=np.float64)
+        attn = self._attn(lens)
         # A value or reward model ends in a hidden -> 1 projection: negligible.
-        head = float(self._head(np.float64(num_tokens))) if self.lm_head else 0.0
-        return PassTimes(per_token + attention, attention, head, comm, moe)
+        heads = self._head(np.asarray(tokens, dtype=np.float64)) if self.lm_head else None
+        gemm, moe_f, other = self._per_token
+        out = []
+        start = 0
+        for j, (mb, num_tokens) in enumerate(zip(micro_batches, tokens, strict=True)):
+            end = start + len(mb)
+            if num_tokens <= 0:
+                out.append(PassTimes(0.0, 0.0, 0.0))
+            else:
+                comm = self._comm(num_tokens)
+                moe = moe_f(num_tokens)
+                per_token = gemm(num_tokens) + moe + other(num_tokens) + comm
+                attention = self.attention_scale * float(attn[start:end].sum())
+                head = float(heads[j]) if heads is not None else 0.0
+                out.append(PassTimes(per_token + attention, attention, head, comm,
+                                     float(moe)))
+            start = end
+        return out
 
 
 @lru_cache(maxsize=64)
@@ -163,17 +203,28 @@ class PassResult:
 def pack(seq_lens: Sequence[int], max_tokens: int) -> list[list[int]]:
     """First-fit decreasing packing into micro-batches of at most ``max_tokens`` tokens (a
     longer sequence is a micro-batch of its own), as verl's dynamic batch size does."""
+    order = sorted(seq_lens, reverse=True)
+    smallest = order[-1] if order else 0
     bins: list[list[int]] = []
+    # The first fit is searched among the bins that can still take the shortest sequence, in
+    # the order they were opened: a bin with less room never takes another (the search is
+    # quadratic, and a 20K-token step's rank fills most of its bins).
+    open_bins: list[list[int]] = []
     room: list[int] = []
-    for s in sorted(seq_lens, reverse=True):
+    for s in order:
         for i, r in enumerate(room):
             if s <= r:
-                bins[i].append(s)
-                room[i] -= s
+                open_bins[i].append(s)
+                if r - s < smallest:
+                    del open_bins[i], room[i]
+                else:
+                    room[i] = r - s
                 break
         else:
             bins.append([s])
-            room.append(max_tokens - s)
+            if max_tokens - s >= smallest:
+                open_bins.append(bins[-1])
+                room.append(max_tokens - s)
     return bins
 
 
@@ -186,6 +237,16 @@ def split_ranks(seq_lens: Sequence[int], dp: int) -> list[list[int]]:
         ranks[i].append(s)
         heapq.heapreplace(heap, (load + s, i))
     return ranks
+
+
+@lru_cache(maxsize=16)
+def _packed(seq_lens: tuple[int, ...], dp: int, max_tokens: int
+            ) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[tuple[int, ...], ...], ...]]:
+    """(non-empty ranks, each one's micro-batches) of ``seq_lens``: the same for every pass of
+    a step's samples at this layout (an RL step's old-log-prob, reference and training
+    passes), so packed once."""
+    ranks = tuple(tuple(rank) for rank in split_ranks(seq_lens, dp) if rank)
+    return ranks, tuple(tuple(tuple(mb) for mb in pack(rank, max_tokens)) for rank in ranks)
 
 
 class PassModel:
@@ -203,10 +264,10 @@ class PassModel:
         self._dp_bw = gpu.nvlink_bw_bytes_per_s if lay.num_gpus <= per_node else (
             gpu.network_bw_bytes_per_s)
 
-    def _stage_s(self, mb: list[int]) -> tuple[float, float, float]:
+    def _stage_s(self, t: PassTimes) -> tuple[float, float, float]:
         """(forward, backward with recomputation, backward alone) seconds of the slowest
-        stage for one micro-batch (the backward parts are 0 unless training)."""
-        t = self.fwd.forward(mb)
+        stage for a micro-batch of forward times ``t`` (the backward parts are 0 unless
+        training)."""
         pp = self.layout.pp
         fwd = t.layers_s / pp + t.head_s
         if not self.train:
@@ -226,10 +287,11 @@ class PassModel:
         worst = None
         last_bwd = 0.0
         num_mb = 0
-        for rank in split_ranks(seq_lens, lay.dp):
-            if not rank:
-                continue
-            stages = [self._stage_s(mb) for mb in pack(rank, lay.micro_batch_tokens)]
+        ranks, packed = _packed(tuple(seq_lens), lay.dp, lay.micro_batch_tokens)
+        # Every rank's micro-batches timed in one call (the lookups are vectorised).
+        times = iter(self.fwd.forward_many([mb for mbs in packed for mb in mbs]))
+        for rank, mbs in zip(ranks, packed, strict=True):
+            stages = [self._stage_s(next(times)) for _ in mbs]
             if lay.zero3:
                 # The backward gathers the parameters again and reduce-scatters the bf16
                 # gradients as it makes them (DeepSpeed's overlap_comm): twice the traffic.

@@ -127,6 +127,9 @@ class RLJob:
             raise FleetsimInputError(f"rl.pools[{i}] ({self.gen_pool.name}) generation",
                                      err.value, err.fix) from None
         self.source: GenerationSource = make_source(cfg.generation.source, self)
+        # (model, gpu, tp, LM head) -> its forward model, shared by every pass of this job
+        # that runs it, so that each micro-batch is timed once (``ForwardModel``'s memo).
+        self._forward_models: dict[tuple[ModelSpec, GPUSpec, int, bool], ForwardModel] = {}
         self.passes = self._build_passes()
         sysc = cfg.system
         self.fused = FusedTraining(cfg.training.pp, sysc.fusion_iterations, cfg.seed) if (
@@ -206,9 +209,13 @@ class RLJob:
                     train: bool, num_gpus: int | None = None) -> PassModel:
         cfg = self.cfg
         gpu = self.gpus[cfg.pool_of(stage).name]
-        # AReaL-TIK's unified kernels slow the attention of training-side passes too.
-        fwd = ForwardModel(model, gpu, par.tp, backend=cfg.perf_backend, lm_head=head,
-                           attention_scale=cfg.system.rollout_prefill_attention_slowdown)
+        key = (model, gpu, par.tp, head)
+        fwd = self._forward_models.get(key)
+        if fwd is None:
+            # AReaL-TIK's unified kernels slow the attention of training-side passes too.
+            fwd = self._forward_models[key] = ForwardModel(
+                model, gpu, par.tp, backend=cfg.perf_backend, lm_head=head,
+                attention_scale=cfg.system.rollout_prefill_attention_slowdown)
         return PassModel(fwd, self._layout(stage, par, num_gpus), train=train)
 
     def _inference_passes(self, num_gpus: int | None = None) -> list[tuple[str, PassModel]]:

@@ -150,8 +150,9 @@ class SingleTurnSource:
         return out
 
     def busy_gpu_s(self) -> float:
-        records = self.job.gen.recorder.records()
-        return self.job.cfg.generation.tp * sum(records.busy_s_by_replica.values())
+        # (the recorder's own dict: ``records()`` would sort and copy every request's row)
+        busy = self.job.gen.recorder.busy_s_by_replica
+        return self.job.cfg.generation.tp * sum(busy.values())
 
     def report(self, mean_response_tokens: float, max_response_tokens: int) -> dict[str, Any]:
         job = self.job
