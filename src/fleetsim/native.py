@@ -41,6 +41,7 @@ NATIVE_MODULES = (
     "serving/shared_steps.py",
     "serving/sources.py",
     "serving/cluster.py",
+    "serving/groups.py",
     "serving/recorder.py",
     "serving/itl.py",
     "policies/batch_steps.py",
@@ -50,6 +51,10 @@ NATIVE_MODULES = (
     "perf/step_model.py",
     "perf/soc.py",
     "perf/soc_contention.py",
+    "esp/admission.py",
+    "esp/cost.py",
+    "esp/dp.py",
+    "esp/rules.py",
 )
 
 PACKAGE_DIR = Path(__file__).resolve().parent
