@@ -145,9 +145,11 @@ def touched_outside():
 # `repro NAME --quick` is the costliest thing the suite does (FastServe's about 10 s of CPU), and
 # several tests read the same slice: the per-entry test of test_repro.py checks the command's
 # document, files and figure, and a reproduction's own tests check its mechanisms on the runs.
-# Each test process runs it once, through the command, and every test reads what it wrote. The
-# simulation is deterministic, so a later test reads exactly what its own run would give; a
-# test that runs alone (or on the other xdist worker) runs the command itself.
+# Each test process runs it once, through the command, and every test reads what it wrote; the
+# README's `repro fastserve --quick` (tests/unit/test_readme.py, a subprocess) hands its
+# document, files and comparison over too. The simulation is deterministic, so a later test
+# reads exactly what its own run would give; a test that runs alone (or on the other xdist
+# worker) runs the command itself.
 @dataclass(frozen=True, slots=True)
 class QuickRun:
     """What ``fleetsim repro NAME --quick --json --out OUT`` printed and wrote, and the
@@ -157,27 +159,38 @@ class QuickRun:
     document: dict
     out: Path
     comparison: object
-    ctx: object
+    ctx: object | None
+    """None where the run was made in another process (only its comparison comes back)."""
 
 
-@pytest.fixture(scope="session")
-def quick_run(tmp_path_factory):
-    """``quick_run(NAME)``: ``repro NAME --quick`` run once per test process."""
-    import fleetsim.repro.frame
-    from fleetsim.cli import main
+class QuickRuns:
+    """``quick_run(NAME)``: ``repro NAME --quick`` run once per test process, in it."""
 
-    runs: dict[str, QuickRun] = {}
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._tmp_path_factory = tmp_path_factory
+        self._runs: dict[str, QuickRun] = {}
 
-    def get(name: str) -> QuickRun:
-        if name in runs:
-            return runs[name]
+    def __call__(self, name: str) -> QuickRun:
+        if name not in self._runs:
+            self._runs[name] = self._run(name)
+        return self._runs[name]
+
+    def add(self, name: str, document: dict, out: Path, comparison: object) -> None:
+        """A run of ``repro NAME --quick`` made in another process (the README's command):
+        its ``repro.json``, its folder and the comparison it pickled."""
+        self._runs.setdefault(name, QuickRun(document, out, comparison, None))
+
+    def _run(self, name: str) -> QuickRun:
+        import fleetsim.repro.frame
+        from fleetsim.cli import main
+
         run_reproduction, ran = fleetsim.repro.frame.run_reproduction, []
 
         def keep(*args, **kwargs):
             ran.append(run_reproduction(*args, **kwargs))
             return ran[-1]
 
-        out = tmp_path_factory.mktemp(f"quick-{name}") / "out"
+        out = self._tmp_path_factory.mktemp(f"quick-{name}") / "out"
         stdout = io.StringIO()
         fleetsim.repro.frame.run_reproduction = keep
         try:
@@ -186,10 +199,12 @@ def quick_run(tmp_path_factory):
         finally:
             fleetsim.repro.frame.run_reproduction = run_reproduction
         [(comparison, ctx)] = ran
-        runs[name] = QuickRun(json.loads(stdout.getvalue()), out, comparison, ctx)
-        return runs[name]
+        return QuickRun(json.loads(stdout.getvalue()), out, comparison, ctx)
 
-    return get
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory) -> QuickRuns:
+    return QuickRuns(tmp_path_factory)
 
 
 # ---- the longest tests start first -------------------------------------------------------------
