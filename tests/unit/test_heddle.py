@@ -197,6 +197,7 @@ def test_progressive_priority_swaps_instead_of_recomputing():
             <= recompute["queueing"]["longest_trajectory_wait_s"] + 1e-9)
 
 
+@pytest.mark.slow
 def test_a_crowded_rollout_does_not_fall_below_verl_when_preemption_keeps_the_kv():
     """A crowded regime: 256 trajectories on one GPU (2x the entry's per GPU) with lengths
     scaled to DeepCoder's 64K training cap (64K / DAPO's 20K = 3.2). Preemption by recompute
