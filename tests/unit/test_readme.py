@@ -56,15 +56,20 @@ fleetsim.repro.REPRODUCTIONS = {{n: fleetsim.repro.REPRODUCTIONS[n] for n in {RE
 # computed is pickled beside its results (a sitecustomize that only watches), and the test
 # process's quick runs (conftest.QuickRuns) take the run over, so the per-entry test that
 # follows in this process reads it instead of running FastServe's slice a second time.
-KEEP_COMPARISON = """import os, pickle
-import fleetsim.repro.frame as frame
-_run_reproduction = frame.run_reproduction
-def run_reproduction(*args, **kwargs):
-    comparison, ctx = _run_reproduction(*args, **kwargs)
-    with open(os.environ["FLEETSIM_TEST_COMPARISON"], "wb") as f:
-        pickle.dump(comparison, f)
-    return comparison, ctx
-frame.run_reproduction = run_reproduction
+# (The command's own process takes the path out of the environment: its helper processes
+# neither see it nor import anything more.)
+KEEP_COMPARISON = """import os
+_path = os.environ.pop("FLEETSIM_TEST_COMPARISON", None)
+if _path:
+    import pickle
+    import fleetsim.repro.frame as frame
+    _run_reproduction = frame.run_reproduction
+    def run_reproduction(*args, **kwargs):
+        comparison, ctx = _run_reproduction(*args, **kwargs)
+        with open(_path, "wb") as f:
+            pickle.dump(comparison, f)
+        return comparison, ctx
+    frame.run_reproduction = run_reproduction
 """
 
 
@@ -85,7 +90,8 @@ def _env(cmd: str, tmp_path: Path) -> dict[str, str]:
             (shim / "sitecustomize.py").write_text(text)
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(shim), env.get("PYTHONPATH")) if p)
-            env["FLEETSIM_TEST_COMPARISON"] = str(tmp_path / "comparison.pickle")
+    if _quick_repro(cmd):
+        env["FLEETSIM_TEST_COMPARISON"] = str(tmp_path / "comparison.pickle")
     return env
 
 
