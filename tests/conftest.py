@@ -1,4 +1,5 @@
-"""Shared factories: small workloads and a one-replica simulation with a stub perf model."""
+"""Shared factories: small workloads and a one-replica simulation with a stub perf model; the
+reproductions' quick slices run once per test process; the tests marked slow collect first."""
 
 from __future__ import annotations
 
