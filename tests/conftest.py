@@ -1,11 +1,16 @@
-"""Shared factories: small workloads and a one-replica simulation with a stub perf model."""
+"""Shared factories: small workloads and a one-replica simulation with a stub perf model; the
+reproductions' quick slices run once per test process; the tests marked slow collect first."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +140,81 @@ def touched_outside():
     start = len(_TOUCHED_OUTSIDE)
     yield lambda: _TOUCHED_OUTSIDE[start:]
     del _TOUCHED_OUTSIDE[start:]
+
+
+# ---- one quick slice of a reproduction per test process --------------------------------------
+# `repro NAME --quick` is the costliest thing the suite does (FastServe's about 10 s of CPU), and
+# several tests read the same slice: the per-entry test of test_repro.py checks the command's
+# document, files and figure, and a reproduction's own tests check its mechanisms on the runs.
+# Each test process runs it once, through the command, and every test reads what it wrote; the
+# README's `repro fastserve --quick` (tests/unit/test_readme.py, a subprocess) hands its
+# document, files and comparison over too. The simulation is deterministic, so a later test
+# reads exactly what its own run would give; a test that runs alone (or on the other xdist
+# worker) runs the command itself.
+@dataclass(frozen=True, slots=True)
+class QuickRun:
+    """What ``fleetsim repro NAME --quick --json --out OUT`` printed and wrote, and the
+    ``(comparison, ctx)`` that ``run_reproduction`` returned to it (for ``repro all``'s part
+    and a reproduction's own checks on the runs). Read it, never change it."""
+
+    document: dict
+    out: Path
+    comparison: object
+    ctx: object | None
+    """None where the run was made in another process (only its comparison comes back)."""
+
+
+class QuickRuns:
+    """``quick_run(NAME)``: ``repro NAME --quick`` run once per test process, in it."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._tmp_path_factory = tmp_path_factory
+        self._runs: dict[str, QuickRun] = {}
+
+    def __call__(self, name: str) -> QuickRun:
+        if name not in self._runs:
+            self._runs[name] = self._run(name)
+        return self._runs[name]
+
+    def add(self, name: str, document: dict, out: Path, comparison: object) -> None:
+        """A run of ``repro NAME --quick`` made in another process (the README's command):
+        its ``repro.json``, its folder and the comparison it pickled."""
+        self._runs.setdefault(name, QuickRun(document, out, comparison, None))
+
+    def _run(self, name: str) -> QuickRun:
+        import fleetsim.repro.frame
+        from fleetsim.cli import main
+
+        run_reproduction, ran = fleetsim.repro.frame.run_reproduction, []
+
+        def keep(*args, **kwargs):
+            ran.append(run_reproduction(*args, **kwargs))
+            return ran[-1]
+
+        out = self._tmp_path_factory.mktemp(f"quick-{name}") / "out"
+        stdout = io.StringIO()
+        fleetsim.repro.frame.run_reproduction = keep
+        try:
+            with contextlib.redirect_stdout(stdout):
+                assert main(["repro", name, "--quick", "--json", "--out", str(out)]) == 0
+        finally:
+            fleetsim.repro.frame.run_reproduction = run_reproduction
+        [(comparison, ctx)] = ran
+        return QuickRun(json.loads(stdout.getvalue()), out, comparison, ctx)
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory) -> QuickRuns:
+    return QuickRuns(tmp_path_factory)
+
+
+# ---- the longest tests start first -------------------------------------------------------------
+# `make test` runs `pytest -n 2 --dist worksteal`: each worker starts on one half of the
+# collection and a worker that runs out takes half of what the other has left. Collected in
+# file order, the longest tests (the reproductions' quick slices, the README's commands, the
+# gateway soak) came last, and the last of them ran with one core idle. The tests marked
+# `slow` move to the front, in their collection order (tests that read one quick run stay
+# close, so they tend to share a worker); the short tests come after and fill both cores to
+# the end.
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -261,6 +261,7 @@ def test_progressive_priority_swaps_instead_of_recomputing():
             <= recompute["queueing"]["longest_trajectory_wait_s"] + 1e-9)
 
 
+@pytest.mark.slow
 def test_a_crowded_rollout_does_not_fall_below_verl_when_preemption_keeps_the_kv():
     """A crowded regime: 256 trajectories on one GPU (2x the entry's per GPU) with lengths
     scaled to DeepCoder's 64K training cap (64K / DAPO's 20K = 3.2). Preemption by recompute
@@ -611,18 +612,20 @@ def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_pa
     assert needle in err and len(err.splitlines()) == 1
 
 
-def test_each_quick_run_is_its_own_systems_rollout(tmp_path):
+@pytest.mark.slow
+def test_each_quick_run_is_its_own_systems_rollout(quick_run):
     """A run is reused only for a system whose config is the same one (held split
     included): heddle-recompute runs on heddle's split, Fix-1 preempts by recompute on
-    the start's workers, and neither is handed the other's run."""
-    assert main(["repro", "heddle", "--quick", "--out", str(tmp_path)]) == 0
+    the start's workers, and neither is handed the other's run. (The files of `repro heddle
+    --quick`, run once per test process: test_repro.py's per-entry test reads them too.)"""
+    out = quick_run("heddle").out
 
     def config(policy: str) -> dict:
-        (path,) = (tmp_path / "runs" / policy).glob("*/config.json")
+        (path,) = (out / "runs" / policy).glob("*/config.json")
         return json.loads(path.read_text())
 
     heddle, held, fix1 = config("heddle"), config("heddle-recompute"), config("heddle-fix-1")
-    summary = json.loads(next((tmp_path / "runs" / "heddle").glob("*/summary.json")).read_text())
+    summary = json.loads(next((out / "runs" / "heddle").glob("*/summary.json")).read_text())
     assert held["split"] == summary["resource_manager"]["split"] and held["split"]
     assert held["preemption_mode"] == "recompute" and heddle["preemption_mode"] == "swap"
     assert fix1["split"] == [] and fix1["preemption_mode"] == "recompute"

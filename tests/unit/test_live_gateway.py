@@ -210,6 +210,7 @@ def start_emulate_process() -> tuple[subprocess.Popen[str], str]:
     return proc, line[0].rsplit(" ", 1)[1].strip()
 
 
+@pytest.mark.slow
 def test_a_backend_killed_mid_stream(tmp_path):
     """Streams on the killed backend end with an error event; requests sent after the kill
     are retried on the other backend; every request gets exactly one outcome."""

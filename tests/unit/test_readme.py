@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import tomllib
@@ -51,13 +52,46 @@ fleetsim.repro.REPRODUCTIONS = {{n: fleetsim.repro.REPRODUCTIONS[n] for n in {RE
 """
 
 
+# `repro NAME --quick` is also test_repro.py's per-entry test of NAME: the comparison the command
+# computed is pickled beside its results (a sitecustomize that only watches), and the test
+# process's quick runs (conftest.QuickRuns) take the run over, so the per-entry test that
+# follows in this process reads it instead of running FastServe's slice a second time.
+# (The command's own process takes the path out of the environment: its helper processes
+# neither see it nor import anything more.)
+KEEP_COMPARISON = """import os
+_path = os.environ.pop("FLEETSIM_TEST_COMPARISON", None)
+if _path:
+    import pickle
+    import fleetsim.repro.frame as frame
+    _run_reproduction = frame.run_reproduction
+    def run_reproduction(*args, **kwargs):
+        comparison, ctx = _run_reproduction(*args, **kwargs)
+        with open(_path, "wb") as f:
+            pickle.dump(comparison, f)
+        return comparison, ctx
+    frame.run_reproduction = run_reproduction
+"""
+
+
+def _quick_repro(cmd: str) -> str | None:
+    """NAME of a `repro NAME --quick` command (None for any other, `repro all` included)."""
+    m = re.search(r" repro (\S+) --quick", cmd)
+    return m.group(1) if m and m.group(1) != "all" else None
+
+
 def _env(cmd: str, tmp_path: Path) -> dict[str, str]:
     env = {**os.environ, "COLUMNS": "80"}
-    if " repro all " in cmd:
-        shim = tmp_path / "repro_all_subset"
-        shim.mkdir(exist_ok=True)
-        (shim / "sitecustomize.py").write_text(REPRO_ALL_SUBSET)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), env.get("PYTHONPATH")) if p)
+    shims = {"repro_all_subset": REPRO_ALL_SUBSET if " repro all " in cmd else None,
+             "keep_comparison": KEEP_COMPARISON if _quick_repro(cmd) else None}
+    for folder, text in shims.items():
+        if text is not None:
+            shim = tmp_path / folder
+            shim.mkdir(exist_ok=True)
+            (shim / "sitecustomize.py").write_text(text)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(shim), env.get("PYTHONPATH")) if p)
+    if _quick_repro(cmd):
+        env["FLEETSIM_TEST_COMPARISON"] = str(tmp_path / "comparison.pickle")
     return env
 
 
@@ -78,7 +112,7 @@ def test_the_readme_lists_the_commands():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("commands", CASES, ids=[c[0].split("#")[0][18:60] for c in CASES])
-def test_readme_command_runs_as_written(sandbox, commands, tmp_path):
+def test_readme_command_runs_as_written(sandbox, commands, tmp_path, quick_run):
     for cmd in commands:
         proc = subprocess.run(["bash", "-c", cmd], cwd=sandbox, capture_output=True,
                               text=True, timeout=300, env=_env(cmd, tmp_path))
@@ -86,6 +120,10 @@ def test_readme_command_runs_as_written(sandbox, commands, tmp_path):
         assert "Traceback" not in proc.stderr
         if "--json" in cmd:
             json.loads(proc.stdout)
+        if name := _quick_repro(cmd):  # the default folder, as `repro NAME` names it
+            out = sandbox / "results" / "repro" / name
+            quick_run.add(name, json.loads((out / "repro.json").read_text()), out,
+                          pickle.loads((tmp_path / "comparison.pickle").read_bytes()))
         if " repro all " in cmd:  # one board of the entries run (the default folder)
             board = json.loads((sandbox / "results/repro/all/scoreboard.json").read_text())
             assert [d["name"] for d in board["entries"]] == list(REPRO_ALL_ENTRIES)

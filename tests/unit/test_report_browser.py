@@ -111,6 +111,7 @@ def report_page(tmp_path_factory):
     return write_report(root, root / "report.html", made_on="2026-01-01 00:00 UTC")
 
 
+@pytest.mark.slow
 def test_report_renders_in_a_browser_with_every_figure_drawn(browser, report_page):
     seen = render(browser, report_page.as_uri())
     assert seen["errors"] == []
@@ -130,6 +131,7 @@ def test_report_renders_in_a_browser_with_every_figure_drawn(browser, report_pag
         assert text in seen["text"]
 
 
+@pytest.mark.slow
 def test_moe_compare_figure_renders_in_a_browser(browser, tmp_path, capsys):
     png = tmp_path / "moe.png"
     assert main(["moe", "compare", "--scenario", "zipf", "--num-gpus", "16",

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import fleetsim.repro
-import fleetsim.repro.frame
 from fleetsim.cli import main
 from fleetsim.repro import REPRODUCTIONS
 from fleetsim.repro.cli import EntryResult, _write_board
@@ -43,22 +42,15 @@ def test_list_names_every_reproduction(capsys):
     assert {item["name"] for item in listing} == set(REPRODUCTIONS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REPRODUCTIONS))
-def test_every_reproduction_runs_quick_in_the_shared_schema(name, tmp_path, capsys,
-                                                            monkeypatch):
+def test_every_reproduction_runs_quick_in_the_shared_schema(name, tmp_path, quick_run):
     """``repro NAME --quick`` and, from the same runs, what ``repro all`` does with the entry
     after its worker ran it (the README's ``repro all --quick`` runs only two entries:
-    tests/unit/test_readme.py)."""
-    run_reproduction, ran = fleetsim.repro.frame.run_reproduction, []
-
-    def keep(*args, **kwargs):
-        ran.append(run_reproduction(*args, **kwargs))
-        return ran[-1]
-
-    monkeypatch.setattr(fleetsim.repro.frame, "run_reproduction", keep)
-    out = tmp_path / "out"
-    assert main(["repro", name, "--quick", "--json", "--out", str(out)]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    tests/unit/test_readme.py). The command runs once per test process (``quick_run``):
+    an entry's own tests read the same runs."""
+    run = quick_run(name)
+    doc, out = run.document, run.out
     repro = REPRODUCTIONS[name]
     assert set(doc) == DOCUMENT_KEYS
     assert doc["name"] == name and doc["quick"] is True
@@ -82,7 +74,7 @@ def test_every_reproduction_runs_quick_in_the_shared_schema(name, tmp_path, caps
         assert all((r / "summary.json").exists() and (r / "config.json").exists()
                    for r in runs)
     assert (out / "figure.png").stat().st_size > 10_000
-    _check_as_repro_all_does(name, doc, ran, tmp_path / "board")
+    _check_as_repro_all_does(name, doc, run.comparison, tmp_path / "board")
     # The quick slice measures something: its ratio is on the same side of 1 as the full
     # run's recorded in docs/scoreboard.json.
     full = _recorded()[name]["ratio"]
@@ -93,11 +85,10 @@ def test_every_reproduction_runs_quick_in_the_shared_schema(name, tmp_path, caps
         f"run's {full:.3f}; if the full run changed, {RERECORD}")
 
 
-def _check_as_repro_all_does(name: str, doc: dict, ran: list, out: Path) -> None:
+def _check_as_repro_all_does(name: str, doc: dict, comparison: Comparison, out: Path) -> None:
     """``repro all``'s part for one entry (``run_entry`` then ``cmd_all``): the document and
     the comparison come back from a worker process (pickled), and the board, its page and
     the entry's figure are written from what came back."""
-    [(comparison, _)] = ran
     sent = EntryResult(name, to_document(REPRODUCTIONS[name], comparison, quick=True),
                        comparison)
     back = pickle.loads(pickle.dumps(sent))
@@ -164,9 +155,11 @@ def test_a_ratio_is_a_bound_when_a_crossing_is_at_the_top_load():
     assert not is_bound(6.0, None, 1.8)  # no crossing at all: no ratio, not a bound
 
 
-def test_repro_all_runs_entries_in_worker_processes(tmp_path, capsys, monkeypatch):
+@pytest.mark.slow
+def test_repro_all_runs_entries_in_worker_processes(tmp_path, capsys, monkeypatch, quick_run):
     """Two entries over a pool of two processes: one scoreboard whose documents are the
-    entries' own (the same results as each run alone), the page, the figures, the record."""
+    entries' own (the same results as each run alone: ``repro NAME --quick``, once per test
+    process), the page, the figures, the record."""
     names = ("agent-xpu", "areal-tik")
     monkeypatch.setattr(fleetsim.repro, "REPRODUCTIONS", {n: REPRODUCTIONS[n] for n in names})
     out, record = tmp_path / "board", tmp_path / "rec.json"
@@ -174,9 +167,7 @@ def test_repro_all_runs_entries_in_worker_processes(tmp_path, capsys, monkeypatc
     board = json.loads(capsys.readouterr().out)
     assert [d["name"] for d in board["entries"]] == list(names)
     for doc in board["entries"]:
-        assert main(["repro", doc["name"], "--quick", "--json", "--out",
-                     str(tmp_path / doc["name"])]) == 0
-        alone = json.loads(capsys.readouterr().out)
+        alone = quick_run(doc["name"]).document
         assert alone["results"] == doc["results"] and alone["ratio"] == doc["ratio"]
         assert (out / "figures" / f"{doc['name']}.png").stat().st_size > 10_000
     assert json.loads((out / "scoreboard.json").read_text()) == board
@@ -188,11 +179,12 @@ def test_repro_all_runs_entries_in_worker_processes(tmp_path, capsys, monkeypatc
     assert not record.exists()  # a failed run records nothing
 
 
-def test_overrides_reach_every_run(tmp_path, capsys):
+@pytest.mark.slow
+def test_overrides_reach_every_run(tmp_path, capsys, quick_run):
     # areal-tik: the quickest reproduction whose configs go through repro/frame.py's
-    # overrides (about 1.5 s; FastServe's, used before, takes 8)
-    main(["repro", "areal-tik", "--quick", "--json", "--out", str(tmp_path / "a")])
-    first = json.loads(capsys.readouterr().out)["results"]
+    # overrides (about 1.5 s; FastServe's, used before, takes 8); without them, the run of
+    # `repro areal-tik --quick` the per-entry test reads
+    first = quick_run("areal-tik").document["results"]
     main(["repro", "areal-tik", "--quick", "--json", "--out", str(tmp_path / "b"),
           "--set", "seed=7"])
     other = json.loads(capsys.readouterr().out)["results"]

@@ -8,16 +8,19 @@ import copy
 import pytest
 
 from fleetsim.config import config_from_dict
-from fleetsim.repro import REPRODUCTIONS, run_reproduction
 from fleetsim.repro.autopoiesis import MAX_GPUS_PER_POOL, SCENARIOS, _space, config
 from fleetsim.run import run
 
 
-@pytest.fixture(scope="module")
-def quick():
-    return run_reproduction(REPRODUCTIONS["autopoiesis"], quick=True)
+@pytest.fixture
+def quick(quick_run):
+    """The quick slice's (comparison, ctx), from the run test_repro.py's per-entry test reads
+    when this process ran it already (conftest.quick_run)."""
+    run = quick_run("autopoiesis")
+    return run.comparison, run.ctx
 
 
+@pytest.mark.slow
 def test_quick_slice_evolve_finishes_the_workload_sooner_than_the_static_planner(quick):
     comparison, ctx = quick
     # The full run's direction (docs/reproductions.md): evolve is faster than static.
@@ -64,6 +67,7 @@ def test_evolve_is_deterministic_per_seed():
     assert first["elastic"]["evolution"]["num_searches"] >= 1
 
 
+@pytest.mark.slow
 def test_timeline_figure_is_drawn_from_the_runs(quick, tmp_path):
     pytest.importorskip("matplotlib")
     from fleetsim.repro.autopoiesis import replicas_over_time, timeline_figure

@@ -69,6 +69,7 @@ def plan_run(tmp_path_factory):
     return code, out.getvalue(), err.getvalue(), folder
 
 
+@pytest.mark.slow
 def test_plan_json_writes_plan_and_plot(plan_run):
     code, out, err, folder = plan_run
     out_dir, png = folder / "p", folder / "front.png"
@@ -81,6 +82,7 @@ def test_plan_json_writes_plan_and_plot(plan_run):
     assert all(r["points"][i]["usd_per_hour"] > 0 for i in r["front"])
 
 
+@pytest.mark.slow
 def test_plan_in_aiconfigurator_terms(plan_run, capsys):
     """tokens/s per GPU and per user at goodput, a GPU budget, a target rate, and the
     vllm serve line of every point."""

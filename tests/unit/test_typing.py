@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STRICT = ["src/fleetsim/core", "src/fleetsim/models", "src/fleetsim/policies"]
 
 
+@pytest.mark.slow
 def test_strict_packages_type_check():
     pytest.importorskip("mypy", reason="mypy is in the test extra; install '.[test]'")
     # Incremental, in the checkout's (git-ignored) .mypy_cache: mypy re-checks every module
