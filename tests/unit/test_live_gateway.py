@@ -275,6 +275,39 @@ def test_recorded_traffic_replays_in_the_simulator_and_compares(tmp_path, capsys
     assert "TTFT" in capsys.readouterr().out
 
 
+def test_a_request_whose_body_is_still_arriving_keeps_its_place_in_the_trace(tmp_path):
+    """The first request's body arrives slowly; a second one is read, served and recorded
+    meanwhile. The trace lists both by arrival (a replay refuses arrivals out of order): the
+    first one's place is taken when it arrives, not once its body is read. A request refused
+    at the door leaves no row and holds nothing back."""
+    trace = tmp_path / "gw.jsonl"
+    second_done = threading.Event()
+
+    def slow_body():
+        yield json.dumps({"model": MODEL, "prompt": "first"})[:-1].encode()
+        second_done.wait(TIMEOUT_S)
+        yield b', "max_tokens": 2}'
+
+    with ExitStack() as stack:
+        (b,) = backends(stack, 20.0)
+        gw = ServerThread(lambda: Gateway([b.url], record=trace))
+        url = stack.enter_context(gw)
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, f"{url}/v1/completions", content=slow_body(),
+                                timeout=TIMEOUT_S)
+            time.sleep(0.3)  # (ordering only: the gateway has the first one's headers)
+            refused = httpx.post(f"{url}/v1/completions", content=b"{oops", timeout=TIMEOUT_S)
+            second = httpx.post(f"{url}/v1/completions", timeout=TIMEOUT_S,
+                                json={"model": MODEL, "prompt": "second", "max_tokens": 2})
+            second_done.set()
+            assert refused.status_code == 400
+            assert second.status_code == 200 and first.result().status_code == 200
+    recorded = rows(trace)
+    assert [r["prompt_tokens"] > 0 for r in recorded] == [True, True]
+    arrivals = [r["arrival_s"] for r in recorded]
+    assert arrivals[0] < arrivals[1]
+
+
 @pytest.mark.slow
 def test_soak_through_the_gateway_memory_flat():
     """2,000 requests through a gateway and two emulated backends: none lost, no error, and

@@ -242,6 +242,9 @@ class Gateway(LiveApp):
     # ---- proxying --------------------------------------------------------------------
     async def _serve(self, request: HttpRequest, kind: str) -> Response:
         arrival_s = self.now_s()
+        # The arrival's place in the recorded trace is taken with its time: a later request
+        # may be read and served while this one's body is still arriving.
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
         request_id = request_id_of(request)
         try:
             if self.draining:
@@ -252,11 +255,16 @@ class Gateway(LiveApp):
             parsed = parse_request(kind, await read_json_body(request, self.max_body_bytes),
                                    self.tokenizer)
         except ApiError as err:
+            if self.recorder is not None:
+                self.recorder.skip(seq)  # refused at the door: no row
             self.metrics.requests.labels("rejected", str(err.status)).inc()
             rejected = err.response()
             rejected.headers[REQUEST_ID_HEADER] = request_id
             return rejected
-        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        except BaseException:  # e.g. the client left while its body was arriving
+            if self.recorder is not None:
+                self.recorder.skip(seq)
+            raise
         req = Request(id=seq, arrival_s=arrival_s, num_prompt_tokens=parsed.num_prompt_tokens,
                       max_output_tokens=parsed.max_tokens or 1,
                       hash_ids=prefix_hashes(parsed.prompt_tokens, self.hash_block_tokens))
