@@ -124,6 +124,14 @@ def _reference_dp(lengths, workers, tie_break=True):
     return sizes, best
 
 
+def test_workers_of_one_speed_but_different_live_limits_get_their_own_costs():
+    """Two workers that share a per-token time but not ``max_live`` (the same GPU, another
+    KV budget) are costed each with its own limit, not the first one's."""
+    lengths = [12.0, 11.0, 9.0, 8.0, 8.0, 6.0, 5.0, 3.0, 2.0, 1.0]
+    for ws in ([(T, None), (T, 1)], [(T, 1), (T, None)], [(T, 2), (T, 7), (T, None)]):
+        assert dp_group_sizes_per_worker(lengths, ws) == _reference_dp(lengths, ws)
+
+
 @pytest.mark.parametrize("block_cells", [1, 7, 64, trajectory_placement.BLOCK_CELLS])
 def test_blocked_dp_equals_the_whole_matrix_dp_exactly(monkeypatch, block_cells):
     """The DP kept in row blocks of the lower triangle (and the resource manager's scorer,

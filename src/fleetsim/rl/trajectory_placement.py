@@ -67,11 +67,14 @@ def dp_group_sizes_per_worker(lengths_desc: Sequence[float],
         raise ValueError("workers must not be empty")
     if not len(lengths_desc):
         return [0] * len(workers), 0.0
-    matrices: dict[int, CostBlocks] = {}  # one per worker kind (shared T)
+    # One matrix per worker kind: its (per_token_s, max_live), the function by identity (the
+    # workers hold them alive for the call).
+    matrices: dict[tuple[int, int | None], CostBlocks] = {}
     for per_token_s, max_live in workers:
-        if id(per_token_s) not in matrices:
-            matrices[id(per_token_s)] = group_cost_matrix(lengths_desc, per_token_s, max_live)
-    return dp_over_matrices([matrices[id(t)] for t, _ in workers])
+        if (id(per_token_s), max_live) not in matrices:
+            matrices[id(per_token_s), max_live] = group_cost_matrix(lengths_desc, per_token_s,
+                                                                    max_live)
+    return dp_over_matrices([matrices[id(t), live] for t, live in workers])
 
 
 def group_cost_matrix(lengths_desc: Sequence[float], per_token_s: Callable[[int], float],
