@@ -25,8 +25,9 @@ from pathlib import Path
 from types import ModuleType
 
 # Engine internals only: policies users subclass stay interpreted (a compiled class cannot be
-# subclassed from Python), except the planners' per-step helpers: batching's functions, and
-# FastServe's loops with its per-job state (a record no one subclasses).
+# subclassed from Python), except the planners' per-step helpers beside them: batching's,
+# Agent.xpu's and FastServe's functions (FastServe's with its per-job state, a record no one
+# subclasses).
 NATIVE_MODULES = (
     "core/simulator.py",
     "serving/request.py",

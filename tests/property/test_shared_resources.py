@@ -203,6 +203,20 @@ def _soc_pools(layout):
             for acc, role in zip(("npu", "igpu"), roles, strict=True)]
 
 
+def _soc_run(w, pools, make_batch_policy, ordering, fast_forward):
+    """``w`` on the SoC's pools (round robin, then least loaded to decode), checked: everyone
+    finishes and the DDR ends idle. Returns (records, cluster)."""
+    rec, cluster = simulate_cluster(
+        w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
+        make_batch_policy=make_batch_policy, order_key=make_ordering(ordering),
+        rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
+        block_size=16, max_batched_tokens=512, max_running=16, fast_forward=fast_forward,
+        debug=True)
+    assert len(rec.requests["request_id"]) == len(w)
+    assert cluster.resources is not None and not cluster.resources.active
+    return rec, cluster
+
+
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 30),
        rate=st.sampled_from([0.5, 5.0, 50.0]), layout=st.sampled_from(["pd", "mixed2"]))
@@ -213,17 +227,7 @@ def test_soc_pools_fast_forward_equal_stepping(seed, n, rate, layout):
     w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 1500, n),
                       rng.integers(1, 120, n))
     pools = _soc_pools(layout)
-    out = []
-    for ff in (True, False):
-        rec, cluster = simulate_cluster(
-            w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
-            make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
-            rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
-            block_size=16, max_batched_tokens=512, max_running=16, fast_forward=ff,
-            debug=True)
-        assert len(rec.requests["request_id"]) == n
-        assert cluster.resources is not None and not cluster.resources.active
-        out.append(rec)
+    out = [_soc_run(w, pools, TokenBudgetPlanner, "fcfs", ff)[0] for ff in (True, False)]
     for col in ("first_token_s", "finish_s", "replica_id"):
         ff, step = by_id(out[0], col), by_id(out[1], col)
         assert ff.keys() == step.keys()
@@ -258,14 +262,7 @@ def test_bandwidth_aware_dispatch_fast_forward_equals_stepping(seed, n, rate, la
                         if not made or igpu == "agent_xpu" else TokenBudgetPlanner())
             return made[-1]
 
-        rec, cluster = simulate_cluster(
-            w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
-            make_batch_policy=make_policy, order_key=make_ordering("priority"),
-            rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
-            block_size=16, max_batched_tokens=512, max_running=16, fast_forward=ff,
-            debug=True)
-        assert len(rec.requests["request_id"]) == n
-        assert cluster.resources is not None and not cluster.resources.active
+        rec, cluster = _soc_run(w, pools, make_policy, "priority", ff)
         assert not any(r.shared.waiting for r in cluster.replicas)
         out.append(rec)
         waits.append([r.shared.num_waits for r in cluster.replicas])

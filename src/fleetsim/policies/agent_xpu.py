@@ -38,12 +38,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetsim.policies.agent_xpu_steps import class_step, classes_present, piggyback, urgency
+from fleetsim.policies.agent_xpu_steps import class_step, classes_present, piggyback
 from fleetsim.policies.batch_steps import serve_running
 from fleetsim.policies.batching import register_batch
 from fleetsim.policies.ordering import make_ordering
 from fleetsim.serving.contract import OrderKey, StepPlan
-from fleetsim.serving.request import Request
 from fleetsim.serving.views import ReplicaView
 
 _WAIT = StepPlan({}, wait_for_co_resident=True)
@@ -83,11 +82,6 @@ class AgentXpuPlanner:
                              f"{self.bandwidth_aware!r}")
         # The replica's queues in (priority, arrival) order: reactive requests at the front.
         self.order_key = make_ordering("priority")
-
-    def _urgency(self, req: Request, started: bool) -> tuple[int, int]:
-        """The class ``req`` belongs to (smaller is served first): reactive before proactive;
-        without preemption, started (running) work before the rest."""
-        return urgency(req, started, self.max_reactive_priority, self.preemptive)
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
         """The step. A step that decodes every running request, all of one class, repeats

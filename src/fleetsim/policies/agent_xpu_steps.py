@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fleetsim.policies.batch_steps import next_chunk
 from fleetsim.serving.request import Request
-from fleetsim.serving.views import ReplicaView
+from fleetsim.serving.views import KVView, ReplicaView
 
 ClassStep = tuple[dict[int, int], list[int], tuple[int, int] | None, bool, int, int]
 """A class's step: tokens per request, the requests preempted (ids, in order), the prefill
@@ -58,16 +58,9 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
     one_class = not victims
     tokens: dict[int, int] = {}
     preempt: list[int] = []
-    next_victim = 0
-    # fit(request, tokens, blocks), written out twice below: short of KV, recompute requests
-    # of other classes later, the least urgent first; then take it if it fits.
     for r in decoders:
         num_new, needed = next_chunk(r, 1, bs, per_entry)
-        while needed > available and next_victim < len(victims):
-            victim = victims[next_victim]
-            next_victim += 1
-            preempt.append(victim.id)
-            available += kv.reclaimable_blocks(victim)
+        available = _make_room(kv, victims, preempt, needed, available)
         if needed > available or num_new > budget:
             break
         tokens[r.id] = num_new
@@ -77,11 +70,7 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
     for r in prefilling:  # a started prompt (best first): its next chunk
         num_new, needed = next_chunk(r, min(budget, chunk_tokens), bs, per_entry)
         if num_new > 0:
-            while needed > available and next_victim < len(victims):
-                victim = victims[next_victim]
-                next_victim += 1
-                preempt.append(victim.id)
-                available += kv.reclaimable_blocks(victim)
+            available = _make_room(kv, victims, preempt, needed, available)
             if not (needed > available or num_new > budget):
                 tokens[r.id] = num_new
                 budget -= num_new
@@ -107,6 +96,18 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
     if not tokens:
         return None
     return tokens, preempt, chunk, one_class, budget, available
+
+
+def _make_room(kv: KVView, victims: list[Request], preempt: list[int], needed: int,
+               available: int) -> int:
+    """Short of KV for ``needed`` blocks: recompute requests of other classes later, the
+    least urgent first (``victims`` not yet in ``preempt``, in that order); returns the
+    blocks available then."""
+    while needed > available and len(preempt) < len(victims):
+        victim = victims[len(preempt)]
+        preempt.append(victim.id)
+        available += kv.reclaimable_blocks(victim)
+    return available
 
 
 def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
