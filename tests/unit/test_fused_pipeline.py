@@ -8,6 +8,7 @@ import pytest
 
 from fleetsim.rl.fused_pipeline import (
     PipelineWork,
+    _Timeline,
     anneal,
     evaluate,
     one_f_one_b,
@@ -110,22 +111,42 @@ def test_invalid_schedules_are_rejected():
 
 
 def _evaluate_by_timeline(schedule, models):
-    """``evaluate`` as ``_Timeline`` gives it: the makespan, and the end times summed in the
-    order the passes were placed."""
-    tasks = timeline(schedule, models)
-    if tasks is None:
-        return None
+    """``evaluate`` as ``_Timeline`` gives it (the incremental recurrence the constructive
+    schedulers use): each group places its next pass while ``start_of`` allows; the makespan
+    and the end times summed in the order the passes were placed, and the passes (group,
+    model, micro-batch, backward, start, end) in that order."""
+    tl = _Timeline(len(schedule), models)
+    ptr = [0] * len(schedule)
+    remaining = sum(len(s) for s in schedule)
+    ends, passes = [], []
+    while remaining:
+        progress = False
+        for g, order in enumerate(schedule):
+            while ptr[g] < len(order):
+                start = tl.start_of(g, order[ptr[g]])
+                if start is None:
+                    break
+                code = order[ptr[g]]
+                mb = tl.counts[g][code]
+                ends.append(tl.place(g, code, start))
+                passes.append((g, code >> 1, mb, bool(code & 1), start, ends[-1]))
+                ptr[g] += 1
+                remaining -= 1
+                progress = True
+        if not progress:
+            return None
     sum_end = 0.0
-    for t in tasks:
-        sum_end += t.end_s
-    return max((t.end_s for t in tasks), default=0.0), sum_end
+    for end in ends:
+        sum_end += end
+    return (max(ends, default=0.0), sum_end), passes
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_evaluate_is_the_timeline_recurrence_bit_for_bit(seed):
     """The written-out ``evaluate`` gives the makespan and tie-break sum of ``_Timeline``'s
-    recurrence exactly, and rejects the same schedules (deadlocks, over 1F1B's bound), on
-    random shuffles of the plain schedule as the annealing makes them, one model or two."""
+    recurrence exactly (and ``timeline``, built on it, the same passes), and rejects the same
+    schedules (deadlocks, over 1F1B's bound), on random shuffles of the plain schedule as the
+    annealing makes them, one model or two."""
     rng = np.random.default_rng(seed)
     p = int(rng.integers(1, 7))
     models = [work(rng, "actor", int(rng.integers(1, 9))),
@@ -136,8 +157,14 @@ def test_evaluate_is_the_timeline_recurrence_bit_for_bit(seed):
         order = schedule[int(rng.integers(p))]
         i, j = rng.integers(len(order), size=2)
         order[i], order[j] = order[j], order[i]
-        want = _evaluate_by_timeline(schedule, models)
+        replay = _evaluate_by_timeline(schedule, models)
+        want = None if replay is None else replay[0]
         assert evaluate(schedule, models) == want
+        tasks = timeline(schedule, models)
+        assert (tasks is None) == (want is None)
+        if tasks is not None:  # ``timeline`` records the same passes, in the same order
+            assert [(t.group, t.model, t.micro_batch, t.backward, t.start_s, t.end_s)
+                    for t in tasks] == replay[1]
         num_valid += want is not None
         if want is None:  # the search undoes a move it cannot time
             order[i], order[j] = order[j], order[i]

@@ -77,6 +77,19 @@ def plain_schedule(num_stages: int, models: Sequence[PipelineWork]) -> Schedule:
             for g in range(num_stages)]
 
 
+@dataclass(frozen=True, slots=True)
+class TaskTime:
+    """One pass of a timed schedule (``timeline``)."""
+
+    group: int
+    model: int
+    micro_batch: int
+    backward: bool
+    stage: int
+    start_s: float
+    end_s: float
+
+
 class _Timeline:
     """The dependency recurrence shared by ``evaluate`` and ``greedy_schedule``: when each
     micro-batch's pass at each chain position (forward on stages 0..P-1, then backward on
@@ -124,15 +137,16 @@ class _Timeline:
         return end
 
 
-def evaluate(schedule: Schedule, models: Sequence[PipelineWork]) -> tuple[float, float] | None:
+def evaluate(schedule: Schedule, models: Sequence[PipelineWork],
+             record: list[TaskTime] | None = None) -> tuple[float, float] | None:
     """(makespan, sum of task end times) of ``schedule``, or None if it deadlocks or a model
     exceeds its 1F1B in-flight bound on some stage. The second value breaks ties in the search
-    (earlier tasks leave room for later ones), as FlexFusion's solver does.
+    (earlier tasks leave room for later ones), as FlexFusion's solver does. ``record``: a list
+    that gets every pass with its times, in the order placed (``timeline``).
 
     ``_Timeline``'s recurrence (``start_of`` then ``place``) written out in one loop, with
     each (group, task)'s constants looked up once: the annealing calls this thousands of
-    times per search. The same float operations in the same order (``timeline`` times each
-    pass with ``_Timeline`` itself, and a test holds the two equal). A group whose next task
+    times per search (a test holds the two equal, bit for bit). A group whose next task
     has no micro-batch left or is over the memory bound gives up at once: only its own
     passes could change either. (Letting a group that waits on another's pass sleep until
     that pass is placed, instead of sweeping over it, measured slower: a heap and a dict.)"""
@@ -162,8 +176,12 @@ def evaluate(schedule: Schedule, models: Sequence[PipelineWork]) -> tuple[float,
                 prev = passes[chain - 1] if chain else 0.0
                 if prev < 0.0:
                     break
-                at = (prev if prev > at else at) + durations[mb]
+                start = prev if prev > at else at
+                at = start + durations[mb]
                 passes[chain] = at
+                if record is not None:
+                    record.append(TaskTime(g, model, mb, bool(bwd), stage_on_group(
+                        model, g, num_stages), start, at))
                 count[code] = mb + 1
                 held[model] += -1 if bwd else 1
                 sum_end += at
@@ -223,43 +241,10 @@ def merged_schedule(num_stages: int, models: Sequence[PipelineWork]) -> Schedule
     return schedule if evaluate(schedule, models) is not None else None
 
 
-@dataclass(frozen=True, slots=True)
-class TaskTime:
-    """One pass of a timed schedule (``timeline``)."""
-
-    group: int
-    model: int
-    micro_batch: int
-    backward: bool
-    stage: int
-    start_s: float
-    end_s: float
-
-
 def timeline(schedule: Schedule, models: Sequence[PipelineWork]) -> list[TaskTime] | None:
     """Every pass of ``schedule`` with its times, in the order placed (None if invalid)."""
-    tl = _Timeline(len(schedule), models)
-    ptr = [0] * len(schedule)
     out: list[TaskTime] = []
-    remaining = sum(len(s) for s in schedule)
-    while remaining:
-        progress = False
-        for g, order in enumerate(schedule):
-            while ptr[g] < len(order):
-                code = order[ptr[g]]
-                start = tl.start_of(g, code)
-                if start is None:
-                    break
-                mb = tl.counts[g][code]
-                end = tl.place(g, code, start)
-                out.append(TaskTime(g, code >> 1, mb, bool(code & 1),
-                                    stage_on_group(code >> 1, g, len(schedule)), start, end))
-                ptr[g] += 1
-                remaining -= 1
-                progress = True
-        if not progress:
-            return None
-    return out
+    return out if evaluate(schedule, models, out) is not None else None
 
 
 def greedy_schedule(num_stages: int, models: Sequence[PipelineWork]) -> Schedule | None:
