@@ -13,7 +13,7 @@ import pytest
 from fleetsim.cli import main
 from fleetsim.config import config_from_dict
 from fleetsim.errors import FleetsimInputError
-from fleetsim.programs import Call, Program, dump_jsonl, load_jsonl, slo_scale
+from fleetsim.programs import Call, Program, dump_jsonl, load_jsonl, program_summary, slo_scale
 from fleetsim.programs.config import ProgramWorkloadConfig, build_programs
 from fleetsim.programs.dag import assign_hash_ids, shared_prefix_tokens
 from fleetsim.programs.formats import weka_program
@@ -193,6 +193,34 @@ def test_slo_scale_counts_unfinished_programs_as_never_meeting():
     jct, tw = np.array([2.0, 3.0, 4.0]), np.array([1.0, 1.0, 1.0])
     assert slo_scale(jct, tw, 50) == 3.0
     assert slo_scale(jct, tw, 100, num_unfinished=1) == float("inf")
+
+
+def test_latency_per_token_is_jct_over_the_tokens_of_every_call_finished_programs_only():
+    """Autellix's program-level token latency (§6.2), by hand: 2 s over 4 tokens and 6 s over
+    10; the unfinished third program is left out, as for every distribution."""
+    rows = {"finish_s": np.array([3.0, 7.0, np.nan]), "jct_s": np.array([2.0, 6.0, np.nan]),
+            "standalone_s": np.array([1.0, 2.0, 1.0]), "num_output_tokens": np.array([4, 10, 5]),
+            "num_calls": np.array([1, 2, 1]), "kind": np.array(["a", "a", "a"], dtype=object)}
+    summary = program_summary(rows)
+    assert summary["latency_per_token_s"]["mean"] == pytest.approx((0.5 + 0.6) / 2)
+    assert summary["latency_per_token_s"]["max"] == pytest.approx(0.6)
+    assert summary["standalone_per_token_s"]["mean"] == pytest.approx((0.25 + 0.2) / 2)
+    assert summary["num_unfinished"] == 1
+
+
+def test_a_dags_tokens_are_those_of_all_its_threads(tmp_path):
+    """A fork-join: the root, two branches in parallel and the join generate 10 + 20 + 30 +
+    40 tokens; the latency per token is the program's JCT (its critical path) over all 100."""
+    path = write(tmp_path, [{"arrival_s": 0.0, "kind": "k", "calls": [
+        {"id": "r", "prompt_tokens": 100, "output_tokens": 10},
+        {"id": "a", "prompt_tokens": 200, "output_tokens": 20, "parents": ["r"]},
+        {"id": "b", "prompt_tokens": 200, "output_tokens": 30, "parents": ["r"]},
+        {"id": "j", "prompt_tokens": 300, "output_tokens": 40, "parents": ["a", "b"]}]}])
+    cfg = config_from_dict({"programs": {"generator": "jsonl", "path": str(path)}})
+    prog = run(cfg).summary["programs"]
+    assert prog["latency_per_token_s"]["mean"] == pytest.approx(prog["jct_s"]["mean"] / 100)
+    assert prog["standalone_per_token_s"]["mean"] == pytest.approx(
+        prog["standalone_s"]["mean"] / 100)
 
 
 def test_run_reports_program_metrics_with_jct_at_least_standalone():

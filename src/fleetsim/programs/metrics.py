@@ -1,6 +1,8 @@
-"""Program metrics: JCT per program, its standalone time T_w, and the SLO scale ReqX over
+"""Program metrics: JCT per program, its standalone time T_w, the SLO scale ReqX over
 programs (HexAGenT: a program meets its SLO at scale s when JCT <= s x T_w; ReqX is the
-smallest s at which X% of the programs that arrived meet it, unfinished ones never do)."""
+smallest s at which X% of the programs that arrived meet it, unfinished ones never do), and
+the latency per token (Autellix, arXiv:2502.13965 §6.2: a program's response time over the
+tokens it generated, all its threads together; its Figures 12-15 plot the mean in s/token)."""
 
 from __future__ import annotations
 
@@ -30,11 +32,22 @@ def slo_scale(jct_s: NDArray[np.float64], standalone_s: NDArray[np.float64], pct
     return float(ratios[k - 1]) if k <= ratios.size else math.inf
 
 
+def latency_per_token_s(jct_s: NDArray[np.float64], num_output_tokens: NDArray[np.int64]
+                        ) -> NDArray[np.float64]:
+    """Each program's seconds per generated token: JCT (arrival to its last call's finish,
+    so the critical path for a DAG) over the output tokens of all its calls (Autellix's
+    "program-level token latency", §6.2; per program, the normalized latency of vLLM, SOSP'23
+    §6.1)."""
+    return np.asarray(jct_s, dtype=np.float64) / np.asarray(num_output_tokens,
+                                                             dtype=np.float64)
+
+
 def program_summary(rows: dict[str, NDArray[Any]], pcts: tuple[float, ...] = DEFAULT_PCTS
                     ) -> dict[str, Any]:
     """The summary's ``programs`` section from ``ProgramSource.records()``."""
     done = ~np.isnan(rows["finish_s"])
     jct, tw = rows["jct_s"][done], rows["standalone_s"][done]
+    num_tokens = rows["num_output_tokens"][done]
     num_unfinished = int((~done).sum())
     out: dict[str, Any] = {
         "num_programs": int(done.size),
@@ -44,6 +57,8 @@ def program_summary(rows: dict[str, NDArray[Any]], pcts: tuple[float, ...] = DEF
         "jct_s": distribution(jct),
         "standalone_s": distribution(tw),
         "slowdown": distribution(jct / tw) if jct.size else distribution(jct),
+        "latency_per_token_s": distribution(latency_per_token_s(jct, num_tokens)),
+        "standalone_per_token_s": distribution(latency_per_token_s(tw, num_tokens)),
         "slo_scale": {},
         "by_kind": {},
     }

@@ -238,7 +238,8 @@ class ProgramSource:
     # ---- results ---------------------------------------------------------------------
     def records(self) -> dict[str, NDArray[Any]]:
         """One row per program that arrived: id, kind, arrival, finish (nan if unfinished),
-        calls (total, finished), JCT and standalone T_w, seconds."""
+        calls (total, finished), JCT and standalone T_w, seconds, and the tokens its calls
+        generate (output tokens over every call, all threads: Autellix's per-token latency)."""
         states = [s for s in self.states if s is not None]
         arrival = np.array([s.arrival_s for s in states], dtype=np.float64)
         finish = np.array([s.finish_s for s in states], dtype=np.float64)
@@ -251,4 +252,7 @@ class ProgramSource:
             "standalone_s": np.array([s.standalone_s for s in states], dtype=np.float64),
             "num_calls": np.array([s.num_calls for s in states], dtype=np.int64),
             "num_finished_calls": np.array([s.num_finished for s in states], dtype=np.int64),
+            "num_output_tokens": np.array([sum(c.num_output_tokens
+                                               for c in self.programs[s.id].calls)
+                                           for s in states], dtype=np.int64),
         }
