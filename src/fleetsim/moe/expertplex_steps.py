@@ -25,6 +25,9 @@ APK_PREFILL_SLOWDOWN = 1.12
 """ExpertPlex's measured cost of its persistent kernels vs exclusive runs [paper, arXiv
 2607.18002, via a third-party summary]."""
 
+SCALAR_WINDOW_STEPS = 8
+"""Decode windows of at most this many steps are priced step by step (``dense_decode_s``;
+speed only: the same floats either way)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,9 +159,13 @@ class CostModel:
     def dense_decode_s(self, decode: int, kv_tokens: np.ndarray, gpus: int) -> np.ndarray:
         """``dense_s((), decode, kv, gpus)`` for each ``kv`` in the array, vectorized: the
         same float operations (the first GPU holds the most decodes; the table model's
-        vectorized decode equals its scalar one), so windows equal step by step."""
+        vectorized decode equals its scalar one), so windows equal step by step. A short
+        window's steps are priced one by one: the same floats, without numpy's fixed cost per
+        call (about ten array operations), which most windows here are too short to repay."""
         if not decode:
             return np.zeros(len(kv_tokens))
+        if len(kv_tokens) <= SCALAR_WINDOW_STEPS:
+            return np.array([self.dense_s((), decode, int(kv), gpus) for kv in kv_tokens])
         n0 = decode // gpus + (1 if decode % gpus else 0)
         kv_g = np.asarray(kv_tokens, dtype=np.int64) * n0 // decode
         t = self.dense.decode_step_times_s(n0, kv_g) - self._moe(n0)
