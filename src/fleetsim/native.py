@@ -27,7 +27,8 @@ from types import ModuleType
 # Engine internals only: policies users subclass stay interpreted (a compiled class cannot be
 # subclassed from Python), except the planners' per-step helpers beside them: batching's,
 # Agent.xpu's and FastServe's functions (FastServe's with its per-job state, a record no one
-# subclasses).
+# subclasses); and ExpertPlex's cost model and step models (``moe/expertplex_steps.py``: the
+# engine prices every step and window with them; no one subclasses them).
 NATIVE_MODULES = (
     "core/simulator.py",
     "serving/request.py",
@@ -52,6 +53,7 @@ NATIVE_MODULES = (
     "perf/step_model.py",
     "perf/soc.py",
     "perf/soc_contention.py",
+    "moe/expertplex_steps.py",
     "esp/admission.py",
     "esp/cost.py",
     "esp/dp.py",

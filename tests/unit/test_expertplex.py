@@ -266,14 +266,16 @@ def test_golden_instances_on_their_own_pool_equal_the_plain_pd_cluster(cost, kin
         assert recs[1][col] == pytest.approx(recs[0][col], rel=1e-9)
 
 
+@pytest.mark.parametrize("num_steps", [3, 20])  # priced one by one, vectorized
 @pytest.mark.parametrize("num_decode", [1, 7, 8, 13, 300])
-def test_vectorized_decode_steps_equal_single_steps_bit_for_bit(cost, num_decode):
+def test_vectorized_decode_steps_equal_single_steps_bit_for_bit(cost, num_decode, num_steps):
     """Windows price decode steps with ``decode_step_times_s``, stepping with
     ``step_time_s``: they must give the same floats, or fast-forward would not equal
-    stepping."""
-    from fleetsim.moe.expertplex import PlexSplit, PoolAllocator
+    stepping (short windows take the scalar path, ``SCALAR_WINDOW_STEPS``)."""
+    from fleetsim.moe.expertplex_steps import SCALAR_WINDOW_STEPS, PlexSplit, PoolAllocator
 
-    kv = np.arange(1000, 1020) * num_decode
+    assert (num_steps <= SCALAR_WINDOW_STEPS) == (num_steps == 3)
+    kv = np.arange(1000, 1000 + num_steps) * num_decode
     inst = InstanceSteps(cost, 8)
     assert inst.decode_step_times_s(num_decode, kv).tolist() == [
         inst.step_time_s((), num_decode, int(k)) for k in kv]

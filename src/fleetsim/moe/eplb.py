@@ -158,7 +158,9 @@ def _rebalance_hierarchical(
     tokens_per_phy = np.take_along_axis(
         tokens_per_mlog / mlogcnt.astype(np.float32), phy2mlog, axis=1
     )
-    pack_index, rank_in_pack = balanced_packing(tokens_per_phy, num_gpus // num_nodes)
+    # (numpy's stubs type this float32 quotient as complex: mypyc's type check fails on it)
+    pack_index, rank_in_pack = balanced_packing(tokens_per_phy,  # type: ignore[arg-type]
+                                                num_gpus // num_nodes)
     pphy2phy = _inverse(pack_index * phy_per_gpu + rank_in_pack)
 
     pphy2mlog = np.take_along_axis(phy2mlog, pphy2phy, axis=1)

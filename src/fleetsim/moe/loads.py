@@ -148,6 +148,7 @@ def rl_logits(
     for t in range(spec.num_microbatches):
         if t % shift_every == 0:
             hot = np.argsort(rng.random((spec.num_layers, spec.num_experts)), axis=1)[:, :num_hot]
+        assert hot is not None  # drawn at t = 0
         np.put_along_axis(logits[t], hot, np.take_along_axis(base, hot, 1) + hot_boost, axis=1)
     return logits
 

@@ -30,11 +30,24 @@ def expected_tiles_per_expert(mean_tokens: float, tile_m: int) -> float:
         return 0.0
     upper = int(mean_tokens + 12 * math.sqrt(mean_tokens) + 12)
     k = np.arange(upper + 1, dtype=np.float64)
-    log_pmf = k * math.log(mean_tokens) - mean_tokens - np.array(
-        [math.lgamma(v + 1) for v in k])
+    log_pmf = k * math.log(mean_tokens) - mean_tokens - _log_factorials(upper + 1)
     survival = 1.0 - np.cumsum(np.exp(log_pmf))  # P(X > k)
     survival = np.clip(survival, 0.0, 1.0)
     return float(survival[::tile_m].sum())
+
+
+_LOG_FACTORIALS = np.zeros(0)  # lgamma(k + 1) for k = 0, 1, ...: the longest asked for so far
+
+
+def _log_factorials(num: int) -> np.ndarray:
+    """``[math.lgamma(k + 1.0) for k in range(num)]`` as an array: the same floats, computed
+    once per k in a process (a cost model asks for these at every new token count)."""
+    global _LOG_FACTORIALS
+    have = len(_LOG_FACTORIALS)
+    if num > have:
+        more = np.array([math.lgamma(v + 1) for v in np.arange(have, num, dtype=np.float64)])
+        _LOG_FACTORIALS = np.concatenate([_LOG_FACTORIALS, more])
+    return _LOG_FACTORIALS[:num]
 
 
 def tiles(token_counts: list[int] | np.ndarray, tile_m: int) -> int:

@@ -71,6 +71,8 @@ PAPER_VS = {"pd_instance": 2.01, "pd_colocated": 1.66}
 # past the earlier grid's top (6), where their goodput was only a lower bound.
 RATES_PER_GPU = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 QUICK_RATES_PER_GPU = (1.0, 2.0, 4.0, 6.0, 10.0)
+Runs = list[tuple[float, dict[str, Any]]]
+"""A layout's sweep: (SLO attainment, summary) per rate."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,11 +191,11 @@ class _Sweep:
                              max_decode_per_gpu=setup.max_decode_per_gpu)
 
     def scores(self, layout: SystemLayout, *, adaptive: bool = True
-               ) -> list[tuple[float, dict[str, Any]]]:
+               ) -> Runs:
         """(SLO attainment, summary) per rate; after two failing rates the sweep stops (NaN:
         not run, nothing claimed). ``adaptive=False``: ExpertPlex without its SM
         re-allocation."""
-        out: list[tuple[float, dict[str, Any]]] = []
+        out: Runs = []
         setup = self.setup
         policy = sm_policy(self.cost, layout, self.mean_context,
                            max_decode_per_gpu=setup.max_decode_per_gpu,
@@ -224,21 +226,47 @@ class _Sweep:
         return out
 
 
+_SWEEPS: dict[str, _Sweep] = {}
+"""The last sweep this process built (``_sweep_for``), by its setup and rates."""
+
+
+def _sweep_for(setup: ExpertPlexSetup, rates: tuple[float, ...]) -> _Sweep:
+    """The sweep of ``setup`` over ``rates``, built once per process: the entry and each
+    helper process running its layouts share one cost model, whose memos (exact: pure
+    functions of their keys) then carry from one layout to the next."""
+    key = repr((setup, rates))
+    sweep = _SWEEPS.get(key)
+    if sweep is None:
+        model = get_model(setup.model)
+        if not model.is_moe:
+            raise FleetsimInputError("model", setup.model,
+                                     "must be an MoE model (fleetsim models)")
+        cost = CostModel(model, get_gpu("H200"), setup.tile_m,
+                         nvlink_domain=setup.nvlink_domain)
+        _SWEEPS.clear()
+        sweep = _SWEEPS[key] = _Sweep(setup, cost, rates)
+    return sweep
+
+
+def layout_scores(item: tuple[ExpertPlexSetup, tuple[float, ...], SystemLayout, bool]
+                  ) -> Runs:
+    """One layout's rate sweep, ``(setup, rates, layout, adaptive)``: a whole set of
+    simulations of its own, so the layouts spread over the free cores
+    (``ReproContext.subruns``)."""
+    setup, rates, layout, adaptive = item
+    return _sweep_for(setup, rates).scores(layout, adaptive=adaptive)
+
+
 def compare(ctx: ReproContext) -> Comparison:
     setup = setup_from(ctx, ExpertPlexSetup, QUICK, "expertplex")
-    model = get_model(setup.model)
-    if not model.is_moe:
-        raise FleetsimInputError("model", setup.model, "must be an MoE model (fleetsim models)")
-    cost = CostModel(model, get_gpu("H200"), setup.tile_m,
-                     nvlink_domain=setup.nvlink_domain)
     rates = QUICK_RATES_PER_GPU if ctx.quick else RATES_PER_GPU
-    sweep = _Sweep(setup, cost, rates)
+    cost = _sweep_for(setup, rates).cost
     results: dict[str, dict[str, float | None]] = {}
     headline: dict[str, float | None] = {}
     notes: list[str] = []
 
     def record(system: str, layout: SystemLayout, gp: float,
-               runs: list[tuple[float, dict[str, Any]]]) -> None:
+               runs: Runs) -> None:
         headline[system] = gp * setup.gpu_budget
         results[system] = {}
         for rate, (score, summary) in zip(rates, runs, strict=True):
@@ -251,19 +279,25 @@ def compare(ctx: ReproContext) -> Comparison:
                  "decode_gpus": list(layout.decode_gpus), "pool": layout.pool,
                  **asdict(setup)})
 
-    def goodput(runs: list[tuple[float, dict[str, Any]]]) -> float:
+    def goodput(runs: Runs) -> float:
         """The highest rate meeting the target (0 when even the lowest misses)."""
         return crossing_rate(rates, [score for score, _ in runs], setup.target,
                              rising=False) or 0.0
 
+    # Every system's candidate splits at once (independent sweeps, in helper processes when
+    # cores are free); the ablation after them, on ExpertPlex's best split.
+    candidates_by_system = layouts(setup, cost)
+    items = [(setup, rates, layout, True)
+             for candidates in candidates_by_system.values() for layout in candidates]
+    all_runs = iter(ctx.subruns.map(layout_scores, items))
     best_layouts: dict[str, SystemLayout] = {}
-    for system, candidates in layouts(setup, cost).items():
-        best: tuple[float, SystemLayout, list[tuple[float, dict[str, Any]]]] | None = None
+    for system, candidates in candidates_by_system.items():
+        best: tuple[float, SystemLayout, Runs] | None = None
         tried = []
         for layout in candidates:
             if ctx.progress is not None:
                 ctx.progress(f"{system} {layout.label}")
-            runs = sweep.scores(layout)
+            runs = next(all_runs)
             gp = goodput(runs)
             tried.append(f"{layout.label} {gp:.2f}")
             if best is None or gp > best[0]:
@@ -282,7 +316,7 @@ def compare(ctx: ReproContext) -> Comparison:
     layout = best_layouts["expertplex"]
     if ctx.progress is not None:
         ctx.progress(f"{ABLATION} {layout.label}")
-    runs = sweep.scores(layout, adaptive=False)
+    runs = layout_scores((setup, rates, layout, False))
     gp = goodput(runs)
     record(ABLATION, layout, gp, runs)
     notes.append(f"{ABLATION} (expertplex's best split {layout.label}, decode keeping its "
@@ -307,7 +341,7 @@ def compare(ctx: ReproContext) -> Comparison:
                                               headline["pd_instance"]))
 
 
-def _busy_note(rates: tuple[float, ...], runs: list[tuple[float, dict[str, Any]]],
+def _busy_note(rates: tuple[float, ...], runs: Runs,
                target: float) -> str:
     """What binds ExpertPlex's best split: its attention groups' busy shares at the first rate
     that misses the SLO target (a group busy all the time is the bottleneck)."""
