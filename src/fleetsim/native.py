@@ -49,6 +49,7 @@ NATIVE_MODULES = (
     "policies/batch_steps.py",
     "policies/fastserve_steps.py",
     "policies/agent_xpu_steps.py",
+    "policies/esp_steps.py",
     "policies/ordering.py",
     "perf/step_model.py",
     "perf/soc.py",

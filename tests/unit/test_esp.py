@@ -258,9 +258,21 @@ def test_the_fit_is_reused_by_runs_of_one_layout_and_not_across_layouts():
 
 
 # -- LightLLM's KV reservation -----------------------------------------------------------------
+def _lightllm_fits(entries, capacity):
+    """LightLLM's check as its ``router/req_queue.py`` computes it: numpy,
+    a stable sort by remaining output, most first, and the peak of the cumulative need."""
+    if not entries:
+        return True
+    arr = np.asarray(entries, dtype=np.int64)
+    order = np.argsort(-arr[:, 1], kind="stable")
+    need = arr[order, 1] * np.arange(1, len(arr) + 1) + np.cumsum(arr[order, 0])
+    return bool(need.max() <= capacity)
+
+
 def test_incremental_reservation_answers_as_the_sort():
     """``Reservation`` (prefix/suffix tables, entries added as a walk takes them) gives
-    ``reservation_fits``'s answer for every candidate, ties in remaining output included."""
+    ``reservation_fits``'s answer for every candidate, ties in remaining output included, and
+    both give LightLLM's numpy check's."""
     rng = np.random.default_rng(7)
     num_true = num_false = 0
     for _ in range(400):
@@ -276,6 +288,7 @@ def test_incremental_reservation_answers_as_the_sort():
                 continue
             fits = reserved.fits(entry)
             assert fits == reservation_fits(kept + [entry], capacity), (kept, entry, capacity)
+            assert fits == _lightllm_fits(kept + [entry], capacity), (kept, entry, capacity)
             num_true, num_false = num_true + fits, num_false + (not fits)
             if fits:
                 reserved.add(entry)
@@ -422,11 +435,11 @@ def test_polls_are_left_out_beside_a_decode_only_while_its_scaling_cannot_change
     from fleetsim.policies.esp import EspPlanner
 
     planner = EspPlanner()
-    planner._refill_walked = walked
+    planner.state.refill_walked = walked
     wake_s = planner._skip_polls(_StepsView(most), [True, True], [True, False],
                                  [[object()], [object()]], 1.0)
     assert (wake_s > 10.0) == skips and wake_s >= 1.0
-    assert (planner._skipped is not None) == skips
+    assert (planner.state.skipped is not None) == skips
 
 
 def test_a_long_decode_keeps_two_full_instances_plus_room_to_grow():
