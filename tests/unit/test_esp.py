@@ -369,11 +369,13 @@ def test_esp_group_fast_forward_equals_stepping_and_is_deterministic():
         assert np.array_equal(values, _columns(again)[col]), col
 
 
-def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch):
-    """While every busy member is in one prefill step, the planner names its next wake at
-    that step's end rather than every ``max_wait_steps`` iterations: the same records and
-    summary as polling throughout (in both engines' orders: fast-forward and stepping), with
-    far fewer plans."""
+@pytest.mark.parametrize("elastic", [True, False])
+def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch, elastic):
+    """While every busy member is in one prefill step (or, with the queue empty, decodes
+    in a step whose end keeps its scaling), the planner names its next wake at that step's
+    end rather than every ``max_wait_steps`` iterations: the same records and summary as
+    polling throughout (in both engines' orders: fast-forward and stepping), with far fewer
+    plans; with ESP and without (one member of every instance)."""
     from fleetsim.policies.esp import EspPlanner
 
     calls = {"plans": 0}
@@ -395,7 +397,7 @@ def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch):
         for fast in (True, False):
             calls["plans"] = 0
             result = _esp_run(prompts=prompts, outputs=outputs, arrival=arrival,
-                              fast_forward=fast)
+                              fast_forward=fast, elastic=elastic)
             runs[skip, fast] = (_columns(result), result.summary, calls["plans"])
     for fast in (True, False):
         skipped, polled = runs[True, fast], runs[False, fast]
@@ -406,37 +408,39 @@ def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch):
 
 
 class _StepsView:
-    """A group of a prefilling member 0 (its step ends at 10 s) and a decoding member 1
-    whose KV may reach ``most`` blocks by its step's end (at 20 s), 100 blocks per
-    instance."""
+    """A group of a prefilling member 0 (its step ends at 10 s) and a decoding member 1 on
+    one instance, whose KV holds ``fewest`` blocks now and may reach ``most`` by its step's
+    end (at 20 s), 100 blocks per instance."""
 
     num_kv_blocks_per_instance, block_size = 100, 16
+    instances_by_member = ((0,), (1,))
 
-    def __init__(self, most):
-        self.most = most
+    def __init__(self, most, fewest=90):
+        self.most, self.fewest = most, fewest
 
     def member_step_end_s(self, m):
         return (10.0, 20.0)[m]
 
     def member_used_blocks_range(self, m):
-        return (90, 95)
+        return (self.fewest, self.fewest + 5)
 
     def member_used_blocks_at_step_end(self, m):
         return self.most
 
 
-@pytest.mark.parametrize(("most", "walked", "skips"), [(99, False, True), (101, False, False),
-                                                        (99, True, False)])
+@pytest.mark.parametrize(("most", "fewest", "walked", "skips"), [
+    (99, 90, False, True), (101, 90, False, False), (99, 90, True, False),
+    (150, 110, False, False)])  # needs two instances at both ends, has one: a merge may come
 def test_polls_are_left_out_beside_a_decode_only_while_its_scaling_cannot_change(
-        most, walked, skips):
+        most, fewest, walked, skips):
     """Beside a decoding member, polls are left out only while its KV stays within the
-    instances it has until its step ends (the bounds now and at the end give one count) and
-    the refill failed before walking the running requests' reservations."""
+    instances it has until its step ends (the bounds now and at the end give the count it
+    has) and the refill failed before walking the running requests' reservations."""
     from fleetsim.policies.esp import EspPlanner
 
     planner = EspPlanner()
     planner.state.refill_walked = walked
-    wake_s = planner._skip_polls(_StepsView(most), [True, True], [True, False],
+    wake_s = planner._skip_polls(_StepsView(most, fewest), [True, True], [True, False],
                                  [[object()], [object()]], 1.0)
     assert (wake_s > 10.0) == skips and wake_s >= 1.0
     assert (planner.state.skipped is not None) == skips

@@ -20,28 +20,34 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 from operator import itemgetter
-from typing import NamedTuple
 
 from fleetsim.esp.config import EspConfig
 
 Predictor = Callable[[int, float, float], float]
 
 
-class Pending(NamedTuple):
-    """A waiting request as admission sees it."""
+class Pending:
+    """A waiting request as admission sees it (a plain record: built for every request a
+    walk reads, compiled with this module, where a NamedTuple's ``__new__`` is Python)."""
 
-    prefill_tokens: int
-    """Tokens its prefill computes (the prompt, and what it generated before a pause)."""
-    num_remaining: int
-    """Output tokens still to emit."""
+    __slots__ = ("num_remaining", "prefill_tokens")
+
+    def __init__(self, prefill_tokens: int, num_remaining: int) -> None:
+        self.prefill_tokens = prefill_tokens
+        """Tokens its prefill computes (the prompt, and what it generated before a pause)."""
+        self.num_remaining = num_remaining
+        """Output tokens still to emit."""
 
 
-class Resident(NamedTuple):
-    """A running request as admission sees it."""
+class Resident:
+    """A running request as admission sees it (a plain record, as ``Pending``)."""
 
-    kv_tokens: int
-    num_remaining: int
-    num_emitted: int
+    __slots__ = ("kv_tokens", "num_emitted", "num_remaining")
+
+    def __init__(self, kv_tokens: int, num_remaining: int, num_emitted: int) -> None:
+        self.kv_tokens = kv_tokens
+        self.num_remaining = num_remaining
+        self.num_emitted = num_emitted
 
 
 class Admission:

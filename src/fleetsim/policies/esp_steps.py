@@ -125,14 +125,15 @@ def plan_step(st: EspState, view: GroupView, now_s: float) -> GroupPlan:
         # Read lazily: admission may stop before the end of the queue.
         chosen = [waiting[i] for i in st.admission.take(
             _pending(waiting), residents, used, cap, predictor.predict_s)]
-        # Output tokens each member's requests have emitted (the pause rule's input).
-        emitted = [sum([r.num_output_tokens for r in rs]) + d * len(rs)
-                   for rs, d in zip(running, ahead, strict=True)]
-        if chosen and prefill(st, view, chosen, alloc, busy, running, emitted, used, cap,
-                              assign, merge, now_s):
-            st.next_admit_s = now_s + poll_s
-            num_waiting -= len(chosen)
-            st.outstanding.extend(chosen)
+        if chosen:
+            # Output tokens each member's requests have emitted (the pause rule's input).
+            emitted = [sum([r.num_output_tokens for r in rs]) + d * len(rs)
+                       for rs, d in zip(running, ahead, strict=True)]
+            if prefill(st, view, chosen, alloc, busy, running, emitted, used, cap, assign,
+                       merge, now_s):
+                st.next_admit_s = now_s + poll_s
+                num_waiting -= len(chosen)
+                st.outstanding.extend(chosen)
     # Plan again when the next admission is due, and every ``max_wait_steps`` iterations
     # while anything runs (scaling). An admission refused now is retried at those times and
     # after each finish (the group asks then): what it waits for (KV, running slots) only
@@ -142,8 +143,10 @@ def plan_step(st: EspState, view: GroupView, now_s: float) -> GroupPlan:
         wake_s = now_s + poll_s
     if num_waiting and st.next_admit_s > now_s:
         wake_s = min(wake_s, st.next_admit_s) if wake_s is not None else st.next_admit_s
-    st.may_skip = (wake_s is not None and prefilling and not assign and not merge
-                   and all(a == b for a, b in zip(alloc, before, strict=True)))
+    # Polls are left out while a prefill runs, or while the queue is empty (then a poll only
+    # rescales, and an arrival plans at once).
+    st.may_skip = (wake_s is not None and (prefilling or not num_waiting) and not assign
+                   and not merge and all(a == b for a, b in zip(alloc, before, strict=True)))
     if st.may_skip:
         st.busy, st.prefills, st.running = busy, prefills, running
     return GroupPlan(tuple(alloc), tuple(assign), wake_s, tuple(merge))
@@ -161,15 +164,17 @@ def _pending(waiting: Sequence[Request]) -> Iterator[Pending]:
 def skip_polls(st: EspState, view: GroupView, busy: list[bool], prefills: list[bool],
                running: list[Sequence[Request]], wake_s: float) -> float:
     """The wake that replaces the polls this plan would be followed by while nothing can
-    change. A member prefills, this plan changes nothing, and every busy member is in a
-    step: one prefill step, or decodes whose instances stay what they need until the step
-    ends (the scaling bound at both ends of the step gives the same count). Until the first
-    of those steps ends (or an arrival or a finish, which plan at once) every poll reads the
-    same queues and the same scaling, so it changes nothing either (the refill's prediction
-    only gets later against a nearer iteration end, when it failed before its walk or the
-    running requests do not move; admission waits while a prefill runs) and only moves the
-    next admission on (``catch_up`` does that when the next plan comes). The polls' times
-    are the same chain of sums, so the plan after them comes at the same time."""
+    change. This plan changes nothing, a member prefills or the queue is empty, and every
+    busy member is in a step: one prefill step, or decodes whose instances stay what they
+    need until the step ends (the scaling bound at both ends of the step gives the count
+    they have). Until the first of those steps ends (or an arrival or a finish, which plan
+    at once) every poll reads the same queues and the same scaling, so it changes nothing
+    either (the refill's prediction only gets later against a nearer iteration end, when it
+    failed before its walk or the running requests do not move; admission waits while a
+    prefill runs; with the queue empty there is nothing to admit or refill) and, while a
+    prefill runs, only moves the next admission on (``catch_up`` does that when the next
+    plan comes). The polls' times are the same chain of sums, so the plan after them comes
+    at the same time."""
     bpi, bs = view.num_kv_blocks_per_instance, view.block_size
     end_s = math.inf
     for m, is_busy in enumerate(busy):
@@ -182,20 +187,24 @@ def skip_polls(st: EspState, view: GroupView, busy: list[bool], prefills: list[b
         # prefill, and a request queued on a member cuts its window): its counts hold until
         # the step ends.
         if not prefills[m]:  # decoding: its KV grows, its scaling must not change
-            if st.refill_walked or not st.elastic:
+            if st.refill_walked:
                 return wake_s
-            extra = headroom_blocks(st, len(running[m]), bs)
-            fewest = view.member_used_blocks_range(m)[0]
-            most = view.member_used_blocks_at_step_end(m)
-            if -(-(fewest + extra) // bpi) != -(-(most + extra) // bpi):
-                return wake_s
+            if st.elastic:
+                extra = headroom_blocks(st, len(running[m]), bs)
+                fewest = view.member_used_blocks_range(m)[0]
+                most = view.member_used_blocks_at_step_end(m)
+                k = -(-(most + extra) // bpi)
+                # (more than it has: no instance was free, and a merge for room may come)
+                if -(-(fewest + extra) // bpi) != k or k > len(view.instances_by_member[m]):
+                    return wake_s
         end_s = min(end_s, step_end_s)
     if wake_s >= end_s:
         return wake_s
     first_s = wake_s
     while wake_s < end_s:
         wake_s = wake_s + st.max_wait_steps * st.avg_decoding_s
-    st.skipped = (first_s, wake_s)
+    if any(prefills):  # the polls left out would each have moved the next admission on
+        st.skipped = (first_s, wake_s)
     return wake_s
 
 
