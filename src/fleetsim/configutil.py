@@ -33,7 +33,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str, default: Any = 
     """
     if not isinstance(data, Mapping):
         raise FleetsimInputError(where, data, f"expected a table of {cls.__name__} fields")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
@@ -64,6 +64,19 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str, default: Any = 
         if isinstance(value, int | float) and not isinstance(value, bool):
             check_number(value, f"{where}.{key}")
     return obj
+
+
+_HINTS: dict[type, dict[str, Any]] = {}  # class -> its fields' resolved annotations
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, once per class: the annotations are strings (``from
+    __future__ import annotations``), and resolving them compiles each one again (a full
+    ``repro loongserve`` builds about 4,000 config tables)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
 
 
 def _default_of(f: dataclasses.Field[Any]) -> Any:
