@@ -26,9 +26,10 @@ from types import ModuleType
 
 # Engine internals only: policies users subclass stay interpreted (a compiled class cannot be
 # subclassed from Python), except the planners' per-step helpers beside them: batching's,
-# Agent.xpu's and FastServe's functions (FastServe's with its per-job state, a record no one
-# subclasses); and ExpertPlex's cost model and step models (``moe/expertplex_steps.py``: the
-# engine prices every step and window with them; no one subclasses them).
+# Agent.xpu's, FastServe's and LoongServe's functions (FastServe's with its per-job state,
+# LoongServe's with its planner state: records no one subclasses); and ExpertPlex's cost
+# model and step models (``moe/expertplex_steps.py``: the engine prices every step and
+# window with them; no one subclasses them).
 NATIVE_MODULES = (
     "core/simulator.py",
     "serving/request.py",
