@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from itertools import accumulate
 from operator import itemgetter
 
 from fleetsim.esp.config import EspConfig
@@ -193,17 +192,29 @@ class Reservation:
             self._entries = sorted(self._entries, key=itemgetter(1), reverse=True)
             self._sorted = True
         entries = self._entries
-        rems = [rem for _, rem in entries]
-        used_before = [0, *accumulate(used for used, _ in entries)]
-        peaks = [rem * i + used for i, (rem, used) in enumerate(
-            zip(rems, used_before[1:], strict=True), 1)]
-        self._head = [-math.inf, *accumulate(peaks, max)]
-        tail: list[float] = [*accumulate([p + r for p, r in zip(
-            reversed(peaks), reversed(rems), strict=True)], max)]
-        tail.reverse()
-        tail.append(-math.inf)
-        self._used_before, self._tail = used_before, tail
-        self._neg_rem = neg_rem = [-rem for rem in rems]
+        n = len(entries)
+        neg_rem = [0] * n
+        used_before = [0] * (n + 1)
+        peaks = [0] * n
+        head: list[float] = [-math.inf] * (n + 1)
+        total, best = 0, -math.inf
+        for i in range(n):  # one pass each way (rebuilt after every entry a walk takes)
+            used, rem = entries[i]
+            total += used
+            used_before[i + 1] = total
+            neg_rem[i] = -rem
+            peaks[i] = peak = rem * (i + 1) + total
+            if peak > best:
+                best = float(peak)  # exact: token counts are far below 2**53
+            head[i + 1] = best
+        tail: list[float] = [-math.inf] * (n + 1)
+        best = -math.inf
+        for i in range(n - 1, -1, -1):
+            if peaks[i] - neg_rem[i] > best:
+                best = float(peaks[i] - neg_rem[i])
+            tail[i] = best
+        self._used_before, self._head, self._tail = used_before, head, tail
+        self._neg_rem = neg_rem
         return neg_rem
 
     def fits(self, entry: tuple[int, int]) -> bool:
