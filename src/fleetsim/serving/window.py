@@ -371,10 +371,13 @@ class DecodeWindows:
         late = 0.0
         before: list[tuple[int, int, Request]] = []
         at_end = w.at_end
-        decodes, lefts = step.decodes, w.lefts
-        for i in range(len(decodes)):  # (indices: cheaper than zip in the compiled engine)
-            r, left = decodes[i], lefts[i]
+        decodes = step.decodes
+        for i in range(len(decodes)):
+            r = decodes[i]
             c = r.num_computed_tokens
+            # ``w.lefts[i]``, from the request: untouched since the window opened, and read
+            # here anyway (the list's ints are cold by now, the request's fields are not)
+            left = r.max_output_tokens - r.num_output_tokens
             s_i = left if left < k else k  # steps it takes blocks for
             t_i = left if left < m else m  # steps it commits
             first = blocks_short(r, c + 1, bs, per_entry)
@@ -542,17 +545,23 @@ def _stretches(n: int, kv_tokens: int, k: int,
 
 def _steps_within(decodes: list[Request], bs: int, per_entry: int, free: int, k: int) -> int:
     """Largest number of steps (at most k) whose blocks after the first step fit ``free``."""
+    # A decoder takes a block at its first boundary j and every bs steps after, so the
+    # blocks taken at step j are those first taken there plus those taken at j - bs: one
+    # count per decoder and one pass over the steps, not one count per boundary crossed.
     new_blocks = [0] * k
     for r in decodes:
         c = r.num_computed_tokens
         first = blocks_short(r, c + 1, bs, per_entry)  # blocks after the first step, less held
         held = r.num_private_blocks + r.num_cached_entries * per_entry
         j = (held + (first if first > 0 else 0)) * bs - c
-        while j < k:
+        if j < k:
             new_blocks[j] += 1
-            j += bs
     taken = 0
-    for j, b in enumerate(new_blocks):
+    for j in range(k):
+        b = new_blocks[j]
+        if j >= bs:
+            b += new_blocks[j - bs]
+            new_blocks[j] = b
         taken += b
         if taken > free:
             return j
