@@ -18,7 +18,7 @@ from fleetsim.cli import main
 from fleetsim.config import EngineConfig
 from fleetsim.models import get_model
 from fleetsim.policies.trajectories import StickySkew, TrajectoryPlan
-from fleetsim.rl import agentic_rollout, trajectory_placement
+from fleetsim.rl import agentic_rollout, trajectories, trajectory_placement
 from fleetsim.rl.agentic_rollout import AgenticRolloutConfig, run_agentic_rollout
 from fleetsim.rl.resource_manager import (
     NODE_GPUS,
@@ -198,6 +198,44 @@ def test_predictor_quality_and_refinement():
     assert pearson0 < pearson2 and recall0 < recall2
     # Never below what a trajectory has already generated.
     assert default.predict(0, 1, 10 ** 6) == 10 ** 6
+
+
+def test_a_batch_drawn_again_is_the_first_draw_and_leaves_the_stream_alike():
+    """``sample_batch`` keeps a process's draws by (args, generator state): drawing again
+    from the same state gives the first draw's batch, read-only (it is shared), and leaves
+    the generator where a fresh draw leaves it, so the next draw is the next batch."""
+    args = TrajectoryArgs(num_prompts=3, samples_per_prompt=2)
+    reference = np.random.default_rng(11)
+    drawn = [trajectories._draw_batch(args, reference) for _ in range(2)]
+    rng = np.random.default_rng(11)
+    first = [sample_batch(args, rng) for _ in range(2)]
+    rng_again = np.random.default_rng(11)
+    again = [sample_batch(args, rng_again) for _ in range(2)]
+    assert again[0] is first[0] and again[1] is first[1]
+    for batch, ref in zip(again, drawn, strict=True):
+        assert batch.programs == ref.programs
+        assert np.array_equal(batch.group, ref.group)
+        assert np.array_equal(batch.output_tokens, ref.output_tokens)
+    assert first[0].programs != first[1].programs
+    assert rng_again.random() == rng.random() == reference.random()
+    with pytest.raises(ValueError, match="read-only"):
+        first[0].output_tokens[0] = 1
+    other = sample_batch(replace(args, num_prompts=4), np.random.default_rng(11))
+    assert len(other.programs) == 8
+
+
+def test_rollouts_sharing_standalone_times_match_fresh_ones():
+    """Standalone call times kept across rollouts (``_ALONE_S``, by model, GPU, engine and
+    TP) give what a fresh process gives: a rollout after others on other engines and TPs
+    equals the same rollout with nothing kept."""
+    cfg = _small(placement="heddle", scheduling="progressive_priority", tp=2)
+    others = [_small(tp=2, engine=EngineConfig(max_batched_tokens=256)), _small()]
+    for other in others:
+        run_agentic_rollout(other)
+    shared = run_agentic_rollout(cfg).summary
+    agentic_rollout._ALONE_S.clear()
+    trajectories._BATCHES.clear()
+    assert run_agentic_rollout(cfg).summary == shared
 
 
 def _small(**kw) -> AgenticRolloutConfig:
