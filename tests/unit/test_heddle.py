@@ -585,6 +585,29 @@ def test_replay_scoring_keeps_the_split_whose_replay_of_the_previous_rollout_end
         "resource_manager"] == rm
 
 
+def test_a_kept_split_is_the_search_a_fresh_process_makes():
+    """A first rollout's split is kept by what the search reads (``_SPLITS``): replay
+    scoring reuses the DP-scored config's search, and a config the search reads differently
+    (fewer annealing moves, another seed) searches again, as a fresh process does."""
+    model = get_model("qwen3-8b")
+    cfg = _four(placement="heddle", scheduling="progressive_priority", migration=True,
+                resource_manager=True, anneal_steps=40)
+
+    def manager_ss(c: AgenticRolloutConfig) -> np.random.SeedSequence:
+        return np.random.SeedSequence(c.seed).spawn(4)[3]
+
+    kept = agentic_rollout._allocate(cfg, model, manager_ss(cfg))
+    replay = replace(cfg, split_scoring="replay")
+    assert agentic_rollout._allocate(replay, model, manager_ss(replay)) is kept
+    others = [replace(cfg, anneal_steps=0), replace(cfg, seed=1)]
+    kept_others = [agentic_rollout._allocate(c, model, manager_ss(c)) for c in others]
+    agentic_rollout._SPLITS.clear()
+    assert agentic_rollout._allocate(cfg, model, manager_ss(cfg)) == kept
+    for c, k in zip(others, kept_others, strict=True):
+        assert agentic_rollout._allocate(c, model, manager_ss(c)) == k
+    assert kept_others[0].num_evaluated < kept.num_evaluated
+
+
 def test_bounded_replays_choose_what_full_replays_choose():
     """Branch and bound: each replay stops at the soonest finish so far, so a split that
     cannot win is not replayed to its end; the kept split and the winners' times are those

@@ -362,7 +362,32 @@ def _allocate(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequen
     the lengths the previous rollout of the same workload generated (``previous``, or for
     the first a batch drawn from its own stream, its lengths as measured when it finished)
     [R]. One single-replica pool per TP the model fits at gives each kind's step model and
-    KV capacity (the engine's own)."""
+    KV capacity (the engine's own). A first rollout's split is kept for the process
+    (``_SPLITS``): systems that differ only in how they then score splits share it."""
+    key = None
+    if previous is None:
+        key = (repr(to_plain(replace(cfg, split_scoring="dp"))), seeds.entropy,
+               seeds.spawn_key)
+        kept = _SPLITS.get(key)
+        if kept is not None:
+            return kept
+    allocation = _search(cfg, model, seeds, previous)
+    if key is not None:
+        if len(_SPLITS) >= MAX_KEPT_SPLITS:
+            del _SPLITS[next(iter(_SPLITS))]
+        _SPLITS[key] = allocation
+    return allocation
+
+
+# (the config but its split scoring, the manager's seed sequence) -> a first rollout's
+# ``_allocate``: what it reads (the history batch drawn from those seeds, the worker kinds'
+# step models and engine, the annealing) is fixed by these; bounded, oldest dropped first.
+_SPLITS: dict[tuple[object, ...], Allocation] = {}
+MAX_KEPT_SPLITS = 16
+
+
+def _search(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence,
+            previous: TrajectoryBatch | None) -> Allocation:
     history, anneal_ss = _history(cfg, seeds, previous)
     lengths = sorted((float(x) for x in history.output_tokens), reverse=True)
     kinds: dict[int, WorkerKind] = {}
