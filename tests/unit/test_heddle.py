@@ -158,38 +158,6 @@ def test_blocked_dp_equals_the_whole_matrix_dp_exactly(monkeypatch, block_cells)
             lengths, [(kinds[tp].per_token_s, kinds[tp].max_live) for tp in split])[1]
 
 
-def test_a_kept_cost_matrix_is_the_one_a_fresh_process_builds(monkeypatch):
-    """Group-cost matrices are kept by (lengths, T(b), live, block size): the same inputs
-    give the same (read-only) blocks, another per-token time, KV limit or block size its
-    own, each equal to a fresh build's."""
-    lengths = sorted((float(x) for x in np.random.default_rng(3).integers(1, 90, 37)),
-                     reverse=True)
-    other = lambda b: 0.6 + 0.07 * (b - 1) ** 1.3  # noqa: E731
-
-    def fresh(per_token_s, max_live):
-        trajectory_placement._MATRICES.clear()
-        return trajectory_placement.group_cost_matrix(lengths, per_token_s, max_live)
-
-    def same(x, y) -> bool:
-        return len(x) == len(y) and all(a == b and np.array_equal(c, d)
-                                        for (a, c), (b, d) in zip(x, y, strict=True))
-
-    cases = [(T, None), (T, 5), (other, 5)]
-    expected = [fresh(*case) for case in cases]
-    trajectory_placement._MATRICES.clear()
-    kept = [trajectory_placement.group_cost_matrix(lengths, *case) for case in cases]
-    for case, exp, first in zip(cases, expected, kept, strict=True):
-        again = trajectory_placement.group_cost_matrix(lengths, *case)
-        assert same(again, exp) and all(
-            c is d for (_, c), (_, d) in zip(again, first, strict=True))
-    assert not same(expected[0], expected[1]) and not same(expected[1], expected[2])
-    with pytest.raises(ValueError, match="read-only"):
-        kept[0][0][1][0, 0] = 1.0
-    monkeypatch.setattr(trajectory_placement, "BLOCK_CELLS", 64)
-    blocked = trajectory_placement.group_cost_matrix(lengths, T, None)
-    assert len(blocked) > len(kept[0]) and same(blocked, fresh(T, None))
-
-
 def test_placement_bands_and_moves():
     """Worker bands follow the sorted predictions; a trajectory revealed longer moves to the
     band of its new prediction only when that shortens the two workers' predicted finish,

@@ -89,26 +89,7 @@ def group_cost_matrix(lengths_desc: Sequence[float], per_token_s: Callable[[int]
         raise ValueError("lengths must be sorted longest first")
     live = max(1, n if max_live is None else min(n, max_live))
     t = np.array([0.0] + [per_token_s(b) for b in range(1, live + 1)], dtype=np.float64)
-    # The matrix is a function of exactly these: a process's placements and resource-manager
-    # searches on the same predictions and worker kind share it (a rollout's replays, the
-    # systems of one batch at one TP).
-    key = (lengths.tobytes(), t.tobytes(), live, BLOCK_CELLS)
-    kept = _MATRICES.pop(key, None)
-    if kept is None:
-        kept = _group_costs(lengths, t, live)
-        for _, block in kept:
-            block.flags.writeable = False
-        if len(_MATRICES) >= MAX_KEPT_MATRICES:
-            del _MATRICES[next(iter(_MATRICES))]
-    _MATRICES[key] = kept  # most recently used last
-    return list(kept)
-
-
-# (sorted lengths, T(0..live), live, block size) -> their group-cost matrix, read-only; at most
-# ``MAX_KEPT_MATRICES``, least recently used dropped first (about 17 MB each for Heddle's
-# 2,048 trajectories: the lower triangle).
-_MATRICES: dict[tuple[bytes, bytes, int, int], CostBlocks] = {}
-MAX_KEPT_MATRICES = 8
+    return _group_costs(lengths, t, live)
 
 
 def dp_start(n: int) -> NDArray[np.float64]:
