@@ -18,6 +18,7 @@ last turn is cut there: a truncated rollout).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +96,7 @@ class TrajectoryBatch:
 # is a function of exactly these, so a process's simulations share it (the Heddle entry draws
 # the same batch 39 times: each rollout's and each resource manager's history); bounded, oldest
 # dropped first. Shared batches are immutable (frozen programs, read-only arrays).
-_BATCHES: dict[tuple[object, ...], tuple[TrajectoryBatch, dict[str, Any]]] = {}
+_BATCHES: dict[tuple[object, ...], tuple[TrajectoryBatch, Mapping[str, Any]]] = {}
 MAX_CACHED_BATCHES = 16
 
 
