@@ -18,7 +18,7 @@ from fleetsim.cli import main
 from fleetsim.config import EngineConfig
 from fleetsim.models import get_model
 from fleetsim.policies.trajectories import StickySkew, TrajectoryPlan
-from fleetsim.rl import agentic_rollout, trajectory_placement
+from fleetsim.rl import agentic_rollout, trajectories, trajectory_placement
 from fleetsim.rl.agentic_rollout import AgenticRolloutConfig, run_agentic_rollout
 from fleetsim.rl.resource_manager import (
     NODE_GPUS,
@@ -198,6 +198,44 @@ def test_predictor_quality_and_refinement():
     assert pearson0 < pearson2 and recall0 < recall2
     # Never below what a trajectory has already generated.
     assert default.predict(0, 1, 10 ** 6) == 10 ** 6
+
+
+def test_a_batch_drawn_again_is_the_first_draw_and_leaves_the_stream_alike():
+    """``sample_batch`` keeps a process's draws by (args, generator state): drawing again
+    from the same state gives the first draw's batch, read-only (it is shared), and leaves
+    the generator where a fresh draw leaves it, so the next draw is the next batch."""
+    args = TrajectoryArgs(num_prompts=3, samples_per_prompt=2)
+    reference = np.random.default_rng(11)
+    drawn = [trajectories._draw_batch(args, reference) for _ in range(2)]
+    rng = np.random.default_rng(11)
+    first = [sample_batch(args, rng) for _ in range(2)]
+    rng_again = np.random.default_rng(11)
+    again = [sample_batch(args, rng_again) for _ in range(2)]
+    assert again[0] is first[0] and again[1] is first[1]
+    for batch, ref in zip(again, drawn, strict=True):
+        assert batch.programs == ref.programs
+        assert np.array_equal(batch.group, ref.group)
+        assert np.array_equal(batch.output_tokens, ref.output_tokens)
+    assert first[0].programs != first[1].programs
+    assert rng_again.random() == rng.random() == reference.random()
+    with pytest.raises(ValueError, match="read-only"):
+        first[0].output_tokens[0] = 1
+    other = sample_batch(replace(args, num_prompts=4), np.random.default_rng(11))
+    assert len(other.programs) == 8
+
+
+def test_rollouts_sharing_standalone_times_match_fresh_ones():
+    """Standalone call times kept across rollouts (``_ALONE_S``, by model, GPU, engine and
+    TP) give what a fresh process gives: a rollout after others on other engines and TPs
+    equals the same rollout with nothing kept."""
+    cfg = _small(placement="heddle", scheduling="progressive_priority", tp=2)
+    others = [_small(tp=2, engine=EngineConfig(max_batched_tokens=256)), _small()]
+    for other in others:
+        run_agentic_rollout(other)
+    shared = run_agentic_rollout(cfg).summary
+    agentic_rollout._ALONE_S.clear()
+    trajectories._BATCHES.clear()
+    assert run_agentic_rollout(cfg).summary == shared
 
 
 def _small(**kw) -> AgenticRolloutConfig:
@@ -545,6 +583,29 @@ def test_replay_scoring_keeps_the_split_whose_replay_of_the_previous_rollout_end
     assert all(r["rollout_s"] > 0 for r in done)
     assert run_agentic_rollout(_four(**base, split_scoring="replay")).summary[
         "resource_manager"] == rm
+
+
+def test_a_kept_split_is_the_search_a_fresh_process_makes():
+    """A first rollout's split is kept by what the search reads (``_SPLITS``): replay
+    scoring reuses the DP-scored config's search, and a config the search reads differently
+    (fewer annealing moves, another seed) searches again, as a fresh process does."""
+    model = get_model("qwen3-8b")
+    cfg = _four(placement="heddle", scheduling="progressive_priority", migration=True,
+                resource_manager=True, anneal_steps=40)
+
+    def manager_ss(c: AgenticRolloutConfig) -> np.random.SeedSequence:
+        return np.random.SeedSequence(c.seed).spawn(4)[3]
+
+    kept = agentic_rollout._allocate(cfg, model, manager_ss(cfg))
+    replay = replace(cfg, split_scoring="replay")
+    assert agentic_rollout._allocate(replay, model, manager_ss(replay)) is kept
+    others = [replace(cfg, anneal_steps=0), replace(cfg, seed=1)]
+    kept_others = [agentic_rollout._allocate(c, model, manager_ss(c)) for c in others]
+    agentic_rollout._SPLITS.clear()
+    assert agentic_rollout._allocate(cfg, model, manager_ss(cfg)) == kept
+    for c, k in zip(others, kept_others, strict=True):
+        assert agentic_rollout._allocate(c, model, manager_ss(c)) == k
+    assert kept_others[0].num_evaluated < kept.num_evaluated
 
 
 def test_bounded_replays_choose_what_full_replays_choose():

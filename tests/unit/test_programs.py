@@ -19,10 +19,11 @@ from fleetsim.programs.dag import assign_hash_ids, shared_prefix_tokens
 from fleetsim.programs.formats import weka_program
 from fleetsim.programs.generators import GENERATORS, generate
 from fleetsim.programs.source import kv_links
-from fleetsim.programs.standalone import CallTimer, critical_path_s
+from fleetsim.programs.standalone import CallTimer, _prefill_s, critical_path_s
 from fleetsim.registry import PolicySpec
 from fleetsim.run import run
 from fleetsim.search.slo_scale import _program_scale, deadline_slo_scale, program_slo_scales
+from fleetsim.serving.standalone import decode_time_s
 
 
 def write(tmp_path, lines):
@@ -150,6 +151,33 @@ def test_call_times_take_the_fastest_decode_pool_bit_for_bit(pools, num_summed):
                      for m in models)
         prefill = timer.call_s(prompt, 0, 1)  # (one token: the prefill alone)
         assert timer.call_s(prompt, 0, output) == prefill + 0.001 + 1e-6 * prompt + decode
+
+
+def test_timers_sharing_alone_caches_give_a_fresh_timers_times():
+    """Mixed pools: a call's time alone on each model is kept in ``alone_caches``; a timer
+    handed another's (equal step models) reads them and gives a fresh timer's floats, and
+    the least over the models is taken as before."""
+    models = [_LinearDecode(0.02, 3e-8), _LinearDecode(0.01, 5e-6)]
+    calls = ((10, 0, 2), (300, 64, 57), (4000, 0, 700), (20000, 128, 1500))
+    fresh = CallTimer(models, 512)
+    first = CallTimer(models, 512, alone_caches=[{}, {}])
+    times = [first.call_s(*c) for c in calls]
+    assert times == [fresh.call_s(*c) for c in calls]
+    assert all(len(cache) == len(calls) for cache in first.alone_caches)
+    # The second timer's models are never asked: every time comes from the shared caches.
+    second = CallTimer([_Refuses(), _Refuses()], 512, alone_caches=first.alone_caches)
+    assert [second.call_s(*c) for c in calls] == times
+    assert times[2] == min(_prefill_s(m, 4000, 0, 512) + decode_time_s(m, 4000, 700)
+                           for m in models)
+    with pytest.raises(ValueError, match="alone_caches"):
+        CallTimer(models, 512, alone_caches=[{}])
+
+
+class _Refuses:
+    def step_time_s(self, chunks, num_decode, kv):
+        raise AssertionError("a shared cache should have answered")
+
+    decode_step_times_s = step_time_s
 
 
 def test_weka_conversation_becomes_a_chain_with_a_sub_agent_fork_join():

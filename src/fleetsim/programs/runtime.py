@@ -17,13 +17,16 @@ from fleetsim.workloads.workload import Workload
 
 
 def call_timer(pools: Sequence[PoolSetup], model: ModelSpec, max_batched_tokens: int,
-               link_latency_s: float) -> CallTimer:
+               link_latency_s: float,
+               alone_caches: Sequence[dict[tuple[int, int, int], float]] = ()) -> CallTimer:
     """Standalone call times on the fastest pools of the cluster (a lower bound: see
-    ``programs.standalone``); P/D adds the handoff over the fastest idle link."""
+    ``programs.standalone``); P/D adds the handoff over the fastest idle link.
+    ``alone_caches``: mixed pools only, one per pool (``CallTimer.alone_caches``)."""
     entry = [p for p in pools if p.role != "decode"]
     decode = [p for p in pools if p.role == "decode"]
     if not decode:
-        return CallTimer([p.step_model for p in entry], max_batched_tokens)
+        return CallTimer([p.step_model for p in entry], max_batched_tokens,
+                         alone_caches=alone_caches)
     bw = max(min(p.link_bw_bytes_per_s, d.link_bw_bytes_per_s) for p in entry for d in decode)
     return CallTimer([p.step_model for p in entry], max_batched_tokens,
                      [d.step_model for d in decode],

@@ -30,11 +30,21 @@ class CallTimer:
     handoff_s_per_token: float = 0.0
     """P/D: seconds per prompt token over the fastest idle link (KV bytes / bandwidth)."""
     handoff_latency_s: float = 0.0
+    alone_caches: Sequence[dict[tuple[int, int, int], float]] = ()
+    """Mixed pools: per prefill model, a call's seconds on that model alone, keyed
+    (prompt, hit, output tokens); a caller that builds equal step models again (the same
+    model, GPU, TP and engine) passes the same dicts, so its simulations share them. Empty:
+    fresh ones."""
     _cache: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
     _decode_candidates: Sequence[StepTimeModel] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._decode_candidates = _never_slower(self.decode_models)
+        if not self.alone_caches:
+            self.alone_caches = [{} for _ in self.prefill_models]
+        elif len(self.alone_caches) != len(self.prefill_models):
+            raise ValueError(f"alone_caches must hold one dict per prefill model "
+                             f"({len(self.prefill_models)}), got {len(self.alone_caches)}")
 
     def call_s(self, num_prompt_tokens: int, num_hit_tokens: int, num_output_tokens: int
                ) -> float:
@@ -49,10 +59,19 @@ class CallTimer:
                  + min(decode_time_s(m, num_prompt_tokens, num_output_tokens)
                        for m in self._decode_candidates))
         else:
-            t = min(_prefill_s(m, num_prompt_tokens, num_hit_tokens, self.max_batched_tokens)
-                    + decode_time_s(m, num_prompt_tokens, num_output_tokens)
-                    for m in self.prefill_models)
+            t = min(self._alone_s(m, alone, key)
+                    for m, alone in zip(self.prefill_models, self.alone_caches, strict=True))
         self._cache[key] = t
+        return t
+
+    def _alone_s(self, model: StepTimeModel, alone: dict[tuple[int, int, int], float],
+                 key: tuple[int, int, int]) -> float:
+        t = alone.get(key)
+        if t is None:
+            num_prompt_tokens, num_hit_tokens, num_output_tokens = key
+            t = alone[key] = (
+                _prefill_s(model, num_prompt_tokens, num_hit_tokens, self.max_batched_tokens)
+                + decode_time_s(model, num_prompt_tokens, num_output_tokens))
         return t
 
     def calls_s(self, program: Program, block_tokens: int) -> list[float]:

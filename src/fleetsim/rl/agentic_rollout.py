@@ -232,8 +232,9 @@ def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
     """One rollout of ``batch`` on workers of ``split``, simulated up to ``until_s``:
     (driver, records, cluster, router, pool infos, placement), as ``_summary`` takes them."""
     initial = [predictor.predict(i, 0, 0) for i in range(len(batch.programs))]
+    pool_cfgs = _pool_configs(cfg, split)
     scfg = SimConfig(seed=cfg.seed, model=cfg.model, engine=cfg.engine, cluster=ClusterConfig(
-        pools=_pool_configs(cfg, split)))
+        pools=pool_cfgs))
     pools, infos = build_pools(scfg, model)
     placement = None
     if cfg.placement == "heddle":
@@ -242,7 +243,8 @@ def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
         placement = (Placement(initial, len(workers), *workers[0]) if len(pools) == 1
                      else Placement(initial, len(workers), *workers[0], workers=workers))
     eng = cfg.engine
-    timer = call_timer(pools, model, eng.max_batched_tokens, scfg.cluster.link.latency_s)
+    timer = call_timer(pools, model, eng.max_batched_tokens, scfg.cluster.link.latency_s,
+                       [_alone_cache(cfg, p.tp) for p in pool_cfgs])
     driver = RolloutDriver(ProgramSource(batch.programs, timer, HASH_BLOCK_TOKENS), batch,
                            predictor, placement, cfg.migration,
                            float(model.kv_bytes_per_token()))
@@ -259,6 +261,24 @@ def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
                       rng=np.random.default_rng(routing_ss))
     records, cluster = simulate(driver.calls_workload(), pools, settings, plugins, source=driver)
     return driver, records, cluster, router, infos, placement
+
+
+# (model, GPU, engine, TP) -> a call's standalone seconds on one such worker, keyed (prompt,
+# hit, output tokens): ``_simulate`` builds its step models from exactly these (its
+# ``SimConfig`` sets nothing else), so every rollout of the process on such a worker shares
+# them (``CallTimer.alone_caches``); bounded, oldest dropped first.
+_ALONE_S: dict[tuple[str, str, str, int], dict[tuple[int, int, int], float]] = {}
+MAX_ALONE_CACHES = 64
+
+
+def _alone_cache(cfg: AgenticRolloutConfig, tp: int) -> dict[tuple[int, int, int], float]:
+    key = (cfg.model, cfg.gpu, repr(to_plain(cfg.engine)), tp)
+    cache = _ALONE_S.get(key)
+    if cache is None:
+        if len(_ALONE_S) >= MAX_ALONE_CACHES:
+            del _ALONE_S[next(iter(_ALONE_S))]
+        cache = _ALONE_S[key] = {}
+    return cache
 
 
 def replay_candidates(allocation: Allocation, num_replayed: int) -> list[tuple[int, ...]]:
@@ -342,7 +362,32 @@ def _allocate(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequen
     the lengths the previous rollout of the same workload generated (``previous``, or for
     the first a batch drawn from its own stream, its lengths as measured when it finished)
     [R]. One single-replica pool per TP the model fits at gives each kind's step model and
-    KV capacity (the engine's own)."""
+    KV capacity (the engine's own). A first rollout's split is kept for the process
+    (``_SPLITS``): systems that differ only in how they then score splits share it."""
+    key = None
+    if previous is None:
+        key = (repr(to_plain(replace(cfg, split_scoring="dp"))), seeds.entropy,
+               seeds.spawn_key)
+        kept = _SPLITS.get(key)
+        if kept is not None:
+            return kept
+    allocation = _search(cfg, model, seeds, previous)
+    if key is not None:
+        if len(_SPLITS) >= MAX_KEPT_SPLITS:
+            del _SPLITS[next(iter(_SPLITS))]
+        _SPLITS[key] = allocation
+    return allocation
+
+
+# (the config but its split scoring, the manager's seed sequence) -> a first rollout's
+# ``_allocate``: what it reads (the history batch drawn from those seeds, the worker kinds'
+# step models and engine, the annealing) is fixed by these; bounded, oldest dropped first.
+_SPLITS: dict[tuple[object, ...], Allocation] = {}
+MAX_KEPT_SPLITS = 16
+
+
+def _search(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence,
+            previous: TrajectoryBatch | None) -> Allocation:
     history, anneal_ss = _history(cfg, seeds, previous)
     lengths = sorted((float(x) for x in history.output_tokens), reverse=True)
     kinds: dict[int, WorkerKind] = {}

@@ -18,7 +18,9 @@ last turn is cut there: a truncated rollout).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -90,8 +92,43 @@ class TrajectoryBatch:
     """Tokens each trajectory generates over all its turns (what a predictor predicts)."""
 
 
+# (args, the generator's state before the draw) -> (the batch, the state after it): a batch
+# is a function of exactly these, so a process's simulations share it (the Heddle entry draws
+# the same batch 39 times: each rollout's and each resource manager's history); bounded, oldest
+# dropped first. Shared batches are immutable (frozen programs, read-only arrays).
+_BATCHES: dict[tuple[object, ...], tuple[TrajectoryBatch, Mapping[str, Any]]] = {}
+MAX_CACHED_BATCHES = 16
+
+
 def sample_batch(args: TrajectoryArgs, rng: np.random.Generator) -> TrajectoryBatch:
-    """Draw one batch of ``num_prompts * samples_per_prompt`` trajectories."""
+    """Draw one batch of ``num_prompts * samples_per_prompt`` trajectories; ``rng`` is left
+    where the draw leaves it, whether the batch is drawn or is the process's earlier draw of
+    the same ``args`` from the same state."""
+    bit_generator = rng.bit_generator
+    key = (args, _frozen(bit_generator.state))
+    kept = _BATCHES.get(key)
+    if kept is not None:
+        bit_generator.state = kept[1]
+        return kept[0]
+    batch = _draw_batch(args, rng)
+    batch.group.flags.writeable = False
+    batch.output_tokens.flags.writeable = False
+    if len(_BATCHES) >= MAX_CACHED_BATCHES:
+        del _BATCHES[next(iter(_BATCHES))]
+    _BATCHES[key] = batch, bit_generator.state
+    return batch
+
+
+def _frozen(state: object) -> object:
+    """A bit generator's state (nested dicts of ints, strings and arrays) as a hashable."""
+    if isinstance(state, dict):
+        return tuple((k, _frozen(v)) for k, v in sorted(state.items()))
+    if isinstance(state, np.ndarray):
+        return state.dtype.str, state.shape, state.tobytes()
+    return state
+
+
+def _draw_batch(args: TrajectoryArgs, rng: np.random.Generator) -> TrajectoryBatch:
     groups = polytrace_groups(args.length_run)
     shares = np.asarray(args.turn_shares, dtype=np.float64)
     shares = shares / shares.sum()
