@@ -40,6 +40,19 @@ def test_map_raises_a_helpers_exception():
         SubRuns(2).map(_fail_on_two, [1, 2, 3])
 
 
+def test_helper_processes_last_across_maps_until_closed():
+    """An entry's rounds reuse the processes of its earlier rounds (a fresh pool per round
+    paid a fresh fleetsim import per process), and a failed round leaves a working pool."""
+    with SubRuns(2) as subruns:
+        first = {pid for _, pid in subruns.map(_square_pid, list(range(4)))}
+        second = {pid for _, pid in subruns.map(_square_pid, list(range(4)))}
+        assert second <= first and os.getpid() not in first
+        with pytest.raises(ValueError, match="two"):
+            subruns.map(_fail_on_two, [1, 2, 3])
+        assert [v for v, _ in subruns.map(_square_pid, [5, 6])] == [25, 36]
+    assert subruns._pool is None  # closed: its processes are gone
+
+
 def test_borrowed_cores_are_given_back():
     semaphore = threading.Semaphore(0)
     tokens = CoreTokens(semaphore)

@@ -130,9 +130,13 @@ def run_entry(task: EntryTask) -> EntryResult:
     try:
         repro = get_reproduction(task.name)
         start = time.perf_counter()
-        comparison, _ = run_reproduction(
-            repro, quick=task.quick, overrides=task.overrides,
-            subruns=None if task.tokens is None else SubRuns(1, task.tokens))
+        subruns = SubRuns(1, task.tokens) if task.tokens is not None else None
+        try:
+            comparison, _ = run_reproduction(
+                repro, quick=task.quick, overrides=task.overrides, subruns=subruns)
+        finally:
+            if subruns is not None:
+                subruns.close()
         doc = to_document(repro, comparison, quick=task.quick)
         doc["wall_s"] = round(time.perf_counter() - start, 2)
     except FleetsimInputError as err:
@@ -288,18 +292,25 @@ def _write_board(out: Path, board: dict[str, Any], results: list[Any]) -> None:
 def _run(repro: Any, args: argparse.Namespace) -> tuple[Any, Any, float]:
     import os
 
-    from fleetsim.output import progress_bar
     from fleetsim.repro.frame import run_reproduction
 
     console = Console(stderr=True)
-    subruns = SubRuns(args.workers or os.cpu_count() or 1)
     loads = repro.loads.quick_values if args.quick else repro.loads.values
     total = (1 + len(repro.baselines)) * len(loads)
     start = time.perf_counter()
-    if not console.is_terminal:
-        comparison, ctx = run_reproduction(repro, quick=args.quick, overrides=args.overrides,
-                                           subruns=subruns)
-        return comparison, ctx, time.perf_counter() - start
+    with SubRuns(args.workers or os.cpu_count() or 1) as subruns:
+        if not console.is_terminal:
+            comparison, ctx = run_reproduction(repro, quick=args.quick,
+                                               overrides=args.overrides, subruns=subruns)
+            return comparison, ctx, time.perf_counter() - start
+        return _run_with_progress(repro, args, console, subruns, total, start)
+
+
+def _run_with_progress(repro: Any, args: argparse.Namespace, console: Console,
+                       subruns: SubRuns, total: int, start: float) -> tuple[Any, Any, float]:
+    from fleetsim.output import progress_bar
+    from fleetsim.repro.frame import run_reproduction
+
     with progress_bar(console, repro.key) as bar:
         task = bar.add_task("runs", total=total, note="")
 
