@@ -246,6 +246,24 @@ def summarize(result: Served) -> dict[str, Any]:
     }
 
 
+def run_summaries(ctx: ReproContext, runs: list[tuple[str, AgentXpuSetup, float, System]]
+                  ) -> list[dict[str, Any]]:
+    """The summaries of ``runs`` (progress label, setup, reactive requests/min, system),
+    independent simulations spread over ``ctx.subruns``; in ``runs``' order."""
+    out = ctx.subruns.map(_summary, [(setup, rate, system) for _, setup, rate, system in runs])
+    if ctx.progress is not None:
+        for label, *_ in runs:
+            ctx.progress(label)
+    return out
+
+
+def _summary(item: tuple[AgentXpuSetup, float, System]) -> dict[str, Any]:
+    """One run's summary (``run_summaries``), in a helper process or here."""
+    setup, rate, system = item
+    return summarize(simulate(setup, rate, system,
+                              ModelCost(get_model(setup.model), setup.bits_per_weight)))
+
+
 def compare(ctx: ReproContext) -> Comparison:
     setup = setup_from(ctx, AgentXpuSetup, QUICK, "agent-xpu")
     cost = ModelCost(get_model(setup.model), setup.bits_per_weight)
@@ -253,16 +271,16 @@ def compare(ctx: ReproContext) -> Comparison:
     results: dict[str, dict[str, float | None]] = {
         p: {} for p in (*POLICIES, *ABLATIONS, BANDWIDTH_BLIND)}
     summaries: dict[tuple[str, str], dict[str, Any]] = {}
-    for rate in rates:
+    runs = [(policy, rate, scheduler) for rate in rates
+            for policy, scheduler in schedulers(setup, cost).items()]
+    done = run_summaries(ctx, [(f"{policy} @ {rate:g}/min", setup, rate, scheduler)
+                               for policy, rate, scheduler in runs])
+    for (policy, rate, _), s in zip(runs, done, strict=True):
         label = f"{rate:g}"
-        for policy, scheduler in schedulers(setup, cost).items():
-            if ctx.progress is not None:
-                ctx.progress(f"{policy} @ {label}/min")
-            s = summarize(simulate(setup, rate, scheduler, cost))
-            summaries[(policy, label)] = s
-            results[policy][label] = s["reactive_latency_mean_s"]
-            ctx.keep(policy, label, s, {"policy": policy, "reactive_per_min": rate,
-                                        **dataclasses.asdict(setup)})
+        summaries[(policy, label)] = s
+        results[policy][label] = s["reactive_latency_mean_s"]
+        ctx.keep(policy, label, s, {"policy": policy, "reactive_per_min": rate,
+                                    **dataclasses.asdict(setup)})
     comparison = _comparison(setup, cost, rates, results, summaries)
     if not ctx.quick:
         comparison.notes.extend(background_curve(setup, cost, ctx))
@@ -353,12 +371,13 @@ def device_notes(setup: AgentXpuSetup, cost: ModelCost) -> list[str]:
 def chunk_sweep(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> list[str]:
     """Agent.xpu at every preemption chunk of the replication plan, at 2 requests/min."""
     notes = []
+    runs = []
     for chunk in CHUNK_SWEEP:
-        if ctx.progress is not None:
-            ctx.progress(f"agent-xpu chunk {chunk}")
         run_setup = dataclasses.replace(setup, chunk_tokens=chunk)
-        system = agent_xpu_system(run_setup, cost)
-        s = summarize(simulate(run_setup, 2.0, system, cost))
+        runs.append((f"agent-xpu chunk {chunk}", run_setup, 2.0,
+                     agent_xpu_system(run_setup, cost)))
+    for chunk, (_, _, _, system), s in zip(CHUNK_SWEEP, runs, run_summaries(ctx, runs),
+                                           strict=True):
         notes.append(f"chunk {chunk}: reactive latency mean/P99 "
                      f"{fmt(s['reactive_latency_mean_s'])}/{fmt(s['reactive_latency_p99_s'])} s, "
                      f"TTFT {fmt(s['reactive_ttft_mean_s'])} s, proactive "
@@ -380,16 +399,17 @@ def _cut_and_gain(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
 def background_curve(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> list[str]:
     """At 2 requests/min, the ratio over the background load: the number of proactive flows
     (``BACKGROUND_FLOWS``; the paper's is not in its abstracts), every policy."""
-    per_flows: dict[int, dict[str, dict[str, Any]]] = {}
+    per_flows: dict[int, dict[str, dict[str, Any]]] = {flows: {} for flows in BACKGROUND_FLOWS}
+    keys, runs = [], []
     for flows in BACKGROUND_FLOWS:
         run_setup = dataclasses.replace(setup, num_proactive_flows=flows)
-        per_flows[flows] = {}
         for policy, scheduler in schedulers(run_setup, cost).items():
             if policy == BANDWIDTH_BLIND:  # the ablation runs at the loads only
                 continue
-            if ctx.progress is not None:
-                ctx.progress(f"{policy}, {flows} proactive flows")
-            per_flows[flows][policy] = summarize(simulate(run_setup, 2.0, scheduler, cost))
+            keys.append((flows, policy))
+            runs.append((f"{policy}, {flows} proactive flows", run_setup, 2.0, scheduler))
+    for (flows, policy), s in zip(keys, run_summaries(ctx, runs), strict=True):
+        per_flows[flows][policy] = s
 
     def latency_ratio(ours: str, theirs: str, s: dict[str, dict[str, Any]]) -> float | None:
         return better_ratio(s[ours]["reactive_latency_mean_s"],
@@ -412,14 +432,9 @@ def sensitivity(setup: AgentXpuSetup, cost: ModelCost, ctx: ReproContext) -> lis
     """At 2 requests/min: against an iGPU engine that batches (continuous batching, 8
     slots)."""
     notes = []
-
-    def go(label: str, system: System) -> dict[str, Any]:
-        if ctx.progress is not None:
-            ctx.progress(label)
-        return summarize(simulate(setup, 2.0, system, cost))
-
-    ours = go("agent-xpu", agent_xpu_system(setup, cost))
-    batching = go("igpu-only, 8 slots", OnEngine(IGPU, max_running=8))
+    ours, batching = run_summaries(ctx, [
+        ("agent-xpu", setup, 2.0, agent_xpu_system(setup, cost)),
+        ("igpu-only, 8 slots", setup, 2.0, OnEngine(IGPU, max_running=8))])
     notes.append(f"vs an iGPU engine batching 8 requests (continuous batching, FCFS): "
                  f"{_cut_and_gain(ours, batching)}")
     return notes
