@@ -94,7 +94,7 @@ def test_affinity_maps_prefill_to_the_npu_and_decode_to_the_igpu():
 
 
 def _reactive_mean_s(system, setup, cost):
-    return repro.summarize(repro.simulate(setup, 2.0, system, cost))["reactive_latency_mean_s"]
+    return repro.summarize(repro.simulate(setup, 2.0, system))["reactive_latency_mean_s"]
 
 
 def test_the_npu_prefill_igpu_decode_mapping_is_what_cuts_reactive_latency():
@@ -123,8 +123,7 @@ def test_the_example_config_runs_the_repro_system():
     ours = summary["agent_traffic"]
     setup = repro.AgentXpuSetup(duration_s=180.0)
     cost = ModelCost(get_model(setup.model), setup.bits_per_weight)
-    theirs = repro.summarize(repro.simulate(setup, 2.0, repro.agent_xpu_system(setup, cost),
-                                            cost))
+    theirs = repro.summarize(repro.simulate(setup, 2.0, repro.agent_xpu_system(setup, cost)))
     assert ours["num_reactive"] == theirs["num_reactive"] > 0
     assert ours["reactive_latency_mean_s"] == theirs["reactive_latency_mean_s"]
     assert ours["proactive_per_min"] == theirs["proactive_per_min"] > 0

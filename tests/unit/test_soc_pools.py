@@ -191,8 +191,7 @@ def test_agent_traffic_on_the_engine_equals_the_soc_engine(order, ordering, paus
     requests): the engine gives the SoC engine's figures."""
     from fleetsim.repro.agent_xpu import IGPU, AgentXpuSetup, OnEngine, simulate, summarize
     setup = AgentXpuSetup(duration_s=240.0, num_proactive_flows=3, seed=3)
-    cost = ModelCost(get_model(MODEL), 4.5)
-    new = summarize(simulate(setup, 6.0, OnEngine(IGPU, ordering=ordering, pause=pause), cost))
+    new = summarize(simulate(setup, 6.0, OnEngine(IGPU, ordering=ordering, pause=pause)))
     old = dict(REFERENCE[f"agent_traffic_igpu_{order}"])
     assert new.pop("busy_share")["igpu"] == pytest.approx(old.pop("busy_share")["igpu"])
     assert new["num_reactive"] > 10 and new["proactive_per_min"] > 0
@@ -218,8 +217,7 @@ def test_tensor_split_on_the_engine_equals_the_soc_engine():
     best NPU share (the halves sharing the DDR), decode where its share puts it."""
     from fleetsim.repro.agent_xpu import SPLIT, AgentXpuSetup, OnEngine, simulate, summarize
     setup = AgentXpuSetup(duration_s=240.0, num_proactive_flows=3, seed=5)
-    cost = ModelCost(get_model(MODEL), 4.5)
-    new = summarize(simulate(setup, 6.0, OnEngine(SPLIT), cost))
+    new = summarize(simulate(setup, 6.0, OnEngine(SPLIT)))
     old = dict(REFERENCE["agent_traffic_static_partition"])
     new.pop("busy_share"), old.pop("busy_share")
     assert new["num_reactive"] > 10

@@ -208,8 +208,7 @@ def engine_config(setup: AgentXpuSetup, system: OnEngine) -> SimConfig:
         "policy": {"ordering": system.ordering, **_batching(setup, system)}})
 
 
-def simulate(setup: AgentXpuSetup, rate_per_min: float, system: System,
-             cost: ModelCost) -> Served:
+def simulate(setup: AgentXpuSetup, rate_per_min: float, system: System) -> Served:
     out = run_agent_traffic(engine_config(setup, system), traffic(setup, rate_per_min))
     r = out.records.requests
     reactive = np.isin(r["request_id"], np.array(sorted(out.reactive_ids), dtype=np.int64))
@@ -260,8 +259,7 @@ def run_summaries(ctx: ReproContext, runs: list[tuple[str, AgentXpuSetup, float,
 def _summary(item: tuple[AgentXpuSetup, float, System]) -> dict[str, Any]:
     """One run's summary (``run_summaries``), in a helper process or here."""
     setup, rate, system = item
-    return summarize(simulate(setup, rate, system,
-                              ModelCost(get_model(setup.model), setup.bits_per_weight)))
+    return summarize(simulate(setup, rate, system))
 
 
 def compare(ctx: ReproContext) -> Comparison:
