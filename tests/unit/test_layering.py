@@ -60,7 +60,8 @@ ALLOWED = {
     "cli": None,  # the front end may import anything
     "__main__": None,  # `python -m fleetsim`: the front end's other door
 }
-LEAVES = {"errors", "configutil", "formatting", "inputs", "output", "registry"}  # shared helpers
+LEAVES = {"errors", "configutil", "formatting", "inputs", "output", "registry",
+          "memo"}  # shared helpers
 
 
 def fleetsim_imports(path: Path) -> set[str]:

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from fleetsim.esp.admission import Admission
 from fleetsim.esp.config import EspConfig
 from fleetsim.esp.cost import AnalyticalModel, fit_analytical
+from fleetsim.memo import BoundedMemo
 from fleetsim.policies.esp_steps import EspState, plan_step, skip_polls
 from fleetsim.policies.group_planners import register_group_planner
 from fleetsim.serving.contract import GroupPlan, GroupView
@@ -58,8 +59,7 @@ from fleetsim.serving.request import Request
 # (step model key, instances, KV tokens per instance) -> the fit: profiling is ~84 prefills
 # priced by the step model, the same in every run of one layout (a sweep's rates, the
 # benchmark's warm-up); bounded, as a sweep over step models could grow it.
-_FITS: dict[tuple[object, int, int], AnalyticalModel] = {}
-_MAX_FITS = 64
+_FITS: BoundedMemo[tuple[object, int, int], AnalyticalModel] = BoundedMemo(64)
 
 
 def _fit(view: GroupView, num_instances: int, cap: int) -> AnalyticalModel:
@@ -71,9 +71,7 @@ def _fit(view: GroupView, num_instances: int, cap: int) -> AnalyticalModel:
             lambda lengths, k: view.step_time_s(k, [(x, 0) for x in lengths], 0, 0),
             num_instances, cap)
         if key is not None:
-            if len(_FITS) >= _MAX_FITS:
-                _FITS.clear()
-            _FITS[(key, num_instances, cap)] = fit
+            _FITS.put((key, num_instances, cap), fit)
     return fit
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from fleetsim.config import ClusterConfig, EngineConfig, PoolConfig, SimConfig
 from fleetsim.configutil import to_plain
 from fleetsim.errors import FleetsimInputError
+from fleetsim.memo import BoundedMemo
 from fleetsim.models import get_model
 from fleetsim.policies.routing import make_router
 from fleetsim.policies.trajectories import TrajectoryPlan
@@ -267,18 +268,14 @@ def _simulate(cfg: AgenticRolloutConfig, model: Any, batch: TrajectoryBatch,
 # hit, output tokens): ``_simulate`` builds its step models from exactly these (its
 # ``SimConfig`` sets nothing else), so every rollout of the process on such a worker shares
 # them (``CallTimer.alone_caches``); bounded, oldest dropped first.
-_ALONE_S: dict[tuple[str, str, str, int], dict[tuple[int, int, int], float]] = {}
-MAX_ALONE_CACHES = 64
+_ALONE_S: BoundedMemo[tuple[str, str, str, int], dict[tuple[int, int, int], float]] = (
+    BoundedMemo(64))
 
 
 def _alone_cache(cfg: AgenticRolloutConfig, tp: int) -> dict[tuple[int, int, int], float]:
     key = (cfg.model, cfg.gpu, repr(to_plain(cfg.engine)), tp)
     cache = _ALONE_S.get(key)
-    if cache is None:
-        if len(_ALONE_S) >= MAX_ALONE_CACHES:
-            del _ALONE_S[next(iter(_ALONE_S))]
-        cache = _ALONE_S[key] = {}
-    return cache
+    return cache if cache is not None else _ALONE_S.put(key, {})
 
 
 def replay_candidates(allocation: Allocation, num_replayed: int) -> list[tuple[int, ...]]:
@@ -372,18 +369,13 @@ def _allocate(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequen
         if kept is not None:
             return kept
     allocation = _search(cfg, model, seeds, previous)
-    if key is not None:
-        if len(_SPLITS) >= MAX_KEPT_SPLITS:
-            del _SPLITS[next(iter(_SPLITS))]
-        _SPLITS[key] = allocation
-    return allocation
+    return _SPLITS.put(key, allocation) if key is not None else allocation
 
 
 # (the config but its split scoring, the manager's seed sequence) -> a first rollout's
 # ``_allocate``: what it reads (the history batch drawn from those seeds, the worker kinds'
 # step models and engine, the annealing) is fixed by these; bounded, oldest dropped first.
-_SPLITS: dict[tuple[object, ...], Allocation] = {}
-MAX_KEPT_SPLITS = 16
+_SPLITS: BoundedMemo[tuple[object, ...], Allocation] = BoundedMemo(16)
 
 
 def _search(cfg: AgenticRolloutConfig, model: Any, seeds: np.random.SeedSequence,

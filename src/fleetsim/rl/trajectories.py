@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fleetsim.memo import BoundedMemo
 from fleetsim.programs.dag import Call, Program
 from fleetsim.programs.generators import SIGMA_TOOL
 from fleetsim.rl.lengths import polytrace_groups
@@ -96,8 +97,8 @@ class TrajectoryBatch:
 # is a function of exactly these, so a process's simulations share it (the Heddle entry draws
 # the same batch 39 times: each rollout's and each resource manager's history); bounded, oldest
 # dropped first. Shared batches are immutable (frozen programs, read-only arrays).
-_BATCHES: dict[tuple[object, ...], tuple[TrajectoryBatch, Mapping[str, Any]]] = {}
-MAX_CACHED_BATCHES = 16
+_BATCHES: BoundedMemo[tuple[object, ...], tuple[TrajectoryBatch, Mapping[str, Any]]] = (
+    BoundedMemo(16))
 
 
 def sample_batch(args: TrajectoryArgs, rng: np.random.Generator) -> TrajectoryBatch:
@@ -113,9 +114,7 @@ def sample_batch(args: TrajectoryArgs, rng: np.random.Generator) -> TrajectoryBa
     batch = _draw_batch(args, rng)
     batch.group.flags.writeable = False
     batch.output_tokens.flags.writeable = False
-    if len(_BATCHES) >= MAX_CACHED_BATCHES:
-        del _BATCHES[next(iter(_BATCHES))]
-    _BATCHES[key] = batch, bit_generator.state
+    _BATCHES.put(key, (batch, bit_generator.state))
     return batch
 
 
