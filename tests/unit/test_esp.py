@@ -540,6 +540,10 @@ def test_without_esp_the_group_is_one_member_of_every_instance():
     ({"max_running": 0}, "max_running must be >= 1"),
     ({"max_prefill_s": 0.0}, "max_prefill_s and avg_decoding_s must be > 0"),
     ({"max_out_of_order": -1}, "max_wait_steps and max_out_of_order must be >= 0"),
+    # a poll period below a microsecond stalled the planner's skip loop (found by the
+    # hostile-inputs property test drawing 1e-300)
+    ({"avg_decoding_s": 1e-300}, "avg_decoding_s must be >= 1e-06 s"),
+    ({"avg_decoding_s": 5e-7}, "avg_decoding_s must be >= 1e-06 s"),
 ])
 def test_bad_config_names_the_field(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
@@ -550,6 +554,7 @@ def test_bad_config_names_the_field(kwargs, needle):
     (["--set", "group.step_model=tp"], "group.step_model must be one of esp"),
     (["--set", "group.min_compute_bound_batch=0"], "min_compute_bound_batch"),
     (["--set", "group.planner={name='esp', args={max_prefill_s=0}}"], "max_prefill_s"),
+    (["--set", "group.planner={name='esp', args={avg_decoding_s=1e-300}}"], "avg_decoding_s"),
     (["--set", "group.planner={name='espy'}"], "known policies"),
     (["--set", "group.planner={name='esp'}", "--set", "programs.rate_per_s=1"], "group needs"),
 ])

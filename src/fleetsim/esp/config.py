@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MIN_DECODING_S = 1e-6
+"""Smallest ``avg_decoding_s`` accepted, seconds (see ``EspConfig.__post_init__``)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EspConfig:
@@ -37,3 +40,10 @@ class EspConfig:
         if self.max_prefill_s <= 0 or self.avg_decoding_s <= 0:
             raise ValueError(f"max_prefill_s and avg_decoding_s must be > 0, got "
                              f"{self.max_prefill_s} and {self.avg_decoding_s}")
+        # The planner polls every max_wait_steps * avg_decoding_s: a period far below any
+        # real decode iteration stalls the simulation (1e-300 s never moves a clock past 1e-284
+        # s), so the estimate must be at least a microsecond, far below any GPU's iteration.
+        if self.avg_decoding_s < MIN_DECODING_S:
+            raise ValueError(f"avg_decoding_s must be >= {MIN_DECODING_S:g} s (a decode "
+                             f"iteration's time; LightLLM's default 0.022), got "
+                             f"{self.avg_decoding_s:g}")

@@ -198,8 +198,8 @@ def skip_polls(st: EspState, view: GroupView, busy: list[bool], prefills: list[b
                 if -(-(fewest + extra) // bpi) != k or k > len(view.instances_by_member[m]):
                     return wake_s
         end_s = min(end_s, step_end_s)
-    if wake_s >= end_s:
-        return wake_s
+    if wake_s >= end_s or wake_s + st.max_wait_steps * st.avg_decoding_s <= wake_s:
+        return wake_s  # (a poll period of 0 steps, max_wait_steps = 0, moves no clock)
     first_s = wake_s
     while wake_s < end_s:
         wake_s = wake_s + st.max_wait_steps * st.avg_decoding_s
