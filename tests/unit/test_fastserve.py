@@ -189,19 +189,28 @@ def test_only_the_artifacts_eager_vllm_runs_pay_the_launch_overhead():
     assert plain == graphs  # the same vLLM otherwise
 
 
-def test_the_document_measures_what_the_filter_keeps_of_the_embedded_lengths():
-    """The artifact's client sends first turns; ours draws filtered rows: the note gives what
-    the filter keeps, counted here independently from the embedded file."""
-    from fleetsim.repro.fastserve import lengths_note
+def test_the_entry_draws_first_turns_and_its_note_measures_both_length_sources():
+    """The artifact's client sends first turns: the entry draws the first-turn histogram
+    (every pair already passes the client's filter), and its note gives the first turns'
+    means beside what the filter keeps of whole conversations, counted here independently."""
+    from fleetsim.repro.fastserve import config, lengths_note
     from fleetsim.workloads.loaders import read_column
 
+    run = config("fastserve", 1.0, 10)["workload"]["lengths"]
+    assert run["path"] == "embedded:sharegpt_first_turn_opt"
+    assert run["count_column"] == "num_requests"
+    p = read_column(run["path"], "num_prefill_tokens")
+    o = read_column(run["path"], "num_decode_tokens")
+    n = read_column(run["path"], "num_requests")
+    assert p.max() <= 1024 and (p + o).max() <= 2048
+    first_p, first_o = (p * n).sum() / n.sum(), (o * n).sum() / n.sum()
     prompts = read_column("embedded:sharegpt_lengths", "num_prefill_tokens")
     outputs = read_column("embedded:sharegpt_lengths", "num_decode_tokens")
     kept = (prompts <= 1024) & (prompts + outputs <= 2048)
     note = lengths_note()
-    assert f"keeps {kept.sum():,} of {len(prompts):,}" in note
+    assert f"mean prompt {first_p:.0f} / output {first_o:.0f} tokens" in note
+    assert f"keep {kept.sum():,} of {len(prompts):,}" in note
     assert f"mean prompt {prompts[kept].mean():.0f} / output {outputs[kept].mean():.0f}" in note
-    assert f"average {prompts.mean():,.0f} tokens" in note
 
 
 class EveryJobLooked(FastServePlanner):

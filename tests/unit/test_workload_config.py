@@ -10,6 +10,7 @@ import pytest
 
 from fleetsim.configutil import from_dict
 from fleetsim.errors import FleetsimInputError
+from fleetsim.workloads.config import PairedLengthsConfig
 from fleetsim.workloads import (
     LengthConfig,
     WorkloadConfig,
@@ -228,7 +229,43 @@ def test_paired_sharegpt_as_vllm_benchmark_samples_it() -> None:
     assert not (build(PAIRED, seed=1).num_output_tokens == o).all()
 
 
+def test_counted_rows_are_drawn_in_proportion_to_their_counts(tmp_path: Path) -> None:
+    rows = tmp_path / "hist.csv"
+    # (10, 1010) stands for 3 requests, (20, 1020) for 1
+    rows.write_text("p,o,n\n10,1010,3\n20,1020,1\n")
+    w = build({"trace": "synthetic", "rate_per_s": 5.0, "num_requests": 4000,
+               "lengths": {"path": str(rows), "prompt_column": "p", "output_column": "o",
+                           "count_column": "n"}})
+    p = w.num_prompt_tokens
+    assert set(p.tolist()) == {10, 20}
+    assert (w.num_output_tokens == p + 1000).all()
+    assert (p == 10).mean() == pytest.approx(0.75, abs=0.03)  # 3 of 4; 4,000 draws: sd 0.007
+
+
+def test_embedded_sharegpt_first_turns_are_the_histogram_data_readme_describes() -> None:
+    """The statistics src/fleetsim/data/README.md states (tools/sharegpt_first_turns.py)."""
+    dist = PairedLengthsConfig(path="embedded:sharegpt_first_turn_opt",
+                               count_column="num_requests", max_prompt_tokens=1024,
+                               max_total_tokens=2048).distribution()
+    assert len(dist.prompts) == 76_819  # every pair passes FastServe's filter already
+    assert dist.prompts.mean() == pytest.approx(117.50, abs=0.01)
+    assert dist.outputs.mean() == pytest.approx(340.18, abs=0.01)
+    assert np.median(dist.prompts) == 32 and np.median(dist.outputs) == 265
+
+
+def test_a_count_below_one_names_the_row_and_column(tmp_path: Path) -> None:
+    rows = tmp_path / "hist.csv"
+    rows.write_text("p,o,n\n10,1010,3\n20,1020,0\n")
+    data = {"trace": "synthetic", "rate_per_s": 5.0, "num_requests": 10,
+            "lengths": {"path": str(rows), "prompt_column": "p", "output_column": "o",
+                        "count_column": "n"}}
+    with pytest.raises(FleetsimInputError, match=r"line 3, column 'n': got '0'.*>= 1"):
+        build(data)
+
+
 @pytest.mark.parametrize(("data", "needle"), [
+    ({**PAIRED, "lengths": {"path": "embedded:sharegpt_lengths", "count_column": ""}},
+     "lengths.count_column must name a column"),
     ({**PAIRED, "prompt_tokens": {"kind": "fixed", "value": 3}},
      "remove prompt_tokens or remove lengths"),
     ({**PAIRED, "lengths": {"path": "embedded:sharegpt_lengths", "max_total_tokens": 0}},

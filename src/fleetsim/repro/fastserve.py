@@ -12,9 +12,11 @@ except where marked as an assumption:
   GPU memory fraction for FastServe; vLLM with ``--max-num-seqs 16 --max-num-batched-tokens
   2048 --max-model-len 2048`` and no chunked prefill (v0's scheduler: ``prefill_first``,
   recompute preemption), and ``--enable-chunked-prefill`` for vLLM+CP (``token_budget``);
-- ShareGPT rows sampled with each conversation's own prompt and output (``max_tokens`` = the
-  recorded output, ``ignore_eos``), rows with a prompt over 1,024 tokens or over 2,048 in
-  all dropped; Poisson arrivals at the scripts' rates with their numbers of jobs per rate;
+- each ShareGPT conversation's first turn (its first user message as the prompt, the first
+  answer's length as ``max_tokens``, ``ignore_eos``), OPT-tokenized, pairs with both sides
+  under 4 tokens, a prompt over 1,024 tokens or over 2,048 in all dropped
+  (``benchmark-serving.py``'s ``sample_requests``); Poisson arrivals at the scripts' rates
+  with their numbers of jobs per rate;
 - the metric: per job, latency divided by output tokens (s/token; the scripts' ``tpot``
   field, "latency per output token, not the same as tpot"), averaged over jobs (Figure 11) or
   its 95th percentile (Figure 12); the SLO: 0.3 s/token (the dashed line of both figures);
@@ -25,8 +27,12 @@ except where marked as an assumption:
   engine; ``vllm-graphs`` is the same vLLM with CUDA graphs (the step model's default);
 - the panel's published values (``PAPER_AT_SLO``): the artifact's committed figures
   ``overall/fig11_sharegpt.pdf`` and ``fig12.pdf``, read as vector data;
-- assumptions: the GPU (an A100-80GB; the artifact does not name it) and the lengths'
-  tokenizer (our embedded ShareGPT counts are Llama-2 tokens; the paper used OPT's).
+- the first turns' lengths: statistics of the vLLM paper's artifact (Kwon et al., SOSP'23,
+  arXiv:2309.06180; ``sosp-ae-39/sosp-ae-astra``, ``datasets/
+  sharegpt_opt_text_completion_length.pkl``: ShareGPT's first turns of March 2023, OPT
+  tokenizer), a 2-D histogram embedded as ``embedded:sharegpt_first_turn_opt``; the
+  artifact read ``ShareGPT_V3_unfiltered_cleaned_split.json``, a later snapshot of ShareGPT;
+- assumption: the GPU (an A100-80GB; the artifact does not name it).
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ RATES = (0.1, 0.2, 0.5, 1.0, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 4.0, 4.5, 5.0, 5.5,
 JOBS = (20, 50, 100, 200, 300, 350, 400, 400, 400, 400, 400, 400, 400, 400, 400, 400)
 # --quick: three of those rates, with their jobs, that bracket both vLLM's and FastServe's
 # crossings of the SLO (so the quick ratio is a measurement, not a bound).
-QUICK_RATES, QUICK_JOBS = (1.0, 3.0, 6.0), (200, 400, 400)
+QUICK_RATES, QUICK_JOBS = (1.0, 3.0, 10.0), (200, 400, 400)
 
 # The panel fleetsim runs, as published (ShareGPT, OPT-13B, SLO 0.3 s/token): throughput at
 # the SLO, FastServe over vLLM, for the mean (Figure 11) and the p95 (Figure 12) per-token
@@ -86,10 +92,16 @@ PANEL_SOURCE = ("the artifact's committed figures (LLMServe/FastServe, benchmark
 EAGER_S_PER_DECODE_STEP_LLAMA2_7B = (1.2 - 1.05) / 100
 EAGER_OVERHEAD_S = EAGER_S_PER_DECODE_STEP_LLAMA2_7B * 40 / 32
 
-# benchmark-serving.py's ShareGPT filter
-SHAREGPT, MAX_PROMPT_TOKENS, MAX_TOTAL_TOKENS = "embedded:sharegpt_lengths", 1024, 2048
-LENGTHS = {"path": SHAREGPT, "max_prompt_tokens": MAX_PROMPT_TOKENS,
-           "max_total_tokens": MAX_TOTAL_TOKENS}
+# The client's prompts: each ShareGPT conversation's first user message and first answer,
+# OPT-tokenized, through benchmark-serving.py's filter. Their statistics come from the vLLM
+# paper's artifact (first turns of ShareGPT, March 2023, OPT tokenizer; src/fleetsim/data/
+# README.md), the filter already applied; applied again here it keeps every row.
+SHAREGPT_FIRST_TURNS = "embedded:sharegpt_first_turn_opt"
+MAX_PROMPT_TOKENS, MAX_TOTAL_TOKENS = 1024, 2048  # benchmark-serving.py's filter
+LENGTHS = {"path": SHAREGPT_FIRST_TURNS, "count_column": "num_requests",
+           "max_prompt_tokens": MAX_PROMPT_TOKENS, "max_total_tokens": MAX_TOTAL_TOKENS}
+# What the entry drew before: whole conversations (Llama-2 tokens), kept for the lengths note.
+SHAREGPT_CONVERSATIONS = "embedded:sharegpt_lengths"
 
 # policy -> (batching spec, max running requests). FastServe's engine keeps every admitted
 # job resident (paused, or swapped to host) and batches 16 of them; its only limit is memory,
@@ -175,18 +187,19 @@ def compare(ctx: ReproContext) -> Comparison:
 
 
 def lengths_note() -> str:
-    """What the artifact's filter keeps of the embedded ShareGPT rows, measured: the client
-    sends the first turn of each conversation instead, whose lengths we have no public
-    statistics for (so their effect on the ratio is not measured)."""
-    rows = PairedLengthsConfig(path=SHAREGPT, max_prompt_tokens=MAX_PROMPT_TOKENS,
+    """The first turns the entry draws, measured, against the whole-conversation rows it
+    drew before (their prompts are many turns long, so the filter drops most of them)."""
+    first = PairedLengthsConfig(**LENGTHS).distribution()  # type: ignore[arg-type]
+    rows = PairedLengthsConfig(path=SHAREGPT_CONVERSATIONS, max_prompt_tokens=MAX_PROMPT_TOKENS,
                                max_total_tokens=MAX_TOTAL_TOKENS).distribution()
-    every = read_column(SHAREGPT, "num_prefill_tokens")
-    return (f"lengths: the embedded ShareGPT rows' prompts average {np.mean(every):,.0f} "
-            f"tokens (median {np.median(every):,.0f}); the artifact's filter keeps "
-            f"{len(rows.prompts):,} of {len(every):,} ({len(rows.prompts) / len(every):.0%}), "
-            f"mean prompt {np.mean(rows.prompts):.0f} / output {np.mean(rows.outputs):.0f} "
-            f"tokens; the artifact's client sends each conversation's first turn instead (not "
-            f"modelled: no public length statistics of first turns found)")
+    every = read_column(SHAREGPT_CONVERSATIONS, "num_prefill_tokens")
+    return (f"lengths: ShareGPT first turns (OPT tokens, the vLLM artifact's statistics, "
+            f"the client's filter applied): mean prompt {np.mean(first.prompts):.0f} / "
+            f"output {np.mean(first.outputs):.0f} tokens (median {np.median(first.prompts):.0f}"
+            f" / {np.median(first.outputs):.0f}); whole conversations (Llama-2 tokens) "
+            f"through the same filter would keep {len(rows.prompts):,} of {len(every):,} "
+            f"rows, mean prompt {np.mean(rows.prompts):.0f} / output "
+            f"{np.mean(rows.outputs):.0f}")
 
 
 def latency_per_output_token(req: Any) -> Any:

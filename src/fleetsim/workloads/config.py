@@ -133,10 +133,17 @@ class PairedLengthsConfig:
     """Drop rows whose prompt is longer (vLLM's ShareGPT benchmark: 1024)."""
     max_total_tokens: int | None = None
     """Drop rows whose prompt + output is longer (vLLM's ShareGPT benchmark: 2048)."""
+    count_column: str | None = None
+    """Column of how many requests each row stands for (a histogram's counts, e.g.
+    ``num_requests`` of embedded:sharegpt_first_turn_opt): rows are drawn in proportion;
+    unset, every row once."""
 
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("lengths.path must name a file or embedded:<name>, got \"\"")
+        if self.count_column == "":
+            raise ValueError("lengths.count_column must name a column (or be left out), "
+                             "got \"\"")
         for name in ("max_prompt_tokens", "max_total_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -146,6 +153,11 @@ class PairedLengthsConfig:
         """The rows that pass the limits; reads the file here."""
         prompts = read_column(self.path, self.prompt_column)
         outputs = read_column(self.path, self.output_column)
+        if self.count_column is not None:
+            # (read as token counts are: whole numbers >= 1, an error naming the row if not)
+            counts = read_column(self.path, self.count_column)
+            # a row per request it stands for: uniform draws over them weigh rows by count
+            prompts, outputs = np.repeat(prompts, counts), np.repeat(outputs, counts)
         keep = np.ones(len(prompts), dtype=bool)
         if self.max_prompt_tokens is not None:
             keep &= prompts <= self.max_prompt_tokens

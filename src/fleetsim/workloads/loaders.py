@@ -41,6 +41,7 @@ EMBEDDED_TRACES: dict[str, tuple[str, str]] = {
     "azure_conv_2023_hour": ("azure_conv_2023_hour.csv", "azure"),
     "azure_code_2023_hour": ("azure_code_2023_hour.csv", "azure"),
     "sharegpt_lengths": ("sharegpt_lengths.csv", "lengths"),
+    "sharegpt_first_turn_opt": ("sharegpt_first_turn_opt.csv", "lengths"),
     "mooncake_conversation_10min": ("mooncake_conversation_10min.jsonl", "mooncake"),
 }
 """Embedded data name -> (file in ``fleetsim/data``, format). Format ``lengths``: token
