@@ -10,7 +10,6 @@ import pytest
 
 from fleetsim.configutil import from_dict
 from fleetsim.errors import FleetsimInputError
-from fleetsim.workloads.config import PairedLengthsConfig
 from fleetsim.workloads import (
     LengthConfig,
     WorkloadConfig,
@@ -18,6 +17,7 @@ from fleetsim.workloads import (
     load_trace,
     trace_info,
 )
+from fleetsim.workloads.config import PairedLengthsConfig
 
 SYNTH = {
     "trace": "synthetic",
