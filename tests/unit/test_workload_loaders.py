@@ -124,7 +124,9 @@ def test_embedded_trace() -> None:
     assert "Splitwise" in readme
     assert set(EMBEDDED_TRACES) == {"azure_conv_2023", "azure_conv_2023_hour",
                                     "azure_code_2023_hour", "sharegpt_lengths",
-                                    "mooncake_conversation_10min"}
+                                    "sharegpt_first_turn_opt", "mooncake_conversation_10min"}
+    for name in EMBEDDED_TRACES:  # every embedded file has its section in data/README.md
+        assert f"`{EMBEDDED_TRACES[name][0]}`" in readme
 
 
 def test_embedded_sharegpt_lengths_are_a_length_source_not_a_trace() -> None:
