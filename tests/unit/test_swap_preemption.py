@@ -60,9 +60,8 @@ def test_a_request_short_of_blocks_on_their_way_out_gets_them(planner):
     r = _run(workload, planner)
     assert len(r["request_id"]) == n + 1  # everyone finished within until_s
     assert r["finish_s"].max() < 30.0
-    # each decode is swapped out at most once per chunk of the prefill (four chunks), and
-    # the old code's cycle made thousands
-    assert r["num_swaps"].max() <= 4 * 2
+    # a few swaps each (6 at most, measured), where the old code's cycle made thousands
+    assert r["num_swaps"].max() <= 8
     assert r["num_recomputed_tokens"].sum() == 0
 
 
