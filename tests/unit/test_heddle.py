@@ -684,9 +684,10 @@ def test_resource_manager_bad_input_is_one_line(override, needle, capsys, tmp_pa
 @pytest.mark.slow
 def test_each_quick_run_is_its_own_systems_rollout(quick_run):
     """A run is reused only for a system whose config is the same one (held split
-    included): heddle-recompute runs on heddle's split, Fix-1 preempts by recompute on
-    the start's workers, and neither is handed the other's run. (The files of `repro heddle
-    --quick`, run once per test process: test_repro.py's per-entry test reads them too.)"""
+    included): heddle-recompute runs on heddle's split and is not handed heddle's run;
+    Fix-1 swaps on the start's workers, which at --quick's 8B (TP 1) is heddle-fixed-mp's
+    config, so it is that run. (The files of `repro heddle --quick`, run once per test
+    process: test_repro.py's per-entry test reads them too.)"""
     out = quick_run("heddle").out
 
     def config(policy: str) -> dict:
@@ -697,4 +698,5 @@ def test_each_quick_run_is_its_own_systems_rollout(quick_run):
     summary = json.loads(next((out / "runs" / "heddle").glob("*/summary.json")).read_text())
     assert held["split"] == summary["resource_manager"]["split"] and held["split"]
     assert held["preemption_mode"] == "recompute" and heddle["preemption_mode"] == "swap"
-    assert fix1["split"] == [] and fix1["preemption_mode"] == "recompute"
+    assert fix1["split"] == [] and fix1["preemption_mode"] == "swap"
+    assert fix1 == config("heddle-fixed-mp")

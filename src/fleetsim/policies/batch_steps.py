@@ -58,9 +58,10 @@ def serve_running_swapping(
     and its blocks come free only when the copy is done (the copy overlaps compute), so they
     are not credited now: the request that ran short waits, with the rest of the batch behind
     it, until they are. Blocks already on their way out count, so no further victim is taken
-    while they cover the shortfall. A victim that does not fit the host tier (or has no KV
-    yet) is recomputed instead. Fills ``tokens``; returns the budget and blocks left, the
-    recomputed ids and the swapped-out ids, in order.
+    while they cover the shortfall, and while a request waits for them no block is left for
+    the plan's other phases (0 returned): swap-ins and admissions wait with it. A victim that
+    does not fit the host tier (or has no KV yet) is recomputed instead. Fills ``tokens``;
+    returns the budget and blocks left, the recomputed ids and the swapped-out ids, in order.
     """
     kv = view.kv
     running = view.running
@@ -85,8 +86,17 @@ def serve_running_swapping(
             else:
                 preempt.append(victim.id)
                 available += kv.reclaimable_blocks(victim)
-        if last == i or needed > available:
-            break  # it was the victim, or it waits for blocks on their way out
+        if last == i:
+            break  # it was the victim
+        if needed > available:
+            # It waits for blocks on their way out, and the blocks free now are its too:
+            # handed to a swap-in or an admission, they would leave it short again when the
+            # copies land, and it would swap out the newcomers, take them back in, and so on
+            # without ever computing (measured: Heddle's Fix-1 at 32B, docs/reproductions.md).
+            # vLLM v0 cannot meet this (its swap-out frees the blocks at once), and swaps
+            # nothing in after a step that preempted (``Scheduler._schedule_default``).
+            available = 0
+            break
         tokens[req.id] = num_new
         budget -= num_new
         available -= needed

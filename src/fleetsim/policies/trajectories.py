@@ -225,13 +225,17 @@ class ProgressivePriority(TokenBudgetPlanner):
         slots = view.max_running - len(view.running) - view.num_swapping_in
         back: list[int] = []
         waiting_blocked = False
-        watermark = -(-view.num_kv_blocks // 100)
+        num_kv_blocks = view.num_kv_blocks
+        watermark = -(-num_kv_blocks // 100)
         for req in sorted(view.swapped, key=lambda r: r.policy_state):
             if head is not None and not req.policy_state < head.policy_state:
                 break  # keys are set when a step is queued, so every swapped one has one
             # vLLM v0's swap-in check keeps a watermark of 1% of the blocks free, so a step
-            # brought back is not swapped out again by the next decode's block
-            need = kv.num_blocks_for(req.num_computed_tokens + 1) + watermark
+            # brought back is not swapped out again by the next decode's block; a step whose
+            # context needs more than the cache less the watermark comes back into the whole
+            # cache (routing let it in because it fits alone), else it never would
+            need = min(kv.num_blocks_for(req.num_computed_tokens + 1) + watermark,
+                       num_kv_blocks)
             if slots <= 0 or need > available:
                 waiting_blocked = True  # a better swapped step waits: nothing overtakes it
                 break

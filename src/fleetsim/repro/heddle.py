@@ -89,10 +89,10 @@ MP_ABLATIONS: dict[str, System] = {
     # split heddle's manager kept: one mechanism changed, and no second set of replays
     "heddle-recompute": ("progressive_priority", "heddle", True, "held", None, "recompute"),
     "heddle-fixed-mp": ("progressive_priority", "heddle", True, False, None, "swap"),
-    # Fix-1 preempts by recompute, as the entry before swap: a 32B TP-1 worker holds less
-    # KV (30,608 tokens) than one 40K trajectory, and swapping there thrashes the engine:
-    # that one run cost more simulation than the whole entry did (docs/reproductions.md)
-    "heddle-fix-1": ("progressive_priority", "heddle", True, False, 1, "recompute"),
+    # Fix-1 swaps like the rest (it preempted by recompute until the engine stopped handing
+    # the blocks a running step waited for to swap-ins, which livelocked 32B TP 1: see
+    # docs/reproductions.md); at 8B, whose TP is 1, it is heddle-fixed-mp's run
+    "heddle-fix-1": ("progressive_priority", "heddle", True, False, 1, "swap"),
     "heddle-fix-8": ("progressive_priority", "heddle", True, False, 8, "swap"),
 }
 # The first two mechanisms' ablations, at the model's fixed TP, on the first model only.
