@@ -45,8 +45,14 @@ run: setup-run native
 # --dist worksteal: each worker starts on half of the collection (the tests marked slow first:
 # tests/conftest.py) and one that runs out takes half of what the other has left, so both cores
 # stay busy to the end.
+#
+# The tests marked `wiring` (the live gateway and its servers, Ray, the README's commands in
+# subprocesses) run once, in the second pass: what they test (HTTP, processes, the CLI's
+# plumbing) is not compiled, and most of their time is real time and process start-up
+# (about 117 s of one core's wall time in the pure pass); the engine's two builds are compared
+# result for result by the rest of the suite (tests/unit/test_native.py among them).
 test: setup native
-	PYTHONDONTWRITEBYTECODE= FLEETSIM_PURE=1 $(PY) -m pytest -n 2 --dist worksteal tests
+	PYTHONDONTWRITEBYTECODE= FLEETSIM_PURE=1 $(PY) -m pytest -n 2 --dist worksteal -m "not wiring" tests
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n 2 --dist worksteal tests
 
 # Re-record docs/scoreboard.json from a full run of every reproduction (5-10 minutes on two

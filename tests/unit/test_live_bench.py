@@ -19,6 +19,10 @@ from fleetsim.live.server import ServerThread
 from fleetsim.vllm_json import peak_output_and_concurrency
 from fleetsim.workloads import Workload
 
+# Servers, Ray or whole commands: the code under test is not compiled, so `make test`
+# runs these once, on the compiled build (pyproject.toml, marker `wiring`).
+pytestmark = pytest.mark.wiring
+
 MODEL = "llama-3.1-8b"
 # What `vllm bench serve --save-result --save-detailed` writes for a generation benchmark
 # with `--goodput` and `--metric-percentiles 99`: vllm-project/vllm, vllm/benchmarks/serve.py

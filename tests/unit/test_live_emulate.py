@@ -26,6 +26,10 @@ from fleetsim.live.tokens import count_tokens
 from fleetsim.run import run
 from fleetsim.workloads import Workload
 
+# Servers, Ray or whole commands: the code under test is not compiled, so `make test`
+# runs these once, on the compiled build (pyproject.toml, marker `wiring`).
+pytestmark = pytest.mark.wiring
+
 MODEL = "llama-3.1-8b"
 TIMEOUT_S = 20.0
 

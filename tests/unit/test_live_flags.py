@@ -18,6 +18,10 @@ from fleetsim.live.emulate import emulated_backend
 from fleetsim.live.gateway import Gateway
 from fleetsim.live.server import ServerThread
 
+# Servers, Ray or whole commands: the code under test is not compiled, so `make test`
+# runs these once, on the compiled build (pyproject.toml, marker `wiring`).
+pytestmark = pytest.mark.wiring
+
 MODEL = "llama-3.1-8b"
 
 

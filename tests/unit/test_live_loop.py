@@ -21,6 +21,10 @@ from fleetsim.live.lag import LagMonitor
 from fleetsim.live.server import ServerThread
 from fleetsim.workloads import load_trace
 
+# Servers, Ray or whole commands: the code under test is not compiled, so `make test`
+# runs these once, on the compiled build (pyproject.toml, marker `wiring`).
+pytestmark = pytest.mark.wiring
+
 MODEL = "llama-3.1-8b"
 
 

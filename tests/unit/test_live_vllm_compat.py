@@ -10,6 +10,7 @@ from contextlib import ExitStack
 
 import httpx
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
@@ -20,6 +21,10 @@ from fleetsim.live.emulate import emulated_backend
 from fleetsim.live.gateway import Gateway
 from fleetsim.live.metrics import one_two_five_buckets
 from fleetsim.live.server import LiveApp, ServerThread
+
+# Servers, Ray or whole commands: the code under test is not compiled, so `make test`
+# runs these once, on the compiled build (pyproject.toml, marker `wiring`).
+pytestmark = pytest.mark.wiring
 
 MODEL = "llama-3.1-8b"
 TIMEOUT_S = 20.0

@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+# Servers, Ray or whole commands: the code under test is not compiled, so `make test`
+# runs these once, on the compiled build (pyproject.toml, marker `wiring`).
+pytestmark = pytest.mark.wiring
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 

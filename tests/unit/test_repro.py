@@ -213,6 +213,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.wiring  # Ray: run once, on the compiled build (pyproject.toml)
 def test_repro_all_on_ray_matches_the_process_pool(tmp_path, capsys, monkeypatch):
     """--ray local runs the entries as Ray tasks (the sweep's runner) with the same results."""
     pytest.importorskip("ray", reason="ray is not installed (pip install 'fleetsim[ray]')")

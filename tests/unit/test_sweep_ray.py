@@ -9,6 +9,10 @@ import pytest
 from fleetsim.errors import FleetsimInputError
 from fleetsim.sweep import make_spec, run_sweep
 
+# Servers, Ray or whole commands: the code under test is not compiled, so `make test`
+# runs these once, on the compiled build (pyproject.toml, marker `wiring`).
+pytestmark = pytest.mark.wiring
+
 SPEC = ({"workload": {"max_requests": 30}},
         {"workload.rate_scale": [1, 2], "hardware.gpu": ["h100-sxm", "bogus"]})
 
