@@ -42,6 +42,7 @@ from fleetsim.policies.fastserve_steps import (
     choose_batch,
     fcfs_order,
     mlfq_order,
+    ran_since_checked,
     swap_in_highest,
     swap_out_lowest,
     update_levels,
@@ -89,6 +90,10 @@ class FastServePlanner:
     _iterations: int = field(default=0, init=False, repr=False)
     _prefill_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     _quanta: list[float] = field(default_factory=list, init=False, repr=False)
+    # The last plan's batch, and ``ReplicaView.num_entered`` when it was planned (None: no
+    # plan yet): between starvation checks, only its jobs can have changed level since.
+    _batch: list[Request] = field(default_factory=list, init=False, repr=False)
+    _num_entered: int | None = field(default=None, init=False, repr=False)
 
     splits_prompts = False  # whole prompts, as FastServe's engine runs them
 
@@ -132,9 +137,19 @@ class FastServePlanner:
                                 - 1e-12))
 
     def _update_levels(self, view: ReplicaView, jobs: list[Request], now_s: float) -> list[int]:
-        """Join, demote and (every starvation period) promote; returns the ids whose level
-        changed (``fastserve_steps.update_levels``)."""
-        return update_levels(jobs, self._iterations % self.starvation_period == 0, now_s,
+        """Join, demote and (every starvation period) promote ``jobs`` (every job here);
+        returns the ids whose level changed (``fastserve_steps.update_levels``).
+
+        Between starvation checks, when no job came in since the last plan, only that plan's
+        batch can have run (``ran_since_checked``): it alone is looked at, which finds the
+        same changes (``update_levels`` passes over a job whose service did not change)."""
+        starving = self._iterations % self.starvation_period == 0
+        entered = view.num_entered
+        looked = None
+        if not starving and entered == self._num_entered:
+            looked = ran_since_checked(self._batch)
+        self._num_entered = entered
+        return update_levels(jobs if looked is None else looked, starving, now_s,
                              self.starvation_limit_s, self._quanta, self._quantum_s,
                              lambda req: self._join_level(view, req))
 
@@ -160,15 +175,21 @@ class FastServePlanner:
             order = self._priority
         # Resident and waiting jobs by priority (keys are unique: they end with the id). The
         # swapped ones never enter a batch (they must come back first): they are sorted
-        # only when some may be swapped in.
-        jobs = sorted([*running, *waiting], key=order)
+        # only when some may be swapped in. Under the MLFQ the engine keeps each queue in
+        # this order (``order_key``), so with no level changed and one queue empty the other
+        # is the order already.
+        jobs: list[Request]
+        if order is mlfq_order and not rekey and not (running and waiting):
+            jobs = list(running or waiting)
+        else:
+            jobs = sorted([*running, *waiting], key=order)
         kv = view.kv
         slots = view.max_running - len(running) - view.num_swapping_in
         host_free = view.num_free_host_blocks
         host_total = view.num_host_blocks
         admit_ok = host_total == 0 or host_free > (1 - self.host_full_share) * host_total
         tokens: dict[int, int] = {}
-        batch: set[int] = set()
+        batch: dict[int, Request] = {}
         available, slots = choose_batch(jobs, kv, view.max_batched_tokens,
                                         kv.num_available_blocks, slots, admit_ok,
                                         self.max_batch_size, now_s, tokens, batch)
@@ -182,9 +203,12 @@ class FastServePlanner:
             if available + coming < reserve:
                 swap_out = swap_out_lowest(jobs, batch, kv, available, coming, reserve,
                                            host_free)
-            if not swap_out and swapped:
+            # A job coming back needs at least one block beyond the reserve (and a slot):
+            # without them nothing is swapped in, so the swapped jobs need no sort.
+            if not swap_out and swapped and available - reserve > 0 and slots > 0:
                 swap_in = swap_in_highest(sorted(swapped, key=order), kv, available, reserve,
                                           slots, self.max_batch_size)
+        self._batch = list(batch.values())
         preempt: tuple[int, ...] = ()
         if not tokens and not swap_out and not swap_in and running and not (
                 view.num_swapping_in or view.num_blocks_swapping_out):

@@ -144,6 +144,10 @@ class Replica:
         self._running_keys: list[tuple] = []
         self._waiting_keys: list[tuple] = []
         self._by_id: dict[int, Request] = {}
+        # Requests that entered the queues from outside (arrivals, KV moved or swapped in):
+        # a policy with per-request state learns of newcomers by comparing it with the count
+        # it last saw, instead of a pass over every queue at every plan.
+        self.num_entered = 0
         self._num_prefilling = 0  # running requests that are not decoding one token a step
         self.busy = False
         self.until_s = math.inf
@@ -229,6 +233,7 @@ class Replica:
             return
         req.state = WAITING
         req.num_lookahead_tokens = self._lookahead
+        self.num_entered += 1
         self._by_id[req.id] = req
         self._load_tokens += req.num_tokens - req.num_computed_tokens
         self._enqueue(self.waiting, self._waiting_keys, req)
@@ -301,6 +306,7 @@ class Replica:
         self.interrupt()
         req.state = RUNNING
         req.num_lookahead_tokens = self._lookahead
+        self.num_entered += 1
         if req.abort_reason is not None:
             self._free_and_end(req)  # (its tokens never entered the load counter here)
             return

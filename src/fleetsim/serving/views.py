@@ -126,6 +126,12 @@ class ReplicaView:
         return self._replica.moves.kv_bytes_per_token
 
     @property
+    def num_entered(self) -> int:
+        """Requests that have entered the queues from outside so far (arrivals, and KV moved
+        or swapped in): unchanged since a policy last read it, no request is new to it."""
+        return self._replica.num_entered
+
+    @property
     def num_incoming(self) -> int:
         """Requests whose KV is queued to move here or on its way in."""
         moves = self._replica.moves
