@@ -44,9 +44,11 @@ def test_skip_join_places_a_job_by_its_prefill_time():
 
 def test_levels_follow_attained_service():
     """0.25 s steps and a 0.25 s base quantum (exact in binary): a lone job is demoted after
-    2, 5, 10, 19 and 36 steps; planned before its 40th step it sits at level 5."""
+    2, 5, 10, 19 and 36 steps; planned before its 40th step it sits at level 5 (stepping one
+    plan at a time, so that every step's level is seen; windows run the steps between
+    demotions without a plan)."""
     policy = Recording(base_quantum_s=0.25)
-    _run(make_workload([0.0], [10], [40]), policy, ConstantStepModel(0.25))
+    _run(make_workload([0.0], [10], [40]), policy, ConstantStepModel(0.25), fast_forward=False)
     levels = policy.levels[0]  # one per plan; plan n + 1 sees n steps of service
     assert [levels[n] for n in (1, 2, 4, 5, 9, 10, 18, 19, 35, 36, 39)] == [
         0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]

@@ -32,7 +32,7 @@ Differences from the code, by design: a demoted job goes to its new queue by arr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +40,11 @@ from fleetsim.policies.batching import register_batch
 from fleetsim.policies.fastserve_steps import (
     JobState,
     choose_batch,
+    decodes_only,
     fcfs_order,
     mlfq_order,
     ran_since_checked,
+    steps_before_demotion,
     swap_in_highest,
     swap_out_lowest,
     update_levels,
@@ -215,5 +217,62 @@ class FastServePlanner:
             # Nothing can move (KV full, host full or no swapping): recompute the
             # lowest-priority resident job so the others can grow.
             preempt = (next(r.id for r in reversed(jobs) if r.state == RUNNING),)
+        rule = None
+        if tokens and not swap_out and not swap_in and decodes_only(batch, tokens):
+            # Without a swap the reserve held: the steps after this one may take the blocks
+            # above it (when it did not hold, no job could go out, nor can one later).
+            max_new_blocks = NO_LIMIT
+            if self.proactive_swap and host_total and available + coming >= reserve:
+                max_new_blocks = available + coming - reserve
+            rule = Repeat(self, max_new_blocks)
         return StepPlan(tokens, preempt, swap_out=tuple(swap_out), swap_in=tuple(swap_in),
-                        rekey=tuple(rekey))
+                        rekey=tuple(rekey), repeat_rule=rule)
+
+    # ---- fast-forward ------------------------------------------------------------------
+    def _repeat_steps(self) -> int:
+        """Steps a plan may repeat before the next starvation check (plans between
+        checks look only at the jobs that ran)."""
+        if self.scheduler != "mlfq":
+            return NO_LIMIT
+        return self.starvation_period - self._iterations % self.starvation_period
+
+    def _repeated(self, num_steps: int, last_start_s: float) -> None:
+        """The last plan ran ``num_steps`` times, the last from ``last_start_s``: count the
+        plans not made, and note when the batch last ran (starvation)."""
+        self._iterations += num_steps - 1
+        if num_steps > 1 and self.scheduler == "mlfq":
+            for req in self._batch:
+                req.policy_state.last_run_s = last_start_s
+
+
+NO_LIMIT = 1 << 62  # (steps or blocks: more than any window takes)
+
+
+class Repeat:
+    """When a FastServe plan that only decodes its batch repeats (``RepeatRule``): the plan
+    of every later step is the same while no job of the batch is demoted (its attained
+    service past its level's quantum: ``steps_before_demotion``), no starvation check comes
+    (``_repeat_steps``) and the batch's new blocks leave the free-block reserve in place
+    (``max_new_blocks``); arrivals, finishes and swaps done cut the window. Why nothing
+    else changes: the jobs passed over were passed over for want of blocks, budget, slots
+    or host room, and within a window the blocks only shrink while the rest stays."""
+
+    __slots__ = ("max_new_blocks", "max_steps", "planner")
+
+    def __init__(self, planner: FastServePlanner, max_new_blocks: int) -> None:
+        self.planner = planner
+        self.max_steps = planner._repeat_steps()
+        self.max_new_blocks = max_new_blocks
+
+    def steps_within(self, decodes: Sequence[Request], start_s: float,
+                     ends_s: Sequence[float]) -> int:
+        planner = self.planner
+        if planner.scheduler != "mlfq":
+            return len(ends_s)
+        batch = planner._batch
+        for req in batch:  # (every level a job of the batch is at has its quantum listed)
+            planner._quantum_s(req.policy_state.level)
+        return steps_before_demotion(batch, planner._quanta, start_s, list(ends_s))
+
+    def ran(self, num_steps: int, last_start_s: float) -> None:
+        self.planner._repeated(num_steps, last_start_s)

@@ -154,3 +154,34 @@ def swap_in_highest(swapped: list[Request], kv: KVView, available: int, reserve:
         available -= need
         slots -= 1
     return out
+
+
+def decodes_only(batch: dict[int, Request], tokens: dict[int, int]) -> bool:
+    """Does the batch only decode (every job resident, one token each, past its prompt)?"""
+    for rid, req in batch.items():
+        if tokens[rid] != 1 or req.state != RUNNING or req.num_output_tokens == 0:
+            return False
+    return True
+
+
+def steps_before_demotion(batch: list[Request], quanta: list[float], start_s: float,
+                          ends_s: list[float]) -> int:
+    """Steps (of those ending at ``ends_s``, from ``start_s``) that run before the plan after
+    one of them demotes a job of ``batch`` (``quanta[level]``: every level is in the list):
+    the first step after which a job's attained service, added one step at a time as the
+    engine adds it, is past its level's quantum (that step included); all when none is."""
+    k = len(ends_s)
+    for req in batch:
+        state: JobState = req.policy_state
+        limit_s = quanta[state.level]
+        entry_s = state.level_entry_service_s
+        service_s = req.service_s
+        prev_s = start_s
+        for j in range(k):
+            end_s = ends_s[j]
+            service_s += end_s - prev_s
+            prev_s = end_s
+            if service_s - entry_s > limit_s:
+                k = j + 1
+                break
+    return k
