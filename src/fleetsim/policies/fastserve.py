@@ -24,6 +24,14 @@ another priority. Attained service comes from the engine (``Request.service_s``)
 level lives in ``Request.policy_state``; the planner orders the engine's queues by level
 (``order_key``) and names the jobs whose level changed in ``StepPlan.rekey``.
 
+Fast-forward: a plan that only decodes its batch (no prefill, no swap) carries a repeat
+rule (``Repeat``, ``StepPlan.repeat_rule``): the engine runs it as an exact window over the
+batch, the other resident jobs paused, until a batch job would be demoted (its attained
+service summed step by step over the window's end times), the next starvation check, or the
+batch's new blocks would break into the free-block reserve; the planner then counts the
+steps it did not plan as iterations (``_repeated``). Results equal planning every iteration
+bit for bit (``tests/property/test_fastserve_windows.py``).
+
 Differences from the code, by design: a demoted job goes to its new queue by arrival order
 (the code pushes it to the front), and preemption happens at iteration boundaries of one GPU
 (no pipeline parallelism).

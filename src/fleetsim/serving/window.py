@@ -11,6 +11,11 @@ step. Step times come from the model's decode terms added up in plain Python, or
 ``decode_step_times_s`` and ``np.cumsum``; either way the same floats are added in the same
 order as step by step, so end times are bit-identical.
 
+A plan may instead bring a rule of its own (``StepPlan.repeat_rule``): the window then decodes
+that plan's requests only (the other running requests paused), stops where the rule says,
+adds attained service one step at a time and keeps each step's duration, so that the replica
+writes step by step's own timeline rows (an *exact* window: ``open``'s ``rule``).
+
 Windows also stop at the edges of the timeline's bins (``timeline``: origin and width), so
 that a window's records lie in one bin and the time series equal step by step's.
 
