@@ -186,10 +186,11 @@ class FastServePlanner:
         # Resident and waiting jobs by priority (keys are unique: they end with the id). The
         # swapped ones never enter a batch (they must come back first): they are sorted
         # only when some may be swapped in. Under the MLFQ the engine keeps each queue in
-        # this order (``order_key``), so with no level changed and one queue empty the other
-        # is the order already.
+        # this order (``order_key``, unless a controller set another), so with no level
+        # changed and one queue empty the other is the order already.
         jobs: list[Request]
-        if order is mlfq_order and not rekey and not (running and waiting):
+        if (order is mlfq_order and not rekey and not (running and waiting)
+                and view.order_key is mlfq_key):
             jobs = list(running or waiting)
         else:
             jobs = sorted([*running, *waiting], key=order)
