@@ -44,9 +44,11 @@ def test_skip_join_places_a_job_by_its_prefill_time():
 
 def test_levels_follow_attained_service():
     """0.25 s steps and a 0.25 s base quantum (exact in binary): a lone job is demoted after
-    2, 5, 10, 19 and 36 steps; planned before its 40th step it sits at level 5."""
+    2, 5, 10, 19 and 36 steps; planned before its 40th step it sits at level 5 (stepping one
+    plan at a time, so that every step's level is seen; windows run the steps between
+    demotions without a plan)."""
     policy = Recording(base_quantum_s=0.25)
-    _run(make_workload([0.0], [10], [40]), policy, ConstantStepModel(0.25))
+    _run(make_workload([0.0], [10], [40]), policy, ConstantStepModel(0.25), fast_forward=False)
     levels = policy.levels[0]  # one per plan; plan n + 1 sees n steps of service
     assert [levels[n] for n in (1, 2, 4, 5, 9, 10, 18, 19, 35, 36, 39)] == [
         0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
@@ -265,3 +267,76 @@ def test_looking_only_at_jobs_that_ran_equals_looking_at_every_job():
     assert ours.records.requests.keys() == ref.records.requests.keys()
     for column, values in ours.records.requests.items():  # NaNs (none measured) match
         np.testing.assert_array_equal(values, ref.records.requests[column], err_msg=column)
+
+
+class SortsEveryPlan(FastServePlanner):
+    """FastServe shown its queues in the MLFQ's order whatever order the engine keeps."""
+
+    def plan(self, view, now_s):
+        return FastServePlanner.plan(self, InMLFQOrder(view), now_s)
+
+
+class InMLFQOrder:
+    """A replica view whose queues are sorted by the MLFQ's key (as the planner keeps it)."""
+
+    def __init__(self, view):
+        self._view = view
+
+    def __getattr__(self, name):
+        return getattr(self._view, name)
+
+    @property
+    def running(self):
+        from fleetsim.policies.fastserve import mlfq_key
+
+        return sorted(self._view.running, key=lambda r: mlfq_key(r, 0.0))
+
+    @property
+    def waiting(self):
+        from fleetsim.policies.fastserve import mlfq_key
+
+        return sorted(self._view.waiting, key=lambda r: mlfq_key(r, 0.0))
+
+    @property
+    def order_key(self):
+        from fleetsim.policies.fastserve import mlfq_key
+
+        return mlfq_key
+
+
+class SwitchOrdering:
+    """At 0.5 s, a controller orders the replica's queues by shortest job first."""
+
+    def start(self, cluster):
+        return 0.5
+
+    def on_tick(self, cluster, now_s):
+        from fleetsim.policies import make_ordering
+
+        cluster.set_policies(order_key=make_ordering("sjf"))
+
+
+def test_the_mlfq_sorts_the_queues_itself_when_a_controller_reorders_them():
+    """Under the MLFQ the planner takes the engine's queue order as its own only while the
+    engine sorts by the MLFQ's key: after a controller switches the queues to SJF it sorts
+    them itself, and serves every job as a planner shown its queues in MLFQ order."""
+    import numpy as np
+    from tests.unit.test_cluster import pools
+
+    from fleetsim.policies.routing import LeastLoaded, RoundRobin
+    from fleetsim.serving.cluster import simulate_cluster
+
+    n = 12
+    w = make_workload(np.linspace(0.0, 0.2, n), [30] * n, [120, 8, 60, 15, 90, 30] * 2)
+    out = []
+    for cls in (FastServePlanner, SortsEveryPlan):
+        rec, _ = simulate_cluster(
+            w, pools(mixed=1), router=RoundRobin(), decode_router=LeastLoaded(),
+            make_batch_policy=lambda cls=cls: cls(max_batch_size=2, base_quantum_s=0.02),
+            order_key=make_ordering("fcfs"), rng=np.random.default_rng(0),
+            kv_bytes_per_token=0.0, link_latency_s=0.0, block_size=16, max_batched_tokens=512,
+            max_running=64, debug=True, controllers=[SwitchOrdering()])
+        out.append(rec)
+    ours, ref = out
+    for column, values in ref.requests.items():
+        np.testing.assert_array_equal(values, ours.requests[column], err_msg=column)

@@ -24,6 +24,14 @@ another priority. Attained service comes from the engine (``Request.service_s``)
 level lives in ``Request.policy_state``; the planner orders the engine's queues by level
 (``order_key``) and names the jobs whose level changed in ``StepPlan.rekey``.
 
+Fast-forward: a plan that only decodes its batch (no prefill, no swap) carries a repeat
+rule (``Repeat``, ``StepPlan.repeat_rule``): the engine runs it as an exact window over the
+batch, the other resident jobs paused, until a batch job would be demoted (its attained
+service summed step by step over the window's end times), the next starvation check, or the
+batch's new blocks would break into the free-block reserve; the planner then counts the
+steps it did not plan as iterations (``_repeated``). Results equal planning every iteration
+bit for bit (``tests/property/test_fastserve_windows.py``).
+
 Differences from the code, by design: a demoted job goes to its new queue by arrival order
 (the code pushes it to the front), and preemption happens at iteration boundaries of one GPU
 (no pipeline parallelism).
@@ -32,7 +40,7 @@ Differences from the code, by design: a demoted job goes to its new queue by arr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +48,11 @@ from fleetsim.policies.batching import register_batch
 from fleetsim.policies.fastserve_steps import (
     JobState,
     choose_batch,
+    decodes_only,
     fcfs_order,
     mlfq_order,
+    ran_since_checked,
+    steps_before_demotion,
     swap_in_highest,
     swap_out_lowest,
     update_levels,
@@ -89,6 +100,10 @@ class FastServePlanner:
     _iterations: int = field(default=0, init=False, repr=False)
     _prefill_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     _quanta: list[float] = field(default_factory=list, init=False, repr=False)
+    # The last plan's batch, and ``ReplicaView.num_entered`` when it was planned (None: no
+    # plan yet): between starvation checks, only its jobs can have changed level since.
+    _batch: list[Request] = field(default_factory=list, init=False, repr=False)
+    _num_entered: int | None = field(default=None, init=False, repr=False)
 
     splits_prompts = False  # whole prompts, as FastServe's engine runs them
 
@@ -132,9 +147,19 @@ class FastServePlanner:
                                 - 1e-12))
 
     def _update_levels(self, view: ReplicaView, jobs: list[Request], now_s: float) -> list[int]:
-        """Join, demote and (every starvation period) promote; returns the ids whose level
-        changed (``fastserve_steps.update_levels``)."""
-        return update_levels(jobs, self._iterations % self.starvation_period == 0, now_s,
+        """Join, demote and (every starvation period) promote ``jobs`` (every job here);
+        returns the ids whose level changed (``fastserve_steps.update_levels``).
+
+        Between starvation checks, when no job came in since the last plan, only that plan's
+        batch can have run (``ran_since_checked``): it alone is looked at, which finds the
+        same changes (``update_levels`` passes over a job whose service did not change)."""
+        starving = self._iterations % self.starvation_period == 0
+        entered = view.num_entered
+        looked = None
+        if not starving and entered == self._num_entered:
+            looked = ran_since_checked(self._batch)
+        self._num_entered = entered
+        return update_levels(jobs if looked is None else looked, starving, now_s,
                              self.starvation_limit_s, self._quanta, self._quantum_s,
                              lambda req: self._join_level(view, req))
 
@@ -160,15 +185,22 @@ class FastServePlanner:
             order = self._priority
         # Resident and waiting jobs by priority (keys are unique: they end with the id). The
         # swapped ones never enter a batch (they must come back first): they are sorted
-        # only when some may be swapped in.
-        jobs = sorted([*running, *waiting], key=order)
+        # only when some may be swapped in. Under the MLFQ the engine keeps each queue in
+        # this order (``order_key``, unless a controller set another), so with no level
+        # changed and one queue empty the other is the order already.
+        jobs: list[Request]
+        if (order is mlfq_order and not rekey and not (running and waiting)
+                and view.order_key is mlfq_key):
+            jobs = list(running or waiting)
+        else:
+            jobs = sorted([*running, *waiting], key=order)
         kv = view.kv
         slots = view.max_running - len(running) - view.num_swapping_in
         host_free = view.num_free_host_blocks
         host_total = view.num_host_blocks
         admit_ok = host_total == 0 or host_free > (1 - self.host_full_share) * host_total
         tokens: dict[int, int] = {}
-        batch: set[int] = set()
+        batch: dict[int, Request] = {}
         available, slots = choose_batch(jobs, kv, view.max_batched_tokens,
                                         kv.num_available_blocks, slots, admit_ok,
                                         self.max_batch_size, now_s, tokens, batch)
@@ -182,14 +214,74 @@ class FastServePlanner:
             if available + coming < reserve:
                 swap_out = swap_out_lowest(jobs, batch, kv, available, coming, reserve,
                                            host_free)
-            if not swap_out and swapped:
+            # A job coming back needs at least one block beyond the reserve (and a slot):
+            # without them nothing is swapped in, so the swapped jobs need no sort.
+            if not swap_out and swapped and available - reserve > 0 and slots > 0:
                 swap_in = swap_in_highest(sorted(swapped, key=order), kv, available, reserve,
                                           slots, self.max_batch_size)
+        self._batch = list(batch.values())
         preempt: tuple[int, ...] = ()
         if not tokens and not swap_out and not swap_in and running and not (
                 view.num_swapping_in or view.num_blocks_swapping_out):
             # Nothing can move (KV full, host full or no swapping): recompute the
             # lowest-priority resident job so the others can grow.
             preempt = (next(r.id for r in reversed(jobs) if r.state == RUNNING),)
+        rule = None
+        if tokens and not swap_out and not swap_in and decodes_only(batch, tokens):
+            # Without a swap the reserve held: the steps after this one may take the blocks
+            # above it (when it did not hold, no job could go out, nor can one later).
+            max_new_blocks = NO_LIMIT
+            if self.proactive_swap and host_total and available + coming >= reserve:
+                max_new_blocks = available + coming - reserve
+            rule = Repeat(self, max_new_blocks)
         return StepPlan(tokens, preempt, swap_out=tuple(swap_out), swap_in=tuple(swap_in),
-                        rekey=tuple(rekey))
+                        rekey=tuple(rekey), repeat_rule=rule)
+
+    # ---- fast-forward ------------------------------------------------------------------
+    def _repeat_steps(self) -> int:
+        """Steps a plan may repeat before the next starvation check (plans between
+        checks look only at the jobs that ran)."""
+        if self.scheduler != "mlfq":
+            return NO_LIMIT
+        return self.starvation_period - self._iterations % self.starvation_period
+
+    def _repeated(self, num_steps: int, last_start_s: float) -> None:
+        """The last plan ran ``num_steps`` times, the last from ``last_start_s``: count the
+        plans not made, and note when the batch last ran (starvation)."""
+        self._iterations += num_steps - 1
+        if num_steps > 1 and self.scheduler == "mlfq":
+            for req in self._batch:
+                req.policy_state.last_run_s = last_start_s
+
+
+NO_LIMIT = 1 << 62  # (steps or blocks: more than any window takes)
+
+
+class Repeat:
+    """When a FastServe plan that only decodes its batch repeats (``RepeatRule``): the plan
+    of every later step is the same while no job of the batch is demoted (its attained
+    service past its level's quantum: ``steps_before_demotion``), no starvation check comes
+    (``_repeat_steps``) and the batch's new blocks leave the free-block reserve in place
+    (``max_new_blocks``); arrivals, finishes and swaps done cut the window. Why nothing
+    else changes: the jobs passed over were passed over for want of blocks, budget, slots
+    or host room, and within a window the blocks only shrink while the rest stays."""
+
+    __slots__ = ("max_new_blocks", "max_steps", "planner")
+
+    def __init__(self, planner: FastServePlanner, max_new_blocks: int) -> None:
+        self.planner = planner
+        self.max_steps = planner._repeat_steps()
+        self.max_new_blocks = max_new_blocks
+
+    def steps_within(self, decodes: Sequence[Request], start_s: float,
+                     ends_s: Sequence[float]) -> int:
+        planner = self.planner
+        if planner.scheduler != "mlfq":
+            return len(ends_s)
+        batch = planner._batch
+        for req in batch:  # (every level a job of the batch is at has its quantum listed)
+            planner._quantum_s(req.policy_state.level)
+        return steps_before_demotion(batch, planner._quanta, start_s, list(ends_s))
+
+    def ran(self, num_steps: int, last_start_s: float) -> None:
+        self.planner._repeated(num_steps, last_start_s)

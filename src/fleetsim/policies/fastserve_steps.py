@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fleetsim.serving.request import RUNNING, SWAPPED, WAITING, Request
+from fleetsim.serving.request import ABORTED, FINISHED, RUNNING, SWAPPED, WAITING, Request
 from fleetsim.serving.views import KVView
 
 
@@ -69,13 +69,28 @@ def update_levels(jobs: list[Request], starving: bool, now_s: float, starvation_
     return changed
 
 
+def ran_since_checked(batch: list[Request]) -> list[Request] | None:
+    """The jobs of the last plan's ``batch`` still running: between starvation checks and
+    while no job came in (``ReplicaView.num_entered``), the only ones whose attained service
+    can have changed since ``update_levels`` last looked (only batches run). None when one
+    left the batch for another queue (a full pass is needed: it may be there)."""
+    out: list[Request] = []
+    for req in batch:
+        state = req.state
+        if state == RUNNING:
+            out.append(req)
+        elif state != FINISHED and state != ABORTED:
+            return None
+    return out
+
+
 def choose_batch(jobs: list[Request], kv: KVView, budget: int, available: int, slots: int,
                  admit_ok: bool, max_batch_size: int, now_s: float,
-                 tokens: dict[int, int], batch: set[int]) -> tuple[int, int]:
-    """Fill ``tokens`` and ``batch`` from ``jobs`` (highest priority first): resident jobs
-    run unless their KV cannot grow, waiting ones are admitted whole while ``admit_ok`` and
-    ``slots`` allow; a job that does not fit the budget or the blocks is passed over (jobs
-    behind it may fit). Returns the blocks and running slots left."""
+                 tokens: dict[int, int], batch: dict[int, Request]) -> tuple[int, int]:
+    """Fill ``tokens`` and ``batch`` (id -> job) from ``jobs`` (highest priority first):
+    resident jobs run unless their KV cannot grow, waiting ones are admitted whole while
+    ``admit_ok`` and ``slots`` allow; a job that does not fit the budget or the blocks is
+    passed over (jobs behind it may fit). Returns the blocks and running slots left."""
     for req in jobs:
         if len(batch) == max_batch_size or budget <= 0:
             break
@@ -93,7 +108,7 @@ def choose_batch(jobs: list[Request], kv: KVView, budget: int, available: int, s
         tokens[req.id] = num_new
         budget -= num_new
         available -= needed
-        batch.add(req.id)
+        batch[req.id] = req
         if state == WAITING:
             slots -= 1
         job = req.policy_state
@@ -102,7 +117,7 @@ def choose_batch(jobs: list[Request], kv: KVView, budget: int, available: int, s
     return available, slots
 
 
-def swap_out_lowest(jobs: list[Request], batch: set[int], kv: KVView, available: int,
+def swap_out_lowest(jobs: list[Request], batch: dict[int, Request], kv: KVView, available: int,
                     coming: int, reserve: int, host_free: int) -> list[int]:
     """Resident jobs left out of ``batch``, lowest priority first, to swap out until the
     free blocks plus those already on their way out reach ``reserve`` (each while it fits
@@ -139,3 +154,34 @@ def swap_in_highest(swapped: list[Request], kv: KVView, available: int, reserve:
         available -= need
         slots -= 1
     return out
+
+
+def decodes_only(batch: dict[int, Request], tokens: dict[int, int]) -> bool:
+    """Does the batch only decode (every job resident, one token each, past its prompt)?"""
+    for rid, req in batch.items():
+        if tokens[rid] != 1 or req.state != RUNNING or req.num_output_tokens == 0:
+            return False
+    return True
+
+
+def steps_before_demotion(batch: list[Request], quanta: list[float], start_s: float,
+                          ends_s: list[float]) -> int:
+    """Steps (of those ending at ``ends_s``, from ``start_s``) that run before the plan after
+    one of them demotes a job of ``batch`` (``quanta[level]``: every level is in the list):
+    the first step after which a job's attained service, added one step at a time as the
+    engine adds it, is past its level's quantum (that step included); all when none is."""
+    k = len(ends_s)
+    for req in batch:
+        state: JobState = req.policy_state
+        limit_s = quanta[state.level]
+        entry_s = state.level_entry_service_s
+        service_s = req.service_s
+        prev_s = start_s
+        for j in range(k):
+            end_s = ends_s[j]
+            service_s += end_s - prev_s
+            prev_s = end_s
+            if service_s - entry_s > limit_s:
+                k = j + 1
+                break
+    return k

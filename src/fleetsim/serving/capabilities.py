@@ -11,7 +11,9 @@ own gets none, because changing ``plan`` may break them. ``engine.debug`` checks
 promises at every window. The two are independent: a policy whose priorities change as
 requests run (a multi-level feedback queue) is not ``fast_forward_safe`` while requests wait,
 yet may decode everyone when nothing waits. A policy whose plans repeat only in some states
-promises it plan by plan instead (``StepPlan.repeats``: ``agent_xpu`` with one class running).
+promises it plan by plan instead (``StepPlan.repeats``: ``agent_xpu`` with one class running),
+and one whose plans repeat until a rule of its own says otherwise gives the rule with the plan
+(``StepPlan.repeat_rule``: FastServe, its batch decoding while others are paused).
 """
 
 from __future__ import annotations

@@ -55,6 +55,38 @@ class StepPlan(NamedTuple):
     # fast-forward it (``serving/window.py``). For a policy whose plans repeat only in some
     # states (``agent_xpu``: one class of requests running).
     repeats: bool = False
+    # A plan that decodes some running requests once (no prefill, no verbs) and repeats until
+    # a rule of the policy's own says otherwise (``RepeatRule``): the engine runs a window
+    # over those requests only, the others paused, exact step by step (``serving/window.py``).
+    repeat_rule: RepeatRule | None = None
+
+
+class RepeatRule(Protocol):
+    """How long a decode-only plan repeats, for a policy whose plans change with what the
+    steps do (FastServe: demotions on attained service, a free-block reserve, a starvation
+    check every so many iterations). Given with a plan (``StepPlan.repeat_rule``), it lets
+    the engine run that plan as a window whose every request record, attained-service sum and
+    timeline row equals step by step's, while nothing outside happens (an arrival, a swap
+    done, a read of the replica: they cut the window back, as any window's)."""
+
+    @property
+    def max_steps(self) -> int:
+        """Steps the plan repeats at most, the planned one included (>= 1)."""
+
+    @property
+    def max_new_blocks(self) -> int:
+        """KV blocks the steps after the first may take at most (a reserve the plan keeps)."""
+
+    def steps_within(self, decodes: Sequence[Request], start_s: float,
+                     ends_s: Sequence[float]) -> int:
+        """Of the steps that would start at ``start_s`` and end at ``ends_s`` (each the
+        previous one's end plus its duration, as step by step), how many the plan repeats
+        through (>= 1): the plan after the last of them may differ."""
+
+    def ran(self, num_steps: int, last_start_s: float) -> None:
+        """The window's first ``num_steps`` steps started (the planned one and
+        ``num_steps - 1`` the policy did not plan), the last at ``last_start_s``: advance
+        what the policy counts per plan as if it had planned each."""
 
 
 class BatchPolicy(Protocol):

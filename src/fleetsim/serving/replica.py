@@ -32,7 +32,7 @@ from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving import itl
 from fleetsim.serving.capabilities import capabilities_of
-from fleetsim.serving.contract import BatchPolicy, StepPlan
+from fleetsim.serving.contract import BatchPolicy, RepeatRule, StepPlan
 from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
 from fleetsim.serving.kv_keep import KeptKV, KVRetention
 from fleetsim.serving.kv_moves import KVMoves
@@ -144,6 +144,10 @@ class Replica:
         self._running_keys: list[tuple] = []
         self._waiting_keys: list[tuple] = []
         self._by_id: dict[int, Request] = {}
+        # Requests that entered the queues from outside (arrivals, KV moved or swapped in):
+        # a policy with per-request state learns of newcomers by comparing it with the count
+        # it last saw, instead of a pass over every queue at every plan.
+        self.num_entered = 0
         self._num_prefilling = 0  # running requests that are not decoding one token a step
         self.busy = False
         self.until_s = math.inf
@@ -229,6 +233,7 @@ class Replica:
             return
         req.state = WAITING
         req.num_lookahead_tokens = self._lookahead
+        self.num_entered += 1
         self._by_id[req.id] = req
         self._load_tokens += req.num_tokens - req.num_computed_tokens
         self._enqueue(self.waiting, self._waiting_keys, req)
@@ -301,6 +306,7 @@ class Replica:
         self.interrupt()
         req.state = RUNNING
         req.num_lookahead_tokens = self._lookahead
+        self.num_entered += 1
         if req.abort_reason is not None:
             self._free_and_end(req)  # (its tokens never entered the load counter here)
             return
@@ -514,7 +520,11 @@ class Replica:
             raise PlanError(f"{type(self.batch_policy).__name__} keeps planning preemptions "
                             f"and no tokens at {now_s} s")
         if step is not None:
-            self._execute(step, now_s, plan.repeats)
+            rule = plan.repeat_rule
+            if rule is not None and (plan.preempt or plan.swap_out or plan.swap_in
+                                     or plan.migrate):
+                rule = None  # a rule covers plans that only decode
+            self._execute(step, now_s, plan.repeats, rule)
 
     def _open_idle_window(self) -> bool:
         """Nothing waits and every running request decodes: the plan is known (the policy
@@ -708,7 +718,8 @@ class Replica:
         self.moves.hand_off(req, dst)
 
     # ---- step phase 3: execute -------------------------------------------------------
-    def _execute(self, step: Step, now_s: float, repeats: bool = False) -> None:
+    def _execute(self, step: Step, now_s: float, repeats: bool = False,
+                 rule: RepeatRule | None = None) -> None:
         self.busy = True
         shared = self.shared
         if shared is not None:
@@ -721,8 +732,18 @@ class Replica:
         # admit moves with the whole pool (another member's cache, or a local eviction of a
         # block the pool still holds elsewhere, which makes it cheaper), so its plan need not
         # repeat. ``repeats``: this plan says it repeats (``StepPlan.repeats``), as every
-        # all-decode plan of a fast-forward-safe policy does.
-        if step.is_all_decode and (self.fast_forward or (
+        # all-decode plan of a fast-forward-safe policy does. ``rule``: the plan decodes
+        # some running requests and repeats under the policy's rule (``StepPlan.repeat_rule``):
+        # an exact window over those requests, the others paused (not with speculation,
+        # whose windows this does not cover).
+        if rule is not None and not step.chunks and step.decodes and (
+                self._fast_forward_wanted and self.speculative is None) and not (
+                self.waiting and self.kv.prefix.peers is not None) and not (
+                shared is not None and shared.others_waiting()):
+            end_s = self._windows.open(step, self.until_s, rule=rule)
+            assert end_s is not None  # the plan took the first step's blocks
+            self._note_finishes(step)
+        elif step.is_all_decode and (self.fast_forward or (
                 repeats and self._fast_forward_wanted)) and not (
                 self.waiting and self.kv.prefix.peers is not None) and not (
                 shared is not None and shared.others_waiting()):
@@ -779,25 +800,36 @@ class Replica:
         if self._windows.cut(step, self.sim.now_s):
             self.sim.schedule(step.end_s, STEP_END, (self, step))
         k = step.num_steps
+        w = step.window
         if self.track_itl:
             itl.on_window(step, k - 1, self.recorder)
         self._windows.settle(step, k - 1, self._finish)
-        # Its rows wait for the step in progress, which continues the last stretch: they
-        # are written as one when it ends (``_commit_step``), as many rows as a window.
-        self._carried = self._window_rows(step, k - 1,
-                                          step.window.ends[k - 2] if k > 1 else step.start_s)
+        last_start_s = w.ends[k - 2] if k > 1 else step.start_s
+        rule = w.rule
+        if rule is None:
+            # Its rows wait for the step in progress, which continues the last stretch: they
+            # are written as one when it ends (``_commit_step``), as many rows as a window.
+            self._carried = self._window_rows(step, k - 1, last_start_s)
+        else:
+            # An exact window: one row per step done, as step by step wrote them; the step in
+            # progress was planned too (by the policy's count).
+            self._write_step_rows(step, k - 1)
+            rule.ran(k, last_start_s)
         # The step in progress: the decoders left, their blocks for it already taken.
-        decodes, lefts = step.decodes, step.window.lefts
+        decodes, lefts = step.decodes, w.lefts
         remaining = [decodes[i] for i in range(len(decodes)) if lefts[i] >= k]
-        self._load_tokens += len(self._finish_times) - len(step.window.finish_steps)
+        self._load_tokens += len(self._finish_times) - len(w.finish_steps)
         self._finish_times = []
-        step.start_s = step.window.ends[k - 2] if k > 1 else step.start_s
+        step.start_s = last_start_s
         step.window = None
         step.decodes = remaining
         step.num_steps = 1
         step.num_tokens = len(remaining)
-        step.num_running = len(remaining)
-        self._pending_kv_seconds = self.kv.num_used_blocks * (step.end_s - step.start_s)
+        if rule is None:
+            step.num_running = len(remaining)
+            self._pending_kv_seconds = self.kv.num_used_blocks * (step.end_s - step.start_s)
+        else:  # (running requests it pauses count; nothing finished before its last step)
+            self._pending_kv_seconds = self.kv.num_used_blocks * w.step_s[k - 1]
 
     def _window_rows(self, step: Step, num_steps: int, horizon_s: float) -> list[Row]:
         """Timeline rows of a window's first ``num_steps`` settled steps: one per stretch
@@ -826,6 +858,24 @@ class Replica:
             end_s, busy_s, _, steps, tokens, running, waiting = rows[-1]
             rows[-1] = (end_s, busy_s, w.kv_seconds, steps, tokens, running, waiting)
         return rows
+
+    def _write_step_rows(self, step: Step, num_steps: int) -> None:
+        """Timeline rows of an exact window's first ``num_steps`` settled steps, one per step
+        with the values step by step records (``_commit_step``): its busy time, the blocks in
+        use during it times the model's duration, the blocks in use after it."""
+        w = step.window
+        assert w is not None
+        rec, rid = self.recorder, self.replica_id
+        ends, step_s, used_by_step = w.ends, w.step_s, w.used_by_step
+        num_tokens, num_running, num_waiting = len(step.decodes), step.num_running, step.num_waiting
+        prev_s = step.start_s
+        for j in range(num_steps):
+            end_s, used = ends[j], used_by_step[j]
+            if j == num_steps - 1 and w.at_end:
+                used = self.kv.num_used_blocks  # after the finishes of its last step
+            rec.on_step(rid, end_s, end_s - prev_s, used_by_step[j] * step_s[j], 1, num_tokens,
+                        used, num_running, num_waiting)
+            prev_s = end_s
 
     def _write_rows(self, rows: list[Row]) -> None:
         rec, rid, used = self.recorder, self.replica_id, self.kv.num_used_blocks
@@ -875,7 +925,12 @@ class Replica:
         self._finish_times = []
         for r in w.at_end:
             self._finish(r, now_s)
-        self._write_rows(self._window_rows(step, step.num_steps, now_s))
+        k = step.num_steps
+        if w.rule is None:
+            self._write_rows(self._window_rows(step, k, now_s))
+        else:
+            self._write_step_rows(step, k)
+            w.rule.ran(k, w.ends[k - 2] if k > 1 else step.start_s)
         return w.at_end
 
     def _commit_step(self, step: Step, now_s: float) -> list[Request]:

@@ -17,7 +17,7 @@ of their own would slow those (``co_resident_slowdowns``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from fleetsim.serving.request import SWAPPING_IN, SWAPPING_OUT, Request
@@ -124,6 +124,18 @@ class ReplicaView:
     def kv_bytes_per_token(self) -> float:
         """KV bytes of one token, all layers and heads (what a handoff moves per token)."""
         return self._replica.moves.kv_bytes_per_token
+
+    @property
+    def order_key(self) -> Callable[[Request, float], tuple]:
+        """The key the queues are sorted by (the policy's own ``order_key``, or the
+        configured ordering)."""
+        return self._replica.order_key
+
+    @property
+    def num_entered(self) -> int:
+        """Requests that have entered the queues from outside so far (arrivals, and KV moved
+        or swapped in): unchanged since a policy last read it, no request is new to it."""
+        return self._replica.num_entered
 
     @property
     def num_incoming(self) -> int:

@@ -11,6 +11,11 @@ step. Step times come from the model's decode terms added up in plain Python, or
 ``decode_step_times_s`` and ``np.cumsum``; either way the same floats are added in the same
 order as step by step, so end times are bit-identical.
 
+A plan may instead bring a rule of its own (``StepPlan.repeat_rule``): the window then decodes
+that plan's requests only (the other running requests paused), stops where the rule says,
+adds attained service one step at a time and keeps each step's duration, so that the replica
+writes step by step's own timeline rows (an *exact* window: ``open``'s ``rule``).
+
 Windows also stop at the edges of the timeline's bins (``timeline``: origin and width), so
 that a window's records lie in one bin and the time series equal step by step's.
 
@@ -32,6 +37,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.serving.contract import RepeatRule
 from fleetsim.serving.kv_cache import KVCache, blocks_short
 from fleetsim.serving.request import Request
 from fleetsim.serving.speculative import Emission
@@ -67,13 +73,19 @@ class Window:
     block-seconds, the decoders that finish at its last step (``at_end``) and the earlier
     finish steps (``finish_steps``)."""
 
-    __slots__ = ("at_end", "emitted0", "ends", "finish_steps", "kv_seconds", "lefts", "settled",
-                 "used0")
+    __slots__ = ("at_end", "emitted0", "ends", "finish_steps", "kv_seconds", "lefts", "rule",
+                 "settled", "step_s", "used0", "used_by_step")
 
     def __init__(self, ends: list[float], used0: int, lefts: list[int]) -> None:
         self.ends = ends
         self.used0 = used0
         self.lefts = lefts
+        # A plan's repeat rule (``StepPlan.repeat_rule``): the window is exact step by step.
+        # Its steps' durations as the model gives them (``step_s``), and, once settled, the
+        # blocks in use during each committed step (``used_by_step``), for per-step records.
+        self.rule: RepeatRule | None = None
+        self.step_s: list[float] = []
+        self.used_by_step: list[int] = []
         # Speculative decoding: each decoder's (tokens emitted past its first, tokens left)
         # when the window opened, in ``Step.decodes`` order (empty otherwise).
         self.emitted0: list[tuple[int, int]] = []
@@ -106,7 +118,8 @@ class DecodeWindows:
         self._has_terms = hasattr(step_model, "decode_terms_s")
         self._terms: dict[int, tuple[float, float, float]] = {}  # batch size -> decode terms
 
-    def open(self, step: Step, until_s: float, through: bool = False) -> float | None:
+    def open(self, step: Step, until_s: float, through: bool = False,
+             rule: RepeatRule | None = None) -> float | None:
         """Make ``step`` (whose plan decodes every running request once) a window as long as
         is exact, and return its end time; or return None, changing nothing, when the first
         step's blocks are not free (the policy must decide: evict or preempt). Blocks are
@@ -115,6 +128,13 @@ class DecodeWindows:
         ``through``: the plan stays "decode every running request" after one finishes
         (nothing waits and the policy decodes all when idle), so the window goes on past
         finishes, with fewer decoders, instead of stopping at the first one.
+
+        ``rule``: the plan decodes some running requests (``step.decodes``; the others stay
+        paused) and repeats as long as ``rule`` says (``StepPlan.repeat_rule``): at most its
+        ``max_steps``, its ``max_new_blocks`` after the first step, and through the steps
+        its ``steps_within`` accepts of the end times computed. Such a window is exact step
+        by step (``settle`` adds attained service step by step; ``step_s`` keeps each
+        step's duration for per-step records).
         """
         if self.spec is not None:
             return self._open_speculative(step, until_s, through, self.spec)
@@ -144,6 +164,9 @@ class DecodeWindows:
         if free < 0:
             return None
         max_steps = max_left if through else min_left
+        if rule is not None:
+            free = min(free, rule.max_new_blocks)
+            max_steps = min(max_steps, rule.max_steps)
         start_s = step.start_s
         hint = self.next_input_hint_s
         edge_s = self.next_edge_s(start_s)
@@ -160,17 +183,27 @@ class DecodeWindows:
         # finishes free: stopping early is always exact).
         if k > 1 and n * -(-(k - 1) // bs) > free:
             k = _steps_within(decodes, bs, per_entry, free, k)
+        step_s: list[float] = []
         if k == 1:
-            ends = [start_s + self._decode_step_s(n, kv_tokens)]
+            first_s = self._decode_step_s(n, kv_tokens)
+            ends = [start_s + first_s]
+            step_s.append(first_s)
         else:
             # Decoders finishing inside the window, in order: (steps left, computed tokens).
             finishes: list[tuple[int, int]] = [] if min_left >= k else sorted(
                 [(lefts[i], decodes[i].num_computed_tokens) for i in range(n) if lefts[i] < k])
             if self._has_terms:
-                ends = self._ends_python(start_s, n, kv_tokens, k, finishes)
+                ends = self._ends_python(start_s, n, kv_tokens, k, finishes, step_s)
             else:
-                ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes)
-        step.window = Window(ends, kv.num_used_blocks + first_need, lefts)
+                ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes, step_s)
+        w = Window(ends, kv.num_used_blocks + first_need, lefts)
+        if rule is not None:
+            k = min(len(ends), max(1, rule.steps_within(decodes, start_s, ends)))
+            del ends[k:]
+            del step_s[k:]
+            w.rule = rule
+            w.step_s = step_s
+        step.window = w
         return self._finish_open(step, until_s, edge_s)
 
     def _finish_open(self, step: Step, until_s: float, edge_s: float) -> float:
@@ -278,10 +311,10 @@ class DecodeWindows:
         return terms
 
     def _ends_python(self, start_s: float, n: int, kv_tokens: int, k: int,
-                     finishes: list[tuple[int, int]]) -> list[float]:
+                     finishes: list[tuple[int, int]], step_s: list[float]) -> list[float]:
         """End times of k decode steps from ``start_s``, in plain Python with the model's
         decode terms: the same float operations as ``step_time_s`` and the same additions as
-        step by step."""
+        step by step. Each step's duration goes to ``step_s``."""
         ends: list[float] = []
         t = start_s
         for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
@@ -291,18 +324,22 @@ class DecodeWindows:
             step_kv = float(size)
             if extra:
                 for _ in range(b - a):
-                    t += (base + per_kv * kv) + extra
+                    d = (base + per_kv * kv) + extra
+                    t += d
                     ends.append(t)
+                    step_s.append(d)
                     kv += step_kv
             else:
                 for _ in range(b - a):
-                    t += base + per_kv * kv
+                    d = base + per_kv * kv
+                    t += d
                     ends.append(t)
+                    step_s.append(d)
                     kv += step_kv
         return ends
 
     def _ends_numpy(self, start_s: float, n: int, kv_tokens: int, k: int,
-                    finishes: list[tuple[int, int]]) -> list[float]:
+                    finishes: list[tuple[int, int]], step_s: list[float]) -> list[float]:
         """``_ends_python`` for models with only ``decode_step_times_s``: one vectorized
         call per stretch, then ``np.cumsum`` from ``start_s`` (sequential adds, as step by
         step)."""
@@ -312,6 +349,7 @@ class DecodeWindows:
             acc[1 + a:1 + b] = self.step_model.decode_step_times_s(
                 size, kv_at_a + size * np.arange(b - a, dtype=np.int64))
         ends: list[float] = np.cumsum(acc)[1:].tolist()
+        step_s.extend(acc[1:].tolist())
         return ends
 
     def next_edge_s(self, t: float) -> float:
@@ -364,7 +402,8 @@ class DecodeWindows:
         bs, per_entry = kv.block_size, kv.blocks_per_entry
         k, m = step.num_steps, num_commit
         ends = w.ends
-        horizon_s = ends[m - 1] if m else step.start_s
+        start_s = step.start_s
+        horizon_s = ends[m - 1] if m else start_s
         taken = 0
         # Blocks in use change only when a decoder takes a new block at the start of step
         # j >= 1, or frees all at a finish; the change lasts until the horizon.
@@ -372,6 +411,18 @@ class DecodeWindows:
         before: list[tuple[int, int, Request]] = []
         at_end = w.at_end
         decodes = step.decodes
+        # An exact window (a repeat rule's) adds each step's time to attained service one
+        # step at a time, as step by step does (one sum differs in its last bits, and the
+        # rule's policy decides on it), and counts the blocks taken at each step.
+        exact = w.rule is not None
+        gaps_s: list[float] = []
+        new_at: list[int] = []
+        if exact:
+            prev_s = start_s
+            for j in range(m):
+                gaps_s.append(ends[j] - prev_s)
+                prev_s = ends[j]
+            new_at = [0] * (m + 1)
         for i in range(len(decodes)):
             r = decodes[i]
             c = r.num_computed_tokens
@@ -386,6 +437,8 @@ class DecodeWindows:
             stop = s_i if s_i < m else m
             while j < stop:
                 late += horizon_s - ends[j - 1]
+                if exact:
+                    new_at[j] += 1
                 j += bs
             extra = blocks_short(r, c + s_i, bs, per_entry)
             if extra > 0:
@@ -394,7 +447,13 @@ class DecodeWindows:
             r.num_computed_tokens = c + t_i
             r.num_computed_tokens_total += t_i
             if t_i:
-                r.service_s += ends[t_i - 1] - step.start_s
+                if exact:
+                    service_s = r.service_s
+                    for j in range(t_i):
+                        service_s += gaps_s[j]
+                    r.service_s = service_s
+                else:
+                    r.service_s += ends[t_i - 1] - start_s
             r.num_output_tokens += t_i
             if left < k:
                 before.append((left, i, r))
@@ -409,7 +468,13 @@ class DecodeWindows:
                 finish(r, t)
                 late -= (horizon_s - t) * (used - kv.num_used_blocks)
                 w.finish_steps.append(left)
-        w.kv_seconds = w.used0 * (horizon_s - step.start_s) + late
+        w.kv_seconds = w.used0 * (horizon_s - start_s) + late
+        if exact:
+            used = w.used0
+            used_by_step = w.used_by_step
+            for j in range(m):
+                used += new_at[j]
+                used_by_step.append(used)
 
     def _settle_speculative(self, step: Step, num_commit: int, finish: FinishFn,
                             spec: Emission) -> None:
@@ -496,8 +561,8 @@ class DecodeWindows:
         None when that is not one offset for all (a speculating replica, or a decoder that
         finished before now)."""
         w = step.window
-        if w is None or w.settled or self.spec is not None:
-            return None
+        if w is None or w.settled or self.spec is not None or w.rule is not None:
+            return None  # (a rule's window may leave running requests paused)
         old = step.num_steps
         k = min(old, 1 + bisect.bisect_left(w.ends, now_s, 0, old))  # the step in progress
         if min(w.lefts) < k:
