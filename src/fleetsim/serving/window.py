@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -83,9 +83,11 @@ class Window:
         # A plan's repeat rule (``StepPlan.repeat_rule``): the window is exact step by step.
         # Its steps' durations as the model gives them (``step_s``), and, once settled, the
         # blocks in use during each committed step (``used_by_step``), for per-step records.
+        # (Ordinary windows share one empty tuple: no lists built per window, so the main
+        # engine's windows cost what they did before exact windows existed.)
         self.rule: RepeatRule | None = None
-        self.step_s: list[float] = []
-        self.used_by_step: list[int] = []
+        self.step_s: Sequence[float] = ()
+        self.used_by_step: Sequence[int] = ()
         # Speculative decoding: each decoder's (tokens emitted past its first, tokens left)
         # when the window opened, in ``Step.decodes`` order (empty otherwise).
         self.emitted0: list[tuple[int, int]] = []
@@ -183,7 +185,8 @@ class DecodeWindows:
         # finishes free: stopping early is always exact).
         if k > 1 and n * -(-(k - 1) // bs) > free:
             k = _steps_within(decodes, bs, per_entry, free, k)
-        step_s: list[float] = []
+        exact = rule is not None
+        step_s: list[float] = []  # (each step's duration: kept for an exact window only)
         if k == 1:
             first_s = self._decode_step_s(n, kv_tokens)
             ends = [start_s + first_s]
@@ -193,9 +196,12 @@ class DecodeWindows:
             finishes: list[tuple[int, int]] = [] if min_left >= k else sorted(
                 [(lefts[i], decodes[i].num_computed_tokens) for i in range(n) if lefts[i] < k])
             if self._has_terms:
-                ends = self._ends_python(start_s, n, kv_tokens, k, finishes, step_s)
+                ends = self._ends_python(start_s, n, kv_tokens, k, finishes)
+                if exact:
+                    step_s = self._durations_python(n, kv_tokens, k, finishes)
             else:
-                ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes, step_s)
+                ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes,
+                                        step_s if exact else None)
         w = Window(ends, kv.num_used_blocks + first_need, lefts)
         if rule is not None:
             k = min(len(ends), max(1, rule.steps_within(decodes, start_s, ends)))
@@ -311,10 +317,10 @@ class DecodeWindows:
         return terms
 
     def _ends_python(self, start_s: float, n: int, kv_tokens: int, k: int,
-                     finishes: list[tuple[int, int]], step_s: list[float]) -> list[float]:
+                     finishes: list[tuple[int, int]]) -> list[float]:
         """End times of k decode steps from ``start_s``, in plain Python with the model's
         decode terms: the same float operations as ``step_time_s`` and the same additions as
-        step by step. Each step's duration goes to ``step_s``."""
+        step by step."""
         ends: list[float] = []
         t = start_s
         for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
@@ -324,32 +330,50 @@ class DecodeWindows:
             step_kv = float(size)
             if extra:
                 for _ in range(b - a):
-                    d = (base + per_kv * kv) + extra
-                    t += d
+                    t += (base + per_kv * kv) + extra
                     ends.append(t)
-                    step_s.append(d)
                     kv += step_kv
             else:
                 for _ in range(b - a):
-                    d = base + per_kv * kv
-                    t += d
+                    t += base + per_kv * kv
                     ends.append(t)
-                    step_s.append(d)
                     kv += step_kv
         return ends
 
+    def _durations_python(self, n: int, kv_tokens: int, k: int,
+                          finishes: list[tuple[int, int]]) -> list[float]:
+        """The durations of ``_ends_python``'s k steps, by the same float operations (an
+        exact window's, which adds them to attained service one by one; kept apart so that
+        ordinary windows pay nothing for them)."""
+        step_s: list[float] = []
+        for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
+            base, per_kv, extra = self._decode_terms(size)
+            kv = float(kv_at_a)
+            step_kv = float(size)
+            if extra:
+                for _ in range(b - a):
+                    step_s.append((base + per_kv * kv) + extra)
+                    kv += step_kv
+            else:
+                for _ in range(b - a):
+                    step_s.append(base + per_kv * kv)
+                    kv += step_kv
+        return step_s
+
     def _ends_numpy(self, start_s: float, n: int, kv_tokens: int, k: int,
-                    finishes: list[tuple[int, int]], step_s: list[float]) -> list[float]:
+                    finishes: list[tuple[int, int]],
+                    step_s: list[float] | None) -> list[float]:
         """``_ends_python`` for models with only ``decode_step_times_s``: one vectorized
         call per stretch, then ``np.cumsum`` from ``start_s`` (sequential adds, as step by
-        step)."""
+        step); the durations go to ``step_s`` when given (an exact window's)."""
         acc = np.empty(k + 1)
         acc[0] = start_s
         for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
             acc[1 + a:1 + b] = self.step_model.decode_step_times_s(
                 size, kv_at_a + size * np.arange(b - a, dtype=np.int64))
         ends: list[float] = np.cumsum(acc)[1:].tolist()
-        step_s.extend(acc[1:].tolist())
+        if step_s is not None:
+            step_s.extend(acc[1:].tolist())
         return ends
 
     def next_edge_s(self, t: float) -> float:
@@ -471,10 +495,11 @@ class DecodeWindows:
         w.kv_seconds = w.used0 * (horizon_s - start_s) + late
         if exact:
             used = w.used0
-            used_by_step = w.used_by_step
+            used_by_step: list[int] = []
             for j in range(m):
                 used += new_at[j]
                 used_by_step.append(used)
+            w.used_by_step = used_by_step
 
     def _settle_speculative(self, step: Step, num_commit: int, finish: FinishFn,
                             spec: Emission) -> None:
