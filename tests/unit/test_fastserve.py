@@ -340,3 +340,31 @@ def test_the_mlfq_sorts_the_queues_itself_when_a_controller_reorders_them():
     ours, ref = out
     for column, values in ref.requests.items():
         np.testing.assert_array_equal(values, ours.requests[column], err_msg=column)
+
+
+@pytest.mark.parametrize(("args", "field", "needle"), [
+    # a reserve above the whole cache: swapped jobs could never come back (the run stopped
+    # with a PlanError traceback before)
+    ("{min_free_blocks = 1000000000}", "min_free_blocks", "leaves no room"),
+    ("{max_batch_size = 1000000}", "max_batch_size", "leaves no room"),
+    # 1 - 1e-300 rounds to 1: no prefill could start even with the host tier empty
+    ("{host_full_share = 1e-300}", "host_full_share", "must be in [1e-06, 1]"),
+])
+def test_a_reserve_or_host_share_that_would_stall_the_run_is_one_line_exit_2(
+        tmp_path, capsys, args, field, needle):
+    from fleetsim.cli import main
+
+    out = tmp_path / "o"
+    code = main(["run", "--out", str(out), "--set", "model=llama-3.1-8b",
+                 "--set", "hardware.gpu=h100-sxm", "--set", "engine.swap_space_gib=4",
+                 "--set", "engine.gpu_memory_utilization=0.3",
+                 "--set", f"policy.batching={{name='fastserve', args={args}}}",
+                 "--set", "workload.trace=synthetic", "--set", "workload.rate_per_s=30",
+                 "--set", "workload.num_requests=150",
+                 "--set", "workload.prompt_tokens={kind='uniform', low=50, high=900}",
+                 "--set", "workload.output_tokens={kind='uniform', low=20, high=600}"])
+    err = capsys.readouterr()[1]
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("fleetsim: error: ")
+    assert field in err and needle in err
+    assert not out.exists()

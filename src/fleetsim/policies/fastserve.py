@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetsim.errors import FleetsimInputError
 from fleetsim.policies.batching import register_batch
 from fleetsim.policies.fastserve_steps import (
     JobState,
@@ -62,6 +63,7 @@ from fleetsim.serving.request import RUNNING, Request
 from fleetsim.serving.views import ReplicaView
 
 SCHEDULERS = ("mlfq", "fcfs", "srpt")
+MIN_HOST_FULL_SHARE = 1e-6
 
 
 def mlfq_key(req: Request, now_s: float) -> tuple[float, ...]:
@@ -94,9 +96,11 @@ class FastServePlanner:
     """Keep free GPU blocks by swapping low-priority jobs out, and swap ahead of need."""
     min_free_blocks: int = 0
     """Free-block reserve floor (code: num_min_free_blocks_threshold); the reserve is
-    ``max(max_batch_size, min_free_blocks)``."""
+    ``max(max_batch_size, min_free_blocks)``. A reserve that leaves no room to swap a job back
+    stops the run with a one-line error naming the argument (the code would hang)."""
     host_full_share: float = 0.9
-    """No new prefill starts while the host tier is this full (code: free CPU blocks < 10%)."""
+    """No new prefill starts while the host tier is this full (code: free CPU blocks < 10%);
+    in [1e-6, 1]."""
     _iterations: int = field(default=0, init=False, repr=False)
     _prefill_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     _quanta: list[float] = field(default_factory=list, init=False, repr=False)
@@ -119,8 +123,11 @@ class FastServePlanner:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.starvation_period < 1 or not self.starvation_limit_s > 0:
             raise ValueError("starvation_period must be >= 1 and starvation_limit_s > 0")
-        if not 0 < self.host_full_share <= 1:
-            raise ValueError(f"host_full_share must be in (0, 1], got {self.host_full_share}")
+        # (below 1e-6, 1 - share rounds to 1 and no prefill could start even with the host
+        # tier empty: the admission test is free > (1 - share) x total, as the code's)
+        if not MIN_HOST_FULL_SHARE <= self.host_full_share <= 1:
+            raise ValueError(f"host_full_share must be in [{MIN_HOST_FULL_SHARE:g}, 1], got "
+                             f"{self.host_full_share}")
 
     @property
     def order_key(self):  # type: ignore[no-untyped-def]
@@ -219,6 +226,9 @@ class FastServePlanner:
             if not swap_out and swapped and available - reserve > 0 and slots > 0:
                 swap_in = swap_in_highest(sorted(swapped, key=order), kv, available, reserve,
                                           slots, self.max_batch_size)
+            if swapped and not (tokens or running or swap_out or swap_in or view.num_swapping_in
+                                or view.num_blocks_swapping_out):
+                raise self._reserve_leaves_no_room(view, swapped, reserve)
         self._batch = list(batch.values())
         preempt: tuple[int, ...] = ()
         if not tokens and not swap_out and not swap_in and running and not (
@@ -236,6 +246,21 @@ class FastServePlanner:
             rule = Repeat(self, max_new_blocks)
         return StepPlan(tokens, preempt, swap_out=tuple(swap_out), swap_in=tuple(swap_in),
                         rekey=tuple(rekey), repeat_rule=rule)
+
+    def _reserve_leaves_no_room(self, view: ReplicaView, swapped: Sequence[Request],
+                                reserve: int) -> FleetsimInputError:
+        """Nothing runs or moves and every swapped job waits for room the free-block reserve
+        keeps: the run could never go on (FastServe's code would hang). A bad argument, named
+        with the numbers that make it so."""
+        field = "min_free_blocks" if self.min_free_blocks > self.max_batch_size else (
+            "max_batch_size")
+        need = min(view.kv.num_blocks_for(r.num_computed_tokens + 1) for r in swapped)
+        blocks = view.num_kv_blocks
+        return FleetsimInputError(
+            f"policy.batching.args.{field}", getattr(self, field),
+            f"fastserve keeps max(max_batch_size, min_free_blocks) = {reserve:,} KV blocks "
+            f"free, which leaves no room of the replica's {blocks:,} to swap back a job "
+            f"needing {need:,}: keep it below {max(blocks - need, 1):,}")
 
     # ---- fast-forward ------------------------------------------------------------------
     def _repeat_steps(self) -> int:
