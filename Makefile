@@ -49,8 +49,9 @@ run: setup-run native
 # The tests marked `wiring` (the live gateway and its servers, Ray, the README's commands in
 # subprocesses) run once, in the second pass: what they test (HTTP, processes, the CLI's
 # plumbing) is not compiled, and most of their time is real time and process start-up
-# (about 117 s of one core's wall time in the pure pass); the engine's two builds are compared
-# result for result by the rest of the suite (tests/unit/test_native.py among them).
+# (117 s of wall time run alone in one process, pure, on a shared machine); the engine's two
+# builds are compared result for result by the rest of the suite (tests/unit/test_native.py
+# among them).
 test: setup native
 	PYTHONDONTWRITEBYTECODE= FLEETSIM_PURE=1 $(PY) -m pytest -n 2 --dist worksteal -m "not wiring" tests
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n 2 --dist worksteal tests

@@ -228,7 +228,7 @@ class FastServePlanner:
                                           slots, self.max_batch_size)
             if swapped and not (tokens or running or swap_out or swap_in or view.num_swapping_in
                                 or view.num_blocks_swapping_out):
-                raise self._reserve_leaves_no_room(view, swapped, reserve)
+                self._check_reserve(view, swapped, reserve)
         self._batch = list(batch.values())
         preempt: tuple[int, ...] = ()
         if not tokens and not swap_out and not swap_in and running and not (
@@ -247,16 +247,20 @@ class FastServePlanner:
         return StepPlan(tokens, preempt, swap_out=tuple(swap_out), swap_in=tuple(swap_in),
                         rekey=tuple(rekey), repeat_rule=rule)
 
-    def _reserve_leaves_no_room(self, view: ReplicaView, swapped: Sequence[Request],
-                                reserve: int) -> FleetsimInputError:
-        """Nothing runs or moves and every swapped job waits for room the free-block reserve
-        keeps: the run could never go on (FastServe's code would hang). A bad argument, named
-        with the numbers that make it so."""
-        field = "min_free_blocks" if self.min_free_blocks > self.max_batch_size else (
-            "max_batch_size")
+    def _check_reserve(self, view: ReplicaView, swapped: Sequence[Request],
+                       reserve: int) -> None:
+        """Nothing runs or moves and the swapped jobs wait for room. When even the whole
+        cache less the free-block reserve cannot hold the smallest of them, none can ever come
+        back and the run could not go on (FastServe's code would hang): a bad argument, named
+        with the numbers that make it so. (Otherwise the room may come: blocks held for
+        others are given back.)"""
         need = min(view.kv.num_blocks_for(r.num_computed_tokens + 1) for r in swapped)
         blocks = view.num_kv_blocks
-        return FleetsimInputError(
+        if reserve + need <= blocks:
+            return
+        field = "min_free_blocks" if self.min_free_blocks > self.max_batch_size else (
+            "max_batch_size")
+        raise FleetsimInputError(
             f"policy.batching.args.{field}", getattr(self, field),
             f"fastserve keeps max(max_batch_size, min_free_blocks) = {reserve:,} KV blocks "
             f"free, which leaves no room of the replica's {blocks:,} to swap back a job "
