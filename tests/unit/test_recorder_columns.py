@@ -10,13 +10,19 @@ from fleetsim.serving.sources import WorkloadSource
 from fleetsim.workloads.workload import Workload
 
 
+def _append(table: Columns, x_s: float, count: int) -> None:
+    """As the recorder appends a row: packed into the buffer, flushed when full."""
+    table.pack_into(table.buf, table.num_pending * table.row_bytes, x_s, count)
+    table.num_pending += 1
+    if table.num_pending >= table.chunk_rows:
+        table.flush()
+
+
 def _filled(num_rows: int, chunk_rows: int) -> tuple[Columns, list[tuple[float, int]]]:
     table = Columns(("x_s", "count"), frozenset({"count"}), chunk_rows=chunk_rows)
     rows = []
     for i in range(num_rows):
-        table.rows.extend((i + 0.5, 3 * i))  # as the recorder appends, flushing when full
-        if len(table.rows) >= table.limit:
-            table.flush()
+        _append(table, i + 0.5, 3 * i)
         rows.append((i + 0.5, 3 * i))
     return table, rows
 
@@ -35,17 +41,28 @@ def test_columns_hold_every_row_in_order_across_chunks_and_growth():
 def test_columns_read_mid_run_and_later_rows_go_after():
     table, rows = _filled(5, chunk_rows=2)
     first = table.columns()
-    table.rows.extend((99.5, 7))
+    _append(table, 99.5, 7)
     assert first["x_s"].tolist() == [x for x, _ in rows]  # an earlier read is unchanged
     assert table.columns()["count"].tolist() == [c for _, c in rows] + [7]
 
 
 def test_rows_from_any_start_as_the_flat_rows():
     table, rows = _filled(9, chunk_rows=2)
-    table.rows.extend((9.5, 27))  # one row not flushed yet
+    _append(table, 9.5, 27)  # one row not flushed yet
     rows.append((9.5, 27))
     for start in range(len(rows) + 1):
         assert table.rows_from(start) == [v for row in rows[start:] for v in row]
+
+
+def test_nan_and_large_counts_come_back_as_written():
+    # (a request without an inter-token gap records NaN; ids and token counts are ints far
+    # below 2**53, which doubles hold exactly)
+    table = Columns(("x_s", "count"), frozenset({"count"}), chunk_rows=4)
+    _append(table, float("nan"), 2**52 + 1)
+    _append(table, 1e-300, 0)
+    cols = table.columns()
+    assert np.isnan(cols["x_s"][0]) and cols["x_s"][1] == 1e-300
+    assert cols["count"].tolist() == [2**52 + 1, 0]
 
 
 def test_workload_source_reads_every_row_across_chunks(monkeypatch):

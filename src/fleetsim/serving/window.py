@@ -321,7 +321,9 @@ class DecodeWindows:
         """End times of k decode steps from ``start_s``, in plain Python with the model's
         decode terms: the same float operations as ``step_time_s`` and the same additions as
         step by step."""
-        ends: list[float] = []
+        # (Filled by index, and loops over a named int: in the compiled engine an append
+        # checks for room each time, and ``_`` is a boxed object, made anew every step.)
+        ends: list[float] = [start_s] * k
         t = start_s
         for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
             base, per_kv, extra = self._decode_terms(size)
@@ -329,14 +331,14 @@ class DecodeWindows:
             kv = float(kv_at_a)
             step_kv = float(size)
             if extra:
-                for _ in range(b - a):
+                for j in range(a, b):
                     t += (base + per_kv * kv) + extra
-                    ends.append(t)
+                    ends[j] = t
                     kv += step_kv
             else:
-                for _ in range(b - a):
+                for j in range(a, b):
                     t += base + per_kv * kv
-                    ends.append(t)
+                    ends[j] = t
                     kv += step_kv
         return ends
 
@@ -351,11 +353,11 @@ class DecodeWindows:
             kv = float(kv_at_a)
             step_kv = float(size)
             if extra:
-                for _ in range(b - a):
+                for _step in range(b - a):
                     step_s.append((base + per_kv * kv) + extra)
                     kv += step_kv
             else:
-                for _ in range(b - a):
+                for _step in range(b - a):
                     step_s.append(base + per_kv * kv)
                     kv += step_kv
         return step_s
