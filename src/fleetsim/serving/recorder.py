@@ -89,8 +89,14 @@ class Recorder:
         self._requests = Columns(REQUEST_COLUMNS, REQUEST_INT_COLUMNS)
         self._timeline = Columns(TIMELINE_COLUMNS, TIMELINE_INT_COLUMNS)
         self.num_steps = 0
-        self.busy_s_by_replica: dict[int, float] = {}
-        self.kv_block_seconds_by_replica: dict[int, float] = {}
+        # Busy and KV block-seconds summed per replica, indexed by replica id (a dict's
+        # lookups cost more per step), and the ids in the order first recorded: the order
+        # of the dicts that ``busy_s_by_replica`` and ``records()`` give (sums over them
+        # add in that order).
+        self._busy_s: list[float] = []
+        self._kv_block_s: list[float] = []
+        self._seen: list[bool] = []
+        self._replica_order: list[int] = []
         self.timeline_origin_s = timeline_origin_s
         self.timeline_bin_s = timeline_bin_s
         # Online metrics are kept only when asked for (a controller reads them).
@@ -174,10 +180,10 @@ class Recorder:
         num_waiting: int,
     ) -> None:
         self.num_steps += num_steps
-        busy = self.busy_s_by_replica
-        busy[replica_id] = busy.get(replica_id, 0.0) + busy_s
-        kvs = self.kv_block_seconds_by_replica
-        kvs[replica_id] = kvs.get(replica_id, 0.0) + kv_block_seconds
+        if replica_id >= len(self._seen) or not self._seen[replica_id]:
+            self._first_step(replica_id)
+        self._busy_s[replica_id] += busy_s
+        self._kv_block_s[replica_id] += kv_block_seconds
         table = self._timeline
         table.pack_into(
             table.buf, table.num_pending * table.row_bytes, end_s, replica_id, busy_s,
@@ -185,6 +191,27 @@ class Recorder:
         table.num_pending += 1
         if table.num_pending >= table.chunk_rows:
             table.flush()
+
+    def _first_step(self, replica_id: int) -> None:
+        if replica_id < 0:
+            raise ValueError(f"replica id {replica_id} is negative")
+        grow = replica_id + 1 - len(self._seen)
+        if grow > 0:
+            self._seen.extend([False] * grow)
+            self._busy_s.extend([0.0] * grow)
+            self._kv_block_s.extend([0.0] * grow)
+        self._seen[replica_id] = True
+        self._replica_order.append(replica_id)
+
+    @property
+    def busy_s_by_replica(self) -> dict[int, float]:
+        """Busy seconds so far per replica that has stepped (in the order they first did)."""
+        return {r: self._busy_s[r] for r in self._replica_order}
+
+    @property
+    def kv_block_seconds_by_replica(self) -> dict[int, float]:
+        """KV block-seconds so far per replica that has stepped (as ``busy_s_by_replica``)."""
+        return {r: self._kv_block_s[r] for r in self._replica_order}
 
     def records(self) -> Records:
         requests = self._requests.columns()
@@ -196,8 +223,8 @@ class Recorder:
             requests[name] = requests[name][order]
         timeline = self._timeline.columns()
         gaps, counts = self._itl_arrays()
-        return Records(requests, timeline, self.num_steps, dict(self.busy_s_by_replica),
-                       dict(self.kv_block_seconds_by_replica), self.timeline_origin_s,
+        return Records(requests, timeline, self.num_steps, self.busy_s_by_replica,
+                       self.kv_block_seconds_by_replica, self.timeline_origin_s,
                        self.timeline_bin_s, gaps, counts, tuple(self.aborted))
 
     def _itl_arrays(self) -> tuple[NDArray, NDArray]:
@@ -248,29 +275,33 @@ CHUNK_ROWS = 1 << 12  # (the buffer stays in cache: 4,096 rows of 9-18 doubles)
 
 
 class Columns:
-    """A table of numbers filled row by row: each row is packed as doubles into a
+    """A table of numbers filled row by row: each row is packed (int64s and doubles) into a
     preallocated buffer (``pack_into``: C-speed conversion, no Python object kept per
     number), and every ``chunk_rows`` rows the buffer is written into one array per column
     (``flush``), so a million requests' rows take 8 bytes a number. A column's array
     doubles when full (pages never written are not resident), and ``columns()`` returns
-    views of it: no copy at the end, no chunks left to join. Integer columns are cast back
-    to int64 (exact: every count and id here is far below 2**53).
+    views of it: no copy at the end, no chunks left to join.
 
     Writers append a row as ``t.pack_into(t.buf, t.num_pending * t.row_bytes, *row)``, then
     ``t.num_pending += 1`` and ``t.flush()`` once it reaches ``t.chunk_rows`` (written out
     at the two call sites: a method taking ``*row`` would build a tuple per row)."""
 
     __slots__ = ("arrays", "buf", "chunk_rows", "names", "num_flushed", "num_pending",
-                 "pack_into", "row_bytes")
+                 "pack_into", "row_bytes", "row_dtype")
 
     def __init__(self, names: tuple[str, ...], int_cols: frozenset[str],
                  chunk_rows: int = CHUNK_ROWS) -> None:
         self.names = names
-        packer = struct.Struct(f"={len(names)}d")
-        # (A number that is not a float or an int fails here, at the row that holds it,
-        # not at the end of the run.)
+        # Integer columns packed as int64 ('q'), the others as doubles: an int converted to
+        # a double by ``struct`` goes through a temporary float object.
+        codes = ["q" if name in int_cols else "d" for name in names]
+        packer = struct.Struct("=" + "".join(codes))
+        # (A value of the wrong kind, a float in an integer column, fails here, at the row
+        # that holds it, not at the end of the run.)
         self.pack_into: Callable[..., None] = packer.pack_into
         self.row_bytes: int = packer.size
+        self.row_dtype = np.dtype([(name, np.int64 if code == "q" else np.float64)
+                                   for name, code in zip(names, codes, strict=True)])
         self.chunk_rows = chunk_rows
         self.buf = bytearray(chunk_rows * packer.size)  # rows not flushed yet
         self.num_pending = 0
@@ -284,9 +315,8 @@ class Columns:
         return self.num_flushed + self.num_pending
 
     def _pending(self) -> NDArray:
-        """The rows not flushed yet, as a (rows, columns) view of the buffer."""
-        width = len(self.names)
-        return np.frombuffer(self.buf, np.float64, self.num_pending * width).reshape(-1, width)
+        """The rows not flushed yet, as a structured view of the buffer."""
+        return np.frombuffer(self.buf, self.row_dtype, self.num_pending)
 
     def flush(self) -> None:
         """Move the rows of the buffer into the columns' arrays."""
@@ -302,8 +332,8 @@ class Columns:
                 grown = np.empty(capacity, old.dtype)
                 grown[:n] = old[:n]
                 arrays[j] = grown
-        for j, column in enumerate(arrays):
-            column[n:n + m] = table[:, j]  # (a copy; to int64 as ``astype`` casts)
+        for name, column in zip(self.names, arrays, strict=True):
+            column[n:n + m] = table[name]  # (a copy: the buffer is written again)
         self.num_flushed = n + m
         self.num_pending = 0
 
@@ -323,11 +353,13 @@ class Columns:
         """Rows ``start`` onwards, flat, as Python floats (an integer column's values too)."""
         n = self.num_flushed
         pending = self._pending()
-        if start >= n:
-            return pending[start - n:].ravel().tolist()
-        table = np.stack([column[start:n].astype(np.float64) for column in self.arrays], axis=1)
-        flat: list[float] = table.ravel().tolist()
-        return flat + pending.ravel().tolist()
+        parts = [np.stack([pending[name].astype(np.float64) for name in self.names], axis=1)
+                 [max(0, start - n):]]
+        if start < n:
+            parts.insert(0, np.stack([column[start:n].astype(np.float64)
+                                      for column in self.arrays], axis=1))
+        flat: list[float] = np.concatenate(parts).ravel().tolist()
+        return flat
 
 
 @functools.lru_cache(maxsize=4096)
