@@ -79,7 +79,10 @@ class Admission:
         budget = min(cfg.batch_max_tokens, total - used)
         max_idle = k_all - math.ceil(used / cap)
         wait_s = self.expected_wait_s(running)
-        inv_decode = sum(1.0 / max(1, r.num_emitted) for r in running)
+        inv_decode = 0.0  # (a loop, not ``sum`` over ``max``: generic calls when compiled)
+        for r in running:
+            emitted = r.num_emitted
+            inv_decode += 1.0 / (emitted if emitted > 1 else 1)
         allow_ooe = self._num_ooe < cfg.max_out_of_order
         new: list[int] = []
         undecided: list[int] = []
@@ -152,10 +155,16 @@ class Admission:
         """How long the running decodes are expected to keep their instances: iterations
         left (at least 10; the finished requests' mean output less what each has emitted;
         a tenth of what each has emitted) times ``avg_decoding_s``."""
-        mean_out = self._sum_finished_output / self._num_finished if self._num_finished else 0
+        mean_out = self._sum_finished_output / self._num_finished if self._num_finished else 0.0
         iterations = 10.0
-        for r in running:
-            iterations = max(iterations, mean_out - r.num_emitted, 0.1 * r.num_emitted)
+        for r in running:  # (compared one by one: ``max`` is a generic call when compiled)
+            emitted = r.num_emitted
+            left = mean_out - emitted
+            if left > iterations:
+                iterations = left
+            tenth = 0.1 * emitted
+            if tenth > iterations:
+                iterations = tenth
         return iterations * self.cfg.avg_decoding_s
 
 
