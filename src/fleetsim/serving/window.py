@@ -592,8 +592,9 @@ class DecodeWindows:
             return None  # (a rule's window may leave running requests paused)
         old = step.num_steps
         k = min(old, 1 + bisect.bisect_left(w.ends, now_s, 0, old))  # the step in progress
-        if min(w.lefts) < k:
-            return None
+        for left in w.lefts:  # (a loop: ``min`` over a list is a generic call when compiled)
+            if left < k:
+                return None
         kv = self.kv
         if not exact:
             return k - 1, 0, -(-k // kv.block_size) * len(step.decodes)
