@@ -5,9 +5,25 @@ engine by ``make native``; the policy classes stay interpreted so users can subc
 
 from __future__ import annotations
 
+from fleetsim.serving.contract import StepPlan
 from fleetsim.serving.kv_cache import blocks_short
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import ReplicaView
+
+
+def plan_token_budget(view: ReplicaView, chunked: bool, threshold: int | None,
+                      full_input: bool) -> StepPlan:
+    """``TokenBudgetPlanner.plan`` with recompute preemption: serve the running requests,
+    then, if none was preempted, admit waiting ones (one compiled call per planned step:
+    the policy class stays interpreted, so that users can subclass it)."""
+    budget = view.max_batched_tokens
+    cap = threshold or budget
+    tokens: dict[int, int] = {}
+    budget, available, preempt = serve_running(
+        view, tokens, budget, view.kv.num_available_blocks, cap)
+    if not preempt:
+        admit_waiting(view, tokens, budget, available, cap, chunked, full_input)
+    return StepPlan(tokens, tuple(preempt))
 
 
 def next_chunk(req: Request, limit: int, bs: int, per_entry: int) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from fleetsim.policies.batch_steps import (
     admit_waiting,
+    plan_token_budget,
     serve_running,
     serve_running_swapping,
     swap_in_in_order,
@@ -70,17 +71,12 @@ class TokenBudgetPlanner:
                              f"{self.preemption_mode!r}")
 
     def plan(self, view: ReplicaView, now_s: float) -> StepPlan:
-        budget = view.max_batched_tokens
-        cap = self.long_prefill_token_threshold or budget
-        tokens: dict[int, int] = {}
         if self.preemption_mode == "swap":
-            return self._plan_swapping(view, tokens, budget, cap)
-        budget, available, preempt = serve_running(
-            view, tokens, budget, view.kv.num_available_blocks, cap)
-        if not preempt:
-            admit_waiting(view, tokens, budget, available, cap, self.enable_chunked_prefill,
-                          self.reserve_full_isl)
-        return StepPlan(tokens, tuple(preempt))
+            budget = view.max_batched_tokens
+            cap = self.long_prefill_token_threshold or budget
+            return self._plan_swapping(view, {}, budget, cap)
+        return plan_token_budget(view, self.enable_chunked_prefill,
+                                 self.long_prefill_token_threshold, self.reserve_full_isl)
 
     def _plan_swapping(self, view: ReplicaView, tokens: dict[int, int], budget: int,
                        cap: int) -> StepPlan:

@@ -119,6 +119,8 @@ class DecodeWindows:
         self.cap = 64
         self._has_terms = hasattr(step_model, "decode_terms_s")
         self._terms: dict[int, tuple[float, float, float]] = {}  # batch size -> decode terms
+        self._last_n = -1
+        self._last_terms = (0.0, 0.0, 0.0)
 
     def open(self, step: Step, until_s: float, through: bool = False,
              rule: RepeatRule | None = None) -> float | None:
@@ -310,10 +312,16 @@ class DecodeWindows:
         return (base + per_kv * float(kv_tokens)) + extra
 
     def _decode_terms(self, n: int) -> tuple[float, float, float]:
-        """The model's decode terms of a batch of ``n``, computed once per size."""
+        """The model's decode terms of a batch of ``n``, computed once per size (the last
+        size's kept apart: consecutive windows mostly share it, and a dict lookup costs a
+        boxed key and tuple)."""
+        if n == self._last_n:
+            return self._last_terms
         terms = self._terms.get(n)
         if terms is None:
             terms = self._terms[n] = self.step_model.decode_terms_s(n)  # type: ignore[attr-defined]
+        self._last_n = n
+        self._last_terms = terms
         return terms
 
     def _ends_python(self, start_s: float, n: int, kv_tokens: int, k: int,
@@ -322,24 +330,34 @@ class DecodeWindows:
         decode terms: the same float operations as ``step_time_s`` and the same additions as
         step by step."""
         # (Filled by index, and loops over a named int: in the compiled engine an append
-        # checks for room each time, and ``_`` is a boxed object, made anew every step.)
+        # checks for room each time, and ``_`` is a boxed object, made anew every step. The
+        # stretches are ``_stretches``', walked in place: no list of boxed tuples.)
         ends: list[float] = [start_s] * k
         t = start_s
-        for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
-            base, per_kv, extra = self._decode_terms(size)
-            # Floats throughout: exact, token counts stay far below 2**53.
-            kv = float(kv_at_a)
-            step_kv = float(size)
-            if extra:
-                for j in range(a, b):
-                    t += (base + per_kv * kv) + extra
-                    ends[j] = t
-                    kv += step_kv
-            else:
-                for j in range(a, b):
-                    t += base + per_kv * kv
-                    ends[j] = t
-                    kv += step_kv
+        a = 0
+        f = 0
+        num_finishes = len(finishes)
+        while a < k:
+            left, c = finishes[f] if f < num_finishes else (k, 0)
+            f += 1
+            if left > a:
+                base, per_kv, extra = self._decode_terms(n)
+                # Floats throughout: exact, token counts stay far below 2**53.
+                kv = float(kv_tokens + n * a)
+                step_kv = float(n)
+                if extra:
+                    for j in range(a, left):
+                        t += (base + per_kv * kv) + extra
+                        ends[j] = t
+                        kv += step_kv
+                else:
+                    for j in range(a, left):
+                        t += base + per_kv * kv
+                        ends[j] = t
+                        kv += step_kv
+                a = left
+            n -= 1
+            kv_tokens -= c
         return ends
 
     def _durations_python(self, n: int, kv_tokens: int, k: int,
