@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,34 +40,32 @@ class OpCost:
 @dataclass(frozen=True)
 class ModelCost:
     """A model at a weight precision: the per-token constants the op costs are built from
-    (computed once: every step of a run is priced from them; not slotted, for the cache)."""
+    (computed once, at construction: every step of a run is priced from them)."""
 
     model: ModelSpec
     bits_per_weight: float
     kv_dtype_bytes: int = KV_DTYPE_BYTES
     """KV element size the runtime keeps (FP16 by default, whatever the checkpoint's)."""
+    # Derived in ``__post_init__`` (plain fields, not ``cached_property``: compiled with
+    # mypyc, a cached property is computed again at every read, 18% of an Agent.xpu run).
+    streamed_params: int = field(init=False, repr=False, compare=False)
+    """Weights read by every forward pass: decoder layers plus the LM head."""
+    weight_bytes: float = field(init=False, repr=False, compare=False)
+    kv_bytes_per_token: int = field(init=False, repr=False, compare=False)
+    """The model's KV bytes per token (MLA's latent included), at ``kv_dtype_bytes``."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.bits_per_weight <= 16:
             raise ValueError(f"bits_per_weight must be in [1, 16], got {self.bits_per_weight}")
         if self.kv_dtype_bytes not in (1, 2, 4):
             raise ValueError(f"kv_dtype_bytes must be 1, 2 or 4, got {self.kv_dtype_bytes}")
-
-    @cached_property
-    def streamed_params(self) -> int:
-        """Weights read by every forward pass: decoder layers plus the LM head."""
         m = self.model
-        return (m.num_layers * m.attention_params_per_gpu(1) + m.mlp_params_per_gpu(1)
-                + m.vocab_size * m.hidden_size)
-
-    @cached_property
-    def weight_bytes(self) -> float:
-        return self.streamed_params * self.bits_per_weight / 8
-
-    @cached_property
-    def kv_bytes_per_token(self) -> int:
-        """The model's KV bytes per token (MLA's latent included), at ``kv_dtype_bytes``."""
-        return self.model.kv_bytes_per_token(kv_dtype_bytes=self.kv_dtype_bytes)
+        streamed = (m.num_layers * m.attention_params_per_gpu(1) + m.mlp_params_per_gpu(1)
+                    + m.vocab_size * m.hidden_size)
+        object.__setattr__(self, "streamed_params", streamed)
+        object.__setattr__(self, "weight_bytes", streamed * self.bits_per_weight / 8)
+        object.__setattr__(self, "kv_bytes_per_token",
+                           m.kv_bytes_per_token(kv_dtype_bytes=self.kv_dtype_bytes))
 
     def _attention_flops(self, num_query: int, context: float) -> float:
         # QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add, per query head and layer

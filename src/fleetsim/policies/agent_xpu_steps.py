@@ -26,12 +26,16 @@ def urgency(req: Request, started: bool, max_reactive_priority: int,
 def classes_present(view: ReplicaView, max_reactive_priority: int,
                     preemptive: bool) -> list[tuple[int, int]]:
     """The classes of the running and waiting requests, most urgent first."""
-    found: set[tuple[int, int]] = set()
+    # A class is a pair of 0/1 flags: four slots, not a set of tuples (boxed and hashed per
+    # request when compiled: 15% of an Agent.xpu run).
+    seen = [False, False, False, False]  # [2 * a + b]: class (a, b) is present
     for r in view.running:
-        found.add(urgency(r, True, max_reactive_priority, preemptive))
+        a, b = urgency(r, True, max_reactive_priority, preemptive)
+        seen[2 * a + b] = True
     for r in view.waiting:
-        found.add(urgency(r, False, max_reactive_priority, preemptive))
-    return sorted(found)
+        a, b = urgency(r, False, max_reactive_priority, preemptive)
+        seen[2 * a + b] = True
+    return [(i >> 1, i & 1) for i in range(4) if seen[i]]
 
 
 def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
