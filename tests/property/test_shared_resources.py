@@ -16,7 +16,13 @@ from fleetsim.core.simulator import Simulator
 from fleetsim.policies import TokenBudgetPlanner, make_ordering
 from fleetsim.policies.routing import LeastLoaded, RoundRobin
 from fleetsim.serving.cluster import PoolSetup, simulate_cluster
-from fleetsim.serving.resources import Job, SharedResources, max_min_rates
+from fleetsim.serving.resources import (
+    Job,
+    SharedResources,
+    _one_resource_rates,
+    _progressive_filling,
+    max_min_rates,
+)
 from fleetsim.serving.shared_steps import SharedStepModel, StepDemand
 
 RESOURCES = ("a", "b", "c")
@@ -41,6 +47,24 @@ capacities = st.fixed_dictionaries({r: st.sampled_from([1.0, 3.0, 10.0]) for r i
 
 def _jobs(specs):
     return [Job(1.0, dict(uses), w, cap, lambda j: None, None, "") for uses, w, cap in specs]
+
+
+@settings(max_examples=400, deadline=None)
+@given(n=st.integers(1, 7), data=st.data(),
+       capacity=st.sampled_from([0.0, 1.0, 3.0, 10.0, 1e-9, 123.456, math.inf]))
+def test_one_resource_path_equals_the_general_one_bit_for_bit(n, data, capacity):
+    # The single-resource path (an SoC's DDR) must repeat the general rounds' float
+    # operations exactly: results downstream are compared bit for bit across builds.
+    def spec():
+        use = data.draw(st.sampled_from([0.0, 0.5, 1.0, 2.0, 0.3, 7.25]))
+        weight = data.draw(st.sampled_from([0.5, 1.0, 3.0, 0.1]))
+        cap = data.draw(st.sampled_from([math.inf, math.inf, 0.7, 2.5, 1e-3, 1.0 / 3.0]))
+        return ({"ddr": use}, weight, cap)
+
+    jobs = _jobs([spec() for _ in range(n)])
+    general = _progressive_filling(jobs, {"ddr": capacity})
+    assert _one_resource_rates(jobs, "ddr", capacity) == general
+    assert max_min_rates(jobs, {"ddr": capacity, "other": 5.0}) == general
 
 
 @settings(max_examples=300, deadline=None)
