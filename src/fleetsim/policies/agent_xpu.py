@@ -38,7 +38,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetsim.policies.agent_xpu_steps import class_step, classes_present, piggyback
+from fleetsim.policies.agent_xpu_steps import (
+    class_step,
+    classes_present,
+    dispatch_waits,
+    piggyback,
+)
 from fleetsim.policies.batch_steps import serve_running
 from fleetsim.policies.batching import register_batch
 from fleetsim.policies.ordering import make_ordering
@@ -106,32 +111,13 @@ class AgentXpuPlanner:
 
     def _dispatch(self, view: ReplicaView, plan: StepPlan) -> StepPlan:
         """Bandwidth-aware dispatch: ``plan``, or a wait if it serves no reactive request and
-        would slow a reactive decode on another replica of the DDR beyond the slack."""
+        would slow a reactive decode on another replica of the DDR beyond the slack
+        (``agent_xpu_steps.dispatch_waits``)."""
         tokens = plan.tokens_by_request
         if not self.bandwidth_aware or not tokens:
             return plan
-        limit = self.max_reactive_priority
-        served = [r for r in (*view.running, *view.waiting) if r.id in tokens]
-        if any(r.priority <= limit for r in served):
-            return plan
-        others = view.co_resident_steps
-        if others is None:  # another replica starts or ends a step now: after it
+        if dispatch_waits(view, tokens, self.max_reactive_priority, self.reactive_slack):
             return _WAIT
-        if not any(r.priority <= limit for s in others for r in s.decodes):
-            return plan
-        chunks: list[tuple[int, int]] = []
-        num_decode = kv_tokens = 0
-        for r in served:
-            if r.num_tokens_to_next_output == 1 and r.num_output_tokens > 0:
-                num_decode += 1
-                kv_tokens += r.num_computed_tokens
-            else:
-                chunks.append((tokens[r.id], r.num_computed_tokens))
-        slowdowns = view.co_resident_slowdowns(chunks, num_decode, kv_tokens)
-        for step, slowdown in zip(others, slowdowns, strict=True):
-            if slowdown > 1.0 + self.reactive_slack and any(
-                    r.priority <= limit for r in step.decodes):
-                return _WAIT
         return plan
 
     def _plan_class(self, view: ReplicaView, urgent: tuple[int, int],

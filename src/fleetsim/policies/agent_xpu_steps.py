@@ -5,6 +5,8 @@ step over the running and waiting requests of the SoC's replicas."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fleetsim.policies.batch_steps import next_chunk
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import KVView, ReplicaView
@@ -143,3 +145,35 @@ def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
         available -= needed
         num_decode += 1
         kv_tokens += r.num_computed_tokens
+
+
+def dispatch_waits(view: ReplicaView, tokens: Mapping[int, int], max_reactive_priority: int,
+                   reactive_slack: float) -> bool:
+    """Bandwidth-aware dispatch (``AgentXpuPlanner._dispatch``): whether the step giving
+    ``tokens`` waits, because it serves no reactive request and would slow a reactive decode
+    on another replica of the DDR beyond ``reactive_slack`` (or another replica starts or
+    ends a step at this instant: after it)."""
+    limit = max_reactive_priority
+    served = [r for r in (*view.running, *view.waiting) if r.id in tokens]
+    for r in served:
+        if r.priority <= limit:
+            return False
+    others = view.co_resident_steps
+    if others is None:
+        return True
+    if not any(r.priority <= limit for s in others for r in s.decodes):
+        return False
+    chunks: list[tuple[int, int]] = []
+    num_decode = kv_tokens = 0
+    for r in served:
+        if r.num_tokens_to_next_output == 1 and r.num_output_tokens > 0:
+            num_decode += 1
+            kv_tokens += r.num_computed_tokens
+        else:
+            chunks.append((tokens[r.id], r.num_computed_tokens))
+    slowdowns = view.co_resident_slowdowns(chunks, num_decode, kv_tokens)
+    for step, slowdown in zip(others, slowdowns, strict=True):
+        if slowdown > 1.0 + reactive_slack and any(
+                r.priority <= limit for r in step.decodes):
+            return True
+    return False
