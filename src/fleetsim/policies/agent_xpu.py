@@ -116,7 +116,8 @@ class AgentXpuPlanner:
         tokens = plan.tokens_by_request
         if not self.bandwidth_aware or not tokens:
             return plan
-        if dispatch_waits(view, tokens, self.max_reactive_priority, self.reactive_slack):
+        if dispatch_waits(view, tokens if isinstance(tokens, dict) else dict(tokens),
+                          self.max_reactive_priority, self.reactive_slack):
             return _WAIT
         return plan
 

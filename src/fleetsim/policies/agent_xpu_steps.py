@@ -5,8 +5,6 @@ step over the running and waiting requests of the SoC's replicas."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from fleetsim.policies.batch_steps import next_chunk
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import KVView, ReplicaView
@@ -147,7 +145,7 @@ def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
         kv_tokens += r.num_computed_tokens
 
 
-def dispatch_waits(view: ReplicaView, tokens: Mapping[int, int], max_reactive_priority: int,
+def dispatch_waits(view: ReplicaView, tokens: dict[int, int], max_reactive_priority: int,
                    reactive_slack: float) -> bool:
     """Bandwidth-aware dispatch (``AgentXpuPlanner._dispatch``): whether the step giving
     ``tokens`` waits, because it serves no reactive request and would slow a reactive decode

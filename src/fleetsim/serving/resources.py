@@ -345,7 +345,8 @@ class SharedResources:
         rates = max_min_rates(active, self.capacity)
         changed: list[Job] = []
         next_s = math.inf
-        for j, x in zip(active, rates, strict=True):
+        for i in range(len(active)):  # (by index: ``zip(..., strict=True)`` is a generic call
+            j, x = active[i], rates[i]  # when compiled)
             if x != j.rate:
                 changed.append(j)
             j.rate = x

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 import numpy as np
 
@@ -51,6 +51,9 @@ class StepDemand(NamedTuple):
     max_rate: float = math.inf
     """The most work/s this step can take (an SoC step's DDR demand: a compute-bound step
     draws only what feeds its arithmetic), besides the model's ``max_rate``."""
+
+
+_tuple_new = tuple.__new__  # builds a named tuple from a full tuple of its fields
 
 
 class StepSplit(Protocol):
@@ -87,7 +90,14 @@ class SharedStepModel:
 
     def demand(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                kv_tokens: int) -> StepDemand:
-        return StepDemand(*self.splitter.split(chunks, num_decode, kv_tokens))
+        d = self.splitter.split(chunks, num_decode, kv_tokens)
+        if isinstance(d, StepDemand):
+            return d
+        if len(d) == len(StepDemand._fields):
+            # Every field given: the tuple as is, typed (``StepDemand(*d)`` runs the named
+            # tuple's Python-level ``__new__``, 2.5k instructions a step when compiled).
+            return cast(StepDemand, _tuple_new(StepDemand, d))
+        return StepDemand(*d)
 
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                     kv_tokens: int) -> float:
