@@ -16,10 +16,9 @@ Time is simulated only.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import Any
 
 from fleetsim.core.interrupts import let_signals_in
@@ -42,7 +41,7 @@ class Simulator:
     def __init__(self) -> None:
         self.now_s = 0.0
         self._heap: list[tuple[float, int, int, Any]] = []
-        self._seq = itertools.count()
+        self._seq = 0  # (a plain counter: ``next`` on an ``itertools.count`` is a generic call)
         self._handlers: dict[int, Handler] = {}
         self.kind_names: dict[int, str] = {}  # kind -> name, for messages and docs
         self.num_events = 0
@@ -60,7 +59,8 @@ class Simulator:
         """Schedule an event at absolute simulated time ``at_s`` (never in the past)."""
         if at_s < self.now_s:
             raise ValueError(f"cannot schedule at {at_s} s, before now ({self.now_s} s)")
-        heapq.heappush(self._heap, (at_s, kind, next(self._seq), payload))
+        self._seq += 1
+        heappush(self._heap, (at_s, kind, self._seq, payload))
 
     def peek_s(self) -> float:
         """Time of the next pending event, or +inf when none is pending."""
@@ -68,7 +68,7 @@ class Simulator:
 
     def run(self, until_s: float = math.inf) -> None:
         """Handle events in order until the heap is empty or the next one is after ``until_s``."""
-        heap, pop, handlers = self._heap, heapq.heappop, self._handlers
+        heap, pop, handlers = self._heap, heappop, self._handlers
         num_events = 0
         while heap and heap[0][0] <= until_s:
             now_s, kind, _, payload = pop(heap)
