@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
-from fleetsim.serving.contract import GroupPlan, GroupPlanner, MemberState
+from fleetsim.serving.contract import GroupPlan, GroupPlanner, MemberState, new_named_tuple
 from fleetsim.serving.replica import Replica
 from fleetsim.serving.request import RUNNING, WAITING, Request
 from fleetsim.serving.views import ReplicaView
@@ -102,7 +102,7 @@ class _View:
 
     def member_state(self, member: int) -> MemberState:
         m, ahead = self._peek(member, False)
-        return MemberState(m.running, m.waiting, ahead[0])
+        return cast(MemberState, new_named_tuple(MemberState, (m.running, m.waiting, ahead[0])))
 
     def member_used_blocks(self, member: int) -> int:
         m, ahead = self._peek(member, True)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 import numpy as np
 
+from fleetsim.serving.contract import new_named_tuple
 from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources, max_min_rates
 
 if TYPE_CHECKING:
@@ -51,9 +52,6 @@ class StepDemand(NamedTuple):
     max_rate: float = math.inf
     """The most work/s this step can take (an SoC step's DDR demand: a compute-bound step
     draws only what feeds its arithmetic), besides the model's ``max_rate``."""
-
-
-_tuple_new = tuple.__new__  # builds a named tuple from a full tuple of its fields
 
 
 class StepSplit(Protocol):
@@ -96,7 +94,7 @@ class SharedStepModel:
         if len(d) == len(StepDemand._fields):
             # Every field given: the tuple as is, typed (``StepDemand(*d)`` runs the named
             # tuple's Python-level ``__new__``, 2.5k instructions a step when compiled).
-            return cast(StepDemand, _tuple_new(StepDemand, d))
+            return cast(StepDemand, new_named_tuple(StepDemand, d))
         return StepDemand(*d)
 
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
