@@ -5,8 +5,6 @@ engine by ``make native``; the policy classes stay interpreted so users can subc
 
 from __future__ import annotations
 
-from typing import cast
-
 from fleetsim.serving.contract import PLAN_DEFAULTS, StepPlan, new_named_tuple
 from fleetsim.serving.kv_cache import blocks_short
 from fleetsim.serving.request import Request
@@ -25,7 +23,7 @@ def plan_token_budget(view: ReplicaView, chunked: bool, threshold: int | None,
         view, tokens, budget, view.kv.num_available_blocks, cap)
     if not preempt:
         admit_waiting(view, tokens, budget, available, cap, chunked, full_input)
-    return cast(StepPlan, new_named_tuple(StepPlan, (tokens, tuple(preempt), *PLAN_DEFAULTS)))
+    return new_named_tuple(StepPlan, (tokens, tuple(preempt), *PLAN_DEFAULTS))
 
 
 def next_chunk(req: Request, limit: int, bs: int, per_entry: int) -> tuple[int, int]:

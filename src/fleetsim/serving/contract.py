@@ -63,7 +63,7 @@ class StepPlan(NamedTuple):
 
 # A named tuple from a tuple of all its fields, without the named tuple's Python-level
 # ``__new__`` (about 2.5k instructions a call from the compiled engine):
-# ``cast(T, new_named_tuple(T, fields))`` equals ``T(*fields)``.
+# ``new_named_tuple(T, fields)`` equals ``T(*fields)``.
 new_named_tuple = tuple.__new__
 # ``StepPlan``'s fields after ``tokens_by_request`` and ``preempt``, at their defaults.
 PLAN_DEFAULTS = tuple(StepPlan._field_defaults[f] for f in StepPlan._fields[2:])

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final
 
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
@@ -102,7 +102,7 @@ class _View:
 
     def member_state(self, member: int) -> MemberState:
         m, ahead = self._peek(member, False)
-        return cast(MemberState, new_named_tuple(MemberState, (m.running, m.waiting, ahead[0])))
+        return new_named_tuple(MemberState, (m.running, m.waiting, ahead[0]))
 
     def member_used_blocks(self, member: int) -> int:
         m, ahead = self._peek(member, True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -94,7 +94,7 @@ class SharedStepModel:
         if len(d) == len(StepDemand._fields):
             # Every field given: the tuple as is, typed (``StepDemand(*d)`` runs the named
             # tuple's Python-level ``__new__``, 2.5k instructions a step when compiled).
-            return cast(StepDemand, new_named_tuple(StepDemand, d))
+            return new_named_tuple(StepDemand, d)
         return StepDemand(*d)
 
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
