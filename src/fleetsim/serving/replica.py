@@ -737,17 +737,15 @@ class Replica:
         # an exact window over those requests, the others paused (not with speculation,
         # whose windows this does not cover).
         if rule is not None and not step.chunks and step.decodes and (
-                self._fast_forward_wanted and self.speculative is None) and not (
-                self.waiting and self.kv.prefix.peers is not None) and not (
+                self._fast_forward_wanted and self.speculative is None):
+            window = True
+        else:
+            rule = None
+            window = step.is_all_decode and (
+                self.fast_forward or (repeats and self._fast_forward_wanted))
+        if window and not (self.waiting and self.kv.prefix.peers is not None) and not (
                 shared is not None and shared.others_waiting()):
             end_s = self._windows.open(step, self.until_s, rule=rule)
-            assert end_s is not None  # the plan took the first step's blocks
-            self._note_finishes(step)
-        elif step.is_all_decode and (self.fast_forward or (
-                repeats and self._fast_forward_wanted)) and not (
-                self.waiting and self.kv.prefix.peers is not None) and not (
-                shared is not None and shared.others_waiting()):
-            end_s = self._windows.open(step, self.until_s)
             assert end_s is not None  # the plan took the first step's blocks
             self._note_finishes(step)
         else:

@@ -197,10 +197,17 @@ class DecodeWindows:
             # Decoders finishing inside the window, in order: (steps left, computed tokens).
             finishes: list[tuple[int, int]] = [] if min_left >= k else sorted(
                 [(lefts[i], decodes[i].num_computed_tokens) for i in range(n) if lefts[i] < k])
-            if self._has_terms:
+            if self._has_terms and exact:
+                # An exact window keeps each duration; its end times are their running sum
+                # (the very additions ``_ends_python`` makes), not computed a second time.
+                step_s = self._durations_python(n, kv_tokens, k, finishes)
+                ends = [start_s] * k
+                t = start_s
+                for j in range(k):
+                    t += step_s[j]
+                    ends[j] = t
+            elif self._has_terms:
                 ends = self._ends_python(start_s, n, kv_tokens, k, finishes)
-                if exact:
-                    step_s = self._durations_python(n, kv_tokens, k, finishes)
             else:
                 ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes,
                                         step_s if exact else None)
@@ -365,18 +372,18 @@ class DecodeWindows:
         """The durations of ``_ends_python``'s k steps, by the same float operations (an
         exact window's, which adds them to attained service one by one; kept apart so that
         ordinary windows pay nothing for them)."""
-        step_s: list[float] = []
+        step_s: list[float] = [0.0] * k
         for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
             base, per_kv, extra = self._decode_terms(size)
             kv = float(kv_at_a)
             step_kv = float(size)
             if extra:
-                for _step in range(b - a):
-                    step_s.append((base + per_kv * kv) + extra)
+                for j in range(a, b):
+                    step_s[j] = (base + per_kv * kv) + extra
                     kv += step_kv
             else:
-                for _step in range(b - a):
-                    step_s.append(base + per_kv * kv)
+                for j in range(a, b):
+                    step_s[j] = base + per_kv * kv
                     kv += step_kv
         return step_s
 
