@@ -780,8 +780,11 @@ class Replica:
         ``load_tokens`` stays exact until they come."""
         w = step.window
         assert w is not None
-        k, ends = step.num_steps, w.ends
-        ft = [ends[left - 1] for left in w.lefts if left <= k]
+        if w.lazy:  # (noted as the window opened: its end times are not stored)
+            ft = w.finish_times
+        else:
+            k, ends = step.num_steps, w.ends
+            ft = [ends[left - 1] for left in w.lefts if left <= k]
         if ft:
             ft.sort()
             self._finish_times = ft
@@ -800,6 +803,7 @@ class Replica:
         k = step.num_steps
         w = step.window
         if self.track_itl:
+            self._windows.materialize(step, k)
             itl.on_window(step, k - 1, self.recorder)
         self._windows.settle(step, k - 1, self._finish)
         last_start_s = w.ends[k - 2] if k > 1 else step.start_s
@@ -916,6 +920,7 @@ class Replica:
     def _commit_window(self, step: Step, now_s: float) -> list[Request]:
         """A window's end: settle it, finish its last step's requests, record it."""
         if self.track_itl:
+            self._windows.materialize(step, step.num_steps)
             itl.on_window(step, step.num_steps, self.recorder)
         self._windows.settle(step, step.num_steps, self._finish)
         w = step.window

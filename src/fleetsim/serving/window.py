@@ -19,8 +19,10 @@ writes step by step's own timeline rows (an *exact* window: ``open``'s ``rule``)
 Windows also stop at the edges of the timeline's bins (``timeline``: origin and width), so
 that a window's records lie in one bin and the time series equal step by step's.
 
-Opening a window costs one pass over the decoders and its steps; nothing else is touched
-until it is *settled* (``settle``): blocks taken, tokens committed, finishes done and the
+Opening a window costs one pass over the decoders and its steps, whose end times are added
+up but not stored (a *lazy* window: they are stored when a reader needs them, ``materialize``;
+most windows are cut back long before their end); nothing else is touched until it is
+*settled* (``settle``): blocks taken, tokens committed, finishes done and the
 KV-use integral computed (the same sum as step by step in a different association, equal to
 ~1e-12). That happens when it ends, or when anything outside reads or changes the replica
 mid-window: ``cut`` first shortens the window to end at the step in progress (a binary
@@ -73,13 +75,27 @@ class Window:
     block-seconds, the decoders that finish at its last step (``at_end``) and the earlier
     finish steps (``finish_steps``)."""
 
-    __slots__ = ("at_end", "emitted0", "ends", "finish_steps", "kv_seconds", "lefts", "rule",
-                 "settled", "step_s", "used0", "used_by_step")
+    __slots__ = ("at_end", "emitted0", "ends", "finish_steps", "finish_times", "finishes",
+                 "kv0", "kv_seconds", "lazy", "lefts", "n0", "rule", "settled", "step_s", "used0",
+                 "used_by_step")
 
     def __init__(self, ends: list[float], used0: int, lefts: list[int]) -> None:
         self.ends = ends
         self.used0 = used0
         self.lefts = lefts
+        # A *lazy* window stores no end time when it opens (``DecodeWindows._open_lazy``):
+        # ``ends`` holds the first ``len(ends)`` of them, filled when a reader needs them
+        # (``DecodeWindows.materialize``) from its decoders' count (``n0``) and KV tokens
+        # (``kv0``) at its start and the (steps left, computed tokens) of those finishing
+        # inside, sorted (``finishes``); ``finish_times`` are the end times of their last
+        # steps, for the replica's load counter. Most windows are cut back by an arrival
+        # long before their end, and an end time per step stored is a float object made and
+        # freed: only the steps settled are ever stored.
+        self.lazy = False
+        self.n0 = 0
+        self.kv0 = 0
+        self.finishes: list[tuple[int, int]] = []
+        self.finish_times: list[float] = []
         # A plan's repeat rule (``StepPlan.repeat_rule``): the window is exact step by step.
         # Its steps' durations as the model gives them (``step_s``), and, once settled, the
         # blocks in use during each committed step (``used_by_step``), for per-step records.
@@ -207,7 +223,16 @@ class DecodeWindows:
                     t += step_s[j]
                     ends[j] = t
             elif self._has_terms:
-                ends = self._ends_python(start_s, n, kv_tokens, k, finishes)
+                # (Those finishing at the last step too: the scan times every finish.)
+                w = Window([], kv.num_used_blocks + first_need, lefts)
+                w.lazy = True
+                w.n0 = n
+                w.kv0 = kv_tokens
+                w.finishes = finishes if max_left < k or min_left > k else sorted(
+                    [(lefts[i], decodes[i].num_computed_tokens) for i in range(n)
+                     if lefts[i] <= k])
+                step.window = w
+                return self._open_lazy(step, k, until_s, edge_s)
             else:
                 ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes,
                                         step_s if exact else None)
@@ -220,6 +245,132 @@ class DecodeWindows:
             w.step_s = step_s
         step.window = w
         return self._finish_open(step, until_s, edge_s)
+
+    def _open_lazy(self, step: Step, k: int, until_s: float, edge_s: float) -> float:
+        """``_finish_open`` for a lazy window of at most k steps: one pass adds up the
+        step times (the floats ``_ends_python`` adds, in its order) without storing them,
+        and stops where ``_finish_open``'s searches would cut: after the first step that
+        ends at or after the next input or past ``until_s``, or with the last step that
+        ends by the next bin edge (at least one). On the way it notes when each decoder
+        finishing inside ends its last step (``Window.finish_times``)."""
+        w = step.window
+        assert w is not None
+        hint = self.next_input_hint_s
+        stop_s = hint() if hint is not None else math.inf
+        if until_s < stop_s:  # (the first end past until_s: ``>``, not ``>=``)
+            stop_s = math.nextafter(until_s, math.inf)
+        start_s = step.start_s
+        finishes = w.finishes
+        num_finishes = len(finishes)
+        finish_times = w.finish_times
+        n, kv_tokens = w.n0, w.kv0
+        t = t1 = t2 = start_s  # ends of steps j, j - 1 and j - 2 (start_s before step 0)
+        steps = k
+        stopped = False
+        a = 0
+        f = 0
+        while a < k:
+            left = finishes[f][0] if f < num_finishes else k
+            if left > a:
+                base, per_kv, extra = self._decode_terms(n)
+                kv = float(kv_tokens + n * a)
+                step_kv = float(n)
+                j = a
+                while j < left:
+                    t2 = t1
+                    t1 = t
+                    # (``+ extra`` when extra is 0.0 adds nothing: a duration is positive)
+                    t += (base + per_kv * kv) + extra
+                    kv += step_kv
+                    if t > edge_s:  # end with the step before, the last one by the edge
+                        if j:
+                            steps = j
+                            t = t1
+                            t1 = t2
+                        else:
+                            steps = 1
+                        stopped = True
+                        break
+                    if t >= stop_s:
+                        steps = j + 1
+                        stopped = True
+                        break
+                    j += 1
+                if stopped:
+                    break
+                a = left
+            if f == num_finishes:
+                break
+            finish_times.append(t)
+            n -= 1
+            kv_tokens -= finishes[f][1]
+            f += 1
+        # Cut at the last step of a stretch: the decoders finishing there end with it.
+        while f < num_finishes and finishes[f][0] <= steps:
+            finish_times.append(t)
+            f += 1
+        step.num_steps = steps
+        step.num_tokens = len(step.decodes) * steps
+        step.end_s = t
+        step.last_boundary_s = t1
+        return t
+
+    def materialize(self, step: Step, m: int) -> None:
+        """Store the end times of ``step``'s first m steps, if its window is lazy and has
+        not yet (the same floats ``_ends_python`` gives, from where the stored ones end)."""
+        w = step.window
+        assert w is not None
+        ends = w.ends
+        a0 = len(ends)
+        if not w.lazy or a0 >= m:
+            return
+        t = ends[a0 - 1] if a0 else step.start_s
+        ends.extend([t] * (m - a0))
+        self._fill_ends(ends, a0, t, w.n0, w.kv0, w.finishes)
+
+    def _step_at(self, step: Step, now_s: float, old: int) -> tuple[int, float, float]:
+        """The first of the window's first ``old`` steps that ends at or after ``now_s``
+        (``old`` when none), with its end and its start: ``bisect_left`` over the end times,
+        by a pass that adds them up for a lazy window."""
+        w = step.window
+        assert w is not None
+        ends = w.ends
+        a0 = len(ends)
+        if not w.lazy or a0 >= old or (a0 and ends[a0 - 1] >= now_s):
+            j = bisect.bisect_left(ends, now_s, 0, old if old < a0 else a0)
+            if j >= old:
+                return old, ends[old - 1], ends[old - 2] if old > 1 else step.start_s
+            return j, ends[j], ends[j - 1] if j else step.start_s
+        # (Past the stored ones: add up from the last stored end.)
+        finishes = w.finishes
+        num_finishes = len(finishes)
+        t = t1 = ends[a0 - 1] if a0 else step.start_s
+        n, kv_tokens = w.n0, w.kv0
+        a = 0
+        f = 0
+        while a < old:
+            left = finishes[f][0] if f < num_finishes else old
+            if left > old:
+                left = old
+            if left > a:
+                j0 = a if a > a0 else a0
+                if left > j0:
+                    base, per_kv, extra = self._decode_terms(n)
+                    kv = float(kv_tokens + n * j0)
+                    step_kv = float(n)
+                    for j in range(j0, left):
+                        t1 = t
+                        t += (base + per_kv * kv) + extra
+                        kv += step_kv
+                        if t >= now_s:
+                            return j, t, t1
+                a = left
+            if f == num_finishes:
+                break
+            n -= 1
+            kv_tokens -= finishes[f][1]
+            f += 1
+        return old, t, t1
 
     def _finish_open(self, step: Step, until_s: float, edge_s: float) -> float:
         """Cut the window's k steps at the next input, ``until_s`` or the bin edge, and set
@@ -340,32 +491,44 @@ class DecodeWindows:
         # checks for room each time, and ``_`` is a boxed object, made anew every step. The
         # stretches are ``_stretches``', walked in place: no list of boxed tuples.)
         ends: list[float] = [start_s] * k
-        t = start_s
+        self._fill_ends(ends, 0, start_s, n, kv_tokens, finishes)
+        return ends
+
+    def _fill_ends(self, ends: list[float], a0: int, t: float, n: int, kv_tokens: int,
+                   finishes: list[tuple[int, int]]) -> None:
+        """Fill ``ends[a0:]`` with the end times of a window's steps a0 .. len(ends) - 1, its
+        n decoders holding ``kv_tokens`` at its start and step a0 starting at ``t``
+        (``finishes``: those finishing inside, as ``_ends_python`` takes them; any past the
+        list's end are ignored)."""
+        k = len(ends)
         a = 0
         f = 0
         num_finishes = len(finishes)
         while a < k:
             left, c = finishes[f] if f < num_finishes else (k, 0)
             f += 1
+            if left > k:
+                left = k
             if left > a:
-                base, per_kv, extra = self._decode_terms(n)
-                # Floats throughout: exact, token counts stay far below 2**53.
-                kv = float(kv_tokens + n * a)
-                step_kv = float(n)
-                if extra:
-                    for j in range(a, left):
-                        t += (base + per_kv * kv) + extra
-                        ends[j] = t
-                        kv += step_kv
-                else:
-                    for j in range(a, left):
-                        t += base + per_kv * kv
-                        ends[j] = t
-                        kv += step_kv
+                j0 = a if a > a0 else a0
+                if left > j0:
+                    base, per_kv, extra = self._decode_terms(n)
+                    # Floats throughout: exact, token counts stay far below 2**53.
+                    kv = float(kv_tokens + n * j0)
+                    step_kv = float(n)
+                    if extra:
+                        for j in range(j0, left):
+                            t += (base + per_kv * kv) + extra
+                            ends[j] = t
+                            kv += step_kv
+                    else:
+                        for j in range(j0, left):
+                            t += base + per_kv * kv
+                            ends[j] = t
+                            kv += step_kv
                 a = left
             n -= 1
             kv_tokens -= c
-        return ends
 
     def _durations_python(self, n: int, kv_tokens: int, k: int,
                           finishes: list[tuple[int, int]]) -> list[float]:
@@ -452,6 +615,8 @@ class DecodeWindows:
         kv = self.kv
         bs, per_entry = kv.block_size, kv.blocks_per_entry
         k, m = step.num_steps, num_commit
+        if w.lazy:
+            self.materialize(step, m)
         ends = w.ends
         start_s = step.start_s
         horizon_s = ends[m - 1] if m else start_s
@@ -616,7 +781,7 @@ class DecodeWindows:
         if w is None or w.settled or self.spec is not None or w.rule is not None:
             return None  # (a rule's window may leave running requests paused)
         old = step.num_steps
-        k = min(old, 1 + bisect.bisect_left(w.ends, now_s, 0, old))  # the step in progress
+        k = min(old, 1 + self._step_at(step, now_s, old)[0])  # the step in progress
         for left in w.lefts:  # (a loop: ``min`` over a list is a generic call when compiled)
             if left < k:
                 return None
@@ -638,9 +803,13 @@ class DecodeWindows:
         old = step.num_steps
         if w is None or w.settled or old == 1 or now_s > step.last_boundary_s:
             return False
-        steps = 1 + bisect.bisect_left(w.ends, now_s, 0, old)
+        j, end_s, start_s = self._step_at(step, now_s, old)
+        steps = 1 + j
         self.cap = max(64, 2 * steps)
-        self.set_steps(step, steps)
+        step.num_steps = steps
+        step.num_tokens = len(step.decodes) * steps
+        step.end_s = end_s
+        step.last_boundary_s = start_s
         return True
 
 
