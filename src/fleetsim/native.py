@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 # Engine internals only: policies users subclass stay interpreted (a compiled class cannot be
-# subclassed from Python), except the planners' per-step helpers beside them: batching's,
+# subclassed from Python), except the per-step helpers beside them: batching's, routing's,
 # Agent.xpu's, FastServe's and LoongServe's functions (FastServe's with its per-job state,
 # LoongServe's with its planner state: records no one subclasses); and ExpertPlex's cost
 # model and step models (``moe/expertplex_steps.py``: the engine prices every step and
@@ -51,6 +51,7 @@ NATIVE_MODULES = (
     "policies/fastserve_steps.py",
     "policies/agent_xpu_steps.py",
     "policies/esp_steps.py",
+    "policies/routing_steps.py",
     "policies/ordering.py",
     "perf/step_model.py",
     "perf/soc.py",

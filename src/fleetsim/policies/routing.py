@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleetsim.policies.routing_steps import power_of_two
 from fleetsim.registry import PolicySpec, build, lookup, make_registry
 from fleetsim.serving.contract import ClusterView as ClusterView  # re-exported
 from fleetsim.serving.contract import RoutableReplica as RoutableReplica  # re-exported
@@ -64,17 +65,7 @@ class PowerOfTwo:
     routes instead of two per route)."""
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
-        n = len(view.replicas)
-        if n == 1:
-            return 0
-        u = self._uniforms
-        if len(u) < 2:
-            u.extend(view.rng.random(1024).tolist())
-        a = int(u.pop() * n)
-        b = int(u.pop() * (n - 1))
-        b += b >= a  # distinct from a, uniform over the others
-        reps = view.replicas
-        return a if reps[a].load_tokens <= reps[b].load_tokens else b
+        return power_of_two(view, self._uniforms)  # (compiled: ``routing_steps.py``)
 
 
 @register_router("prefix_affinity")

@@ -210,10 +210,23 @@ class DecodeWindows:
             ends = [start_s + first_s]
             step_s.append(first_s)
         else:
-            # Decoders finishing inside the window, in order: (steps left, computed tokens).
-            finishes: list[tuple[int, int]] = [] if min_left >= k else sorted(
-                [(lefts[i], decodes[i].num_computed_tokens) for i in range(n) if lefts[i] < k])
-            if self._has_terms and exact:
+            # Decoders finishing inside the window, in order: (steps left, computed tokens);
+            # for a lazy window also those finishing at its last step (its pass times every
+            # finish; the end times it adds up are the same).
+            lazy = self._has_terms and not exact
+            inside = k + 1 if lazy else k
+            finishes: list[tuple[int, int]] = [] if min_left >= inside else sorted(
+                [(lefts[i], decodes[i].num_computed_tokens) for i in range(n)
+                 if lefts[i] < inside])
+            if lazy:
+                w = Window([], kv.num_used_blocks + first_need, lefts)
+                w.lazy = True
+                w.n0 = n
+                w.kv0 = kv_tokens
+                w.finishes = finishes
+                step.window = w
+                return self._open_lazy(step, k, until_s, edge_s)
+            if self._has_terms:
                 # An exact window keeps each duration; its end times are their running sum
                 # (the very additions ``_ends_python`` makes), not computed a second time.
                 step_s = self._durations_python(n, kv_tokens, k, finishes)
@@ -222,17 +235,6 @@ class DecodeWindows:
                 for j in range(k):
                     t += step_s[j]
                     ends[j] = t
-            elif self._has_terms:
-                # (Those finishing at the last step too: the scan times every finish.)
-                w = Window([], kv.num_used_blocks + first_need, lefts)
-                w.lazy = True
-                w.n0 = n
-                w.kv0 = kv_tokens
-                w.finishes = finishes if max_left < k or min_left > k else sorted(
-                    [(lefts[i], decodes[i].num_computed_tokens) for i in range(n)
-                     if lefts[i] <= k])
-                step.window = w
-                return self._open_lazy(step, k, until_s, edge_s)
             else:
                 ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes,
                                         step_s if exact else None)

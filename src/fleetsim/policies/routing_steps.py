@@ -1,0 +1,29 @@
+"""The per-arrival work of the simple routers, compiled with the engine (``native.py``):
+the router classes stay interpreted so users can subclass them, and call these."""
+
+from __future__ import annotations
+
+from fleetsim.serving.contract import ClusterView
+from fleetsim.serving.views import ReplicaView
+
+UNIFORMS_PER_DRAW = 1024
+"""Uniforms taken from the routing stream at a time (one numpy call per 512 routes)."""
+
+
+def power_of_two(view: ClusterView, uniforms: list[float]) -> int:
+    """Power of two choices: two distinct replicas drawn at random (from ``uniforms``,
+    refilled from ``view.rng``), the less loaded one (the first drawn on a tie)."""
+    reps = view.replicas
+    n = len(reps)
+    if n == 1:
+        return 0
+    if len(uniforms) < 2:
+        uniforms.extend(view.rng.random(UNIFORMS_PER_DRAW).tolist())
+    a = int(uniforms.pop() * n)
+    b = int(uniforms.pop() * (n - 1))
+    if b >= a:  # distinct from a, uniform over the others
+        b += 1
+    ra, rb = reps[a], reps[b]
+    if isinstance(ra, ReplicaView) and isinstance(rb, ReplicaView):  # (the engine's: a direct
+        return a if ra.load_tokens <= rb.load_tokens else b  # call, not an attribute lookup)
+    return a if ra.load_tokens <= rb.load_tokens else b
