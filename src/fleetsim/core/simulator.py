@@ -1,4 +1,5 @@
-"""The event kernel: a heap of ``(time_s, kind, seq, payload)`` tuples and a dispatch table.
+"""The event kernel: a heap of events ordered by ``(time_s, kind, seq)`` and a dispatch
+table (``(time_s, kind, seq, payload)`` tuples in pure Python, ``Event`` objects compiled).
 
 It knows nothing about LLMs. Event kinds are open: a component picks an int for each kind
 it handles and registers a handler with ``on(kind, handler, name)``. The int *is* the
@@ -17,6 +18,7 @@ Time is simulated only.
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable
 from heapq import heappop, heappush
 from typing import Any
@@ -30,6 +32,28 @@ SIGNAL_CHECK_EVERY = 4096
 Handler = Callable[[Any], None]
 
 
+class Event:
+    """A pending event in the compiled kernel: ordered as its ``(time_s, kind, seq)`` tuple
+    would be, by a compiled ``__lt__`` (a heap of tuples spends most of its compares in the
+    tuple's generic item comparisons; the pure-Python kernel keeps tuples, whose comparison is
+    C code there)."""
+
+    __slots__ = ("kind", "payload", "seq", "time_s")
+
+    def __init__(self, time_s: float, kind: int, seq: int, payload: Any) -> None:
+        self.time_s = time_s
+        self.kind = kind
+        self.seq = seq
+        self.payload = payload
+
+    def __lt__(self, other: Event) -> bool:
+        if self.time_s != other.time_s:
+            return self.time_s < other.time_s
+        if self.kind != other.kind:
+            return self.kind < other.kind
+        return self.seq < other.seq
+
+
 class Simulator:
     """A minimal discrete-event loop.
 
@@ -40,7 +64,9 @@ class Simulator:
 
     def __init__(self) -> None:
         self.now_s = 0.0
-        self._heap: list[tuple[float, int, int, Any]] = []
+        self._heap: list[tuple[float, int, int, Any]] = []  # the pure-Python kernel's
+        self._events: list[Event] = []  # the compiled kernel's
+        self._compiled = COMPILED
         self._seq = 0  # (a plain counter: ``next`` on an ``itertools.count`` is a generic call)
         self._handlers: dict[int, Handler] = {}
         self.kind_names: dict[int, str] = {}  # kind -> name, for messages and docs
@@ -60,23 +86,45 @@ class Simulator:
         if at_s < self.now_s:
             raise ValueError(f"cannot schedule at {at_s} s, before now ({self.now_s} s)")
         self._seq += 1
-        heappush(self._heap, (at_s, kind, self._seq, payload))
+        if self._compiled:
+            heappush(self._events, Event(at_s, kind, self._seq, payload))
+        else:
+            heappush(self._heap, (at_s, kind, self._seq, payload))
 
     def peek_s(self) -> float:
         """Time of the next pending event, or +inf when none is pending."""
+        if self._compiled:
+            return self._events[0].time_s if self._events else math.inf
         return self._heap[0][0] if self._heap else math.inf
 
     def run(self, until_s: float = math.inf) -> None:
         """Handle events in order until the heap is empty or the next one is after ``until_s``."""
-        heap, pop, handlers = self._heap, heappop, self._handlers
+        handlers = self._handlers
         num_events = 0
-        while heap and heap[0][0] <= until_s:
-            now_s, kind, _, payload = pop(heap)
-            self.now_s = now_s
-            handlers[kind](payload)
-            num_events += 1
-            if not num_events % SIGNAL_CHECK_EVERY:
-                let_signals_in()
+        if self._compiled:
+            events = self._events
+            while events and events[0].time_s <= until_s:
+                event = heappop(events)
+                self.now_s = event.time_s
+                handlers[event.kind](event.payload)
+                num_events += 1
+                if not num_events % SIGNAL_CHECK_EVERY:
+                    let_signals_in()
+        else:
+            heap, pop = self._heap, heappop
+            while heap and heap[0][0] <= until_s:
+                now_s, kind, _, payload = pop(heap)
+                self.now_s = now_s
+                handlers[kind](payload)
+                num_events += 1
+                if not num_events % SIGNAL_CHECK_EVERY:
+                    let_signals_in()
         self.num_events += num_events
-        if heap and until_s < math.inf:
+        if (self._events or self._heap) and until_s < math.inf:
             self.now_s = max(self.now_s, until_s)
+
+
+# Whether this module runs compiled (``native.py``): a compiled class's methods are not Python
+# functions. The two kernels order events alike; each keeps the representation it compares
+# fastest.
+COMPILED = not isinstance(Simulator.schedule, types.FunctionType)
