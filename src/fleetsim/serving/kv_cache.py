@@ -17,11 +17,16 @@ reloading for them (``kv_keep.py``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fleetsim.serving.prefix_cache import PrefixCache
 from fleetsim.serving.request import Request
 
+if TYPE_CHECKING:  # (a type for the compiler only: a plain ``int`` at run time)
+    from mypy_extensions import i64
 
-def blocks_short(req: Request, num_tokens: int, block_size: int, blocks_per_entry: int) -> int:
+
+def blocks_short(req: Request, num_tokens: i64, block_size: i64, blocks_per_entry: i64) -> i64:
     """Blocks ``req`` lacks to hold ``num_tokens`` tokens of KV (negative: it holds more).
 
     The one copy of the block-growth formula: the engine, fast-forward windows and the
