@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from fleetsim.serving.request import SWAPPING_IN, SWAPPING_OUT, Request
 
 if TYPE_CHECKING:
+    from fleetsim.serving.kv_cache import KVCache
     from fleetsim.serving.replica import Replica
     from fleetsim.serving.shared_steps import SharedSteps
     from fleetsim.serving.window import Step
@@ -181,7 +182,9 @@ class ReplicaView:
         return self._replica.swapped
 
     @property
-    def kv(self) -> KVView:
+    def kv(self) -> KVCache:
+        """The replica's KV cache, exact at now. A policy only asks it questions (``KVView``);
+        typed as the cache itself so that the compiled planners' helpers call it directly."""
         self._replica.interrupt()
         return self._replica.kv
 
