@@ -58,6 +58,7 @@ def test_lazy_window_equals_stored_ends(specs, through, start_s, extra_s, bin_s,
     hint = None if hint_s is None else (lambda: start_s + hint_s)
     windows = DecodeWindows(kv, TermsModel(extra_s), hint, timeline=(0.0, bin_s))
     windows.cap = 1 << 14  # no adaptive cap: the window's length is the stops' alone
+    windows.lazy = True  # (the compiled engine's windows; pure Python stores end times)
     step = Step(start_s)
     step.decodes = decodes
     end_s = windows.open(step, start_s + until_s, through)
