@@ -232,7 +232,7 @@ class DecodeWindows:
                 w.finishes = finishes
                 step.window = w
                 return self._open_lazy(step, k, until_s, edge_s)
-            if self._has_terms:
+            if self._has_terms and exact:
                 # An exact window keeps each duration; its end times are their running sum
                 # (the very additions ``_ends_python`` makes), not computed a second time.
                 step_s = self._durations_python(n, kv_tokens, k, finishes)
@@ -241,6 +241,8 @@ class DecodeWindows:
                 for j in range(k):
                     t += step_s[j]
                     ends[j] = t
+            elif self._has_terms:
+                ends = self._ends_python(start_s, n, kv_tokens, k, finishes)
             else:
                 ends = self._ends_numpy(start_s, n, kv_tokens, k, finishes,
                                         step_s if exact else None)
