@@ -104,3 +104,9 @@ def test_lazy_window_equals_stored_ends(specs, through, start_s, extra_s, bin_s,
         assert len(w.ends) >= m and w.ends == ends[:len(w.ends)]
         j, _, _ = windows._step_at(step, ends[m - 1], k)  # searches the stored part
         assert j == bisect.bisect_left(ends, ends[m - 1], 0, k)
+        for p in probes:  # ... and adds up from the last stored end past it
+            now_s = start_s + p * (step.end_s - start_s)
+            j, end_j, start_j = windows._step_at(step, now_s, k)
+            assert j == bisect.bisect_left(ends, now_s, 0, k)
+            if j < k:
+                assert (end_j, start_j) == (ends[j], ends[j - 1] if j else start_s)

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import bisect
 import math
-import types
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from fleetsim.core.simulator import COMPILED
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.contract import RepeatRule
 from fleetsim.serving.kv_cache import KVCache, blocks_short
@@ -135,7 +135,8 @@ class DecodeWindows:
         self.next_input_hint_s = next_input_hint_s
         self.cap = 64
         self._has_terms = hasattr(step_model, "decode_terms_s")
-        # Lazy windows (``Window.lazy``) where this module runs compiled: there a stored end
+        # Lazy windows (``Window.lazy``) where the engine runs compiled (its modules are
+        # compiled together, ``native.py``, so the kernel's flag says): there a stored end
         # time is a float object made and freed, which the lazy pass saves; in pure Python
         # every float is an object anyway, and the pass only adds work (100k requests 8.1 ->
         # 8.6 s). Either way the results are the same (the tests run both, on both builds).
@@ -269,23 +270,39 @@ class DecodeWindows:
         stop_s = hint() if hint is not None else math.inf
         if until_s < stop_s:  # (the first end past until_s: ``>``, not ``>=``)
             stop_s = math.nextafter(until_s, math.inf)
-        start_s = step.start_s
+        steps, t, t1 = self._scan(w, 0, step.start_s, k, stop_s, edge_s, w.finish_times)
+        step.num_steps = steps
+        step.num_tokens = len(step.decodes) * steps
+        step.end_s = t
+        step.last_boundary_s = t1
+        return t
+
+    def _scan(self, w: Window, a0: int, t: float, limit: int, stop_s: float, edge_s: float,
+              finish_times: list[float] | None) -> tuple[int, float, float]:
+        """Add up the end times of a lazy window's steps from a0 (starting at ``t``) without
+        storing them, the floats ``_ends_python`` adds in its order, and stop after the
+        first step that ends at or after ``stop_s``, or with the last one that ends by
+        ``edge_s`` (at least one), or after step ``limit - 1``. Returns the steps from the
+        window's start through the last one kept, its end and the end of the one before
+        (``t`` if none). ``finish_times`` (a scan from the start only) gets the end of each
+        kept finisher's last step."""
         finishes = w.finishes
         num_finishes = len(finishes)
-        finish_times = w.finish_times
         n, kv_tokens = w.n0, w.kv0
-        t = t1 = t2 = start_s  # ends of steps j, j - 1 and j - 2 (start_s before step 0)
-        steps = k
+        t1 = t2 = t  # ends of steps j - 1 and j - 2
+        steps = limit
         stopped = False
         a = 0
         f = 0
-        while a < k:
-            left = finishes[f][0] if f < num_finishes else k
-            if left > a:
+        while a < limit:
+            left = finishes[f][0] if f < num_finishes else limit
+            if left > limit:
+                left = limit
+            j = a if a > a0 else a0
+            if left > j:
                 base, per_kv, extra = self._decode_terms(n)
-                kv = float(kv_tokens + n * a)
+                kv = float(kv_tokens + n * j)
                 step_kv = float(n)
-                j = a
                 while j < left:
                     t2 = t1
                     t1 = t
@@ -293,12 +310,12 @@ class DecodeWindows:
                     t += (base + per_kv * kv) + extra
                     kv += step_kv
                     if t > edge_s:  # end with the step before, the last one by the edge
-                        if j:
+                        if j > a0:
                             steps = j
                             t = t1
                             t1 = t2
                         else:
-                            steps = 1
+                            steps = j + 1
                         stopped = True
                         break
                     if t >= stop_s:
@@ -308,22 +325,21 @@ class DecodeWindows:
                     j += 1
                 if stopped:
                     break
+            if left > a:
                 a = left
             if f == num_finishes:
                 break
-            finish_times.append(t)
+            if finish_times is not None:
+                finish_times.append(t)
             n -= 1
             kv_tokens -= finishes[f][1]
             f += 1
-        # Cut at the last step of a stretch: the decoders finishing there end with it.
-        while f < num_finishes and finishes[f][0] <= steps:
-            finish_times.append(t)
-            f += 1
-        step.num_steps = steps
-        step.num_tokens = len(step.decodes) * steps
-        step.end_s = t
-        step.last_boundary_s = t1
-        return t
+        if finish_times is not None:
+            # Cut at the last step of a stretch: the decoders finishing there end with it.
+            while f < num_finishes and finishes[f][0] <= steps:
+                finish_times.append(t)
+                f += 1
+        return steps, t, t1
 
     def materialize(self, step: Step, m: int) -> None:
         """Store the end times of ``step``'s first m steps, if its window is lazy and has
@@ -352,35 +368,9 @@ class DecodeWindows:
                 return old, ends[old - 1], ends[old - 2] if old > 1 else step.start_s
             return j, ends[j], ends[j - 1] if j else step.start_s
         # (Past the stored ones: add up from the last stored end.)
-        finishes = w.finishes
-        num_finishes = len(finishes)
-        t = t1 = ends[a0 - 1] if a0 else step.start_s
-        n, kv_tokens = w.n0, w.kv0
-        a = 0
-        f = 0
-        while a < old:
-            left = finishes[f][0] if f < num_finishes else old
-            if left > old:
-                left = old
-            if left > a:
-                j0 = a if a > a0 else a0
-                if left > j0:
-                    base, per_kv, extra = self._decode_terms(n)
-                    kv = float(kv_tokens + n * j0)
-                    step_kv = float(n)
-                    for j in range(j0, left):
-                        t1 = t
-                        t += (base + per_kv * kv) + extra
-                        kv += step_kv
-                        if t >= now_s:
-                            return j, t, t1
-                a = left
-            if f == num_finishes:
-                break
-            n -= 1
-            kv_tokens -= finishes[f][1]
-            f += 1
-        return old, t, t1
+        steps, t, t1 = self._scan(w, a0, ends[a0 - 1] if a0 else step.start_s, old, now_s,
+                                  math.inf, None)
+        return (steps - 1 if t >= now_s else old), t, t1
 
     def _finish_open(self, step: Step, until_s: float, edge_s: float) -> float:
         """Cut the window's k steps at the next input, ``until_s`` or the bin edge, and set
@@ -886,7 +876,3 @@ def _spec_steps_within(decodes: list[Request], emitted0: list[tuple[int, int]], 
             return j
     return k
 
-
-# Whether this module runs compiled (``native.py``): a compiled class's methods are not Python
-# functions.
-COMPILED = not isinstance(DecodeWindows.open, types.FunctionType)
