@@ -494,6 +494,8 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
     else:
         num_arrived = tracker.num_arrived if tracker is not None else len(workload)
     replica_pool = cluster.pool_of
+    # (the summary's timeline and the one pool's are merged from the same recorded bins)
+    timeline_cache: dict = {}
     summary = summarize(
         records,
         num_arrived=num_arrived,
@@ -503,9 +505,10 @@ def run(config: SimConfig, progress: Callable[..., None] | None = None, *,
         num_kv_blocks_by_replica={
             r.replica_id: (cluster.group.blocks_per_instance if cluster.group is not None
                            else r.kv.num_blocks) for r in cluster.replicas},
+        timeline_cache=timeline_cache,
     )
     summary["pools"] = pool_summaries(records, summary, pool_infos, replica_pool,
-                                      float(workload.arrival_s[0]))
+                                      float(workload.arrival_s[0]), timeline_cache)
     usd_per_hour = sum(p["usd_per_hour"] for p in pool_infos)
     thr = summary["throughput"]
     tokens_per_s = thr["input_tokens_per_s"] + thr["output_tokens_per_s"]
@@ -651,8 +654,10 @@ def _per_million(usd_per_hour: float, tokens_per_s: float) -> float | None:
 
 
 def pool_summaries(records: Records, summary: dict, pool_infos: list[dict],
-                   replica_pool: list[str], start_s: float) -> list[dict]:
-    """Busy and KV-use fractions per pool, overall and over time."""
+                   replica_pool: list[str], start_s: float,
+                   timeline_cache: dict | None = None) -> list[dict]:
+    """Busy and KV-use fractions per pool, overall and over time (``timeline_cache``: the
+    summary's recorded-bin integrals, reused by a pool that holds every replica)."""
     makespan_s = summary["makespan_s"]
     end_s = start_s + makespan_s
     out = []
@@ -670,7 +675,8 @@ def pool_summaries(records: Records, summary: dict, pool_infos: list[dict],
                       records.num_steps, records.busy_s_by_replica,
                       records.kv_block_seconds_by_replica, records.timeline_origin_s,
                       records.timeline_bin_s)
-        tl = timeline_bins(sub, start_s, end_s, blocks, len(ids), 60)
+        tl = timeline_bins(sub, start_s, end_s, blocks, len(ids), 60,
+                           timeline_cache if timeline is records.timeline else None)
         out.append({**{k: v for k, v in info.items() if k != "perf_sources"},
                     "busy_fraction": busy / len(ids) / makespan_s,
                     "kv_used_fraction": kv_s / max(blocks, 1) / makespan_s,

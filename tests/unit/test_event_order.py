@@ -1,5 +1,6 @@
-"""The compiled kernel keeps its pending events as ``Event`` objects, the pure-Python one as
-``(time_s, kind, seq, payload)`` tuples: both must pop in the same order."""
+"""The compiled kernel keeps its pending events as ``Event`` objects in its own heap
+(``push_event``/``pop_event``), the pure-Python one as ``(time_s, kind, seq, payload)``
+tuples in ``heapq``'s: both must pop in the same order."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from fleetsim import native
 from fleetsim.core import simulator
-from fleetsim.core.simulator import Event, Simulator
+from fleetsim.core.simulator import Event, Simulator, pop_event, push_event
 
 TIMES = st.sampled_from([0.0, 0.5, 1.0, 1.0 + 2**-52, 3.25, math.inf])
 
@@ -26,6 +27,31 @@ def test_events_pop_in_tuple_order(entries):
     popped = [heapq.heappop(events) for _ in range(len(events))]
     assert [(e.time_s, e.kind, e.seq, e.payload) for e in popped] == [
         heapq.heappop(tuples) for _ in range(len(tuples))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.tuples(TIMES, st.sampled_from([5, 10, 40, 50])), st.none()),
+                max_size=80))
+def test_the_kernels_heap_pops_as_heapq(ops):
+    """Pushes (a time and a kind) and pops (None) interleaved: ``pop_event`` returns what
+    ``heapq.heappop`` returns from the same pushes as tuples, and the heaps stay the same
+    size."""
+    tuples: list[tuple[float, int, int, int]] = []
+    events: list[Event] = []
+    for seq, op in enumerate(ops):
+        if op is None:
+            if tuples:
+                e = pop_event(events)
+                assert (e.time_s, e.kind, e.seq, e.payload) == heapq.heappop(tuples)
+            continue
+        t, kind = op
+        heapq.heappush(tuples, (t, kind, seq, -seq))
+        push_event(events, Event(t, kind, seq, -seq))
+        assert len(events) == len(tuples)
+    while tuples:
+        e = pop_event(events)
+        assert (e.time_s, e.kind, e.seq, e.payload) == heapq.heappop(tuples)
+    assert events == []
 
 
 def test_kernel_kind_matches_the_build():

@@ -54,3 +54,35 @@ def test_steps_across_bin_edges_are_split_as_a_loop_would_split_them():
     safe = np.where(want["busy"] > 0, want["busy"], 1.0)
     assert got["mean_running"] == (want["running"] / safe).tolist()
     assert got["mean_waiting"] == (want["waiting"] / safe).tolist()
+
+
+def test_a_shared_cache_gives_the_same_bins_and_is_keyed_on_the_recorded_bins():
+    """The run's summary (120 bins) and its one pool's (60) merge the same recorded bins:
+    with a shared ``cache`` they are computed once, and each result equals its uncached one;
+    a call whose recorded bins differ (a later end) computes its own."""
+    rng = np.random.default_rng(3)
+    n, width = 300, 0.5
+    busy = rng.choice([0.0, 0.05, 0.7], size=n)
+    ends = np.sort(rng.uniform(1.0, 90.0, size=n))
+    records = Records(
+        requests={}, num_steps=n, busy_s_by_replica={}, kv_block_seconds_by_replica={},
+        timeline={"end_s": ends, "busy_s": busy, "kv_block_seconds": busy * 40.0,
+                  "num_running": rng.integers(0, 30, n), "num_waiting": rng.integers(0, 9, n)},
+        timeline_origin_s=0.0, timeline_bin_s=width)
+    end_s = float(ends[-1])
+    cache: dict = {}
+    summary = timeline_bins(records, 1.0, end_s, 100, 4, 120, cache)
+    assert list(cache) == [(0.0, width, int(np.ceil(end_s / width)))]
+    pool = timeline_bins(records, 1.0, end_s, 100, 4, 60, cache)
+    assert len(cache) == 1
+    assert summary == timeline_bins(records, 1.0, end_s, 100, 4, 120)
+    assert pool == timeline_bins(records, 1.0, end_s, 100, 4, 60)
+    assert len(pool["bin_start_s"]) <= 60 < len(summary["bin_start_s"])
+    # The cache is what the second call read: a changed entry changes its result.
+    (key, sums), = cache.items()
+    cache[key] = {name: v * 2.0 for name, v in sums.items()}
+    assert timeline_bins(records, 1.0, end_s, 100, 4, 60, cache)["kv_used_fraction"] == [
+        2.0 * x for x in pool["kv_used_fraction"]]
+    later = timeline_bins(records, 1.0, end_s + 10.0, 100, 4, 60, cache)
+    assert len(cache) == 2
+    assert later == timeline_bins(records, 1.0, end_s + 10.0, 100, 4, 60)

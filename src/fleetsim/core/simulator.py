@@ -21,9 +21,12 @@ import math
 import types
 from collections.abc import Callable
 from heapq import heappop, heappush
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetsim.core.interrupts import let_signals_in
+
+if TYPE_CHECKING:  # (native 64-bit ints when compiled, plain ints at run time)
+    from mypy_extensions import i64
 
 # Events between two chances for a signal (Ctrl-C) to stop the compiled loop: about a
 # millisecond of work, and a negligible cost.
@@ -47,11 +50,60 @@ class Event:
         self.payload = payload
 
     def __lt__(self, other: Event) -> bool:
-        if self.time_s != other.time_s:
-            return self.time_s < other.time_s
-        if self.kind != other.kind:
-            return self.kind < other.kind
-        return self.seq < other.seq
+        return _before(self, other)
+
+
+def _before(a: Event, b: Event) -> bool:
+    """``a < b`` as native compares (the heap below calls it directly; ``heapq`` goes
+    through the generic rich comparison to reach ``Event.__lt__``)."""
+    if a.time_s != b.time_s:
+        return a.time_s < b.time_s
+    if a.kind != b.kind:
+        return a.kind < b.kind
+    return a.seq < b.seq
+
+
+def push_event(events: list[Event], event: Event) -> None:
+    """``heapq.heappush`` for the compiled kernel's events, compares native. Keys are
+    unique (``seq``), so any correct heap pops the same sequence as ``heapq`` would."""
+    events.append(event)
+    pos: i64 = len(events) - 1
+    while pos > 0:
+        parent_pos: i64 = (pos - 1) >> 1
+        parent = events[parent_pos]
+        if not _before(event, parent):
+            break
+        events[pos] = parent
+        pos = parent_pos
+    events[pos] = event
+
+
+def pop_event(events: list[Event]) -> Event:
+    """``heapq.heappop`` for the compiled kernel's events (its algorithm: the hole at the
+    root goes down the smaller children to a leaf, the last event fills it and rises)."""
+    last = events.pop()
+    n: i64 = len(events)
+    if n == 0:
+        return last
+    top = events[0]
+    pos: i64 = 0
+    child: i64 = 1
+    while child < n:
+        right: i64 = child + 1
+        if right < n and not _before(events[child], events[right]):
+            child = right
+        events[pos] = events[child]
+        pos = child
+        child = 2 * pos + 1
+    while pos > 0:
+        parent_pos = (pos - 1) >> 1
+        parent = events[parent_pos]
+        if not _before(last, parent):
+            break
+        events[pos] = parent
+        pos = parent_pos
+    events[pos] = last
+    return top
 
 
 class Simulator:
@@ -87,7 +139,7 @@ class Simulator:
             raise ValueError(f"cannot schedule at {at_s} s, before now ({self.now_s} s)")
         self._seq += 1
         if self._compiled:
-            heappush(self._events, Event(at_s, kind, self._seq, payload))
+            push_event(self._events, Event(at_s, kind, self._seq, payload))
         else:
             heappush(self._heap, (at_s, kind, self._seq, payload))
 
@@ -104,7 +156,7 @@ class Simulator:
         if self._compiled:
             events = self._events
             while events and events[0].time_s <= until_s:
-                event = heappop(events)
+                event = pop_event(events)
                 self.now_s = event.time_s
                 handlers[event.kind](event.payload)
                 num_events += 1

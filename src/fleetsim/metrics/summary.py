@@ -115,8 +115,10 @@ def summarize(
     slo: SLOConfig,
     num_kv_blocks_by_replica: dict[int, int],
     num_timeline_bins: int = 120,
+    timeline_cache: dict[tuple[float, float, int], dict[str, NDArray]] | None = None,
 ) -> dict[str, Any]:
-    """The run's aggregate metrics as a JSON-ready dict."""
+    """The run's aggregate metrics as a JSON-ready dict (``timeline_cache``: see
+    ``timeline_bins``)."""
     req = records.requests
     lat = per_request_latencies(req)
     num_finished = int(req["finish_s"].size)
@@ -165,7 +167,7 @@ def summarize(
         "num_recomputed_tokens": int(req["num_recomputed_tokens"].sum()),
         "num_steps": records.num_steps,
         "timeline": timeline_bins(records, first_arrival_s, end_s, total_blocks,
-                                  num_replicas, num_timeline_bins),
+                                  num_replicas, num_timeline_bins, timeline_cache),
     }
 
 
@@ -182,39 +184,31 @@ def batch_stats(records: Records) -> dict[str, float]:
             "mean_tokens_per_step": float(tl["num_tokens"].sum()) / num_steps}
 
 
-def timeline_bins(
-    records: Records, start_s: float, end_s: float, total_blocks: int, num_replicas: int,
-    max_bins: int,
-) -> dict[str, list[float]]:
-    """KV use, GPU busy share and queue lengths over time, in equal bins.
-
-    Bins have the width the run recorded with (``records.timeline_bin_s``, from
-    ``timeline_origin_s``), merged in groups of g so that at most ``max_bins`` remain. Every
-    record lies in one bin, except single steps across an edge, which are split by time
-    (their rates are constant), so each bin is the exact integral over it. KV use is the
-    time-average of blocks held over the bin; running and waiting are busy-time-weighted.
-    """
-    empty: dict[str, list[float]] = {"bin_start_s": [], "kv_used_fraction": [],
-                                     "busy_fraction": [], "mean_running": [],
-                                     "mean_waiting": []}
-    tl = records.timeline
-    if tl["end_s"].size == 0 or not math.isfinite(end_s) or end_s <= start_s:
-        return empty
-    origin, width = records.timeline_origin_s, records.timeline_bin_s
-    if not 0 < width < math.inf:  # no fixed bins: equal bins of the makespan (approximate)
-        origin, width = start_s, (end_s - start_s) / max_bins
-    num_fine = max(1, math.ceil((end_s - origin) / width))
+def _fine_sums(tl: dict[str, NDArray], origin: float, width: float,
+               num_fine: int) -> dict[str, NDArray]:
+    """Busy seconds, KV block-seconds and running/waiting x busy seconds in each of
+    ``num_fine`` bins of ``width`` from ``origin`` (``timeline_bins``). Masks are applied
+    before products and clips run in place: the same floats, fewer 8-byte-per-row
+    temporaries (each one fresh memory to fault in)."""
     edges = origin + np.arange(num_fine + 1, dtype=np.float64) * width
     busy_s = tl["busy_s"]
     ends = tl["end_s"]
     starts = ends - busy_s
-    first = np.clip(np.searchsorted(edges, starts, side="right") - 1, 0, num_fine - 1)
-    last = np.clip(np.searchsorted(edges, ends, side="left") - 1, 0, num_fine - 1)
-    quantities = {"busy": busy_s, "kv": tl["kv_block_seconds"],
-                  "running": tl["num_running"] * busy_s, "waiting": tl["num_waiting"] * busy_s}
+    first = np.searchsorted(edges, starts, side="right")
+    first -= 1
+    np.clip(first, 0, num_fine - 1, out=first)
+    last = np.searchsorted(edges, ends, side="left")
+    last -= 1
+    np.clip(last, 0, num_fine - 1, out=last)
     inside = first == last
-    sums = {name: np.bincount(first[inside], weights=v[inside], minlength=num_fine)
-            for name, v in quantities.items()}
+    bins_in = first[inside]
+    busy_in = busy_s[inside]
+    # (running x busy of the rows inside, elementwise: the same floats as the product masked)
+    inside_values = {"busy": busy_in, "kv": tl["kv_block_seconds"][inside],
+                     "running": tl["num_running"][inside] * busy_in,
+                     "waiting": tl["num_waiting"][inside] * busy_in}
+    sums = {name: np.bincount(bins_in, weights=v, minlength=num_fine)
+            for name, v in inside_values.items()}
     # Single steps across an edge: split by time. Each (step, bin) pair it spans, step by
     # step and bin by bin; ``np.add.at`` adds unbuffered in that order, so every bin gets the
     # same floats in the same order as a loop over the steps would add them.
@@ -227,8 +221,47 @@ def timeline_bins(
     dur = busy_s[j]
     keep = (overlap > 0) & (dur > 0)
     j, b, overlap, dur = j[keep], b[keep], overlap[keep], dur[keep]
-    for name, v in quantities.items():
-        np.add.at(sums[name], b, v[j] * overlap / dur)
+    busy_j = busy_s[j]
+    across_values = {"busy": busy_j, "kv": tl["kv_block_seconds"][j],
+                     "running": tl["num_running"][j] * busy_j,
+                     "waiting": tl["num_waiting"][j] * busy_j}
+    for name, v in across_values.items():
+        np.add.at(sums[name], b, v * overlap / dur)
+    return sums
+
+
+def timeline_bins(
+    records: Records, start_s: float, end_s: float, total_blocks: int, num_replicas: int,
+    max_bins: int, cache: dict[tuple[float, float, int], dict[str, NDArray]] | None = None,
+) -> dict[str, list[float]]:
+    """KV use, GPU busy share and queue lengths over time, in equal bins.
+
+    Bins have the width the run recorded with (``records.timeline_bin_s``, from
+    ``timeline_origin_s``), merged in groups of g so that at most ``max_bins`` remain. Every
+    record lies in one bin, except single steps across an edge, which are split by time
+    (their rates are constant), so each bin is the exact integral over it. KV use is the
+    time-average of blocks held over the bin; running and waiting are busy-time-weighted.
+
+    ``cache`` (optional): the integrals over the recorded bins, by (origin, width, number of
+    bins), shared by calls over the same ``records`` (the run's summary and its one pool's:
+    at a million requests each pass over the timeline's 3 million rows took 0.2-0.3 s).
+    """
+    empty: dict[str, list[float]] = {"bin_start_s": [], "kv_used_fraction": [],
+                                     "busy_fraction": [], "mean_running": [],
+                                     "mean_waiting": []}
+    tl = records.timeline
+    if tl["end_s"].size == 0 or not math.isfinite(end_s) or end_s <= start_s:
+        return empty
+    origin, width = records.timeline_origin_s, records.timeline_bin_s
+    if not 0 < width < math.inf:  # no fixed bins: equal bins of the makespan (approximate)
+        origin, width = start_s, (end_s - start_s) / max_bins
+    num_fine = max(1, math.ceil((end_s - origin) / width))
+    key = (origin, width, num_fine)
+    sums = cache.get(key) if cache is not None else None
+    if sums is None:
+        sums = _fine_sums(tl, origin, width, num_fine)
+        if cache is not None:
+            cache[key] = sums
     group = -(-num_fine // max_bins)
     num_bins = -(-num_fine // group)
     pad = num_bins * group - num_fine
