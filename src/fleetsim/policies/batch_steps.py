@@ -33,7 +33,9 @@ def next_chunk(req: Request, limit: int, bs: int, per_entry: int) -> tuple[int, 
     if num_new > limit:
         num_new = limit
     needed = blocks_short(req, req.num_computed_tokens + num_new, bs, per_entry)
-    return num_new, (needed if needed > 0 else 0)
+    if needed < 0:  # (a statement: ``needed if needed > 0 else 0`` boxes the native int)
+        needed = 0
+    return num_new, needed
 
 
 def serve_running(

@@ -137,7 +137,9 @@ class KVCache:
         """New blocks a running request needs to compute ``num_new_tokens`` more tokens."""
         short = blocks_short(req, req.num_computed_tokens + num_new_tokens, self.block_size,
                              self.blocks_per_entry)
-        return short if short > 0 else 0
+        if short < 0:  # (a statement: ``short if short > 0 else 0`` boxes the native int)
+            short = 0
+        return short
 
     def num_held_blocks(self, req: Request) -> int:
         """Blocks ``req`` holds: private ones plus those of the cache entries it references."""

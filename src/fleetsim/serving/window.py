@@ -648,8 +648,10 @@ class DecodeWindows:
             s_i = left if left < k else k  # steps it takes blocks for
             t_i = left if left < m else m  # steps it commits
             first = blocks_short(r, c + 1, bs, per_entry)
+            if first < 0:  # (a statement: ``first if first > 0 else 0`` boxes the i64)
+                first = 0
             held = r.num_private_blocks + r.num_cached_entries * per_entry
-            j = (held + (first if first > 0 else 0)) * bs - c  # first step needing a block
+            j = (held + first) * bs - c  # first step needing a block
             stop = s_i if s_i < m else m
             while j < stop:
                 late += horizon_s - ends[j - 1]
@@ -715,10 +717,12 @@ class DecodeWindows:
             s_i = left if left < k else k
             t_i = left if left < m else m
             first = blocks_short(r, c + 1, bs, per_entry)
+            if first < 0:
+                first = 0
             held = r.num_private_blocks + r.num_cached_entries * per_entry
             # Tokens it must emit before a step needs one block more (step j holds
             # c + G(j) + 1 slots plus the lookahead, as the plan allocates them).
-            short = (held + (first if first > 0 else 0)) * bs - c - r.num_lookahead_tokens
+            short = (held + first) * bs - c - r.num_lookahead_tokens
             stop = s_i if s_i < m else m
             j = spec.steps_for(d, short)
             while j < stop:
@@ -839,8 +843,10 @@ def _steps_within(decodes: list[Request], bs: int, per_entry: int, free: int, k:
     for r in decodes:
         c = r.num_computed_tokens
         first = blocks_short(r, c + 1, bs, per_entry)  # blocks after the first step, less held
+        if first < 0:
+            first = 0
         held = r.num_private_blocks + r.num_cached_entries * per_entry
-        j = (held + (first if first > 0 else 0)) * bs - c
+        j = (held + first) * bs - c
         if j < k:
             new_blocks[j] += 1
     taken = 0
@@ -862,8 +868,10 @@ def _spec_steps_within(decodes: list[Request], emitted0: list[tuple[int, int]], 
     for r, (d, _) in zip(decodes, emitted0, strict=True):
         c = r.num_computed_tokens
         first = blocks_short(r, c + 1, bs, per_entry)
+        if first < 0:
+            first = 0
         held = r.num_private_blocks + r.num_cached_entries * per_entry
-        short = (held + (first if first > 0 else 0)) * bs - c - r.num_lookahead_tokens
+        short = (held + first) * bs - c - r.num_lookahead_tokens
         j = spec.steps_for(d, short)
         while j < k:
             new_blocks[j] += 1
