@@ -203,12 +203,15 @@ def _fine_sums(tl: dict[str, NDArray], origin: float, width: float,
     inside = first == last
     bins_in = first[inside]
     busy_in = busy_s[inside]
-    # (running x busy of the rows inside, elementwise: the same floats as the product masked)
-    inside_values = {"busy": busy_in, "kv": tl["kv_block_seconds"][inside],
-                     "running": tl["num_running"][inside] * busy_in,
-                     "waiting": tl["num_waiting"][inside] * busy_in}
-    sums = {name: np.bincount(bins_in, weights=v, minlength=num_fine)
-            for name, v in inside_values.items()}
+    # One quantity at a time, so that one masked copy is alive at once (running x busy of
+    # the rows inside, elementwise: the same floats as the product masked).
+    sums = {"busy": np.bincount(bins_in, weights=busy_in, minlength=num_fine),
+            "kv": np.bincount(bins_in, weights=tl["kv_block_seconds"][inside],
+                              minlength=num_fine)}
+    for name in ("running", "waiting"):
+        sums[name] = np.bincount(bins_in, weights=tl[f"num_{name}"][inside] * busy_in,
+                                 minlength=num_fine)
+    del bins_in, busy_in
     # Single steps across an edge: split by time. Each (step, bin) pair it spans, step by
     # step and bin by bin; ``np.add.at`` adds unbuffered in that order, so every bin gets the
     # same floats in the same order as a loop over the steps would add them.
