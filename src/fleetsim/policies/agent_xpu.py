@@ -38,19 +38,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetsim.policies.agent_xpu_steps import (
-    class_step,
-    classes_present,
-    dispatch_waits,
-    piggyback,
-)
-from fleetsim.policies.batch_steps import serve_running
+from fleetsim.policies.agent_xpu_steps import plan_step
 from fleetsim.policies.batching import register_batch
 from fleetsim.policies.ordering import make_ordering
 from fleetsim.serving.contract import OrderKey, StepPlan
 from fleetsim.serving.views import ReplicaView
-
-_WAIT = StepPlan({}, wait_for_co_resident=True)
 
 
 @register_batch("agent_xpu")
@@ -96,50 +88,6 @@ class AgentXpuPlanner:
         nothing of another class runs, so nothing piggybacks or is preempted; and a step of a
         replica sharing the DDR, which could change the dispatch, cuts the window. Not
         promised with other classes running: the slack test's outcome changes as contexts
-        grow."""
-        kv = view.kv
-        for urgent in classes_present(view, self.max_reactive_priority, self.preemptive):
-            plan = self._plan_class(view, urgent, now_s)
-            if plan is not None:
-                return self._dispatch(view, plan)
-        # Nothing fits (a waiting prompt short of KV or a slot, a class that cannot evict
-        # enough): every running request, best first, preempting from the worst end.
-        tokens: dict[int, int] = {}
-        _, _, preempt = serve_running(view, tokens, view.max_batched_tokens,
-                                      kv.num_available_blocks, self.chunk_tokens)
-        return self._dispatch(view, StepPlan(tokens, tuple(preempt)))
-
-    def _dispatch(self, view: ReplicaView, plan: StepPlan) -> StepPlan:
-        """Bandwidth-aware dispatch: ``plan``, or a wait if it serves no reactive request and
-        would slow a reactive decode on another replica of the DDR beyond the slack
-        (``agent_xpu_steps.dispatch_waits``)."""
-        tokens = plan.tokens_by_request
-        if not self.bandwidth_aware or not tokens:
-            return plan
-        if dispatch_waits(view, tokens if isinstance(tokens, dict) else dict(tokens),
-                          self.max_reactive_priority, self.reactive_slack):
-            return _WAIT
-        return plan
-
-    def _plan_class(self, view: ReplicaView, urgent: tuple[int, int],
-                    now_s: float) -> StepPlan | None:
-        """The step led by class ``urgent``, or None if none of its requests can run now
-        (``agent_xpu_steps.class_step``, then ``piggyback``)."""
-        step = class_step(view, urgent, self.chunk_tokens, self.max_reactive_priority,
-                          self.preemptive)
-        if step is None:
-            return None
-        tokens, preempt, chunk, one_class, budget, available = step
-        # Every running request is of this class: if the step decodes them all, it repeats
-        # (``StepPlan.repeats``; see ``plan``).
-        if one_class:
-            return StepPlan(tokens, repeats=True)
-        self._piggyback(view, tokens, set(preempt), chunk, urgent, budget, available)
-        return StepPlan(tokens, tuple(preempt))
-
-    def _piggyback(self, view: ReplicaView, tokens: dict[int, int], preempted: set[int],
-                   chunk: tuple[int, int] | None, urgent: tuple[int, int], budget: int,
-                   available: int) -> None:
-        """The other classes' decodes join while the step stays within the slack."""
-        piggyback(view, tokens, preempted, chunk, urgent, budget, available,
-                  self.reactive_slack, self.max_reactive_priority, self.preemptive)
+        grow. (The loop is ``agent_xpu_steps.plan_step``, compiled.)"""
+        return plan_step(view, self.chunk_tokens, self.reactive_slack,
+                         self.max_reactive_priority, self.preemptive, self.bandwidth_aware)

@@ -5,14 +5,70 @@ step over the running and waiting requests of the SoC's replicas."""
 
 from __future__ import annotations
 
-from fleetsim.policies.batch_steps import next_chunk
+from fleetsim.policies.batch_steps import next_chunk, serve_running
+from fleetsim.serving.contract import PLAN_DEFAULTS, StepPlan, new_named_tuple
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import KVView, ReplicaView
+
+# A veto (``StepPlan.wait_for_co_resident``): no tokens, sleep until a co-resident replica
+# starts or ends a step.
+WAIT = StepPlan({}, wait_for_co_resident=True)
+# ``StepPlan``'s fields after ``preempt`` for a plan that repeats, the others at their defaults.
+_REPEATING = tuple(True if name == "repeats" else StepPlan._field_defaults[name]
+                   for name in StepPlan._fields[2:])
 
 ClassStep = tuple[dict[int, int], list[int], tuple[int, int] | None, bool, int, int]
 """A class's step: tokens per request, the requests preempted (ids, in order), the prefill
 chunk (tokens, computed) if any, whether every running request is of the class, and the
 budget and blocks left."""
+
+
+def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
+              max_reactive_priority: int, preemptive: bool, bandwidth_aware: bool) -> StepPlan:
+    """``AgentXpuPlanner.plan``, compiled (the class stays interpreted so users can
+    subclass it; its settings come as arguments): the most urgent class with a step that
+    can run leads it (``class_step``), the other decodes piggyback within the slack, and
+    bandwidth-aware dispatch may turn it into a wait. Nothing fits: every running request,
+    best first, preempting from the worst end."""
+    for urgent in classes_present(view, max_reactive_priority, preemptive):
+        step = class_step(view, urgent, chunk_tokens, max_reactive_priority, preemptive)
+        if step is None:
+            continue
+        tokens, preempt, chunk, one_class, budget, available = step
+        if one_class:
+            # Every running request is of this class: if the step decodes them all, it
+            # repeats (``StepPlan.repeats``; see ``AgentXpuPlanner.plan``).
+            return _dispatch(view, _plan(tokens, (), True), bandwidth_aware,
+                             max_reactive_priority, reactive_slack)
+        piggyback(view, tokens, set(preempt), chunk, urgent, budget, available,
+                  reactive_slack, max_reactive_priority, preemptive)
+        return _dispatch(view, _plan(tokens, tuple(preempt), False), bandwidth_aware,
+                         max_reactive_priority, reactive_slack)
+    tokens_all: dict[int, int] = {}
+    _, _, preempt_all = serve_running(view, tokens_all, view.max_batched_tokens,
+                                      view.kv.num_available_blocks, chunk_tokens)
+    return _dispatch(view, _plan(tokens_all, tuple(preempt_all), False), bandwidth_aware,
+                     max_reactive_priority, reactive_slack)
+
+
+def _plan(tokens: dict[int, int], preempt: tuple[int, ...], repeats: bool) -> StepPlan:
+    """``StepPlan(tokens, preempt, repeats=repeats)`` without the named tuple's
+    Python-level ``__new__``."""
+    return new_named_tuple(StepPlan, (tokens, preempt,
+                                      *(_REPEATING if repeats else PLAN_DEFAULTS)))
+
+
+def _dispatch(view: ReplicaView, plan: StepPlan, bandwidth_aware: bool,
+              max_reactive_priority: int, reactive_slack: float) -> StepPlan:
+    """Bandwidth-aware dispatch: ``plan``, or a wait if it serves no reactive request and
+    would slow a reactive decode on another replica of the DDR beyond the slack."""
+    tokens = plan.tokens_by_request
+    if not bandwidth_aware or not tokens:
+        return plan
+    if dispatch_waits(view, tokens if isinstance(tokens, dict) else dict(tokens),
+                      max_reactive_priority, reactive_slack):
+        return WAIT
+    return plan
 
 
 def urgency(req: Request, started: bool, max_reactive_priority: int,
@@ -147,7 +203,7 @@ def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
 
 def dispatch_waits(view: ReplicaView, tokens: dict[int, int], max_reactive_priority: int,
                    reactive_slack: float) -> bool:
-    """Bandwidth-aware dispatch (``AgentXpuPlanner._dispatch``): whether the step giving
+    """Bandwidth-aware dispatch (``plan_step``): whether the step giving
     ``tokens`` waits, because it serves no reactive request and would slow a reactive decode
     on another replica of the DDR beyond ``reactive_slack`` (or another replica starts or
     ends a step at this instant: after it)."""
