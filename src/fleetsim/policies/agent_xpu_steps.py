@@ -79,6 +79,16 @@ def urgency(req: Request, started: bool, max_reactive_priority: int,
     return (reactive, 0) if preemptive else (0 if started else 1, reactive)
 
 
+def in_class(req: Request, started: bool, urgent: tuple[int, int], max_reactive_priority: int,
+             preemptive: bool) -> bool:
+    """``urgency(req, ...) == urgent``, compared field by field (a tuple ``==`` is a generic
+    comparison of two boxed tuples when compiled)."""
+    reactive = 0 if req.priority <= max_reactive_priority else 1
+    if preemptive:
+        return reactive == urgent[0] and urgent[1] == 0
+    return (0 if started else 1) == urgent[0] and reactive == urgent[1]
+
+
 def classes_present(view: ReplicaView, max_reactive_priority: int,
                     preemptive: bool) -> list[tuple[int, int]]:
     """The classes of the running and waiting requests, most urgent first."""
@@ -108,13 +118,13 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
     decoders: list[Request] = []
     prefilling: list[Request] = []
     for r in running:
-        if urgency(r, True, max_reactive_priority, preemptive) == urgent:
+        if in_class(r, True, urgent, max_reactive_priority, preemptive):
             if r.num_tokens_to_next_output == 1:
                 decoders.append(r)
             elif r.num_tokens_to_next_output > 1:
                 prefilling.append(r)
     victims = [r for r in reversed(running)
-               if urgency(r, True, max_reactive_priority, preemptive) != urgent]
+               if not in_class(r, True, urgent, max_reactive_priority, preemptive)]
     one_class = not victims
     tokens: dict[int, int] = {}
     preempt: list[int] = []
@@ -142,7 +152,7 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
         # victim's blocks were counted free, and they may hold prefix entries it would pin.
         num_running = len(running) + view.num_swapping_in
         for r in view.waiting:
-            if urgency(r, False, max_reactive_priority, preemptive) != urgent:
+            if not in_class(r, False, urgent, max_reactive_priority, preemptive):
                 continue
             todo = r.num_tokens - kv.num_prefix_hit_tokens(r)
             num_new = min(todo, budget, chunk_tokens)
@@ -188,7 +198,7 @@ def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     for r in view.running:
         if (r.id in tokens or r.id in preempted or r.num_tokens_to_next_output != 1
-                or urgency(r, True, max_reactive_priority, preemptive) == urgent):
+                or in_class(r, True, urgent, max_reactive_priority, preemptive)):
             continue
         num_new, needed = next_chunk(r, 1, bs, per_entry)
         if budget < 1 or needed > available or view.step_time_s(
@@ -208,15 +218,20 @@ def dispatch_waits(view: ReplicaView, tokens: dict[int, int], max_reactive_prior
     on another replica of the DDR beyond ``reactive_slack`` (or another replica starts or
     ends a step at this instant: after it)."""
     limit = max_reactive_priority
-    served = [r for r in (*view.running, *view.waiting) if r.id in tokens]
-    for r in served:
-        if r.priority <= limit:
+    # Serving a reactive request: never a wait (checked first, without building the list).
+    running, waiting = view.running, view.waiting
+    for r in running:
+        if r.priority <= limit and r.id in tokens:
+            return False
+    for r in waiting:
+        if r.priority <= limit and r.id in tokens:
             return False
     others = view.co_resident_steps
     if others is None:
         return True
     if not any(r.priority <= limit for s in others for r in s.decodes):
         return False
+    served = [r for r in running if r.id in tokens] + [r for r in waiting if r.id in tokens]
     chunks: list[tuple[int, int]] = []
     num_decode = kv_tokens = 0
     for r in served:
