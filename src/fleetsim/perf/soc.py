@@ -95,6 +95,14 @@ class ModelCost:
         ``kv_tokens`` computed tokens in all. One forward pass streams the weights once; each
         chunk costs what ``prefill`` charges beyond them, the decodes what ``decode`` does
         (a decode's context is its computed tokens plus the token it feeds in)."""
+        flops, nbytes = self.step_flops_bytes(chunks, num_decode, kv_tokens)
+        return OpCost(flops, nbytes)
+
+    def step_flops_bytes(self, chunks: Sequence[tuple[int, int]], num_decode: int,
+                         kv_tokens: int) -> tuple[float, float]:
+        """``step``'s (flops, bytes) as a pair: a step's split reads them without building
+        an ``OpCost`` (a frozen dataclass: its ``__init__`` is Python-level even when
+        compiled, 3.6k instructions a step)."""
         flops = 0.0
         kv_bytes = 0.0
         kv = self.kv_bytes_per_token
@@ -107,7 +115,7 @@ class ModelCost:
             flops += (2.0 * num_decode * self.streamed_params
                       + self._attention_flops(1, 1) * total)
             kv_bytes += kv * (total + num_decode)
-        return OpCost(flops, self.weight_bytes + kv_bytes)
+        return flops, self.weight_bytes + kv_bytes
 
 
 def compute_s(acc: AcceleratorSpec, cost: OpCost) -> float:
@@ -148,11 +156,16 @@ class SocSplit:
 
     def split(self, chunks: Sequence[tuple[int, int]], num_decode: int,
               kv_tokens: int) -> tuple[float, float, float, float]:
-        """(private seconds, DDR bytes, weight 1, the step's most bytes/s)."""
-        op = self.cost.step(chunks, num_decode, kv_tokens)
-        private_s = compute_s(self.accelerator, op)
-        demand = demand_bytes_per_s(self.accelerator, op, self.max_draw_bytes_per_s)
-        return private_s, op.bytes, 1.0, demand if demand > 0 else math.inf
+        """(private seconds, DDR bytes, weight 1, the step's most bytes/s): ``compute_s``
+        and ``demand_bytes_per_s`` of the step's ``OpCost``, the same float operations."""
+        flops, nbytes = self.cost.step_flops_bytes(chunks, num_decode, kv_tokens)
+        acc = self.accelerator
+        private_s = flops / (acc.peak_fp16_flops * acc.compute_eff)
+        if private_s <= 0:
+            demand = self.max_draw_bytes_per_s
+        else:
+            demand = min(self.max_draw_bytes_per_s, nbytes / private_s)
+        return private_s, nbytes, 1.0, demand if demand > 0 else math.inf
 
     def decode_private_s(self, num_decode: int, kv_tokens: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -5,6 +5,8 @@ step over the running and waiting requests of the SoC's replicas."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fleetsim.policies.batch_steps import next_chunk, serve_running
 from fleetsim.serving.contract import PLAN_DEFAULTS, StepPlan, new_named_tuple
 from fleetsim.serving.request import Request
@@ -54,8 +56,9 @@ def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
 def _plan(tokens: dict[int, int], preempt: tuple[int, ...], repeats: bool) -> StepPlan:
     """``StepPlan(tokens, preempt, repeats=repeats)`` without the named tuple's
     Python-level ``__new__``."""
-    return new_named_tuple(StepPlan, (tokens, preempt,
-                                      *(_REPEATING if repeats else PLAN_DEFAULTS)))
+    rest = _REPEATING if repeats else PLAN_DEFAULTS
+    return new_named_tuple(StepPlan, (tokens, preempt, rest[0], rest[1], rest[2], rest[3],
+                                      rest[4], rest[5], rest[6]))
 
 
 def _dispatch(view: ReplicaView, plan: StepPlan, bandwidth_aware: bool,
@@ -79,6 +82,13 @@ def urgency(req: Request, started: bool, max_reactive_priority: int,
     return (reactive, 0) if preemptive else (0 if started else 1, reactive)
 
 
+def as_list(requests: Sequence[Request]) -> list[Request]:
+    """A replica's queue as the list it is: a ``Sequence`` is iterated through the generic
+    iterator protocol when compiled, a list by index."""
+    assert isinstance(requests, list)
+    return requests
+
+
 def in_class(req: Request, started: bool, urgent: tuple[int, int], max_reactive_priority: int,
              preemptive: bool) -> bool:
     """``urgency(req, ...) == urgent``, compared field by field (a tuple ``==`` is a generic
@@ -95,10 +105,10 @@ def classes_present(view: ReplicaView, max_reactive_priority: int,
     # A class is a pair of 0/1 flags: four slots, not a set of tuples (boxed and hashed per
     # request when compiled: 15% of an Agent.xpu run).
     seen = [False, False, False, False]  # [2 * a + b]: class (a, b) is present
-    for r in view.running:
+    for r in as_list(view.running):
         a, b = urgency(r, True, max_reactive_priority, preemptive)
         seen[2 * a + b] = True
-    for r in view.waiting:
+    for r in as_list(view.waiting):
         a, b = urgency(r, False, max_reactive_priority, preemptive)
         seen[2 * a + b] = True
     return [(i >> 1, i & 1) for i in range(4) if seen[i]]
@@ -114,7 +124,7 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     budget = view.max_batched_tokens
     available = kv.num_available_blocks
-    running = view.running
+    running = as_list(view.running)
     decoders: list[Request] = []
     prefilling: list[Request] = []
     for r in running:
@@ -151,7 +161,7 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
         # Admit the best waiting prompt of the class. Not in a step that preempts: a
         # victim's blocks were counted free, and they may hold prefix entries it would pin.
         num_running = len(running) + view.num_swapping_in
-        for r in view.waiting:
+        for r in as_list(view.waiting):
             if not in_class(r, False, urgent, max_reactive_priority, preemptive):
                 continue
             todo = r.num_tokens - kv.num_prefix_hit_tokens(r)
@@ -190,13 +200,14 @@ def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
     chunks = [chunk] if chunk is not None else []
     num_decode = 0
     kv_tokens = 0
-    for r in view.running:
+    running = as_list(view.running)
+    for r in running:
         if r.id in tokens and r.num_tokens_to_next_output == 1:
             num_decode += 1
             kv_tokens += r.num_computed_tokens
     limit = view.step_time_s(chunks, num_decode, kv_tokens) * (1.0 + reactive_slack)
     bs, per_entry = kv.block_size, kv.blocks_per_entry
-    for r in view.running:
+    for r in running:
         if (r.id in tokens or r.id in preempted or r.num_tokens_to_next_output != 1
                 or in_class(r, True, urgent, max_reactive_priority, preemptive)):
             continue
@@ -219,7 +230,7 @@ def dispatch_waits(view: ReplicaView, tokens: dict[int, int], max_reactive_prior
     ends a step at this instant: after it)."""
     limit = max_reactive_priority
     # Serving a reactive request: never a wait (checked first, without building the list).
-    running, waiting = view.running, view.waiting
+    running, waiting = as_list(view.running), as_list(view.waiting)
     for r in running:
         if r.priority <= limit and r.id in tokens:
             return False
