@@ -52,13 +52,17 @@ class Hold:
         self.on_change = on_change
 
 
+# ``Job.single`` of a job on more than one resource (or none).
+_ONE_OF_MANY = object()
+
+
 class Job:
     """One job on shared resources. Read-only for clients except through the service:
     ``work_left`` (units, exact at the last change), ``rate`` (work/s now; 0 before it is
     active), ``active``, ``done``."""
 
     __slots__ = ("active", "client", "done", "max_rate", "on_done", "on_rate", "rate",
-                 "started_s", "uses", "weight", "work", "work_left")
+                 "single", "single_use", "started_s", "uses", "weight", "work", "work_left")
 
     def __init__(self, work: float, uses: dict[ResourceKey, float], weight: float,
                  max_rate: float, on_done: Callable[[Job], None],
@@ -66,6 +70,14 @@ class Job:
         self.work = float(work)
         self.work_left = float(work)
         self.uses = uses
+        # The one resource it uses and how much, when it uses exactly one (``_ONE_OF_MANY``
+        # otherwise): the allocation's single-resource path reads them without a dict.
+        self.single: ResourceKey = _ONE_OF_MANY
+        self.single_use = 0.0
+        if len(uses) == 1:
+            for r, a in uses.items():
+                self.single = r
+                self.single_use = a
         self.weight = weight
         self.max_rate = max_rate
         self.on_done = on_done
@@ -88,14 +100,15 @@ def max_min_rates(jobs: list[Job], capacity: Mapping[ResourceKey, float]) -> lis
     Each round raises every unfrozen job's rate to ``weight x level`` for the largest level
     that breaks no capacity and no ``max_rate``, then freezes the jobs that hit a bound. A job
     using no finite resource and having no ``max_rate`` gets ``inf`` (it finishes at once)."""
-    n = len(jobs)
-    if n and len(jobs[0].uses) == 1:
-        key = next(iter(jobs[0].uses))
-        for j in jobs:
-            if len(j.uses) != 1 or key not in j.uses:
-                break
-        else:
-            return _one_resource_rates(jobs, key, capacity[key])
+    if jobs:
+        key = jobs[0].single
+        if key is not _ONE_OF_MANY:
+            for j in jobs:
+                k = j.single
+                if k is not key and (k is _ONE_OF_MANY or k != key):
+                    break
+            else:
+                return _one_resource_rates(jobs, key, capacity[key])
     return _progressive_filling(jobs, capacity)
 
 
@@ -143,7 +156,7 @@ def _one_resource_rates(jobs: list[Job], key: ResourceKey, capacity: float) -> l
     dicts were 16% of an Agent.xpu run, compiled). Python's ``min(a, b)`` and ``max(a, b)``
     are written out as the comparisons they make."""
     n = len(jobs)
-    uses = [j.uses[key] for j in jobs]
+    uses = [j.single_use for j in jobs]  # (each job's ``uses[key]``, its one entry)
     rates = [0.0] * n
     frozen = [False] * n
     num_frozen = 0
@@ -232,8 +245,17 @@ class SharedResources:
     def busy_on(self, uses: Mapping[ResourceKey, float]) -> bool:
         """Whether an active job or a hold draws on one of ``uses``' resources."""
         keys = [r for r, a in uses.items() if a > 0]
-        return (any(j.uses.get(r, 0.0) > 0 for j in self._active for r in keys)
-                or any(h.uses.get(r, 0.0) > 0 for h in self._holds for r in keys))
+        for j in self._active:
+            job_uses = j.uses
+            for r in keys:
+                if job_uses.get(r, 0.0) > 0:
+                    return True
+        for h in self._holds:
+            hold_uses = h.uses
+            for r in keys:
+                if hold_uses.get(r, 0.0) > 0:
+                    return True
+        return False
 
     def start(self, work: float, uses: Mapping[ResourceKey, float],
               on_done: Callable[[Job], None], *, weight: float = 1.0,
