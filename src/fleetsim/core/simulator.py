@@ -67,15 +67,7 @@ def push_event(events: list[Event], event: Event) -> None:
     """``heapq.heappush`` for the compiled kernel's events, compares native. Keys are
     unique (``seq``), so any correct heap pops the same sequence as ``heapq`` would."""
     events.append(event)
-    pos: i64 = len(events) - 1
-    while pos > 0:
-        parent_pos: i64 = (pos - 1) >> 1
-        parent = events[parent_pos]
-        if not _before(event, parent):
-            break
-        events[pos] = parent
-        pos = parent_pos
-    events[pos] = event
+    _rise(events, event, len(events) - 1)
 
 
 def pop_event(events: list[Event]) -> Event:
@@ -95,15 +87,20 @@ def pop_event(events: list[Event]) -> Event:
         events[pos] = events[child]
         pos = child
         child = 2 * pos + 1
+    _rise(events, last, pos)
+    return top
+
+
+def _rise(events: list[Event], event: Event, pos: i64) -> None:
+    """Put ``event`` at ``pos`` (a hole), moving it up past the parents it comes before."""
     while pos > 0:
-        parent_pos = (pos - 1) >> 1
+        parent_pos: i64 = (pos - 1) >> 1
         parent = events[parent_pos]
-        if not _before(last, parent):
+        if not _before(event, parent):
             break
         events[pos] = parent
         pos = parent_pos
-    events[pos] = last
-    return top
+    events[pos] = event
 
 
 class Simulator:
