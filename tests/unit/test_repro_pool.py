@@ -124,8 +124,11 @@ def test_run_many_checks_every_config_before_running():
 
 def _entry_with_tokens(tokens: CoreTokens) -> tuple[list[int], int]:
     """What an entry of ``repro all`` does in its worker: its simulations over its own slot
-    and the borrowed cores; then how many tokens it can take back (all it borrowed)."""
-    out = SubRuns(1, tokens).map(_square_pid, list(range(6)))
+    and the borrowed cores, its helpers stopped at its end (as ``run_entry`` does: a worker
+    exiting with its helpers alive can wait on them forever); then how many tokens it can
+    take back (all it borrowed)."""
+    with SubRuns(1, tokens) as subruns:
+        out = subruns.map(_square_pid, list(range(6)))
     num = 0
     while tokens.take():
         num += 1
