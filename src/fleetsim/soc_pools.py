@@ -70,6 +70,7 @@ class AloneOnDdr:
         self.shared = model
         self.step_time_s = model.step_time_s
         self.decode_step_times_s = model.decode_step_times_s
+        self.scalar_windows = model.scalar_windows  # (the same two calls)
 
 
 def soc_kv_blocks(soc: SoCSpec, cost: ModelCost, num_pools: int, block_size: int,

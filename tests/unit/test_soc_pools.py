@@ -242,3 +242,38 @@ def test_the_documented_example_runs(tmp_path):
     example = Path(__file__).resolve().parents[2] / "examples" / "soc.toml"
     assert main(["run", str(example), "--out", str(tmp_path / "out"),
                  "--set", "workload.num_requests=10"]) == 0
+
+
+@pytest.mark.parametrize("accelerator", ["igpu", "npu"])
+def test_short_soc_windows_priced_step_by_step_equal_the_vectorized_path(accelerator):
+    """An SoC decode window of at most ``SCALAR_WINDOW_STEPS`` steps is priced one
+    ``step_time_s`` at a time (``scalar_windows``): the same end times, bit for bit, as the
+    vectorized ``decode_step_times_s`` and its cumulative sum, finishers included; a split
+    that does not declare it keeps the vectorized path."""
+    from fleetsim.serving.kv_cache import KVCache
+    from fleetsim.serving.window import SCALAR_WINDOW_STEPS, DecodeWindows
+    from fleetsim.soc_pools import soc_step_model
+
+    soc = lunar_lake()
+    cost = ModelCost(get_model("Llama-3.2-3B"), 4.5)
+    model = soc_step_model(soc, cost, accelerator)
+    assert model.scalar_windows
+    windows = DecodeWindows(KVCache(1000, 16), model, None)
+    rng = np.random.default_rng(5)
+    for k in (1, 2, 29, SCALAR_WINDOW_STEPS):
+        n = int(rng.integers(1, 9))
+        kv = int(rng.integers(0, 4000)) * n
+        finishes = sorted((int(rng.integers(1, k + 1)), int(rng.integers(1, 500)))
+                          for _ in range(int(rng.integers(0, n))))
+        scalar_s: list[float] = []
+        scalar = windows._ends_numpy(1.5, n, kv, k, finishes, scalar_s)
+        windows._scalar_windows = False
+        vector_s: list[float] = []
+        vector = windows._ends_numpy(1.5, n, kv, k, finishes, vector_s)
+        windows._scalar_windows = True
+        assert len(scalar) == k
+        assert scalar == vector and scalar_s == vector_s
+        assert all(type(t) is float for t in scalar)
+    plain = DecodeWindows(KVCache(1000, 16), SharedStepModel(
+        lambda chunks, n, kv: (0.001 * n, 1e6 + kv, 1.0), "r", 1e9), None)
+    assert not plain._scalar_windows

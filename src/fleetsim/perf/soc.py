@@ -147,6 +147,10 @@ class SocSplit:
     engine used (``perf/soc_contention.py``): a step's progress is its share over its bytes,
     capped by its arithmetic."""
 
+    # ``split`` reads nothing but its arguments and ``decode_private_s`` makes its float
+    # operations: a short decode window may be priced step by step (``SharedStepModel``).
+    scalar_windows = True
+
     def __init__(self, cost: ModelCost, soc: SoCSpec, accelerator: str) -> None:
         self.cost = cost
         self.soc = soc

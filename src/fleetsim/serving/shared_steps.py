@@ -85,6 +85,11 @@ class SharedStepModel:
         # expert shard) instead of all sharing one.
         self.per_replica = per_replica
         self.alone_rate = min(self.max_rate, self.capacity_per_s)
+        # A short decode window may be priced step by step (``window.SCALAR_WINDOW_STEPS``)
+        # when the split says its ``split`` has no side effect and its ``decode_private_s``
+        # makes the same float operations (``scalar_windows``; ExpertPlex's decode split
+        # updates the pool's allocation as it prices a step, so it does not).
+        self.scalar_windows = bool(getattr(split, "scalar_windows", False))
 
     def demand(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                kv_tokens: int) -> StepDemand:

@@ -47,6 +47,14 @@ from fleetsim.serving.speculative import Emission
 
 FinishFn = Callable[[Request, float], None]
 
+# Windows of a model without decode terms up to this many steps are priced one step at a
+# time (``step_time_s``, the call stepping makes) instead of with ``decode_step_times_s``,
+# when the model says that is the same (``scalar_windows``: its ``step_time_s`` has no side
+# effect and its vectorized durations equal it step for step). numpy's fixed cost, about a
+# dozen array operations and a cumulative sum per window, was 280k instructions a window on
+# the SoC (29 steps on average there); a scalar step costs about 1k.
+SCALAR_WINDOW_STEPS = 256
+
 
 class Step:
     """One engine step, or a fast-forward window of identical decode steps."""
@@ -135,6 +143,7 @@ class DecodeWindows:
         self.next_input_hint_s = next_input_hint_s
         self.cap = 64
         self._has_terms = hasattr(step_model, "decode_terms_s")
+        self._scalar_windows = bool(getattr(step_model, "scalar_windows", False))
         # Lazy windows (``Window.lazy``) where the engine runs compiled (its modules are
         # compiled together, ``native.py``, so the kernel's flag says): there a stored end
         # time is a float object made and freed, which the lazy pass saves; in pure Python
@@ -555,16 +564,31 @@ class DecodeWindows:
                     step_s: list[float] | None) -> list[float]:
         """``_ends_python`` for models with only ``decode_step_times_s``: one vectorized
         call per stretch, then ``np.cumsum`` from ``start_s`` (sequential adds, as step by
-        step); the durations go to ``step_s`` when given (an exact window's)."""
+        step); the durations go to ``step_s`` when given (an exact window's). A window of
+        at most ``SCALAR_WINDOW_STEPS`` steps of a model that allows it (``scalar_windows``)
+        is priced step by step with the same adds."""
+        if k <= SCALAR_WINDOW_STEPS and self._scalar_windows:
+            step_time = self.step_model.step_time_s
+            no_chunks: tuple[tuple[int, int], ...] = ()
+            ends: list[float] = []
+            t = start_s
+            for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
+                for j in range(b - a):
+                    d = step_time(no_chunks, size, kv_at_a + size * j)
+                    if step_s is not None:
+                        step_s.append(d)
+                    t += d
+                    ends.append(t)
+            return ends
         acc = np.empty(k + 1)
         acc[0] = start_s
         for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
             acc[1 + a:1 + b] = self.step_model.decode_step_times_s(
                 size, kv_at_a + size * np.arange(b - a, dtype=np.int64))
-        ends: list[float] = np.cumsum(acc)[1:].tolist()
+        cumulative: list[float] = np.cumsum(acc)[1:].tolist()
         if step_s is not None:
             step_s.extend(acc[1:].tolist())
-        return ends
+        return cumulative
 
     def next_edge_s(self, t: float) -> float:
         """The first timeline bin edge after ``t`` (edges are origin + m x width, the same
