@@ -224,10 +224,9 @@ def _fine_sums(tl: dict[str, NDArray], origin: float, width: float,
     dur = busy_s[j]
     keep = (overlap > 0) & (dur > 0)
     j, b, overlap, dur = j[keep], b[keep], overlap[keep], dur[keep]
-    busy_j = busy_s[j]
-    across_values = {"busy": busy_j, "kv": tl["kv_block_seconds"][j],
-                     "running": tl["num_running"][j] * busy_j,
-                     "waiting": tl["num_waiting"][j] * busy_j}
+    across_values = {"busy": dur, "kv": tl["kv_block_seconds"][j],  # (dur: their busy_s)
+                     "running": tl["num_running"][j] * dur,
+                     "waiting": tl["num_waiting"][j] * dur}
     for name, v in across_values.items():
         np.add.at(sums[name], b, v * overlap / dur)
     return sums

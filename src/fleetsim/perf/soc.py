@@ -120,7 +120,13 @@ class ModelCost:
 
 def compute_s(acc: AcceleratorSpec, cost: OpCost) -> float:
     """Time the op's arithmetic takes on ``acc`` at its achieved FLOP rate."""
-    return cost.flops / (acc.peak_fp16_flops * acc.compute_eff)
+    return flops_s(acc, cost.flops)
+
+
+def flops_s(acc: AcceleratorSpec, flops: float) -> float:
+    """``compute_s`` of ``flops`` (without an ``OpCost``: a frozen dataclass, whose
+    ``__init__`` is Python-level even compiled)."""
+    return flops / (acc.peak_fp16_flops * acc.compute_eff)
 
 
 def op_s(acc: AcceleratorSpec, cost: OpCost, bw_bytes_per_s: float) -> float:
@@ -131,10 +137,15 @@ def op_s(acc: AcceleratorSpec, cost: OpCost, bw_bytes_per_s: float) -> float:
 def demand_bytes_per_s(acc: AcceleratorSpec, cost: OpCost, max_draw: float) -> float:
     """The bandwidth the op draws when unconstrained: all it can take if memory-bound, just
     enough to keep its arithmetic fed if compute-bound."""
-    t_compute = compute_s(acc, cost)
+    return draw_bytes_per_s(compute_s(acc, cost), cost.bytes, max_draw)
+
+
+def draw_bytes_per_s(t_compute: float, nbytes: float, max_draw: float) -> float:
+    """``demand_bytes_per_s`` of an op whose arithmetic takes ``t_compute`` and which moves
+    ``nbytes``."""
     if t_compute <= 0:
         return max_draw
-    return min(max_draw, cost.bytes / t_compute)
+    return min(max_draw, nbytes / t_compute)
 
 
 class SocSplit:
@@ -160,15 +171,10 @@ class SocSplit:
 
     def split(self, chunks: Sequence[tuple[int, int]], num_decode: int,
               kv_tokens: int) -> tuple[float, float, float, float]:
-        """(private seconds, DDR bytes, weight 1, the step's most bytes/s): ``compute_s``
-        and ``demand_bytes_per_s`` of the step's ``OpCost``, the same float operations."""
+        """(private seconds, DDR bytes, weight 1, the step's most bytes/s)."""
         flops, nbytes = self.cost.step_flops_bytes(chunks, num_decode, kv_tokens)
-        acc = self.accelerator
-        private_s = flops / (acc.peak_fp16_flops * acc.compute_eff)
-        if private_s <= 0:
-            demand = self.max_draw_bytes_per_s
-        else:
-            demand = min(self.max_draw_bytes_per_s, nbytes / private_s)
+        private_s = flops_s(self.accelerator, flops)
+        demand = draw_bytes_per_s(private_s, nbytes, self.max_draw_bytes_per_s)
         return private_s, nbytes, 1.0, demand if demand > 0 else math.inf
 
     def decode_private_s(self, num_decode: int, kv_tokens: np.ndarray

@@ -16,8 +16,9 @@ from fleetsim.serving.views import KVView, ReplicaView
 # starts or ends a step.
 WAIT = StepPlan({}, wait_for_co_resident=True)
 # ``StepPlan``'s fields after ``preempt`` for a plan that repeats, the others at their defaults.
-_REPEATING = tuple(True if name == "repeats" else StepPlan._field_defaults[name]
-                   for name in StepPlan._fields[2:])
+_REPEATING: tuple[object, ...] = tuple(
+    True if name == "repeats" else StepPlan._field_defaults[name]
+    for name in StepPlan._fields[2:])
 
 ClassStep = tuple[dict[int, int], list[int], tuple[int, int] | None, bool, int, int]
 """A class's step: tokens per request, the requests preempted (ids, in order), the prefill
@@ -40,38 +41,27 @@ def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
         if one_class:
             # Every running request is of this class: if the step decodes them all, it
             # repeats (``StepPlan.repeats``; see ``AgentXpuPlanner.plan``).
-            return _dispatch(view, _plan(tokens, (), True), bandwidth_aware,
-                             max_reactive_priority, reactive_slack)
-        piggyback(view, tokens, set(preempt), chunk, urgent, budget, available,
-                  reactive_slack, max_reactive_priority, preemptive)
-        return _dispatch(view, _plan(tokens, tuple(preempt), False), bandwidth_aware,
-                         max_reactive_priority, reactive_slack)
-    tokens_all: dict[int, int] = {}
-    _, _, preempt_all = serve_running(view, tokens_all, view.max_batched_tokens,
+            preempted: tuple[int, ...] = ()
+            rest = _REPEATING
+        else:
+            piggyback(view, tokens, set(preempt), chunk, urgent, budget, available,
+                      reactive_slack, max_reactive_priority, preemptive)
+            preempted, rest = tuple(preempt), PLAN_DEFAULTS
+        break
+    else:
+        # Nothing fits (a waiting prompt short of KV or a slot, a class that cannot evict
+        # enough): every running request, best first, preempting from the worst end.
+        tokens = {}
+        _, _, preempt = serve_running(view, tokens, view.max_batched_tokens,
                                       view.kv.num_available_blocks, chunk_tokens)
-    return _dispatch(view, _plan(tokens_all, tuple(preempt_all), False), bandwidth_aware,
-                     max_reactive_priority, reactive_slack)
-
-
-def _plan(tokens: dict[int, int], preempt: tuple[int, ...], repeats: bool) -> StepPlan:
-    """``StepPlan(tokens, preempt, repeats=repeats)`` without the named tuple's
-    Python-level ``__new__``."""
-    rest = _REPEATING if repeats else PLAN_DEFAULTS
-    return new_named_tuple(StepPlan, (tokens, preempt, rest[0], rest[1], rest[2], rest[3],
-                                      rest[4], rest[5], rest[6]))
-
-
-def _dispatch(view: ReplicaView, plan: StepPlan, bandwidth_aware: bool,
-              max_reactive_priority: int, reactive_slack: float) -> StepPlan:
-    """Bandwidth-aware dispatch: ``plan``, or a wait if it serves no reactive request and
-    would slow a reactive decode on another replica of the DDR beyond the slack."""
-    tokens = plan.tokens_by_request
-    if not bandwidth_aware or not tokens:
-        return plan
-    if dispatch_waits(view, tokens if isinstance(tokens, dict) else dict(tokens),
-                      max_reactive_priority, reactive_slack):
+        preempted, rest = tuple(preempt), PLAN_DEFAULTS
+    # Bandwidth-aware dispatch: the step, or a wait if it serves no reactive request and
+    # would slow a reactive decode on another replica of the DDR beyond the slack.
+    if bandwidth_aware and tokens and dispatch_waits(view, tokens, max_reactive_priority,
+                                                     reactive_slack):
         return WAIT
-    return plan
+    # (``StepPlan(tokens, preempted, ...)`` without the named tuple's Python-level __new__)
+    return new_named_tuple(StepPlan, (tokens, preempted) + rest)
 
 
 def urgency(req: Request, started: bool, max_reactive_priority: int,

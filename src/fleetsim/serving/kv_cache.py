@@ -37,6 +37,17 @@ def blocks_short(req: Request, num_tokens: i64, block_size: i64, blocks_per_entr
             - req.num_cached_entries * blocks_per_entry)
 
 
+def blocks_after_next_token(req: Request, block_size: i64, blocks_per_entry: i64) -> i64:
+    """Blocks ``req`` holds once those for its next token are taken: the blocks it holds, or
+    as many as ``num_computed_tokens + 1`` tokens need, whichever is more (the fast-forward
+    windows count block boundaries from here)."""
+    held: i64 = req.num_private_blocks + req.num_cached_entries * blocks_per_entry
+    short = blocks_short(req, req.num_computed_tokens + 1, block_size, blocks_per_entry)
+    if short > 0:  # (statements: a conditional expression over an i64 is boxed when compiled)
+        held += short
+    return held
+
+
 class HostPool:
     """A replica's host-memory KV tier (swap space): blocks counted, as on the GPU."""
 

@@ -41,7 +41,7 @@ import numpy as np
 from fleetsim.core.simulator import COMPILED
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.contract import RepeatRule
-from fleetsim.serving.kv_cache import KVCache, blocks_short
+from fleetsim.serving.kv_cache import KVCache, blocks_after_next_token, blocks_short
 from fleetsim.serving.request import Request
 from fleetsim.serving.speculative import Emission
 
@@ -671,11 +671,8 @@ class DecodeWindows:
             left = r.max_output_tokens - r.num_output_tokens
             s_i = left if left < k else k  # steps it takes blocks for
             t_i = left if left < m else m  # steps it commits
-            first = blocks_short(r, c + 1, bs, per_entry)
-            if first < 0:  # (a statement: ``first if first > 0 else 0`` boxes the i64)
-                first = 0
-            held = r.num_private_blocks + r.num_cached_entries * per_entry
-            j = (held + first) * bs - c  # first step needing a block
+            # first step needing a block
+            j = blocks_after_next_token(r, bs, per_entry) * bs - c
             stop = s_i if s_i < m else m
             while j < stop:
                 late += horizon_s - ends[j - 1]
@@ -740,13 +737,10 @@ class DecodeWindows:
             c = r.num_computed_tokens
             s_i = left if left < k else k
             t_i = left if left < m else m
-            first = blocks_short(r, c + 1, bs, per_entry)
-            if first < 0:
-                first = 0
-            held = r.num_private_blocks + r.num_cached_entries * per_entry
             # Tokens it must emit before a step needs one block more (step j holds
             # c + G(j) + 1 slots plus the lookahead, as the plan allocates them).
-            short = (held + first) * bs - c - r.num_lookahead_tokens
+            short = (blocks_after_next_token(r, bs, per_entry) * bs - c
+                     - r.num_lookahead_tokens)
             stop = s_i if s_i < m else m
             j = spec.steps_for(d, short)
             while j < stop:
@@ -866,11 +860,7 @@ def _steps_within(decodes: list[Request], bs: int, per_entry: int, free: int, k:
     new_blocks = [0] * k
     for r in decodes:
         c = r.num_computed_tokens
-        first = blocks_short(r, c + 1, bs, per_entry)  # blocks after the first step, less held
-        if first < 0:
-            first = 0
-        held = r.num_private_blocks + r.num_cached_entries * per_entry
-        j = (held + first) * bs - c
+        j = blocks_after_next_token(r, bs, per_entry) * bs - c
         if j < k:
             new_blocks[j] += 1
     taken = 0
@@ -891,11 +881,7 @@ def _spec_steps_within(decodes: list[Request], emitted0: list[tuple[int, int]], 
     new_blocks = [0] * k
     for r, (d, _) in zip(decodes, emitted0, strict=True):
         c = r.num_computed_tokens
-        first = blocks_short(r, c + 1, bs, per_entry)
-        if first < 0:
-            first = 0
-        held = r.num_private_blocks + r.num_cached_entries * per_entry
-        short = (held + first) * bs - c - r.num_lookahead_tokens
+        short = blocks_after_next_token(r, bs, per_entry) * bs - c - r.num_lookahead_tokens
         j = spec.steps_for(d, short)
         while j < k:
             new_blocks[j] += 1
