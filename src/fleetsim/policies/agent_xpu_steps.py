@@ -5,9 +5,7 @@ step over the running and waiting requests of the SoC's replicas."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from fleetsim.policies.batch_steps import next_chunk, serve_running
+from fleetsim.policies.batch_steps import as_list, next_chunk, serve_running
 from fleetsim.serving.contract import PLAN_DEFAULTS, StepPlan, new_named_tuple
 from fleetsim.serving.request import Request
 from fleetsim.serving.views import KVView, ReplicaView
@@ -70,13 +68,6 @@ def urgency(req: Request, started: bool, max_reactive_priority: int,
     without preemption, started (running) work before the rest."""
     reactive = 0 if req.priority <= max_reactive_priority else 1
     return (reactive, 0) if preemptive else (0 if started else 1, reactive)
-
-
-def as_list(requests: Sequence[Request]) -> list[Request]:
-    """A replica's queue as the list it is: a ``Sequence`` is iterated through the generic
-    iterator protocol when compiled, a list by index."""
-    assert isinstance(requests, list)
-    return requests
 
 
 def in_class(req: Request, started: bool, urgent: tuple[int, int], max_reactive_priority: int,

@@ -5,6 +5,8 @@ engine by ``make native``; the policy classes stay interpreted so users can subc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fleetsim.serving.contract import PLAN_DEFAULTS, StepPlan, new_named_tuple
 from fleetsim.serving.kv_cache import blocks_short
 from fleetsim.serving.request import Request
@@ -24,6 +26,12 @@ def plan_token_budget(view: ReplicaView, chunked: bool, threshold: int | None,
     if not preempt:
         admit_waiting(view, tokens, budget, available, cap, chunked, full_input)
     return new_named_tuple(StepPlan, (tokens, tuple(preempt), *PLAN_DEFAULTS))
+
+
+def as_list(queue: Sequence[Request]) -> list[Request]:
+    """A replica's queue as the list it is (compiled, a list is indexed and iterated
+    natively; a ``Sequence`` generically), or a list of a view's other sequence."""
+    return queue if isinstance(queue, list) else list(queue)
 
 
 def next_chunk(req: Request, limit: int, bs: int, per_entry: int) -> tuple[int, int]:
@@ -47,7 +55,7 @@ def serve_running(
     and the preempted ids, in order.
     """
     kv = view.kv
-    running = view.running
+    running = as_list(view.running)
     preempt: list[int] = []
     last = len(running)  # requests at index >= last were preempted this step
     i = 0
@@ -82,7 +90,7 @@ def serve_running_swapping(
     returns the budget and blocks left, the recomputed ids and the swapped-out ids, in order.
     """
     kv = view.kv
-    running = view.running
+    running = as_list(view.running)
     preempt: list[int] = []
     swap_out: list[int] = []
     last = len(running)
@@ -149,7 +157,7 @@ def admit_waiting(
     ``scheduler_reserve_full_isl``). Fills ``tokens``."""
     kv = view.kv
     num_running = len(view.running) + view.num_swapping_in  # swaps in take slots when done
-    for req in view.waiting:
+    for req in as_list(view.waiting):
         if budget <= 0 or num_running >= view.max_running:
             return
         todo = req.num_tokens - kv.num_prefix_hit_tokens(req)

@@ -81,6 +81,16 @@ class OnlineMetrics:
         return self.sum_e2e_s_by_pool.get(pool, 0.0) / n if n else float("nan")
 
 
+class _ReplicaSums:
+    """One replica's busy seconds and KV block-seconds, summed over its steps."""
+
+    __slots__ = ("busy_s", "kv_block_s")
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+        self.kv_block_s = 0.0
+
+
 class Recorder:
     """Receives ``on_finish``/``on_step`` from replicas (cheap appends only)."""
 
@@ -89,13 +99,12 @@ class Recorder:
         self._requests = Columns(REQUEST_COLUMNS, REQUEST_INT_COLUMNS)
         self._timeline = Columns(TIMELINE_COLUMNS, TIMELINE_INT_COLUMNS)
         self.num_steps = 0
-        # Busy and KV block-seconds summed per replica, indexed by replica id (a dict's
-        # lookups cost more per step), and the ids in the order first recorded: the order
-        # of the dicts that ``busy_s_by_replica`` and ``records()`` give (sums over them
-        # add in that order).
-        self._busy_s: list[float] = []
-        self._kv_block_s: list[float] = []
-        self._seen: list[bool] = []
+        # Busy and KV block-seconds summed per replica, indexed by replica id (None until
+        # it steps; a dict's lookups cost more per step), and the ids in the order first
+        # recorded: the order of the dicts that ``busy_s_by_replica`` and ``records()`` give
+        # (sums over them add in that order). Objects rather than lists of floats: a
+        # compiled ``floats[i] += x`` is a generic add of two boxed floats.
+        self._sums: list[_ReplicaSums | None] = []
         self._replica_order: list[int] = []
         self.timeline_origin_s = timeline_origin_s
         self.timeline_bin_s = timeline_bin_s
@@ -180,10 +189,11 @@ class Recorder:
         num_waiting: int,
     ) -> None:
         self.num_steps += num_steps
-        if replica_id >= len(self._seen) or not self._seen[replica_id]:
-            self._first_step(replica_id)
-        self._busy_s[replica_id] += busy_s
-        self._kv_block_s[replica_id] += kv_block_seconds
+        sums = self._sums[replica_id] if 0 <= replica_id < len(self._sums) else None
+        if sums is None:
+            sums = self._first_step(replica_id)
+        sums.busy_s += busy_s
+        sums.kv_block_s += kv_block_seconds
         table = self._timeline
         table.pack_into(
             table.buf, table.num_pending * table.row_bytes, end_s, replica_id, busy_s,
@@ -192,26 +202,31 @@ class Recorder:
         if table.num_pending >= table.chunk_rows:
             table.flush()
 
-    def _first_step(self, replica_id: int) -> None:
+    def _first_step(self, replica_id: int) -> _ReplicaSums:
         if replica_id < 0:
             raise ValueError(f"replica id {replica_id} is negative")
-        grow = replica_id + 1 - len(self._seen)
+        grow = replica_id + 1 - len(self._sums)
         if grow > 0:
-            self._seen.extend([False] * grow)
-            self._busy_s.extend([0.0] * grow)
-            self._kv_block_s.extend([0.0] * grow)
-        self._seen[replica_id] = True
+            self._sums.extend([None] * grow)
+        sums = _ReplicaSums()
+        self._sums[replica_id] = sums
         self._replica_order.append(replica_id)
+        return sums
+
+    def _stepped(self, replica_id: int) -> _ReplicaSums:
+        sums = self._sums[replica_id]
+        assert sums is not None
+        return sums
 
     @property
     def busy_s_by_replica(self) -> dict[int, float]:
         """Busy seconds so far per replica that has stepped (in the order they first did)."""
-        return {r: self._busy_s[r] for r in self._replica_order}
+        return {r: self._stepped(r).busy_s for r in self._replica_order}
 
     @property
     def kv_block_seconds_by_replica(self) -> dict[int, float]:
         """KV block-seconds so far per replica that has stepped (as ``busy_s_by_replica``)."""
-        return {r: self._kv_block_s[r] for r in self._replica_order}
+        return {r: self._stepped(r).kv_block_s for r in self._replica_order}
 
     def records(self) -> Records:
         requests = self._requests.columns()
