@@ -270,6 +270,12 @@ class Replica:
 
     def _enqueue(self, queue: list[Request], keys: list[tuple], req: Request) -> None:
         key = self.order_key(req, self.sim.now_s)
+        if not keys or not key < keys[-1]:
+            # ``bisect_right``'s answer when the key sorts last, as an arrival's does in
+            # first-come order: one comparison, not a generic call and a search.
+            keys.append(key)
+            queue.append(req)
+            return
         at = bisect.bisect_right(keys, key)
         keys.insert(at, key)
         queue.insert(at, req)
