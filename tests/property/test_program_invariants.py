@@ -48,6 +48,14 @@ def programs(draw, max_programs=4, max_calls=7):
     return out
 
 
+def every_call_fits(progs, blocks: int) -> bool:
+    """A call larger than a replica is an input error (cluster.route), not an invariant:
+    chains that extend their parents' context can outgrow 120 blocks of 16 tokens (e.g.
+    641 -> 1212 -> 1921 tokens; 600 -> 1185 -> 1861 + 60), which hypothesis found."""
+    return all(-(-(c.num_prompt_tokens + c.num_output_tokens) // 16) <= blocks
+               for p in progs for c in p.calls)
+
+
 class Spy:
     """Wraps a source; keeps each call's tag at arrival (before a policy may replace it)."""
 
@@ -122,11 +130,7 @@ def check_dependencies(progs, records, source, tags):
        blocks=st.sampled_from([120, 3000]))
 def test_calls_wait_for_parents_and_tools_everyone_finishes_kv_returns(
         progs, shape, replicas, router, ordering, blocks):
-    # A call larger than a replica is an input error (cluster.route), not an invariant: chains
-    # that extend their parents' context can outgrow 120 blocks (e.g. 641 -> 1212 -> 1921
-    # tokens), which hypothesis found.
-    assume(all(-(-(c.num_prompt_tokens + c.num_output_tokens) // 16) <= blocks
-               for p in progs for c in p.calls))
+    assume(every_call_fits(progs, blocks))
     records, cluster, source, tags = simulate(progs, shape=shape, replicas=replicas,
                                               router=router, ordering=ordering, blocks=blocks)
     check_dependencies(progs, records, source, tags)
@@ -197,6 +201,7 @@ def test_kept_kv_conserves_blocks_ends_at_ttl_or_use_and_never_leaks(
         progs, tool_kv, ttl_s, replicas, router, blocks, host_blocks):
     """Blocks are conserved on the GPU and the host tier after every step (debug), calls
     still wait for parents and tools, everyone finishes, and nothing is held at the end."""
+    assume(every_call_fits(progs, blocks))
     records, cluster, source, tags = simulate(
         progs, replicas=replicas, router=router, blocks=blocks, tool_kv=tool_kv, ttl_s=ttl_s,
         host_blocks=host_blocks)
@@ -208,6 +213,7 @@ def test_kept_kv_conserves_blocks_ends_at_ttl_or_use_and_never_leaks(
 @given(progs=programs(), tool_kv=st.sampled_from(["keep", "offload"]),
        blocks=st.sampled_from([150, 3000]))
 def test_fast_forward_equals_stepping_with_kept_kv(progs, tool_kv, blocks):
+    assume(every_call_fits(progs, blocks))
     kw = {"replicas": 2, "tool_kv": tool_kv, "ttl_s": 0.5, "blocks": blocks,
           "host_blocks": 4000, "router": "prefix_affinity"}
     fast = simulate(progs, **kw)[0].requests
