@@ -21,7 +21,7 @@ import math
 import types
 from collections.abc import Callable
 from heapq import heappop, heappush
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from fleetsim.core.interrupts import let_signals_in
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # (native 64-bit ints when compiled, plain ints at run time)
 
 # Events between two chances for a signal (Ctrl-C) to stop the compiled loop: about a
 # millisecond of work, and a negligible cost.
-SIGNAL_CHECK_EVERY = 4096
+SIGNAL_CHECK_EVERY: Final = 4096  # (Final: a constant in the compiled loop, not a lookup)
 
 Handler = Callable[[Any], None]
 

@@ -53,7 +53,7 @@ class Hold:
 
 
 # ``Job.single`` of a job on more than one resource (or none).
-_ONE_OF_MANY = object()
+_ONE_OF_MANY: Final = object()  # (Final: a native static when compiled, not a lookup)
 
 
 class Job:
