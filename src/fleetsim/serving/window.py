@@ -373,13 +373,50 @@ class DecodeWindows:
         a0 = len(ends)
         if not w.lazy or a0 >= old or (a0 and ends[a0 - 1] >= now_s):
             j = bisect.bisect_left(ends, now_s, 0, old if old < a0 else a0)
-            if j >= old:
-                return old, ends[old - 1], ends[old - 2] if old > 1 else step.start_s
-            return j, ends[j], ends[j - 1] if j else step.start_s
-        # (Past the stored ones: add up from the last stored end.)
-        steps, t, t1 = self._scan(w, a0, ends[a0 - 1] if a0 else step.start_s, old, now_s,
-                                  math.inf, None)
-        return (steps - 1 if t >= now_s else old), t, t1
+        else:
+            # Past the stored ones: store on through the step in progress (settling the
+            # window, which mostly comes next, reads them: one pass, not a scan and a
+            # store), or through the last step if every one ends before now.
+            self._store_ends_until(step, old, now_s)
+            j = len(ends) - 1 if ends[-1] >= now_s else old
+        if j >= old:
+            return old, ends[old - 1], ends[old - 2] if old > 1 else step.start_s
+        return j, ends[j], ends[j - 1] if j else step.start_s
+
+    def _store_ends_until(self, step: Step, limit: int, stop_s: float) -> None:
+        """Store a lazy window's end times on from the last stored one, through the first
+        that ends at or after ``stop_s`` or through step ``limit - 1``: the floats
+        ``_fill_ends`` stores (and ``_scan`` adds up), in its order."""
+        w = step.window
+        assert w is not None
+        ends = w.ends
+        a0 = len(ends)
+        t = ends[a0 - 1] if a0 else step.start_s
+        n, kv_tokens, finishes = w.n0, w.kv0, w.finishes
+        num_finishes = len(finishes)
+        a = 0
+        f = 0
+        while a < limit:
+            left, c = finishes[f] if f < num_finishes else (limit, 0)
+            f += 1
+            if left > limit:
+                left = limit
+            if left > a:
+                j0 = a if a > a0 else a0
+                if left > j0:
+                    base, per_kv, extra = self._decode_terms(n)
+                    kv = float(kv_tokens + n * j0)
+                    step_kv = float(n)
+                    for _ in range(j0, left):
+                        # (``+ extra`` when extra is 0.0 adds nothing: a duration is positive)
+                        t += (base + per_kv * kv) + extra
+                        ends.append(t)
+                        if t >= stop_s:
+                            return
+                        kv += step_kv
+                a = left
+            n -= 1
+            kv_tokens -= c
 
     def _finish_open(self, step: Step, until_s: float, edge_s: float) -> float:
         """Cut the window's k steps at the next input, ``until_s`` or the bin edge, and set
