@@ -324,8 +324,8 @@ class TableStepModel:
     ) -> float:
         """Seconds for one step; see ``fleetsim.perf.base.StepTimeModel``."""
         num_tokens = num_decode
-        for new, _ in prefill_chunks:
-            num_tokens += new
+        for chunk in prefill_chunks:  # (not ``new, _``: compiled, ``_`` is a boxed int)
+            num_tokens += chunk[0]
         num_seqs = num_decode + len(prefill_chunks)
         if self.async_scheduling:
             k = self._tok.at(num_tokens) + self._seq.at(num_seqs)
