@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fleetsim.metrics.summary import timeline_bins
+from fleetsim.metrics.summary import _fine_sums, timeline_bins
 from fleetsim.serving.recorder import Records
 
 
@@ -86,3 +86,20 @@ def test_a_shared_cache_gives_the_same_bins_and_is_keyed_on_the_recorded_bins():
     later = timeline_bins(records, 1.0, end_s + 10.0, 100, 4, 60, cache)
     assert len(cache) == 2
     assert later == timeline_bins(records, 1.0, end_s + 10.0, 100, 4, 60)
+
+
+def test_rows_binned_chunk_by_chunk_add_the_floats_of_one_pass():
+    """``_fine_sums`` bins the timeline a chunk of rows at a time (its temporaries stay
+    small): every chunk size gives the sums of one pass over all rows, bit for bit."""
+    rng = np.random.default_rng(11)
+    n, width = 5000, 2.0  # about 130 rows a bin: sums that a chunk boundary would reorder
+    busy = rng.uniform(0.0, 0.9, size=n)
+    ends = np.sort(rng.uniform(1.0, 80.0, size=n))
+    tl = {"end_s": ends, "busy_s": busy, "kv_block_seconds": busy * rng.uniform(0, 90, n),
+          "num_running": rng.integers(0, 30, n), "num_waiting": rng.integers(0, 9, n)}
+    num_fine = int(np.ceil((float(ends[-1]) - 0.5) / width))
+    one_pass = _fine_sums(tl, 0.5, width, num_fine, chunk_rows=n)
+    for chunk_rows in (1, 7, 64, 4999):
+        chunked = _fine_sums(tl, 0.5, width, num_fine, chunk_rows=chunk_rows)
+        for name, sums in one_pass.items():
+            assert chunked[name].tobytes() == sums.tobytes(), (name, chunk_rows)

@@ -184,49 +184,69 @@ def batch_stats(records: Records) -> dict[str, float]:
             "mean_tokens_per_step": float(tl["num_tokens"].sum()) / num_steps}
 
 
-def _fine_sums(tl: dict[str, NDArray], origin: float, width: float,
-               num_fine: int) -> dict[str, NDArray]:
+# Rows of the timeline binned at a time by ``_fine_sums``: its temporaries (a few arrays of
+# 8 bytes a row) stay small and are reused from chunk to chunk, where whole-timeline ones were
+# fresh memory to fault in (at a million requests, 3.2 million rows: 0.2 s of a 0.33 s pass).
+FINE_SUMS_CHUNK_ROWS = 1 << 16
+
+
+def _fine_sums(tl: dict[str, NDArray], origin: float, width: float, num_fine: int,
+               chunk_rows: int = FINE_SUMS_CHUNK_ROWS) -> dict[str, NDArray]:
     """Busy seconds, KV block-seconds and running/waiting x busy seconds in each of
-    ``num_fine`` bins of ``width`` from ``origin`` (``timeline_bins``). Masks are applied
-    before products and clips run in place: the same floats, fewer 8-byte-per-row
-    temporaries (each one fresh memory to fault in)."""
+    ``num_fine`` bins of ``width`` from ``origin`` (``timeline_bins``). The rows inside one
+    bin are added chunk by chunk of ``chunk_rows``, each bin's in row order (``np.add.at``
+    adds unbuffered, in order: the floats one ``np.bincount`` over every row adds), then the
+    single steps across an edge, split by time."""
     edges = origin + np.arange(num_fine + 1, dtype=np.float64) * width
-    busy_s = tl["busy_s"]
-    ends = tl["end_s"]
-    starts = ends - busy_s
-    first = np.searchsorted(edges, starts, side="right")
-    first -= 1
-    np.clip(first, 0, num_fine - 1, out=first)
-    last = np.searchsorted(edges, ends, side="left")
-    last -= 1
-    np.clip(last, 0, num_fine - 1, out=last)
-    inside = first == last
-    bins_in = first[inside]
-    busy_in = busy_s[inside]
-    # One quantity at a time, so that one masked copy is alive at once (running x busy of
-    # the rows inside, elementwise: the same floats as the product masked).
-    sums = {"busy": np.bincount(bins_in, weights=busy_in, minlength=num_fine),
-            "kv": np.bincount(bins_in, weights=tl["kv_block_seconds"][inside],
-                              minlength=num_fine)}
-    for name in ("running", "waiting"):
-        sums[name] = np.bincount(bins_in, weights=tl[f"num_{name}"][inside] * busy_in,
-                                 minlength=num_fine)
-    del bins_in, busy_in
+    busy_s, ends, kv_s = tl["busy_s"], tl["end_s"], tl["kv_block_seconds"]
+    running, waiting = tl["num_running"], tl["num_waiting"]
+    sums = {name: np.zeros(num_fine) for name in ("busy", "kv", "running", "waiting")}
+    across_parts: list[NDArray] = []
+    across_first: list[NDArray] = []
+    across_last: list[NDArray] = []
+    for a in range(0, len(ends), chunk_rows):
+        b = a + chunk_rows
+        busy_c, ends_c = busy_s[a:b], ends[a:b]
+        starts = ends_c - busy_s[a:b]
+        first = np.searchsorted(edges, starts, side="right")
+        first -= 1
+        np.clip(first, 0, num_fine - 1, out=first)
+        last = np.searchsorted(edges, ends_c, side="left")
+        last -= 1
+        np.clip(last, 0, num_fine - 1, out=last)
+        inside = first == last
+        bins_in = first[inside]
+        busy_in = busy_c[inside]
+        np.add.at(sums["busy"], bins_in, busy_in)
+        np.add.at(sums["kv"], bins_in, kv_s[a:b][inside])
+        # (running x busy of the rows inside, elementwise: the same floats as the product
+        # masked)
+        np.add.at(sums["running"], bins_in, running[a:b][inside] * busy_in)
+        np.add.at(sums["waiting"], bins_in, waiting[a:b][inside] * busy_in)
+        out = np.flatnonzero(~inside)
+        if out.size:
+            across_parts.append(out + a)
+            across_first.append(first[out])
+            across_last.append(last[out])
     # Single steps across an edge: split by time. Each (step, bin) pair it spans, step by
     # step and bin by bin; ``np.add.at`` adds unbuffered in that order, so every bin gets the
     # same floats in the same order as a loop over the steps would add them.
-    across = np.flatnonzero(~inside)
-    spans = np.maximum(last[across] - first[across] + 1, 0)
+    if not across_parts:
+        return sums
+    across = np.concatenate(across_parts)
+    first_a, last_a = np.concatenate(across_first), np.concatenate(across_last)
+    spans = np.maximum(last_a - first_a + 1, 0)
     j = np.repeat(across, spans)
-    b = np.repeat(first[across], spans) + (np.arange(j.size)
-                                          - np.repeat(np.cumsum(spans) - spans, spans))
-    overlap = np.minimum(ends[j], edges[b + 1]) - np.maximum(starts[j], edges[b])
+    b = np.repeat(first_a, spans) + (np.arange(j.size)
+                                     - np.repeat(np.cumsum(spans) - spans, spans))
+    starts_j = ends[j] - busy_s[j]
+    overlap = np.minimum(ends[j], edges[b + 1]) - np.maximum(starts_j, edges[b])
     dur = busy_s[j]
     keep = (overlap > 0) & (dur > 0)
     j, b, overlap, dur = j[keep], b[keep], overlap[keep], dur[keep]
-    across_values = {"busy": dur, "kv": tl["kv_block_seconds"][j],  # (dur: their busy_s)
-                     "running": tl["num_running"][j] * dur,
-                     "waiting": tl["num_waiting"][j] * dur}
+    across_values = {"busy": dur, "kv": kv_s[j],  # (dur: their busy_s)
+                     "running": running[j] * dur,
+                     "waiting": waiting[j] * dur}
     for name, v in across_values.items():
         np.add.at(sums[name], b, v * overlap / dur)
     return sums
