@@ -314,7 +314,9 @@ class TableStepModel:
     def _prefill_attention_s(self, prefill_chunks: Sequence[tuple[int, int]]) -> float:
         att, floor, kv_read, prefill = 0.0, self._floor, self._kv_read, self._prefill
         for new, ctx in prefill_chunks:
-            work = prefill.at(math.sqrt(new * new + 2 * new * ctx)) - floor
+            # (``float()``: the compiled engine's native sqrt takes a float; math.sqrt of an
+            # int converts it the same way)
+            work = prefill.at(math.sqrt(float(new * new + 2 * new * ctx))) - floor
             mem = kv_read * (new + ctx)
             att += work if work > mem else mem
         return att + floor
