@@ -407,7 +407,8 @@ class DecodeWindows:
                     base, per_kv, extra = self._decode_terms(n)
                     kv = float(kv_tokens + n * j0)
                     step_kv = float(n)
-                    for _ in range(j0, left):
+                    # (``j``, not ``_``: compiled, a loop's ``_`` is boxed at every step)
+                    for j in range(j0, left):  # noqa: B007
                         # (``+ extra`` when extra is 0.0 adds nothing: a duration is positive)
                         t += (base + per_kv * kv) + extra
                         ends.append(t)
