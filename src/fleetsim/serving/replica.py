@@ -30,6 +30,7 @@ from typing import Final
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.perf.step_model import TableStepModel
 from fleetsim.serving import itl
 from fleetsim.serving.capabilities import capabilities_of
 from fleetsim.serving.contract import BatchPolicy, RepeatRule, StepPlan
@@ -777,7 +778,11 @@ class Replica:
         kv_tokens = 0
         for r in step.decodes:
             kv_tokens += r.num_computed_tokens
-        duration_s = self.step_model.step_time_s(chunks, len(step.decodes), kv_tokens)
+        model = self.step_model
+        if isinstance(model, TableStepModel):  # (the usual model: a direct call when compiled)
+            duration_s = model.step_time_s(chunks, len(step.decodes), kv_tokens)
+        else:
+            duration_s = model.step_time_s(chunks, len(step.decodes), kv_tokens)
         self._pending_kv_seconds = self.kv.num_used_blocks * duration_s
         return duration_s
 
@@ -839,9 +844,12 @@ class Replica:
         else:  # (running requests it pauses count; nothing finished before its last step)
             self._pending_kv_seconds = self.kv.num_used_blocks * w.step_s[k - 1]
 
-    def _window_rows(self, step: Step, num_steps: int, horizon_s: float) -> list[Row]:
+    def _window_rows(self, step: Step, num_steps: int, horizon_s: float,
+                     write: bool = False) -> list[Row]:
         """Timeline rows of a window's first ``num_steps`` settled steps: one per stretch
-        with a fixed batch, the KV block-seconds on the last (a window lies in one bin)."""
+        with a fixed batch, the KV block-seconds on the last (a window lies in one bin).
+        ``write``: record them now (as ``_write_rows`` would) and return none: no row tuple
+        built only to be taken apart again."""
         w = step.window
         assert w is not None
         rows: list[Row] = []
@@ -849,23 +857,43 @@ class Replica:
         n, a, t = len(step.decodes), 0, step.start_s
         # tokens emitted through step x: one per decoder and step, or the speculative schedule
         emitted = self._windows.emitted_through if w.emitted0 else None
+        waiting = step.num_waiting
+        # Each stretch's row waits for the next one's: the last one takes the KV seconds.
+        pending = False
+        end_p = busy_p = 0.0
+        steps_p = tokens_p = running_p = 0
         for left in w.finish_steps:
             if left > a:
-                tokens = (n * (left - a) if emitted is None
-                          else emitted(step, left) - emitted(step, a))
-                rows.append((ends[left - 1], ends[left - 1] - t, 0.0, left - a, tokens,
-                             n, step.num_waiting))
+                if pending:
+                    self._window_row(rows, write, end_p, busy_p, 0.0, steps_p, tokens_p,
+                                     running_p, waiting)
+                pending = True
+                end_p, busy_p, steps_p, running_p = ends[left - 1], ends[left - 1] - t, left - a, n
+                tokens_p = (n * (left - a) if emitted is None
+                            else emitted(step, left) - emitted(step, a))
                 a, t = left, ends[left - 1]
             n -= 1
         if num_steps > a:
-            tokens = (n * (num_steps - a) if emitted is None
-                      else emitted(step, num_steps) - emitted(step, a))
-            rows.append((horizon_s, horizon_s - t, 0.0, num_steps - a, tokens, n,
-                         step.num_waiting))
-        if rows:
-            end_s, busy_s, _, steps, tokens, running, waiting = rows[-1]
-            rows[-1] = (end_s, busy_s, w.kv_seconds, steps, tokens, running, waiting)
+            if pending:
+                self._window_row(rows, write, end_p, busy_p, 0.0, steps_p, tokens_p,
+                                 running_p, waiting)
+            pending = True
+            end_p, busy_p, steps_p, running_p = horizon_s, horizon_s - t, num_steps - a, n
+            tokens_p = (n * (num_steps - a) if emitted is None
+                        else emitted(step, num_steps) - emitted(step, a))
+        if pending:
+            self._window_row(rows, write, end_p, busy_p, w.kv_seconds, steps_p, tokens_p,
+                             running_p, waiting)
         return rows
+
+    def _window_row(self, rows: list[Row], write: bool, end_s: float, busy_s: float,
+                    kv_s: float, num_steps: int, num_tokens: int, num_running: int,
+                    num_waiting: int) -> None:
+        if write:
+            self.recorder.on_step(self.replica_id, end_s, busy_s, kv_s, num_steps, num_tokens,
+                                  self.kv.num_used_blocks, num_running, num_waiting)
+        else:
+            rows.append((end_s, busy_s, kv_s, num_steps, num_tokens, num_running, num_waiting))
 
     def _write_step_rows(self, step: Step, num_steps: int) -> None:
         """Timeline rows of an exact window's first ``num_steps`` settled steps, one per step
@@ -936,7 +964,7 @@ class Replica:
             self._finish(r, now_s)
         k = step.num_steps
         if w.rule is None:
-            self._write_rows(self._window_rows(step, k, now_s))
+            self._window_rows(step, k, now_s, write=True)
         else:
             self._write_step_rows(step, k)
             w.rule.ran(k, w.ends[k - 2] if k > 1 else step.start_s)
