@@ -13,7 +13,9 @@ UNIFORMS_PER_DRAW = 1024
 def power_of_two(view: ClusterView, uniforms: list[float]) -> int:
     """Power of two choices: two distinct replicas drawn at random (from ``uniforms``,
     refilled from ``view.rng``), the less loaded one (the first drawn on a tie)."""
-    reps = view.replicas
+    replicas = view.replicas
+    # (the engine's view holds a list: compiled, a list is indexed natively, a Sequence not)
+    reps = replicas if isinstance(replicas, list) else list(replicas)
     n = len(reps)
     if n == 1:
         return 0
