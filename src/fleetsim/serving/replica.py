@@ -154,6 +154,9 @@ class Replica:
         self.until_s = math.inf
         self._pending_kv_seconds = 0.0
         self._carried: list[Row] = []  # rows of a cut window, written with its last step
+        # ``_finish`` bound once: each ``self._finish`` passed to a window's settle built a
+        # bound method object when compiled.
+        self._finish_fn: Callable[[Request, float], None] = self._finish
         # Migrations asked for from outside (a controller), applied at the next step
         # boundary: request_id -> destination replica.
         self._migrations: dict[int, int] = {}
@@ -826,7 +829,7 @@ class Replica:
         if self.track_itl:
             self._windows.materialize(step, k)
             itl.on_window(step, k - 1, self.recorder)
-        self._windows.settle(step, k - 1, self._finish)
+        self._windows.settle(step, k - 1, self._finish_fn)
         last_start_s = w.ends[k - 2] if k > 1 else step.start_s
         rule = w.rule
         if rule is None:
@@ -966,7 +969,7 @@ class Replica:
         if self.track_itl:
             self._windows.materialize(step, step.num_steps)
             itl.on_window(step, step.num_steps, self.recorder)
-        self._windows.settle(step, step.num_steps, self._finish)
+        self._windows.settle(step, step.num_steps, self._finish_fn)
         w = step.window
         assert w is not None
         self._finish_times = []
