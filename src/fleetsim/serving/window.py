@@ -150,9 +150,12 @@ class DecodeWindows:
         # every float is an object anyway, and the pass only adds work (100k requests 8.1 ->
         # 8.6 s). Either way the results are the same (the tests run both, on both builds).
         self.lazy = COMPILED
-        self._terms: dict[int, tuple[float, float, float]] = {}  # batch size -> decode terms
-        self._last_n = -1
-        self._last_terms = (0.0, 0.0, 0.0)
+        # The model's decode terms by batch size (-1.0: not computed yet), as three lists of
+        # floats: read natively when compiled, where a dict of tuples cost a boxed key, a
+        # lookup and three unboxed floats a call (a window asks once per stretch).
+        self._base_by_n: list[float] = []
+        self._per_kv_by_n: list[float] = []
+        self._extra_by_n: list[float] = []
 
     def open(self, step: Step, until_s: float, through: bool = False,
              rule: RepeatRule | None = None) -> float | None:
@@ -231,9 +234,12 @@ class DecodeWindows:
             # finish; the end times it adds up are the same).
             lazy = self.lazy and self._has_terms and not exact
             inside = k + 1 if lazy else k
-            finishes: list[tuple[int, int]] = [] if min_left >= inside else sorted(
-                [(lefts[i], decodes[i].num_computed_tokens) for i in range(n)
-                 if lefts[i] < inside])
+            finishes: list[tuple[int, int]] = []
+            if min_left < inside:
+                finishes = [(lefts[i], decodes[i].num_computed_tokens) for i in range(n)
+                            if lefts[i] < inside]
+                if len(finishes) > 1:  # (mostly one: no sort call for it)
+                    finishes.sort()
             if lazy:
                 w = Window([], kv.num_used_blocks + first_need, lefts)
                 w.lazy = True
@@ -517,17 +523,22 @@ class DecodeWindows:
         return (base + per_kv * float(kv_tokens)) + extra
 
     def _decode_terms(self, n: int) -> tuple[float, float, float]:
-        """The model's decode terms of a batch of ``n``, computed once per size (the last
-        size's kept apart: consecutive windows mostly share it, and a dict lookup costs a
-        boxed key and tuple)."""
-        if n == self._last_n:
-            return self._last_terms
-        terms = self._terms.get(n)
-        if terms is None:
-            terms = self._terms[n] = self.step_model.decode_terms_s(n)  # type: ignore[attr-defined]
-        self._last_n = n
-        self._last_terms = terms
-        return terms
+        """The model's decode terms of a batch of ``n``, computed once per size."""
+        base_by_n = self._base_by_n
+        if n < len(base_by_n):
+            base = base_by_n[n]
+            if base >= 0.0:  # (a step's fixed part is positive: computed)
+                return base, self._per_kv_by_n[n], self._extra_by_n[n]
+        base, per_kv, extra = self.step_model.decode_terms_s(n)  # type: ignore[attr-defined]
+        grow = n + 1 - len(base_by_n)
+        if grow > 0:
+            base_by_n.extend([-1.0] * grow)
+            self._per_kv_by_n.extend([0.0] * grow)
+            self._extra_by_n.extend([0.0] * grow)
+        base_by_n[n] = base
+        self._per_kv_by_n[n] = per_kv
+        self._extra_by_n[n] = extra
+        return base, per_kv, extra
 
     def _ends_python(self, start_s: float, n: int, kv_tokens: int, k: int,
                      finishes: list[tuple[int, int]]) -> list[float]:
