@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.conftest import make_workload, simulate
 
 from fleetsim.policies import StepPlan, TokenBudgetPlanner
-from fleetsim.serving.kv_cache import blocks_short
+from fleetsim.serving.kv_cache import (
+    blocks_after_next_token,
+    blocks_after_next_token_and_short,
+    blocks_short,
+)
 from fleetsim.serving.request import Request
 from fleetsim.serving.window import _steps_within
 
@@ -87,3 +93,19 @@ def test_a_plan_in_any_order_gives_the_same_run(how):
     assert base.requests["num_preemptions"].sum() > 0
     for name in ("request_id", "first_token_s", "finish_s", "num_preemptions"):
         assert base.requests[name].tolist() == other.requests[name].tolist(), name
+
+
+@settings(max_examples=300, deadline=None)
+@given(computed=st.integers(0, 5000), private=st.integers(0, 400), cached=st.integers(0, 40),
+       lookahead=st.integers(0, 12), bs=st.sampled_from([1, 4, 16, 64]),
+       per_entry=st.sampled_from([1, 2, 4]), extra_tokens=st.integers(-50, 600))
+def test_settle_block_marks_equal_the_two_formulas(computed, private, cached, lookahead, bs,
+                                                   per_entry, extra_tokens):
+    """A window's settle reads a decoder's blocks after its next token and its blocks short
+    at a count from one helper: each equals the formula it stands for."""
+    r = Request(id=1, arrival_s=0.0, num_prompt_tokens=computed + 1, max_output_tokens=10,
+                num_computed_tokens=computed, num_private_blocks=private,
+                num_cached_entries=cached, num_lookahead_tokens=lookahead)
+    num_tokens = max(computed + extra_tokens, 0)
+    assert blocks_after_next_token_and_short(r, num_tokens, bs, per_entry) == (
+        blocks_after_next_token(r, bs, per_entry), blocks_short(r, num_tokens, bs, per_entry))

@@ -48,6 +48,19 @@ def blocks_after_next_token(req: Request, block_size: i64, blocks_per_entry: i64
     return held
 
 
+def blocks_after_next_token_and_short(req: Request, num_tokens: i64, block_size: i64,
+                                      blocks_per_entry: i64) -> tuple[i64, i64]:
+    """``(blocks_after_next_token(req, ...), blocks_short(req, num_tokens, ...))`` in one
+    call, reading the request's holdings once: a window's settle asks both of every
+    decoder (two calls there were 2% of a cluster run, compiled)."""
+    held: i64 = req.num_private_blocks + req.num_cached_entries * blocks_per_entry
+    ahead: i64 = req.num_lookahead_tokens
+    after_next: i64 = -(-(req.num_computed_tokens + 1 + ahead) // block_size)
+    if after_next < held:
+        after_next = held
+    return after_next, -(-(num_tokens + ahead) // block_size) - held
+
+
 class HostPool:
     """A replica's host-memory KV tier (swap space): blocks counted, as on the GPU."""
 

@@ -549,8 +549,7 @@ class Replica:
     def _open_idle_window(self) -> bool:
         """Nothing waits and every running request decodes: the plan is known (the policy
         said so), so open a window without planning, if the first step's blocks are free."""
-        step = Step(self.sim.now_s)
-        step.decodes = self.running.copy()
+        step = Step(self.sim.now_s, self.running.copy())
         # A source told of finishes may send a request at a finish: stop there.
         # Past finishes only when nobody must hear of them at once: a request source, KV
         # queued to move in here (a finish may make room for it), or the other members of a

@@ -35,13 +35,19 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Sequence
+from typing import Final
 
 import numpy as np
 
 from fleetsim.core.simulator import COMPILED
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.contract import RepeatRule
-from fleetsim.serving.kv_cache import KVCache, blocks_after_next_token, blocks_short
+from fleetsim.serving.kv_cache import (
+    KVCache,
+    blocks_after_next_token,
+    blocks_after_next_token_and_short,
+    blocks_short,
+)
 from fleetsim.serving.request import Request
 from fleetsim.serving.speculative import Emission
 
@@ -56,19 +62,25 @@ FinishFn = Callable[[Request, float], None]
 SCALAR_WINDOW_STEPS = 256
 
 
+# The empty list a window's ``finishes`` and ``emitted0`` start as, shared and never added
+# to (a window that has any sets a list of its own): two lists fewer made and freed a window.
+_NONE_INSIDE: Final[list[tuple[int, int]]] = []
+
+
 class Step:
     """One engine step, or a fast-forward window of identical decode steps."""
 
     __slots__ = ("chunks", "decodes", "end_s", "is_all_decode", "last_boundary_s",
                  "num_running", "num_steps", "num_tokens", "num_waiting", "start_s", "window")
 
-    def __init__(self, start_s: float) -> None:
+    def __init__(self, start_s: float, decodes: list[Request] | None = None) -> None:
         self.start_s = start_s
         self.end_s = start_s
         self.last_boundary_s = start_s  # a window's last inner step boundary
         self.window: Window | None = None  # set when the step is a fast-forward window
         self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
-        self.decodes: list[Request] = []
+        # (given: a window's decoders, without building an empty list to replace)
+        self.decodes: list[Request] = decodes if decodes is not None else []
         self.num_steps = 1
         self.num_tokens = 0
         self.num_running = 0  # queue lengths while the step runs (after admission)
@@ -103,7 +115,7 @@ class Window:
         self.lazy = False
         self.n0 = 0
         self.kv0 = 0
-        self.finishes: list[tuple[int, int]] = []
+        self.finishes: list[tuple[int, int]] = _NONE_INSIDE  # (a lazy window sets its own)
         self.finish_times: list[float] = []
         # A plan's repeat rule (``StepPlan.repeat_rule``): the window is exact step by step.
         # Its steps' durations as the model gives them (``step_s``), and, once settled, the
@@ -115,7 +127,7 @@ class Window:
         self.used_by_step: Sequence[int] = ()
         # Speculative decoding: each decoder's (tokens emitted past its first, tokens left)
         # when the window opened, in ``Step.decodes`` order (empty otherwise).
-        self.emitted0: list[tuple[int, int]] = []
+        self.emitted0: list[tuple[int, int]] = _NONE_INSIDE  # (a speculating one sets its own)
         self.settled = False
         self.kv_seconds = 0.0
         self.at_end: list[Request] = []
@@ -721,14 +733,14 @@ class DecodeWindows:
             s_i = left if left < k else k  # steps it takes blocks for
             t_i = left if left < m else m  # steps it commits
             # first step needing a block
-            j = blocks_after_next_token(r, bs, per_entry) * bs - c
+            after_next, extra = blocks_after_next_token_and_short(r, c + s_i, bs, per_entry)
+            j = after_next * bs - c
             stop = s_i if s_i < m else m
             while j < stop:
                 late += horizon_s - ends[j - 1]
                 if exact:
                     new_at[j] += 1
                 j += bs
-            extra = blocks_short(r, c + s_i, bs, per_entry)
             if extra > 0:
                 r.num_private_blocks += extra
                 taken += extra
