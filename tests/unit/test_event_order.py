@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,3 +74,80 @@ def test_same_time_events_run_by_kind_then_push_order():
     sim.run()
     assert seen == [(1.0, "e0"), (2.0, "a1"), (2.0, "a2"), (2.0, "e1"), (2.0, "e2")]
     assert sim.peek_s() == math.inf
+
+
+def _observed(ops, move: bool, objects: bool) -> list[object]:
+    """Run ``ops`` on a simulator and note what can be observed: ``("at", t, key)``
+    schedules key's event at now + t, ``("earlier", t, key)`` moves key's pending event to
+    now + t when that is earlier (``move_earlier``, or, ``move`` false, a fresh ``schedule``
+    whose original then does nothing when it comes, as a cut window's old end does),
+    ``("run", t, _)`` runs to now + t. Returns the handlers' (time, kind, key) and the time
+    after every run. ``objects``: the kernel keeps ``Event`` objects in its own heap (as
+    compiled; its code runs interpreted too), else tuples in ``heapq``'s."""
+    sim = Simulator()
+    sim._compiled = objects
+    pending: dict[int, tuple[object, float, int]] = {}  # key -> (handle, time, version)
+    seen: list[object] = []
+    version = 0
+
+    def handler(kind):
+        def handle(payload):
+            key, v = payload
+            if key in pending and pending[key][2] == v:  # (an old one does nothing)
+                del pending[key]
+                seen.append(("ran", sim.now_s, kind, key))
+        return handle
+
+    for kind in (10, 40):
+        sim.on(kind, handler(kind))
+    for op, t, key in ops:
+        if op == "run":
+            sim.run(sim.now_s + t)
+            seen.append(("run", sim.now_s))
+            continue
+        kind = 40 if key % 2 else 10
+        at_s = sim.now_s + t
+        version += 1
+        if op == "at" and key not in pending:
+            pending[key] = (sim.schedule(at_s, kind, (key, version)), at_s, version)
+        elif op == "earlier" and key in pending and at_s < pending[key][1]:
+            handle = pending[key][0]
+            new = (sim.move_earlier(handle, at_s, kind, (key, version)) if move
+                   else sim.schedule(at_s, kind, (key, version)))
+            pending[key] = (new, at_s, version)
+    sim.run()
+    seen.append(("end", sim.now_s))
+    return seen
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["at", "at", "earlier", "earlier", "run"]),
+                          st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0]), st.integers(0, 7)),
+                max_size=60))
+def test_an_event_moved_earlier_runs_as_a_fresh_one_would(ops):
+    """``move_earlier`` (a window cut back by an arrival moves its end event up) runs the
+    same events at the same times in the same order as a fresh ``schedule`` whose original
+    is left to do nothing, and every run ends at the same time."""
+    want = _observed(ops, move=False, objects=False)
+    assert _observed(ops, move=True, objects=True) == want
+    assert _observed(ops, move=False, objects=True) == want
+
+
+@pytest.mark.parametrize("objects", [True, False])
+def test_the_object_kernel_moves_the_event_itself(objects):
+    """The object heap (the compiled kernel's) moves the event ``schedule`` returned, no
+    second event; the tuple heap schedules a second. Either way a run ends where it did."""
+    sim = Simulator()
+    sim._compiled = objects
+    sim.on(40, lambda p: None)
+    first = sim.schedule(2.0, 40, "a")
+    moved = sim.move_earlier(first, 1.0, 40, "a")
+    if objects:
+        assert moved is first and len(sim._events) == 1 and sim.peek_s() == 1.0
+    else:
+        assert first is None and moved is None and sim.peek_s() == 1.0
+        assert len(sim._heap) == 2  # (the original is left to do nothing)
+    sim.run(1.5)
+    assert sim.now_s == 1.5  # (the original, at 2.0, still counts as pending)
+    sim.run()
+    assert sim.now_s == 2.0 and sim.peek_s() == math.inf

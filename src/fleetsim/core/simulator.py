@@ -41,13 +41,16 @@ class Event:
     tuple's generic item comparisons; the pure-Python kernel keeps tuples, whose comparison is
     C code there)."""
 
-    __slots__ = ("kind", "payload", "seq", "time_s")
+    __slots__ = ("index", "kind", "payload", "seq", "time_s")
 
     def __init__(self, time_s: float, kind: int, seq: int, payload: Any) -> None:
         self.time_s = time_s
         self.kind = kind
         self.seq = seq
         self.payload = payload
+        # Its place in the kernel's heap (-1 once popped): ``Simulator.move_earlier`` moves
+        # it up from there.
+        self.index: i64 = -1
 
     def __lt__(self, other: Event) -> bool:
         return _before(self, other)
@@ -76,15 +79,19 @@ def pop_event(events: list[Event]) -> Event:
     last = events.pop()
     n: i64 = len(events)
     if n == 0:
+        last.index = -1
         return last
     top = events[0]
+    top.index = -1
     pos: i64 = 0
     child: i64 = 1
     while child < n:
         right: i64 = child + 1
         if right < n and not _before(events[child], events[right]):
             child = right
-        events[pos] = events[child]
+        moved = events[child]
+        moved.index = pos
+        events[pos] = moved
         pos = child
         child = 2 * pos + 1
     _rise(events, last, pos)
@@ -98,8 +105,10 @@ def _rise(events: list[Event], event: Event, pos: i64) -> None:
         parent = events[parent_pos]
         if not _before(event, parent):
             break
+        parent.index = pos
         events[pos] = parent
         pos = parent_pos
+    event.index = pos
     events[pos] = event
 
 
@@ -120,6 +129,10 @@ class Simulator:
         self._handlers: dict[int, Handler] = {}
         self.kind_names: dict[int, str] = {}  # kind -> name, for messages and docs
         self.num_events = 0
+        # The latest time an event moved earlier (``move_earlier``) had: the event a fresh
+        # ``schedule`` would have left behind, doing nothing when it came, still set the time
+        # a run ends at (-inf: none pending).
+        self._moved_from_s = -math.inf
 
     def on(self, kind: int, handler: Handler, name: str = "") -> None:
         """Register the handler for ``kind`` (one per kind; ``kind`` is also its same-time
@@ -130,15 +143,45 @@ class Simulator:
         self._handlers[kind] = handler
         self.kind_names[kind] = name or str(kind)
 
-    def schedule(self, at_s: float, kind: int, payload: Any = None) -> None:
-        """Schedule an event at absolute simulated time ``at_s`` (never in the past)."""
+    def schedule(self, at_s: float, kind: int, payload: Any = None) -> Event | None:
+        """Schedule an event at absolute simulated time ``at_s`` (never in the past).
+        Returns it where it can be moved (``move_earlier``: the compiled kernel), else None."""
         if at_s < self.now_s:
             raise ValueError(f"cannot schedule at {at_s} s, before now ({self.now_s} s)")
         self._seq += 1
         if self._compiled:
-            push_event(self._events, Event(at_s, kind, self._seq, payload))
-        else:
-            heappush(self._heap, (at_s, kind, self._seq, payload))
+            event = Event(at_s, kind, self._seq, payload)
+            push_event(self._events, event)
+            return event
+        heappush(self._heap, (at_s, kind, self._seq, payload))
+        return None
+
+    def move_earlier(self, event: Event | None, at_s: float, kind: int,
+                     payload: Any = None) -> Event | None:
+        """``schedule(at_s, kind, payload)`` in place of ``event`` (what ``schedule``
+        returned, still pending, later than ``at_s``), whose handler would do nothing when
+        it came: the compiled kernel moves ``event`` itself to the key the new one would get
+        (a window cut back by an arrival left one such event per arrival to pop); the pure
+        kernel schedules the new one. The same events run in the same order, and a run ends
+        at the same time; only ``peek_s`` no longer sees the original's time, so a caller
+        whose results depend on ``peek_s`` (a lone replica's next-input hint) schedules
+        instead."""
+        if (event is None or event.index < 0 or not at_s < event.time_s
+                or at_s < self.now_s):
+            return self.schedule(at_s, kind, payload)
+        events = self._events
+        index = event.index
+        if index >= len(events) or events[index] is not event:  # (not this kernel's)
+            return self.schedule(at_s, kind, payload)
+        if event.time_s > self._moved_from_s:
+            self._moved_from_s = event.time_s
+        self._seq += 1
+        event.time_s = at_s
+        event.kind = kind
+        event.seq = self._seq
+        event.payload = payload
+        _rise(events, event, index)  # (an earlier time: its key only got smaller)
+        return event
 
     def peek_s(self) -> float:
         """Time of the next pending event, or +inf when none is pending."""
@@ -159,6 +202,13 @@ class Simulator:
                 num_events += 1
                 if not num_events % SIGNAL_CHECK_EVERY:
                     let_signals_in()
+            moved_from_s = self._moved_from_s
+            if -math.inf < moved_from_s <= until_s:
+                # The events left behind by ``move_earlier``, up to ``until_s``, would have
+                # been popped (doing nothing): the run ends at the latest if it is later.
+                self._moved_from_s = -math.inf
+                if moved_from_s > self.now_s:
+                    self.now_s = moved_from_s
         else:
             heap, pop = self._heap, heappop
             while heap and heap[0][0] <= until_s:
@@ -169,7 +219,8 @@ class Simulator:
                 if not num_events % SIGNAL_CHECK_EVERY:
                     let_signals_in()
         self.num_events += num_events
-        if (self._events or self._heap) and until_s < math.inf:
+        if ((self._events or self._heap or self._moved_from_s > -math.inf)
+                and until_s < math.inf):
             self.now_s = max(self.now_s, until_s)
 
 

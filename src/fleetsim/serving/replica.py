@@ -571,7 +571,7 @@ class Replica:
         self._note_finishes(step)
         self.busy = True
         self._step = step
-        self.sim.schedule(step.end_s, STEP_END, (self, step))
+        step.end_event = self.sim.schedule(step.end_s, STEP_END, (self, step))
         return True
 
     def _check_idle_promise(self, decodes: list[Request]) -> None:
@@ -771,7 +771,7 @@ class Replica:
             end_s = now_s + self._single_step_time(step)
         step.end_s = end_s
         self._step = step
-        self.sim.schedule(end_s, STEP_END, (self, step))
+        step.end_event = self.sim.schedule(end_s, STEP_END, (self, step))
 
     @property
     def current_step(self) -> Step | None:
@@ -780,7 +780,7 @@ class Replica:
 
     def schedule_step_end(self, step: Step) -> None:
         """``step``'s end is known now (a shared-resource job finished): its ``STEP_END``."""
-        self.sim.schedule(step.end_s, STEP_END, (self, step))
+        step.end_event = self.sim.schedule(step.end_s, STEP_END, (self, step))
 
     def set_pending_kv_seconds(self, kv_seconds: float) -> None:
         self._pending_kv_seconds = kv_seconds
@@ -822,7 +822,14 @@ class Replica:
         if step is None or step.window is None:
             return
         if self._windows.cut(step, self.sim.now_s):
-            self.sim.schedule(step.end_s, STEP_END, (self, step))
+            if self._next_input_hint_s is None:
+                # Its end event moves up (the one at the old end would only be popped and
+                # ignored), unless its windows read the next event's time (``peek_s``),
+                # which the old one is part of.
+                step.end_event = self.sim.move_earlier(step.end_event, step.end_s, STEP_END,
+                                                       (self, step))
+            else:
+                step.end_event = self.sim.schedule(step.end_s, STEP_END, (self, step))
         k = step.num_steps
         w = step.window
         if self.track_itl:

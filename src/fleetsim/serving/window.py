@@ -39,7 +39,7 @@ from typing import Final
 
 import numpy as np
 
-from fleetsim.core.simulator import COMPILED
+from fleetsim.core.simulator import COMPILED, Event
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.serving.contract import RepeatRule
 from fleetsim.serving.kv_cache import (
@@ -70,12 +70,13 @@ _NONE_INSIDE: Final[list[tuple[int, int]]] = []
 class Step:
     """One engine step, or a fast-forward window of identical decode steps."""
 
-    __slots__ = ("chunks", "decodes", "end_s", "is_all_decode", "last_boundary_s",
+    __slots__ = ("chunks", "decodes", "end_event", "end_s", "is_all_decode", "last_boundary_s",
                  "num_running", "num_steps", "num_tokens", "num_waiting", "start_s", "window")
 
     def __init__(self, start_s: float, decodes: list[Request] | None = None) -> None:
         self.start_s = start_s
         self.end_s = start_s
+        self.end_event: Event | None = None  # its STEP_END, where the kernel can move it
         self.last_boundary_s = start_s  # a window's last inner step boundary
         self.window: Window | None = None  # set when the step is a fast-forward window
         self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
