@@ -380,7 +380,7 @@ class DecodeWindows:
             return
         t = ends[a0 - 1] if a0 else step.start_s
         ends.extend([t] * (m - a0))
-        self._fill_ends(ends, a0, t, w.n0, w.kv0, w.finishes)
+        self._fill_ends(ends, a0, t, w.n0, w.kv0, w.finishes, m)
 
     def _step_at(self, step: Step, now_s: float, old: int) -> tuple[int, float, float]:
         """The first of the window's first ``old`` steps that ends at or after ``now_s``
@@ -404,39 +404,14 @@ class DecodeWindows:
 
     def _store_ends_until(self, step: Step, limit: int, stop_s: float) -> None:
         """Store a lazy window's end times on from the last stored one, through the first
-        that ends at or after ``stop_s`` or through step ``limit - 1``: the floats
-        ``_fill_ends`` stores (and ``_scan`` adds up), in its order."""
+        that ends at or after ``stop_s`` or through step ``limit - 1`` (appended: how many
+        is not known before)."""
         w = step.window
         assert w is not None
         ends = w.ends
         a0 = len(ends)
-        t = ends[a0 - 1] if a0 else step.start_s
-        n, kv_tokens, finishes = w.n0, w.kv0, w.finishes
-        num_finishes = len(finishes)
-        a = 0
-        f = 0
-        while a < limit:
-            left, c = finishes[f] if f < num_finishes else (limit, 0)
-            f += 1
-            if left > limit:
-                left = limit
-            if left > a:
-                j0 = a if a > a0 else a0
-                if left > j0:
-                    base, per_kv, extra = self._decode_terms(n)
-                    kv = float(kv_tokens + n * j0)
-                    step_kv = float(n)
-                    # (``j``, not ``_``: compiled, a loop's ``_`` is boxed at every step)
-                    for j in range(j0, left):  # noqa: B007
-                        # (``+ extra`` when extra is 0.0 adds nothing: a duration is positive)
-                        t += (base + per_kv * kv) + extra
-                        ends.append(t)
-                        if t >= stop_s:
-                            return
-                        kv += step_kv
-                a = left
-            n -= 1
-            kv_tokens -= c
+        self._fill_ends(ends, a0, ends[a0 - 1] if a0 else step.start_s, w.n0, w.kv0,
+                        w.finishes, limit, stop_s)
 
     def _finish_open(self, step: Step, until_s: float, edge_s: float) -> float:
         """Cut the window's k steps at the next input, ``until_s`` or the bin edge, and set
@@ -562,16 +537,17 @@ class DecodeWindows:
         # checks for room each time, and ``_`` is a boxed object, made anew every step. The
         # stretches are ``_stretches``', walked in place: no list of boxed tuples.)
         ends: list[float] = [start_s] * k
-        self._fill_ends(ends, 0, start_s, n, kv_tokens, finishes)
+        self._fill_ends(ends, 0, start_s, n, kv_tokens, finishes, k)
         return ends
 
     def _fill_ends(self, ends: list[float], a0: int, t: float, n: int, kv_tokens: int,
-                   finishes: list[tuple[int, int]]) -> None:
-        """Fill ``ends[a0:]`` with the end times of a window's steps a0 .. len(ends) - 1, its
-        n decoders holding ``kv_tokens`` at its start and step a0 starting at ``t``
-        (``finishes``: those finishing inside, as ``_ends_python`` takes them; any past the
-        list's end are ignored)."""
-        k = len(ends)
+                   finishes: list[tuple[int, int]], k: int, stop_s: float = math.inf) -> int:
+        """Put the end times of a window's steps a0 .. k - 1 at ``ends[a0:k]``, its n
+        decoders holding ``kv_tokens`` at its start and step a0 starting at ``t``
+        (``finishes``: those finishing inside, as ``_ends_python`` takes them; any past step
+        k are ignored), or only through the first that ends at or after ``stop_s``: by index
+        where ``ends`` has room, appended past its end. Returns the index after the last."""
+        size = len(ends)
         a = 0
         f = 0
         num_finishes = len(finishes)
@@ -587,19 +563,20 @@ class DecodeWindows:
                     # Floats throughout: exact, token counts stay far below 2**53.
                     kv = float(kv_tokens + n * j0)
                     step_kv = float(n)
-                    if extra:
-                        for j in range(j0, left):
-                            t += (base + per_kv * kv) + extra
+                    for j in range(j0, left):
+                        # (``+ extra`` when extra is 0.0 adds nothing: a duration is positive)
+                        t += (base + per_kv * kv) + extra
+                        if j < size:
                             ends[j] = t
-                            kv += step_kv
-                    else:
-                        for j in range(j0, left):
-                            t += base + per_kv * kv
-                            ends[j] = t
-                            kv += step_kv
+                        else:
+                            ends.append(t)
+                        if t >= stop_s:
+                            return j + 1
+                        kv += step_kv
                 a = left
             n -= 1
             kv_tokens -= c
+        return k
 
     def _durations_python(self, n: int, kv_tokens: int, k: int,
                           finishes: list[tuple[int, int]]) -> list[float]:
