@@ -948,9 +948,15 @@ class Replica:
     def finish_step(self, step: Step) -> None:
         """Handler of ``STEP_END``: commit the step's tokens at ``now`` and plan the next."""
         now_s = self.sim.now_s
-        if step is not self._step or now_s != step.end_s:
-            return  # the end of a window that was cut back since
+        if step is not self._step:
+            step.end_event = None  # (see below)
+            return  # a step given up since (or the old end of a window cut back and done)
+        if now_s != step.end_s:
+            return  # the old end of a window that was cut back since
         self._step = None
+        # (The event holds the step in its payload: a reference cycle, which nothing would
+        # free while the run keeps the cyclic collector off.)
+        step.end_event = None
         if self.shared is not None:
             self.shared.release()
         if step.window is not None:
