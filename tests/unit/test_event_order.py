@@ -151,3 +151,18 @@ def test_the_object_kernel_moves_the_event_itself(objects):
     assert sim.now_s == 1.5  # (the original, at 2.0, still counts as pending)
     sim.run()
     assert sim.now_s == 2.0 and sim.peek_s() == math.inf
+
+
+def test_with_moving_off_the_original_stays_for_peek():
+    """Where ``peek_s``'s answer feeds results (``move_in_place`` off: a lone replica, whose
+    windows stop at the next event), the object kernel schedules anew too, so the
+    original, left to do nothing, is still the next event after the new one."""
+    sim = Simulator()
+    sim._compiled = True
+    sim.move_in_place = False
+    sim.on(40, lambda p: None)
+    first = sim.schedule(2.0, 40, "a")
+    moved = sim.move_earlier(first, 1.0, 40, "a")
+    assert moved is not first and len(sim._events) == 2
+    sim.run(1.5)
+    assert sim.peek_s() == 2.0

@@ -133,6 +133,10 @@ class Simulator:
         # ``schedule`` would have left behind, doing nothing when it came, still set the time
         # a run ends at (-inf: none pending).
         self._moved_from_s = -math.inf
+        # Whether ``move_earlier`` may move an event in place. Off where ``peek_s``'s answer
+        # feeds results (a lone replica's windows stop at the next event): the event a fresh
+        # schedule leaves behind is part of that answer, and a moved one is not.
+        self.move_in_place = True
 
     def on(self, kind: int, handler: Handler, name: str = "") -> None:
         """Register the handler for ``kind`` (one per kind; ``kind`` is also its same-time
@@ -163,11 +167,10 @@ class Simulator:
         it came: the compiled kernel moves ``event`` itself to the key the new one would get
         (a window cut back by an arrival left one such event per arrival to pop); the pure
         kernel schedules the new one. The same events run in the same order, and a run ends
-        at the same time; only ``peek_s`` no longer sees the original's time, so a caller
-        whose results depend on ``peek_s`` (a lone replica's next-input hint) schedules
-        instead."""
-        if (event is None or event.index < 0 or not at_s < event.time_s
-                or at_s < self.now_s):
+        at the same time; only ``peek_s`` no longer sees the original's time, so where its
+        answer matters (``move_in_place`` off) the new one is scheduled too."""
+        if (event is None or not self.move_in_place or event.index < 0
+                or not at_s < event.time_s or at_s < self.now_s):
             return self.schedule(at_s, kind, payload)
         events = self._events
         index = event.index

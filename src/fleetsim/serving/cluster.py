@@ -452,6 +452,8 @@ def simulate(
     recorder = Recorder(origin_s, bin_s)
     single = (len(pools) == 1 and pools[0].num_replicas == 1
               and settings.windows_stop_at_arrivals)
+    # (a lone replica's windows stop at the next event, ``peek_s``: every event there counts)
+    sim.move_in_place = not single
     cluster = build_cluster(
         sim, pools, settings, plugins, recorder=recorder,
         hash_block_tokens=workload.hash_block_tokens if workload.hash_ids is not None else None,

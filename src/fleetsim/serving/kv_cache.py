@@ -29,9 +29,11 @@ if TYPE_CHECKING:  # (a type for the compiler only: a plain ``int`` at run time)
 def blocks_short(req: Request, num_tokens: i64, block_size: i64, blocks_per_entry: i64) -> i64:
     """Blocks ``req`` lacks to hold ``num_tokens`` tokens of KV (negative: it holds more).
 
-    The one copy of the block-growth formula: the engine, fast-forward windows and the
-    planners' helpers all call it (a direct call in the compiled engine). A speculating
-    request also holds its lookahead slots (``Request.num_lookahead_tokens``).
+    The block-growth formula: the engine, fast-forward windows and the planners' helpers all
+    call it (a direct call in the compiled engine); its one other copy,
+    ``blocks_after_next_token_and_short`` (two answers for one read of the request, on a
+    window's settle), is held to it by a property test. A speculating request also holds
+    its lookahead slots (``Request.num_lookahead_tokens``).
     """
     return (-(-(num_tokens + req.num_lookahead_tokens) // block_size) - req.num_private_blocks
             - req.num_cached_entries * blocks_per_entry)

@@ -822,14 +822,10 @@ class Replica:
         if step is None or step.window is None:
             return
         if self._windows.cut(step, self.sim.now_s):
-            if self._next_input_hint_s is None:
-                # Its end event moves up (the one at the old end would only be popped and
-                # ignored), unless its windows read the next event's time (``peek_s``),
-                # which the old one is part of.
-                step.end_event = self.sim.move_earlier(step.end_event, step.end_s, STEP_END,
-                                                       (self, step))
-            else:
-                step.end_event = self.sim.schedule(step.end_s, STEP_END, (self, step))
+            # (its end event moves up: the one at the old end would only be popped and
+            # ignored)
+            step.end_event = self.sim.move_earlier(step.end_event, step.end_s, STEP_END,
+                                                   (self, step))
         k = step.num_steps
         w = step.window
         if self.track_itl:
