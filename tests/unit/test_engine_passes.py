@@ -14,6 +14,7 @@ from fleetsim.policies import StepPlan, TokenBudgetPlanner
 from fleetsim.serving.kv_cache import (
     blocks_after_next_token,
     blocks_after_next_token_and_short,
+    blocks_for,
     blocks_short,
 )
 from fleetsim.serving.request import Request
@@ -109,3 +110,15 @@ def test_settle_block_marks_equal_the_two_formulas(computed, private, cached, lo
     num_tokens = max(computed + extra_tokens, 0)
     assert blocks_after_next_token_and_short(r, num_tokens, bs, per_entry) == (
         blocks_after_next_token(r, bs, per_entry), blocks_short(r, num_tokens, bs, per_entry))
+
+
+@settings(max_examples=500, deadline=None)
+@given(num_tokens=st.integers(-(1 << 40), 1 << 40), bs=st.sampled_from([1, 3, 8, 15, 16, 17, 32]))
+def test_blocks_for_is_the_ceiling(num_tokens, bs):
+    """The block count every growth helper uses (a shift at 16 tokens a block) is the
+    ceiling of tokens over the block size, negative counts included (a request holding more
+    than it needs asks with fewer tokens than it holds)."""
+    assert blocks_for(num_tokens, bs) == -(-num_tokens // bs)
+    r = Request(id=1, arrival_s=0.0, num_prompt_tokens=10, max_output_tokens=10,
+                num_private_blocks=3, num_cached_entries=2, num_lookahead_tokens=4)
+    assert blocks_short(r, num_tokens, bs, 2) == -(-(num_tokens + 4) // bs) - 3 - 2 * 2

@@ -207,19 +207,40 @@ class InstanceSteps:
     """A colocated or P/D instance of ``gpus`` GPUs (attention data-parallel, its own EP shard
     of the experts) as a ``StepTimeModel``."""
 
+    # Short decode windows may be priced one ``step_time_s`` at a time (``serving/window.py``):
+    # pricing has no side effect (the memos only cache) and ``decode_step_times_s`` makes the
+    # same float operations as ``step_time_s`` step for step (``dense_decode_s``).
+    scalar_windows = True
+
     def __init__(self, cost: CostModel, gpus: int) -> None:
         self.cost = cost
         self.gpus = gpus
+        # tokens -> the step's MoE seconds, ``layers x (all-to-alls + expert GEMMs)``: the
+        # same floats ``colocated_step_s`` computes, kept by the one int they depend on here
+        # (its two memos are keyed by tuples of a float: hashed per step).
+        self._moe_by_tokens: dict[int, float] = {}
+
+    def _moe_s(self, tokens: int) -> float:
+        moe = self._moe_by_tokens.get(tokens)
+        if moe is None:
+            cost, gpus = self.cost, self.gpus
+            moe = cost.layers * (cost.a2a_s(tokens, gpus, gpus) + cost.expert_s(tokens, gpus))
+            self._moe_by_tokens[tokens] = moe
+        return moe
 
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                     kv_tokens: int) -> float:
-        return self.cost.colocated_step_s([n for n, _ in chunks], num_decode, kv_tokens,
-                                          self.gpus)
+        """``CostModel.colocated_step_s`` of the step, with its MoE part kept by tokens."""
+        lens = [n for n, _ in chunks]
+        tokens = num_decode
+        for n in lens:
+            tokens += n
+        return (self.cost.dense_s(lens, num_decode, kv_tokens, self.gpus)
+                + self._moe_s(tokens))
 
     def decode_step_times_s(self, num_decode: int, kv_tokens: np.ndarray) -> np.ndarray:
-        cost, gpus = self.cost, self.gpus
-        moe = cost.a2a_s(num_decode, gpus, gpus) + cost.expert_s(num_decode, gpus)
-        return cost.dense_decode_s(num_decode, kv_tokens, gpus) + cost.layers * moe
+        return (self.cost.dense_decode_s(num_decode, kv_tokens, self.gpus)
+                + self._moe_s(num_decode))
 
 
 class InstanceSplit:

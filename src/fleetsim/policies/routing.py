@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetsim.policies.routing_steps import power_of_two
+from fleetsim.policies.routing_steps import least_loaded, power_of_two
 from fleetsim.registry import PolicySpec, build, lookup, make_registry
 from fleetsim.serving.contract import ClusterView as ClusterView  # re-exported
 from fleetsim.serving.contract import RoutableReplica as RoutableReplica  # re-exported
@@ -47,11 +47,7 @@ class LeastLoaded:
     """The replica with the fewest outstanding tokens (first one on ties)."""
 
     def route(self, view: ClusterView, req: Request, now_s: float) -> int:
-        best, best_load = 0, None
-        for i, r in enumerate(view.replicas):
-            if best_load is None or r.load_tokens < best_load:
-                best, best_load = i, r.load_tokens
-        return best
+        return least_loaded(view)  # (compiled: ``routing_steps.py``)
 
 
 @register_router("power_of_two")

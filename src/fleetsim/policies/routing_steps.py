@@ -3,7 +3,7 @@ the router classes stay interpreted so users can subclass them, and call these."
 
 from __future__ import annotations
 
-from fleetsim.serving.contract import ClusterView
+from fleetsim.serving.contract import ClusterView, RoutableReplica
 from fleetsim.serving.views import ReplicaView
 
 UNIFORMS_PER_DRAW = 1024
@@ -29,3 +29,27 @@ def power_of_two(view: ClusterView, uniforms: list[float]) -> int:
     if isinstance(ra, ReplicaView) and isinstance(rb, ReplicaView):  # (the engine's: a direct
         return a if ra.load_tokens <= rb.load_tokens else b  # call, not an attribute lookup)
     return a if ra.load_tokens <= rb.load_tokens else b
+
+
+def least_loaded(view: ClusterView) -> int:
+    """The replica with the fewest outstanding tokens, the first one on ties (``LeastLoaded``;
+    it routes every request of a run twice under P/D: 0.3 s of an ExpertPlex entry when
+    interpreted)."""
+    replicas = view.replicas
+    reps = replicas if isinstance(replicas, list) else list(replicas)
+    n = len(reps)
+    if n == 1:
+        return 0
+    best = 0
+    best_load = _load_tokens(reps[0])
+    for i in range(1, n):
+        load = _load_tokens(reps[i])
+        if load < best_load:
+            best, best_load = i, load
+    return best
+
+
+def _load_tokens(replica: RoutableReplica) -> int:
+    if isinstance(replica, ReplicaView):  # (the engine's: a direct call)
+        return replica.load_tokens
+    return replica.load_tokens

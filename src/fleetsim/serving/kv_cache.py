@@ -26,6 +26,17 @@ if TYPE_CHECKING:  # (a type for the compiler only: a plain ``int`` at run time)
     from mypy_extensions import i64
 
 
+def blocks_for(num_tokens: i64, block_size: i64) -> i64:
+    """Blocks that ``num_tokens`` tokens fill: ``ceil(num_tokens / block_size)``. At the
+    default (and vLLM's) 16 tokens a block it is a shift, ``floor((t + 15) / 16)``, which
+    equals the ceiling for every integer: compiled, a ``//`` on i64 is a call that divides
+    and corrects the sign, and the block-growth helpers below divide for every decoder of
+    every window (4% of an ExpertPlex run)."""
+    if block_size == 16:
+        return (num_tokens + 15) >> 4
+    return -(-num_tokens // block_size)
+
+
 def blocks_short(req: Request, num_tokens: i64, block_size: i64, blocks_per_entry: i64) -> i64:
     """Blocks ``req`` lacks to hold ``num_tokens`` tokens of KV (negative: it holds more).
 
@@ -35,8 +46,8 @@ def blocks_short(req: Request, num_tokens: i64, block_size: i64, blocks_per_entr
     window's settle), is held to it by a property test. A speculating request also holds
     its lookahead slots (``Request.num_lookahead_tokens``).
     """
-    return (-(-(num_tokens + req.num_lookahead_tokens) // block_size) - req.num_private_blocks
-            - req.num_cached_entries * blocks_per_entry)
+    return (blocks_for(num_tokens + req.num_lookahead_tokens, block_size)
+            - req.num_private_blocks - req.num_cached_entries * blocks_per_entry)
 
 
 def blocks_after_next_token(req: Request, block_size: i64, blocks_per_entry: i64) -> i64:
@@ -57,10 +68,10 @@ def blocks_after_next_token_and_short(req: Request, num_tokens: i64, block_size:
     decoder (two calls there were 2% of a cluster run, compiled)."""
     held: i64 = req.num_private_blocks + req.num_cached_entries * blocks_per_entry
     ahead: i64 = req.num_lookahead_tokens
-    after_next: i64 = -(-(req.num_computed_tokens + 1 + ahead) // block_size)
+    after_next: i64 = blocks_for(req.num_computed_tokens + 1 + ahead, block_size)
     if after_next < held:
         after_next = held
-    return after_next, -(-(num_tokens + ahead) // block_size) - held
+    return after_next, blocks_for(num_tokens + ahead, block_size) - held
 
 
 class HostPool:

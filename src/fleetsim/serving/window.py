@@ -702,8 +702,9 @@ class DecodeWindows:
                 gaps_s.append(ends[j] - prev_s)
                 prev_s = ends[j]
             new_at = [0] * (m + 1)
-        for i in range(len(decodes)):
-            r = decodes[i]
+        i = -1
+        for r in decodes:  # (iterating reads the list's items in place; ``decodes[i]`` is a call)
+            i += 1
             c = r.num_computed_tokens
             # ``w.lefts[i]``, from the request: untouched since the window opened, and read
             # here anyway (the list's ints are cold by now, the request's fields are not)
