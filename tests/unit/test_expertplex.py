@@ -287,6 +287,18 @@ def test_vectorized_decode_steps_equal_single_steps_bit_for_bit(cost, num_decode
             m.step_time_s((), num_decode, int(k)) for k in kv]
 
 
+@pytest.mark.parametrize(("chunks", "num_decode"), [
+    ((), 1), ((), 9), ((), 300), (((512, 0),), 0), (((512, 0),), 9),
+    (((300, 40), (17, 0), (4096, 0)), 0), (((300, 40), (17, 0), (4096, 0)), 300)])
+def test_an_instance_step_is_the_cost_models_colocated_step(cost, chunks, num_decode):
+    """``InstanceSteps`` keeps a step's MoE seconds by its token count (asked twice: kept
+    the second time): the floats of ``CostModel.colocated_step_s``, mixed steps included."""
+    inst = InstanceSteps(cost, 8)
+    want = cost.colocated_step_s([n for n, _ in chunks], num_decode, 5000, 8)
+    assert inst.step_time_s(chunks, num_decode, 5000) == want
+    assert inst.step_time_s(chunks, num_decode, 5000) == want
+
+
 def test_the_ablation_keeps_decodes_reference_share_of_the_pool(cost):
     """``expertplex-static-sm`` removes the SM re-allocation: decode's share stays q_ref at
     every batch, where ExpertPlex's follows the batch's tiles."""

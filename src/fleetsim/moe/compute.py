@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -204,14 +204,14 @@ def load_moe_table(
     if not base.is_dir():
         return None
     try:
-        import pandas as pd
+        import pandas  # noqa: F401  (the table reader's; absent, no measured table)
     except ImportError:
         return None
     for version_dir in sorted(base.iterdir(), key=lambda p: _version_key(p.name), reverse=True):
         path = version_dir / "moe_perf.parquet"
         if not path.is_file():
             continue
-        df = pd.read_parquet(path)
+        df = _read_table(path)
         rows = df[
             (df.hidden_size == spec.hidden_size)
             & (df.inter_size == spec.moe_inter_size)
@@ -240,6 +240,16 @@ def load_moe_table(
                   f"{reading})")
         return TableExpertCompute(routed, seconds, source)
     return None
+
+
+@functools.lru_cache(maxsize=4)
+def _read_table(path: Path) -> Any:
+    """The parquet file, read once per process: every pool size of a layer shape asks for
+    the same table (0.1 s a read; three of them in an ExpertPlex entry). Callers only
+    filter it."""
+    import pandas as pd
+
+    return pd.read_parquet(path)
 
 
 def _batch_is_per_group(by_ep: dict[int, object]) -> bool:
