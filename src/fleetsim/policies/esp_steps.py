@@ -124,7 +124,7 @@ def plan_step(st: EspState, view: GroupView, now_s: float) -> GroupPlan:
         note_finishes(st)
         # Read lazily: admission may stop before the end of the queue.
         chosen = [waiting[i] for i in st.admission.take(
-            _pending(waiting), residents, used, cap, predictor.predict_s)]
+            _pending(waiting), residents, used, cap, predictor)]
         if chosen:
             # Output tokens each member's requests have emitted (the pause rule's input).
             emitted = [sum([r.num_output_tokens for r in rs]) + d * len(rs)

@@ -156,6 +156,8 @@ def _one_resource_rates(jobs: list[Job], key: ResourceKey, capacity: float) -> l
     dicts were 16% of an Agent.xpu run, compiled). Python's ``min(a, b)`` and ``max(a, b)``
     are written out as the comparisons they make."""
     n = len(jobs)
+    if n == 1:
+        return [_one_job_rate(jobs[0], capacity)]
     uses = [j.single_use for j in jobs]  # (each job's ``uses[key]``, its one entry)
     rates = [0.0] * n
     frozen = [False] * n
@@ -194,6 +196,24 @@ def _one_resource_rates(jobs: list[Job], key: ResourceKey, capacity: float) -> l
                 if uses[i] > 0 and left < math.inf:
                     left -= uses[i] * x
     return rates
+
+
+def _one_job_rate(j: Job, capacity: float) -> float:
+    """``_one_resource_rates`` of one job: its one round (a lone job is frozen in the first:
+    it reaches its cap or fills the resource, or the level is infinite), the same float
+    operations without the round's lists (a lone job is half the allocations on an SoC)."""
+    use = j.single_use
+    level = math.inf
+    fill = math.inf
+    drawn = use > 0
+    if drawn and capacity < math.inf:
+        fill = (0.0 if capacity < 0.0 else capacity) / (0.0 + use * j.weight)
+        if fill < level:
+            level = fill
+    cap = j.max_rate / j.weight
+    if cap < level:
+        level = cap
+    return j.max_rate if j.max_rate / j.weight <= level else j.weight * level
 
 
 class SharedResources:

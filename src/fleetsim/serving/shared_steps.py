@@ -219,7 +219,8 @@ class SharedSteps:
         """Run ``step`` (one ordinary step) as a job; its ``STEP_END`` comes when it is done."""
         replica = self.replica
         assert replica is not None
-        d = self.model.demand(*_step_args(step))
+        chunks, num_decode, kv_tokens = _step_args(step)  # (a starred call is generic compiled)
+        d = self.model.demand(chunks, num_decode, kv_tokens)
         self.num_shared_steps += 1
         self._used_blocks = replica.kv.num_used_blocks
         step.end_s = math.inf  # unknown until the job is done
@@ -257,7 +258,8 @@ class SharedSteps:
         now_s = replica.sim.now_s
         if step is None or step.end_s <= now_s:
             return  # it ends now: it was priced exactly
-        d = self.model.demand(*_step_args(step))
+        chunks, num_decode, kv_tokens = _step_args(step)
+        d = self.model.demand(chunks, num_decode, kv_tokens)
         rate = min(self.model.alone_rate, d.max_rate)
         elapsed = now_s - step.start_s
         if self.model.overlap:
