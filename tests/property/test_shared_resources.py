@@ -67,6 +67,21 @@ def test_one_resource_path_equals_the_general_one_bit_for_bit(n, data, capacity)
     assert max_min_rates(jobs, {"ddr": capacity, "other": 5.0}) == general
 
 
+def test_a_lone_job_takes_the_one_round_the_general_path_takes():
+    """A lone job's rate (``_one_job_rate``, the shortcut of the single-resource path) is
+    the general rounds' answer for every use, weight, cap and capacity tried, bit for bit."""
+    # (7.0 and 0.912: a cap whose ``weight * (cap / weight)`` is not the cap, so a rate
+    # computed the long way round differs in its last bit)
+    for use in (0.0, 0.5, 1.0, 2.0, 0.3, 7.25):
+        for weight in (0.5, 1.0, 3.0, 0.1, 7.0):
+            for cap in (math.inf, 0.7, 2.5, 1e-3, 1.0 / 3.0, 0.912):
+                for capacity in (0.0, 1.0, 3.0, 10.0, 1e-9, 123.456, math.inf):
+                    jobs = _jobs([({"ddr": use}, weight, cap)])
+                    general = _progressive_filling(jobs, {"ddr": capacity})
+                    assert _one_resource_rates(jobs, "ddr", capacity) == general, (
+                        use, weight, cap, capacity)
+
+
 @settings(max_examples=300, deadline=None)
 @given(specs=job_specs(), capacity=capacities)
 def test_allocation_is_feasible_work_conserving_and_max_min_fair(specs, capacity):

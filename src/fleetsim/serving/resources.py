@@ -203,17 +203,11 @@ def _one_job_rate(j: Job, capacity: float) -> float:
     it reaches its cap or fills the resource, or the level is infinite), the same float
     operations without the round's lists (a lone job is half the allocations on an SoC)."""
     use = j.single_use
-    level = math.inf
-    fill = math.inf
-    drawn = use > 0
-    if drawn and capacity < math.inf:
+    fill = math.inf  # the level at which it fills the resource
+    if use > 0 and capacity < math.inf:
         fill = (0.0 if capacity < 0.0 else capacity) / (0.0 + use * j.weight)
-        if fill < level:
-            level = fill
-    cap = j.max_rate / j.weight
-    if cap < level:
-        level = cap
-    return j.max_rate if j.max_rate / j.weight <= level else j.weight * level
+    # The round's level is min(fill, cap): capped when cap <= fill, else it fills it.
+    return j.max_rate if j.max_rate / j.weight <= fill else j.weight * fill
 
 
 class SharedResources:
