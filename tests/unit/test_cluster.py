@@ -96,6 +96,18 @@ def test_prefix_affinity_raises_hit_rate_over_round_robin():
             > rr.requests["num_prefix_hit_tokens"].sum())
 
 
+@pytest.mark.parametrize(("loads", "want"), [([7], 0), ([2, 2], 0), ([5, 3, 3, 7], 1),
+                                              ([9, 8, 7, 1], 3), ([0, 4, 0], 0)])
+def test_least_loaded_takes_the_first_of_the_fewest_outstanding_tokens(loads, want):
+    from types import SimpleNamespace
+
+    view = SimpleNamespace(replicas=[SimpleNamespace(load_tokens=n) for n in loads])
+    assert LeastLoaded().route(view, None, 0.0) == want
+    # (any sequence of replicas, not only the engine's list)
+    view = SimpleNamespace(replicas=tuple(view.replicas))
+    assert LeastLoaded().route(view, None, 0.0) == want
+
+
 def test_power_of_two_is_deterministic_per_seed():
     w = random_workload(100)
     a, _ = sim(w, pools(mixed=5), PowerOfTwo(), seed=3)

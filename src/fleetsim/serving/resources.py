@@ -201,7 +201,7 @@ def _one_resource_rates(jobs: list[Job], key: ResourceKey, capacity: float) -> l
 def _one_job_rate(j: Job, capacity: float) -> float:
     """``_one_resource_rates`` of one job: its one round (a lone job is frozen in the first:
     it reaches its cap or fills the resource, or the level is infinite), the same float
-    operations without the round's lists (a lone job is half the allocations on an SoC)."""
+    operations without the round's lists (an SoC's NPU or iGPU alone on the DDR)."""
     use = j.single_use
     fill = math.inf  # the level at which it fills the resource
     if use > 0 and capacity < math.inf:

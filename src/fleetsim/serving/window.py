@@ -107,7 +107,7 @@ class Window:
         self.lefts = lefts
         # The fewest of ``lefts`` (the opener has it): whether a decoder finishes within k
         # steps, which an instance group asks of every member at every plan, without a pass
-        # over the decoders (on ShareGPT that pass was 7% of a LoongServe run).
+        # over the decoders.
         self.min_left = min_left
         # A *lazy* window stores no end time when it opens (``DecodeWindows._open_lazy``):
         # ``ends`` holds the first ``len(ends)`` of them, filled when a reader needs them
