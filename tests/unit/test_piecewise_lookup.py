@@ -71,3 +71,22 @@ def test_lookup_past_the_grid_and_nan_extrapolate_from_the_last_segment():
     assert math.isnan(curve.at(math.nan))
     far = curve.xs[-1] * 4
     assert curve.at(far) == whole_grid(curve, far) > curve.ys[-1]
+
+
+@pytest.mark.parametrize("op_class", ["moe", "gemm"])
+def test_an_op_curve_gives_its_lookup_functions_floats(op_class):
+    """``TableStepModel.op_time_curve(c).at`` (what compiled cost models call) equals
+    ``op_time_lookup(c)`` (the function form), for int token counts (ExpertPlex passes
+    those) and floats, on a measured MoE model's tables, with a kernel scale too."""
+    from fleetsim.hardware import get_gpu
+    from fleetsim.models import get_model
+    from fleetsim.perf import build_step_model
+
+    for scale in (1.0, 1.1):
+        model = build_step_model(get_model("qwen3-235b"), get_gpu("H200"), 1)
+        model.kernel_time_scale = scale
+        curve, fn = model.op_time_curve(op_class), model.op_time_lookup(op_class)
+        xs = [*range(0, 300), *range(300, 70000, 97), 131072, 10**6]
+        for x in xs:
+            assert curve.at(x) == fn(x), x
+            assert curve.at(x + 0.25) == fn(x + 0.25), x

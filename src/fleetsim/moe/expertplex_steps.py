@@ -6,7 +6,7 @@ calls them at every step and window, most of an ExpertPlex run's cost when inter
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +17,7 @@ from fleetsim.moe.compute import EpHardware, MoeLayerSpec, default_compute
 from fleetsim.moe.step_model import ExpertParallelConfig, all_to_all_s
 from fleetsim.moe.tile_model import TileLatency, expected_tiles_per_expert, reallocate_sms
 from fleetsim.perf import build_step_model
+from fleetsim.perf.step_model import OpCurve
 
 H200_SMS = 132
 """SMs of an H100/H200 SXM (NVIDIA H100 datasheet; H200 is the same GH100 die)."""
@@ -63,7 +64,8 @@ class CostModel:
         self.spec = MoeLayerSpec.from_model(self.model)
         self.hw = EpHardware.from_gpu(self.gpu)
         self.dense = build_step_model(self.model, self.gpu, 1)
-        self._moe: Callable[[float], float] = self.dense.op_time_lookup("moe")
+        # (the curve, not its lookup function: ``at`` is a direct call compiled)
+        self._moe: OpCurve = self.dense.op_time_curve("moe")
         self.layers = self.spec.num_moe_layers
 
     def tile_latency(self, pool: int) -> TileLatency:
@@ -152,7 +154,7 @@ class CostModel:
                 continue
             kv_g = kv * n_dec // max(decode, 1)
             tokens = sum(n for n, _ in mine) + n_dec
-            t = self.dense.step_time_s(mine, n_dec, kv_g) - self._moe(tokens)
+            t = self.dense.step_time_s(mine, n_dec, kv_g) - self._moe.at(tokens)
             worst = max(worst, t)
         return worst
 
@@ -168,7 +170,7 @@ class CostModel:
             return np.array([self.dense_s((), decode, int(kv), gpus) for kv in kv_tokens])
         n0 = decode // gpus + (1 if decode % gpus else 0)
         kv_g = np.asarray(kv_tokens, dtype=np.int64) * n0 // decode
-        t = self.dense.decode_step_times_s(n0, kv_g) - self._moe(n0)
+        t = self.dense.decode_step_times_s(n0, kv_g) - self._moe.at(n0)
         return np.maximum(t, 0.0)
 
     def colocated_step_s(self, chunks: Sequence[int], decode: int, kv: int, gpus: int

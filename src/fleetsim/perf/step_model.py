@@ -158,6 +158,10 @@ class _Piecewise:
         return f
 
 
+OpCurve = _Piecewise
+"""An op class's seconds as a piecewise-linear function of tokens (``op_time_curve``)."""
+
+
 @dataclass(slots=True)
 class _Grids:
     by_tokens: dict[str, _Piecewise]  # op class -> seconds(T), all layers
@@ -386,6 +390,12 @@ class TableStepModel:
         function of the step's token count, for models that replace a part (expert
         parallelism replaces ``moe``)."""
         return self._g.by_tokens[op_class].scaled(self.kernel_time_scale).lookup()
+
+    def op_time_curve(self, op_class: str) -> OpCurve:
+        """``op_time_lookup`` as the curve itself, whose ``at(tokens)`` gives the same floats:
+        compiled code calls the method directly, where the function is a generic call (and
+        its search a generic ``bisect``)."""
+        return self._g.by_tokens[op_class].scaled(self.kernel_time_scale)
 
     def decode_step_times_s(
         self, num_decode: int, decode_kv_tokens: NDArray[np.int64]
