@@ -18,7 +18,13 @@ the least of ``--repeat`` rounds that run every system once each (a run of the c
 baseline takes tens of milliseconds: once is mostly noise); run it with ``FLEETSIM_PURE=1``
 to measure pure Python.
 
+``--planner`` adds, for LoongServe, the planner's own share: the plans a request costs and
+the CPU inside ``EspPlanner.plan`` (each call timed, the timer's own cost included), against
+the main engine's whole run per request: the floor that planning at every arrival and finish
+sets under the per-token ratio (docs/groups.md).
+
     python benchmarks/cost_per_token.py [--requests N] [--only esp|expertplex] [--repeat 3]
+                                        [--planner]
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ def least_cpu_s(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str,
     return best
 
 
-def esp(num_requests: int, repeat: int) -> None:
+def esp(num_requests: int, repeat: int, planner: bool) -> None:
     from fleetsim.config import config_from_dict
     from fleetsim.repro.loongserve import baseline_config
     from fleetsim.run import run
@@ -80,6 +86,40 @@ def esp(num_requests: int, repeat: int) -> None:
         cost = least_cpu_s(runs, repeat)
         report(f"LoongServe, {dataset} @ {rate:g} req/s", int(wl.num_output_tokens.sum()),
                cost, "loongserve", ("lightllm-sf", "vllm"))
+        if planner:
+            plans, plan_s = planner_share(runs["loongserve"], repeat)
+            n = len(wl)
+            print(f"  planner: {plans:,} plans ({plans / n:.2f} a request), "
+                  f"{plan_s / plans * 1e6:.1f} us a plan, {plan_s / n * 1e6:.1f} us a request; "
+                  f"vllm's whole run {cost['vllm'] / n * 1e6:.1f} us a request")
+
+
+def planner_share(fn: Callable[[], object], repeat: int) -> tuple[int, float]:
+    """(plans, CPU seconds inside ``EspPlanner.plan``) of the least of ``repeat`` timed runs."""
+    from fleetsim.policies.esp import EspPlanner
+
+    plan = EspPlanner.plan
+    tally = [0, 0.0]
+
+    def timed(self: EspPlanner, *args: object) -> object:
+        start = time.process_time()
+        try:
+            return plan(self, *args)  # type: ignore[arg-type]
+        finally:
+            tally[0] += 1
+            tally[1] += time.process_time() - start
+
+    best = (0, float("inf"))
+    EspPlanner.plan = timed  # type: ignore[method-assign,assignment]
+    try:
+        for _round in range(repeat):
+            tally[:] = [0, 0.0]
+            fn()
+            if tally[1] < best[1]:
+                best = (int(tally[0]), float(tally[1]))
+    finally:
+        EspPlanner.plan = plan  # type: ignore[method-assign]
+    return best
 
 
 def expertplex(num_requests: int, repeat: int) -> None:
@@ -122,13 +162,15 @@ def main() -> None:
     parser.add_argument("--only", choices=("esp", "expertplex"), default=None)
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds; each system's least CPU is reported")
+    parser.add_argument("--planner", action="store_true",
+                        help="also time LoongServe's planner (plans a request, us a plan)")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     print(f"engine {native.engine()}; CPU microseconds per generated token, least of "
           f"{args.repeat} rounds")
     if args.only in (None, "esp"):
-        esp(args.requests or 480, args.repeat)
+        esp(args.requests or 480, args.repeat, args.planner)
     if args.only in (None, "expertplex"):
         expertplex(args.requests or 3000, args.repeat)
 
