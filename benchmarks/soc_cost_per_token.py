@@ -14,8 +14,12 @@ takes about 17 ms, so one run of it is mostly noise: measured once, its cost was
 about 2x and every ratio understated as much); run it with ``FLEETSIM_PURE=1`` to measure
 pure Python.
 
+``--planner`` adds the planner's own share for ``agent_xpu`` on NPU + iGPU: its plans (one
+per step it does not fast-forward) and the CPU inside ``AgentXpuPlanner.plan`` (each call
+timed, the timer's own cost included), per generated token.
+
     python benchmarks/soc_cost_per_token.py [--per-min 60] [--minutes 30] [--slots 8] [--flows 4]
-                                            [--repeat 5]
+                                            [--repeat 5] [--planner]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -67,6 +72,8 @@ def main() -> None:
     parser.add_argument("--flows", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5,
                         help="rounds; each system's least CPU is reported")
+    parser.add_argument("--planner", action="store_true",
+                        help="also time agent_xpu's planner (plans, us a plan)")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
@@ -107,6 +114,40 @@ def main() -> None:
     label = f"  ... with {args.flows} proactive flows ({mixed_tokens} tokens)"
     print(f"{label:44s} {mixed_cpu / mixed_tokens * 1e6:8.3f}  "
           f"({mixed_cpu / mixed_tokens / main_per_token:5.2f}x main)")
+    if args.planner:
+        config = config_from_dict(_config(pd, args.slots, True, "agent_xpu"))
+        plans, plan_s = planner_share(lambda: run(config, workload=wl), args.repeat)
+        print(f"  agent_xpu's planner: {plans:,} plans ({plans / len(wl):.1f} a request), "
+              f"{plan_s / plans * 1e6:.2f} us a plan, {plan_s / tokens * 1e6:.3f} us a token "
+              f"({plan_s / tokens / main_per_token:.1f}x the main engine's whole run)")
+
+
+def planner_share(fn: Callable[[], object], repeat: int) -> tuple[int, float]:
+    """(plans, CPU seconds inside ``AgentXpuPlanner.plan``) of the least of ``repeat`` runs."""
+    from fleetsim.policies.agent_xpu import AgentXpuPlanner
+
+    plan = AgentXpuPlanner.plan
+    tally = [0, 0.0]
+
+    def timed(self: AgentXpuPlanner, *args: object) -> object:
+        start = time.process_time()
+        try:
+            return plan(self, *args)  # type: ignore[arg-type]
+        finally:
+            tally[0] += 1
+            tally[1] += time.process_time() - start
+
+    best = (0, math.inf)
+    AgentXpuPlanner.plan = timed  # type: ignore[method-assign,assignment]
+    try:
+        for _round in range(repeat):
+            tally[:] = [0, 0.0]
+            fn()
+            if tally[1] < best[1]:
+                best = (int(tally[0]), float(tally[1]))
+    finally:
+        AgentXpuPlanner.plan = plan  # type: ignore[method-assign]
+    return best
 
 
 if __name__ == "__main__":
