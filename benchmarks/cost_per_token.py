@@ -87,30 +87,32 @@ def esp(num_requests: int, repeat: int, planner: bool) -> None:
         report(f"LoongServe, {dataset} @ {rate:g} req/s", int(wl.num_output_tokens.sum()),
                cost, "loongserve", ("lightllm-sf", "vllm"))
         if planner:
-            plans, plan_s = planner_share(runs["loongserve"], repeat)
+            from fleetsim.policies.esp import EspPlanner
+
+            plans, plan_s = method_share(EspPlanner, "plan", runs["loongserve"], repeat)
             n = len(wl)
             print(f"  planner: {plans:,} plans ({plans / n:.2f} a request), "
                   f"{plan_s / plans * 1e6:.1f} us a plan, {plan_s / n * 1e6:.1f} us a request; "
                   f"vllm's whole run {cost['vllm'] / n * 1e6:.1f} us a request")
 
 
-def planner_share(fn: Callable[[], object], repeat: int) -> tuple[int, float]:
-    """(plans, CPU seconds inside ``EspPlanner.plan``) of the least of ``repeat`` timed runs."""
-    from fleetsim.policies.esp import EspPlanner
-
-    plan = EspPlanner.plan
+def method_share(cls: type, name: str, fn: Callable[[], object],
+                 repeat: int) -> tuple[int, float]:
+    """(calls, CPU seconds inside ``cls.name``) in the least of ``repeat`` runs of ``fn``:
+    the method is wrapped in a timer for the runs (an interpreted class's: a planner)."""
+    method = getattr(cls, name)
     tally = [0, 0.0]
 
-    def timed(self: EspPlanner, *args: object) -> object:
+    def timed(*args: object) -> object:
         start = time.process_time()
         try:
-            return plan(self, *args)  # type: ignore[arg-type]
+            return method(*args)
         finally:
             tally[0] += 1
             tally[1] += time.process_time() - start
 
     best = (0, float("inf"))
-    EspPlanner.plan = timed  # type: ignore[method-assign,assignment]
+    setattr(cls, name, timed)
     try:
         for _round in range(repeat):
             tally[:] = [0, 0.0]
@@ -118,7 +120,7 @@ def planner_share(fn: Callable[[], object], repeat: int) -> tuple[int, float]:
             if tally[1] < best[1]:
                 best = (int(tally[0]), float(tally[1]))
     finally:
-        EspPlanner.plan = plan  # type: ignore[method-assign]
+        setattr(cls, name, method)
     return best
 
 

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 from fleetsim import native
 from fleetsim.config import config_from_dict
+from fleetsim.policies.agent_xpu import AgentXpuPlanner
 from fleetsim.run import run
 from fleetsim.soc_run import run_agent_traffic
 from fleetsim.workloads.agent_traffic import (
@@ -42,6 +44,9 @@ from fleetsim.workloads.agent_traffic import (
     streams,
 )
 from fleetsim.workloads.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cost_per_token import method_share  # noqa: E402
 
 MODEL = "Llama-3.2-3B"
 
@@ -116,38 +121,12 @@ def main() -> None:
           f"({mixed_cpu / mixed_tokens / main_per_token:5.2f}x main)")
     if args.planner:
         config = config_from_dict(_config(pd, args.slots, True, "agent_xpu"))
-        plans, plan_s = planner_share(lambda: run(config, workload=wl), args.repeat)
+        plans, plan_s = method_share(AgentXpuPlanner, "plan", lambda: run(config, workload=wl),
+                                     args.repeat)
         print(f"  agent_xpu's planner: {plans:,} plans ({plans / len(wl):.1f} a request), "
               f"{plan_s / plans * 1e6:.2f} us a plan, {plan_s / tokens * 1e6:.3f} us a token "
               f"({plan_s / tokens / main_per_token:.1f}x the main engine's whole run)")
 
-
-def planner_share(fn: Callable[[], object], repeat: int) -> tuple[int, float]:
-    """(plans, CPU seconds inside ``AgentXpuPlanner.plan``) of the least of ``repeat`` runs."""
-    from fleetsim.policies.agent_xpu import AgentXpuPlanner
-
-    plan = AgentXpuPlanner.plan
-    tally = [0, 0.0]
-
-    def timed(self: AgentXpuPlanner, *args: object) -> object:
-        start = time.process_time()
-        try:
-            return plan(self, *args)  # type: ignore[arg-type]
-        finally:
-            tally[0] += 1
-            tally[1] += time.process_time() - start
-
-    best = (0, math.inf)
-    AgentXpuPlanner.plan = timed  # type: ignore[method-assign,assignment]
-    try:
-        for _round in range(repeat):
-            tally[:] = [0, 0.0]
-            fn()
-            if tally[1] < best[1]:
-                best = (int(tally[0]), float(tally[1]))
-    finally:
-        AgentXpuPlanner.plan = plan  # type: ignore[method-assign]
-    return best
 
 
 if __name__ == "__main__":
