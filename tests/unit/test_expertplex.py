@@ -290,11 +290,14 @@ def test_vectorized_decode_steps_equal_single_steps_bit_for_bit(cost, num_decode
 @pytest.mark.parametrize(("chunks", "num_decode"), [
     ((), 1), ((), 9), ((), 300), (((512, 0),), 0), (((512, 0),), 9),
     (((300, 40), (17, 0), (4096, 0)), 0), (((300, 40), (17, 0), (4096, 0)), 300)])
-def test_an_instance_step_is_the_cost_models_colocated_step(cost, chunks, num_decode):
+def test_an_instance_step_is_its_dense_part_and_its_moe_part(cost, chunks, num_decode):
     """``InstanceSteps`` keeps a step's MoE seconds by its token count (asked twice: kept
-    the second time): the floats of ``CostModel.colocated_step_s``, mixed steps included."""
+    the second time): the floats of the cost model's parts, mixed steps included."""
     inst = InstanceSteps(cost, 8)
-    want = cost.colocated_step_s([n for n, _ in chunks], num_decode, 5000, 8)
+    lens = [n for n, _ in chunks]
+    tokens = sum(lens) + num_decode
+    moe = cost.a2a_s(tokens, 8, 8) + cost.expert_s(tokens, 8)
+    want = cost.dense_s(lens, num_decode, 5000, 8) + cost.layers * moe
     assert inst.step_time_s(chunks, num_decode, 5000) == want
     assert inst.step_time_s(chunks, num_decode, 5000) == want
 

@@ -17,25 +17,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from operator import itemgetter
 
 from fleetsim.esp.config import EspConfig
 from fleetsim.esp.cost import AnalyticalModel
-
-Predictor = Callable[[int, float, float], float]
-"""Seconds of a prefill iteration on k instances given the sum of its lengths and of their
-squares (``Admission.take`` also takes the scheduler's fitted ``AnalyticalModel`` itself)."""
-
-
-def _predict(predict: Predictor | AnalyticalModel, k: int, sum_tokens: float,
-             sum_sq_tokens: float) -> float:
-    """``predict(k, ...)``. The fitted model is called as what it is: compiled, its bound
-    ``predict_s`` passed as a callable is a generic call through the type's slot (about 1.2k
-    instructions, 10% of a LoongServe run on Mixed lengths); its method is a direct one."""
-    if isinstance(predict, AnalyticalModel):
-        return predict.predict_s(k, sum_tokens, sum_sq_tokens)
-    return predict(k, sum_tokens, sum_sq_tokens)
 
 
 class Pending:
@@ -78,11 +64,14 @@ class Admission:
 
     def take(self, waiting: Iterable[Pending], running: Sequence[Resident],
              used_by_instance: Sequence[int], capacity: int,
-             predict: Predictor | AnalyticalModel) -> list[int]:
+             predictor: AnalyticalModel) -> list[int]:
         """Indices into ``waiting`` (in queue order) the next prefill iteration takes, given
         the running requests and the KV tokens used on each of the instances (``capacity``
         each). ``waiting`` is read in order, and only as far as a request could still join
-        (a long queue is not walked once the running slots or the token budget are full)."""
+        (a long queue is not walked once the running slots or the token budget are full).
+        ``predictor``: the scheduler's fitted model, called as the model it is (compiled, its
+        bound ``predict_s`` passed as a callable went through the type's slot, about 1.2k
+        instructions a call and 10% of a LoongServe run on Mixed lengths)."""
         if not self.cfg.elastic:
             return self._take_fixed(waiting, running, used_by_instance, capacity)
         cfg = self.cfg
@@ -117,8 +106,8 @@ class Admission:
                     and s1 + length <= budget
                     and reserved.fits(entry)):
                 if (not undecided or allow_ooe) and s1 + length <= max_idle * cap:
-                    t_now = _predict(predict, max_idle, s1 + length, s2 + length * length)
-                    t_best = _predict(predict, k_all, s1 + length, s2 + length * length)
+                    t_now = predictor.predict_s(max_idle, s1 + length, s2 + length * length)
+                    t_best = predictor.predict_s(k_all, s1 + length, s2 + length * length)
                     if t_now - t_best <= wait_s and (not new or t_now <= cfg.max_prefill_s):
                         if undecided and skipped_before is None:
                             skipped_before = len(new)
@@ -130,7 +119,7 @@ class Admission:
                     undecided.append(at)
                     reserved.add(entry)
                     u1, u2, u_inv = u1 + length, u2 + length * length, u_inv + 1.0 / length
-                    t_preempt = _predict(predict, k_all, s1 + u1, s2 + u2)
+                    t_preempt = predictor.predict_s(k_all, s1 + u1, s2 + u2)
                     if (t_preempt * inv_decode <= wait_s * u_inv
                             and (len(new) + len(undecided) == 1
                                  or t_preempt <= cfg.max_prefill_s)):

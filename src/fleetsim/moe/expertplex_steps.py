@@ -173,13 +173,6 @@ class CostModel:
         t = self.dense.decode_step_times_s(n0, kv_g) - self._moe.at(n0)
         return np.maximum(t, 0.0)
 
-    def colocated_step_s(self, chunks: Sequence[int], decode: int, kv: int, gpus: int
-                         ) -> float:
-        """One step of an instance (both phases) or of a PD instance (one of them)."""
-        tokens = sum(chunks) + decode
-        moe = self.a2a_s(tokens, gpus, gpus) + self.expert_s(tokens, gpus)
-        return self.dense_s(chunks, decode, kv, gpus) + self.layers * moe
-
     def plex_decode_s(self, decode: int, kv: int, gpus: int, pool: int, span: int,
                       sms: int) -> tuple[float, float]:
         """(step s, expert s) of ExpertPlex's decode group given ``sms`` pool SMs."""
@@ -217,9 +210,9 @@ class InstanceSteps:
     def __init__(self, cost: CostModel, gpus: int) -> None:
         self.cost = cost
         self.gpus = gpus
-        # tokens -> the step's MoE seconds, ``layers x (all-to-alls + expert GEMMs)``: the
-        # same floats ``colocated_step_s`` computes, kept by the one int they depend on here
-        # (its two memos are keyed by tuples of a float: hashed per step).
+        # tokens -> the step's MoE seconds, ``layers x (all-to-alls + expert GEMMs)``, kept
+        # by the one int they depend on here (the cost model's memos are keyed by tuples
+        # with a float: hashed at every step).
         self._moe_by_tokens: dict[int, float] = {}
 
     def _moe_s(self, tokens: int) -> float:
@@ -232,7 +225,8 @@ class InstanceSteps:
 
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                     kv_tokens: int) -> float:
-        """``CostModel.colocated_step_s`` of the step, with its MoE part kept by tokens."""
+        """One step of an instance (both phases) or of a PD instance (one of them): its
+        attention GPUs' dense part and its MoE part."""
         lens = [n for n, _ in chunks]
         tokens = num_decode
         for n in lens:

@@ -25,10 +25,7 @@ def power_of_two(view: ClusterView, uniforms: list[float]) -> int:
     b = int(uniforms.pop() * (n - 1))
     if b >= a:  # distinct from a, uniform over the others
         b += 1
-    ra, rb = reps[a], reps[b]
-    if isinstance(ra, ReplicaView) and isinstance(rb, ReplicaView):  # (the engine's: a direct
-        return a if ra.load_tokens <= rb.load_tokens else b  # call, not an attribute lookup)
-    return a if ra.load_tokens <= rb.load_tokens else b
+    return a if _load_tokens(reps[a]) <= _load_tokens(reps[b]) else b
 
 
 def least_loaded(view: ClusterView) -> int:
@@ -49,6 +46,8 @@ def least_loaded(view: ClusterView) -> int:
 
 
 def _load_tokens(replica: RoutableReplica) -> int:
-    if isinstance(replica, ReplicaView):  # (the engine's: a direct call)
+    """``replica.load_tokens``: a direct call on the engine's view (narrowed to the compiled
+    class), an attribute lookup on any other."""
+    if isinstance(replica, ReplicaView):
         return replica.load_tokens
     return replica.load_tokens
