@@ -41,6 +41,7 @@ NATIVE_MODULES = (
     "serving/replica.py",
     "serving/transfers.py",
     "serving/resources.py",
+    "serving/beside.py",
     "serving/shared_steps.py",
     "serving/sources.py",
     "serving/cluster.py",

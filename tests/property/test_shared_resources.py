@@ -68,7 +68,7 @@ def test_one_resource_path_equals_the_general_one_bit_for_bit(n, data, capacity)
 
 
 def test_a_lone_job_takes_the_one_round_the_general_path_takes():
-    """A lone job's rate (``_one_job_rate``, the shortcut of the single-resource path) is
+    """A lone job's rate (``one_job_rate``, the shortcut of the single-resource path) is
     the general rounds' answer for every use, weight, cap and capacity tried, bit for bit."""
     # (7.0 and 0.912: a cap whose ``weight * (cap / weight)`` is not the cap, so a rate
     # computed the long way round differs in its last bit)
@@ -309,3 +309,94 @@ def test_bandwidth_aware_dispatch_fast_forward_equals_stepping(seed, n, rate, la
         assert np.array_equal(values, out[0].requests[col], equal_nan=True), col
     for col in ("num_tokens", "num_steps"):  # (a window's row holds many steps)
         assert out[0].timeline[col].sum() == out[1].timeline[col].sum(), col
+
+
+class CappedSplit(Split):
+    """``Split`` whose steps draw at most ``max_rate`` and whose ``split`` has no side
+    effect (``scalar_windows``): decode windows may run beside another pool's job."""
+
+    scalar_windows = True
+
+    def __init__(self, private_per_token_s, work_per_token, weight, max_rate, fixed_s):
+        super().__init__(private_per_token_s, work_per_token, weight)
+        self.max_rate, self.fixed_s = max_rate, fixed_s
+
+    def split(self, chunks, num_decode, kv_tokens):
+        d = super().split(chunks, num_decode, kv_tokens)
+        # the KV read grows the work: later decode steps take longer beside the same job;
+        # a long fixed private part outlasts the shared one (the step ends after its work)
+        return StepDemand(d.private_s + self.fixed_s, d.work + 2e-6 * kv_tokens, d.weight,
+                          self.max_rate)
+
+
+def _service_totals(cluster):
+    svc = cluster.resources
+    return (dict(svc.work_by_client), dict(svc.used_by_resource), svc.num_jobs,
+            svc.num_changes, [r.shared.num_shared_steps for r in cluster.replicas])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 40),
+       rate=st.sampled_from([5.0, 50.0, 500.0]),
+       weights=st.tuples(st.sampled_from([1.0, 4.0]), st.sampled_from([1.0, 4.0])),
+       caps=st.tuples(st.sampled_from([0.4, 1.0, math.inf]),
+                      st.sampled_from([0.4, 1.0, math.inf])),
+       fixed=st.tuples(st.sampled_from([0.0, 0.004]), st.sampled_from([0.0, 0.004])),
+       layout=st.sampled_from(["pd", "mixed2"]), until=st.sampled_from([math.inf, 0.5]))
+def test_windows_beside_a_job_equal_stepping_bit_for_bit(seed, n, rate, weights, caps, fixed,
+                                                         layout, until):
+    """Decode windows run beside another replica's job (``serving/beside.py``) replay the
+    service's events: every request's times, the work each client did, the resource's use
+    and the service's counts of jobs and allocations equal step by step's bit for bit,
+    also when the run stops mid-window (``until_s``)."""
+    rng = np.random.default_rng(seed)
+    w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 700, n),
+                      rng.integers(1, 150, n))
+    a = SharedStepModel(CappedSplit(2e-5, 3e-5, weights[0], caps[0], fixed[0]), "sms", 1.5,
+                        overlap=True)
+    b = SharedStepModel(CappedSplit(1e-5, 5e-5, weights[1], caps[1], fixed[1]), "sms", 1.5,
+                        overlap=True)
+    roles = ("prefill", "decode") if layout == "pd" else ("mixed", "mixed")
+    pools = [PoolSetup(name=f"x{i}", role=role, num_replicas=1, step_model=m,
+                       num_kv_blocks=3000, link_bw_bytes_per_s=math.inf)
+             for i, (role, m) in enumerate(zip(roles, (a, b), strict=True))]
+    out, totals = [], []
+    for ff in (True, False):
+        rec, cluster = simulate_cluster(
+            w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
+            make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
+            rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
+            block_size=16, max_batched_tokens=1024, max_running=32, fast_forward=ff,
+            debug=True, until_s=until)
+        if until == math.inf:
+            assert len(rec.requests["request_id"]) == n
+            assert not cluster.resources.active
+        out.append(rec)
+        totals.append(_service_totals(cluster))
+    for col, values in out[1].requests.items():
+        assert np.array_equal(values, out[0].requests[col], equal_nan=True), col
+    assert totals[0] == totals[1]
+    for col in ("num_tokens", "num_steps"):  # (a window's row holds many steps)
+        assert out[0].timeline[col].sum() == out[1].timeline[col].sum(), col
+
+
+def test_a_decode_replica_beside_a_prefill_job_fast_forwards():
+    """An SoC's iGPU decoding while the NPU prefills (the P/D pair on one DDR): its decode
+    steps run as windows beside the NPU's job, not one job each, and the results are step by
+    step's. Mutations that skip one of the replay's advances, or its count of allocations,
+    fail here or in the property test above."""
+    rng = np.random.default_rng(3)
+    n = 40
+    w = make_workload(np.cumsum(rng.exponential(1 / 2.0, n)), rng.integers(500, 1500, n),
+                      rng.integers(50, 120, n))
+    pools = _soc_pools("pd")
+    runs = [_soc_run(w, pools, TokenBudgetPlanner, "fcfs", ff) for ff in (True, False)]
+    (rec_ff, ff), (rec_step, step) = runs
+    igpu_ff, igpu_step = ff.replicas[1].shared, step.replicas[1].shared
+    assert igpu_ff.num_windows_beside > 10 and igpu_step.num_windows_beside == 0
+    # every decode step stepping ran as a job beside the NPU's ran so in the windows too
+    assert igpu_ff.num_shared_steps == igpu_step.num_shared_steps > 100
+    assert ff.sim.num_events < step.sim.num_events / 2
+    for col, values in rec_step.requests.items():
+        assert np.array_equal(values, rec_ff.requests[col], equal_nan=True), col
+    assert _service_totals(ff) == _service_totals(step)

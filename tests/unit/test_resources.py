@@ -191,3 +191,45 @@ def test_sharing_slows_both_phases_and_conserves_work():
     svc = cluster.resources
     assert svc is not None and svc.num_jobs > 0
     assert not svc.active
+
+
+def _claim_then_start(claim: bool):
+    """Job a (1 unit at 1/s) from 0; at 1.0, exactly when a is done, a client starts job b
+    (1 unit): directly, or by claiming to run beside a (``claim_beside``) and starting b only
+    when the service tells it (as a window opened at that instant does: its first step's
+    job starts then). Returns the finish times and the service."""
+    sim = Simulator()
+    svc = SharedResources(sim)
+    svc.add("ddr", 1.0)
+    done = {}
+
+    def start(name):
+        svc.start(1.0, {"ddr": 1.0}, lambda job: done.__setitem__(name, sim.now_s),
+                  client=name)
+
+    def at_one(_):
+        assert svc.job_beside({"ddr": 1.0}, "b") is not None
+        if claim:
+            svc.claim_beside(lambda: start("b"))
+        else:
+            start("b")
+
+    start("a")
+    sim.schedule(1.0, 31, None)  # (before a's check at 1.0: RESOURCE_CHECK is 33)
+    sim.on(31, at_one, "at_one")
+    sim.run()
+    return done, svc
+
+
+def test_a_check_during_a_claim_follows_the_claimants_start_as_stepping_orders_them():
+    """A check that comes while a client claims to run beside the job it checks
+    (``claim_beside``) tells the client first and is not lost: it follows the job the client
+    starts then, and the run is the one where the job started at once (finish times,
+    allocations and work, bit for bit)."""
+    direct, svc_direct = _claim_then_start(False)
+    claimed, svc_claimed = _claim_then_start(True)
+    assert claimed == direct == {"a": 1.0, "b": 2.0}
+    assert svc_claimed.num_changes == svc_direct.num_changes
+    assert svc_claimed.work_by_client == svc_direct.work_by_client
+    assert svc_claimed.used_by_resource == svc_direct.used_by_resource
+    assert svc_claimed.job_beside({"ddr": 1.0}, "b") is None  # (nothing active at the end)

@@ -567,13 +567,23 @@ class Replica:
         through = (self.on_finish is None and self.until_s == math.inf
                    and not self.moves.incoming and self.kv.prefix.peers is None)
         shared = self.shared
-        if shared is not None and (not shared.alone() or shared.others_waiting()):
-            # Its steps' length depends on the others (one at a time, as jobs), or one woken
-            # at this step would cut the window back at once.
-            return False
-        if self._windows.open(step, self.until_s, through) is None:
-            return False
+        beside = False
         if shared is not None:
+            if shared.others_waiting():
+                return False  # one woken at this step would cut the window back at once
+            if not shared.alone():
+                # Its steps' length depends on the others: a window only beside one job
+                # (``beside.py``), else one step at a time, as jobs.
+                if self.speculative is not None or not shared.can_window_beside():
+                    return False
+                beside = True
+        if beside:
+            assert shared is not None
+            if shared.open_beside(self._windows, step, self.until_s, through) is None:
+                return False
+        elif self._windows.open(step, self.until_s, through) is None:
+            return False
+        elif shared is not None:
             shared.hold()
         if self.debug:
             self._check_idle_promise(step.decodes)
@@ -750,13 +760,6 @@ class Replica:
     def _execute(self, step: Step, now_s: float, repeats: bool = False,
                  rule: RepeatRule | None = None) -> None:
         self.busy = True
-        shared = self.shared
-        if shared is not None:
-            if not shared.alone():
-                self._step = step
-                shared.run_as_job(step)  # its STEP_END comes when the job is done
-                return
-            shared.hold()
         # A prefix-pool member with requests waiting plans every step: what they cost to
         # admit moves with the whole pool (another member's cache, or a local eviction of a
         # block the pool still holds elsewhere, which makes it cheaper), so its plan need not
@@ -772,8 +775,27 @@ class Replica:
             rule = None
             window = step.is_all_decode and (
                 self.fast_forward or (repeats and self._fast_forward_wanted))
-        if window and not (self.waiting and self.kv.prefix.peers is not None) and not (
-                shared is not None and shared.others_waiting()):
+        window = window and not (self.waiting and self.kv.prefix.peers is not None)
+        shared = self.shared
+        if shared is not None:
+            if shared.others_waiting():
+                window = False  # one woken at this step would cut the window back at once
+            if not shared.alone():
+                if not (window and rule is None and self.speculative is None
+                        and shared.can_window_beside()):
+                    self._step = step
+                    shared.run_as_job(step)  # its STEP_END comes when the job is done
+                    return
+                # A window beside the resource's one other job (``beside.py``).
+                end_s = shared.open_beside(self._windows, step, self.until_s)
+                assert end_s is not None  # the plan took the first step's blocks
+                self._note_finishes(step)
+                step.end_s = end_s
+                self._step = step
+                step.end_event = self.sim.schedule(end_s, STEP_END, (self, step))
+                return
+            shared.hold()
+        if window:
             end_s = self._windows.open(step, self.until_s, rule=rule)
             assert end_s is not None  # the plan took the first step's blocks
             self._note_finishes(step)
@@ -868,6 +890,9 @@ class Replica:
             self._pending_kv_seconds = self.kv.num_used_blocks * (step.end_s - step.start_s)
         else:  # (running requests it pauses count; nothing finished before its last step)
             self._pending_kv_seconds = self.kv.num_used_blocks * w.step_s[k - 1]
+        shared = self.shared
+        if shared is not None and shared.in_window_beside():
+            shared.end_beside(step)  # the shared resource as stepping has it now
 
     def _window_rows(self, step: Step, num_steps: int, horizon_s: float,
                      write: bool = False) -> list[Row]:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 RESOURCE_START: Final = 25  # a job's delay has passed: it starts drawing on its resources
 RESOURCE_CHECK: Final = 33  # a job may have finished
 
-_DONE_S = 1e-9  # a job with less than this many seconds of work left at its rate is done
+DONE_S: Final = 1e-9  # a job with less than this many seconds of work left at its rate is done
 
 ResourceKey = Hashable
 ChangeFn = Callable[[], None]
@@ -157,7 +157,7 @@ def _one_resource_rates(jobs: list[Job], key: ResourceKey, capacity: float) -> l
     are written out as the comparisons they make."""
     n = len(jobs)
     if n == 1:
-        return [_one_job_rate(jobs[0], capacity)]
+        return [one_job_rate(jobs[0], capacity)]
     uses = [j.single_use for j in jobs]  # (each job's ``uses[key]``, its one entry)
     rates = [0.0] * n
     frozen = [False] * n
@@ -198,7 +198,7 @@ def _one_resource_rates(jobs: list[Job], key: ResourceKey, capacity: float) -> l
     return rates
 
 
-def _one_job_rate(j: Job, capacity: float) -> float:
+def one_job_rate(j: Job, capacity: float) -> float:
     """``_one_resource_rates`` of one job: its one round (a lone job is frozen in the first:
     it reaches its cap or fills the resource, or the level is infinite), the same float
     operations without the round's lists (an SoC's NPU or iGPU alone on the DDR)."""
@@ -227,6 +227,10 @@ class SharedResources:
         # resource -> the replicas' ports onto it (``shared_steps.py``): what a replica may
         # read of the others' steps, and whom it wakes when its own steps start or end.
         self.ports: dict[ResourceKey, list[SharedSteps]] = {}
+        self._num_waiting = 0  # jobs started whose delay has not passed
+        # A client running work beside the active jobs without telling the service
+        # (``beside.py``): told first, once, before anything reads or changes the shares.
+        self._beside: ChangeFn | None = None
         sim.on(RESOURCE_START, self._on_start, "resource_start")
         sim.on(RESOURCE_CHECK, self._on_check, "resource_check")
 
@@ -292,8 +296,12 @@ class SharedResources:
             raise ValueError(f"job max_rate must be > 0, got {max_rate}")
         if not delay_s >= 0:
             raise ValueError(f"job delay_s must be >= 0, got {delay_s}")
+        # A window beside the jobs ends first: its step in progress, if it starts at this
+        # instant, starts before this job, as stepping schedules them.
+        self._end_beside()
         job = Job(work, dict(uses), float(weight), float(max_rate), on_done, on_rate, client)
         self.num_jobs += 1
+        self._num_waiting += 1
         self.sim.schedule(self.sim.now_s + delay_s, RESOURCE_START, job)
         return job
 
@@ -304,16 +312,19 @@ class SharedResources:
         if not job.active:
             job.weight = float(weight)
             return
+        self._end_beside()
         self._advance()
         job.weight = float(weight)
         self._reallocate()
 
     @property
     def active(self) -> tuple[Job, ...]:
+        self._end_beside()
         return tuple(self._active)
 
     def draw_now(self, resource: ResourceKey) -> float:
         """Units/s of ``resource`` the active jobs draw now."""
+        self._end_beside()
         return sum(j.rate * j.uses.get(resource, 0.0) for j in self._active)
 
     def share_if_alone(self, uses: Mapping[ResourceKey, float],
@@ -326,7 +337,78 @@ class SharedResources:
         return rate
 
     # ---- events ------------------------------------------------------------------------
+    # ---- work beside the jobs (``beside.py``) ------------------------------------------
+    def job_beside(self, uses: Mapping[ResourceKey, float], client: str) -> Job | None:
+        """The one job a client on ``uses`` (one resource) could run a window beside: the
+        only job active, on that one resource alone, with no rate listener, another
+        client's, and nothing else pending (no job waiting to start, no hold, no other
+        window beside); None otherwise."""
+        if (len(self._active) != 1 or self._holds or self._num_waiting
+                or self._beside is not None or len(uses) != 1):
+            return None
+        job = self._active[0]
+        for r in uses:
+            if job.single is _ONE_OF_MANY or job.single != r:
+                return None
+        if job.on_rate is not None or job.client == client:
+            return None
+        return job
+
+    def claim_beside(self, on_change: ChangeFn) -> None:
+        """A client runs work beside the one active job (``job_beside``) without jobs of
+        its own: before the next event or read of the shares, ``on_change()`` is called
+        once, and it must leave the service as if its work had run as jobs
+        (``resume_beside``)."""
+        assert self._beside is None
+        self._beside = on_change
+
+    def unclaim_beside(self) -> None:
+        self._beside = None
+
+    def resume_beside(self, updated_s: float, other: Job, other_left: float,
+                      other_rate: float, work_by_client: Mapping[str, float], used: float,
+                      resource: ResourceKey, num_changes: int, num_jobs: int,
+                      job: Job | None, check_s: float, reschedule: bool) -> None:
+        """The state stepping would have at this instant after a window beside ``other``:
+        its work left and rate, the clients' work and the resource's use so far, the
+        window's jobs and allocations counted, the step in progress's ``job`` (if still
+        active) and, when ``reschedule``, the check stepping has pending (``check_s``; the
+        ones scheduled before stand invalidated)."""
+        self._beside = None
+        self._updated_s = updated_s
+        other.work_left = other_left
+        other.rate = other_rate
+        by_client = self.work_by_client
+        for client, work in work_by_client.items():
+            by_client[client] = work
+        self.used_by_resource[resource] = used
+        self.num_changes += num_changes
+        self.num_jobs += num_jobs
+        if job is not None:
+            self._active.append(job)
+        if reschedule:
+            self._version += 1
+            if check_s < math.inf:
+                self.sim.schedule(check_s, RESOURCE_CHECK, self._version)
+
+    @property
+    def updated_s(self) -> float:
+        """When the jobs' work left was last brought up to date."""
+        return self._updated_s
+
+    def check_at(self, t: float) -> None:
+        """A check at ``t`` (valid until the next change of the shares)."""
+        self.sim.schedule(t, RESOURCE_CHECK, self._version)
+
+    def _end_beside(self) -> None:
+        on_change = self._beside
+        if on_change is not None:
+            self._beside = None
+            on_change()
+
     def _on_start(self, job: Job) -> None:
+        self._end_beside()
+        self._num_waiting -= 1
         self._notify(job)
         self._advance()
         job.active = True
@@ -337,8 +419,17 @@ class SharedResources:
     def _on_check(self, version: int) -> None:
         if version != self._version:
             return
+        if self._beside is not None:
+            # A window runs beside the job: it leaves the state stepping has now, with the
+            # check stepping has pending rescheduled. If it had not started its first step
+            # (it opened at this instant), that step's start comes first, as stepping orders
+            # them: this check goes behind it.
+            self._end_beside()
+            if version == self._version:
+                self.sim.schedule(self.sim.now_s, RESOURCE_CHECK, version)
+            return
         self._advance()
-        done = [j for j in self._active if j.work_left <= j.rate * _DONE_S]
+        done = [j for j in self._active if j.work_left <= j.rate * DONE_S]
         if done:
             self._active = [j for j in self._active if not any(j is d for d in done)]
             for j in done:

@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
+from fleetsim.serving.beside import JOB_ACTIVE, NOT_STARTED, BesideReplay
 from fleetsim.serving.contract import new_named_tuple
 from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources, max_min_rates
 
 if TYPE_CHECKING:
     from fleetsim.serving.replica import Replica
-    from fleetsim.serving.window import Step
+    from fleetsim.serving.window import DecodeWindows, Step
 
 
 class StepDemand(NamedTuple):
@@ -132,6 +133,7 @@ class SharedSteps:
                  resource: ResourceKey) -> None:
         self.service = service
         self.model = model
+        self.key = resource
         self.uses = {resource: 1.0}
         self.client = client
         self.replica: Replica | None = None
@@ -145,6 +147,10 @@ class SharedSteps:
         self.peers: list[SharedSteps] = []  # every port onto the resource, this one included
         self.waiting = False  # the replica sleeps until another one's step starts or ends
         self.num_waits = 0
+        # A decode window run beside the one other job on the resource (``beside.py``).
+        self._beside: BesideReplay | None = None
+        self._beside_step: Step | None = None
+        self.num_windows_beside = 0
 
     def co_residents(self) -> list[SharedSteps]:
         """The other replicas' ports onto this port's resource."""
@@ -209,10 +215,109 @@ class SharedSteps:
         self._hold = self.service.hold(self.uses, self._share)
 
     def release(self) -> None:
-        """The held step (or window) ended as priced: give the resource back."""
+        """The held step (or window) ended as priced: give the resource back (a window
+        beside another job: the service's state as stepping leaves it at its end)."""
         if self._hold is not None:
             self.service.release(self._hold)
             self._hold = None
+        elif self._beside is not None:
+            step = self._beside_step
+            assert step is not None
+            self._end_beside(step, step.num_steps, math.inf)
+
+    # ---- decode windows beside another job (``beside.py``) ------------------------------
+    def can_window_beside(self) -> bool:
+        """Whether a decode window may run beside the resource's one other job, replayed:
+        the steps overlap their parts (their jobs start with them), their split has no side
+        effect (it is priced again when the window is cut), nobody waits on this replica's
+        steps, and the service has exactly one job it can be run beside."""
+        model = self.model
+        return (model.overlap and model.scalar_windows and not self.others_waiting()
+                and self.service.job_beside(self.uses, self.client) is not None)
+
+    def open_beside(self, windows: DecodeWindows, step: Step, until_s: float,
+                    through: bool = False) -> float | None:
+        """Open ``step`` (a plan that decodes every running request and repeats) as a window
+        beside the one other job (``can_window_beside``), its end times those stepping would
+        give; its end, or None (nothing changed) when the first step's blocks are not free."""
+        service = self.service
+        other = service.job_beside(self.uses, self.client)
+        assert other is not None
+        key = self.key
+        replay = BesideReplay(self.model, key, service.capacity, self.client, other,
+                              service.updated_s, service.work_by_client,
+                              service.used_by_resource[key])
+        windows.ends_beside = replay.ends
+        try:
+            end_s = windows.open(step, until_s, through)
+        finally:
+            windows.ends_beside = None
+        if end_s is None:
+            return None
+        self._beside = replay
+        self._beside_step = step
+        service.claim_beside(self._on_service_change)
+        if replay.other_done_s < math.inf:
+            # The other job ends inside: its replica plans then, so the window is cut there.
+            service.check_at(replay.other_done_s)
+        self.num_windows_beside += 1
+        return end_s
+
+    def in_window_beside(self) -> bool:
+        return self._beside is not None
+
+    def _on_service_change(self) -> None:
+        """The service is read or changed: cut the window (``Replica.interrupt`` calls
+        ``end_beside`` once it has)."""
+        replica = self.replica
+        assert replica is not None
+        replica.interrupt()
+
+    def end_beside(self, step: Step) -> None:
+        """The window beside another job was cut back to ``step``, the step in progress:
+        leave the service as stepping has it now, that step's job included."""
+        replay = self._beside
+        assert replay is not None
+        replica = self.replica
+        assert replica is not None
+        self._end_beside(step, replay.num_steps, replica.sim.now_s)
+
+    def _end_beside(self, step: Step, num_steps: int, stop_s: float) -> None:
+        replay = self._beside
+        assert replay is not None
+        self._beside = None
+        self._beside_step = None
+        replay.run(num_steps, stop_s)
+        other = replay.other
+        works = {other.client: replay.other_work, self.client: replay.own_work}
+        service = self.service
+        self.num_shared_steps += replay.num_jobs
+        if replay.state == NOT_STARTED:  # (it opened at this instant: nothing ran)
+            service.resume_beside(replay.updated_s, other, replay.left, replay.other_rate,
+                                  works, replay.used, self.key, replay.num_changes,
+                                  replay.num_jobs, None, math.inf, False)
+            self.run_as_job(step)
+            return
+        job = None
+        if replay.state == JOB_ACTIVE:
+            replica = self.replica
+            assert replica is not None and replay.step_start_s == step.start_s
+            job = Job(replay.work, dict(self.uses), replay.weight, replay.max_rate,
+                      self._on_done, None, self.client)
+            job.work_left = replay.work_left
+            job.rate = replay.rate
+            job.active = True
+            job.started_s = replay.step_start_s
+            self._job = job
+            self._job_step = step
+            self._job_private_end_s = replay.private_end_s
+            self._used_blocks = replica.kv.num_used_blocks
+            step.end_s = math.inf  # (its end comes with the job's; the old event is ignored)
+        else:  # its work done: it ends as its arithmetic does (the window's end time)
+            assert step.end_s == replay.end_s, (step.end_s, replay.end_s)
+        service.resume_beside(replay.updated_s, other, replay.left, replay.other_rate, works,
+                              replay.used, self.key, replay.num_changes, replay.num_jobs, job,
+                              replay.check_s, True)
 
     def run_as_job(self, step: Step, delay_s: float | None = None,
                    work: float | None = None) -> None:

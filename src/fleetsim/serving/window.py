@@ -173,6 +173,11 @@ class DecodeWindows:
         self._base_by_n: list[float] = []
         self._per_kv_by_n: list[float] = []
         self._extra_by_n: list[float] = []
+        # Set for one ``open`` by a replica whose steps run beside another job on a shared
+        # resource (``beside.py``): the window's end times, as ``_ends_python`` takes its
+        # arguments (it may give fewer than asked: stopping early is always exact).
+        self.ends_beside: Callable[[float, int, int, int, list[tuple[int, int]]],
+                                   list[float]] | None = None
 
     def open(self, step: Step, until_s: float, through: bool = False,
              rule: RepeatRule | None = None) -> float | None:
@@ -241,7 +246,16 @@ class DecodeWindows:
             k = _steps_within(decodes, bs, per_entry, free, k)
         exact = rule is not None
         step_s: list[float] = []  # (each step's duration: kept for an exact window only)
-        if k == 1:
+        beside = self.ends_beside
+        if beside is not None:
+            assert rule is None
+            leaving: list[tuple[int, int]] = []  # (as ``finishes`` below)
+            if min_left < k:
+                leaving = [(lefts[i], decodes[i].num_computed_tokens) for i in range(n)
+                           if lefts[i] < k]
+                leaving.sort()
+            ends = beside(start_s, n, kv_tokens, k, leaving)
+        elif k == 1:
             first_s = self._decode_step_s(n, kv_tokens)
             ends = [start_s + first_s]
             step_s.append(first_s)
