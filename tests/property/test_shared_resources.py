@@ -22,6 +22,7 @@ from fleetsim.serving.resources import (
     _one_resource_rates,
     _progressive_filling,
     max_min_rates,
+    two_job_rates,
 )
 from fleetsim.serving.shared_steps import SharedStepModel, StepDemand
 
@@ -80,6 +81,21 @@ def test_a_lone_job_takes_the_one_round_the_general_path_takes():
                     general = _progressive_filling(jobs, {"ddr": capacity})
                     assert _one_resource_rates(jobs, "ddr", capacity) == general, (
                         use, weight, cap, capacity)
+
+
+def test_two_jobs_take_the_rounds_the_general_path_takes():
+    """Two jobs on one resource (``two_job_rates``, the unrolled rounds: an SoC's NPU and
+    iGPU, and every step of a window beside another job) get the general rounds' rates for
+    every pair of uses, weights and caps tried, at every capacity, bit for bit."""
+    one = [({"ddr": use}, weight, cap) for use in (0.0, 1.0, 0.3, 7.25)
+           for weight in (0.5, 1.0, 7.0) for cap in (math.inf, 0.7, 1.0 / 3.0, 0.912)]
+    for a in one:
+        for b in one:
+            for capacity in (0.0, 1.0, 3.0, 1e-9, 123.456, math.inf):
+                jobs = _jobs([a, b])
+                general = _progressive_filling(jobs, {"ddr": capacity})
+                assert list(two_job_rates(*jobs, capacity)) == general, (a, b, capacity)
+                assert _one_resource_rates(jobs, "ddr", capacity) == general
 
 
 @settings(max_examples=300, deadline=None)

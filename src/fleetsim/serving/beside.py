@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Final
 
-from fleetsim.serving.resources import DONE_S, Job, ResourceKey, max_min_rates, one_job_rate
+from fleetsim.serving.resources import DONE_S, Job, ResourceKey, one_job_rate, two_job_rates
 
 if TYPE_CHECKING:
     from fleetsim.serving.shared_steps import SharedStepModel
@@ -47,12 +47,10 @@ class BesideReplay:
     other job ``other``: run once when the window opens (its end times, and when ``other``
     ends) and again, from the same snapshot, when it is cut or ends (the state then)."""
 
-    def __init__(self, model: SharedStepModel, key: ResourceKey, capacity: dict, client: str,
+    def __init__(self, model: SharedStepModel, key: ResourceKey, capacity: float, client: str,
                  other: Job, updated_s: float, work_by_client: dict[str, float],
                  used: float) -> None:
         self.model = model
-        self.key = key
-        self.capacity = capacity
         self.client = client
         self.other = other
         # The snapshot every replay starts from (the service's state as the window opens).
@@ -74,7 +72,13 @@ class BesideReplay:
         self.num_steps = 0  # the most steps the window may have
         # A job as the service would hold for the step: only its weight, cap and use are read.
         self._mine = Job(0.0, {key: 1.0}, 1.0, math.inf, _ignore, None, client)
-        self._pair = [other, self._mine]
+        self._capacity = capacity  # (the resource's, units/s)
+        # Each step's parts (private seconds, work, weight, cap) as the first replay priced
+        # them: a later replay covers the same steps, so it reads them instead.
+        self._private_s: list[float] = []
+        self._work: list[float] = []
+        self._weight: list[float] = []
+        self._max_rate: list[float] = []
         self._reset()
 
     def _reset(self) -> None:
@@ -132,15 +136,20 @@ class BesideReplay:
                 n -= 1  # before step j have left; as ``_stretches`` counts)
                 kv_tokens -= finishes[f][1]
                 f += 1
-            # (step j's KV: each decoder left holds its computed tokens plus j)
-            d = model.demand(no_chunks, n, kv_tokens + n * j)
+            if j == len(self._work):
+                # (step j's KV: each decoder left holds its computed tokens plus j)
+                d = model.demand(no_chunks, n, kv_tokens + n * j)
+                mr = d.max_rate
+                self._private_s.append(float(d.private_s))
+                self._work.append(float(d.work))
+                self._weight.append(float(d.weight))
+                self._max_rate.append(float(model.max_rate if model.max_rate < mr else mr))
             self.step = j
             self.step_start_s = t
-            self.work = float(d.work)
-            self.weight = float(d.weight)
-            mr = d.max_rate
-            self.max_rate = float(model.max_rate if model.max_rate < mr else mr)
-            if not self._step(t, d.private_s, stop_s):
+            self.work = self._work[j]
+            self.weight = self._weight[j]
+            self.max_rate = self._max_rate[j]
+            if not self._step(t, self._private_s[j], stop_s):
                 return
             if ends is not None:
                 ends.append(self.end_s)
@@ -179,9 +188,7 @@ class BesideReplay:
         mine = self._mine
         mine.weight = self.weight
         mine.max_rate = self.max_rate
-        rates = max_min_rates(self._pair, self.capacity)
-        self.other_rate = rates[0]
-        self.rate = rates[1]
+        self.other_rate, self.rate = two_job_rates(self.other, mine, self._capacity)
         self.num_changes += 1
         check_s = self._next_check(t, True)
         while True:
@@ -203,7 +210,7 @@ class BesideReplay:
         self.work_left = 0.0
         self.rate = 0.0
         done_s = check_s
-        self.other_rate = one_job_rate(self.other, self.capacity[self.key])
+        self.other_rate = one_job_rate(self.other, self._capacity)
         pe = self.private_end_s
         self.end_s = pe if pe > done_s else done_s  # max(now, private end)
         check_s = self._next_check(done_s, False)

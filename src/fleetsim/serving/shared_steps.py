@@ -244,7 +244,7 @@ class SharedSteps:
         other = service.job_beside(self.uses, self.client)
         assert other is not None
         key = self.key
-        replay = BesideReplay(self.model, key, service.capacity, self.client, other,
+        replay = BesideReplay(self.model, key, service.capacity[key], self.client, other,
                               service.updated_s, service.work_by_client,
                               service.used_by_resource[key])
         windows.ends_beside = replay.ends
