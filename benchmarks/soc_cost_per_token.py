@@ -18,8 +18,13 @@ pure Python.
 per step it does not fast-forward) and the CPU inside ``AgentXpuPlanner.plan`` (each call
 timed, the timer's own cost included), per generated token.
 
+``--scaling`` asks whether the cost follows the requests or the tokens: the P/D pair, without
+and with ``agent_xpu``, on the same requests with every output one token long (prefill only),
+as drawn, and 2x and 4x as long (least CPU of ``--repeat`` runs each; at 60 a minute the
+longer outputs overload the iGPU, so run it at ``--per-min 30``).
+
     python benchmarks/soc_cost_per_token.py [--per-min 60] [--minutes 30] [--slots 8] [--flows 4]
-                                            [--repeat 5] [--planner]
+                                            [--repeat 5] [--planner] [--scaling]
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ def main() -> None:
                         help="rounds; each system's least CPU is reported")
     parser.add_argument("--planner", action="store_true",
                         help="also time agent_xpu's planner (plans, us a plan)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="only: the P/D pair's CPU with outputs 1 token, 1x, 2x, 4x")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
@@ -86,10 +93,13 @@ def main() -> None:
                            duration_s=args.minutes * 60.0)
     wl = _workload(traffic)
     tokens = int(wl.num_output_tokens.sum())
-    print(f"engine {native.engine()}; {len(wl)} requests, {tokens} generated tokens; "
-          f"CPU microseconds per generated token, least of {args.repeat} rounds")
     pd = [{"name": "p", "gpu": "npu", "role": "prefill"},
           {"name": "d", "gpu": "igpu", "role": "decode"}]
+    if args.scaling:
+        _scaling(wl, pd, args.slots, args.repeat)
+        return
+    print(f"engine {native.engine()}; {len(wl)} requests, {tokens} generated tokens; "
+          f"CPU microseconds per generated token, least of {args.repeat} rounds")
     systems = (
         ("cluster.soc, iGPU only", [{"name": "igpu", "gpu": "igpu"}], True, None),
         ("cluster.soc, NPU prefill + iGPU decode", pd, True, None),
@@ -127,6 +137,29 @@ def main() -> None:
               f"{plan_s / plans * 1e6:.2f} us a plan, {plan_s / tokens * 1e6:.3f} us a token "
               f"({plan_s / tokens / main_per_token:.1f}x the main engine's whole run)")
 
+
+
+def _scaling(wl: Workload, pd: list[dict], slots: int, repeat: int) -> None:
+    """CPU of the P/D pair on ``wl``'s requests with outputs of one token, and 1x, 2x, 4x
+    as drawn."""
+    print(f"engine {native.engine()}; {len(wl)} requests; CPU ms of the whole run, least of "
+          f"{repeat}")
+    outputs = (("1 token each", np.ones(len(wl), dtype=np.int64)),
+               *((f"{k}x as drawn", wl.num_output_tokens * k) for k in (1, 2, 4)))
+    for label, out in outputs:
+        w = Workload(arrival_s=wl.arrival_s, num_prompt_tokens=wl.num_prompt_tokens,
+                     num_output_tokens=out, name=wl.name)
+        cells = []
+        for batching in (None, "agent_xpu"):
+            config = config_from_dict(_config(pd, slots, True, batching))
+            best = math.inf
+            for _ in range(repeat):
+                t0 = time.process_time()
+                result = run(config, workload=w)
+                best = min(best, time.process_time() - t0)
+            cells.append(f"{best * 1e3:7.1f} ms (last end {result.summary['makespan_s']:,.0f} s)")
+        print(f"  outputs {label:13s} {int(out.sum()):9,} tokens   P/D pair {cells[0]}   "
+              f"agent_xpu {cells[1]}")
 
 
 if __name__ == "__main__":
