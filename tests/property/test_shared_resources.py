@@ -358,13 +358,15 @@ def _service_totals(cluster):
        caps=st.tuples(st.sampled_from([0.4, 1.0, math.inf]),
                       st.sampled_from([0.4, 1.0, math.inf])),
        fixed=st.tuples(st.sampled_from([0.0, 0.004]), st.sampled_from([0.0, 0.004])),
-       layout=st.sampled_from(["pd", "mixed2"]), until=st.sampled_from([math.inf, 0.5]))
+       layout=st.sampled_from(["pd", "mixed2", "mixed3"]),
+       until=st.sampled_from([math.inf, 0.5]))
 def test_windows_beside_a_job_equal_stepping_bit_for_bit(seed, n, rate, weights, caps, fixed,
                                                          layout, until):
     """Decode windows run beside another replica's job (``serving/beside.py``) replay the
     service's events: every request's times, the work each client did, the resource's use
     and the service's counts of jobs and allocations equal step by step's bit for bit,
-    also when the run stops mid-window (``until_s``)."""
+    also when the run stops mid-window (``until_s``) and when a third replica's job comes
+    (``mixed3``: three replicas on the resource)."""
     rng = np.random.default_rng(seed)
     w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 700, n),
                       rng.integers(1, 150, n))
@@ -372,10 +374,13 @@ def test_windows_beside_a_job_equal_stepping_bit_for_bit(seed, n, rate, weights,
                         overlap=True)
     b = SharedStepModel(CappedSplit(1e-5, 5e-5, weights[1], caps[1], fixed[1]), "sms", 1.5,
                         overlap=True)
-    roles = ("prefill", "decode") if layout == "pd" else ("mixed", "mixed")
+    roles = {"pd": ("prefill", "decode"), "mixed2": ("mixed", "mixed"),
+             "mixed3": ("mixed", "mixed", "mixed")}[layout]
+    models = (a, b, SharedStepModel(CappedSplit(3e-5, 2e-5, 2.0, caps[1], fixed[0]), "sms",
+                                    1.5, overlap=True))
     pools = [PoolSetup(name=f"x{i}", role=role, num_replicas=1, step_model=m,
                        num_kv_blocks=3000, link_bw_bytes_per_s=math.inf)
-             for i, (role, m) in enumerate(zip(roles, (a, b), strict=True))]
+             for i, (role, m) in enumerate(zip(roles, models[:len(roles)], strict=True))]
     out, totals = [], []
     for ff in (True, False):
         rec, cluster = simulate_cluster(
