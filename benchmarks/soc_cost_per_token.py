@@ -6,17 +6,20 @@ retired SoC loop, ``soc/engine.py``, cost 25-60x). The requests are Agent.xpu's 
 traffic (Poisson, lengths from the Azure 2023 conversation trace, prompts capped at 2,048),
 served by an iGPU engine that batches up to ``--slots`` requests, by prefill on the NPU with
 decode on the iGPU (both on the shared DDR), and by Agent.xpu's scheduler (``agent_xpu``) on
-that P/D pair. The last line adds ``--flows`` proactive flows to the reactive traffic (each
-issues its next request when its last one ends: Agent.xpu's mixed traffic, two classes on
-the iGPU), per token it generates. CPU time is the process's (``time.process_time``), the
-least of ``--repeat`` rounds of every system (a round runs each once; the main engine's run
-takes about 17 ms, so one run of it is mostly noise: measured once, its cost was overstated
-about 2x and every ratio understated as much); run it with ``FLEETSIM_PURE=1`` to measure
-pure Python.
+that P/D pair. Two more main-engine runs set the SoC beside the same topology: a P/D pair of
+H100s (the same steps and handoffs, no shared DDR) and that pair with prompts cut into
+agent_xpu's 256-token chunks (the prefill side's steps under agent_xpu); the last line gives
+those two ratios. ``agent_xpu, N proactive flows`` adds ``--flows`` background flows to the
+reactive traffic (each issues its next request when its last one ends: Agent.xpu's mixed
+traffic, two classes on the iGPU), per token it generates. CPU time is the process's
+(``time.process_time``), the least of ``--repeat`` rounds of every system (a round runs each
+once; the main engine's run takes about 17 ms, so one run of it is mostly noise: measured once,
+its cost was overstated about 2x and every ratio understated as much); run it with
+``FLEETSIM_PURE=1`` to measure pure Python.
 
-``--planner`` adds the planner's own share for ``agent_xpu`` on NPU + iGPU: its plans (one
-per step it does not fast-forward) and the CPU inside ``AgentXpuPlanner.plan`` (each call
-timed, the timer's own cost included), per generated token.
+``--planner`` adds the planner's own share for ``agent_xpu`` on NPU + iGPU: its plans (one per
+step it does not fast-forward) and the CPU inside ``AgentXpuPlanner.plan`` (each call timed,
+the timer's own cost included), per generated token.
 
 ``--scaling`` asks whether the cost follows the requests or the tokens: the P/D pair, without
 and with ``agent_xpu``, on the same requests with every output one token long (prefill only),
@@ -56,11 +59,12 @@ from cost_per_token import method_share  # noqa: E402
 MODEL = "Llama-3.2-3B"
 
 
-def _config(pools: list[dict], slots: int, soc: bool, batching: str | None) -> dict:
+def _config(pools: list[dict], slots: int, soc: bool, batching: str | None,
+            chunk_tokens: int = 2048) -> dict:
     return {"model": MODEL, "seed": 0,
             "cluster": {"pools": pools, **({"soc": {}} if soc else {}),
                         "link": {"latency_s": 0.0}},
-            "engine": {"max_running": slots, "max_batched_tokens": 2048 + slots},
+            "engine": {"max_running": slots, "max_batched_tokens": chunk_tokens + slots},
             "policy": {"batching": {"name": batching}} if batching else {}}
 
 
@@ -100,19 +104,27 @@ def main() -> None:
         return
     print(f"engine {native.engine()}; {len(wl)} requests, {tokens} generated tokens; "
           f"CPU microseconds per generated token, least of {args.repeat} rounds")
-    systems = (
-        ("cluster.soc, iGPU only", [{"name": "igpu", "gpu": "igpu"}], True, None),
-        ("cluster.soc, NPU prefill + iGPU decode", pd, True, None),
-        ("cluster.soc, agent_xpu on NPU + iGPU", pd, True, "agent_xpu"),
-        ("main engine, one H100", [{"name": "gpu", "gpu": "H100"}], False, None),
+    pd_h100 = [{"name": "p", "gpu": "H100", "role": "prefill"},
+               {"name": "d", "gpu": "H100", "role": "decode"}]
+    main_label = "main engine, one H100"
+    chunk = AgentXpuPlanner().chunk_tokens
+    systems = (  # (label, pools, on the SoC, batching, prompt tokens a step)
+        ("cluster.soc, iGPU only", [{"name": "igpu", "gpu": "igpu"}], True, None, 2048),
+        ("cluster.soc, NPU prefill + iGPU decode", pd, True, None, 2048),
+        ("cluster.soc, agent_xpu on NPU + iGPU", pd, True, "agent_xpu", 2048),
+        (main_label, [{"name": "gpu", "gpu": "H100"}], False, None, 2048),
+        # The main engine with the SoC's topology (a P/D pair: the same steps and handoffs)
+        # and with agent_xpu's prompt chunks (its steps on the prefill side).
+        ("main engine, H100 P/D pair", pd_h100, False, None, 2048),
+        (f"main engine, H100 P/D pair, {chunk}-token chunks", pd_h100, False, None, chunk),
     )
     mixed = AgentTraffic(reactive_per_min=args.per_min, num_proactive_flows=args.flows,
                          duration_s=args.minutes * 60.0)
     best = {label: math.inf for label, *_ in systems}
     mixed_cpu, mixed_tokens = math.inf, 0
     for _round in range(args.repeat):  # (rounds interleave the systems: load drifts alike)
-        for label, pools, soc, batching in systems:
-            config = config_from_dict(_config(pools, args.slots, soc, batching))
+        for label, pools, soc, batching, chunk_tokens in systems:
+            config = config_from_dict(_config(pools, args.slots, soc, batching, chunk_tokens))
             t0 = time.process_time()
             result = run(config, workload=wl)
             best[label] = min(best[label], time.process_time() - t0)
@@ -122,13 +134,18 @@ def main() -> None:
         out = run_agent_traffic(config, mixed)
         mixed_cpu = min(mixed_cpu, time.process_time() - t0)
         mixed_tokens = int(out.records.requests["num_output_tokens"].sum())
-    main_per_token = best[systems[-1][0]] / tokens
+    main_per_token = best[main_label] / tokens
     for label, cpu in best.items():
-        print(f"  {label:42s} {cpu / tokens * 1e6:8.3f}  ({cpu / tokens / main_per_token:5.2f}x "
+        print(f"  {label:48s} {cpu / tokens * 1e6:8.3f}  ({cpu / tokens / main_per_token:5.2f}x "
               f"main)")
-    label = f"  ... with {args.flows} proactive flows ({mixed_tokens} tokens)"
-    print(f"{label:44s} {mixed_cpu / mixed_tokens * 1e6:8.3f}  "
+    label = f"  agent_xpu, {args.flows} proactive flows ({mixed_tokens} tokens)"
+    print(f"{label:50s} {mixed_cpu / mixed_tokens * 1e6:8.3f}  "
           f"({mixed_cpu / mixed_tokens / main_per_token:5.2f}x main)")
+    same = best["main engine, H100 P/D pair"]
+    print(f"  the same topology on the main engine: NPU prefill + iGPU decode "
+          f"{best['cluster.soc, NPU prefill + iGPU decode'] / same:.2f}x the H100 P/D pair; "
+          f"agent_xpu {best['cluster.soc, agent_xpu on NPU + iGPU'] / best[systems[-1][0]]:.2f}x "
+          f"the pair with {chunk}-token chunks")
     if args.planner:
         config = config_from_dict(_config(pd, args.slots, True, "agent_xpu"))
         plans, plan_s = method_share(AgentXpuPlanner, "plan", lambda: run(config, workload=wl),
