@@ -196,6 +196,16 @@ class Split:
                           0.002 + self.w * tokens, self.weight)
 
 
+def _sms_run(w, pools, fast_forward, until_s=math.inf):
+    """``w`` on ``pools`` (round robin, then least loaded to decode), checked as it runs."""
+    return simulate_cluster(
+        w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
+        make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
+        rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
+        block_size=16, max_batched_tokens=1024, max_running=32, fast_forward=fast_forward,
+        debug=True, until_s=until_s)
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 40),
        rate=st.sampled_from([5.0, 50.0, 500.0]),
@@ -213,12 +223,7 @@ def test_shared_pool_fast_forward_equals_stepping(seed, n, rate, weights, overla
              for i, (role, m) in enumerate(zip(roles, (a, b), strict=True))]
     out = []
     for ff in (True, False):
-        rec, cluster = simulate_cluster(
-            w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
-            make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
-            rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
-            block_size=16, max_batched_tokens=1024, max_running=32, fast_forward=ff,
-            debug=True)
+        rec, cluster = _sms_run(w, pools, ff)
         assert len(rec.requests["request_id"]) == n  # every request finishes
         assert cluster.resources is not None and not cluster.resources.active
         out.append(rec)
@@ -383,12 +388,7 @@ def test_windows_beside_a_job_equal_stepping_bit_for_bit(seed, n, rate, weights,
              for i, (role, m) in enumerate(zip(roles, models[:len(roles)], strict=True))]
     out, totals = [], []
     for ff in (True, False):
-        rec, cluster = simulate_cluster(
-            w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
-            make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
-            rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
-            block_size=16, max_batched_tokens=1024, max_running=32, fast_forward=ff,
-            debug=True, until_s=until)
+        rec, cluster = _sms_run(w, pools, ff, until)
         if until == math.inf:
             assert len(rec.requests["request_id"]) == n
             assert not cluster.resources.active

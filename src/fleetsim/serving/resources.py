@@ -208,50 +208,17 @@ def two_job_rates(a: Job, b: Job, capacity: float) -> tuple[float, float]:
     ua, ub = a.single_use, b.single_use
     wa, wb = a.weight, b.weight
     ma, mb = a.max_rate, b.max_rate
-    # The first round: both unfrozen.
-    demand = 0.0
-    drawn = False
-    if ua > 0:
-        demand = demand + ua * wa
-        drawn = True
-    if ub > 0:
-        demand = demand + ub * wb
-        drawn = True
-    left = capacity
-    level = math.inf
-    fill = math.inf
-    if drawn and left < math.inf:
-        fill = (0.0 if left < 0.0 else left) / demand
-        if fill < level:
-            level = fill
-    cap = ma / wa
-    if cap < level:
-        level = cap
-    cap = mb / wb
-    if cap < level:
-        level = cap
-    full = drawn and left < math.inf and fill <= level
     xa = xb = 0.0
     frozen_a = frozen_b = False
-    capped = ma / wa <= level
-    if capped or (full and ua > 0) or level == math.inf:
-        xa = ma if capped else wa * level
-        frozen_a = True
-        if ua > 0 and left < math.inf:
-            left -= ua * xa
-    capped = mb / wb <= level
-    if capped or (full and ub > 0) or level == math.inf:
-        xb = mb if capped else wb * level
-        frozen_b = True
-        if ub > 0 and left < math.inf:
-            left -= ub * xb
-    # Later rounds: one job left (each round freezes at least one).
-    while not (frozen_a and frozen_b):
-        u, w, m = (ub, wb, mb) if frozen_a else (ua, wa, ma)
+    left = capacity
+    while not (frozen_a and frozen_b):  # (each round freezes at least one)
         demand = 0.0
         drawn = False
-        if u > 0:
-            demand = demand + u * w
+        if not frozen_a and ua > 0:
+            demand = demand + ua * wa
+            drawn = True
+        if not frozen_b and ub > 0:
+            demand = demand + ub * wb
             drawn = True
         level = math.inf
         fill = math.inf
@@ -259,21 +226,29 @@ def two_job_rates(a: Job, b: Job, capacity: float) -> tuple[float, float]:
             fill = (0.0 if left < 0.0 else left) / demand
             if fill < level:
                 level = fill
-        cap = m / w
-        if cap < level:
-            level = cap
+        if not frozen_a:
+            cap = ma / wa
+            if cap < level:
+                level = cap
+        if not frozen_b:
+            cap = mb / wb
+            if cap < level:
+                level = cap
         full = drawn and left < math.inf and fill <= level
-        capped = m / w <= level
-        if capped or (full and u > 0) or level == math.inf:
-            x = m if capped else w * level
-            if u > 0 and left < math.inf:
-                left -= u * x
-            if frozen_a:
-                xb = x
-                frozen_b = True
-            else:
-                xa = x
+        if not frozen_a:
+            capped = ma / wa <= level
+            if capped or (full and ua > 0) or level == math.inf:
+                xa = ma if capped else wa * level
                 frozen_a = True
+                if ua > 0 and left < math.inf:
+                    left -= ua * xa
+        if not frozen_b:
+            capped = mb / wb <= level
+            if capped or (full and ub > 0) or level == math.inf:
+                xb = mb if capped else wb * level
+                frozen_b = True
+                if ub > 0 and left < math.inf:
+                    left -= ub * xb
     return xa, xb
 
 
