@@ -46,6 +46,28 @@ XPU = repro.agent_xpu_system(SETUP, COST)
 
 # ---- DDR sharing and the device model ------------------------------------------------------
 
+@pytest.mark.parametrize("accelerator", ["npu", "igpu"])
+def test_a_steps_split_is_the_roofline_of_its_op(accelerator):
+    """``SocSplit`` prices a step from constants kept at construction (the model's attention
+    shape, a decode token's attention FLOPs, the accelerator's FLOP rate): the same floats as
+    the op cost and ``flops_s`` computed from the specs, for prefill chunks and decodes."""
+    from fleetsim.perf.soc import SocSplit, draw_bytes_per_s, flops_s
+
+    m = COST.model
+    assert COST.decode_attention_flops == (4.0 * 1 * 1 * m.num_attention_heads * m.head_dim
+                                           * m.num_layers)
+    split = SocSplit(COST, SOC, accelerator)
+    acc = SOC.accelerator(accelerator)
+    for chunks, num_decode, kv_tokens in (((), 1, 7), (((256, 0),), 0, 0),
+                                          (((100, 900), (3, 0)), 5, 4321), ((), 64, 10**6)):
+        op = COST.step(list(chunks), num_decode, kv_tokens)
+        private_s = flops_s(acc, op.flops)
+        demand = draw_bytes_per_s(private_s, op.bytes, split.max_draw_bytes_per_s)
+        assert split.split(chunks, num_decode, kv_tokens) == (private_s, op.bytes, 1.0, demand)
+    contexts = [10, 2000, 37]
+    assert COST.decode(contexts) == COST.step((), len(contexts), sum(contexts) - len(contexts))
+
+
 @pytest.mark.parametrize(("demands", "total", "want"), [
     ([10.0, 100.0], 50.0, [10.0, 40.0]),   # the small asker is served in full
     ([100.0, 100.0], 50.0, [25.0, 25.0]),  # equal askers split evenly

@@ -53,6 +53,13 @@ class ModelCost:
     weight_bytes: float = field(init=False, repr=False, compare=False)
     kv_bytes_per_token: int = field(init=False, repr=False, compare=False)
     """The model's KV bytes per token (MLA's latent included), at ``kv_dtype_bytes``."""
+    # The model's attention shape, read at every step (the model spec is interpreted: three
+    # attribute lookups a step), and a decode token's attention FLOPs (``_attention_flops(1,
+    # 1)``, the same float whenever it is computed).
+    num_heads: int = field(init=False, repr=False, compare=False)
+    head_dim: int = field(init=False, repr=False, compare=False)
+    num_layers: int = field(init=False, repr=False, compare=False)
+    decode_attention_flops: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.bits_per_weight <= 16:
@@ -66,11 +73,15 @@ class ModelCost:
         object.__setattr__(self, "weight_bytes", streamed * self.bits_per_weight / 8)
         object.__setattr__(self, "kv_bytes_per_token",
                            m.kv_bytes_per_token(kv_dtype_bytes=self.kv_dtype_bytes))
+        object.__setattr__(self, "num_heads", m.num_attention_heads)
+        object.__setattr__(self, "head_dim", m.head_dim)
+        object.__setattr__(self, "num_layers", m.num_layers)
+        object.__setattr__(self, "decode_attention_flops", self._attention_flops(1, 1))
 
     def _attention_flops(self, num_query: int, context: float) -> float:
         # QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add, per query head and layer
-        m = self.model
-        return 4.0 * num_query * context * m.num_attention_heads * m.head_dim * m.num_layers
+        return (4.0 * num_query * context * self.num_heads * self.head_dim
+                * self.num_layers)
 
     def prefill(self, num_tokens: int, num_cached: int) -> OpCost:
         """A chunk of ``num_tokens`` prompt tokens after ``num_cached`` already in the KV."""
@@ -84,7 +95,7 @@ class ModelCost:
         """One decode step of a batch whose sequences hold ``contexts`` tokens each."""
         batch = len(contexts)
         total = sum(contexts)
-        flops = 2.0 * batch * self.streamed_params + self._attention_flops(1, 1) * total
+        flops = 2.0 * batch * self.streamed_params + self.decode_attention_flops * total
         kv = self.kv_bytes_per_token * (total + batch)
         return OpCost(flops, self.weight_bytes + kv)
 
@@ -113,7 +124,7 @@ class ModelCost:
         if num_decode:
             total = kv_tokens + num_decode
             flops += (2.0 * num_decode * self.streamed_params
-                      + self._attention_flops(1, 1) * total)
+                      + self.decode_attention_flops * total)
             kv_bytes += kv * (total + num_decode)
         return flops, self.weight_bytes + kv_bytes
 
@@ -168,12 +179,16 @@ class SocSplit:
         self.accelerator = soc.accelerator(accelerator)
         self.max_draw_bytes_per_s = self.accelerator.max_draw_bytes_per_s(
             soc.ddr_bw_bytes_per_s)
+        # ``flops_s``'s divisor, the same product (the accelerator spec is interpreted: two
+        # attribute lookups a step)
+        acc = self.accelerator
+        self.flops_per_s = acc.peak_fp16_flops * acc.compute_eff
 
     def split(self, chunks: Sequence[tuple[int, int]], num_decode: int,
               kv_tokens: int) -> tuple[float, float, float, float]:
         """(private seconds, DDR bytes, weight 1, the step's most bytes/s)."""
         flops, nbytes = self.cost.step_flops_bytes(chunks, num_decode, kv_tokens)
-        private_s = flops_s(self.accelerator, flops)
+        private_s = flops / self.flops_per_s  # (``flops_s``)
         demand = draw_bytes_per_s(private_s, nbytes, self.max_draw_bytes_per_s)
         return private_s, nbytes, 1.0, demand if demand > 0 else math.inf
 
@@ -184,7 +199,7 @@ class SocSplit:
         (private seconds, DDR bytes, the steps' most bytes/s)."""
         c = self.cost
         total = kv_tokens + num_decode
-        flops = 2.0 * num_decode * c.streamed_params + c._attention_flops(1, 1) * total
+        flops = 2.0 * num_decode * c.streamed_params + c.decode_attention_flops * total
         work = c.weight_bytes + c.kv_bytes_per_token * (total + num_decode)
         acc = self.accelerator
         private_s = flops / (acc.peak_fp16_flops * acc.compute_eff)
