@@ -138,12 +138,11 @@ class BesideReplay:
                 f += 1
             if j == len(self._work):
                 # (step j's KV: each decoder left holds its computed tokens plus j)
-                d = model.demand(no_chunks, n, kv_tokens + n * j)
-                mr = d.max_rate
-                self._private_s.append(float(d.private_s))
-                self._work.append(float(d.work))
-                self._weight.append(float(d.weight))
-                self._max_rate.append(float(model.max_rate if model.max_rate < mr else mr))
+                private_s, work, weight, mr = model.parts(no_chunks, n, kv_tokens + n * j)
+                self._private_s.append(private_s)
+                self._work.append(work)
+                self._weight.append(weight)
+                self._max_rate.append(model.max_rate if model.max_rate < mr else mr)
             self.step = j
             self.step_start_s = t
             self.work = self._work[j]

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
+from fleetsim.perf.soc import SocSplit
 from fleetsim.serving.beside import JOB_ACTIVE, NOT_STARTED, BesideReplay
 from fleetsim.serving.contract import new_named_tuple
 from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources, max_min_rates
@@ -78,6 +79,9 @@ class SharedStepModel:
         if not max_rate > 0:
             raise ValueError(f"max_rate must be > 0, got {max_rate}")
         self.splitter = split
+        # The SoC's split, called directly (through the protocol, a compiled call is a
+        # generic one: its arguments boxed, 1-2k instructions a step).
+        self._soc_split = split if isinstance(split, SocSplit) else None
         self.resource = resource
         self.capacity_per_s = float(capacity_per_s)
         self.max_rate = float(max_rate)
@@ -103,11 +107,23 @@ class SharedStepModel:
             return new_named_tuple(StepDemand, d)
         return StepDemand(*d)
 
+    def parts(self, chunks: Sequence[tuple[int, int]], num_decode: int,
+              kv_tokens: int) -> tuple[float, float, float, float]:
+        """``demand``'s (private seconds, work, weight, the step's most work/s) as plain
+        floats: a compiled caller reads them without a named tuple."""
+        soc = self._soc_split
+        if soc is not None:
+            return soc.split(chunks, num_decode, kv_tokens)
+        d = self.splitter.split(chunks, num_decode, kv_tokens)
+        n = len(d)
+        return (float(d[0]), float(d[1]), float(d[2]) if n > 2 else 1.0,
+                float(d[3]) if n > 3 else math.inf)
+
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                     kv_tokens: int) -> float:
-        d = self.splitter.split(chunks, num_decode, kv_tokens)
-        private_s, work = d[0], d[1]
-        shared_s = work / (self.alone_rate if len(d) < 4 else min(self.alone_rate, d[3]))
+        private_s, work, _, max_rate = self.parts(chunks, num_decode, kv_tokens)
+        rate = self.alone_rate
+        shared_s = work / (rate if rate <= max_rate else max_rate)  # min(alone, step's)
         return max(private_s, shared_s) if self.overlap else private_s + shared_s
 
     def decode_step_times_s(self, num_decode: int, kv_tokens: np.ndarray) -> np.ndarray:
@@ -325,19 +341,21 @@ class SharedSteps:
         replica = self.replica
         assert replica is not None
         chunks, num_decode, kv_tokens = _step_args(step)  # (a starred call is generic compiled)
-        d = self.model.demand(chunks, num_decode, kv_tokens)
+        d_private_s, d_work, d_weight, d_max_rate = self.model.parts(chunks, num_decode,
+                                                                     kv_tokens)
         self.num_shared_steps += 1
         self._used_blocks = replica.kv.num_used_blocks
         step.end_s = math.inf  # unknown until the job is done
         if self.model.overlap:
-            private_s = d.private_s if delay_s is None else max(0.0, delay_s)
+            private_s = d_private_s if delay_s is None else max(0.0, delay_s)
             delay = 0.0
         else:
             private_s = 0.0
-            delay = d.private_s if delay_s is None else delay_s
+            delay = d_private_s if delay_s is None else delay_s
         self._job = self.service.start(
-            d.work if work is None else max(0.0, work), self.uses, self._on_done, weight=d.weight,
-            max_rate=min(self.model.max_rate, d.max_rate), delay_s=delay, client=self.client)
+            d_work if work is None else max(0.0, work), self.uses, self._on_done,
+            weight=d_weight, max_rate=min(self.model.max_rate, d_max_rate), delay_s=delay,
+            client=self.client)
         self._job_private_end_s = replica.sim.now_s + private_s
         self._job_step = step
 
