@@ -49,6 +49,7 @@ from fleetsim.serving.kv_cache import (
     blocks_short,
 )
 from fleetsim.serving.request import Request
+from fleetsim.serving.shared_steps import SharedStepModel
 from fleetsim.serving.speculative import Emission
 
 FinishFn = Callable[[Request, float], None]
@@ -525,7 +526,10 @@ class DecodeWindows:
         """``step_time_s((), n, kv_tokens)``, from the decode terms where the model has them
         (the same floats: ``decode_terms_s`` promises it; cheaper, the terms are kept)."""
         if not self._has_terms:
-            return self.step_model.step_time_s((), n, kv_tokens)
+            model = self.step_model
+            if isinstance(model, SharedStepModel):  # (a direct call when compiled)
+                return model.step_time_s((), n, kv_tokens)
+            return model.step_time_s((), n, kv_tokens)
         base, per_kv, extra = self._decode_terms(n)
         return (base + per_kv * float(kv_tokens)) + extra
 
@@ -626,13 +630,19 @@ class DecodeWindows:
         at most ``SCALAR_WINDOW_STEPS`` steps of a model that allows it (``scalar_windows``)
         is priced step by step with the same adds."""
         if k <= SCALAR_WINDOW_STEPS and self._scalar_windows:
-            step_time = self.step_model.step_time_s
+            model = self.step_model
+            # (a shared-resource model, the SoC's, called directly: through the protocol a
+            # compiled call is generic, its arguments boxed every step)
+            shared = model if isinstance(model, SharedStepModel) else None
+            step_time = model.step_time_s
             no_chunks: tuple[tuple[int, int], ...] = ()
             ends: list[float] = []
             t = start_s
             for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
                 for j in range(b - a):
-                    d = step_time(no_chunks, size, kv_at_a + size * j)
+                    d = (shared.step_time_s(no_chunks, size, kv_at_a + size * j)
+                         if shared is not None
+                         else step_time(no_chunks, size, kv_at_a + size * j))
                     if step_s is not None:
                         step_s.append(d)
                     t += d
