@@ -9,6 +9,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetsim.cli import main
 from fleetsim.models import get_model
@@ -66,6 +68,24 @@ def test_a_steps_split_is_the_roofline_of_its_op(accelerator):
         assert split.split(chunks, num_decode, kv_tokens) == (private_s, op.bytes, 1.0, demand)
     contexts = [10, 2000, 37]
     assert COST.decode(contexts) == COST.step((), len(contexts), sum(contexts) - len(contexts))
+
+
+@settings(max_examples=300, deadline=None)
+@given(accelerator=st.sampled_from(["npu", "igpu"]), num_decode=st.integers(0, 512),
+       kv_tokens=st.integers(0, 4_000_000))
+def test_a_decode_step_is_priced_as_the_general_split_prices_it(accelerator, num_decode,
+                                                                kv_tokens):
+    """A decode window's shortcut (``SocSplit.decode_split``, no walk over prefill chunks)
+    gives the general split's floats bit for bit, and so do the step model's decode prices."""
+    from fleetsim.soc_pools import soc_step_model
+
+    model = soc_step_model(SOC, COST, accelerator)
+    split = model.splitter
+    assert split.decode_split(num_decode, kv_tokens) == split.split((), num_decode, kv_tokens)
+    assert model.decode_parts(num_decode, kv_tokens) == model.parts((), num_decode, kv_tokens)
+    if num_decode:
+        assert model.decode_step_s(num_decode, kv_tokens) == model.step_time_s(
+            [], num_decode, kv_tokens)
 
 
 @pytest.mark.parametrize(("demands", "total", "want"), [

@@ -192,6 +192,22 @@ class SocSplit:
         demand = draw_bytes_per_s(private_s, nbytes, self.max_draw_bytes_per_s)
         return private_s, nbytes, 1.0, demand if demand > 0 else math.inf
 
+    def decode_split(self, num_decode: int, kv_tokens: int
+                     ) -> tuple[float, float, float, float]:
+        """``split((), num_decode, kv_tokens)`` with its float operations, without the walk
+        over prefill chunks (a decode window prices each of its steps so)."""
+        c = self.cost
+        flops = 0.0
+        kv_bytes = 0.0
+        if num_decode:
+            total = kv_tokens + num_decode
+            flops += (2.0 * num_decode * c.streamed_params + c.decode_attention_flops * total)
+            kv_bytes += c.kv_bytes_per_token * (total + num_decode)
+        nbytes = c.weight_bytes + kv_bytes
+        private_s = flops / self.flops_per_s
+        demand = draw_bytes_per_s(private_s, nbytes, self.max_draw_bytes_per_s)
+        return private_s, nbytes, 1.0, demand if demand > 0 else math.inf
+
     def decode_private_s(self, num_decode: int, kv_tokens: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``split`` of decode-only steps for each ``kv_tokens``, vectorized with the same

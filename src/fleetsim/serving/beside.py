@@ -130,7 +130,6 @@ class BesideReplay:
         j = 0
         f = 0
         model = self.model
-        no_chunks: tuple[tuple[int, int], ...] = ()
         while j < k:
             while f < num_finishes and finishes[f][0] <= j:  # (decoders whose last step is
                 n -= 1  # before step j have left; as ``_stretches`` counts)
@@ -138,7 +137,7 @@ class BesideReplay:
                 f += 1
             if j == len(self._work):
                 # (step j's KV: each decoder left holds its computed tokens plus j)
-                private_s, work, weight, mr = model.parts(no_chunks, n, kv_tokens + n * j)
+                private_s, work, weight, mr = model.decode_parts(n, kv_tokens + n * j)
                 self._private_s.append(private_s)
                 self._work.append(work)
                 self._weight.append(weight)

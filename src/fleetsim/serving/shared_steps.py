@@ -119,9 +119,26 @@ class SharedStepModel:
         return (float(d[0]), float(d[1]), float(d[2]) if n > 2 else 1.0,
                 float(d[3]) if n > 3 else math.inf)
 
+    def decode_parts(self, num_decode: int, kv_tokens: int
+                     ) -> tuple[float, float, float, float]:
+        """``parts`` of a decode-only step (the SoC's without its walk over prefill chunks)."""
+        soc = self._soc_split
+        if soc is not None:
+            return soc.decode_split(num_decode, kv_tokens)
+        return self.parts((), num_decode, kv_tokens)
+
     def step_time_s(self, chunks: Sequence[tuple[int, int]], num_decode: int,
                     kv_tokens: int) -> float:
         private_s, work, _, max_rate = self.parts(chunks, num_decode, kv_tokens)
+        return self._alone_s(private_s, work, max_rate)
+
+    def decode_step_s(self, num_decode: int, kv_tokens: int) -> float:
+        """``step_time_s((), num_decode, kv_tokens)``: a decode window's step alone."""
+        private_s, work, _, max_rate = self.decode_parts(num_decode, kv_tokens)
+        return self._alone_s(private_s, work, max_rate)
+
+    def _alone_s(self, private_s: float, work: float, max_rate: float) -> float:
+        """A step's length with its shared work at the whole resource (capped by the step)."""
         rate = self.alone_rate
         shared_s = work / (rate if rate <= max_rate else max_rate)  # min(alone, step's)
         return max(private_s, shared_s) if self.overlap else private_s + shared_s

@@ -528,7 +528,7 @@ class DecodeWindows:
         if not self._has_terms:
             model = self.step_model
             if isinstance(model, SharedStepModel):  # (a direct call when compiled)
-                return model.step_time_s((), n, kv_tokens)
+                return model.decode_step_s(n, kv_tokens)
             return model.step_time_s((), n, kv_tokens)
         base, per_kv, extra = self._decode_terms(n)
         return (base + per_kv * float(kv_tokens)) + extra
@@ -640,7 +640,7 @@ class DecodeWindows:
             t = start_s
             for a, b, size, kv_at_a in _stretches(n, kv_tokens, k, finishes):
                 for j in range(b - a):
-                    d = (shared.step_time_s(no_chunks, size, kv_at_a + size * j)
+                    d = (shared.decode_step_s(size, kv_at_a + size * j)
                          if shared is not None
                          else step_time(no_chunks, size, kv_at_a + size * j))
                     if step_s is not None:
