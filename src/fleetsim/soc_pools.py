@@ -64,7 +64,8 @@ def soc_step_model(soc: SoCSpec, cost: ModelCost, accelerator: str) -> SharedSte
 
 class AloneOnDdr:
     """A step model priced at the whole DDR, as ``SharedStepModel`` prices a step run alone
-    (the same floats): the one pool of an SoC cluster, which never shares the bus."""
+    (the same floats): the one pool of an SoC cluster, which never shares the bus. Decode
+    windows read ``shared``'s decode prices directly (``DecodeWindows``)."""
 
     def __init__(self, model: SharedStepModel) -> None:
         self.shared = model

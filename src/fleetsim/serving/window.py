@@ -162,6 +162,12 @@ class DecodeWindows:
         self.cap = 64
         self._has_terms = hasattr(step_model, "decode_terms_s")
         self._scalar_windows = bool(getattr(step_model, "scalar_windows", False))
+        # A shared-resource model (the SoC's), or the one a wrapper prices as (``shared``:
+        # a pool alone on the DDR), whose decode prices are called directly: through the
+        # protocol a compiled call is generic, its arguments boxed every step.
+        shared = (step_model if isinstance(step_model, SharedStepModel)
+                  else getattr(step_model, "shared", None))
+        self._shared_model = shared if isinstance(shared, SharedStepModel) else None
         # Lazy windows (``Window.lazy``) where the engine runs compiled (its modules are
         # compiled together, ``native.py``, so the kernel's flag says): there a stored end
         # time is a float object made and freed, which the lazy pass saves; in pure Python
@@ -526,10 +532,10 @@ class DecodeWindows:
         """``step_time_s((), n, kv_tokens)``, from the decode terms where the model has them
         (the same floats: ``decode_terms_s`` promises it; cheaper, the terms are kept)."""
         if not self._has_terms:
-            model = self.step_model
-            if isinstance(model, SharedStepModel):  # (a direct call when compiled)
-                return model.decode_step_s(n, kv_tokens)
-            return model.step_time_s((), n, kv_tokens)
+            shared = self._shared_model
+            if shared is not None:
+                return shared.decode_step_s(n, kv_tokens)
+            return self.step_model.step_time_s((), n, kv_tokens)
         base, per_kv, extra = self._decode_terms(n)
         return (base + per_kv * float(kv_tokens)) + extra
 
@@ -631,9 +637,7 @@ class DecodeWindows:
         is priced step by step with the same adds."""
         if k <= SCALAR_WINDOW_STEPS and self._scalar_windows:
             model = self.step_model
-            # (a shared-resource model, the SoC's, called directly: through the protocol a
-            # compiled call is generic, its arguments boxed every step)
-            shared = model if isinstance(model, SharedStepModel) else None
+            shared = self._shared_model
             step_time = model.step_time_s
             no_chunks: tuple[tuple[int, int], ...] = ()
             ends: list[float] = []
