@@ -165,8 +165,10 @@ class DecodeWindows:
         # A shared-resource model (the SoC's), or the one a wrapper prices as (``shared``:
         # a pool alone on the DDR), whose decode prices are called directly: through the
         # protocol a compiled call is generic, its arguments boxed every step.
-        shared = (step_model if isinstance(step_model, SharedStepModel)
-                  else getattr(step_model, "shared", None))
+        # (asked only of a model with scalar windows: a failed ``getattr`` raises inside,
+        # and an instance group builds these at every regroup)
+        shared = step_model if isinstance(step_model, SharedStepModel) else (
+            getattr(step_model, "shared", None) if self._scalar_windows else None)
         self._shared_model = shared if isinstance(shared, SharedStepModel) else None
         # Lazy windows (``Window.lazy``) where the engine runs compiled (its modules are
         # compiled together, ``native.py``, so the kernel's flag says): there a stored end
