@@ -83,6 +83,30 @@ def test_a_lone_job_takes_the_one_round_the_general_path_takes():
                         use, weight, cap, capacity)
 
 
+@settings(max_examples=200, deadline=None)
+@given(specs=job_specs(), capacity=capacities)
+def test_busy_on_one_resource_is_busy_on_it(specs, capacity):
+    """A port's question (``busy_on_one``, no list built) answers as ``busy_on`` does, for
+    jobs on one resource or several (uses of 0 included), and for a hold."""
+    sim = Simulator()
+    svc = SharedResources(sim)
+    for r, c in capacity.items():
+        svc.add(r, c)
+    for uses, weight, cap in specs:
+        svc.start(1.0, {r: (0.0 if a == 2.0 else a) for r, a in uses.items()},
+                  lambda job: None, weight=weight, max_rate=min(cap, 5.0))
+    sim.run(0.0)  # every job active, none done (each takes at least 0.2 s)
+    assert len(svc.active) == len(specs)
+    for r in RESOURCES:
+        assert svc.busy_on_one(r) == svc.busy_on({r: 1.0}), r
+    idle = SharedResources(Simulator())
+    for r in RESOURCES:
+        idle.add(r, 1.0)
+    idle.hold({"a": 1.0, "b": 0.0}, lambda: None)
+    assert [idle.busy_on_one(r) for r in RESOURCES] == [True, False, False]
+    assert [idle.busy_on({r: 1.0}) for r in RESOURCES] == [True, False, False]
+
+
 def test_two_jobs_take_the_rounds_the_general_path_takes():
     """Two jobs on one resource (``two_job_rates``, the unrolled rounds: an SoC's NPU and
     iGPU, and every step of a window beside another job) get the general rounds' rates for

@@ -316,6 +316,8 @@ class SharedResources:
 
     def busy_on(self, uses: Mapping[ResourceKey, float]) -> bool:
         """Whether an active job or a hold draws on one of ``uses``' resources."""
+        if not self._active and not self._holds:
+            return False
         keys = [r for r, a in uses.items() if a > 0]
         for j in self._active:
             job_uses = j.uses
@@ -327,6 +329,21 @@ class SharedResources:
             for r in keys:
                 if hold_uses.get(r, 0.0) > 0:
                     return True
+        return False
+
+    def busy_on_one(self, resource: ResourceKey) -> bool:
+        """``busy_on({resource: 1.0})`` without building its list (a replica's port asks at
+        every step)."""
+        for j in self._active:
+            single = j.single
+            if single is _ONE_OF_MANY:
+                if j.uses.get(resource, 0.0) > 0:
+                    return True
+            elif j.single_use > 0 and (single is resource or single == resource):
+                return True
+        for h in self._holds:  # noqa: SIM110 (a native loop compiled; ``any`` is generic)
+            if h.uses.get(resource, 0.0) > 0:
+                return True
         return False
 
     def start(self, work: float, uses: Mapping[ResourceKey, float],

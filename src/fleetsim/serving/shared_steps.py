@@ -238,7 +238,7 @@ class SharedSteps:
 
     def alone(self) -> bool:
         """Whether nobody else draws on (or holds) the resource now."""
-        return not self.service.busy_on(self.uses)
+        return not self.service.busy_on_one(self.key)
 
     def hold(self) -> None:
         """The step (or window) just started was priced alone: hold the resource until it
