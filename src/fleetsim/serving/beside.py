@@ -7,8 +7,9 @@ first of the two jobs is done and the one after it are events, and each one adva
 jobs' work and reallocates the resource's max-min shares (``resources.py``). With a single
 other job, nothing but the window's own steps changes those shares until that job ends, so
 the events can be replayed in a loop: ``BesideReplay`` makes the service's float operations
-in the service's order (the same ``max_min_rates``, the same advances and the same
-tolerances), so the window's end times are the ones stepping would give, bit for bit.
+in the service's order (the same two-job max-min rounds, ``two_job_rates``, the same advances
+and the same tolerances), so the window's end times are the ones stepping would give, bit for
+bit.
 
 Nothing of the service is touched while the window runs: the service only knows that a
 client runs work *beside* its jobs (``SharedResources.claim_beside``) and tells it before
@@ -92,7 +93,6 @@ class BesideReplay:
         self.num_jobs = 0
         # The step in progress where the replay stopped.
         self.state = COMPLETE
-        self.step = 0
         self.step_start_s = 0.0
         self.private_end_s = 0.0
         self.work = 0.0  # its job's work, weight and cap
@@ -142,7 +142,6 @@ class BesideReplay:
                 self._work.append(work)
                 self._weight.append(weight)
                 self._max_rate.append(model.max_rate if model.max_rate < mr else mr)
-            self.step = j
             self.step_start_s = t
             self.work = self._work[j]
             self.weight = self._weight[j]

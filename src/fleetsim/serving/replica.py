@@ -777,26 +777,25 @@ class Replica:
                 self.fast_forward or (repeats and self._fast_forward_wanted))
         window = window and not (self.waiting and self.kv.prefix.peers is not None)
         shared = self.shared
+        beside = False  # a window beside the resource's one other job (``beside.py``)
         if shared is not None:
             if shared.others_waiting():
                 window = False  # one woken at this step would cut the window back at once
-            if not shared.alone():
-                if not (window and rule is None and self.speculative is None
-                        and shared.can_window_beside()):
-                    self._step = step
-                    shared.run_as_job(step)  # its STEP_END comes when the job is done
-                    return
-                # A window beside the resource's one other job (``beside.py``).
-                end_s = shared.open_beside(self._windows, step, self.until_s)
-                assert end_s is not None  # the plan took the first step's blocks
-                self._note_finishes(step)
-                step.end_s = end_s
+            if shared.alone():
+                shared.hold()
+            elif window and rule is None and self.speculative is None and (
+                    shared.can_window_beside()):
+                beside = True
+            else:
                 self._step = step
-                step.end_event = self.sim.schedule(end_s, STEP_END, (self, step))
+                shared.run_as_job(step)  # its STEP_END comes when the job is done
                 return
-            shared.hold()
         if window:
-            end_s = self._windows.open(step, self.until_s, rule=rule)
+            if beside:
+                assert shared is not None
+                end_s = shared.open_beside(self._windows, step, self.until_s)
+            else:
+                end_s = self._windows.open(step, self.until_s, rule=rule)
             assert end_s is not None  # the plan took the first step's blocks
             self._note_finishes(step)
         else:

@@ -433,9 +433,6 @@ class SharedResources:
         assert self._beside is None
         self._beside = on_change
 
-    def unclaim_beside(self) -> None:
-        self._beside = None
-
     def resume_beside(self, updated_s: float, other: Job, other_left: float,
                       other_rate: float, work_by_client: Mapping[str, float], used: float,
                       resource: ResourceKey, num_changes: int, num_jobs: int,

@@ -262,8 +262,8 @@ class SharedSteps:
     def can_window_beside(self) -> bool:
         """Whether a decode window may run beside the resource's one other job, replayed:
         the steps overlap their parts (their jobs start with them), their split has no side
-        effect (it is priced again when the window is cut), nobody waits on this replica's
-        steps, and the service has exactly one job it can be run beside."""
+        effect (the replay prices the window's steps before stepping would), nobody waits on
+        this replica's steps, and the service has exactly one job it can be run beside."""
         model = self.model
         return (model.overlap and model.scalar_windows and not self.others_waiting()
                 and self.service.job_beside(self.uses, self.client) is not None)
