@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.conftest import make_workload, simulate
 
 from fleetsim.cli import main
@@ -18,10 +21,17 @@ from fleetsim.perf.soc import ModelCost
 from fleetsim.perf.soc_calibration import lunar_lake
 from fleetsim.policies import PolicySpec, make_batch_policy
 from fleetsim.policies.agent_xpu import AgentXpuPlanner
+from fleetsim.policies.agent_xpu_steps import (
+    CLASSES,
+    PREEMPTIVE_CLASSES,
+    class_present,
+    urgency,
+)
 from fleetsim.repro import agent_xpu as repro
 from fleetsim.run import run
 from fleetsim.serving.contract import StepPlan
 from fleetsim.serving.replica import PlanError
+from fleetsim.serving.request import Request
 from fleetsim.soc_pools import affinity
 
 REACTIVE, PROACTIVE = 0, 1
@@ -236,3 +246,22 @@ def test_bandwidth_aware_dispatch_cuts_reactive_latency_in_the_repro():
     aware = _reactive_mean_s(repro.agent_xpu_system(setup, cost), setup, cost)
     blind = _reactive_mean_s(repro.schedulers(setup, cost)[repro.BANDWIDTH_BLIND], setup, cost)
     assert aware < 0.99 * blind
+
+
+@settings(max_examples=200, deadline=None)
+@given(running=st.lists(st.integers(0, 3), max_size=6),
+       waiting=st.lists(st.integers(0, 3), max_size=6), preemptive=st.booleans())
+def test_the_classes_tried_are_the_requests_classes_most_urgent_first(running, waiting,
+                                                                      preemptive):
+    """The plan asks class by class, in a fixed order, whether a request of it is present:
+    the classes it finds are the requests' classes (``urgency``), most urgent first."""
+    def requests(priorities, first_id):
+        return [Request(first_id + i, 0.0, 8, 4, priority=p) for i, p in enumerate(priorities)]
+
+    view = SimpleNamespace(running=requests(running, 0), waiting=requests(waiting, 100))
+    max_reactive = 1
+    found = [c for c in (PREEMPTIVE_CLASSES if preemptive else CLASSES)
+             if class_present(view, c, max_reactive, preemptive)]
+    expected = sorted({urgency(r, True, max_reactive, preemptive) for r in view.running}
+                      | {urgency(r, False, max_reactive, preemptive) for r in view.waiting})
+    assert found == expected

@@ -18,6 +18,10 @@ _REPEATING: tuple[object, ...] = tuple(
     True if name == "repeats" else StepPlan._field_defaults[name]
     for name in StepPlan._fields[2:])
 
+# Every class ``urgency`` gives, most urgent first (with preemption: reactive, proactive).
+PREEMPTIVE_CLASSES: tuple[tuple[int, int], ...] = ((0, 0), (1, 0))
+CLASSES: tuple[tuple[int, int], ...] = ((0, 0), (0, 1), (1, 0), (1, 1))
+
 ClassStep = tuple[dict[int, int], list[int], tuple[int, int] | None, bool, int, int]
 """A class's step: tokens per request, the requests preempted (ids, in order), the prefill
 chunk (tokens, computed) if any, whether every running request is of the class, and the
@@ -31,7 +35,9 @@ def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
     can run leads it (``class_step``), the other decodes piggyback within the slack, and
     bandwidth-aware dispatch may turn it into a wait. Nothing fits: every running request,
     best first, preempting from the worst end."""
-    for urgent in classes_present(view, max_reactive_priority, preemptive):
+    for urgent in PREEMPTIVE_CLASSES if preemptive else CLASSES:
+        if not class_present(view, urgent, max_reactive_priority, preemptive):
+            continue
         step = class_step(view, urgent, chunk_tokens, max_reactive_priority, preemptive)
         if step is None:
             continue
@@ -80,19 +86,20 @@ def in_class(req: Request, started: bool, urgent: tuple[int, int], max_reactive_
     return (0 if started else 1) == urgent[0] and reactive == urgent[1]
 
 
-def classes_present(view: ReplicaView, max_reactive_priority: int,
-                    preemptive: bool) -> list[tuple[int, int]]:
-    """The classes of the running and waiting requests, most urgent first."""
-    # A class is a pair of 0/1 flags: four slots, not a set of tuples (boxed and hashed per
-    # request when compiled: 15% of an Agent.xpu run).
-    seen = [False, False, False, False]  # [2 * a + b]: class (a, b) is present
+def class_present(view: ReplicaView, urgent: tuple[int, int], max_reactive_priority: int,
+                  preemptive: bool) -> bool:
+    """Whether a running or waiting request is of class ``urgent``. Asked class by class,
+    most urgent first, and only until a class's step can run: the scan stops at the first
+    request of the class, which is usually the first one read (a set of the classes of the
+    whole queue cost ~6k instructions a plan, 11% of an Agent.xpu run, with the NPU's queue
+    ~90 deep)."""
     for r in as_list(view.running):
-        a, b = urgency(r, True, max_reactive_priority, preemptive)
-        seen[2 * a + b] = True
+        if in_class(r, True, urgent, max_reactive_priority, preemptive):
+            return True
     for r in as_list(view.waiting):
-        a, b = urgency(r, False, max_reactive_priority, preemptive)
-        seen[2 * a + b] = True
-    return [(i >> 1, i & 1) for i in range(4) if seen[i]]
+        if in_class(r, False, urgent, max_reactive_priority, preemptive):
+            return True
+    return False
 
 
 def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
