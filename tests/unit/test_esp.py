@@ -277,7 +277,7 @@ def test_incremental_reservation_answers_as_the_sort():
     ``reservation_fits``'s answer for every candidate, ties in remaining output included, and
     both give LightLLM's numpy check's."""
     rng = np.random.default_rng(7)
-    num_true = num_false = 0
+    num_true = num_false = num_past_bound = 0
     for _ in range(400):
         entries = [(int(u), int(r)) for u, r in zip(rng.integers(0, 50, rng.integers(0, 12)),
                                                   rng.integers(-1, 6, 12), strict=False)]
@@ -293,10 +293,14 @@ def test_incremental_reservation_answers_as_the_sort():
             assert fits == reservation_fits(kept + [entry], capacity), (kept, entry, capacity)
             assert fits == _lightllm_fits(kept + [entry], capacity), (kept, entry, capacity)
             num_true, num_false = num_true + fits, num_false + (not fits)
+            # fits, though the order-free bound (positive used and rem summed) does not
+            num_past_bound += fits and sum(max(u, 0) + max(r, 0)
+                                           for u, r in kept + [entry]) > capacity
             if fits:
                 reserved.add(entry)
                 kept.append(entry)
     assert num_true > 100 and num_false > 100  # both answers exercised
+    assert num_past_bound > 50, num_past_bound  # and the exact check behind the bound
 
 
 # -- the ESP step model (a member of k instances) -------------------------------------------

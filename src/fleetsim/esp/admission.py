@@ -182,10 +182,17 @@ class Reservation:
     ``rem``) and holds the candidate's tokens too. So the check is three maxima over
     prefix and suffix tables, rebuilt when an entry is added (the same integers as the sort:
     the answer is identical). The first check sorts once instead: a walk that stops there
-    (one waiting request, a long running batch) does not pay for the tables."""
+    (one waiting request, a long running batch) does not pay for the tables.
+
+    Before either, a bound that needs no order: every entry's peak is at most the sum of the
+    entries' positive ``used`` and ``rem`` (the entries before it have at least its ``rem``
+    left, so ``rem * (p + 1)`` is at most their remaining outputs and its own). When that sum
+    fits, every peak does, and the answer is True without a sort: a batch far below the
+    capacity (ShareGPT's, ~50 running requests on 4 instances) is checked in one pass
+    instead of a sort by key per check (the sorts were 60% of LoongServe's admission)."""
 
     __slots__ = ("capacity", "_entries", "_sorted", "_checked", "_neg_rem", "_used_before",
-                 "_head", "_tail")
+                 "_head", "_tail", "_bound")
 
     def __init__(self, entries: list[tuple[int, int]], capacity: int) -> None:
         """``entries``: (used, remaining) pairs, in the order the stable sort breaks ties
@@ -198,6 +205,7 @@ class Reservation:
         self._used_before: list[int] = []  # [i]: tokens used by the first i entries
         self._head: list[float] = []  # [i]: the largest peak of the first i entries
         self._tail: list[float] = []  # [i]: the largest peak + rem of entries i..n-1
+        self._bound = -1  # sum of the positive used and rem of the entries; -1: not yet summed
 
     def _index(self) -> list[int]:
         if not self._sorted:  # remaining output, most first; reverse keeps ties in order
@@ -231,13 +239,18 @@ class Reservation:
 
     def fits(self, entry: tuple[int, int]) -> bool:
         """Would the entries and ``entry`` (used, remaining) fit the capacity?"""
+        used, rem = entry
+        bound = self._bound
+        if bound < 0:
+            bound = self._bound = _positive_sum(self._entries)
+        if bound + (used if used > 0 else 0) + (rem if rem > 0 else 0) <= self.capacity:
+            return True  # every peak is at most the bound (the class's docstring)
         neg_rem = self._neg_rem
         if neg_rem is None:
             if not self._checked:
                 self._checked = True
                 return reservation_fits(self._entries + [entry], self.capacity)
             neg_rem = self._index()
-        used, rem = entry
         # ``bisect_right(neg_rem, -rem)`` and a three-argument ``max`` written out: compiled,
         # both are generic calls (they were most of the check's 3.7k instructions).
         x = -rem
@@ -256,12 +269,26 @@ class Reservation:
 
     def add(self, entry: tuple[int, int]) -> None:
         """Take ``entry`` into the set (after any with as much left: the stable order)."""
+        if self._bound >= 0:
+            used, rem = entry
+            self._bound += (used if used > 0 else 0) + (rem if rem > 0 else 0)
         if self._sorted:
             self._entries.insert(bisect_right(self._entries, -entry[1], key=_neg_remaining),
                                  entry)
         else:
             self._entries.append(entry)
         self._neg_rem = None  # the tables are rebuilt at the next check
+
+
+def _positive_sum(entries: list[tuple[int, int]]) -> int:
+    """The sum of the entries' positive ``used`` and ``rem`` (``Reservation``'s bound)."""
+    total = 0
+    for used, rem in entries:
+        if used > 0:
+            total += used
+        if rem > 0:
+            total += rem
+    return total
 
 
 def _neg_remaining(entry: tuple[int, int]) -> int:
