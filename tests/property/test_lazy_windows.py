@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fleetsim.serving.kv_cache import KVCache
 from fleetsim.serving.request import Request
-from fleetsim.serving.window import DecodeWindows, Step
+from fleetsim.serving.window import DecodeWindows, Step, _first_at_or_after
 
 BLOCK = 16
 
@@ -110,3 +110,15 @@ def test_lazy_window_equals_stored_ends(specs, through, start_s, extra_s, bin_s,
             assert j == bisect.bisect_left(ends, now_s, 0, k)
             if j < k:
                 assert (end_j, start_j) == (ends[j], ends[j - 1] if j else start_s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ends=st.lists(st.floats(0.0, 10.0), max_size=12).map(sorted),
+       t=st.floats(-1.0, 11.0), cut=st.integers(0, 12))
+def test_the_step_search_is_bisect_left(ends, t, cut):
+    """The window's written-out search over its end times is ``bisect.bisect_left``, ties
+    (equal ends, a time equal to one) and a shortened range included."""
+    hi = min(cut, len(ends))
+    assert _first_at_or_after(ends, t, hi) == bisect.bisect_left(ends, t, 0, hi)
+    if ends:  # a time equal to a stored end
+        assert _first_at_or_after(ends, ends[0], hi) == bisect.bisect_left(ends, ends[0], 0, hi)

@@ -126,6 +126,16 @@ def test_prefill_dp_in_plain_floats_is_numpys_to_the_bit(analytical, monkeypatch
     vector = [plan_prefill(lengths, free, analytical.predict_s) for lengths, free in cases]
     assert scalar == vector
     assert sum(p is None for p in scalar) > 10 and sum(p is not None for p in scalar) > 100
+    # The coefficients read once for the most instances (as the planner passes them) give
+    # the same plans, on both paths.
+    once = dp.coefficients_of(analytical.predict_s, 5)
+    assert [plan_prefill(lengths, free, analytical.predict_s, once)
+            for lengths, free in cases] == vector
+    monkeypatch.setattr(dp, "SCALAR_MAX_REQUESTS", 1 << 30)
+    assert [plan_prefill(lengths, free, analytical.predict_s, once)
+            for lengths, free in cases] == scalar
+    with pytest.raises(ValueError, match="coefficients for 2 instances, the plan has 3"):
+        plan_prefill([100], [1_000] * 3, analytical.predict_s, once[:3])
 
 
 def test_prefill_dp_refuses_what_cannot_fit(analytical):

@@ -48,16 +48,23 @@ class PrefillPlan:
     """sum over batches of T(batch) * sum(1/l): the DP's minimised value."""
 
 
-def plan_prefill(lengths: Sequence[int], free_tokens: Sequence[int], predict: Predictor
+def plan_prefill(lengths: Sequence[int], free_tokens: Sequence[int], predict: Predictor,
+                 coefficients: Sequence[tuple[float, float, float]] | None = None
                  ) -> PrefillPlan | None:
     """The optimal plan for requests of input ``lengths`` on instances with ``free_tokens``
     slots each, in the order given (the caller sorts them as LoongServe does); None when the
-    requests do not fit."""
+    requests do not fit. ``coefficients``: ``predict``'s, as ``coefficients(predict, k)``
+    gives them for at least ``len(free_tokens)`` instances (a caller that plans often with
+    one predictor reads them once: 12 calls of it a plan otherwise)."""
     n, num_inst = len(lengths), len(free_tokens)
     if n == 0 or num_inst == 0 or sum(lengths) > sum(free_tokens):
         return None
+    coef = (list(coefficients[:num_inst + 1]) if coefficients is not None
+            else coefficients_of(predict, num_inst))
+    if len(coef) != num_inst + 1:
+        raise ValueError(f"coefficients for {len(coef) - 1} instances, the plan has {num_inst}")
     if n <= SCALAR_MAX_REQUESTS:
-        return _plan_prefill_scalar(lengths, free_tokens, predict)
+        return _plan_prefill_scalar(lengths, free_tokens, coef)
     lens = np.asarray(lengths, dtype=np.float64)
     p1 = np.concatenate(([0.0], np.cumsum(lens)))
     p2 = np.concatenate(([0.0], np.cumsum(lens * lens)))
@@ -66,7 +73,6 @@ def plan_prefill(lengths: Sequence[int], free_tokens: Sequence[int], predict: Pr
     best = np.full((n + 1, num_inst + 1), math.inf)
     best[0, 0] = 0.0
     choice = np.zeros((n + 1, num_inst + 1, 2), dtype=np.int64)  # (last batch size, its DoP)
-    coef = [_coefficients(predict, k) for k in range(num_inst + 1)]
     for i in range(1, n + 1):
         starts = np.arange(i - 1, -1, -1)  # batch of size b = i - start, b = 1..i
         s1, s2, sinv = p1[i] - p1[starts], p2[i] - p2[starts], pinv[i] - pinv[starts]
@@ -93,7 +99,7 @@ def plan_prefill(lengths: Sequence[int], free_tokens: Sequence[int], predict: Pr
 
 
 def _plan_prefill_scalar(lengths: Sequence[int], free_tokens: Sequence[int],
-                         predict: Predictor) -> PrefillPlan | None:
+                         coef: list[tuple[float, float, float]]) -> PrefillPlan | None:
     """``plan_prefill`` in plain floats, for a few requests (numpy's per-call cost dominates
     there): the same operations in the same order (prefix sums added left to right, each
     cost ``(a + b*s1 + c*s2) * sinv + best``, the first minimum kept), so the same plan and
@@ -112,7 +118,6 @@ def _plan_prefill_scalar(lengths: Sequence[int], free_tokens: Sequence[int],
     best = [[inf] * (num_inst + 1) for _ in range(n + 1)]
     best[0][0] = 0.0
     choice = [[(0, 0)] * (num_inst + 1) for _ in range(n + 1)]
-    coef = [_coefficients(predict, k) for k in range(num_inst + 1)]
     for i in range(1, n + 1):
         row = best[i]
         for j in range(1, num_inst + 1):
@@ -156,6 +161,12 @@ def plan_objective(lengths: Sequence[int], plan: Sequence[PrefillBatch], predict
         t = predict(len(batch.instances), float(sum(ls)), float(sum(x * x for x in ls)))
         total += t * sum(1.0 / x for x in ls)
     return total
+
+
+def coefficients_of(predict: Predictor, max_k: int) -> list[tuple[float, float, float]]:
+    """``predict``'s (A, B, C) at each ``k`` in ``0..max_k`` (``plan_prefill``'s
+    ``coefficients``; k = 0 is no instance: infinite)."""
+    return [_coefficients(predict, k) for k in range(max_k + 1)]
 
 
 def _coefficients(predict: Predictor, k: int) -> tuple[float, float, float]:

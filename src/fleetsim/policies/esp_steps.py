@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from fleetsim.esp.admission import Admission, Pending, Reservation, Resident
 from fleetsim.esp.cost import AnalyticalModel
-from fleetsim.esp.dp import plan_prefill
+from fleetsim.esp.dp import coefficients_of, plan_prefill
 from fleetsim.esp.rules import migration_pays, should_pause
 from fleetsim.serving.contract import GroupPlan, GroupView, new_named_tuple
 from fleetsim.serving.request import Request
@@ -24,7 +24,7 @@ class EspState:
     plan's reading of its members (``plan_step`` leaves them for ``skip_polls``)."""
 
     __slots__ = ("admission", "avg_decoding_s", "batch_max_tokens", "busy", "dop_histogram",
-                 "elastic", "iteration_end_s", "max_prefill_s", "max_running",
+                 "dp_coefficients", "elastic", "iteration_end_s", "max_prefill_s", "max_running",
                  "max_wait_steps", "may_skip", "next_admit_s", "num_merges", "num_paused",
                  "num_prefill_batches", "num_refills", "outstanding", "predictor", "prefills",
                  "refill_idle", "refill_walked", "running", "skipped")
@@ -41,6 +41,10 @@ class EspState:
         self.elastic = elastic
         self.refill_idle = refill_idle
         self.predictor: AnalyticalModel | None = None
+        # The predictor's (A, B, C) per instance count as the prefill DP reads them, with
+        # the predictor they were read from.
+        self.dp_coefficients: tuple[AnalyticalModel,
+                                    list[tuple[float, float, float]]] | None = None
         self.num_prefill_batches = 0
         self.num_paused = 0
         self.num_refills = 0
@@ -432,7 +436,12 @@ def prefill(st: EspState, view: GroupView, chosen: list[Request], alloc: list[tu
             lent += len(alloc[m])
     available = idle + [i for m in paused for i in alloc[m]]
     available.sort(key=lambda i: (used[i], i))
-    plan = plan_prefill(lengths, [cap - used[i] for i in available], predictor.predict_s)
+    cached = st.dp_coefficients
+    if cached is None or cached[0] is not predictor:
+        cached = st.dp_coefficients = (predictor, coefficients_of(predictor.predict_s,
+                                                                   len(alloc)))
+    plan = plan_prefill(lengths, [cap - used[i] for i in available], predictor.predict_s,
+                        cached[1])
     if plan is None:
         return False
     batches = [([new[x] for x in b.requests], {available[x] for x in b.instances})
@@ -461,18 +470,36 @@ def consolidate(st: EspState, view: GroupView, alloc: list[tuple[int, ...]], bus
     assert predictor is not None
     n, bs = len(alloc), view.block_size
     merges: list[tuple[int, int]] = []
+    # (Plain loops over the few members: compiled, ``min``/``sorted`` with a key call it
+    # generically per member, and this runs at every prefill.)
     while True:
-        decoding = [m for m in range(n) if busy[m] and alloc[m]]
-        kv = {m: sum([used[i] for i in alloc[m]]) for m in decoding}
-        num_owned = sum([len(alloc[m]) for m in decoding])
-        if len(decoding) < 2 or num_owned <= -(-sum(used) // cap):
+        decoding: list[int] = []  # in member order
+        kv = [0] * n  # KV tokens of each decoding member
+        num_owned = 0
+        for m in range(n):
+            if busy[m] and alloc[m]:
+                decoding.append(m)
+                tokens = 0
+                for i in alloc[m]:
+                    tokens += used[i]
+                kv[m] = tokens
+                num_owned += len(alloc[m])
+        total_used = 0
+        for tokens in used:
+            total_used += tokens
+        if len(decoding) < 2 or num_owned <= -(-total_used // cap):
             return merges
-        src = min(decoding, key=lambda m: (kv[m], m))
+        src = decoding[0]  # the least KV (the first member of it)
+        for m in decoding:
+            if kv[m] < kv[src]:
+                src = m
         need = kv[src] + bs * headroom_blocks(st, len(running[src]), bs)
-        targets = sorted((m for m in decoding if m != src
-                          and len(alloc[m]) * cap - kv[m] >= need),
-                         key=lambda m: (-kv[m], m))
-        if not targets:
+        dst = -1  # the most KV among those with room (the first member of it)
+        for m in decoding:
+            if (m != src and len(alloc[m]) * cap - kv[m] >= need
+                    and (dst < 0 or kv[m] > kv[dst])):
+                dst = m
+        if dst < 0:
             return merges
         num_idle = n - num_owned
         if s1 <= num_idle * cap:
@@ -480,7 +507,6 @@ def consolidate(st: EspState, view: GroupView, alloc: list[tuple[int, ...]], bus
                     - predictor.predict_s(num_idle + len(alloc[src]), s1, s2))
             if not migration_pays(gain, view.kv_move_s(kv[src])):
                 return merges
-        dst = targets[0]
         merges.append((src, dst))
         running[dst] = [*running[dst], *running[src]]
         running[src] = []

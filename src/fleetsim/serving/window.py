@@ -418,7 +418,7 @@ class DecodeWindows:
         ends = w.ends
         a0 = len(ends)
         if not w.lazy or a0 >= old or (a0 and ends[a0 - 1] >= now_s):
-            j = bisect.bisect_left(ends, now_s, 0, old if old < a0 else a0)
+            j = _first_at_or_after(ends, now_s, old if old < a0 else a0)
         else:
             # Past the stored ones: store on through the step in progress (settling the
             # window, which mostly comes next, reads them: one pass, not a scan and a
@@ -968,3 +968,16 @@ def _spec_steps_within(decodes: list[Request], emitted0: list[tuple[int, int]], 
             return j
     return k
 
+
+def _first_at_or_after(ends: list[float], t: float, hi: int) -> int:
+    """``bisect.bisect_left(ends, t, 0, hi)`` written out: compiled, the library call is
+    generic (~0.7k instructions; a group planner's reads of its members' windows make
+    tens of thousands)."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if ends[mid] < t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
