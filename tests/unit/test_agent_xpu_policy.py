@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,11 +14,12 @@ from tests.conftest import make_workload, simulate
 
 from fleetsim.cli import main
 from fleetsim.config import config_from_dict, load_config
+from fleetsim.core.simulator import Simulator
 from fleetsim.models import get_model
-from fleetsim.perf.base import LinearStepModel
+from fleetsim.perf.base import ConstantStepModel, LinearStepModel
 from fleetsim.perf.soc import ModelCost
 from fleetsim.perf.soc_calibration import lunar_lake
-from fleetsim.policies import PolicySpec, make_batch_policy
+from fleetsim.policies import PolicySpec, make_batch_policy, make_ordering
 from fleetsim.policies.agent_xpu import AgentXpuPlanner
 from fleetsim.policies.agent_xpu_steps import (
     CLASSES,
@@ -30,7 +30,10 @@ from fleetsim.policies.agent_xpu_steps import (
 from fleetsim.repro import agent_xpu as repro
 from fleetsim.run import run
 from fleetsim.serving.contract import StepPlan
-from fleetsim.serving.replica import PlanError
+from fleetsim.serving.kv_cache import KVCache
+from fleetsim.serving.prefix_cache import PrefixCache
+from fleetsim.serving.recorder import Recorder
+from fleetsim.serving.replica import PlanError, Replica
 from fleetsim.serving.request import Request
 from fleetsim.soc_pools import affinity
 
@@ -258,7 +261,12 @@ def test_the_classes_tried_are_the_requests_classes_most_urgent_first(running, w
     def requests(priorities, first_id):
         return [Request(first_id + i, 0.0, 8, 4, priority=p) for i, p in enumerate(priorities)]
 
-    view = SimpleNamespace(running=requests(running, 0), waiting=requests(waiting, 100))
+    replica = Replica(Simulator(), step_model=ConstantStepModel(1.0),
+                      kv=KVCache(10, 16, None, True, PrefixCache()),
+                      batch_policy=AgentXpuPlanner(), order_key=make_ordering("fcfs"),
+                      recorder=Recorder(), max_batched_tokens=64, max_running=8)
+    replica.running, replica.waiting = requests(running, 0), requests(waiting, 100)
+    view = replica.view
     max_reactive = 1
     found = [c for c in (PREEMPTIVE_CLASSES if preemptive else CLASSES)
              if class_present(view, c, max_reactive, preemptive)]

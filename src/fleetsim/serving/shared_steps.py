@@ -220,20 +220,31 @@ class SharedSteps:
         """How many times longer each of ``steps`` (other ports' steps in progress) would take
         with a step of this shape beside them: their whole demands at the max-min shares with
         and without it, as if each ran throughout (1.0: not slowed)."""
-        demands = [(p, p.model.demand(*_step_args(step))) for p, step in steps]
-        mine = (self, self.model.demand(chunks, num_decode, kv_tokens))
+        # (Their parts as plain floats and the jobs built once, in loops: the demands as
+        # named tuples, a closure and star-args calls were ~20k instructions a call, and
+        # Agent.xpu's dispatch asks at every co-resident step while a proactive step waits.)
+        # ``max_min_rates`` is pure: the same jobs serve both allocations.
+        others: list[tuple[SharedStepModel, float, float]] = []  # (model, private_s, work)
+        jobs: list[Job] = []
+        for p, step in steps:
+            s_chunks, s_decode, s_kv = _step_args(step)
+            model = p.model
+            private_s, work, weight, max_rate = model.parts(s_chunks, s_decode, s_kv)
+            others.append((model, private_s, work))
+            jobs.append(Job(work, p.uses, weight, min(model.max_rate, max_rate), _ignore, None,
+                            ""))
         capacity = self.service.capacity
-
-        def jobs(ds: list[tuple[SharedSteps, StepDemand]]) -> list[Job]:
-            return [Job(d.work, p.uses, d.weight, min(p.model.max_rate, d.max_rate),
-                        _ignore, None, "") for p, d in ds]
-
-        without = max_min_rates(jobs(demands), capacity)
-        beside = max_min_rates(jobs([*demands, mine]), capacity)
-        out = []
-        for (p, d), a, b in zip(demands, without, beside[:-1], strict=True):
-            alone_s = _time_s(p.model, d, a)
-            out.append(_time_s(p.model, d, b) / alone_s if alone_s > 0 else 1.0)
+        without = max_min_rates(jobs, capacity)
+        private_s, work, weight, max_rate = self.model.parts(chunks, num_decode, kv_tokens)
+        jobs.append(Job(work, self.uses, weight, min(self.model.max_rate, max_rate), _ignore,
+                        None, ""))
+        beside = max_min_rates(jobs, capacity)
+        out: list[float] = []
+        for i in range(len(others)):
+            model, private_s, work = others[i]
+            alone_s = _time_s(model.overlap, private_s, work, without[i])
+            out.append(_time_s(model.overlap, private_s, work, beside[i]) / alone_s
+                       if alone_s > 0 else 1.0)
         return out
 
     def alone(self) -> bool:
@@ -416,10 +427,11 @@ def _ignore(job: Job) -> None:
     pass
 
 
-def _time_s(model: SharedStepModel, d: StepDemand, rate: float) -> float:
-    """A step's length at a constant ``rate`` of its shared work."""
-    shared_s = d.work / rate if d.work > 0 else 0.0
-    return max(d.private_s, shared_s) if model.overlap else d.private_s + shared_s
+def _time_s(overlap: bool, private_s: float, work: float, rate: float) -> float:
+    """A step's length at a constant ``rate`` of its shared work (its parts overlapped or
+    one after the other)."""
+    shared_s = work / rate if work > 0 else 0.0
+    return max(private_s, shared_s) if overlap else private_s + shared_s
 
 
 def _step_args(step: Step) -> tuple[list[tuple[int, int]], int, int]:
