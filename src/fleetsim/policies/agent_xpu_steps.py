@@ -8,7 +8,7 @@ from __future__ import annotations
 from fleetsim.policies.batch_steps import as_list, next_chunk, serve_running
 from fleetsim.serving.contract import PLAN_DEFAULTS, StepPlan, new_named_tuple
 from fleetsim.serving.request import Request
-from fleetsim.serving.views import KVView, ReplicaView
+from fleetsim.serving.views import CoResidentStep, KVView, ReplicaView
 
 # A veto (``StepPlan.wait_for_co_resident``): no tokens, sleep until a co-resident replica
 # starts or ends a step.
@@ -189,15 +189,17 @@ def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
     num_decode = 0
     kv_tokens = 0
     running = as_list(view.running)
+    # (The tests cheapest first, the same answers: a dict lookup boxes and hashes the id.)
     for r in running:
-        if r.id in tokens and r.num_tokens_to_next_output == 1:
+        if r.num_tokens_to_next_output == 1 and r.id in tokens:
             num_decode += 1
             kv_tokens += r.num_computed_tokens
     limit = view.step_time_s(chunks, num_decode, kv_tokens) * (1.0 + reactive_slack)
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     for r in running:
-        if (r.id in tokens or r.id in preempted or r.num_tokens_to_next_output != 1
-                or in_class(r, True, urgent, max_reactive_priority, preemptive)):
+        if (r.num_tokens_to_next_output != 1
+                or in_class(r, True, urgent, max_reactive_priority, preemptive)
+                or r.id in tokens or r.id in preempted):
             continue
         num_new, needed = next_chunk(r, 1, bs, per_entry)
         if budget < 1 or needed > available or view.step_time_s(
@@ -228,7 +230,7 @@ def dispatch_waits(view: ReplicaView, tokens: dict[int, int], max_reactive_prior
     others = view.co_resident_steps
     if others is None:
         return True
-    if not any(r.priority <= limit for s in others for r in s.decodes):
+    if not _any_reactive_decode(others, limit):
         return False
     served = [r for r in running if r.id in tokens] + [r for r in waiting if r.id in tokens]
     chunks: list[tuple[int, int]] = []
@@ -240,8 +242,19 @@ def dispatch_waits(view: ReplicaView, tokens: dict[int, int], max_reactive_prior
         else:
             chunks.append((tokens[r.id], r.num_computed_tokens))
     slowdowns = view.co_resident_slowdowns(chunks, num_decode, kv_tokens)
-    for step, slowdown in zip(others, slowdowns, strict=True):
-        if slowdown > 1.0 + reactive_slack and any(
-                r.priority <= limit for r in step.decodes):
+    if len(slowdowns) != len(others):
+        raise ValueError(f"{len(slowdowns)} slowdowns for {len(others)} co-resident steps")
+    for i in range(len(others)):
+        if slowdowns[i] > 1.0 + reactive_slack and _any_reactive_decode((others[i],), limit):
             return True
+    return False
+
+
+def _any_reactive_decode(steps: tuple[CoResidentStep, ...], limit: int) -> bool:
+    """Whether one of ``steps`` decodes a reactive request (a plain loop: compiled, ``any``
+    over a generator is a generic call, and this runs at every wait of a proactive step)."""
+    for step in steps:
+        for r in step.decodes:
+            if r.priority <= limit:
+                return True
     return False
