@@ -969,10 +969,16 @@ def _spec_steps_within(decodes: list[Request], emitted0: list[tuple[int, int]], 
     return k
 
 
+# Whether this module runs compiled (``make native``: an extension, not a ``.py``).
+_COMPILED: Final = not __file__.endswith(".py")
+
+
 def _first_at_or_after(ends: list[float], t: float, hi: int) -> int:
-    """``bisect.bisect_left(ends, t, 0, hi)`` written out: compiled, the library call is
-    generic (~0.7k instructions; a group planner's reads of its members' windows make
-    tens of thousands)."""
+    """``bisect.bisect_left(ends, t, 0, hi)``, written out when compiled: there the library
+    call is generic (~0.7k instructions; a group planner's reads of its members' windows
+    make tens of thousands), while interpreted the library's C loop is the faster."""
+    if not _COMPILED:
+        return bisect.bisect_left(ends, t, 0, hi)
     lo = 0
     while lo < hi:
         mid = (lo + hi) >> 1
