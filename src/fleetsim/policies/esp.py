@@ -44,7 +44,6 @@ batching policy's (recompute), inside the member.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleetsim.esp.admission import Admission
@@ -138,7 +137,7 @@ class EspPlanner:
         return plan
 
     def _skip_polls(self, view: GroupView, busy: list[bool], prefills: list[bool],
-                    running: list[Sequence[Request]], wake_s: float) -> float:
+                    running: list[list[Request]], wake_s: float) -> float:
         """The wake that replaces the polls after this plan while nothing can change
         (``esp_steps.skip_polls``, which says why the results are those of polling)."""
         return skip_polls(self.state, view, busy, prefills, running, wake_s)

@@ -14,6 +14,7 @@ from fleetsim.esp.admission import Admission, Pending, Reservation, Resident
 from fleetsim.esp.cost import AnalyticalModel
 from fleetsim.esp.dp import coefficients_of, plan_prefill
 from fleetsim.esp.rules import migration_pays, should_pause
+from fleetsim.policies.batch_steps import as_list
 from fleetsim.serving.contract import GroupPlan, GroupView, new_named_tuple
 from fleetsim.serving.request import Request
 
@@ -59,7 +60,7 @@ class EspState:
         self.may_skip = False  # the last plan may leave polls out (``skip_polls``)
         self.busy: list[bool] = []
         self.prefills: list[bool] = []
-        self.running: list[Sequence[Request]] = []
+        self.running: list[list[Request]] = []
 
 
 def plan_step(st: EspState, view: GroupView, now_s: float) -> GroupPlan:
@@ -74,7 +75,7 @@ def plan_step(st: EspState, view: GroupView, now_s: float) -> GroupPlan:
     poll_s = st.max_wait_steps * st.avg_decoding_s
     # Members read without cutting their windows: a running request's token counts lag by
     # its member's ``num_steps_ahead`` (the same for all of them).
-    running: list[Sequence[Request]] = []  # (read, not changed)
+    running: list[list[Request]] = []  # (read, not changed: the members' own lists)
     ahead: list[int] = []
     busy: list[bool] = []
     # Members with a prefill queued or in progress (a window's lag cancels in the test, and
@@ -83,7 +84,9 @@ def plan_step(st: EspState, view: GroupView, now_s: float) -> GroupPlan:
     prefilling = False
     for m in range(n):
         state = view.member_state(m)
-        rs = state.running
+        # (the member's list itself, typed so: compiled, a list is walked natively and a
+        # ``Sequence`` through the iterator protocol, per request per walk)
+        rs = as_list(state.running)
         running.append(rs)
         ahead.append(state.num_steps_ahead)
         is_busy = bool(rs) or bool(state.waiting)
@@ -176,7 +179,7 @@ def _same(alloc: list[tuple[int, ...]], before: Sequence[tuple[int, ...]]) -> bo
     return True
 
 
-def _any_prefill(running: Sequence[Request]) -> bool:
+def _any_prefill(running: list[Request]) -> bool:
     for r in running:  # noqa: SIM110 (as ``_any``)
         if r.num_computed_tokens < r.num_tokens - 1:
             return True
@@ -189,7 +192,7 @@ def _pending(waiting: Sequence[Request]) -> Iterator[Pending]:
 
 
 def skip_polls(st: EspState, view: GroupView, busy: list[bool], prefills: list[bool],
-               running: list[Sequence[Request]], wake_s: float) -> float:
+               running: list[list[Request]], wake_s: float) -> float:
     """The wake that replaces the polls this plan would be followed by while nothing can
     change. This plan changes nothing, a member prefills or the queue is empty, and every
     busy member is in a step: one prefill step, or decodes whose instances stay what they
@@ -272,7 +275,7 @@ def used_by_instance(view: GroupView, alloc: Sequence[tuple[int, ...]], cap: int
 
 
 def scale(st: EspState, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
-          prefills: list[bool], running: list[Sequence[Request]]) -> list[tuple[int, int]]:
+          prefills: list[bool], running: list[list[Request]]) -> list[tuple[int, int]]:
     """Idle members give their instances back; decoding members keep what their KV and the
     next ``max_wait_steps`` tokens of each request need, taking idle instances when they need
     more, or, when none is idle and their KV leaves no block for each request's next token,
@@ -311,7 +314,7 @@ def scale(st: EspState, view: GroupView, alloc: list[tuple[int, ...]], busy: lis
 
 
 def merge_for_room(st: EspState, view: GroupView, alloc: list[tuple[int, ...]],
-                   busy: list[bool], running: list[Sequence[Request]], m: int,
+                   busy: list[bool], running: list[list[Request]], m: int,
                    extra: int) -> list[tuple[int, int]]:
     """Member ``m`` outgrows its instances and no instance is free: merge it into the busy
     member whose instances and ``m``'s together hold both members' KV and next tokens, the
@@ -351,7 +354,7 @@ def idle_instances(alloc: list[tuple[int, ...]], busy: list[bool]) -> tuple[int,
 
 def refill(st: EspState, view: GroupView, waiting: Sequence[Request],
            before: Sequence[tuple[int, ...]], alloc: list[tuple[int, ...]], busy: list[bool],
-           running: list[Sequence[Request]], ahead: list[int], cap: int,
+           running: list[list[Request]], ahead: list[int], cap: int,
            now_s: float) -> list[Request]:
     """The code's greedy refill (``req_queue.py::generate_greedy_req_list``): while a
     prefill iteration runs, the instances no batch holds take, in queue order, the waiting
@@ -399,7 +402,7 @@ def refill(st: EspState, view: GroupView, waiting: Sequence[Request],
 
 
 def prefill(st: EspState, view: GroupView, chosen: list[Request], alloc: list[tuple[int, ...]],
-            busy: list[bool], running: list[Sequence[Request]], emitted: list[int],
+            busy: list[bool], running: list[list[Request]], emitted: list[int],
             used: list[int], cap: int, assign: list[tuple[int, int]],
             merge: list[tuple[int, int]], now_s: float) -> bool:
     """Plan the prefill iteration of ``chosen``: pause decode members, cut the requests into
@@ -459,7 +462,7 @@ def _longest_first(r: Request) -> tuple[int, int]:
 
 
 def consolidate(st: EspState, view: GroupView, alloc: list[tuple[int, ...]], busy: list[bool],
-                running: list[Sequence[Request]], emitted: list[int], used: list[int],
+                running: list[list[Request]], emitted: list[int], used: list[int],
                 cap: int, s1: float, s2: float) -> list[tuple[int, int]]:
     """Free instances for the prefill by merging the decode member with the least KV into
     the most used one that has room for it (and its next iterations' tokens), while one more
