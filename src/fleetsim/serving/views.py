@@ -217,8 +217,13 @@ class ReplicaView:
                     decode_kv_tokens: int) -> float:
         """What the replica's performance model says a step of this shape takes (a policy's
         profile: FastServe's skip-join asks it for prefill times)."""
-        return self._replica.step_model.step_time_s(prefill_chunks, num_decode,
-                                                    decode_kv_tokens)
+        replica = self._replica
+        shared = replica.shared
+        if shared is not None and shared.model is replica.step_model:
+            # The same model's method, called on its class (compiled, a call through the
+            # step-model protocol is generic: Agent.xpu's piggyback asks per candidate).
+            return shared.model.step_time_s(prefill_chunks, num_decode, decode_kv_tokens)
+        return replica.step_model.step_time_s(prefill_chunks, num_decode, decode_kv_tokens)
 
     @property
     def co_resident_steps(self) -> tuple[CoResidentStep, ...] | None:
