@@ -17,6 +17,11 @@ once; the main engine's run takes about 17 ms, so one run of it is mostly noise:
 its cost was overstated about 2x and every ratio understated as much); run it with
 ``FLEETSIM_PURE=1`` to measure pure Python.
 
+The last lines say whether the SoC keeps up with the traffic (preemptions, prompt tokens
+recomputed, when the last request ends): past saturation (60 a minute under ``agent_xpu``)
+the CPU per token includes the work the simulated system repeats, so ``--per-min 30`` is
+the load where the ratio is the engine's alone.
+
 ``--planner`` adds the planner's own share for ``agent_xpu`` on NPU + iGPU: its plans (one per
 step it does not fast-forward) and the CPU inside ``AgentXpuPlanner.plan`` (each call timed,
 the timer's own cost included), per generated token.
@@ -122,6 +127,7 @@ def main() -> None:
                          duration_s=args.minutes * 60.0)
     best = {label: math.inf for label, *_ in systems}
     mixed_cpu, mixed_tokens = math.inf, 0
+    served: dict[str, dict] = {}  # label -> its request columns (the same every round)
     for _round in range(args.repeat):  # (rounds interleave the systems: load drifts alike)
         for label, pools, soc, batching, chunk_tokens in systems:
             config = config_from_dict(_config(pools, args.slots, soc, batching, chunk_tokens))
@@ -129,6 +135,7 @@ def main() -> None:
             result = run(config, workload=wl)
             best[label] = min(best[label], time.process_time() - t0)
             assert result.summary["num_finished"] == len(wl)
+            served[label] = result.records.requests
         config = config_from_dict(_config(pd, args.slots, True, "agent_xpu"))
         t0 = time.process_time()
         out = run_agent_traffic(config, mixed)
@@ -146,6 +153,14 @@ def main() -> None:
           f"{best['cluster.soc, NPU prefill + iGPU decode'] / same:.2f}x the H100 P/D pair; "
           f"agent_xpu {best['cluster.soc, agent_xpu on NPU + iGPU'] / best[systems[-1][0]]:.2f}x "
           f"the pair with {chunk}-token chunks")
+    # Whether the SoC keeps up: past saturation a run's CPU per token includes the work the
+    # simulated system repeats (prompts recomputed after preemption), not only the engine's.
+    for label in ("cluster.soc, NPU prefill + iGPU decode", "cluster.soc, agent_xpu on NPU + iGPU"):
+        r = served[label]
+        print(f"  {label}: {int(r['num_preemptions'].sum()):,} preemptions, "
+              f"{int(r['num_recomputed_tokens'].sum()):,} prompt tokens recomputed (prompts "
+              f"{int(r['num_prompt_tokens'].sum()):,}), last request done at "
+              f"{float(np.max(r['finish_s'])):,.0f} s of a {args.minutes * 60:,.0f} s window")
     if args.planner:
         config = config_from_dict(_config(pd, args.slots, True, "agent_xpu"))
         plans, plan_s = method_share(AgentXpuPlanner, "plan", lambda: run(config, workload=wl),
