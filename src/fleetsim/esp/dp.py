@@ -53,9 +53,10 @@ def plan_prefill(lengths: Sequence[int], free_tokens: Sequence[int], predict: Pr
                  ) -> PrefillPlan | None:
     """The optimal plan for requests of input ``lengths`` on instances with ``free_tokens``
     slots each, in the order given (the caller sorts them as LoongServe does); None when the
-    requests do not fit. ``coefficients``: ``predict``'s, as ``coefficients(predict, k)``
-    gives them for at least ``len(free_tokens)`` instances (a caller that plans often with
-    one predictor reads them once: 12 calls of it a plan otherwise)."""
+    requests do not fit. ``coefficients``: ``predict``'s, as ``coefficients_of(predict,
+    max_k)`` gives them, for at least ``len(free_tokens)`` instances (a caller that plans
+    often with one predictor reads them once: three calls of it per instance count a plan
+    otherwise)."""
     n, num_inst = len(lengths), len(free_tokens)
     if n == 0 or num_inst == 0 or sum(lengths) > sum(free_tokens):
         return None
