@@ -16,6 +16,7 @@ replica keeps the KV until the transfer is done.
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -132,6 +133,10 @@ class Cluster:
         # every arrival to the group's queue: its planner assigns it.
         self.group: InstanceGroup | None = None
         self._next_request_id = 0
+        # Times of the arrivals scheduled and not yet come, a heap: on a shared resource the
+        # next one is where a replica holding the resource alone is cut (the prefill it
+        # brings starts a job there), so its windows are priced only that far.
+        self._arrivals_s: list[float] = []
         self._make_replica = make_replica
         self._block_size = block_size
         self._kv_args = (hash_block_tokens, enable_prefix_caching, eviction_key)
@@ -194,6 +199,10 @@ class Cluster:
             retention=self._kv_retention if role == "mixed" else None, shared=shared)
         if self.source is not None and self.source.wants_finishes:
             replica.on_finish = self._on_finish
+        if shared is not None and not replica.has_input_hint:
+            # Speed only: a window may stop early anywhere (and a lone replica's stops at
+            # the next event of any kind already).
+            replica.set_input_hint(self.next_arrival_s)
         self.replicas.append(replica)
         self.pool_of.append(pool.name)
         return replica
@@ -224,7 +233,12 @@ class Cluster:
         engine ``frontend_overhead_s`` later (``req.arrival_s`` stays the send time, so
         latencies include the front end; a constant shifts every arrival alike, so TTFT and
         E2E grow by exactly it on an open-loop workload and TPOT is unchanged)."""
+        heapq.heappush(self._arrivals_s, at_s + self.frontend_overhead_s)
         self.sim.schedule(at_s + self.frontend_overhead_s, ARRIVAL, req)
+
+    def next_arrival_s(self) -> float:
+        """When the next scheduled arrival comes (inf when none is scheduled)."""
+        return self._arrivals_s[0] if self._arrivals_s else math.inf
 
     def attach_source(self, source: RequestSource) -> None:
         self.source = source
@@ -234,6 +248,7 @@ class Cluster:
         source.start(self)
 
     def _on_arrival(self, req: Request) -> None:
+        heapq.heappop(self._arrivals_s)  # (arrivals come in time order: this one's is first)
         self.route(req)
         source = self.source
         if source is not None:  # (requests may also be submitted without one)

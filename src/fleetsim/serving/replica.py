@@ -388,6 +388,18 @@ class Replica:
             return
         self._start_step()
 
+    @property
+    def has_input_hint(self) -> bool:
+        """Whether its windows know when its next input may come (``set_input_hint``)."""
+        return self._next_input_hint_s is not None
+
+    def set_input_hint(self, next_input_s: Callable[[], float]) -> None:
+        """Let its windows stop at ``next_input_s()`` (the next input that may cut them),
+        instead of being priced further and cut back there: speed only, a window may stop
+        early anywhere."""
+        self._next_input_hint_s = next_input_s
+        self._windows.next_input_hint_s = next_input_s
+
     def peek_window(self, exact: bool = True) -> tuple[int, int, int] | None:
         """(decode steps each running request has done, fewest and most blocks they have
         taken) beyond what their fields and the KV cache show, at now: a window in flight
@@ -1071,7 +1083,11 @@ class Replica:
             # The rest of a window cut back: the step continues its last stretch.
             self._carried = []
             end_s, busy_s, kv_s, steps, tokens, running, waiting = carried[-1]
-            if running == step.num_running:
+            # Merged only while the row stays in one timeline bin: the summary splits a row
+            # across a bin edge by time, as one step's, and this step (re-timed, say, at a
+            # shared resource's rate) may end past the edge the window's steps stopped by.
+            if (running == step.num_running
+                    and self._windows.next_edge_s(end_s - busy_s) >= now_s):
                 carried[-1] = (now_s, busy_s + (now_s - step.start_s),
                                kv_s + self._pending_kv_seconds, steps + 1,
                                tokens + step.num_tokens, running, waiting)

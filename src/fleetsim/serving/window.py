@@ -238,7 +238,7 @@ class DecodeWindows:
             free = min(free, rule.max_new_blocks)
             max_steps = min(max_steps, rule.max_steps)
         start_s = step.start_s
-        hint = self.next_input_hint_s
+        hint = self._input_hint()
         edge_s = self.next_edge_s(start_s)
         if max_steps < 2:
             k = 1
@@ -321,7 +321,7 @@ class DecodeWindows:
         finishing inside ends its last step (``Window.finish_times``)."""
         w = step.window
         assert w is not None
-        hint = self.next_input_hint_s
+        hint = self._input_hint()
         stop_s = hint() if hint is not None else math.inf
         if until_s < stop_s:  # (the first end past until_s: ``>``, not ``>=``)
             stop_s = math.nextafter(until_s, math.inf)
@@ -447,7 +447,7 @@ class DecodeWindows:
         assert w is not None
         ends = w.ends
         k = len(ends)
-        hint = self.next_input_hint_s
+        hint = self._input_hint()
         steps = k
         if hint is not None or until_s < math.inf or edge_s < math.inf:
             # End after the first step that ends at or after the next input (stopping early
@@ -498,7 +498,7 @@ class DecodeWindows:
         edge_s = self.next_edge_s(start_s)
         if max_steps < 2:
             k = 1
-        elif self.next_input_hint_s is None and until_s == math.inf and edge_s == math.inf:
+        elif self._input_hint() is None and until_s == math.inf and edge_s == math.inf:
             k = max_steps if max_steps < self.cap else self._capped()
         else:
             first_s = self.step_model.step_time_s(
@@ -683,7 +683,7 @@ class DecodeWindows:
         stop_s = min(until_s, edge_s)
         if stop_s < math.inf:
             max_steps = min(max_steps, int((stop_s - start_s) / first_s) + 2)
-        hint = self.next_input_hint_s
+        hint = self._input_hint()
         if hint is not None:
             until_hint = hint() - start_s
             if until_hint < math.inf:
@@ -691,6 +691,13 @@ class DecodeWindows:
         elif max_steps >= self.cap:
             max_steps = self._capped()
         return max_steps
+
+    def _input_hint(self) -> Callable[[], float] | None:
+        """Where the window's next input may come (``next_input_hint_s``), except for a
+        window beside another job (``ends_beside``): that one runs through the other job's
+        end, which an arrival then does not move (it queues behind the job), so a stop at
+        the arrival would only cut it short."""
+        return self.next_input_hint_s if self.ends_beside is None else None
 
     def _capped(self) -> int:
         """A window that would reach the cap: cap it, and let the next one be longer."""
