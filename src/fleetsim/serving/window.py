@@ -170,6 +170,14 @@ class DecodeWindows:
         shared = step_model if isinstance(step_model, SharedStepModel) else (
             getattr(step_model, "shared", None) if self._scalar_windows else None)
         self._shared_model = shared if isinstance(shared, SharedStepModel) else None
+        # A shared-resource model whose split prices with a side effect (it does not declare
+        # ``scalar_windows``: ExpertPlex's decode split sets the pool's SM allocation from the
+        # batch it prices, which the prefill's next split reads). Stepping prices every step
+        # through it; a window prices its steps without it, so its batch must not change
+        # inside (no window through a finish) and its first step is priced through it. Exact
+        # for a side effect that follows the batch (as ExpertPlex's does), not its KV.
+        self._split_side_effects = (isinstance(step_model, SharedStepModel)
+                                    and not step_model.scalar_windows)
         # Lazy windows (``Window.lazy``) where the engine runs compiled (its modules are
         # compiled together, ``native.py``, so the kernel's flag says): there a stored end
         # time is a float object made and freed, which the lazy pass saves; in pure Python
@@ -208,6 +216,8 @@ class DecodeWindows:
         """
         if self.spec is not None:
             return self._open_speculative(step, until_s, through, self.spec)
+        if self._split_side_effects:
+            through = False  # (the class's note: every step of the window has one batch)
         decodes = step.decodes
         n = len(decodes)
         kv = self.kv
@@ -233,6 +243,8 @@ class DecodeWindows:
         free = kv.num_free_blocks - first_need
         if free < 0:
             return None
+        if self._split_side_effects:
+            self._decode_step_s(n, kv_tokens)  # its first step, priced as stepping prices it
         max_steps = max_left if through else min_left
         if rule is not None:
             free = min(free, rule.max_new_blocks)
