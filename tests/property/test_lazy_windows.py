@@ -122,7 +122,7 @@ def test_the_step_search_is_bisect_left(ends, t, cut):
     (equal ends, a time equal to one) and a shortened range included. (Interpreted, the
     search is the library's: the written-out loop is forced on; compiled it always runs.)"""
     hi = min(cut, len(ends))
-    with mock.patch.object(window, "_COMPILED", True):
+    with mock.patch.object(window, "COMPILED", True):
         assert _first_at_or_after(ends, t, hi) == bisect.bisect_left(ends, t, 0, hi)
         if ends:  # a time equal to a stored end
             assert (_first_at_or_after(ends, ends[0], hi)

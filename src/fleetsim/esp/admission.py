@@ -62,7 +62,7 @@ class Admission:
         self._num_finished += 1
         self._sum_finished_output += num_output_tokens
 
-    def take(self, waiting: Iterable[Pending], running: Sequence[Resident],
+    def take(self, waiting: Iterable[Pending], running: list[Resident],
              used_by_instance: Sequence[int], capacity: int,
              predictor: AnalyticalModel) -> list[int]:
         """Indices into ``waiting`` (in queue order) the next prefill iteration takes, given
@@ -71,22 +71,21 @@ class Admission:
         (a long queue is not walked once the running slots or the token budget are full).
         ``predictor``: the scheduler's fitted model, called as the model it is (compiled, its
         bound ``predict_s`` passed as a callable went through the type's slot, about 1.2k
-        instructions a call and 10% of a LoongServe run on Mixed lengths)."""
-        # (A list is iterated natively when compiled, a ``Sequence`` through the iterator
-        # protocol: three walks of every running request per admission.)
-        residents = _as_list(running)
+        instructions a call and 10% of a LoongServe run on Mixed lengths). ``running`` is a
+        list (compiled, a ``Sequence`` is walked through the iterator protocol: three walks a
+        call)."""
         if not self.cfg.elastic:
-            return self._take_fixed(waiting, residents, used_by_instance, capacity)
+            return self._take_fixed(waiting, running, used_by_instance, capacity)
         cfg = self.cfg
         k_all, cap = len(used_by_instance), capacity
         total = k_all * cap
-        reserved = Reservation([(r.kv_tokens, r.num_remaining) for r in residents], total)
+        reserved = Reservation([(r.kv_tokens, r.num_remaining) for r in running], total)
         used = sum(used_by_instance)
         budget = min(cfg.batch_max_tokens, total - used)
         max_idle = k_all - math.ceil(used / cap)
-        wait_s = self.expected_wait_s(residents)
+        wait_s = self.expected_wait_s(running)
         inv_decode = 0.0  # (a loop, not ``sum`` over ``max``: generic calls when compiled)
-        for r in residents:
+        for r in running:
             emitted = r.num_emitted
             inv_decode += 1.0 / (emitted if emitted > 1 else 1)
         allow_ooe = self._num_ooe < cfg.max_out_of_order
@@ -97,7 +96,7 @@ class Admission:
         u_inv = 0.0
         skipped_before: int | None = None
         for at, req in enumerate(waiting):
-            if len(residents) + len(new) + len(undecided) >= cfg.max_running or s1 >= budget:
+            if len(running) + len(new) + len(undecided) >= cfg.max_running or s1 >= budget:
                 # Full: this request and every later one fail the first test below (a
                 # prefill has at least one token), so the walk's outcome is known.
                 if allow_ooe and skipped_before is None:
@@ -105,7 +104,7 @@ class Admission:
                 break
             length = req.prefill_tokens
             entry = (length, req.num_remaining - 1)
-            if (len(residents) + len(new) + len(undecided) < cfg.max_running
+            if (len(running) + len(new) + len(undecided) < cfg.max_running
                     and s1 + length <= budget
                     and reserved.fits(entry)):
                 if (not undecided or allow_ooe) and s1 + length <= max_idle * cap:
@@ -157,14 +156,13 @@ class Admission:
             s1 += req.prefill_tokens
         return new
 
-    def expected_wait_s(self, running: Sequence[Resident]) -> float:
+    def expected_wait_s(self, running: list[Resident]) -> float:
         """How long the running decodes are expected to keep their instances: iterations
         left (at least 10; the finished requests' mean output less what each has emitted;
         a tenth of what each has emitted) times ``avg_decoding_s``."""
         mean_out = self._sum_finished_output / self._num_finished if self._num_finished else 0.0
         iterations = 10.0
-        # (compared one by one: ``max`` is a generic call when compiled)
-        for r in _as_list(running):
+        for r in running:  # (compared one by one: ``max`` is a generic call when compiled)
             emitted = r.num_emitted
             left = mean_out - emitted
             if left > iterations:
@@ -173,10 +171,6 @@ class Admission:
             if tenth > iterations:
                 iterations = tenth
         return iterations * self.cfg.avg_decoding_s
-
-
-def _as_list(running: Sequence[Resident]) -> list[Resident]:
-    return running if isinstance(running, list) else list(running)
 
 
 class Reservation:

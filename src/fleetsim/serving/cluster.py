@@ -233,8 +233,9 @@ class Cluster:
         engine ``frontend_overhead_s`` later (``req.arrival_s`` stays the send time, so
         latencies include the front end; a constant shifts every arrival alike, so TTFT and
         E2E grow by exactly it on an open-loop workload and TPOT is unchanged)."""
-        heapq.heappush(self._arrivals_s, at_s + self.frontend_overhead_s)
-        self.sim.schedule(at_s + self.frontend_overhead_s, ARRIVAL, req)
+        arrives_s = at_s + self.frontend_overhead_s
+        heapq.heappush(self._arrivals_s, arrives_s)
+        self.sim.schedule(arrives_s, ARRIVAL, req)
 
     def next_arrival_s(self) -> float:
         """When the next scheduled arrival comes (inf when none is scheduled)."""

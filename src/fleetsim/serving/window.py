@@ -243,8 +243,9 @@ class DecodeWindows:
         free = kv.num_free_blocks - first_need
         if free < 0:
             return None
-        if self._split_side_effects:
-            self._decode_step_s(n, kv_tokens)  # its first step, priced as stepping prices it
+        # The first step's time (-1.0: not priced yet); a split with a side effect prices it
+        # now, as stepping prices every step.
+        first_s = self._decode_step_s(n, kv_tokens) if self._split_side_effects else -1.0
         max_steps = max_left if through else min_left
         if rule is not None:
             free = min(free, rule.max_new_blocks)
@@ -257,7 +258,8 @@ class DecodeWindows:
         elif hint is None and until_s == math.inf and edge_s == math.inf:
             k = max_steps if max_steps < self.cap else self._capped()
         else:
-            first_s = self._decode_step_s(n, kv_tokens)
+            if first_s < 0.0:
+                first_s = self._decode_step_s(n, kv_tokens)
             k = 1 if start_s + first_s >= min(until_s, edge_s) else self._cap_steps(
                 max_steps, start_s, first_s, until_s, edge_s)
         # Over k steps a decoder crosses at most ceil((k - 1) / bs) block boundaries after
@@ -277,7 +279,8 @@ class DecodeWindows:
                 leaving.sort()
             ends = beside(start_s, n, kv_tokens, k, leaving)
         elif k == 1:
-            first_s = self._decode_step_s(n, kv_tokens)
+            if first_s < 0.0:
+                first_s = self._decode_step_s(n, kv_tokens)
             ends = [start_s + first_s]
             step_s.append(first_s)
         else:
@@ -988,15 +991,11 @@ def _spec_steps_within(decodes: list[Request], emitted0: list[tuple[int, int]], 
     return k
 
 
-# Whether this module runs compiled (``make native``: an extension, not a ``.py``).
-_COMPILED: Final = not __file__.endswith(".py")
-
-
 def _first_at_or_after(ends: list[float], t: float, hi: int) -> int:
     """``bisect.bisect_left(ends, t, 0, hi)``, written out when compiled: there the library
     call is generic (~0.7k instructions; a group planner's reads of its members' windows
     make tens of thousands), while interpreted the library's C loop is the faster."""
-    if not _COMPILED:
+    if not COMPILED:
         return bisect.bisect_left(ends, t, 0, hi)
     lo = 0
     while lo < hi:
