@@ -5,6 +5,8 @@ step over the running and waiting requests of the SoC's replicas."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fleetsim.policies.batch_steps import as_list, next_chunk, serve_running
 from fleetsim.serving.contract import PLAN_DEFAULTS, StepPlan, new_named_tuple
 from fleetsim.serving.request import Request
@@ -13,10 +15,21 @@ from fleetsim.serving.views import CoResidentStep, KVView, ReplicaView
 # A veto (``StepPlan.wait_for_co_resident``): no tokens, sleep until a co-resident replica
 # starts or ends a step.
 WAIT = StepPlan({}, wait_for_co_resident=True)
-# ``StepPlan``'s fields after ``preempt`` for a plan that repeats, the others at their defaults.
-_REPEATING: tuple[object, ...] = tuple(
-    True if name == "repeats" else StepPlan._field_defaults[name]
-    for name in StepPlan._fields[2:])
+
+
+def _fields(name: str, value: object) -> list[object]:
+    """``StepPlan``'s fields after ``preempt``, ``name`` set to ``value``, the others at their
+    defaults (a plan is then built without the named tuple's Python-level ``__new__``)."""
+    return [value if f == name else StepPlan._field_defaults[f] for f in StepPlan._fields[2:]]
+
+
+# A plan that repeats (``StepPlan.repeats``).
+_REPEATING: tuple[object, ...] = tuple(_fields("repeats", True))
+# Where a wait's rule and a plan's repeat rule go in those fields (``_WAITING``: a wait's).
+_WAITING: list[object] = _fields("wait_for_co_resident", True)
+_WAIT_RULE = StepPlan._fields.index("wait_rule") - 2
+_REPEAT_RULE = StepPlan._fields.index("repeat_rule") - 2
+NO_LIMIT = 1 << 62  # (steps or blocks: more than any window takes)
 
 # Every class ``urgency`` gives, most urgent first (with preemption: reactive, proactive).
 PREEMPTIVE_CLASSES: tuple[tuple[int, int], ...] = ((0, 0), (1, 0))
@@ -48,9 +61,15 @@ def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
             preempted: tuple[int, ...] = ()
             rest = _REPEATING
         else:
-            piggyback(view, tokens, set(preempt), chunk, urgent, budget, available,
-                      reactive_slack, max_reactive_priority, preemptive)
+            rule = piggyback(view, tokens, set(preempt), chunk, urgent, budget, available,
+                             reactive_slack, max_reactive_priority, preemptive)
             preempted, rest = tuple(preempt), PLAN_DEFAULTS
+            if (rule is not None and not preempt and chunk is None and preemptive
+                    and urgent[0] == 0
+                    and _class_decodes_alone(view, tokens, urgent, max_reactive_priority)):
+                fields = list(PLAN_DEFAULTS)
+                fields[_REPEAT_RULE] = rule
+                rest = tuple(fields)
         break
     else:
         # Nothing fits (a waiting prompt short of KV or a slot, a class that cannot evict
@@ -61,9 +80,10 @@ def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
         preempted, rest = tuple(preempt), PLAN_DEFAULTS
     # Bandwidth-aware dispatch: the step, or a wait if it serves no reactive request and
     # would slow a reactive decode on another replica of the DDR beyond the slack.
-    if bandwidth_aware and tokens and dispatch_waits(view, tokens, max_reactive_priority,
-                                                     reactive_slack):
-        return WAIT
+    if bandwidth_aware and tokens:
+        wait = dispatch_wait(view, tokens, max_reactive_priority, reactive_slack)
+        if wait is not None:
+            return wait
     # (``StepPlan(tokens, preempted, ...)`` without the named tuple's Python-level __new__)
     return new_named_tuple(StepPlan, (tokens, preempted) + rest)
 
@@ -181,9 +201,11 @@ def _make_room(kv: KVView, victims: list[Request], preempt: list[int], needed: i
 def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
               chunk: tuple[int, int] | None, urgent: tuple[int, int], budget: int,
               available: int, reactive_slack: float, max_reactive_priority: int,
-              preemptive: bool) -> None:
+              preemptive: bool) -> PiggybackRepeat | None:
     """The other classes' decodes join ``tokens`` (best first) while the step stays within
-    ``reactive_slack`` of the urgent class's step alone."""
+    ``reactive_slack`` of the urgent class's step alone. Returns when the same tests give
+    the same decodes at the later steps of a decode window (``PiggybackRepeat``), or None
+    where a test other than the slack's (budget, KV) ended the walk."""
     kv = view.kv
     chunks = [chunk] if chunk is not None else []
     num_decode = 0
@@ -194,7 +216,9 @@ def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
         if r.num_tokens_to_next_output == 1 and r.id in tokens:
             num_decode += 1
             kv_tokens += r.num_computed_tokens
-    limit = view.step_time_s(chunks, num_decode, kv_tokens) * (1.0 + reactive_slack)
+    bound = 1.0 + reactive_slack
+    limit = view.step_time_s(chunks, num_decode, kv_tokens) * bound
+    rule = PiggybackRepeat(view, num_decode, kv_tokens, bound)
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     for r in running:
         if (r.num_tokens_to_next_output != 1
@@ -202,36 +226,107 @@ def piggyback(view: ReplicaView, tokens: dict[int, int], preempted: set[int],
                 or r.id in tokens or r.id in preempted):
             continue
         num_new, needed = next_chunk(r, 1, bs, per_entry)
-        if budget < 1 or needed > available or view.step_time_s(
-                chunks, num_decode + 1, kv_tokens + r.num_computed_tokens) > limit:
-            break
+        if budget < 1 or needed > available:
+            return None
+        if view.step_time_s(chunks, num_decode + 1, kv_tokens + r.num_computed_tokens) > limit:
+            rule.rejected = r.num_computed_tokens
+            return rule
         tokens[r.id] = num_new
         budget -= 1
         available -= needed
         num_decode += 1
         kv_tokens += r.num_computed_tokens
+        rule.joined.append(r.num_computed_tokens)
+    return rule
 
 
-def dispatch_waits(view: ReplicaView, tokens: dict[int, int], max_reactive_priority: int,
-                   reactive_slack: float) -> bool:
-    """Bandwidth-aware dispatch (``plan_step``): whether the step giving
-    ``tokens`` waits, because it serves no reactive request and would slow a reactive decode
-    on another replica of the DDR beyond ``reactive_slack`` (or another replica starts or
-    ends a step at this instant: after it)."""
+class PiggybackRepeat:
+    """When a plan of reactive decodes with proactive ones piggybacked repeats
+    (``StepPlan.repeat_rule``): with no prefill chunk, nothing preempted, every reactive
+    running request decoding and no reactive prompt admissible, the plan of a later step of
+    the window (arrivals, handoffs and finishes cut it) is the same while each piggybacked
+    decode still passes the slack test and the one that failed it (if any) still fails:
+    the reactive decodes' step alone and each prefix of the piggybacked ones priced as
+    ``piggyback`` prices them, with every decoding context one token longer a step (the
+    one that failed is paused: its context stays). Budget and KV do not turn a test: the
+    rule is given only where the walk ended on the slack test or ran out of candidates,
+    the budget stays and free KV only shrinks. Exact: each step is priced, not assumed
+    monotone."""
+
+    def __init__(self, view: ReplicaView, num_decode: int, kv_tokens: int,
+                 bound: float) -> None:
+        self.view = view
+        self.num_decode = num_decode  # the reactive decodes at the first step...
+        self.kv_tokens = kv_tokens  # ...and their computed tokens
+        self.bound = bound  # 1 + the slack
+        self.joined: list[int] = []  # computed tokens of the piggybacked decodes, in order
+        self.rejected = -1  # computed tokens of the decode that failed the test (-1: none)
+        self.max_steps = NO_LIMIT
+        self.max_new_blocks = NO_LIMIT
+
+    def steps_within(self, decodes: Sequence[Request], start_s: float,
+                     ends_s: Sequence[float]) -> int:
+        view = self.view
+        no_chunks: list[tuple[int, int]] = []
+        n = self.num_decode
+        k = len(ends_s)
+        for j in range(1, k):
+            num_decode = n
+            kv_tokens = self.kv_tokens + n * j
+            limit = view.step_time_s(no_chunks, num_decode, kv_tokens) * self.bound
+            for computed in self.joined:
+                num_decode += 1
+                kv_tokens += computed + j
+                if view.step_time_s(no_chunks, num_decode, kv_tokens) > limit:
+                    return j
+            if self.rejected >= 0 and not view.step_time_s(
+                    no_chunks, num_decode + 1, kv_tokens + self.rejected) > limit:
+                return j
+        return k
+
+    def ran(self, num_steps: int, last_start_s: float) -> None:
+        pass  # (the planner counts nothing per plan)
+
+
+def _class_decodes_alone(view: ReplicaView, tokens: dict[int, int], urgent: tuple[int, int],
+                         max_reactive_priority: int) -> bool:
+    """Whether every running request of class ``urgent`` decodes in ``tokens`` and none of
+    its waiting prompts could be admitted while a decode window runs: none waits, or the
+    slots are full (KV only shrinks in a window, the slots stay)."""
+    running = as_list(view.running)
+    for r in running:
+        if in_class(r, True, urgent, max_reactive_priority, True) and (
+                r.num_tokens_to_next_output != 1 or r.id not in tokens):
+            return False
+    if len(running) + view.num_swapping_in >= view.max_running:
+        return True
+    for r in as_list(view.waiting):
+        if in_class(r, False, urgent, max_reactive_priority, True):
+            return False
+    return True
+
+
+def dispatch_wait(view: ReplicaView, tokens: dict[int, int], max_reactive_priority: int,
+                  reactive_slack: float) -> StepPlan | None:
+    """Bandwidth-aware dispatch (``plan_step``): the wait that replaces the step giving
+    ``tokens``, because it serves no reactive request and would slow a reactive decode on
+    another replica of the DDR beyond ``reactive_slack`` (a wait with its reason,
+    ``DispatchVeto``), or because another replica starts or ends a step at this instant
+    (after it); None: the step runs."""
     limit = max_reactive_priority
     # Serving a reactive request: never a wait (checked first, without building the list).
     running, waiting = as_list(view.running), as_list(view.waiting)
     for r in running:
         if r.priority <= limit and r.id in tokens:
-            return False
+            return None
     for r in waiting:
         if r.priority <= limit and r.id in tokens:
-            return False
+            return None
     others = view.co_resident_steps
     if others is None:
-        return True
+        return WAIT
     if not _any_reactive_decode(others, limit):
-        return False
+        return None
     served = [r for r in running if r.id in tokens] + [r for r in waiting if r.id in tokens]
     chunks: list[tuple[int, int]] = []
     num_decode = kv_tokens = 0
@@ -244,10 +339,38 @@ def dispatch_waits(view: ReplicaView, tokens: dict[int, int], max_reactive_prior
     slowdowns = view.co_resident_slowdowns(chunks, num_decode, kv_tokens)
     if len(slowdowns) != len(others):
         raise ValueError(f"{len(slowdowns)} slowdowns for {len(others)} co-resident steps")
+    bound = 1.0 + reactive_slack
     for i in range(len(others)):
-        if slowdowns[i] > 1.0 + reactive_slack and _any_reactive_decode((others[i],), limit):
-            return True
-    return False
+        if slowdowns[i] > bound and _any_reactive_decode((others[i],), limit):
+            fields = list(_WAITING)
+            fields[_WAIT_RULE] = DispatchVeto(chunks, num_decode, kv_tokens, limit, bound)
+            return new_named_tuple(StepPlan, ({}, ()) + tuple(fields))
+    return None
+
+
+class DispatchVeto:
+    """Why a step waits (``StepPlan.wait_rule``): it would slow a reactive decode step on
+    the other replica of the DDR more than ``bound`` times. Its own state unchanged (an
+    arrival or a handoff wakes it), the replica plans the same step and the same wait
+    beside any co-resident step that decodes a reactive request and that this step would
+    slow more than ``bound`` times: ``dispatch_wait``'s test, asked by the engine."""
+
+    def __init__(self, chunks: list[tuple[int, int]], num_decode: int, kv_tokens: int,
+                 limit: int, bound: float) -> None:
+        self.prefill_chunks = chunks
+        self.num_decode = num_decode
+        self.decode_kv_tokens = kv_tokens
+        self.limit = limit  # the largest reactive priority
+        self.bound = bound  # 1 + the slack
+
+    def holds(self, decodes: Sequence[Request], slowdown: float) -> bool:
+        if not slowdown > self.bound:
+            return False
+        # (a loop: compiled, ``any`` over a generator is a generic call)
+        for r in decodes:  # noqa: SIM110
+            if r.priority <= self.limit:
+                return True
+        return False
 
 
 def _any_reactive_decode(steps: tuple[CoResidentStep, ...], limit: int) -> bool:

@@ -49,6 +49,10 @@ class StepPlan(NamedTuple):
     # No tokens now: sleep until a replica sharing this one's resource starts or ends a step
     # (``ReplicaView.co_resident_steps``): a veto of work that would slow what runs there.
     wait_for_co_resident: bool = False
+    # Why the plan waits (``WaitRule``): the engine may then keep the replica asleep through
+    # a co-resident step that the rule says it would wait on again, instead of waking it to
+    # plan the same wait (and may fast-forward the co-resident's decode steps beside it).
+    wait_rule: WaitRule | None = None
     # The policy promises that this plan, if it decodes every running request once, repeats
     # step after step while nothing arrives or finishes and free KV only shrinks (what
     # ``Capabilities.fast_forward_safe`` promises of every such plan): the engine may then
@@ -95,6 +99,34 @@ class RepeatRule(Protocol):
         """The window's first ``num_steps`` steps started (the planned one and
         ``num_steps - 1`` the policy did not plan), the last at ``last_start_s``: advance
         what the policy counts per plan as if it had planned each."""
+
+
+class WaitRule(Protocol):
+    """Why a plan waits (``StepPlan.wait_for_co_resident``), for a policy whose veto depends
+    only on its own state and on the co-resident step: the plan stays a wait, the policy
+    promises, as long as nothing reaches this replica (an arrival or a handoff wakes it
+    anyway) and every step the one other replica on the resource starts is one ``holds``
+    accepts. The engine asks instead of waking the replica to plan the same wait again, and
+    may fast-forward the other's decode steps while each of them holds (``serving/window.py``).
+    Read only where the resource has one other replica: with more, every step wakes it."""
+
+    @property
+    def prefill_chunks(self) -> Sequence[tuple[int, int]]:
+        """The step the plan would run but for the veto, as
+        ``ReplicaView.co_resident_slowdowns`` takes it: (tokens, computed) per chunk..."""
+
+    @property
+    def num_decode(self) -> int:
+        """... its decode tokens ..."""
+
+    @property
+    def decode_kv_tokens(self) -> int:
+        """... and its decoders' computed tokens."""
+
+    def holds(self, decodes: Sequence[Request], slowdown: float) -> bool:
+        """Whether the plan would wait again beside a co-resident step that decodes
+        ``decodes`` (and prefills whatever it does) and that the step above would slow
+        ``slowdown`` times (``co_resident_slowdowns``' answer)."""
 
 
 class BatchPolicy(Protocol):

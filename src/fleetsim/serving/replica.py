@@ -51,7 +51,7 @@ from fleetsim.serving.shared_steps import SharedSteps
 from fleetsim.serving.speculative import Emission
 from fleetsim.serving.transfers import TransferService
 from fleetsim.serving.views import ReplicaView
-from fleetsim.serving.window import DecodeWindows, Step
+from fleetsim.serving.window import DecodeWindows, Step, StepsHeld
 
 # A timeline row: end_s, busy_s, KV block-seconds, steps, tokens, running, waiting.
 Row = tuple[float, float, float, int, int, int, int]
@@ -531,7 +531,7 @@ class Replica:
             return
         # Replicas waiting on this one's steps (``StepPlan.wait_for_co_resident``) plan again
         # once it has started its next step, or stopped.
-        shared.waiting = False
+        shared.stop_waiting()
         self._next_step()
         shared.announce()
 
@@ -580,9 +580,12 @@ class Replica:
                    and not self.moves.incoming and self.kv.prefix.peers is None)
         shared = self.shared
         beside = False
+        held: StepsHeld | None = None
         if shared is not None:
             if shared.others_waiting():
-                return False  # one woken at this step would cut the window back at once
+                if shared.rule_waiter() is None or self.speculative is not None:
+                    return False  # one woken at this step would cut the window back at once
+                held = shared.steps_held  # (it sleeps through the steps its rule holds)
             if not shared.alone():
                 # Its steps' length depends on the others: a window only beside one job
                 # (``beside.py``), else one step at a time, as jobs.
@@ -593,7 +596,7 @@ class Replica:
             assert shared is not None
             if shared.open_beside(self._windows, step, self.until_s, through) is None:
                 return False
-        elif self._windows.open(step, self.until_s, through) is None:
+        elif self._windows.open(step, self.until_s, through, held=held) is None:
             return False
         elif shared is not None:
             shared.hold()
@@ -685,7 +688,7 @@ class Replica:
             if total or plan.preempt or plan.swap_out or plan.swap_in or plan.migrate:
                 raise PlanError(f"a plan that waits for co-resident replicas does nothing "
                                 f"else: {plan}")
-            if shared is None or not shared.wait():
+            if shared is None or not shared.wait(plan.wait_rule):
                 raise PlanError(f"plan waits for co-resident replicas, but none shares "
                                 f"replica {self.replica_id}'s resource or runs a step at "
                                 f"{now_s} s: nothing would wake it")
@@ -790,9 +793,13 @@ class Replica:
         window = window and not (self.waiting and self.kv.prefix.peers is not None)
         shared = self.shared
         beside = False  # a window beside the resource's one other job (``beside.py``)
+        held: StepsHeld | None = None
         if shared is not None:
             if shared.others_waiting():
-                window = False  # one woken at this step would cut the window back at once
+                if shared.rule_waiter() is None or self.speculative is not None:
+                    window = False  # one woken at this step would cut the window back at once
+                else:
+                    held = shared.steps_held  # (it sleeps through the steps its rule holds)
             if shared.alone():
                 shared.hold()
             elif window and rule is None and self.speculative is None and (
@@ -807,7 +814,7 @@ class Replica:
                 assert shared is not None
                 end_s = shared.open_beside(self._windows, step, self.until_s)
             else:
-                end_s = self._windows.open(step, self.until_s, rule=rule)
+                end_s = self._windows.open(step, self.until_s, rule=rule, held=held)
             assert end_s is not None  # the plan took the first step's blocks
             self._note_finishes(step)
         else:

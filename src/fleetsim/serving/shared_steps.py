@@ -23,7 +23,11 @@ and price how much a step of theirs would slow those steps (``slowdowns``): a po
 decline to start work (``StepPlan.wait_for_co_resident``; Agent.xpu's bandwidth-aware
 dispatch). Such a replica sleeps until another replica on the resource starts or ends a step
 (``announce``): one more event, at a time stepping would also plan, so fast-forward stays
-exact (reading the others cuts their windows back to the step in progress).
+exact (reading the others cuts their windows back to the step in progress). A wait that says
+why (``StepPlan.wait_rule``) is asked instead of woken: where the resource has one other
+replica, a step of that replica the rule holds against leaves the waiting one asleep (it
+would plan the same wait), and that replica's decode windows run as long as each of their
+steps holds (``steps_held``), instead of one step at a time.
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ import numpy as np
 
 from fleetsim.perf.soc import SocSplit
 from fleetsim.serving.beside import JOB_ACTIVE, NOT_STARTED, BesideReplay
-from fleetsim.serving.contract import new_named_tuple
+from fleetsim.serving.contract import WaitRule, new_named_tuple
 from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources, max_min_rates
 
 if TYPE_CHECKING:
     from fleetsim.serving.replica import Replica
+    from fleetsim.serving.request import Request
     from fleetsim.serving.window import DecodeWindows, Step
 
 
@@ -179,7 +184,9 @@ class SharedSteps:
         self.num_shared_steps = 0
         self.peers: list[SharedSteps] = []  # every port onto the resource, this one included
         self.waiting = False  # the replica sleeps until another one's step starts or ends
+        self.wait_rule: WaitRule | None = None  # why it waits, if its plan said
         self.num_waits = 0
+        self.num_waits_kept = 0  # steps of another it slept through, its rule holding
         # A decode window run beside the one other job on the resource (``beside.py``).
         self._beside: BesideReplay | None = None
         self._beside_step: Step | None = None
@@ -189,14 +196,20 @@ class SharedSteps:
         """The other replicas' ports onto this port's resource."""
         return [p for p in self.peers if p is not self and p.replica is not None]
 
-    def wait(self) -> bool:
-        """The replica sleeps until another replica on the resource starts or ends a step;
-        False (and no sleep) when none is stepping or about to, as nothing would wake it."""
+    def wait(self, rule: WaitRule | None = None) -> bool:
+        """The replica sleeps until another replica on the resource starts or ends a step
+        (one its ``rule`` holds against leaves it asleep: ``announce``); False (and no
+        sleep) when none is stepping or about to, as nothing would wake it."""
         if not any(p.replica is not None and p.replica.busy for p in self.co_residents()):
             return False
         self.waiting = True
+        self.wait_rule = rule
         self.num_waits += 1
         return True
+
+    def stop_waiting(self) -> None:
+        self.waiting = False
+        self.wait_rule = None
 
     def others_waiting(self) -> bool:
         """Whether another replica on the resource sleeps until this one starts a step: woken
@@ -204,15 +217,76 @@ class SharedSteps:
         back to its first step (so one is not worth opening; speed only)."""
         return any(p.waiting for p in self.peers if p is not self)
 
+    def rule_waiter(self) -> SharedSteps | None:
+        """The resource's one other port, if it sleeps under a wait rule (``announce`` asks
+        the rule rather than waking it; a decode window runs while its steps hold)."""
+        peers = self.peers
+        if len(peers) != 2:
+            return None
+        other = peers[0] if peers[1] is self else peers[1]
+        return other if other.waiting and other.wait_rule is not None else None
+
     def announce(self) -> None:
         """This replica started a step, ended one or stopped: the others waiting plan again
-        (after every input of this instant)."""
+        (after every input of this instant), but for one whose wait rule holds against the
+        step this one has just started (it would plan the same wait: ``StepPlan.wait_rule``)."""
+        kept = self.rule_waiter()
+        if kept is not None and self._held_by(kept):
+            kept.num_waits_kept += 1
+            return  # (with two ports, the only one that could be waiting)
         for p in self.peers:
             if p.waiting and p is not self:
-                p.waiting = False
+                p.stop_waiting()
                 replica = p.replica
                 assert replica is not None
                 replica.wake()
+
+    def _held_by(self, waiter: SharedSteps) -> bool:
+        """Whether ``waiter``'s rule holds against the step this replica has just started (as
+        its plan would read it: ``ReplicaView.co_resident_steps``, ``slowdowns``)."""
+        replica = self.replica
+        assert replica is not None
+        step = replica.current_step
+        if step is None or step.end_s <= replica.sim.now_s:
+            return False  # no step (stopped, waiting) or one that ends now: it plans
+        rule = waiter.wait_rule
+        assert rule is not None
+        slowdown = waiter.slowdowns([(self, step)], rule.prefill_chunks, rule.num_decode,
+                                    rule.decode_kv_tokens)[0]
+        return rule.holds(step.decodes, slowdown)
+
+    def steps_held(self, decodes: list[Request], num_decode: int, kv_tokens: int,
+                   k: int) -> int:
+        """Of a decode window's first ``k`` steps (``decodes``, ``num_decode`` of them with
+        ``kv_tokens`` computed at its first step and one more each a step), how many leading
+        ones the waiting port's rule holds against (``rule_waiter``; at least 1: the first
+        is asked when it starts, ``announce``). Each step's slowdown as ``slowdowns`` prices
+        it: the waiting step's job built once, the step's own parts and rates per step."""
+        waiter = self.rule_waiter()
+        assert waiter is not None
+        rule = waiter.wait_rule
+        assert rule is not None
+        w_model = waiter.model
+        w_private_s, w_work, w_weight, w_max_rate = w_model.parts(
+            rule.prefill_chunks, rule.num_decode, rule.decode_kv_tokens)
+        waiting_job = Job(w_work, waiter.uses, w_weight, min(w_model.max_rate, w_max_rate),
+                          _ignore, None, "")
+        model = self.model
+        capacity = waiter.service.capacity
+        no_chunks: list[tuple[int, int]] = []
+        for j in range(k):
+            private_s, work, weight, max_rate = model.parts(no_chunks, num_decode,
+                                                            kv_tokens + num_decode * j)
+            job = Job(work, self.uses, weight, min(model.max_rate, max_rate), _ignore, None,
+                      "")
+            without = max_min_rates([job], capacity)
+            beside = max_min_rates([job, waiting_job], capacity)
+            alone_s = _time_s(model.overlap, private_s, work, without[0])
+            slowdown = (_time_s(model.overlap, private_s, work, beside[0]) / alone_s
+                        if alone_s > 0 else 1.0)
+            if not rule.holds(decodes, slowdown):
+                return j if j > 0 else 1
+        return k
 
     def slowdowns(self, steps: Sequence[tuple[SharedSteps, Step]],
                   chunks: Sequence[tuple[int, int]], num_decode: int,

@@ -53,6 +53,10 @@ from fleetsim.serving.shared_steps import SharedStepModel
 from fleetsim.serving.speculative import Emission
 
 FinishFn = Callable[[Request, float], None]
+# ``(decodes, num_decode, kv_tokens, k) -> steps``: of a window's first k steps, how many
+# leading ones a replica sleeping on this one's steps would sleep through
+# (``SharedSteps.steps_held``: its wait rule holds against each).
+StepsHeld = Callable[[list[Request], int, int, int], int]
 
 # Windows of a model without decode terms up to this many steps are priced one step at a
 # time (``step_time_s``, the call stepping makes) instead of with ``decode_step_times_s``,
@@ -197,7 +201,7 @@ class DecodeWindows:
                                    list[float]] | None = None
 
     def open(self, step: Step, until_s: float, through: bool = False,
-             rule: RepeatRule | None = None) -> float | None:
+             rule: RepeatRule | None = None, held: StepsHeld | None = None) -> float | None:
         """Make ``step`` (whose plan decodes every running request once) a window as long as
         is exact, and return its end time; or return None, changing nothing, when the first
         step's blocks are not free (the policy must decide: evict or preempt). Blocks are
@@ -213,10 +217,15 @@ class DecodeWindows:
         its ``steps_within`` accepts of the end times computed. Such a window is exact step
         by step (``settle`` adds attained service step by step; ``step_s`` keeps each
         step's duration for per-step records).
+
+        ``held``: a replica sharing this one's resource sleeps on its steps under a wait rule
+        (``StepPlan.wait_rule``): the window ends after the leading steps it would sleep
+        through (stepping would wake it at the next), and not past a finish (the rule is
+        asked of one batch).
         """
         if self.spec is not None:
             return self._open_speculative(step, until_s, through, self.spec)
-        if self._split_side_effects:
+        if self._split_side_effects or held is not None:
             through = False  # (the class's note: every step of the window has one batch)
         decodes = step.decodes
         n = len(decodes)
@@ -267,6 +276,8 @@ class DecodeWindows:
         # finishes free: stopping early is always exact).
         if k > 1 and n * -(-(k - 1) // bs) > free:
             k = _steps_within(decodes, bs, per_entry, free, k)
+        if held is not None and k > 1:
+            k = held(decodes, n, kv_tokens, k)
         exact = rule is not None
         step_s: list[float] = []  # (each step's duration: kept for an exact window only)
         beside = self.ends_beside
