@@ -27,6 +27,8 @@ This policy runs on both replicas; on a mixed replica it fuses the two halves in
   sleeps (``StepPlan.wait_for_co_resident``) until the other starts or ends a step, and so
   does one that finds the other between steps at this instant (it decides after the other
   has: a handed-off reactive request's first decode step is placed before proactive work).
+  A veto says why (``StepPlan.wait_rule``, ``DispatchVeto``): the engine then leaves the
+  replica asleep through the other's steps it would veto again, and may fast-forward them.
   ``bandwidth_aware = False`` switches this off.
 
 Not modelled here (a difference from the earlier SoC-only loop, docs/reproductions.md):
@@ -86,8 +88,10 @@ class AgentXpuPlanner:
         engine fast-forwards it): the classes ahead of it have no running request and their
         best waiting prompt stays short of a slot or KV; its own best waiting prompt too;
         nothing of another class runs, so nothing piggybacks or is preempted; and a step of a
-        replica sharing the DDR, which could change the dispatch, cuts the window. Not
-        promised with other classes running: the slack test's outcome changes as contexts
-        grow. (The loop is ``agent_xpu_steps.plan_step``, compiled.)"""
+        replica sharing the DDR, which could change the dispatch, cuts the window. With
+        other classes running, a step of reactive decodes with proactive ones piggybacked
+        brings a rule instead (``StepPlan.repeat_rule``, ``PiggybackRepeat``): the slack
+        tests' outcomes change as contexts grow, and the rule finds the step where one
+        does. (The loop is ``agent_xpu_steps.plan_step``, compiled.)"""
         return plan_step(view, self.chunk_tokens, self.reactive_slack,
                          self.max_reactive_priority, self.preemptive, self.bandwidth_aware)

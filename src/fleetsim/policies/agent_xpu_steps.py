@@ -263,24 +263,25 @@ class PiggybackRepeat:
         self.rejected = -1  # computed tokens of the decode that failed the test (-1: none)
         self.max_steps = NO_LIMIT
         self.max_new_blocks = NO_LIMIT
+        self.per_step = False  # (nothing the steps add is read: windows as ordinary ones)
 
     def steps_within(self, decodes: Sequence[Request], start_s: float,
                      ends_s: Sequence[float]) -> int:
         view = self.view
-        no_chunks: list[tuple[int, int]] = []
         n = self.num_decode
         k = len(ends_s)
         for j in range(1, k):
+            # (``decode_step_time_s``: ``step_time_s`` with no chunks, as ``piggyback`` asks)
             num_decode = n
             kv_tokens = self.kv_tokens + n * j
-            limit = view.step_time_s(no_chunks, num_decode, kv_tokens) * self.bound
+            limit = view.decode_step_time_s(num_decode, kv_tokens) * self.bound
             for computed in self.joined:
                 num_decode += 1
                 kv_tokens += computed + j
-                if view.step_time_s(no_chunks, num_decode, kv_tokens) > limit:
+                if view.decode_step_time_s(num_decode, kv_tokens) > limit:
                     return j
-            if self.rejected >= 0 and not view.step_time_s(
-                    no_chunks, num_decode + 1, kv_tokens + self.rejected) > limit:
+            if self.rejected >= 0 and not view.decode_step_time_s(
+                    num_decode + 1, kv_tokens + self.rejected) > limit:
                 return j
         return k
 

@@ -296,6 +296,7 @@ class Repeat:
     or host room, and within a window the blocks only shrink while the rest stays."""
 
     __slots__ = ("max_new_blocks", "max_steps", "planner")
+    per_step = True  # (skip-join MLFQ demotes on attained service)
 
     def __init__(self, planner: FastServePlanner, max_new_blocks: int) -> None:
         self.planner = planner

@@ -89,6 +89,12 @@ class RepeatRule(Protocol):
     def max_new_blocks(self) -> int:
         """KV blocks the steps after the first may take at most (a reserve the plan keeps)."""
 
+    @property
+    def per_step(self) -> bool:
+        """Whether the policy reads what each step adds (FastServe: attained service): the
+        window then adds it, and writes the timeline, one step at a time, as step by step
+        does. False: as an ordinary window does (one sum a request, one row a stretch)."""
+
     def steps_within(self, decodes: Sequence[Request], start_s: float,
                      ends_s: Sequence[float]) -> int:
         """Of the steps that would start at ``start_s`` and end at ``ends_s`` (each the

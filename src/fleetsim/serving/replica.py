@@ -884,15 +884,15 @@ class Replica:
         self._windows.settle(step, k - 1, self._finish_fn)
         last_start_s = w.ends[k - 2] if k > 1 else step.start_s
         rule = w.rule
-        if rule is None:
+        if not w.exact:
             # Its rows wait for the step in progress, which continues the last stretch: they
             # are written as one when it ends (``_commit_step``), as many rows as a window.
             self._carried = self._window_rows(step, k - 1, last_start_s)
         else:
-            # An exact window: one row per step done, as step by step wrote them; the step in
-            # progress was planned too (by the policy's count).
+            # An exact window: one row per step done, as step by step wrote them.
             self._write_step_rows(step, k - 1)
-            rule.ran(k, last_start_s)
+        if rule is not None:
+            rule.ran(k, last_start_s)  # (the step in progress was planned too, by its count)
         # The step in progress: the decoders left, their blocks for it already taken.
         decodes, lefts = step.decodes, w.lefts
         remaining = [decodes[i] for i in range(len(decodes)) if lefts[i] >= k]
@@ -903,11 +903,12 @@ class Replica:
         step.decodes = remaining
         step.num_steps = 1
         step.num_tokens = len(remaining)
-        if rule is None:
+        if rule is None:  # (a rule's window: the running requests it pauses count)
             step.num_running = len(remaining)
-            self._pending_kv_seconds = self.kv.num_used_blocks * (step.end_s - step.start_s)
-        else:  # (running requests it pauses count; nothing finished before its last step)
+        if w.exact:  # (nothing finished before its last step)
             self._pending_kv_seconds = self.kv.num_used_blocks * w.step_s[k - 1]
+        else:
+            self._pending_kv_seconds = self.kv.num_used_blocks * (step.end_s - step.start_s)
         shared = self.shared
         if shared is not None and shared.in_window_beside():
             shared.end_beside(step)  # the shared resource as stepping has it now
@@ -923,6 +924,9 @@ class Replica:
         rows: list[Row] = []
         ends = w.ends
         n, a, t = len(step.decodes), 0, step.start_s
+        # Running requests a repeat rule's window leaves paused count as running, as in step
+        # by step's rows (none in an ordinary window: it decodes every running request).
+        paused = step.num_running - n
         # tokens emitted through step x: one per decoder and step, or the speculative schedule
         emitted = self._windows.emitted_through if w.emitted0 else None
         waiting = step.num_waiting
@@ -936,7 +940,8 @@ class Replica:
                     self._window_row(rows, write, end_p, busy_p, 0.0, steps_p, tokens_p,
                                      running_p, waiting)
                 pending = True
-                end_p, busy_p, steps_p, running_p = ends[left - 1], ends[left - 1] - t, left - a, n
+                end_p, busy_p, steps_p = ends[left - 1], ends[left - 1] - t, left - a
+                running_p = n + paused
                 tokens_p = (n * (left - a) if emitted is None
                             else emitted(step, left) - emitted(step, a))
                 a, t = left, ends[left - 1]
@@ -946,7 +951,8 @@ class Replica:
                 self._window_row(rows, write, end_p, busy_p, 0.0, steps_p, tokens_p,
                                  running_p, waiting)
             pending = True
-            end_p, busy_p, steps_p, running_p = horizon_s, horizon_s - t, num_steps - a, n
+            end_p, busy_p, steps_p = horizon_s, horizon_s - t, num_steps - a
+            running_p = n + paused
             tokens_p = (n * (num_steps - a) if emitted is None
                         else emitted(step, num_steps) - emitted(step, a))
         if pending:
@@ -1037,10 +1043,11 @@ class Replica:
         for r in w.at_end:
             self._finish(r, now_s)
         k = step.num_steps
-        if w.rule is None:
+        if not w.exact:
             self._window_rows(step, k, now_s, write=True)
         else:
             self._write_step_rows(step, k)
+        if w.rule is not None:
             w.rule.ran(k, w.ends[k - 2] if k > 1 else step.start_s)
         return w.at_end
 

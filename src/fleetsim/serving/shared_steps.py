@@ -273,14 +273,18 @@ class SharedSteps:
                           _ignore, None, "")
         model = self.model
         capacity = waiter.service.capacity
-        no_chunks: list[tuple[int, int]] = []
+        # The step's job, its fields set per step (the allocation reads its weight and most
+        # rate, not its work: one job and two lists for the window, not two jobs a step).
+        job = Job(0.0, self.uses, 1.0, math.inf, _ignore, None, "")
+        alone_jobs, both_jobs = [job], [job, waiting_job]
         for j in range(k):
-            private_s, work, weight, max_rate = model.parts(no_chunks, num_decode,
-                                                            kv_tokens + num_decode * j)
-            job = Job(work, self.uses, weight, min(model.max_rate, max_rate), _ignore, None,
-                      "")
-            without = max_min_rates([job], capacity)
-            beside = max_min_rates([job, waiting_job], capacity)
+            # (``decode_parts``: ``parts`` of a step without chunks, the same float operations)
+            private_s, work, weight, max_rate = model.decode_parts(num_decode,
+                                                                   kv_tokens + num_decode * j)
+            job.weight = weight
+            job.max_rate = min(model.max_rate, max_rate)
+            without = max_min_rates(alone_jobs, capacity)
+            beside = max_min_rates(both_jobs, capacity)
             alone_s = _time_s(model.overlap, private_s, work, without[0])
             slowdown = (_time_s(model.overlap, private_s, work, beside[0]) / alone_s
                         if alone_s > 0 else 1.0)

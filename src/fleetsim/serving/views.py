@@ -225,6 +225,15 @@ class ReplicaView:
             return shared.model.step_time_s(prefill_chunks, num_decode, decode_kv_tokens)
         return replica.step_model.step_time_s(prefill_chunks, num_decode, decode_kv_tokens)
 
+    def decode_step_time_s(self, num_decode: int, decode_kv_tokens: int) -> float:
+        """``step_time_s((), num_decode, decode_kv_tokens)``: a decode-only step (on an SoC
+        priced without the walk over prefill chunks, the same float operations)."""
+        replica = self._replica
+        shared = replica.shared
+        if shared is not None and shared.model is replica.step_model:
+            return shared.model.decode_step_s(num_decode, decode_kv_tokens)
+        return replica.step_model.step_time_s((), num_decode, decode_kv_tokens)
+
     @property
     def co_resident_steps(self) -> tuple[CoResidentStep, ...] | None:
         """The steps in progress on the other replicas whose steps share this one's resource

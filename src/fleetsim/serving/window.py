@@ -102,9 +102,9 @@ class Window:
     block-seconds, the decoders that finish at its last step (``at_end``) and the earlier
     finish steps (``finish_steps``)."""
 
-    __slots__ = ("at_end", "emitted0", "ends", "finish_steps", "finish_times", "finishes",
-                 "kv0", "kv_seconds", "lazy", "lefts", "min_left", "n0", "rule", "settled",
-                 "step_s", "used0", "used_by_step")
+    __slots__ = ("at_end", "emitted0", "ends", "exact", "finish_steps", "finish_times",
+                 "finishes", "kv0", "kv_seconds", "lazy", "lefts", "min_left", "n0", "rule",
+                 "settled", "step_s", "used0", "used_by_step")
 
     def __init__(self, ends: list[float], used0: int, lefts: list[int], min_left: int) -> None:
         self.ends = ends
@@ -133,6 +133,7 @@ class Window:
         # (Ordinary windows share one empty tuple: no lists built per window, so the main
         # engine's windows cost what they did before exact windows existed.)
         self.rule: RepeatRule | None = None
+        self.exact = False  # its rule's policy reads each step (``RepeatRule.per_step``)
         self.step_s: Sequence[float] = ()
         self.used_by_step: Sequence[int] = ()
         # Speculative decoding: each decoder's (tokens emitted past its first, tokens left)
@@ -278,7 +279,7 @@ class DecodeWindows:
             k = _steps_within(decodes, bs, per_entry, free, k)
         if held is not None and k > 1:
             k = held(decodes, n, kv_tokens, k)
-        exact = rule is not None
+        exact = rule is not None and rule.per_step
         step_s: list[float] = []  # (each step's duration: kept for an exact window only)
         beside = self.ends_beside
         if beside is not None:
@@ -298,7 +299,7 @@ class DecodeWindows:
             # Decoders finishing inside the window, in order: (steps left, computed tokens);
             # for a lazy window also those finishing at its last step (its pass times every
             # finish; the end times it adds up are the same).
-            lazy = self.lazy and self._has_terms and not exact
+            lazy = self.lazy and self._has_terms and rule is None
             inside = k + 1 if lazy else k
             finishes: list[tuple[int, int]] = []
             if min_left < inside:
@@ -334,6 +335,7 @@ class DecodeWindows:
             del ends[k:]
             del step_s[k:]
             w.rule = rule
+            w.exact = exact
             w.step_s = step_s
         step.window = w
         return self._finish_open(step, until_s, edge_s)
@@ -761,7 +763,7 @@ class DecodeWindows:
         # An exact window (a repeat rule's) adds each step's time to attained service one
         # step at a time, as step by step does (one sum differs in its last bits, and the
         # rule's policy decides on it), and counts the blocks taken at each step.
-        exact = w.rule is not None
+        exact = w.exact
         gaps_s: list[float] = []
         new_at: list[int] = []
         if exact:
