@@ -5,6 +5,7 @@ step over the running and waiting requests of the SoC's replicas."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from fleetsim.policies.batch_steps import as_list, next_chunk, serve_running
@@ -35,10 +36,12 @@ NO_LIMIT = 1 << 62  # (steps or blocks: more than any window takes)
 PREEMPTIVE_CLASSES: tuple[tuple[int, int], ...] = ((0, 0), (1, 0))
 CLASSES: tuple[tuple[int, int], ...] = ((0, 0), (0, 1), (1, 0), (1, 1))
 
-ClassStep = tuple[dict[int, int], list[int], tuple[int, int] | None, bool, int, int]
+ClassStep = tuple[dict[int, int], list[int], tuple[int, int] | None, bool, int, int, bool]
 """A class's step: tokens per request, the requests preempted (ids, in order), the prefill
-chunk (tokens, computed) if any, whether every running request is of the class, and the
-budget and blocks left."""
+chunk (tokens, computed) if any, whether every running request is of the class, the budget
+and blocks left, and whether the class stays as the step has it while a decode window runs
+(every running request of the class decodes in it, and none of its waiting prompts could be
+admitted: none waits, or the slots are full; KV only shrinks in a window, the slots stay)."""
 
 
 def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
@@ -54,7 +57,7 @@ def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
         step = class_step(view, urgent, chunk_tokens, max_reactive_priority, preemptive)
         if step is None:
             continue
-        tokens, preempt, chunk, one_class, budget, available = step
+        tokens, preempt, chunk, one_class, budget, available, steady = step
         if one_class:
             # Every running request is of this class: if the step decodes them all, it
             # repeats (``StepPlan.repeats``; see ``AgentXpuPlanner.plan``).
@@ -64,9 +67,8 @@ def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
             rule = piggyback(view, tokens, set(preempt), chunk, urgent, budget, available,
                              reactive_slack, max_reactive_priority, preemptive)
             preempted, rest = tuple(preempt), PLAN_DEFAULTS
-            if (rule is not None and not preempt and chunk is None and preemptive
-                    and urgent[0] == 0
-                    and _class_decodes_alone(view, tokens, urgent, max_reactive_priority)):
+            if (rule is not None and steady and not preempt and chunk is None and preemptive
+                    and urgent[0] == 0):
                 fields = list(PLAN_DEFAULTS)
                 fields[_REPEAT_RULE] = rule
                 rest = tuple(fields)
@@ -135,8 +137,10 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
     running = as_list(view.running)
     decoders: list[Request] = []
     prefilling: list[Request] = []
+    num_in_class = 0
     for r in running:
         if in_class(r, True, urgent, max_reactive_priority, preemptive):
+            num_in_class += 1
             if r.num_tokens_to_next_output == 1:
                 decoders.append(r)
             elif r.num_tokens_to_next_output > 1:
@@ -154,6 +158,7 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
         tokens[r.id] = num_new
         budget -= num_new
         available -= needed
+    steady = len(tokens) == num_in_class  # (every one of the class decodes)
     chunk: tuple[int, int] | None = None  # (tokens, computed) of the step's prefill chunk
     for r in prefilling:  # a started prompt (best first): its next chunk
         num_new, needed = next_chunk(r, min(budget, chunk_tokens), bs, per_entry)
@@ -180,10 +185,12 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
                 budget -= num_new
                 available -= needed
                 chunk = (num_new, r.num_computed_tokens)
+            elif num_running < view.max_running:
+                steady = False  # (short of KV or budget: a finish or a cut may change that)
             break
     if not tokens:
         return None
-    return tokens, preempt, chunk, one_class, budget, available
+    return tokens, preempt, chunk, one_class, budget, available, steady
 
 
 def _make_room(kv: KVView, victims: list[Request], preempt: list[int], needed: int,
@@ -289,24 +296,6 @@ class PiggybackRepeat:
         pass  # (the planner counts nothing per plan)
 
 
-def _class_decodes_alone(view: ReplicaView, tokens: dict[int, int], urgent: tuple[int, int],
-                         max_reactive_priority: int) -> bool:
-    """Whether every running request of class ``urgent`` decodes in ``tokens`` and none of
-    its waiting prompts could be admitted while a decode window runs: none waits, or the
-    slots are full (KV only shrinks in a window, the slots stay)."""
-    running = as_list(view.running)
-    for r in running:
-        if in_class(r, True, urgent, max_reactive_priority, True) and (
-                r.num_tokens_to_next_output != 1 or r.id not in tokens):
-            return False
-    if len(running) + view.num_swapping_in >= view.max_running:
-        return True
-    for r in as_list(view.waiting):
-        if in_class(r, False, urgent, max_reactive_priority, True):
-            return False
-    return True
-
-
 def dispatch_wait(view: ReplicaView, tokens: dict[int, int], max_reactive_priority: int,
                   reactive_slack: float) -> StepPlan | None:
     """Bandwidth-aware dispatch (``plan_step``): the wait that replaces the step giving
@@ -364,14 +353,11 @@ class DispatchVeto:
         self.limit = limit  # the largest reactive priority
         self.bound = bound  # 1 + the slack
 
-    def holds(self, decodes: Sequence[Request], slowdown: float) -> bool:
-        if not slowdown > self.bound:
-            return False
-        # (a loop: compiled, ``any`` over a generator is a generic call)
-        for r in decodes:  # noqa: SIM110
+    def max_slowdown(self, decodes: Sequence[Request]) -> float:
+        for r in decodes:
             if r.priority <= self.limit:
-                return True
-        return False
+                return self.bound
+        return math.inf  # (no reactive decode: never a reason to wait)
 
 
 def _any_reactive_decode(steps: tuple[CoResidentStep, ...], limit: int) -> bool:

@@ -111,10 +111,11 @@ class WaitRule(Protocol):
     """Why a plan waits (``StepPlan.wait_for_co_resident``), for a policy whose veto depends
     only on its own state and on the co-resident step: the plan stays a wait, the policy
     promises, as long as nothing reaches this replica (an arrival or a handoff wakes it
-    anyway) and every step the one other replica on the resource starts is one ``holds``
-    accepts. The engine asks instead of waking the replica to plan the same wait again, and
-    may fast-forward the other's decode steps while each of them holds (``serving/window.py``).
-    Read only where the resource has one other replica: with more, every step wakes it."""
+    anyway) and every step the one other replica on the resource starts is slowed by the
+    plan's step more than ``max_slowdown`` allows. The engine asks instead of waking the
+    replica to plan the same wait again, and may fast-forward the other's decode steps while
+    each of them is (``serving/window.py``). Read only where the resource has one other
+    replica: with more, every step wakes it."""
 
     @property
     def prefill_chunks(self) -> Sequence[tuple[int, int]]:
@@ -129,10 +130,10 @@ class WaitRule(Protocol):
     def decode_kv_tokens(self) -> int:
         """... and its decoders' computed tokens."""
 
-    def holds(self, decodes: Sequence[Request], slowdown: float) -> bool:
-        """Whether the plan would wait again beside a co-resident step that decodes
-        ``decodes`` (and prefills whatever it does) and that the step above would slow
-        ``slowdown`` times (``co_resident_slowdowns``' answer)."""
+    def max_slowdown(self, decodes: Sequence[Request]) -> float:
+        """The most the step above may slow a co-resident step that decodes ``decodes``
+        (and prefills whatever it does): the plan would wait again beside it when
+        ``co_resident_slowdowns`` says more (``math.inf``: it would not wait on it)."""
 
 
 class BatchPolicy(Protocol):

@@ -251,9 +251,11 @@ class SharedSteps:
             return False  # no step (stopped, waiting) or one that ends now: it plans
         rule = waiter.wait_rule
         assert rule is not None
-        slowdown = waiter.slowdowns([(self, step)], rule.prefill_chunks, rule.num_decode,
-                                    rule.decode_kv_tokens)[0]
-        return rule.holds(step.decodes, slowdown)
+        bound = rule.max_slowdown(step.decodes)
+        if bound == math.inf:
+            return False
+        return waiter.slowdowns([(self, step)], rule.prefill_chunks, rule.num_decode,
+                                rule.decode_kv_tokens)[0] > bound
 
     def steps_held(self, decodes: list[Request], num_decode: int, kv_tokens: int,
                    k: int) -> int:
@@ -266,6 +268,9 @@ class SharedSteps:
         assert waiter is not None
         rule = waiter.wait_rule
         assert rule is not None
+        bound = rule.max_slowdown(decodes)  # (one batch throughout)
+        if bound == math.inf:
+            return 1
         w_model = waiter.model
         w_private_s, w_work, w_weight, w_max_rate = w_model.parts(
             rule.prefill_chunks, rule.num_decode, rule.decode_kv_tokens)
@@ -288,7 +293,7 @@ class SharedSteps:
             alone_s = _time_s(model.overlap, private_s, work, without[0])
             slowdown = (_time_s(model.overlap, private_s, work, beside[0]) / alone_s
                         if alone_s > 0 else 1.0)
-            if not rule.holds(decodes, slowdown):
+            if not slowdown > bound:
                 return j if j > 0 else 1
         return k
 
