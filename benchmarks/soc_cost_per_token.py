@@ -18,9 +18,10 @@ its cost was overstated about 2x and every ratio understated as much); run it wi
 ``FLEETSIM_PURE=1`` to measure pure Python.
 
 The last lines say whether the SoC keeps up with the traffic (preemptions, prompt tokens
-recomputed, when the last request ends): past saturation (60 a minute under ``agent_xpu``)
-the CPU per token includes the work the simulated system repeats, so ``--per-min 30`` is
-the load where the ratio is the engine's alone.
+recomputed, when the last request ends): past saturation (60 a minute: the iGPU's slots are
+full and the last request ends after the arrival window) the CPU per token includes work
+the simulated system repeats, where it repeats any, so ``--per-min 30`` is the load where
+the ratio is the engine's alone.
 
 ``--planner`` adds the planner's own share for ``agent_xpu`` on NPU + iGPU: its plans (one per
 step it does not fast-forward) and the CPU inside ``AgentXpuPlanner.plan`` (each call timed,

@@ -95,7 +95,8 @@ def test_agent_xpu_keeps_its_mechanisms_apart_from_a_fixed_order():
 @pytest.mark.parametrize(("args", "field"), [({"chunk_tokens": 0}, "chunk_tokens"),
                                              ({"reactive_slack": 1.5}, "reactive_slack"),
                                              ({"preemptive": "yes"}, "preemptive"),
-                                             ({"bandwidth_aware": 1}, "bandwidth_aware")])
+                                             ({"bandwidth_aware": 1}, "bandwidth_aware"),
+                                             ({"reserve_full_isl": "no"}, "reserve_full_isl")])
 def test_bad_args_name_the_field(args, field):
     with pytest.raises(Exception, match=field):
         make_batch_policy(PolicySpec(name="agent_xpu", args=args))
@@ -366,3 +367,22 @@ def test_reasons_given_change_no_result_on_any_traffic(requests, slack):
     # (Time bins compared where the run has fixed ones: requests all arriving at once give
     # none, and the summary then splits each recorded row over the makespan by time.)
     _same(explained, stepped, bins=len(set(arrivals)) > 1)
+
+
+def test_a_prompt_starts_only_when_its_whole_input_fits():
+    """The NPU's KV short (finished prefills hold it until the iGPU, two slots, takes them):
+    a prompt started because its first 256-token chunk's blocks were free finds none for
+    the next chunk, and is recomputed from its start. Reserving the whole input (vLLM v1's
+    ``scheduler_reserve_full_isl``) starts it only when it can finish its prefill."""
+    workload = make_workload([0.1 * i for i in range(10)], [1000] * 10, [100] * 10,
+                             priority=[REACTIVE] * 10)
+    out = {}
+    for reserve in (False, True):
+        config = _soc_pd(reserve_full_isl=reserve)
+        config = dataclasses.replace(config, engine=dataclasses.replace(
+            config.engine, max_running=2, num_kv_blocks=300))
+        out[reserve] = run(config, workload=workload).records.requests
+    thrash, reserved = out[False], out[True]
+    assert thrash["num_preemptions"].sum() > 0 and thrash["num_recomputed_tokens"].sum() > 0
+    assert reserved["num_preemptions"].sum() == 0 and reserved["num_recomputed_tokens"].sum() == 0
+    assert reserved["finish_s"].max() < thrash["finish_s"].max()

@@ -64,6 +64,12 @@ class AgentXpuPlanner:
     bandwidth_aware: bool = True
     """Proactive steps wait while they would slow a reactive decode on a replica sharing the
     DDR by more than ``reactive_slack`` (False: the mechanism switched off)."""
+    reserve_full_isl: bool = True
+    """Start a prompt only if its whole input fits the free KV, though each step takes only
+    its chunk's blocks (vLLM v1's ``scheduler_reserve_full_isl``, "prevents over-admission
+    and KV cache thrashing with chunked prefill"). False: the first chunk's blocks suffice,
+    and a prompt started when they were free may find no blocks for its next chunk while
+    the prefill replica's KV waits to be handed over; it is then recomputed."""
     order_key: OrderKey = field(init=False, repr=False)
 
     splits_prompts = True
@@ -79,6 +85,9 @@ class AgentXpuPlanner:
         if not isinstance(self.bandwidth_aware, bool):
             raise ValueError(f"bandwidth_aware must be true or false, got "
                              f"{self.bandwidth_aware!r}")
+        if not isinstance(self.reserve_full_isl, bool):
+            raise ValueError(f"reserve_full_isl must be true or false, got "
+                             f"{self.reserve_full_isl!r}")
         # The replica's queues in (priority, arrival) order: reactive requests at the front.
         self.order_key = make_ordering("priority")
 
@@ -94,4 +103,5 @@ class AgentXpuPlanner:
         tests' outcomes change as contexts grow, and the rule finds the step where one
         does. (The loop is ``agent_xpu_steps.plan_step``, compiled.)"""
         return plan_step(view, self.chunk_tokens, self.reactive_slack,
-                         self.max_reactive_priority, self.preemptive, self.bandwidth_aware)
+                         self.max_reactive_priority, self.preemptive, self.bandwidth_aware,
+                         self.reserve_full_isl)

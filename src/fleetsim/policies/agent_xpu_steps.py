@@ -45,7 +45,8 @@ admitted: none waits, or the slots are full; KV only shrinks in a window, the sl
 
 
 def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
-              max_reactive_priority: int, preemptive: bool, bandwidth_aware: bool) -> StepPlan:
+              max_reactive_priority: int, preemptive: bool, bandwidth_aware: bool,
+              reserve_full_isl: bool = True) -> StepPlan:
     """``AgentXpuPlanner.plan``, compiled (the class stays interpreted so users can
     subclass it; its settings come as arguments): the most urgent class with a step that
     can run leads it (``class_step``), the other decodes piggyback within the slack, and
@@ -54,7 +55,8 @@ def plan_step(view: ReplicaView, chunk_tokens: int, reactive_slack: float,
     for urgent in PREEMPTIVE_CLASSES if preemptive else CLASSES:
         if not class_present(view, urgent, max_reactive_priority, preemptive):
             continue
-        step = class_step(view, urgent, chunk_tokens, max_reactive_priority, preemptive)
+        step = class_step(view, urgent, chunk_tokens, max_reactive_priority, preemptive,
+                          reserve_full_isl)
         if step is None:
             continue
         tokens, preempt, chunk, one_class, budget, available, steady = step
@@ -125,11 +127,13 @@ def class_present(view: ReplicaView, urgent: tuple[int, int], max_reactive_prior
 
 
 def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
-               max_reactive_priority: int, preemptive: bool) -> ClassStep | None:
+               max_reactive_priority: int, preemptive: bool,
+               reserve_full_isl: bool = True) -> ClassStep | None:
     """The step led by class ``urgent``: its decodes (best first), then one prefill chunk of
-    its first started prompt, or else of its best waiting prompt; short of KV, requests of
-    other classes are preempted (recompute later), the least urgent first. None if none of
-    the class's requests can run now."""
+    its first started prompt, or else of its best waiting prompt (with ``reserve_full_isl``,
+    only if its whole input fits the blocks available, though only the chunk's are taken);
+    short of KV, requests of other classes are preempted (recompute later), the least urgent
+    first. None if none of the class's requests can run now."""
     kv = view.kv
     bs, per_entry = kv.block_size, kv.blocks_per_entry
     budget = view.max_batched_tokens
@@ -180,7 +184,9 @@ def class_step(view: ReplicaView, urgent: tuple[int, int], chunk_tokens: int,
             todo = r.num_tokens - kv.num_prefix_hit_tokens(r)
             num_new = min(todo, budget, chunk_tokens)
             needed = kv.admission_blocks(r, num_new)
-            if num_new > 0 and num_running < view.max_running and needed <= available:
+            if (num_new > 0 and num_running < view.max_running and needed <= available
+                    and not (reserve_full_isl and num_new < todo
+                             and kv.admission_blocks(r, todo) > available)):
                 tokens[r.id] = num_new
                 budget -= num_new
                 available -= needed
