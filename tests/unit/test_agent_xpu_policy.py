@@ -4,6 +4,7 @@ mechanism switched off changes what it should, and the repro's system runs it on
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -364,9 +365,9 @@ def test_reasons_given_change_no_result_on_any_traffic(requests, slack):
                                                                     max_running=6))
     explained, stepped = _runs(config, workload)
     event(f"plans with a reason: {'some' if explained[3] else 'none'}")
-    # (Time bins compared where the run has fixed ones: requests all arriving at once give
-    # none, and the summary then splits each recorded row over the makespan by time.)
-    _same(explained, stepped, bins=len(set(arrivals)) > 1)
+    # (Time bins compared where the run has fixed ones: requests arriving within 120 ms
+    # give none, and the summary then splits each recorded row over the makespan by time.)
+    _same(explained, stepped, bins=arrivals[-1] - arrivals[0] >= 0.12)
 
 
 def test_a_prompt_starts_only_when_its_whole_input_fits():
@@ -386,3 +387,80 @@ def test_a_prompt_starts_only_when_its_whole_input_fits():
     assert thrash["num_preemptions"].sum() > 0 and thrash["num_recomputed_tokens"].sum() > 0
     assert reserved["num_preemptions"].sum() == 0 and reserved["num_recomputed_tokens"].sum() == 0
     assert reserved["finish_s"].max() < thrash["finish_s"].max()
+
+
+class _AbortAt:
+    """A controller that aborts one request at one time (its client left)."""
+
+    def __init__(self, at_s, request_id):
+        self.at_s, self.request_id = at_s, request_id
+
+    def start(self, cluster):
+        return self.at_s
+
+    def on_tick(self, cluster, now_s):
+        cluster.abort(self.request_id, "client left")  # (and never wakes again)
+
+
+class _WhileDecoding:
+    """A wait's reason: it holds beside any step that decodes (``WaitRule``)."""
+
+    prefill_chunks, num_decode, decode_kv_tokens = [(256, 0)], 0, 0
+
+    def max_slowdown(self, decodes):
+        return 0.0 if decodes else math.inf
+
+
+class _LongPromptsWait(AgentXpuPlanner):
+    """agent_xpu without its own veto, but the NPU idles while its best prompt is long and
+    the iGPU decodes: a plan that depends on its own queue and on whether the other decodes,
+    and says so."""
+
+    def __init__(self, reasons):
+        super().__init__(bandwidth_aware=False)
+        self.reasons = reasons
+
+    def plan(self, view, now_s):
+        others = view.co_resident_steps
+        if (view.replica_id == 0 and view.waiting and not view.running and others
+                and others[0].decodes and view.waiting[0].num_prompt_tokens > 100):
+            return StepPlan({}, wait_for_co_resident=True,
+                            wait_rule=_WhileDecoding() if self.reasons else None)
+        return super().plan(view, now_s)
+
+
+def test_a_sleeping_replica_whose_queue_changes_plans_again_as_stepping_does():
+    """The NPU sleeps under a wait's reason (its best prompt is long, the iGPU decodes a
+    reactive answer); that prompt's client leaves. Stepping plans again at the iGPU's next
+    step and starts the short prompt behind it, so the engine drops the reason at the abort
+    (and cuts the iGPU's window there) rather than keep the NPU asleep to the answer's end."""
+    from fleetsim.policies.eviction import make_eviction
+    from fleetsim.policies.routing import make_router
+    from fleetsim.run import build_pools, engine_settings
+    from fleetsim.serving.cluster import simulate as simulate_cluster
+    from fleetsim.serving.settings import PlugIns
+
+    config = _soc_pd()
+    model = get_model(config.model)
+    workload = make_workload([0.0, 0.5, 0.6], [200, 600, 16], [400, 5, 5],
+                             priority=[REACTIVE, PROACTIVE, PROACTIVE])
+    out = []
+    for reasons in (True, False):
+        pools, _ = build_pools(config, model)
+        settings = dataclasses.replace(engine_settings(config, model), fast_forward=reasons)
+        plugins = PlugIns(make_batch_policy=lambda reasons=reasons: _LongPromptsWait(reasons),
+                          order_key=make_ordering(config.policy.ordering),
+                          router=make_router(config.cluster.router),
+                          decode_router=make_router(config.cluster.decode_router),
+                          eviction_key=make_eviction(config.policy.eviction),
+                          rng=np.random.default_rng(0))
+        records, _ = simulate_cluster(workload, pools, settings, plugins,
+                                      controllers=[_AbortAt(2.0, 1)])
+        out.append(_by_id(records))
+    explained, stepped = out
+    for col, values in stepped.items():
+        assert np.array_equal(values, explained[col], equal_nan=True), col
+    # The long prompt left (aborted: not among the served); the short one started beside
+    # the reactive answer, once the long one had gone.
+    assert list(stepped["request_id"]) == [0, 2]
+    assert 2.0 < stepped["first_scheduled_s"][1] < stepped["finish_s"][0]

@@ -103,3 +103,47 @@ def test_rows_binned_chunk_by_chunk_add_the_floats_of_one_pass():
         chunked = _fine_sums(tl, 0.5, width, num_fine, chunk_rows=chunk_rows)
         for name, sums in one_pass.items():
             assert chunked[name].tobytes() == sums.tobytes(), (name, chunk_rows)
+
+
+def test_arrivals_closer_than_120_microseconds_give_no_fixed_bins():
+    """Bins are the arrivals' span / 120 from the first arrival, but none finer than a
+    microsecond: two requests 2e-311 s apart gave bins of a subnormal width, and the bin
+    count overflowed (``OverflowError``, no summary)."""
+    from tests.conftest import make_workload
+
+    from fleetsim.config import config_from_dict
+    from fleetsim.run import run
+    from fleetsim.serving.cluster import MIN_DEFAULT_BIN_S, default_timeline
+
+    config = config_from_dict({"model": "Llama-3.2-3B", "seed": 0,
+                               "cluster": {"pools": [{"name": "a", "gpu": "H100"}]}})
+    tiny = make_workload([0.0, 2.225073858507e-311], [16, 16], [4, 4])
+    assert default_timeline(tiny, np.inf) == (0.0, np.inf)
+    timeline = run(config, workload=tiny).summary["timeline"]
+    assert len(timeline["busy_fraction"]) > 0
+    assert np.isfinite(timeline["busy_fraction"]).all()
+    for span_s, fixed in ((1e-4, False), (2e-4, True), (60.0, True)):
+        workload = make_workload([5.0, 5.0 + span_s], [16, 16], [4, 4])
+        origin, bin_s = default_timeline(workload, np.inf)
+        assert origin == 5.0
+        if fixed:
+            assert bin_s == ((5.0 + span_s) - 5.0) / 120 >= MIN_DEFAULT_BIN_S
+        else:
+            assert bin_s == np.inf
+
+
+def test_more_recorded_bins_than_the_summary_holds_split_the_makespan():
+    """Bins recorded a microsecond wide over a day would be 86 billion: the summary splits
+    the makespan in ``max_bins`` instead (as for a run without fixed bins)."""
+    from fleetsim.metrics.summary import MAX_FINE_BINS
+
+    tl = {"end_s": np.array([10.0, 86_400.0]), "busy_s": np.array([10.0, 86_390.0]),
+          "kv_block_seconds": np.array([10.0, 86_390.0]), "num_running": np.array([1, 1]),
+          "num_waiting": np.array([0, 0]), "num_steps": np.array([1, 1]),
+          "num_tokens": np.array([1, 1]), "num_used_blocks": np.array([1, 1]),
+          "replica_id": np.array([0, 0])}
+    assert MAX_FINE_BINS < 86_400 / 1e-6
+    records = Records({}, tl, 2, {0: 86_400.0}, {0: 86_400.0}, 0.0, 1e-6)
+    out = timeline_bins(records, 0.0, 86_400.0, 1, 1, 60)
+    assert len(out["bin_start_s"]) == 60
+    assert out["busy_fraction"] == [1.0] * 60

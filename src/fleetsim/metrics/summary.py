@@ -188,6 +188,9 @@ def batch_stats(records: Records) -> dict[str, float]:
 # 8 bytes a row) stay small and are reused from chunk to chunk, where whole-timeline ones were
 # fresh memory to fault in (at a million requests, 3.2 million rows: 0.2 s of a 0.33 s pass).
 FINE_SUMS_CHUNK_ROWS = 1 << 16
+# The most recorded bins the summary adds up (four float arrays of them): past it, the run's
+# makespan is split equally instead (a day in one-millisecond bins would be 86 million).
+MAX_FINE_BINS = 1 << 22
 
 
 def _fine_sums(tl: dict[str, NDArray], origin: float, width: float, num_fine: int,
@@ -275,7 +278,9 @@ def timeline_bins(
     if tl["end_s"].size == 0 or not math.isfinite(end_s) or end_s <= start_s:
         return empty
     origin, width = records.timeline_origin_s, records.timeline_bin_s
-    if not 0 < width < math.inf:  # no fixed bins: equal bins of the makespan (approximate)
+    if not 0 < width < math.inf or (end_s - origin) / width > MAX_FINE_BINS:
+        # No fixed bins (or more than the summary will hold: arrivals a few microseconds
+        # apart and a long run): equal bins of the makespan, windows attributed approximately.
         origin, width = start_s, (end_s - start_s) / max_bins
     num_fine = max(1, math.ceil((end_s - origin) / width))
     key = (origin, width, num_fine)

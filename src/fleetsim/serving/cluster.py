@@ -388,15 +388,21 @@ def _on_step_end(payload: tuple[Replica, Step]) -> None:
     payload[0].finish_step(payload[1])
 
 
+# The finest default timeline bin (arrivals 2e-311 s apart gave bins of a subnormal width,
+# and the count of bins to a time overflowed; a microsecond is far under any step).
+MIN_DEFAULT_BIN_S = 1e-6
+
+
 def default_timeline(workload: Workload, until_s: float) -> tuple[float, float]:
     """Timeline bins for a run: from the first arrival, the arrivals' span / 120 (no fixed
-    bins when every request arrives at once: the summary then splits the makespan)."""
+    bins when the requests arrive at once, or within 120 microseconds: the summary then
+    splits the makespan)."""
     if not len(workload):
         return 0.0, math.inf
     first = float(workload.arrival_s[0])
     last = min(float(workload.arrival_s[-1]), until_s)
-    span = last - first
-    return first, (span / 120 if span > 0 else math.inf)
+    bin_s = (last - first) / 120
+    return first, (bin_s if bin_s >= MIN_DEFAULT_BIN_S else math.inf)
 
 
 def build_cluster(

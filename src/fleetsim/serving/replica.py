@@ -868,6 +868,9 @@ class Replica:
         """Make the replica's state exact at ``now``: cut an ongoing fast-forward window
         back to the step in progress, settle the steps before it, and leave that step as an
         ordinary one (committed at its end, as step by step)."""
+        shared = self.shared
+        if shared is not None and shared.wait_rule is not None:
+            shared.drop_wait_rule()  # (asleep under a wait rule: its state is read or changes)
         step = self._step
         if step is None or step.window is None:
             return

@@ -200,16 +200,37 @@ class SharedSteps:
         """The replica sleeps until another replica on the resource starts or ends a step
         (one its ``rule`` holds against leaves it asleep: ``announce``); False (and no
         sleep) when none is stepping or about to, as nothing would wake it."""
-        if not any(p.replica is not None and p.replica.busy for p in self.co_residents()):
+        others = self.co_residents()
+        if not any(p.replica is not None and p.replica.busy for p in others):
             return False
         self.waiting = True
         self.wait_rule = rule
         self.num_waits += 1
+        if rule is not None:
+            # A window the others opened before (without this rule, or under an earlier
+            # one) ends with its step in progress: from here their steps are asked of this
+            # rule (a no-op where the plan read their steps, which cut them already).
+            for p in others:
+                replica = p.replica
+                assert replica is not None
+                replica.interrupt()
         return True
 
     def stop_waiting(self) -> None:
         self.waiting = False
         self.wait_rule = None
+
+    def drop_wait_rule(self) -> None:
+        """The sleeping replica's state is read or changed from outside (an abort, a
+        request taken away, a re-sort: each cuts windows first, ``Replica.interrupt``): its
+        rule may no longer give its plan, so it sleeps as a wait without one, woken at the
+        other's next step start or end; the other's window, opened through steps the rule
+        held against, ends with its step in progress (exact either way)."""
+        self.wait_rule = None
+        for p in self.co_residents():
+            replica = p.replica
+            assert replica is not None
+            replica.interrupt()
 
     def others_waiting(self) -> bool:
         """Whether another replica on the resource sleeps until this one starts a step: woken
