@@ -802,9 +802,9 @@ class Replica:
                     held = shared.steps_held  # (it sleeps through the steps its rule holds)
             if shared.alone():
                 shared.hold()
-            elif window and rule is None and self.speculative is None and (
-                    shared.can_window_beside()):
-                beside = True
+            elif window and (rule is None or not rule.per_step) and (
+                    self.speculative is None and shared.can_window_beside()):
+                beside = True  # (a rule whose policy reads each step: one step at a time)
             else:
                 self._step = step
                 shared.run_as_job(step)  # its STEP_END comes when the job is done
@@ -812,7 +812,7 @@ class Replica:
         if window:
             if beside:
                 assert shared is not None
-                end_s = shared.open_beside(self._windows, step, self.until_s)
+                end_s = shared.open_beside(self._windows, step, self.until_s, rule=rule)
             else:
                 end_s = self._windows.open(step, self.until_s, rule=rule, held=held)
             assert end_s is not None  # the plan took the first step's blocks

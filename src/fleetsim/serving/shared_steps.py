@@ -40,7 +40,7 @@ import numpy as np
 
 from fleetsim.perf.soc import SocSplit
 from fleetsim.serving.beside import JOB_ACTIVE, NOT_STARTED, BesideReplay
-from fleetsim.serving.contract import WaitRule, new_named_tuple
+from fleetsim.serving.contract import RepeatRule, WaitRule, new_named_tuple
 from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources, max_min_rates
 
 if TYPE_CHECKING:
@@ -384,10 +384,13 @@ class SharedSteps:
                 and self.service.job_beside(self.uses, self.client) is not None)
 
     def open_beside(self, windows: DecodeWindows, step: Step, until_s: float,
-                    through: bool = False) -> float | None:
-        """Open ``step`` (a plan that decodes every running request and repeats) as a window
+                    through: bool = False, rule: RepeatRule | None = None) -> float | None:
+        """Open ``step`` (a plan that decodes every running request and repeats, or some
+        under a ``rule`` that reads no step's figures: ``RepeatRule.per_step``) as a window
         beside the one other job (``can_window_beside``), its end times those stepping would
-        give; its end, or None (nothing changed) when the first step's blocks are not free."""
+        give; its end, or None (nothing changed) when the first step's blocks are not free.
+        (A rule that ends the window before the other job does leaves the check scheduled at
+        that job's end to the version the window's end invalidates.)"""
         service = self.service
         other = service.job_beside(self.uses, self.client)
         assert other is not None
@@ -397,7 +400,7 @@ class SharedSteps:
                               service.used_by_resource[key])
         windows.ends_beside = replay.ends
         try:
-            end_s = windows.open(step, until_s, through)
+            end_s = windows.open(step, until_s, through, rule=rule)
         finally:
             windows.ends_beside = None
         if end_s is None:

@@ -283,7 +283,7 @@ class DecodeWindows:
         step_s: list[float] = []  # (each step's duration: kept for an exact window only)
         beside = self.ends_beside
         if beside is not None:
-            assert rule is None
+            assert not exact  # (a window beside is priced by replay, not step by step)
             leaving: list[tuple[int, int]] = []  # (as ``finishes`` below)
             if min_left < k:
                 leaving = [(lefts[i], decodes[i].num_computed_tokens) for i in range(n)
