@@ -163,8 +163,9 @@ def test_one_class_decode_steps_fast_forward_equal_to_stepping():
     # while the step stays within the slack (1 + 0.1 x 2 + 1e-4 x KV against 1.1 x the
     # reactive step alone), which it leaves as contexts grow, and resumes
     # alone when the reactive answer ends. Alone, the plan repeats (``StepPlan.repeats``): the
-    # engine runs windows of many steps. Two classes are planned every step: claiming the
-    # piggybacked plan repeats would keep the proactive decode in past its exit.
+    # engine runs windows of many steps. With two classes the plan repeats only under its
+    # rule (``PiggybackRepeat``), which ends the window at the step the proactive decode
+    # leaves: a plain promise to repeat would keep it in past its exit.
     w = make_workload([0.0, 3.0], [16, 16], [300, 200], priority=[PROACTIVE, REACTIVE])
     out = []
     for ff in (True, False):
