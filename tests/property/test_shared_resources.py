@@ -351,7 +351,7 @@ def test_bandwidth_aware_dispatch_fast_forward_equals_stepping(seed, n, rate, la
     w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 1500, n),
                       rng.integers(1, 120, n), priority=rng.integers(0, 2, n))
     pools = _soc_pools(layout)
-    out, waits = [], []
+    out = []
     for ff in (True, False):
         made = []
 
@@ -363,7 +363,6 @@ def test_bandwidth_aware_dispatch_fast_forward_equals_stepping(seed, n, rate, la
         rec, cluster = _soc_run(w, pools, make_policy, "priority", ff)
         assert not any(r.shared.waiting for r in cluster.replicas)
         out.append(rec)
-        waits.append([r.shared.num_waits for r in cluster.replicas])
     for col, values in out[1].requests.items():
         assert np.array_equal(values, out[0].requests[col], equal_nan=True), col
     for col in ("num_tokens", "num_steps"):  # (a window's row holds many steps)

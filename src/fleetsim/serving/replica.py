@@ -912,7 +912,6 @@ class Replica:
             self._pending_kv_seconds = self.kv.num_used_blocks * w.step_s[k - 1]
         else:
             self._pending_kv_seconds = self.kv.num_used_blocks * (step.end_s - step.start_s)
-        shared = self.shared
         if shared is not None and shared.in_window_beside():
             shared.end_beside(step)  # the shared resource as stepping has it now
 

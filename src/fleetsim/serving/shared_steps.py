@@ -186,7 +186,6 @@ class SharedSteps:
         self.waiting = False  # the replica sleeps until another one's step starts or ends
         self.wait_rule: WaitRule | None = None  # why it waits, if its plan said
         self.num_waits = 0
-        self.num_waits_kept = 0  # steps of another it slept through, its rule holding
         # A decode window run beside the one other job on the resource (``beside.py``).
         self._beside: BesideReplay | None = None
         self._beside_step: Step | None = None
@@ -210,10 +209,7 @@ class SharedSteps:
             # A window the others opened before (without this rule, or under an earlier
             # one) ends with its step in progress: from here their steps are asked of this
             # rule (a no-op where the plan read their steps, which cut them already).
-            for p in others:
-                replica = p.replica
-                assert replica is not None
-                replica.interrupt()
+            _cut_windows(others)
         return True
 
     def stop_waiting(self) -> None:
@@ -227,10 +223,7 @@ class SharedSteps:
         other's next step start or end; the other's window, opened through steps the rule
         held against, ends with its step in progress (exact either way)."""
         self.wait_rule = None
-        for p in self.co_residents():
-            replica = p.replica
-            assert replica is not None
-            replica.interrupt()
+        _cut_windows(self.co_residents())
 
     def others_waiting(self) -> bool:
         """Whether another replica on the resource sleeps until this one starts a step: woken
@@ -253,7 +246,6 @@ class SharedSteps:
         step this one has just started (it would plan the same wait: ``StepPlan.wait_rule``)."""
         kept = self.rule_waiter()
         if kept is not None and self._held_by(kept):
-            kept.num_waits_kept += 1
             return  # (with two ports, the only one that could be waiting)
         for p in self.peers:
             if p.waiting and p is not self:
@@ -309,11 +301,9 @@ class SharedSteps:
                                                                    kv_tokens + num_decode * j)
             job.weight = weight
             job.max_rate = min(model.max_rate, max_rate)
-            without = max_min_rates(alone_jobs, capacity)
-            beside = max_min_rates(both_jobs, capacity)
-            alone_s = _time_s(model.overlap, private_s, work, without[0])
-            slowdown = (_time_s(model.overlap, private_s, work, beside[0]) / alone_s
-                        if alone_s > 0 else 1.0)
+            slowdown = _slowdown(model.overlap, private_s, work,
+                                 max_min_rates(alone_jobs, capacity)[0],
+                                 max_min_rates(both_jobs, capacity)[0])
             if not slowdown > bound:
                 return j if j > 0 else 1
         return k
@@ -346,9 +336,7 @@ class SharedSteps:
         out: list[float] = []
         for i in range(len(others)):
             model, private_s, work = others[i]
-            alone_s = _time_s(model.overlap, private_s, work, without[i])
-            out.append(_time_s(model.overlap, private_s, work, beside[i]) / alone_s
-                       if alone_s > 0 else 1.0)
+            out.append(_slowdown(model.overlap, private_s, work, without[i], beside[i]))
         return out
 
     def alone(self) -> bool:
@@ -539,6 +527,23 @@ def _time_s(overlap: bool, private_s: float, work: float, rate: float) -> float:
     one after the other)."""
     shared_s = work / rate if work > 0 else 0.0
     return max(private_s, shared_s) if overlap else private_s + shared_s
+
+
+def _slowdown(overlap: bool, private_s: float, work: float, alone_rate: float,
+              beside_rate: float) -> float:
+    """How many times longer a step of these parts takes at ``beside_rate`` than at
+    ``alone_rate`` (1.0 for a step of no length): ``slowdowns``' and ``steps_held``' one
+    formula, so the engine's answer is the planner's float for float."""
+    alone_s = _time_s(overlap, private_s, work, alone_rate)
+    return _time_s(overlap, private_s, work, beside_rate) / alone_s if alone_s > 0 else 1.0
+
+
+def _cut_windows(ports: list[SharedSteps]) -> None:
+    """Cut the replicas' windows on ``ports`` back to their steps in progress."""
+    for p in ports:
+        replica = p.replica
+        assert replica is not None
+        replica.interrupt()
 
 
 def _step_args(step: Step) -> tuple[list[tuple[int, int]], int, int]:
