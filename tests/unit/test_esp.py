@@ -393,7 +393,9 @@ def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch, elastic):
     end rather than every ``max_wait_steps`` iterations: the same records and summary as
     polling throughout (in both engines' orders: fast-forward and stepping), with far fewer
     plans; with ESP and without (one member of every instance)."""
+    from fleetsim.policies import esp
     from fleetsim.policies.esp import EspPlanner
+    from fleetsim.policies.esp_steps import plan_step
 
     calls = {"plans": 0}
     plan = EspPlanner.plan
@@ -410,7 +412,7 @@ def test_polls_left_out_during_a_prefill_change_nothing(monkeypatch, elastic):
     runs = {}
     for skip in (True, False):
         if not skip:
-            monkeypatch.setattr(EspPlanner, "_skip_polls", lambda self, *args: args[-1])
+            monkeypatch.setattr(esp, "plan_leaving_out_polls", plan_step)  # poll throughout
         for fast in (True, False):
             calls["plans"] = 0
             result = _esp_run(prompts=prompts, outputs=outputs, arrival=arrival,
@@ -454,11 +456,12 @@ def test_polls_are_left_out_beside_a_decode_only_while_its_scaling_cannot_change
     instances it has until its step ends (the bounds now and at the end give the count it
     has) and the refill failed before walking the running requests' reservations."""
     from fleetsim.policies.esp import EspPlanner
+    from fleetsim.policies.esp_steps import skip_polls
 
     planner = EspPlanner()
     planner.state.refill_walked = walked
-    wake_s = planner._skip_polls(_StepsView(most, fewest), [True, True], [True, False],
-                                 [[object()], [object()]], 1.0)
+    wake_s = skip_polls(planner.state, _StepsView(most, fewest), [True, True], [True, False],
+                        [[object()], [object()]], 1.0)
     assert (wake_s > 10.0) == skips and wake_s >= 1.0
     assert (planner.state.skipped is not None) == skips
 

@@ -193,6 +193,7 @@ class Bad:
     (GroupPlan(((0,),)), "gives 1 members"),
     (GroupPlan(((0, 5), ())), "out of 0..1"),
     (GroupPlan(((0, 1), ()), ((0, 1),)), "assigns request 0 to member 1"),
+    (GroupPlan(((0, 1), ()), ((7, 0),)), "assigns request 7 to member 0"),  # not waiting
     (GroupPlan(((0,), (1,)), (), None, ((1, 1),)), "merges member 1 into 1"),
     (GroupPlan(((0, 1), ()), (), None, ((0, 1),)), "merges member 0 into 1"),
 ])
@@ -200,6 +201,47 @@ def test_bad_group_plans_fail_loudly(plan, match):
     wl = workload(n=5)
     with pytest.raises(PlanError, match=match):
         run(wl, num_instances=2, group=GroupSetup(planner=Bad(plan), step_model_for=model_for))
+
+
+@dataclass
+class InBatches:
+    """Assigns the queue to member 0 (of both instances) once ``size`` requests wait (or no
+    more arrived since the last plan), the latest first, then ``extra``: assignments read
+    from deep in the queue, out of order."""
+
+    size: int
+    extra: tuple[tuple[int, int], ...] = ()
+    last: int = 0  # the queue's length at the last plan
+
+    def plan(self, view: GroupView, now_s: float) -> GroupPlan:
+        ids = [r.id for r in view.waiting]
+        grew, self.last = len(ids) > self.last, len(ids)
+        if len(ids) < self.size and grew:  # (the rest of the queue once arrivals stop)
+            return GroupPlan(((0, 1), ()), (), now_s + 0.05)
+        if not ids:
+            return GroupPlan(((0, 1), ()))
+        self.last = 0
+        extra = tuple((ids[0] if rid < 0 else rid, m) for rid, m in self.extra)
+        return GroupPlan(((0, 1), ()), tuple((rid, 0) for rid in reversed(ids)) + extra)
+
+
+def test_a_plan_may_assign_many_waiting_requests_in_any_order():
+    wl = workload(n=40, rate=200.0)
+    records, cluster = run(wl, num_instances=2,
+                           group=GroupSetup(planner=InBatches(3), step_model_for=model_for))
+    assert sorted(records.requests["request_id"]) == list(range(40))
+    assert np.isfinite(records.requests["finish_s"]).all()
+    assert cluster.group is not None and not cluster.group.waiting
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    (((-1, 0),), r"assigns request \d+ to member 0"),  # the queue's first, twice
+    (((99, 0),), "assigns request 99 to member 0"),  # not in the queue
+])
+def test_a_plan_assigning_a_request_twice_or_not_waiting_fails_loudly(extra, match):
+    with pytest.raises(PlanError, match=match):
+        run(workload(n=40, rate=200.0), num_instances=2,
+            group=GroupSetup(planner=InBatches(3, extra), step_model_for=model_for))
 
 
 def test_group_planner_registry_checks_its_args():

@@ -77,6 +77,9 @@ class Admission:
         if not self.cfg.elastic:
             return self._take_fixed(waiting, running, used_by_instance, capacity)
         cfg = self.cfg
+        # The flags as locals: the config is an interpreted dataclass, so compiled, each read
+        # of a field in the walk below was a generic attribute lookup (58 a walk on Mixed).
+        max_running, max_prefill_s = cfg.max_running, cfg.max_prefill_s
         k_all, cap = len(used_by_instance), capacity
         total = k_all * cap
         reserved = Reservation([(r.kv_tokens, r.num_remaining) for r in running], total)
@@ -96,7 +99,7 @@ class Admission:
         u_inv = 0.0
         skipped_before: int | None = None
         for at, req in enumerate(waiting):
-            if len(running) + len(new) + len(undecided) >= cfg.max_running or s1 >= budget:
+            if len(running) + len(new) + len(undecided) >= max_running or s1 >= budget:
                 # Full: this request and every later one fail the first test below (a
                 # prefill has at least one token), so the walk's outcome is known.
                 if allow_ooe and skipped_before is None:
@@ -104,13 +107,13 @@ class Admission:
                 break
             length = req.prefill_tokens
             entry = (length, req.num_remaining - 1)
-            if (len(running) + len(new) + len(undecided) < cfg.max_running
+            if (len(running) + len(new) + len(undecided) < max_running
                     and s1 + length <= budget
                     and reserved.fits(entry)):
                 if (not undecided or allow_ooe) and s1 + length <= max_idle * cap:
                     t_now = predictor.predict_s(max_idle, s1 + length, s2 + length * length)
                     t_best = predictor.predict_s(k_all, s1 + length, s2 + length * length)
-                    if t_now - t_best <= wait_s and (not new or t_now <= cfg.max_prefill_s):
+                    if t_now - t_best <= wait_s and (not new or t_now <= max_prefill_s):
                         if undecided and skipped_before is None:
                             skipped_before = len(new)
                         new.append(at)
@@ -124,7 +127,7 @@ class Admission:
                     t_preempt = predictor.predict_s(k_all, s1 + u1, s2 + u2)
                     if (t_preempt * inv_decode <= wait_s * u_inv
                             and (len(new) + len(undecided) == 1
-                                 or t_preempt <= cfg.max_prefill_s)):
+                                 or t_preempt <= max_prefill_s)):
                         take_undecided = len(undecided)
                     continue
                 may_undecide = False
@@ -145,10 +148,11 @@ class Admission:
         budget = min(cfg.batch_max_tokens, total - sum(used_by_instance))
         new: list[int] = []
         s1 = 0
+        max_running = cfg.max_running  # (a local: as in ``take``)
         reserved = Reservation([(r.kv_tokens, r.num_remaining) for r in running], total)
         for at, req in enumerate(waiting):
             entry = (req.prefill_tokens, req.num_remaining - 1)
-            if (len(running) + len(new) >= cfg.max_running or s1 + req.prefill_tokens > budget
+            if (len(running) + len(new) >= max_running or s1 + req.prefill_tokens > budget
                     or not reserved.fits(entry)):
                 break
             new.append(at)

@@ -95,7 +95,7 @@ class EspCostModel:
         compute = self.step.step_time_s(shares, 0, 0)
         if k == 1:
             return compute
-        attention = self.step.breakdown_s(shares, 0, 0)["attention"]
+        attention = self.step.attention_s(shares, 0, 0)
         return compute + max(0.0, self.ring_s(sum(q for q, _ in chunks), k) - attention)
 
     def ring_s(self, num_tokens: int, k: int) -> float:

@@ -420,6 +420,15 @@ class TableStepModel:
         t = t + self._tok.at(num_decode) + self._seq.at(num_decode)
         return t + self._dec_a.at(num_decode), self._dec_c.at(num_decode), 0.0
 
+    def attention_s(self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int,
+                    decode_kv_tokens: int) -> float:
+        """``breakdown_s(...)["attention"]``, the same floats, without the other op classes
+        (a sequence-parallel prefill weighs its ring exchange against it at every step)."""
+        att = self._dec_a.at(num_decode) + self._dec_c.at(num_decode) * decode_kv_tokens
+        if prefill_chunks:
+            att += self._prefill_attention_s(prefill_chunks)
+        return att
+
     def breakdown_s(
         self, prefill_chunks: Sequence[tuple[int, int]], num_decode: int, decode_kv_tokens: int
     ) -> dict[str, float]:
@@ -433,10 +442,7 @@ class TableStepModel:
                for k in OP_CLASSES}
         for k, f in g.by_seqs.items():
             out[k] += f(num_seqs) * scale
-        out["attention"] = (self._dec_a.at(num_decode)
-                            + self._dec_c.at(num_decode) * decode_kv_tokens)
-        if prefill_chunks:
-            out["attention"] += self._prefill_attention_s(prefill_chunks)
+        out["attention"] = self.attention_s(prefill_chunks, num_decode, decode_kv_tokens)
         if self.async_scheduling:
             kernels = sum(out.values()) - (self._dec_c.at(num_decode) * decode_kv_tokens)
             out["other"] += self._exposed_cpu_s(num_seqs, kernels)

@@ -33,7 +33,7 @@ Before a prefill iteration, decode members are merged to free instances while th
 
 The code decides every iteration; here the planner polls every ``max_wait_steps`` iterations
 and after each arrival and finish, and leaves out the polls that cannot change anything
-(every busy member in one prefill step: ``_skip_polls``), keeping their times and their
+(every busy member in one prefill step: ``esp_steps.skip_polls``), keeping their times and their
 effect on the next admission, so the results are those of polling throughout.
 
 Not modelled (each a difference from the code, stated in docs/reproductions.md): members
@@ -50,10 +50,9 @@ from fleetsim.esp.admission import Admission
 from fleetsim.esp.config import EspConfig
 from fleetsim.esp.cost import AnalyticalModel, fit_analytical
 from fleetsim.memo import BoundedMemo
-from fleetsim.policies.esp_steps import EspState, plan_step, skip_polls
+from fleetsim.policies.esp_steps import EspState, plan_leaving_out_polls
 from fleetsim.policies.group_planners import register_group_planner
 from fleetsim.serving.contract import GroupPlan, GroupView
-from fleetsim.serving.request import Request
 
 # (step model key, instances, KV tokens per instance) -> the fit: profiling is ~84 prefills
 # priced by the step model, the same in every run of one layout (a sweep's rates, the
@@ -128,16 +127,4 @@ class EspPlanner:
         if st.predictor is None:
             st.predictor = _fit(view, view.num_instances,
                                 view.num_kv_blocks_per_instance * view.block_size)
-        plan = plan_step(st, view, now_s)
-        if st.may_skip:
-            assert plan.wake_s is not None
-            wake_s = self._skip_polls(view, st.busy, st.prefills, st.running, plan.wake_s)
-            if wake_s != plan.wake_s:
-                plan = plan._replace(wake_s=wake_s)
-        return plan
-
-    def _skip_polls(self, view: GroupView, busy: list[bool], prefills: list[bool],
-                    running: list[list[Request]], wake_s: float) -> float:
-        """The wake that replaces the polls after this plan while nothing can change
-        (``esp_steps.skip_polls``, which says why the results are those of polling)."""
-        return skip_polls(self.state, view, busy, prefills, running, wake_s)
+        return plan_leaving_out_polls(st, view, now_s)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NoReturn
 
 from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
@@ -63,10 +63,14 @@ class GroupSetup:
 class _View:
     """The ``GroupView`` of one group (read by its planner)."""
 
-    __slots__ = ("_group",)
+    __slots__ = ("_group", "_states")
 
     def __init__(self, group: InstanceGroup) -> None:
         self._group = group
+        # Each member's last ``MemberState``: it holds the member's own queues (lists a
+        # replica never rebinds), so it stays true while the steps ahead are the same (an
+        # idle member's, always); building one is a generic call of about 850 instructions.
+        self._states: list[MemberState | None] = [None] * len(group.members)
 
     @property
     def num_instances(self) -> int:
@@ -102,7 +106,11 @@ class _View:
 
     def member_state(self, member: int) -> MemberState:
         m, ahead = self._peek(member, False)
-        return new_named_tuple(MemberState, (m.running, m.waiting, ahead[0]))
+        state = self._states[member]
+        if state is None or state.num_steps_ahead != ahead[0]:
+            state = new_named_tuple(MemberState, (m.running, m.waiting, ahead[0]))
+            self._states[member] = state
+        return state
 
     def member_used_blocks(self, member: int) -> int:
         m, ahead = self._peek(member, True)
@@ -262,14 +270,43 @@ class InstanceGroup:
                 raise PlanError(f"group plan merges member {src} into {dst}: not two distinct "
                                 f"members, the second with instances after the plan: {plan}")
             merged.add(src)
-        if not plan.assign:
-            return
-        waiting = {r.id for r in self.waiting}
         for rid, m in plan.assign:
-            if rid not in waiting or not 0 <= m < n or not alloc[m]:
-                raise PlanError(f"group plan assigns request {rid} to member {m}: not a waiting "
-                                f"request, or not a member with instances: {plan}")
-            waiting.discard(rid)
+            if not 0 <= m < n or not alloc[m]:
+                _bad_assignment(rid, m, plan)
+        if plan.assign:
+            self._locate(plan)
+
+    def _locate(self, plan: GroupPlan) -> list[int]:
+        """Where the requests ``plan`` assigns stand in the group's queue, in the plan's
+        order (a ``PlanError`` for a request not waiting, or assigned twice). The queue is
+        read only as far as the last of them: an admission takes from its head, and a queue
+        that grows long behind a full group is not walked at every plan that takes one."""
+        assign = plan.assign
+        order: dict[int, int] = {}
+        for k, (rid, m) in enumerate(assign):
+            if rid in order:
+                _bad_assignment(rid, m, plan)
+            order[rid] = k
+        at = [-1] * len(assign)
+        left = len(assign)
+        if left == 1:  # (most plans take one: an int compared natively, not a dict lookup)
+            rid = assign[0][0]
+            for i, r in enumerate(self.waiting):
+                if r.id == rid:
+                    at[0] = i
+                    return at
+        else:
+            for i, r in enumerate(self.waiting):
+                found = order.get(r.id)
+                if found is not None:
+                    at[found] = i
+                    left -= 1
+                    if not left:
+                        return at
+        for k, (rid, m) in enumerate(assign):  # (one is missing: reported here)
+            if at[k] < 0:
+                _bad_assignment(rid, m, plan)
+        return at
 
     # ---- applying --------------------------------------------------------------------
     def _apply(self) -> None:
@@ -311,11 +348,12 @@ class InstanceGroup:
     def _assign(self, plan: GroupPlan) -> None:
         if not plan.assign:
             return
-        by_id = {r.id: r for r in self.waiting}
-        for rid, m in plan.assign:
-            req = by_id.pop(rid)
-            self.members[m].submit(req)
-        self.waiting = [r for r in self.waiting if r.id in by_id]
+        waiting = self.waiting
+        at = self._locate(plan)
+        for (_rid, m), i in zip(plan.assign, at, strict=True):
+            self.members[m].submit(waiting[i])
+        for i in sorted(at, reverse=True):  # (later ones first: the earlier keep their places)
+            del waiting[i]
 
     def _move_all(self, src: Replica, dst: Replica) -> None:
         """Every request of ``src`` joins ``dst``; running ones keep their KV (as private
@@ -342,6 +380,11 @@ class InstanceGroup:
             dst.adopt(req)
             dst.kv.allocate(req, held)
             dst.join_running(req)
+
+
+def _bad_assignment(rid: int, member: int, plan: GroupPlan) -> NoReturn:
+    raise PlanError(f"group plan assigns request {rid} to member {member}: not a waiting "
+                    f"request, or not a member with instances: {plan}")
 
 
 def _chain(first: Callable[[Request], None] | None, then: Callable[[Request], None]
