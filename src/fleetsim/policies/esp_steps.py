@@ -396,7 +396,10 @@ def refill(st: EspState, view: GroupView, waiting: list[Request],
         return []
     # Walked alone (nothing taken yet), a request fits only if it is short enough; when the
     # prediction grows with the tokens, the shortest one failing means all do.
-    shortest = min([r.num_tokens for r in waiting])
+    shortest = waiting[0].num_tokens  # (a loop: ``min`` over a list is a generic call)
+    for r in waiting:
+        if r.num_tokens < shortest:
+            shortest = r.num_tokens
     if predictor.grows(k) and predictor.predict_s(k, shortest, shortest * shortest) > left_s:
         return []
     used = used_by_instance(view, before, cap, idle)

@@ -256,20 +256,23 @@ class InstanceGroup:
         if len(alloc) != n:
             raise PlanError(f"group plan gives {len(alloc)} members instances, the group has "
                             f"{n}: {plan}")
-        seen: set[int] = set()
-        for insts in alloc if alloc != self.instances_by_member else ():  # (checked before)
-            for i in insts:
-                if not 0 <= i < n or i in seen:
-                    raise PlanError(f"group plan uses instance {i} twice or out of 0..{n - 1}: "
-                                    f"{plan}")
-                seen.add(i)
-        merged: set[int] = set()
-        for src, dst in plan.merge:
-            if (src == dst or src in merged or not 0 <= src < n or not 0 <= dst < n
-                    or not alloc[dst] or dst in merged):
-                raise PlanError(f"group plan merges member {src} into {dst}: not two distinct "
-                                f"members, the second with instances after the plan: {plan}")
-            merged.add(src)
+        if alloc != self.instances_by_member:  # (the allocation in force was checked before)
+            seen: set[int] = set()
+            for insts in alloc:
+                for i in insts:
+                    if not 0 <= i < n or i in seen:
+                        raise PlanError(f"group plan uses instance {i} twice or out of "
+                                        f"0..{n - 1}: {plan}")
+                    seen.add(i)
+        if plan.merge:
+            merged: set[int] = set()
+            for src, dst in plan.merge:
+                if (src == dst or src in merged or not 0 <= src < n or not 0 <= dst < n
+                        or not alloc[dst] or dst in merged):
+                    raise PlanError(f"group plan merges member {src} into {dst}: not two "
+                                    f"distinct members, the second with instances after the "
+                                    f"plan: {plan}")
+                merged.add(src)
         for rid, m in plan.assign:
             if not 0 <= m < n or not alloc[m]:
                 _bad_assignment(rid, m, plan)
