@@ -7,7 +7,9 @@ reproduction's configs and one set of requests:
 
 - LoongServe (``esp`` group planner on an instance group, ``repro/loongserve.py``) against
   vLLM and LightLLM-SplitFuse replicas, on the reproduction's Mixed lengths and on ShareGPT
-  lengths (decode-heavy);
+  lengths (decode-heavy); on ShareGPT also against vLLM on LoongServe's own instances (one
+  replica per instance, its GPUs and TP: the same topology, which Mixed's longest prompts do
+  not fit);
 - ExpertPlex (P and D attention groups on one shared expert pool, ``repro/expertplex.py``,
   its best split ``attn P8 D8 + pool 16``) against instance-level P/D (2P+2D x8) and
   colocated instances (4x8), 32 H200s each, on the reproduction's ShareGPT rows at 4 and
@@ -33,6 +35,7 @@ import argparse
 import functools
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -83,9 +86,17 @@ def esp(num_requests: int, repeat: int, planner: bool) -> None:
             cfg = config_from_dict(baseline_config(system, "mixed"))
             run(cfg, workload=workload(dataset, 8, rate, seed=1))  # warm the step tables
             runs[system] = functools.partial(run, cfg, workload=wl)
+        if dataset == "sharegpt":  # (Mixed's longest prompts fit no single instance)
+            cfg = config_from_dict(same_topology(baseline_config("vllm", "mixed"),
+                                                 baseline_config("loongserve", "mixed")))
+            run(cfg, workload=workload(dataset, 8, rate, seed=1))
+            runs[SAME_TOPOLOGY] = functools.partial(run, cfg, workload=wl)
         cost = least_cpu_s(runs, repeat)
         report(f"LoongServe, {dataset} @ {rate:g} req/s", int(wl.num_output_tokens.sum()),
                cost, "loongserve", ("lightllm-sf", "vllm"))
+        if SAME_TOPOLOGY in cost:
+            print(f"  on the same instances: loongserve / {SAME_TOPOLOGY} "
+                  f"{cost['loongserve'] / cost[SAME_TOPOLOGY]:.2f}x")
         if planner:
             from fleetsim.policies.esp import EspPlanner
 
@@ -94,6 +105,16 @@ def esp(num_requests: int, repeat: int, planner: bool) -> None:
             print(f"  planner: {plans:,} plans ({plans / n:.2f} a request), "
                   f"{plan_s / plans * 1e6:.1f} us a plan, {plan_s / n * 1e6:.1f} us a request; "
                   f"vllm's whole run {cost['vllm'] / n * 1e6:.1f} us a request")
+
+
+SAME_TOPOLOGY = "vllm on the instances"
+"""vLLM as plain replicas on LoongServe's instances (one per instance, its GPUs and TP):
+the main engine on the same topology, where every prompt fits one instance."""
+
+
+def same_topology(vllm: dict[str, Any], loongserve: dict[str, Any]) -> dict[str, Any]:
+    """``vllm``'s config on ``loongserve``'s hardware (its instances as replicas)."""
+    return {**vllm, "hardware": dict(loongserve["hardware"])}
 
 
 def method_share(cls: type, name: str, fn: Callable[[], object],
