@@ -140,7 +140,10 @@ def _plan_prefill_scalar(lengths: Sequence[int], free_tokens: Sequence[int],
                     row[j] = low
                     choice[i][j] = (at, k)
     last = best[n]
-    j_best = min(range(1, num_inst + 1), key=lambda j: (last[j], j))
+    j_best = 1  # the fewest instances among the best (a loop: ``min`` with a key is generic)
+    for j in range(2, num_inst + 1):
+        if last[j] < last[j_best]:
+            j_best = j
     if not math.isfinite(last[j_best]):
         return None
     batches: list[PrefillBatch] = []

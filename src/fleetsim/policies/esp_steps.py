@@ -149,7 +149,7 @@ def plan_step(st: EspState, view: GroupView, now_s: float) -> GroupPlan:
             _pending(waiting), residents, used, cap, predictor)]
         if chosen:
             # Output tokens each member's requests have emitted (the pause rule's input).
-            emitted = [sum([r.num_output_tokens for r in rs]) + d * len(rs)
+            emitted = [_num_emitted(rs) + d * len(rs)
                        for rs, d in zip(running, ahead, strict=True)]
             if prefill(st, view, chosen, alloc, busy, running, emitted, used, cap, assign,
                        merge, now_s):
@@ -192,6 +192,15 @@ def _same(alloc: list[tuple[int, ...]], before: Sequence[tuple[int, ...]]) -> bo
         if alloc[i] != before[i]:
             return False
     return True
+
+
+def _num_emitted(running: list[Request]) -> int:
+    """Output tokens the requests have emitted (a loop: compiled, ``sum`` over a list of
+    them boxed each and was a generic call)."""
+    total = 0
+    for r in running:
+        total += r.num_output_tokens
+    return total
 
 
 def _any_prefill(running: list[Request]) -> bool:
