@@ -121,6 +121,9 @@ def _plan_prefill_scalar(lengths: Sequence[int], free_tokens: Sequence[int],
     choice = [[(0, 0)] * (num_inst + 1) for _ in range(n + 1)]
     for i in range(1, n + 1):
         row = best[i]
+        # (the prefix sums at ``i`` read once: compiled, each read of a list of floats
+        # unboxes one, and the loop below runs n^2 K^2 / 4 times)
+        p1_i, p2_i, pinv_i = p1[i], p2[i], pinv[i]
         for j in range(1, num_inst + 1):
             for k in range(1, j + 1):
                 a, b, c = coef[k]
@@ -128,11 +131,11 @@ def _plan_prefill_scalar(lengths: Sequence[int], free_tokens: Sequence[int],
                 low, at = inf, 0
                 for size in range(1, i + 1):  # the batch of the last ``size`` requests
                     start = i - size
-                    s1 = p1[i] - p1[start]
+                    s1 = p1_i - p1[start]
                     if s1 > room:
                         cost = inf
                     else:
-                        cost = ((a + b * s1 + c * (p2[i] - p2[start])) * (pinv[i] - pinv[start])
+                        cost = ((a + b * s1 + c * (p2_i - p2[start])) * (pinv_i - pinv[start])
                                 + best[start][j - k])
                     if cost < low or size == 1:
                         low, at = cost, size
