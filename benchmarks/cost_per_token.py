@@ -60,7 +60,7 @@ def report(label: str, tokens: int, cost_s: dict[str, float], system: str,
     per = {s: c / tokens * 1e6 for s, c in cost_s.items()}  # us per generated token
     ref = min(main, key=lambda s: per[s])
     print(f"{label}, {tokens:,} output tokens: "
-          + ", ".join(f"{s} {v:.2f} us" for s, v in per.items())
+          + ", ".join(f"{s} {v:.3f} us" for s, v in per.items())
           + f"; {system} / main engine ({ref}) {per[system] / per[ref]:.2f}x")
 
 
