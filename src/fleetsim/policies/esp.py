@@ -33,8 +33,8 @@ Before a prefill iteration, decode members are merged to free instances while th
 
 The code decides every iteration; here the planner polls every ``max_wait_steps`` iterations
 and after each arrival and finish, and leaves out the polls that cannot change anything
-(every busy member in one prefill step: ``esp_steps.skip_polls``), keeping their times and their
-effect on the next admission, so the results are those of polling throughout.
+(every busy member in one prefill step: ``esp_steps.skip_polls``), keeping their times and
+their effect on the next admission, so the results are those of polling throughout.
 
 Not modelled (each a difference from the code, stated in docs/reproductions.md): members
 decode independently rather than in one lock step; a member's KV is one pool over its
