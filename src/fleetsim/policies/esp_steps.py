@@ -194,6 +194,21 @@ def _same(alloc: list[tuple[int, ...]], before: Sequence[tuple[int, ...]]) -> bo
     return True
 
 
+def _merged_into(merges: list[tuple[int, int]], member: int) -> bool:
+    """Does any of ``merges`` (source, destination) merge into ``member``?"""
+    for _src, dst in merges:  # noqa: SIM110 (as ``_any``)
+        if dst == member:
+            return True
+    return False
+
+
+def _any_in(instances: tuple[int, ...], only: Sequence[int]) -> bool:
+    for i in instances:  # noqa: SIM110 (as ``_any``)
+        if i in only:
+            return True
+    return False
+
+
 def _num_emitted(running: list[Request]) -> int:
     """Output tokens the requests have emitted (a loop: compiled, ``sum`` over a list of
     them boxed each and was a generic call)."""
@@ -257,7 +272,7 @@ def skip_polls(st: EspState, view: GroupView, busy: list[bool], prefills: list[b
     first_s = wake_s
     while wake_s < end_s:
         wake_s = wake_s + st.max_wait_steps * st.avg_decoding_s
-    if any(prefills):  # the polls left out would each have moved the next admission on
+    if _any(prefills):  # the polls left out would each have moved the next admission on
         st.skipped = (first_s, wake_s)
     return wake_s
 
@@ -289,7 +304,7 @@ def used_by_instance(view: GroupView, alloc: Sequence[tuple[int, ...]], cap: int
     used = [0] * view.num_instances
     bs = view.block_size
     for m, insts in enumerate(alloc):
-        if not insts or (only is not None and not any(i in only for i in insts)):
+        if not insts or (only is not None and not _any_in(insts, only)):
             continue
         left = view.member_used_blocks(m) * bs
         for i in insts:
@@ -312,7 +327,7 @@ def scale(st: EspState, view: GroupView, alloc: list[tuple[int, ...]], busy: lis
     merges: list[tuple[int, int]] = []
     for m in range(len(alloc)):
         insts = alloc[m]
-        if not insts or prefills[m] or not busy[m] or any(d == m for _, d in merges):
+        if not insts or prefills[m] or not busy[m] or _merged_into(merges, m):
             continue  # off, still prefilling, or just merged into (its KV read later)
         extra = headroom_blocks(st, len(running[m]), bs)
         fewest, most = view.member_used_blocks_range(m)
