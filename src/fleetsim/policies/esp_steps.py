@@ -468,8 +468,7 @@ def prefill(st: EspState, view: GroupView, chosen: list[Request], alloc: list[tu
     s1, s2 = float(sum(lengths)), float(sum([x * x for x in lengths]))
     inv = sum([1.0 / x for x in lengths])
     merge.extend(consolidate(st, view, alloc, busy, running, emitted, used, cap, s1, s2))
-    owned = {i for m, a in enumerate(alloc) if busy[m] for i in a}
-    idle = [i for i in range(len(alloc)) if i not in owned]
+    idle = list(idle_instances(alloc, busy))
     decode_members = [m for m in range(len(alloc)) if busy[m] and alloc[m]]
     room = {m: sum([cap - used[i] for i in alloc[m]]) for m in decode_members}
     kept = sorted(decode_members, key=lambda m: (room[m], -m))  # most room last

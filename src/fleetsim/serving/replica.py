@@ -410,6 +410,8 @@ class Replica:
         early anywhere."""
         self._next_input_hint_s = next_input_s
         self._windows.next_input_hint_s = next_input_s
+        for windows in self._windows_by_model.values():  # (a group member's other degrees)
+            windows.next_input_hint_s = next_input_s
 
     def peek_window(self, exact: bool = True) -> tuple[int, int, int] | None:
         """(decode steps each running request has done, fewest and most blocks they have
