@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tests.conftest import by_id, make_workload
 
@@ -221,13 +221,13 @@ class Split:
                           0.002 + self.w * tokens, self.weight)
 
 
-def _sms_run(w, pools, fast_forward, until_s=math.inf):
+def _sms_run(w, pools, fast_forward, until_s=math.inf, budget=1024):
     """``w`` on ``pools`` (round robin, then least loaded to decode), checked as it runs."""
     return simulate_cluster(
         w, pools, router=RoundRobin(), decode_router=LeastLoaded(),
         make_batch_policy=TokenBudgetPlanner, order_key=make_ordering("fcfs"),
         rng=np.random.default_rng(0), kv_bytes_per_token=0.0, link_latency_s=0.0,
-        block_size=16, max_batched_tokens=1024, max_running=32, fast_forward=fast_forward,
+        block_size=16, max_batched_tokens=budget, max_running=32, fast_forward=fast_forward,
         debug=True, until_s=until_s)
 
 
@@ -402,14 +402,22 @@ def _service_totals(cluster):
                       st.sampled_from([0.4, 1.0, math.inf])),
        fixed=st.tuples(st.sampled_from([0.0, 0.004]), st.sampled_from([0.0, 0.004])),
        layout=st.sampled_from(["pd", "mixed2", "mixed3"]),
-       until=st.sampled_from([math.inf, 0.5]))
+       until=st.sampled_from([math.inf, 0.5]), budget=st.sampled_from([1024, 96]))
+# (chains whose successors' advances come after the window's step's, as the service lists
+# them; in the other order the resource's use differs in its last bits)
+@example(seed=0, n=6, rate=50.0, weights=(1.0, 4.0), caps=(math.inf, math.inf),
+         fixed=(0.0, 0.0), layout="pd", until=math.inf, budget=96)
+@example(seed=1, n=3, rate=50.0, weights=(1.0, 4.0), caps=(1.0, 0.4), fixed=(0.0, 0.0),
+         layout="pd", until=math.inf, budget=96)
 def test_windows_beside_a_job_equal_stepping_bit_for_bit(seed, n, rate, weights, caps, fixed,
-                                                         layout, until):
+                                                         layout, until, budget):
     """Decode windows run beside another replica's job (``serving/beside.py``) replay the
     service's events: every request's times, the work each client did, the resource's use
     and the service's counts of jobs and allocations equal step by step's bit for bit,
-    also when the run stops mid-window (``until_s``) and when a third replica's job comes
-    (``mixed3``: three replicas on the resource)."""
+    also when the run stops mid-window (``until_s``), when a third replica's job comes
+    (``mixed3``: three replicas on the resource) and when prompts are prefilled in chunks
+    (``budget`` 96: the windows run on through the chunks the replay predicts, and are cut
+    where the prefill replica runs another step, two prompts' chunks packed in one)."""
     rng = np.random.default_rng(seed)
     w = make_workload(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(1, 700, n),
                       rng.integers(1, 150, n))
@@ -426,7 +434,7 @@ def test_windows_beside_a_job_equal_stepping_bit_for_bit(seed, n, rate, weights,
              for i, (role, m) in enumerate(zip(roles, models[:len(roles)], strict=True))]
     out, totals = [], []
     for ff in (True, False):
-        rec, cluster = _sms_run(w, pools, ff, until)
+        rec, cluster = _sms_run(w, pools, ff, until, budget)
         if until == math.inf:
             assert len(rec.requests["request_id"]) == n
             assert not cluster.resources.active
@@ -459,3 +467,46 @@ def test_a_decode_replica_beside_a_prefill_job_fast_forwards():
     for col, values in rec_step.requests.items():
         assert np.array_equal(values, rec_ff.requests[col], equal_nan=True), col
     assert _service_totals(ff) == _service_totals(step)
+
+
+def test_a_decode_window_runs_on_through_the_prefills_next_chunks(monkeypatch):
+    """Agent.xpu's NPU prefills each prompt in 256-token chunks beside the iGPU's decodes: an
+    iGPU window beside one chunk's job runs on through the prompt's next chunks (a chain,
+    ``serving/beside.py``: each successor the NPU starts is checked against the one the
+    replay priced), so it opens less than half the windows it does without (no successor
+    predicted), and every request, the work each accelerator did, the DDR's use and the
+    service's counts of jobs and allocations equal step by step's, bit for bit, with chains
+    and without."""
+    from fleetsim import native
+    from fleetsim.policies.agent_xpu import AgentXpuPlanner
+    from fleetsim.serving.shared_steps import SharedSteps
+
+    rng = np.random.default_rng(5)
+    n = 40
+    w = make_workload(np.cumsum(rng.exponential(1 / 0.5, n)), rng.integers(600, 2000, n),
+                      rng.integers(50, 200, n))
+    pools = _soc_pools("pd")
+
+    def runs():
+        return [_soc_run(w, pools, lambda: AgentXpuPlanner(chunk_tokens=256), "fcfs", ff)
+                for ff in (True, False)]
+
+    chained = runs()
+    both = [chained]
+    if native.engine().startswith("python"):  # (a compiled class's method stays its own)
+        monkeypatch.setattr(SharedSteps, "chunk_successors", lambda self: None)
+        both.append(runs())
+    windows = []
+    for (rec_ff, ff), (rec_step, step) in both:
+        for col, values in rec_step.requests.items():
+            assert np.array_equal(values, rec_ff.requests[col], equal_nan=True), col
+        assert _service_totals(ff) == _service_totals(step)
+        assert step.replicas[1].shared.num_links == 0
+        windows.append(ff.replicas[1].shared.num_windows_beside)
+    npu, igpu = chained[0][1].replicas[0].shared, chained[0][1].replicas[1].shared
+    chunks = npu.num_shared_steps + npu.num_alone_steps
+    # (232 chunks: 177 links and 117 windows; 268 windows without chains)
+    assert igpu.num_links > chunks / 2
+    if len(both) == 2:
+        assert windows[0] < windows[1] / 2
+        assert both[1][0][1].replicas[1].shared.num_links == 0

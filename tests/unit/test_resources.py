@@ -233,3 +233,90 @@ def test_a_check_during_a_claim_follows_the_claimants_start_as_stepping_orders_t
     assert svc_claimed.work_by_client == svc_direct.work_by_client
     assert svc_claimed.used_by_resource == svc_direct.used_by_resource
     assert svc_claimed.job_beside({"ddr": 1.0}, "b") is None  # (nothing active at the end)
+
+
+class _OneLink:
+    """A window's chain (``BesideChain``) as a stub: job a's end at 1.0 is a link whose
+    successor, a job of 2 units from client "a", is priced to start at 1.5."""
+
+    def __init__(self, svc: SharedResources) -> None:
+        self.svc = svc
+        self.cuts: list[float] = []
+        self.successor = None
+
+    def takes_done(self, now_s):
+        return 1.5 if now_s == 1.0 else -1.0
+
+    def expects(self, work, uses, weight, max_rate, delay_s, client, now_s):
+        return work == 2.0 and client == "a" and now_s == 1.5
+
+    def adopt(self, job, now_s):
+        if job.work == 2.0 and now_s == 1.5:
+            self.successor = job
+            return 3.5  # (its end, at the whole resource: the window ends there)
+        return -1.0
+
+    def started(self, index):
+        return self.successor is not None
+
+    def on_change(self):
+        """The window ends now: the service as stepping leaves it (the successor, if
+        started, at the whole resource since)."""
+        now_s = self.svc.sim.now_s
+        self.cuts.append(now_s)
+        b = self.successor
+        left = 2.0 - (now_s - 1.5) if b is not None else 0.0
+        self.svc.resume_beside(now_s, b, left, 1.0, {}, 0.0, "ddr", 0, 0, None,
+                               now_s + left if b is not None else math.inf, True)
+
+
+def _chained(at_1_5):
+    """Job a (1 unit at 1/s) from 0; at 0.5 a client claims to run beside it with the stub
+    chain (its check at a's end, 1.0); ``at_1_5(svc, done)`` runs at 1.5, after step ends,
+    as a's replica would plan its next step."""
+    sim = Simulator()
+    svc = SharedResources(sim)
+    svc.add("ddr", 1.0)
+    done: dict[str, float] = {}
+    chain = _OneLink(svc)
+
+    def claim(_):
+        assert svc.job_beside({"ddr": 1.0}, "b") is not None
+        svc.claim_beside(chain.on_change, chain)
+        svc.check_at(1.0)
+
+    svc.start(1.0, {"ddr": 1.0}, lambda job: done.__setitem__("a", sim.now_s), client="a")
+    sim.schedule(0.5, 1, None)
+    sim.on(1, claim, "claim")
+    sim.schedule(1.5, 40, None)  # (a STEP_END's kind: before the chain's check, 41)
+    sim.on(40, lambda _: at_1_5(svc, done), "at_1_5")
+    sim.run()
+    return done, chain, svc
+
+
+def test_a_chain_link_ends_the_job_and_its_window_waits_for_the_successor():
+    """A window's chain (``claim_beside`` with a ``BesideChain``): at the job's end the
+    service asks the chain, which takes it as a link: the job is done then (its replica
+    hears at once) and the window runs on. Its successor, started as priced, is adopted
+    (active, the window not ended); another job, or none by the successor's start, ends the
+    window there, before anything else reads the service."""
+
+    def start_successor(svc, done):
+        svc.start(2.0, {"ddr": 1.0}, lambda job: done.__setitem__("succ", svc.sim.now_s),
+                  client="a")
+
+    done, chain, svc = _chained(start_successor)
+    assert done == {"a": 1.0, "succ": 3.5} and chain.successor is not None
+    assert chain.cuts == [3.5]  # (not at its start: at its end, no link)
+
+    done, chain, svc = _chained(lambda svc, done: None)  # the replica starts nothing
+    assert done == {"a": 1.0} and chain.cuts == [1.5]
+    assert not svc.active
+
+    def start_another(svc, done):
+        svc.start(3.0, {"ddr": 1.0}, lambda job: done.__setitem__("other", svc.sim.now_s),
+                  client="a")
+
+    done, chain, svc = _chained(start_another)
+    assert chain.cuts == [1.5] and chain.successor is None
+    assert done == {"a": 1.0, "other": 4.5}

@@ -19,14 +19,16 @@ capacity (a replica's steps and decode windows) by *holding* them: when a job co
 of it first (``hold``) and cuts its window there, as an arrival does.
 
 Event kinds (same-time order, ``core.simulator``): ``RESOURCE_START`` (25) after transfer
-starts, ``RESOURCE_CHECK`` (33) after transfer checks, before step ends.
+starts, ``RESOURCE_CHECK`` (33) after transfer checks, before step ends, ``BESIDE_VERIFY``
+(41) after step ends (a chained window beside a job checks that the job's replica started
+the successor it priced, ``beside.py``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from fleetsim.core.simulator import Simulator
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
 RESOURCE_START: Final = 25  # a job's delay has passed: it starts drawing on its resources
 RESOURCE_CHECK: Final = 33  # a job may have finished
+BESIDE_VERIFY: Final = 41  # after step ends: did the other replica start the job priced?
 
 DONE_S: Final = 1e-9  # a job with less than this many seconds of work left at its rate is done
 
@@ -50,6 +53,31 @@ class Hold:
     def __init__(self, uses: dict[ResourceKey, float], on_change: ChangeFn) -> None:
         self.uses = uses
         self.on_change = on_change
+
+
+class BesideChain(Protocol):
+    """What a client running a window beside the one active job (``claim_beside``) says of
+    that job's successors (``beside.py``, *Chains*): the service asks it instead of ending
+    the window at the job's end and at its successor's start."""
+
+    def takes_done(self, now_s: float) -> float:
+        """The active job is done now: the successor's start if the window runs on through
+        it (its replica's step end), else -1.0 (the window ends here)."""
+        ...
+
+    def expects(self, work: float, uses: Mapping[ResourceKey, float], weight: float,
+                max_rate: float, delay_s: float, client: str, now_s: float) -> bool:
+        """Whether a job so started now may be the successor priced (``adopt`` decides)."""
+        ...
+
+    def adopt(self, job: Job, now_s: float) -> float:
+        """``job`` becomes active now: if it is the successor priced, its end (inf: not
+        within the window) and the window runs on beside it; else -1.0."""
+        ...
+
+    def started(self, index: int) -> bool:
+        """Whether the successor after the ``index``-th link has been adopted."""
+        ...
 
 
 # ``Job.single`` of a job on more than one resource (or none).
@@ -274,6 +302,7 @@ class SharedResources:
         self._holds: list[Hold] = []
         self._updated_s = 0.0
         self._version = 0  # invalidates completion checks scheduled before the last change
+        self._check_times: list[float] = []  # the checks scheduled since (times)
         self.num_jobs = 0
         self.num_changes = 0  # allocations computed (each one an event that cuts windows)
         self.used_by_resource: dict[ResourceKey, float] = {}  # resource -> units drawn so far
@@ -285,8 +314,11 @@ class SharedResources:
         # A client running work beside the active jobs without telling the service
         # (``beside.py``): told first, once, before anything reads or changes the shares.
         self._beside: ChangeFn | None = None
+        self._chain: BesideChain | None = None  # what it says of the job's successors
+        self._num_links = 0  # links the window has run through (``BESIDE_VERIFY``'s index)
         sim.on(RESOURCE_START, self._on_start, "resource_start")
         sim.on(RESOURCE_CHECK, self._on_check, "resource_check")
+        sim.on(BESIDE_VERIFY, self._on_verify, "beside_verify")
 
     def add(self, resource: ResourceKey, capacity_per_s: float) -> None:
         """Declare a resource and its capacity (units/s: bytes/s, SMs, ...; > 0, may be inf)."""
@@ -315,7 +347,10 @@ class SharedResources:
         self._holds = [x for x in self._holds if x is not h]
 
     def busy_on(self, uses: Mapping[ResourceKey, float]) -> bool:
-        """Whether an active job or a hold draws on one of ``uses``' resources."""
+        """Whether an active job or a hold draws on one of ``uses``' resources (or a window
+        runs beside the jobs: in a chain's gap, its step's job is the one active)."""
+        if self._beside is not None:
+            return True
         if not self._active and not self._holds:
             return False
         keys = [r for r, a in uses.items() if a > 0]
@@ -334,6 +369,8 @@ class SharedResources:
     def busy_on_one(self, resource: ResourceKey) -> bool:
         """``busy_on({resource: 1.0})`` without building its list (a replica's port asks at
         every step)."""
+        if self._beside is not None:
+            return True
         for j in self._active:
             single = j.single
             if single is _ONE_OF_MANY:
@@ -368,8 +405,12 @@ class SharedResources:
         if not delay_s >= 0:
             raise ValueError(f"job delay_s must be >= 0, got {delay_s}")
         # A window beside the jobs ends first: its step in progress, if it starts at this
-        # instant, starts before this job, as stepping schedules them.
-        self._end_beside()
+        # instant, starts before this job, as stepping schedules them (unless the job may
+        # be the successor it priced: ``_on_start`` decides).
+        chain = self._chain
+        if self._beside is not None and (chain is None or not chain.expects(
+                work, uses, weight, max_rate, delay_s, client, self.sim.now_s)):
+            self._end_beside()
         job = Job(work, dict(uses), float(weight), float(max_rate), on_done, on_rate, client)
         self.num_jobs += 1
         self._num_waiting += 1
@@ -425,27 +466,46 @@ class SharedResources:
             return None
         return job
 
-    def claim_beside(self, on_change: ChangeFn) -> None:
+    def claim_beside(self, on_change: ChangeFn, chain: BesideChain | None = None) -> None:
         """A client runs work beside the one active job (``job_beside``) without jobs of
         its own: before the next event or read of the shares, ``on_change()`` is called
         once, and it must leave the service as if its work had run as jobs
-        (``resume_beside``)."""
+        (``resume_beside``). With a ``chain``, the job's end and its successor's start are
+        asked of it first (``BesideChain``).
+
+        The checks pending go stale, as its first job's start (at this instant) makes them in
+        stepping, but one at this very instant: it may come before that start (an event of
+        an earlier kind, as the claim may be made in), so it stays."""
         assert self._beside is None
         self._beside = on_change
+        self._chain = chain
+        self._num_links = 0
+        now_s = self.sim.now_s
+        now_too = False
+        for t in self._check_times:
+            if t == now_s:
+                now_too = True
+        self._bump()
+        if now_too:
+            self._schedule_check(now_s)
 
-    def resume_beside(self, updated_s: float, other: Job, other_left: float,
+    def resume_beside(self, updated_s: float, other: Job | None, other_left: float,
                       other_rate: float, work_by_client: Mapping[str, float], used: float,
                       resource: ResourceKey, num_changes: int, num_jobs: int,
-                      job: Job | None, check_s: float, reschedule: bool) -> None:
-        """The state stepping would have at this instant after a window beside ``other``:
-        its work left and rate, the clients' work and the resource's use so far, the
-        window's jobs and allocations counted, the step in progress's ``job`` (if still
-        active) and, when ``reschedule``, the check stepping has pending (``check_s``; the
-        ones scheduled before stand invalidated)."""
+                      job: Job | None, check_s: float, reschedule: bool,
+                      job_first: bool = False) -> None:
+        """The state stepping would have at this instant after a window beside ``other``
+        (None: in a chain's gap, the last one done and its successor not started): its work
+        left and rate, the clients' work and the resource's use so far, the window's jobs
+        and allocations counted, the step in progress's ``job`` (if still active; before
+        ``other`` in the list when ``job_first``) and, when ``reschedule``, the check
+        stepping has pending (``check_s``; the ones scheduled before stand invalidated)."""
         self._beside = None
+        self._chain = None
         self._updated_s = updated_s
-        other.work_left = other_left
-        other.rate = other_rate
+        if other is not None:
+            other.work_left = other_left
+            other.rate = other_rate
         by_client = self.work_by_client
         for client, work in work_by_client.items():
             by_client[client] = work
@@ -453,11 +513,14 @@ class SharedResources:
         self.num_changes += num_changes
         self.num_jobs += num_jobs
         if job is not None:
-            self._active.append(job)
+            if job_first:
+                self._active.insert(0, job)
+            else:
+                self._active.append(job)
         if reschedule:
-            self._version += 1
+            self._bump()
             if check_s < math.inf:
-                self.sim.schedule(check_s, RESOURCE_CHECK, self._version)
+                self._schedule_check(check_s)
 
     @property
     def updated_s(self) -> float:
@@ -466,16 +529,39 @@ class SharedResources:
 
     def check_at(self, t: float) -> None:
         """A check at ``t`` (valid until the next change of the shares)."""
+        self._schedule_check(t)
+
+    def _schedule_check(self, t: float) -> None:
         self.sim.schedule(t, RESOURCE_CHECK, self._version)
+        self._check_times.append(t)
+
+    def _bump(self) -> None:
+        """Invalidate the checks scheduled so far."""
+        self._version += 1
+        self._check_times.clear()
 
     def _end_beside(self) -> None:
         on_change = self._beside
         if on_change is not None:
             self._beside = None
+            self._chain = None
             on_change()
 
     def _on_start(self, job: Job) -> None:
-        self._end_beside()
+        if self._beside is not None:
+            chain = self._chain
+            done_s = chain.adopt(job, self.sim.now_s) if chain is not None else -1.0
+            if done_s >= 0.0:
+                # The successor the window priced: active beside it (no advance and no
+                # allocation: the window's replay makes them).
+                self._num_waiting -= 1
+                job.active = True
+                job.started_s = self.sim.now_s
+                self._active.append(job)
+                if done_s < math.inf:
+                    self._schedule_check(done_s)
+                return
+            self._end_beside()
         self._num_waiting -= 1
         self._notify(job)
         self._advance()
@@ -488,13 +574,28 @@ class SharedResources:
         if version != self._version:
             return
         if self._beside is not None:
+            chain = self._chain
+            start_s = chain.takes_done(self.sim.now_s) if chain is not None else -1.0
+            if start_s >= 0.0:
+                # A link of the window's chain: the job is done (its work and the shares as
+                # the replay has them); its replica plans, and should start the successor at
+                # ``start_s``: checked then, after same-time step ends.
+                assert len(self._active) == 1
+                j = self._active.pop()
+                j.active = False
+                j.done = True
+                j.work_left = 0.0
+                self.sim.schedule(start_s, BESIDE_VERIFY, (chain, self._num_links))
+                self._num_links += 1
+                j.on_done(j)
+                return
             # A window runs beside the job: it leaves the state stepping has now, with the
             # check stepping has pending rescheduled. If it had not started its first step
             # (it opened at this instant), that step's start comes first, as stepping orders
             # them: this check goes behind it.
             self._end_beside()
             if version == self._version:
-                self.sim.schedule(self.sim.now_s, RESOURCE_CHECK, version)
+                self._schedule_check(self.sim.now_s)
             return
         self._advance()
         done = [j for j in self._active if j.work_left <= j.rate * DONE_S]
@@ -507,6 +608,13 @@ class SharedResources:
         self._reallocate()
         for j in done:
             j.on_done(j)
+
+    def _on_verify(self, payload: tuple[BesideChain, int]) -> None:
+        """After the other replica's step end at a link: the window ends here unless that
+        replica started the successor it priced (a plan of another step cut it already)."""
+        chain, index = payload
+        if self._beside is not None and self._chain is chain and not chain.started(index):
+            self._end_beside()
 
     def _notify(self, job: Job) -> None:
         if not self._holds:
@@ -532,7 +640,7 @@ class SharedResources:
         self._updated_s = now
 
     def _reallocate(self) -> None:
-        self._version += 1
+        self._bump()
         self.num_changes += 1
         active = self._active
         if not active:
@@ -547,8 +655,7 @@ class SharedResources:
             j.rate = x
             next_s = min(next_s, j.work_left / x if x > 0 else math.inf)
         if next_s < math.inf:
-            self.sim.schedule(self.sim.now_s + max(next_s, 0.0), RESOURCE_CHECK,
-                              self._version)
+            self._schedule_check(self.sim.now_s + max(next_s, 0.0))
         for j in changed:
             if j.on_rate is not None:
                 j.on_rate(j)

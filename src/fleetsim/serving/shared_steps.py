@@ -33,13 +33,13 @@ steps holds (``steps_held``), instead of one step at a time.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
 from fleetsim.perf.soc import SocSplit
-from fleetsim.serving.beside import JOB_ACTIVE, NOT_STARTED, BesideReplay
+from fleetsim.serving.beside import JOB_ACTIVE, NOT_STARTED, BesideReplay, Successor
 from fleetsim.serving.contract import RepeatRule, WaitRule, new_named_tuple
 from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources, max_min_rates
 
@@ -190,6 +190,7 @@ class SharedSteps:
         self._beside: BesideReplay | None = None
         self._beside_step: Step | None = None
         self.num_windows_beside = 0
+        self.num_links = 0  # chain links its windows beside ran through (``beside.py``)
 
     def co_residents(self) -> list[SharedSteps]:
         """The other replicas' ports onto this port's resource."""
@@ -383,9 +384,16 @@ class SharedSteps:
         other = service.job_beside(self.uses, self.client)
         assert other is not None
         key = self.key
+        # (its successors, if the other replica's step is one chunk of a prompt: a chain)
+        other_port = self._port_of(other)
+        successor = None
+        other_private_end_s = math.inf
+        if other_port is not None:
+            successor = other_port.chunk_successors()
+            other_private_end_s = other_port._job_private_end_s
         replay = BesideReplay(self.model, key, service.capacity[key], self.client, other,
                               service.updated_s, service.work_by_client,
-                              service.used_by_resource[key])
+                              service.used_by_resource[key], other_private_end_s, successor)
         windows.ends_beside = replay.ends
         try:
             end_s = windows.open(step, until_s, through, rule=rule)
@@ -395,12 +403,35 @@ class SharedSteps:
             return None
         self._beside = replay
         self._beside_step = step
-        service.claim_beside(self._on_service_change)
-        if replay.other_done_s < math.inf:
-            # The other job ends inside: its replica plans then, so the window is cut there.
-            service.check_at(replay.other_done_s)
+        chain = None
+        if replay.num_links:
+            assert other_port is not None
+            chain = _Chain(replay, other_port)
+        service.claim_beside(self._on_service_change, chain)
+        if replay.done_s:
+            # The other job ends inside: its replica plans then, so the window is cut there
+            # (or runs on to the successor, a link of the chain: ``_Chain.takes_done``).
+            service.check_at(replay.done_s[0])
         self.num_windows_beside += 1
         return end_s
+
+    def _port_of(self, job: Job) -> SharedSteps | None:
+        """The port whose step in progress runs as ``job``."""
+        for p in self.peers:
+            if p._job is job:
+                return p
+        return None
+
+    def chunk_successors(self) -> Successor | None:
+        """The jobs this replica would run next if it went on prefilling the one prompt its
+        step in progress computes a chunk of, chunk after chunk of the same size, to the
+        prompt's end (``beside.py``, *Chains*: a guess, checked job by job); None where its
+        step is not one such chunk or its parts do not overlap (a delayed start)."""
+        step = self._job_step
+        if step is None or step.decodes or len(step.chunks) != 1 or not self.model.overlap:
+            return None
+        req, n = step.chunks[0]
+        return _ChunkSuccessors(self.model, n, req.num_computed_tokens, req.num_tokens)
 
     def in_window_beside(self) -> bool:
         return self._beside is not None
@@ -427,11 +458,17 @@ class SharedSteps:
         self._beside = None
         self._beside_step = None
         replay.run(num_steps, stop_s)
-        other = replay.other
-        works = {other.client: replay.other_work, self.client: replay.own_work}
+        self.num_links += replay.starts_done
+        # The other job stepping has active now: the chain's one the replay stopped beside
+        # (the service's own Job: the replay prices its successors with Jobs of their own),
+        # or none in a gap.
+        other = replay.jobs[replay.cur] if replay.other_on else None
+        works = {replay.first.client: replay.other_work, self.client: replay.own_work}
         service = self.service
         self.num_shared_steps += replay.num_jobs
         if replay.state == NOT_STARTED:  # (it opened at this instant: nothing ran)
+            # (its first job's start comes at once, as stepping's: that makes the check pending
+            # stale, whichever it is)
             service.resume_beside(replay.updated_s, other, replay.left, replay.other_rate,
                                   works, replay.used, self.key, replay.num_changes,
                                   replay.num_jobs, None, math.inf, False)
@@ -456,7 +493,7 @@ class SharedSteps:
             assert step.end_s == replay.end_s, (step.end_s, replay.end_s)
         service.resume_beside(replay.updated_s, other, replay.left, replay.other_rate, works,
                               replay.used, self.key, replay.num_changes, replay.num_jobs, job,
-                              replay.check_s, True)
+                              replay.check_s, True, replay.mine_first and other is not None)
 
     def run_as_job(self, step: Step, delay_s: float | None = None,
                    work: float | None = None) -> None:
@@ -520,6 +557,82 @@ class SharedSteps:
 
 def _ignore(job: Job) -> None:
     pass
+
+
+class _ChunkSuccessors:
+    """``SharedSteps.chunk_successors``: the i-th next chunk's parts, as ``run_as_job``
+    would start its job (the step's most rate capped by the model's)."""
+
+    __slots__ = ("computed", "model", "size", "total")
+
+    def __init__(self, model: SharedStepModel, size: int, computed: int, total: int) -> None:
+        self.model = model
+        self.size = size
+        self.computed = computed  # before the chunk in progress
+        self.total = total
+
+    def __call__(self, i: int) -> tuple[float, float, float, float] | None:
+        start = self.computed + (i + 1) * self.size
+        if start >= self.total:
+            return None  # the prompt is done: the request moves on (a hand-off, a decode)
+        n = self.total - start
+        if n > self.size:
+            n = self.size
+        model = self.model
+        private_s, work, weight, max_rate = model.parts([(n, start)], 0, 0)
+        return private_s, work, weight, min(model.max_rate, max_rate)
+
+
+class _Chain:
+    """One window's chain (``BesideChain``): answers the service from its replay's
+    findings, checking each successor the other port starts against the one priced."""
+
+    __slots__ = ("other_port", "replay")
+
+    def __init__(self, replay: BesideReplay, other_port: SharedSteps) -> None:
+        self.replay = replay
+        self.other_port = other_port
+
+    def takes_done(self, now_s: float) -> float:
+        r = self.replay
+        m = r.links_done
+        if m < r.num_links and r.done_s[m] == now_s and r.starts_done == m:
+            r.links_done = m + 1
+            return r.start_s_of[m]
+        return -1.0
+
+    def _priced(self, work: float, weight: float, max_rate: float, delay_s: float,
+                client: str, now_s: float) -> bool:
+        r = self.replay
+        m = r.starts_done
+        if not (m < r.links_done and r.start_s_of[m] == now_s and delay_s == 0.0
+                and client == r.first.client):
+            return False
+        nxt = r._next[m]
+        return nxt.work == work and nxt.weight == weight and nxt.max_rate == max_rate
+
+    def expects(self, work: float, uses: Mapping[ResourceKey, float], weight: float,
+                max_rate: float, delay_s: float, client: str, now_s: float) -> bool:
+        key = self.replay._key
+        if len(uses) != 1 or uses.get(key) != 1.0:
+            return False
+        return self._priced(float(work), float(weight), float(max_rate), float(delay_s),
+                            client, now_s)
+
+    def adopt(self, job: Job, now_s: float) -> float:
+        r = self.replay
+        port = self.other_port
+        m = r.starts_done
+        if not (port._job is job and job.single == r._key and job.single_use == 1.0
+                and self._priced(job.work, job.weight, job.max_rate, 0.0, job.client, now_s)
+                and port._job_private_end_s == now_s + r._next_private_s[m]):
+            return -1.0
+        r.starts_done = m + 1
+        r.jobs.append(job)
+        return r.done_s[m + 1] if m + 1 < len(r.done_s) else math.inf
+
+    def started(self, index: int) -> bool:
+        return self.replay.starts_done > index
 
 
 def _time_s(overlap: bool, private_s: float, work: float, rate: float) -> float:
