@@ -76,16 +76,20 @@ def test_a_steps_split_is_the_roofline_of_its_op(accelerator):
 def test_a_decode_step_is_priced_as_the_general_split_prices_it(accelerator, num_decode,
                                                                 kv_tokens):
     """A decode window's shortcut (``SocSplit.decode_split``, no walk over prefill chunks)
-    gives the general split's floats bit for bit, and so do the step model's decode prices."""
+    gives the general split's floats bit for bit, and so do the step model's decode prices
+    (``decode_alone_s``: the split and the price in one, overlapped or not)."""
+    from fleetsim.serving.shared_steps import SharedStepModel
     from fleetsim.soc_pools import soc_step_model
 
     model = soc_step_model(SOC, COST, accelerator)
     split = model.splitter
     assert split.decode_split(num_decode, kv_tokens) == split.split((), num_decode, kv_tokens)
     assert model.decode_parts(num_decode, kv_tokens) == model.parts((), num_decode, kv_tokens)
+    serial = SharedStepModel(split, model.resource, model.capacity_per_s, overlap=False)
     if num_decode:
-        assert model.decode_step_s(num_decode, kv_tokens) == model.step_time_s(
-            [], num_decode, kv_tokens)
+        for m in (model, serial):
+            assert m.decode_step_s(num_decode, kv_tokens) == m.step_time_s(
+                [], num_decode, kv_tokens)
 
 
 @pytest.mark.parametrize(("demands", "total", "want"), [

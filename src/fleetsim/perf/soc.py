@@ -208,6 +208,28 @@ class SocSplit:
         demand = draw_bytes_per_s(private_s, nbytes, self.max_draw_bytes_per_s)
         return private_s, nbytes, 1.0, demand if demand > 0 else math.inf
 
+    def decode_alone_s(self, num_decode: int, kv_tokens: int, alone_rate: float,
+                       overlap: bool) -> float:
+        """A decode-only step's length at the shared model's ``alone_rate`` (its
+        ``decode_step_s``): ``decode_split``'s float operations and then ``_alone_s``'s,
+        without the tuple between them (a window prices each of its steps so; the tuple, its
+        boxed floats and two calls were about half of each step's price)."""
+        c = self.cost
+        flops = 0.0
+        kv_bytes = 0.0
+        if num_decode:
+            total = kv_tokens + num_decode
+            flops += (2.0 * num_decode * c.streamed_params + c.decode_attention_flops * total)
+            kv_bytes += c.kv_bytes_per_token * (total + num_decode)
+        nbytes = c.weight_bytes + kv_bytes
+        private_s = flops / self.flops_per_s
+        demand = draw_bytes_per_s(private_s, nbytes, self.max_draw_bytes_per_s)
+        max_rate = demand if demand > 0 else math.inf
+        shared_s = nbytes / (alone_rate if alone_rate <= max_rate else max_rate)
+        if overlap:
+            return shared_s if shared_s > private_s else private_s  # max(private, shared)
+        return private_s + shared_s
+
     def decode_private_s(self, num_decode: int, kv_tokens: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``split`` of decode-only steps for each ``kv_tokens``, vectorized with the same

@@ -41,7 +41,15 @@ import numpy as np
 from fleetsim.perf.soc import SocSplit
 from fleetsim.serving.beside import JOB_ACTIVE, NOT_STARTED, BesideReplay, Successor
 from fleetsim.serving.contract import RepeatRule, WaitRule, new_named_tuple
-from fleetsim.serving.resources import Hold, Job, ResourceKey, SharedResources, max_min_rates
+from fleetsim.serving.resources import (
+    Hold,
+    Job,
+    ResourceKey,
+    SharedResources,
+    max_min_rates,
+    one_job_rate,
+    two_job_rates,
+)
 
 if TYPE_CHECKING:
     from fleetsim.serving.replica import Replica
@@ -139,6 +147,9 @@ class SharedStepModel:
 
     def decode_step_s(self, num_decode: int, kv_tokens: int) -> float:
         """``step_time_s((), num_decode, kv_tokens)``: a decode window's step alone."""
+        soc = self._soc_split
+        if soc is not None:
+            return soc.decode_alone_s(num_decode, kv_tokens, self.alone_rate, self.overlap)
         private_s, work, _, max_rate = self.decode_parts(num_decode, kv_tokens)
         return self._alone_s(private_s, work, max_rate)
 
@@ -291,11 +302,12 @@ class SharedSteps:
         waiting_job = Job(w_work, waiter.uses, w_weight, min(w_model.max_rate, w_max_rate),
                           _ignore, None, "")
         model = self.model
-        capacity = waiter.service.capacity
         # The step's job, its fields set per step (the allocation reads its weight and most
-        # rate, not its work: one job and two lists for the window, not two jobs a step).
+        # rate, not its work: one job for the window, not two jobs a step).
         job = Job(0.0, self.uses, 1.0, math.inf, _ignore, None, "")
-        alone_jobs, both_jobs = [job], [job, waiting_job]
+        # Both on this one resource (the waiter's port is onto it): ``max_min_rates``' one-
+        # and two-job rounds, called directly (the same floats, without a list a call).
+        capacity = waiter.service.capacity[self.key]
         for j in range(k):
             # (``decode_parts``: ``parts`` of a step without chunks, the same float operations)
             private_s, work, weight, max_rate = model.decode_parts(num_decode,
@@ -303,8 +315,8 @@ class SharedSteps:
             job.weight = weight
             job.max_rate = min(model.max_rate, max_rate)
             slowdown = _slowdown(model.overlap, private_s, work,
-                                 max_min_rates(alone_jobs, capacity)[0],
-                                 max_min_rates(both_jobs, capacity)[0])
+                                 one_job_rate(job, capacity),
+                                 two_job_rates(job, waiting_job, capacity)[0])
             if not slowdown > bound:
                 return j if j > 0 else 1
         return k
