@@ -409,6 +409,10 @@ def _service_totals(cluster):
          fixed=(0.0, 0.0), layout="pd", until=math.inf, budget=96)
 @example(seed=1, n=3, rate=50.0, weights=(1.0, 4.0), caps=(1.0, 0.4), fixed=(0.0, 0.0),
          layout="pd", until=math.inf, budget=96)
+# (both replicas' jobs done at one check, the decode window's first end event at that very
+# time: stale, it must not come before the prefill's end, which hands a request over)
+@example(seed=6818, n=35, rate=50.0, weights=(1.0, 4.0), caps=(0.4, math.inf),
+         fixed=(0.0, 0.0), layout="pd", until=math.inf, budget=1024)
 def test_windows_beside_a_job_equal_stepping_bit_for_bit(seed, n, rate, weights, caps, fixed,
                                                          layout, until, budget):
     """Decode windows run beside another replica's job (``serving/beside.py``) replay the

@@ -384,8 +384,9 @@ class Cluster:
         return self.recorder.keep_online_metrics()
 
 
-def _on_step_end(payload: tuple[Replica, Step]) -> None:
-    payload[0].finish_step(payload[1])
+def _on_step_end(payload: tuple[Replica, Step, int]) -> None:
+    if payload[2] == payload[1].end_gen:  # (else a stale end: the step's end moved since)
+        payload[0].finish_step(payload[1])
 
 
 # The finest default timeline bin (arrivals 2e-311 s apart gave bins of a subnormal width,

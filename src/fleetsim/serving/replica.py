@@ -156,6 +156,7 @@ class Replica:
         self.busy = False
         self.until_s = math.inf
         self._pending_kv_seconds = 0.0
+        self._num_ends = 0  # STEP_ENDs scheduled (``schedule_end``)
         self._carried: list[Row] = []  # rows of a cut window, written with its last step
         # ``_finish`` bound once: each ``self._finish`` passed to a window's settle built a
         # bound method object when compiled.
@@ -619,7 +620,7 @@ class Replica:
         self._note_finishes(step)
         self.busy = True
         self._step = step
-        step.end_event = self.sim.schedule(step.end_s, STEP_END, (self, step))
+        self.schedule_end(step, step.end_s)
         return True
 
     def _check_idle_promise(self, decodes: list[Request]) -> None:
@@ -834,7 +835,7 @@ class Replica:
             end_s = now_s + self._single_step_time(step)
         step.end_s = end_s
         self._step = step
-        step.end_event = self.sim.schedule(end_s, STEP_END, (self, step))
+        self.schedule_end(step, end_s)
 
     @property
     def current_step(self) -> Step | None:
@@ -843,7 +844,13 @@ class Replica:
 
     def schedule_step_end(self, step: Step) -> None:
         """``step``'s end is known now (a shared-resource job finished): its ``STEP_END``."""
-        step.end_event = self.sim.schedule(step.end_s, STEP_END, (self, step))
+        self.schedule_end(step, step.end_s)
+
+    def schedule_end(self, step: Step, end_s: float) -> None:
+        """``step``'s ``STEP_END`` at ``end_s``, the one that counts (``Step.end_gen``)."""
+        gen = step.end_gen = self._num_ends
+        self._num_ends += 1
+        step.end_event = self.sim.schedule(end_s, STEP_END, (self, step, gen))
 
     def set_pending_kv_seconds(self, kv_seconds: float) -> None:
         self._pending_kv_seconds = kv_seconds
@@ -890,8 +897,10 @@ class Replica:
         if self._windows.cut(step, self.sim.now_s):
             # (its end event moves up: the one at the old end would only be popped and
             # ignored)
+            gen = step.end_gen = self._num_ends
+            self._num_ends += 1
             step.end_event = self.sim.move_earlier(step.end_event, step.end_s, STEP_END,
-                                                   (self, step))
+                                                   (self, step, gen))
         k = step.num_steps
         w = step.window
         if self.track_itl:

@@ -75,13 +75,18 @@ _NONE_INSIDE: Final[list[tuple[int, int]]] = []
 class Step:
     """One engine step, or a fast-forward window of identical decode steps."""
 
-    __slots__ = ("chunks", "decodes", "end_event", "end_s", "is_all_decode", "last_boundary_s",
-                 "num_running", "num_steps", "num_tokens", "num_waiting", "start_s", "window")
+    __slots__ = ("chunks", "decodes", "end_event", "end_gen", "end_s", "is_all_decode",
+                 "last_boundary_s", "num_running", "num_steps", "num_tokens", "num_waiting",
+                 "start_s", "window")
 
     def __init__(self, start_s: float, decodes: list[Request] | None = None) -> None:
         self.start_s = start_s
         self.end_s = start_s
         self.end_event: Event | None = None  # its STEP_END, where the kernel can move it
+        # Which of its STEP_ENDs counts (``Replica.schedule_end`` numbers them): an earlier
+        # one, for an end that moved since (a window cut back, a step turned into a job),
+        # is stale even where it falls at the very time of the new end. (-1: none.)
+        self.end_gen = -1
         self.last_boundary_s = start_s  # a window's last inner step boundary
         self.window: Window | None = None  # set when the step is a fast-forward window
         self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
