@@ -96,9 +96,9 @@ class BesideReplay:
         # was done, whether the chain went on there and, if so, when the successor started.
         self.pe0 = other_private_end_s
         self._successor = successor
-        self._key = key
-        self._next: list[Job] = []
-        self._next_private_s: list[float] = []
+        self.key = key
+        self.successors: list[Job] = []
+        self.successor_private_s: list[float] = []
         self.done_s: list[float] = []  # each other job's end, in chain order
         self.start_s_of: list[float] = []  # each link's successor start
         self.num_links = 0  # links the first replay took (the chain's other jobs - 1)
@@ -330,13 +330,13 @@ class BesideReplay:
             return False  # stopped in the gap (``state`` as the caller set it)
         # ``_on_start`` of the successor: advance (this step's job alone), then the shares.
         self._advance(t_e, True)
-        nxt = self._next[i]
+        nxt = self.successors[i]
         self.cur = i + 1
         self.other = nxt
         self.other_use = nxt.single_use
         self.other_on = True
         self.left = nxt.work
-        self.other_pe = t_e + self._next_private_s[i]
+        self.other_pe = t_e + self.successor_private_s[i]
         self.mine_first = True  # (the successor is appended after it)
         self.num_changes += 1
         self.other_rate, self.rate = two_job_rates(nxt, self._mine, self._capacity)
@@ -364,14 +364,14 @@ class BesideReplay:
         x = self.work_left / rate if rate > 0 else math.inf
         if not t_d + (x if x > 0.0 else 0.0) > t_e:
             return math.inf  # (its job done in the gap: it would check, then step alone)
-        if i == len(self._next):
+        if i == len(self.successors):
             parts = successor(i)
             if parts is None:
                 return math.inf
             private_s, work, weight, max_rate = parts
-            self._next.append(Job(work, {self._key: 1.0}, weight, max_rate, _ignore, None,
+            self.successors.append(Job(work, {self.key: 1.0}, weight, max_rate, _ignore, None,
                                   self.other.client))
-            self._next_private_s.append(private_s)
+            self.successor_private_s.append(private_s)
         return t_e
 
     def _next_check(self, now_s: float, mine: bool) -> float:

@@ -622,12 +622,12 @@ class _Chain:
         if not (m < r.links_done and r.start_s_of[m] == now_s and delay_s == 0.0
                 and client == r.first.client):
             return False
-        nxt = r._next[m]
+        nxt = r.successors[m]
         return nxt.work == work and nxt.weight == weight and nxt.max_rate == max_rate
 
     def expects(self, work: float, uses: Mapping[ResourceKey, float], weight: float,
                 max_rate: float, delay_s: float, client: str, now_s: float) -> bool:
-        key = self.replay._key
+        key = self.replay.key
         if len(uses) != 1 or uses.get(key) != 1.0:
             return False
         return self._priced(float(work), float(weight), float(max_rate), float(delay_s),
@@ -637,9 +637,9 @@ class _Chain:
         r = self.replay
         port = self.other_port
         m = r.starts_done
-        if not (port._job is job and job.single == r._key and job.single_use == 1.0
+        if not (port._job is job and job.single == r.key and job.single_use == 1.0
                 and self._priced(job.work, job.weight, job.max_rate, 0.0, job.client, now_s)
-                and port._job_private_end_s == now_s + r._next_private_s[m]):
+                and port._job_private_end_s == now_s + r.successor_private_s[m]):
             return -1.0
         r.starts_done = m + 1
         r.jobs.append(job)
