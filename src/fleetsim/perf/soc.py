@@ -196,15 +196,7 @@ class SocSplit:
                      ) -> tuple[float, float, float, float]:
         """``split((), num_decode, kv_tokens)`` with its float operations, without the walk
         over prefill chunks (a decode window prices each of its steps so)."""
-        c = self.cost
-        flops = 0.0
-        kv_bytes = 0.0
-        if num_decode:
-            total = kv_tokens + num_decode
-            flops += (2.0 * num_decode * c.streamed_params + c.decode_attention_flops * total)
-            kv_bytes += c.kv_bytes_per_token * (total + num_decode)
-        nbytes = c.weight_bytes + kv_bytes
-        private_s = flops / self.flops_per_s
+        private_s, nbytes = self._decode_private_bytes(num_decode, kv_tokens)
         demand = draw_bytes_per_s(private_s, nbytes, self.max_draw_bytes_per_s)
         return private_s, nbytes, 1.0, demand if demand > 0 else math.inf
 
@@ -212,8 +204,19 @@ class SocSplit:
                        overlap: bool) -> float:
         """A decode-only step's length at the shared model's ``alone_rate`` (its
         ``decode_step_s``): ``decode_split``'s float operations and then ``_alone_s``'s,
-        without the tuple between them (a window prices each of its steps so; the tuple, its
-        boxed floats and two calls were about half of each step's price)."""
+        without the four-tuple between them (a window prices each of its steps so; the
+        tuple, its boxed floats and two calls were about half of each step's price)."""
+        private_s, nbytes = self._decode_private_bytes(num_decode, kv_tokens)
+        demand = draw_bytes_per_s(private_s, nbytes, self.max_draw_bytes_per_s)
+        max_rate = demand if demand > 0 else math.inf
+        shared_s = nbytes / (alone_rate if alone_rate <= max_rate else max_rate)
+        if overlap:
+            return shared_s if shared_s > private_s else private_s  # max(private, shared)
+        return private_s + shared_s
+
+    def _decode_private_bytes(self, num_decode: int, kv_tokens: int) -> tuple[float, float]:
+        """A decode-only step's arithmetic seconds and DDR bytes (``split``'s floats; two
+        floats, which a compiled caller gets without a tuple object)."""
         c = self.cost
         flops = 0.0
         kv_bytes = 0.0
@@ -221,14 +224,7 @@ class SocSplit:
             total = kv_tokens + num_decode
             flops += (2.0 * num_decode * c.streamed_params + c.decode_attention_flops * total)
             kv_bytes += c.kv_bytes_per_token * (total + num_decode)
-        nbytes = c.weight_bytes + kv_bytes
-        private_s = flops / self.flops_per_s
-        demand = draw_bytes_per_s(private_s, nbytes, self.max_draw_bytes_per_s)
-        max_rate = demand if demand > 0 else math.inf
-        shared_s = nbytes / (alone_rate if alone_rate <= max_rate else max_rate)
-        if overlap:
-            return shared_s if shared_s > private_s else private_s  # max(private, shared)
-        return private_s + shared_s
+        return flops / self.flops_per_s, c.weight_bytes + kv_bytes
 
     def decode_private_s(self, num_decode: int, kv_tokens: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
