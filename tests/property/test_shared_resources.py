@@ -402,7 +402,8 @@ def _service_totals(cluster):
                       st.sampled_from([0.4, 1.0, math.inf])),
        fixed=st.tuples(st.sampled_from([0.0, 0.004]), st.sampled_from([0.0, 0.004])),
        layout=st.sampled_from(["pd", "mixed2", "mixed3"]),
-       until=st.sampled_from([math.inf, 0.5]), budget=st.sampled_from([1024, 96]))
+       until=st.one_of(st.just(math.inf), st.floats(0.02, 3.0)),
+       budget=st.sampled_from([1024, 96]))
 # (chains whose successors' advances come after the window's step's, as the service lists
 # them; in the other order the resource's use differs in its last bits)
 @example(seed=0, n=6, rate=50.0, weights=(1.0, 4.0), caps=(math.inf, math.inf),
