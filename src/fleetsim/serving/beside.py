@@ -245,10 +245,8 @@ class BesideReplay:
         mine = self._mine
         mine.weight = self.weight
         mine.max_rate = self.max_rate
-        if self.other_on:
-            self.other_rate, self.rate = two_job_rates(self.other, mine, self._capacity)
-        else:  # (not reached: a gap never outlasts a step of this window; kept exact)
-            self.rate = one_job_rate(mine, self._capacity)
+        assert self.other_on  # (a chain's gap ends inside the step it falls in: ``_gap_end``)
+        self.other_rate, self.rate = two_job_rates(self.other, mine, self._capacity)
         self.num_changes += 1
         check_s = self._next_check(t, True)
         while True:
@@ -271,8 +269,7 @@ class BesideReplay:
         self.work_left = 0.0
         self.rate = 0.0
         done_s = check_s
-        if self.other_on:
-            self.other_rate = one_job_rate(self.other, self._capacity)
+        self.other_rate = one_job_rate(self.other, self._capacity)  # (no gap past its job)
         pe = self.private_end_s
         self.end_s = pe if pe > done_s else done_s  # max(now, private end)
         check_s = self._next_check(done_s, False)
@@ -369,8 +366,8 @@ class BesideReplay:
             if parts is None:
                 return math.inf
             private_s, work, weight, max_rate = parts
-            self.successors.append(Job(work, {self.key: 1.0}, weight, max_rate, _ignore, None,
-                                  self.other.client))
+            self.successors.append(Job(work, {self.key: 1.0}, weight, max_rate, _ignore,
+                                       None, self.other.client))
             self.successor_private_s.append(private_s)
         return t_e
 

@@ -222,7 +222,7 @@ class InstanceGroup:
             self._replan_asked = True
             return
         plan = self.planner.plan(self.view, self.sim.now_s)
-        self._check(plan)
+        at = self._check(plan)
         if plan.wake_s is not None and plan.wake_s > self.sim.now_s:
             if plan.wake_s != self._wake_s:
                 self._wake_s = plan.wake_s
@@ -230,7 +230,7 @@ class InstanceGroup:
         else:
             self._wake_s = None
         if plan.instances_by_member == self.instances_by_member and not plan.merge:
-            self._assign(plan)
+            self._assign(plan, at)  # (the queue as checked: nothing ran in between)
             return
         self._pending = plan
         changed = sorted({m for m, (old, new) in enumerate(zip(
@@ -250,7 +250,9 @@ class InstanceGroup:
         if not self._held and self._pending is not None:
             self._apply()
 
-    def _check(self, plan: GroupPlan) -> None:
+    def _check(self, plan: GroupPlan) -> list[int] | None:
+        """A ``PlanError`` for a plan the group cannot apply; where the requests it assigns
+        stand in the queue (``_locate``), if it assigns any."""
         n = len(self.members)
         alloc = plan.instances_by_member
         if len(alloc) != n:
@@ -276,8 +278,7 @@ class InstanceGroup:
         for rid, m in plan.assign:
             if not 0 <= m < n or not alloc[m]:
                 _bad_assignment(rid, m, plan)
-        if plan.assign:
-            self._locate(plan)
+        return self._locate(plan) if plan.assign else None
 
     def _locate(self, plan: GroupPlan) -> list[int]:
         """Where the requests ``plan`` assigns stand in the group's queue, in the plan's
@@ -344,16 +345,19 @@ class InstanceGroup:
                         | {m for pair in plan.merge for m in pair}):
             self.members[m].group_hold = None
             self.members[m].wake()
-        self._assign(plan)
+        self._assign(plan, None)  # (located again: requests came or left while it waited)
         if self._replan_asked:
             self._replan_asked = False
             self.replan()
 
-    def _assign(self, plan: GroupPlan) -> None:
+    def _assign(self, plan: GroupPlan, at: list[int] | None) -> None:
+        """Hand the requests ``plan`` assigns to their members (``at``: where they stand in
+        the queue, if located since the queue last changed)."""
         if not plan.assign:
             return
         waiting = self.waiting
-        at = self._locate(plan)
+        if at is None:
+            at = self._locate(plan)
         for (_rid, m), i in zip(plan.assign, at, strict=True):
             self.members[m].submit(waiting[i])
         for i in sorted(at, reverse=True):  # (later ones first: the earlier keep their places)

@@ -156,7 +156,6 @@ class Replica:
         self.busy = False
         self.until_s = math.inf
         self._pending_kv_seconds = 0.0
-        self._num_ends = 0  # STEP_ENDs scheduled (``schedule_end``)
         self._carried: list[Row] = []  # rows of a cut window, written with its last step
         # ``_finish`` bound once: each ``self._finish`` passed to a window's settle built a
         # bound method object when compiled.
@@ -848,9 +847,12 @@ class Replica:
 
     def schedule_end(self, step: Step, end_s: float) -> None:
         """``step``'s ``STEP_END`` at ``end_s``, the one that counts (``Step.end_gen``)."""
-        gen = step.end_gen = self._num_ends
-        self._num_ends += 1
-        step.end_event = self.sim.schedule(end_s, STEP_END, (self, step, gen))
+        step.end_event = self.sim.schedule(end_s, STEP_END, self._end_payload(step))
+
+    def _end_payload(self, step: Step) -> tuple[Replica, Step, int]:
+        """A new ``STEP_END`` payload for ``step``: the ones before go stale."""
+        step.end_gen += 1
+        return self, step, step.end_gen
 
     def set_pending_kv_seconds(self, kv_seconds: float) -> None:
         self._pending_kv_seconds = kv_seconds
@@ -897,10 +899,8 @@ class Replica:
         if self._windows.cut(step, self.sim.now_s):
             # (its end event moves up: the one at the old end would only be popped and
             # ignored)
-            gen = step.end_gen = self._num_ends
-            self._num_ends += 1
             step.end_event = self.sim.move_earlier(step.end_event, step.end_s, STEP_END,
-                                                   (self, step, gen))
+                                                   self._end_payload(step))
         k = step.num_steps
         w = step.window
         if self.track_itl:
@@ -1027,11 +1027,9 @@ class Replica:
     def finish_step(self, step: Step) -> None:
         """Handler of ``STEP_END``: commit the step's tokens at ``now`` and plan the next."""
         now_s = self.sim.now_s
-        if step is not self._step:
-            step.end_event = None  # (see below)
-            return  # a step given up since (or the old end of a window cut back and done)
-        if now_s != step.end_s:
-            return  # the old end of a window that was cut back since
+        # (A stale end, of a window cut back or a step turned into a job, never comes here:
+        # ``cluster._on_step_end`` drops it by its number, ``Step.end_gen``.)
+        assert step is self._step and now_s == step.end_s
         self._step = None
         # (The event holds the step in its payload: a reference cycle, which nothing would
         # free while the run keeps the cyclic collector off.)

@@ -481,10 +481,7 @@ class SharedResources:
         self._chain = chain
         self._num_links = 0
         now_s = self.sim.now_s
-        now_too = False
-        for t in self._check_times:
-            if t == now_s:
-                now_too = True
+        now_too = now_s in self._check_times
         self._bump()
         if now_too:
             self._schedule_check(now_s)

@@ -501,7 +501,7 @@ class SharedSteps:
             self._job_private_end_s = replay.private_end_s
             self._used_blocks = replica.kv.num_used_blocks
             step.end_s = math.inf  # (its end comes with the job's; the old event is stale)
-            step.end_gen = -1
+            step.end_gen += 1
         else:  # its work done: it ends as its arithmetic does (the window's end time)
             assert step.end_s == replay.end_s, (step.end_s, replay.end_s)
         service.resume_beside(replay.updated_s, other, replay.left, replay.other_rate, works,
@@ -519,7 +519,7 @@ class SharedSteps:
         self.num_shared_steps += 1
         self._used_blocks = replica.kv.num_used_blocks
         step.end_s = math.inf  # unknown until the job is done
-        step.end_gen = -1  # (a held step's end, scheduled as priced alone, is stale)
+        step.end_gen += 1  # (a held step's end, scheduled as priced alone, is stale)
         if self.model.overlap:
             private_s = d_private_s if delay_s is None else max(0.0, delay_s)
             delay = 0.0

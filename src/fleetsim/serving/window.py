@@ -83,10 +83,11 @@ class Step:
         self.start_s = start_s
         self.end_s = start_s
         self.end_event: Event | None = None  # its STEP_END, where the kernel can move it
-        # Which of its STEP_ENDs counts (``Replica.schedule_end`` numbers them): an earlier
-        # one, for an end that moved since (a window cut back, a step turned into a job),
-        # is stale even where it falls at the very time of the new end. (-1: none.)
-        self.end_gen = -1
+        # Which of its STEP_ENDs counts (``Replica.schedule_end`` numbers them; a step whose
+        # end becomes unknown adds one): an earlier one, for an end that moved since (a
+        # window cut back, a step turned into a job), is stale even where it falls at the
+        # very time of the new end.
+        self.end_gen = 0
         self.last_boundary_s = start_s  # a window's last inner step boundary
         self.window: Window | None = None  # set when the step is a fast-forward window
         self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
