@@ -35,6 +35,7 @@ NATIVE_MODULES = (
     "serving/request.py",
     "serving/prefix_cache.py",
     "serving/kv_cache.py",
+    "serving/chunk_runs.py",
     "serving/window.py",
     "serving/views.py",
     "serving/kv_moves.py",

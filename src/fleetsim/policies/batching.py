@@ -54,8 +54,12 @@ class TokenBudgetPlanner:
     before any waiting one is admitted."""
 
     # serve_running gives each decoder its one token, and with no admission and no
-    # preemption a later decode-only step differs only by fewer available blocks.
-    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+    # preemption a later decode-only step differs only by fewer available blocks. A lone
+    # running prompt given the whole budget takes it again while its rest is at least the
+    # budget (serve_running, running requests first), which leaves admission nothing, and
+    # swap mode swaps nothing in with no request swapped out or swapping in.
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True,
+                                prefill_chunks_repeat=True)
 
     @property
     def splits_prompts(self) -> bool:

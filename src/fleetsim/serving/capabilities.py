@@ -5,9 +5,13 @@ a plan that only decodes every running request, the same plan repeats while noth
 or finishes and free KV only shrinks) lets it advance many decode steps in one event;
 ``decodes_all_when_idle`` (whenever nothing waits, every running request decodes, they number
 at most the token budget and the free blocks hold one more token each, the plan decodes each
-of them once) lets it skip planning those steps. A class declares them with a class attribute
-``capabilities = Capabilities(...)`` in its own body: a subclass that does not declare its
-own gets none, because changing ``plan`` may break them. ``engine.debug`` checks the
+of them once) lets it skip planning those steps; ``prefill_chunks_repeat`` (when a plan gives
+the one running request the whole token budget as a prefill chunk and does nothing else, and
+no request is swapped out or swapping in, the same plan repeats while nothing arrives, the
+request's rest is at least the budget and the free KV blocks hold the chunk) lets it advance
+a long prompt's chunks in one event (``serving/chunk_runs.py``). A class declares them with a
+class attribute ``capabilities = Capabilities(...)`` in its own body: a subclass that does not
+declare its own gets none, because changing ``plan`` may break them. ``engine.debug`` checks the
 promises at every window. The two are independent: a policy whose priorities change as
 requests run (a multi-level feedback queue) is not ``fast_forward_safe`` while requests wait,
 yet may decode everyone when nothing waits. A policy whose plans repeat only in some states
@@ -27,6 +31,7 @@ class Capabilities:
 
     fast_forward_safe: bool = False
     decodes_all_when_idle: bool = False
+    prefill_chunks_repeat: bool = False
 
 
 NONE = Capabilities()

@@ -31,7 +31,7 @@ from fleetsim.core.simulator import Simulator
 from fleetsim.errors import PlanError
 from fleetsim.perf.base import StepTimeModel
 from fleetsim.perf.step_model import TableStepModel
-from fleetsim.serving import itl
+from fleetsim.serving import chunk_runs, itl
 from fleetsim.serving.capabilities import capabilities_of
 from fleetsim.serving.contract import BatchPolicy, RepeatRule, StepPlan
 from fleetsim.serving.kv_cache import HostPool, KVCache, blocks_short
@@ -185,6 +185,10 @@ class Replica:
         # The policy promises that with nothing waiting and every running request decoding,
         # its plan decodes each of them once: the engine then opens a window without asking.
         self._decode_all_when_idle = self._fast_forward_wanted and caps.decodes_all_when_idle
+        # The policy repeats a lone prompt's whole-budget chunk (``chunk_runs.py``).
+        self._chunk_runs = self._fast_forward_wanted and caps.prefill_chunks_repeat
+        self._run_cap = chunk_runs.RunCap()
+        self._spare_run: chunk_runs.ChunkRun | None = None
         # A policy whose priorities change as requests run brings its own ordering key (and
         # names the requests whose key changed in its plans' ``rekey``).
         own_key = getattr(policy, "order_key", None)
@@ -265,6 +269,11 @@ class Replica:
                 else:
                     hi = mid
             return self._load_tokens + len(ft) - lo
+        step = self._step
+        if step is not None:
+            run = step.run
+            if run is not None:  # its chunks done by now are computed
+                return self._load_tokens - (run.steps_before(self.sim.now_s) - run.done) * run.chunk
         return self._load_tokens
 
     @property
@@ -420,7 +429,7 @@ class Replica:
         when none). None: read it through ``interrupt``."""
         step = self._step
         if step is None or step.window is None:
-            return (0, 0, 0)
+            return (0, 0, 0) if step is None or step.run is None else None
         return self._windows.peek(step, self.sim.now_s, exact)
 
     @property
@@ -831,10 +840,59 @@ class Replica:
             assert end_s is not None  # the plan took the first step's blocks
             self._note_finishes(step)
         else:
-            end_s = now_s + self._single_step_time(step)
+            step_s = self._single_step_time(step)
+            end_s = now_s + step_s
+            if self._chunk_runs and not step.decodes and len(step.chunks) == 1:
+                end_s = self._open_run(step, step_s, end_s)
         step.end_s = end_s
         self._step = step
         self.schedule_end(step, end_s)
+
+    def _open_run(self, step: Step, first_s: float, end_s: float) -> float:
+        """A step whose plan the policy repeats (``chunk_runs.py``: the one running request's
+        chunk of the whole budget): make it a run of that request's chunks, if a second one
+        joins. Returns the step's end."""
+        req, n = step.chunks[0]
+        if (n != self.max_batched_tokens or len(self.running) != 1 or self.swapped
+                or self.moves.swaps_in_flight() or self.shared is not None
+                or self.speculative is not None or self.on_idle is not None
+                or self.kv.prefix.peers is not None
+                or not chunk_runs.prices_purely(self.step_model)):
+            return end_s
+        run = chunk_runs.open_run(self.step_model, req, n, step.start_s, first_s,
+                                  self.until_s, self.kv, self._run_cap.steps, self._spare_run)
+        self._spare_run = None
+        if run is None:
+            return end_s
+        step.run = run
+        return run.ends[-1]
+
+    def _cut_run(self, step: Step, k: int) -> None:
+        """Settle the run's steps before step ``k`` and leave step ``k``, in progress, as an
+        ordinary step (its end and its start, its blocks taken)."""
+        run = step.run
+        assert run is not None
+        self._load_tokens -= run.settle(k, self.kv, self.recorder, self.replica_id,
+                                        step.num_running, step.num_waiting)
+        if k:
+            if self.debug:
+                step.run = None  # (the policy's reads need no settling: all is settled)
+                self._check_run_promise(run.req, run.chunk, run.ends[k - 1])
+            self._pending_kv_seconds = run.start(k, self.kv)
+            step.start_s = run.ends[k - 1]
+        step.end_s = run.ends[k]
+        step.run = None
+
+    def _check_run_promise(self, req: Request, chunk: int, at_s: float) -> None:
+        """Debug: at a run's step boundary, the policy's plan must be what
+        ``prefill_chunks_repeat`` promised: the request's next chunk of the whole budget."""
+        plan = self.batch_policy.plan(self.view, at_s)
+        if (plan.preempt or plan.swap_out or plan.swap_in or plan.migrate or plan.rekey
+                or dict(plan.tokens_by_request) != {req.id: chunk}):
+            raise PlanError(
+                f"{type(self.batch_policy).__name__} declares prefill_chunks_repeat, but at "
+                f"{at_s} s, with request {req.id} the only one running and its prompt's rest "
+                f"over the budget, it planned {plan} instead of {chunk} tokens for it")
 
     @property
     def current_step(self) -> Step | None:
@@ -894,7 +952,19 @@ class Replica:
         if shared is not None and shared.wait_rule is not None:
             shared.drop_wait_rule()  # (asleep under a wait rule: its state is read or changes)
         step = self._step
-        if step is None or step.window is None:
+        if step is None:
+            return
+        if step.window is None:
+            run = step.run
+            if run is not None:  # a chunk run: cut back to the step in progress
+                k = run.steps_before(self.sim.now_s)
+                last = len(run.ends) - 1
+                self._cut_run(step, k if k < last else last)
+                self._run_cap.cut(k)
+                self._spare_run = run  # (its prices of the steps after k, for the next run)
+                if k < last:
+                    step.end_event = self.sim.move_earlier(step.end_event, step.end_s,
+                                                           STEP_END, self._end_payload(step))
             return
         if self._windows.cut(step, self.sim.now_s):
             # (its end event moves up: the one at the old end would only be popped and
@@ -1039,6 +1109,10 @@ class Replica:
         if step.window is not None:
             done = self._commit_window(step, now_s)
         else:
+            run = step.run
+            if run is not None:  # a chunk run's end: its last step commits as one
+                self._run_cap.ended(len(run.ends))
+                self._cut_run(step, len(run.ends) - 1)
             done = self._commit_step(step, now_s)
         if self.debug:
             self._check()

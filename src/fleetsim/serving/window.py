@@ -41,6 +41,7 @@ import numpy as np
 
 from fleetsim.core.simulator import COMPILED, Event
 from fleetsim.perf.base import StepTimeModel
+from fleetsim.serving.chunk_runs import ChunkRun
 from fleetsim.serving.contract import RepeatRule
 from fleetsim.serving.kv_cache import (
     KVCache,
@@ -73,11 +74,12 @@ _NONE_INSIDE: Final[list[tuple[int, int]]] = []
 
 
 class Step:
-    """One engine step, or a fast-forward window of identical decode steps."""
+    """One engine step, a fast-forward window of identical decode steps, or a run of one
+    prompt's chunks (``chunk_runs.py``)."""
 
     __slots__ = ("chunks", "decodes", "end_event", "end_gen", "end_s", "is_all_decode",
                  "last_boundary_s", "num_running", "num_steps", "num_tokens", "num_waiting",
-                 "start_s", "window")
+                 "run", "start_s", "window")
 
     def __init__(self, start_s: float, decodes: list[Request] | None = None) -> None:
         self.start_s = start_s
@@ -90,6 +92,8 @@ class Step:
         self.end_gen = 0
         self.last_boundary_s = start_s  # a window's last inner step boundary
         self.window: Window | None = None  # set when the step is a fast-forward window
+        self.run: ChunkRun | None = None  # set when it is a chunk run (then ``chunks`` is its
+        # first step's, and stays the chunk of the step in progress when it is cut)
         self.chunks: list[tuple[Request, int]] = []  # (request, tokens) this step
         # (given: a window's decoders, without building an empty list to replace)
         self.decodes: list[Request] = decodes if decodes is not None else []

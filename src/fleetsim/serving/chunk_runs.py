@@ -1,0 +1,193 @@
+"""Prefill fast-forward: the chunks of one long prompt in one event (a *chunk run*).
+
+A chunked prompt longer than the token budget takes one step per chunk, so without this a
+run's cost grows with its prompt tokens (a 64k-token prompt in 2,048-token chunks is 32
+steps, each planned, applied and committed). When a plan gives the replica's one running
+request the whole budget as a prefill chunk, and nothing decodes, a policy that declares
+``prefill_chunks_repeat`` (``serving/capabilities.py``: vLLM's token budget, running
+requests first) plans the same again at each next step, as long as nothing comes in, the
+request's rest exceeds the budget and the free KV blocks hold the chunk's. The replica then
+prices those steps at once (``open_run``: the same ``step_time_s`` calls stepping makes, their
+end times added in the same order, so bit-identical) and schedules one ``STEP_END``, at the
+last one's end.
+
+Nothing is committed until the run is *settled* (``ChunkRun.settle``): at its end, or as
+soon as anything outside reads or changes the replica (``Replica.interrupt``). The steps done
+by then are committed one by one as stepping commits them (the chunk's blocks taken, its
+tokens computed, the prefix cache promoted, the KV block-seconds and one timeline row each),
+and the step in progress is left as an ordinary step. A run never includes a step that
+completes the prompt (its first token, a hand-off): the last chunks are planned as usual.
+
+Only for a step model whose prices have no side effect (``prices_purely``): a run prices
+steps that a cut leaves to be priced again.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from fleetsim.perf.base import ConstantStepModel, LinearStepModel, StepTimeModel
+from fleetsim.perf.step_model import TableStepModel
+from fleetsim.serving.kv_cache import KVCache, blocks_short
+from fleetsim.serving.recorder import Recorder
+from fleetsim.serving.request import Request
+
+
+class ChunkRun:
+    """Steps of one request's prefill, each the whole token budget, priced ahead."""
+
+    __slots__ = ("chunk", "computed0", "done", "durations", "ends", "req", "start_s")
+
+    def __init__(self, req: Request, chunk: int, start_s: float, ends: list[float],
+                 durations: list[float]) -> None:
+        self.req = req
+        self.chunk = chunk  # its tokens a step (the budget)
+        self.computed0 = req.num_computed_tokens  # the request's tokens before its first step
+        self.start_s = start_s  # its first step's start
+        self.ends = ends  # each step's end
+        self.durations = durations  # each step's price (the KV block-seconds' factor)
+        self.done = 0  # steps committed
+
+    def steps_before(self, now_s: float) -> int:
+        """Steps that end before ``now_s``: an input at a step's end comes before the step
+        does (event order), so a step ending now is still in progress."""
+        ends = self.ends
+        lo, hi = self.done, len(ends)
+        while lo < hi:  # (``bisect_left``, written out: compiled, a generic call otherwise)
+            mid = (lo + hi) // 2
+            if ends[mid] < now_s:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def settle(self, k: int, kv: KVCache, recorder: Recorder, replica_id: int,
+               num_running: int, num_waiting: int) -> int:
+        """Commit its steps before step ``k``, as stepping does, in its order: each step's
+        blocks (the first one's were taken as it was planned), its KV block-seconds at the
+        blocks then in use, the chunk computed and promoted, its row. Returns the tokens
+        computed."""
+        req, chunk, ends, durations = self.req, self.chunk, self.ends, self.durations
+        j = self.done
+        start_s = ends[j - 1] if j else self.start_s
+        while j < k:
+            if j:
+                _take_blocks(req, chunk, kv)
+            end_s = ends[j]
+            kv_s = kv.num_used_blocks * durations[j]
+            req.num_computed_tokens += chunk
+            req.num_computed_tokens_total += chunk
+            req.service_s += end_s - start_s
+            kv.promote(req)
+            recorder.on_step(replica_id, end_s, end_s - start_s, kv_s, 1, chunk,
+                             kv.num_used_blocks, num_running, num_waiting)
+            start_s = end_s
+            j += 1
+        tokens = (k - self.done) * chunk
+        self.done = k
+        return tokens
+
+    def start(self, k: int, kv: KVCache) -> float:
+        """Step ``k`` (in progress, after ``settle(k)``) as stepping started it: its blocks
+        taken. Returns its KV block-seconds."""
+        if k:
+            _take_blocks(self.req, self.chunk, kv)
+        return kv.num_used_blocks * self.durations[k]
+
+
+MIN_RUN_STEPS: Final = 16
+
+
+class RunCap:
+    """How many steps a replica's runs price ahead. Steps priced past a cut are priced again
+    by the next run (a table lookup and the attention terms, about 3k instructions each,
+    compiled), a run that ends at its cap costs one stepped step and a new run (several
+    times that): so the cap follows the cuts, twice the steps the last cut run had done, and
+    doubles while runs end at it, never below ``MIN_RUN_STEPS``. Speed only: a run may stop
+    anywhere, results do not change."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self) -> None:
+        self.steps = MIN_RUN_STEPS
+
+    def cut(self, steps_done: int) -> None:
+        """A run was cut with ``steps_done`` steps before the one in progress."""
+        steps = 2 * (steps_done + 1)
+        self.steps = steps if steps > MIN_RUN_STEPS else MIN_RUN_STEPS
+
+    def ended(self, num_steps: int) -> None:
+        """A run of ``num_steps`` steps ran to its end."""
+        if num_steps >= self.steps:
+            self.steps = 2 * num_steps
+
+
+def _take_blocks(req: Request, chunk: int, kv: KVCache) -> None:
+    """The blocks of ``req``'s next chunk, as ``Replica._apply`` takes them."""
+    needed = blocks_short(req, req.num_computed_tokens + chunk, kv.block_size,
+                          kv.blocks_per_entry)
+    if needed > 0:
+        if needed <= kv.num_free_blocks:
+            kv.num_free_blocks -= needed
+            req.num_private_blocks += needed
+        else:
+            kv.allocate(req, needed)
+
+
+def prices_purely(model: StepTimeModel) -> bool:
+    """Whether ``model.step_time_s`` has no side effect (a run prices steps a cut may leave to
+    be priced again): the measured tables and the closed forms. A model that samples (an
+    expert-parallel MoE's per-step loads) or reads a shared resource does not qualify."""
+    return isinstance(model, (TableStepModel, ConstantStepModel, LinearStepModel))
+
+
+def open_run(model: StepTimeModel, req: Request, chunk: int, start_s: float, first_s: float,
+             until_s: float, kv: KVCache, max_steps: int,
+             spare: ChunkRun | None) -> ChunkRun | None:
+    """The run that starts with the step just planned (``req``'s chunk of ``chunk`` tokens,
+    its blocks taken, priced ``first_s``), or None when no second step would join it. Steps
+    join while each leaves a rest to prefill (two tokens after a preemption, the last of
+    which decodes), the blocks of the chunks so far fit the free ones (never an eviction:
+    settling then repeats stepping's allocations exactly), the one before ended before
+    ``until_s``, and they number at most ``max_steps`` (``RunCap``). ``spare``: the last run
+    cut back; its prices of the steps it did not reach are this one's, where they are the
+    same request's same chunks (a cut run's request mostly goes on where it stopped: the
+    cut was an arrival, or KV freed by a hand-off)."""
+    todo = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+    left = 2 if req.num_output_tokens else 1
+    steps = (todo - left) // chunk
+    if steps > max_steps:
+        steps = max_steps
+    if steps < 2:
+        return None
+    c0 = req.num_computed_tokens
+    free = kv.num_free_blocks
+    bs, per = kv.block_size, kv.blocks_per_entry
+    t = start_s + first_s
+    ends = [t]
+    durations = [first_s]
+    # The spare's prices, by this run's step: its step ``j + shift`` had this one's j's
+    # context (-1 when none apply).
+    priced: list[float] = []
+    shift = -1
+    if spare is not None and spare.req is req and spare.chunk == chunk:
+        ahead = c0 - spare.computed0
+        if ahead >= 0 and ahead % chunk == 0:
+            priced = spare.durations
+            shift = ahead // chunk
+    j = 1
+    while j < steps and t < until_s:
+        # (the blocks the chunks after the first take, all told: the first's are taken)
+        if blocks_short(req, c0 + (j + 1) * chunk, bs, per) > free:
+            break
+        if shift >= 0 and j + shift < len(priced):
+            d = priced[j + shift]
+        else:
+            d = model.step_time_s([(chunk, c0 + j * chunk)], 0, 0)
+        t = t + d
+        ends.append(t)
+        durations.append(d)
+        j += 1
+    if j < 2:
+        return None
+    return ChunkRun(req, chunk, start_s, ends, durations)
