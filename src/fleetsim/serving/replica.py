@@ -170,6 +170,11 @@ class Replica:
         self.order_key = order_key
         self.fast_forward = False
         self._decode_all_when_idle = False
+        self._chunk_runs = False
+        # How many steps its chunk runs price ahead, and the last run cut back (the prices
+        # of the steps it did not reach, for the next run of the same request).
+        self._run_cap = chunk_runs.RunCap()
+        self._spare_run: chunk_runs.ChunkRun | None = None
         self._set_batch_policy(batch_policy)
         self.view = ReplicaView(self)
         # Steps that also draw on a capacity other replicas share (``shared_steps.py``).
@@ -187,8 +192,6 @@ class Replica:
         self._decode_all_when_idle = self._fast_forward_wanted and caps.decodes_all_when_idle
         # The policy repeats a lone prompt's whole-budget chunk (``chunk_runs.py``).
         self._chunk_runs = self._fast_forward_wanted and caps.prefill_chunks_repeat
-        self._run_cap = chunk_runs.RunCap()
-        self._spare_run: chunk_runs.ChunkRun | None = None
         # A policy whose priorities change as requests run brings its own ordering key (and
         # names the requests whose key changed in its plans' ``rekey``).
         own_key = getattr(policy, "order_key", None)
