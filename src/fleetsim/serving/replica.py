@@ -171,6 +171,7 @@ class Replica:
         self.fast_forward = False
         self._decode_all_when_idle = False
         self._chunk_runs = False
+        self._plan_evicted = False  # the last plan's blocks evicted cached prefixes
         # How many steps its chunk runs price ahead, and the last run cut back (the prices
         # of the steps it did not reach, for the next run of the same request).
         self._run_cap = chunk_runs.RunCap()
@@ -487,10 +488,12 @@ class Replica:
         that wants finishes is told (``req.state == ABORTED``). A request whose KV is moving
         (swap, handoff, a reload from host) is aborted when its KV lands. False if the request
         is not here."""
+        # Settled first: a request that a window in flight finished before now is gone
+        # (it was still listed here until the window settled).
+        self.interrupt()
         req = self._by_id.get(request_id)
         if req is None or req.abort_reason is not None:
             return False
-        self.interrupt()
         req.abort_reason = reason
         if req.state == WAITING:
             self._dequeue(self.waiting, self._waiting_keys, req)
@@ -661,6 +664,7 @@ class Replica:
             moves.swap_in(self._lookup(rid, plan))
         step = Step(now_s)
         kv = self.kv
+        self._plan_evicted = False
         total = 0
         all_decode = (not plan.preempt and not plan.swap_out and not plan.migrate
                       and len(plan.tokens_by_request) == len(self.running))
@@ -700,6 +704,7 @@ class Replica:
                     req.num_private_blocks += needed
                 else:
                     kv.allocate(req, needed)
+                    self._plan_evicted = True
             if todo == 1 and req.num_output_tokens > 0:
                 decodes.append(req)
             else:
@@ -815,7 +820,11 @@ class Replica:
             rule = None
             window = step.is_all_decode and (
                 self.fast_forward or (repeats and self._fast_forward_wanted))
-        window = window and not (self.waiting and self.kv.prefix.peers is not None)
+        # A plan whose blocks evicted cached prefixes may be followed by another: a waiting
+        # request that would have pinned an evicted entry (a prefix hit) now needs fewer
+        # available blocks to be admitted, and may fit the next step.
+        window = window and not (self.waiting and (self.kv.prefix.peers is not None
+                                                   or self._plan_evicted))
         shared = self.shared
         beside = False  # a window beside the resource's one other job (``beside.py``)
         held: StepsHeld | None = None
