@@ -17,6 +17,7 @@ from tests.conftest import make_workload, simulate
 from fleetsim.perf.base import LinearStepModel
 from fleetsim.policies import TokenBudgetPlanner, make_ordering
 from fleetsim.policies.routing import LeastLoaded, PrefixAffinity, RoundRobin
+from fleetsim.policies.watermark import WatermarkPlanner
 from fleetsim.serving.capabilities import Capabilities
 from fleetsim.serving.cluster import PoolSetup, simulate_cluster
 
@@ -64,6 +65,12 @@ class LoadProbe:
         return now_s + self.every_s if len(self.seen) < 2000 else None
 
 
+class WatermarkNoRuns(WatermarkPlanner):
+    """``watermark`` without ``prefill_chunks_repeat``."""
+
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+
+
 def _same_requests(slow, fast):
     for col, values in slow.requests.items():
         assert np.array_equal(values, fast.requests[col], equal_nan=True), col
@@ -94,7 +101,7 @@ def _same(slow, fast, exact_timeline=True):
 @given(workload=long_prompts(), budget=st.sampled_from([16, 24, 48]),
        kv_blocks=st.integers(8, 120), max_running=st.integers(1, 6),
        ordering=st.sampled_from(["fcfs", "priority", "sjf"]),
-       variant=st.sampled_from(["default", "reserve_full_isl", "threshold"]),
+       variant=st.sampled_from(["default", "reserve_full_isl", "threshold", "watermark"]),
        until_s=st.sampled_from([math.inf, 0.05, 0.4, 2.0]))
 @example(workload=make_workload([0.0, 0.05], [600, 100], [3, 2]), budget=16, kv_blocks=120,
          max_running=2, ordering="fcfs", variant="default", until_s=math.inf)
@@ -116,6 +123,8 @@ def test_chunk_runs_equal_stepping_bit_for_bit(workload, budget, kv_blocks, max_
         kv_blocks = -(-longest // 16)
 
     def policy(cls=TokenBudgetPlanner):
+        if variant == "watermark":  # vLLM v0's admission (its own class, also declaring it)
+            return WatermarkPlanner() if cls is TokenBudgetPlanner else WatermarkNoRuns()
         if variant == "reserve_full_isl":
             return cls(reserve_full_isl=True)
         if variant == "threshold":  # a cap above the budget: the budget still binds

@@ -44,7 +44,11 @@ class WatermarkPlanner:
     enable_chunked_prefill: bool = True
     """Compute a prompt over several steps (Sarathi-Serve); it still reserves all of it."""
 
-    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
+    # A lone running prompt given the whole budget draws its chunk's blocks from what it has
+    # reserved (never the pool: no preemption) and leaves admission no budget, step after step
+    # while its rest is at least the budget: prefill chunks repeat.
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True,
+                                prefill_chunks_repeat=True)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.watermark < 1.0:

@@ -12,12 +12,13 @@ request's rest is at least the budget and the free KV blocks hold the chunk) let
 a long prompt's chunks in one event (``serving/chunk_runs.py``). A class declares them with a
 class attribute ``capabilities = Capabilities(...)`` in its own body: a subclass that does not
 declare its own gets none, because changing ``plan`` may break them. ``engine.debug`` checks the
-promises at every window. The two are independent: a policy whose priorities change as
-requests run (a multi-level feedback queue) is not ``fast_forward_safe`` while requests wait,
-yet may decode everyone when nothing waits. A policy whose plans repeat only in some states
-promises it plan by plan instead (``StepPlan.repeats``: ``agent_xpu`` with one class running),
-and one whose plans repeat until a rule of its own says otherwise gives the rule with the plan
-(``StepPlan.repeat_rule``: FastServe, its batch decoding while others are paused).
+promises at every window and at a chunk run's last boundary. The first two are independent:
+a policy whose priorities change as requests run (a multi-level feedback queue) is not
+``fast_forward_safe`` while requests wait, yet may decode everyone when nothing waits. A
+policy whose plans repeat only in some states promises it plan by plan instead
+(``StepPlan.repeats``: ``agent_xpu`` with one class running), and one whose plans repeat until
+a rule of its own says otherwise gives the rule with the plan (``StepPlan.repeat_rule``:
+FastServe, its batch decoding while others are paused).
 """
 
 from __future__ import annotations
