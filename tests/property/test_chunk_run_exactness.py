@@ -20,6 +20,7 @@ from fleetsim.policies.routing import LeastLoaded, PrefixAffinity, RoundRobin
 from fleetsim.policies.watermark import WatermarkPlanner
 from fleetsim.serving.capabilities import Capabilities
 from fleetsim.serving.cluster import PoolSetup, simulate_cluster
+from fleetsim.serving.request import Request
 
 HASH_BLOCK = 32
 # Prefill priced by its tokens and context, so every chunk of a run has its own duration.
@@ -49,19 +50,27 @@ class NoRuns(TokenBudgetPlanner):
     capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
 
 
+# A prompt of each family, 20 hash blocks long: what the probe asks the prefix caches.
+PROBES = [Request(-1 - f, 0.0, 20 * HASH_BLOCK, 1,
+                  hash_ids=tuple(f * 1000 + j for j in range(20))) for f in range(3)]
+
+
 class LoadProbe:
-    """A controller that reads every replica's ``load_tokens`` every few milliseconds (a read
-    that leaves windows and runs in flight: it must count the chunks done by then)."""
+    """A controller that reads every replica's ``load_tokens`` and prefix-cache matches every
+    few milliseconds (reads that must be exact with windows and runs in flight: the load
+    counts the chunks done by then, a match settles the run first)."""
 
     def __init__(self, every_s: float) -> None:
         self.every_s = every_s
-        self.seen: list[tuple[float, list[int]]] = []
+        self.seen: list[tuple[float, list[tuple[int, ...]]]] = []
 
     def start(self, cluster):
         return 0.0
 
     def on_tick(self, cluster, now_s):
-        self.seen.append((now_s, [r.load_tokens for r in cluster.replicas]))
+        self.seen.append((now_s, [(r.load_tokens, *(r.view.num_matched_entries(q)
+                                                    for q in PROBES))
+                                  for r in cluster.replicas]))
         return now_s + self.every_s if len(self.seen) < 2000 else None
 
 

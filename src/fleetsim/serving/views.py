@@ -3,9 +3,11 @@
 Every value is exact at the time it is read. ``load_tokens``, the prefix-cache match and the
 constant limits are exact at any time, even inside a fast-forward window (decode steps leave
 the load unchanged, and windows never touch the prefix cache: they use only free blocks and
-finishes only make entries evictable). Everything else (the queues, the requests' token
-counts, KV use) first makes the replica exact at ``now`` (``Replica.interrupt``: the window
-in flight is cut back to the step in progress), so reading it costs speed, never results.
+finishes only make entries evictable; a chunk run's load counts its chunks done by now, and
+the match settles a run in flight first, whose chunks' entries are promoted as it settles).
+Everything else (the queues, the requests' token counts, KV use) first makes the replica
+exact at ``now`` (``Replica.interrupt``: the window in flight is cut back to the step in
+progress), so reading it costs speed, never results.
 
 The view is read-only by its types: queues are ``Sequence``s, and the KV cache is seen
 through ``KVView``, its queries only. Policies must not mutate the requests they see.
@@ -117,7 +119,11 @@ class ReplicaView:
 
     def num_matched_entries(self, req: Request) -> int:
         """Leading prefix-cache entries of ``req``'s prompt cached here now."""
-        return self._replica.kv.num_matched_entries(req)
+        replica = self._replica
+        step = replica.current_step
+        if step is not None and step.run is not None:
+            replica.interrupt()  # a chunk run promotes its chunks' entries as it settles
+        return replica.kv.num_matched_entries(req)
 
     @property
     def link_bw_bytes_per_s(self) -> float:
