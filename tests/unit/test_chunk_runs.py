@@ -22,7 +22,7 @@ def _run(workload, fast_forward, **kw):
 
 
 def test_a_long_prompt_is_a_few_events_not_a_step_each():
-    # 4,000 prompt tokens in 16-token chunks: 250 steps, whose first 249 no plan changes
+    # 4,000 prompt tokens in 16-token chunks: 250 steps, the first 249 of them the same plan
     w = make_workload([0.0], [4000], [1])
     slow, stepped = _run(w, False)
     fast, replica = _run(w, True)
