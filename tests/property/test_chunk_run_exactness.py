@@ -162,9 +162,10 @@ def test_chunk_runs_equal_stepping_bit_for_bit(workload, budget, kv_blocks, max_
 @given(workload=long_prompts(max_requests=20), shape=st.sampled_from(["mixed", "pd"]),
        replicas=st.integers(1, 2), router=st.sampled_from(["least_loaded", "prefix",
                                                              "round_robin"]),
-       blocks=st.sampled_from([60, 400]), bw=st.sampled_from([1e6, 1e30]))
+       blocks=st.sampled_from([60, 400]), bw=st.sampled_from([1e6, 1e30]),
+       probe_every_s=st.sampled_from([0.0037, 0.023]))
 def test_chunk_runs_in_a_cluster_equal_stepping(workload, shape, replicas, router, blocks,
-                                                bw):
+                                                bw, probe_every_s):
     """Routers read the replicas' load mid-run (``load_tokens`` counts the chunks done by
     then), hand-offs free a prefill replica's blocks mid-run (a cut), and the decode side
     takes the prompts a run finished. Where two replicas' steps end at the very same instant,
@@ -183,7 +184,9 @@ def test_chunk_runs_in_a_cluster_equal_stepping(workload, shape, replicas, route
     def run(fast_forward, policy=TokenBudgetPlanner):
         make_router = {"least_loaded": LeastLoaded, "prefix": PrefixAffinity,
                        "round_robin": RoundRobin}[router]
-        probe = LoadProbe(0.0037)
+        # (reads every 3.7 ms cut most runs inside their first step; every 23 ms, runs
+        # settle several steps before a read)
+        probe = LoadProbe(probe_every_s)
         return probe, *simulate_cluster(
             workload, setup, router=make_router(), decode_router=LeastLoaded(),
             make_batch_policy=policy, order_key=make_ordering("fcfs"),
