@@ -36,7 +36,7 @@ from fleetsim.serving.request import Request
 class ChunkRun:
     """Steps of one request's prefill, each the whole token budget, priced ahead."""
 
-    __slots__ = ("chunk", "computed0", "done", "durations", "ends", "req", "start_s")
+    __slots__ = ("chunk", "computed0", "durations", "ends", "req", "start_s")
 
     def __init__(self, req: Request, chunk: int, start_s: float, ends: list[float],
                  durations: list[float]) -> None:
@@ -46,13 +46,12 @@ class ChunkRun:
         self.start_s = start_s  # its first step's start
         self.ends = ends  # each step's end
         self.durations = durations  # each step's price (the KV block-seconds' factor)
-        self.done = 0  # steps committed
 
     def steps_before(self, now_s: float) -> int:
         """Steps that end before ``now_s``: an input at a step's end comes before the step
         does (event order), so a step ending now is still in progress."""
         ends = self.ends
-        lo, hi = self.done, len(ends)
+        lo, hi = 0, len(ends)
         while lo < hi:  # (``bisect_left``, written out: compiled, a generic call otherwise)
             mid = (lo + hi) // 2
             if ends[mid] < now_s:
@@ -63,13 +62,13 @@ class ChunkRun:
 
     def settle(self, k: int, kv: KVCache, recorder: Recorder, replica_id: int,
                num_running: int, num_waiting: int) -> int:
-        """Commit its steps before step ``k``, as stepping does, in its order: each step's
-        blocks (the first one's were taken as it was planned), its KV block-seconds at the
-        blocks then in use, the chunk computed and promoted, its row. Returns the tokens
-        computed."""
+        """Commit its steps before step ``k`` (once: the run then ends or is cut), as
+        stepping does, in its order: each step's blocks (the first one's were taken as it was
+        planned), its KV block-seconds at the blocks then in use, the chunk computed and
+        promoted, its row. Returns the tokens computed."""
         req, chunk, ends, durations = self.req, self.chunk, self.ends, self.durations
-        j = self.done
-        start_s = ends[j - 1] if j else self.start_s
+        start_s = self.start_s
+        j = 0
         while j < k:
             if j:
                 _take_blocks(req, chunk, kv)
@@ -83,9 +82,7 @@ class ChunkRun:
                              kv.num_used_blocks, num_running, num_waiting)
             start_s = end_s
             j += 1
-        tokens = (k - self.done) * chunk
-        self.done = k
-        return tokens
+        return k * chunk
 
     def start(self, k: int, kv: KVCache) -> float:
         """Step ``k`` (in progress, after ``settle(k)``) as stepping started it: its blocks
@@ -123,15 +120,12 @@ class RunCap:
 
 
 def _take_blocks(req: Request, chunk: int, kv: KVCache) -> None:
-    """The blocks of ``req``'s next chunk, as ``Replica._apply`` takes them."""
+    """The blocks of ``req``'s next chunk, as ``Replica._apply`` takes them (free ones: the
+    run's chunks fit them, so ``allocate`` evicts nothing)."""
     needed = blocks_short(req, req.num_computed_tokens + chunk, kv.block_size,
                           kv.blocks_per_entry)
     if needed > 0:
-        if needed <= kv.num_free_blocks:
-            kv.num_free_blocks -= needed
-            req.num_private_blocks += needed
-        else:
-            kv.allocate(req, needed)
+        kv.allocate(req, needed)
 
 
 def prices_purely(model: StepTimeModel) -> bool:

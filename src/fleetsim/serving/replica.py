@@ -277,7 +277,7 @@ class Replica:
         if step is not None:
             run = step.run
             if run is not None:  # its chunks done by now are computed
-                return self._load_tokens - (run.steps_before(self.sim.now_s) - run.done) * run.chunk
+                return self._load_tokens - run.steps_before(self.sim.now_s) * run.chunk
         return self._load_tokens
 
     @property
@@ -884,16 +884,15 @@ class Replica:
         ordinary step (its end and its start, its blocks taken)."""
         run = step.run
         assert run is not None
+        step.run = None  # (settled once; the debug check's reads then need no settling)
         self._load_tokens -= run.settle(k, self.kv, self.recorder, self.replica_id,
                                         step.num_running, step.num_waiting)
         if k:
             if self.debug:
-                step.run = None  # (the policy's reads need no settling: all is settled)
                 self._check_run_promise(run.req, run.chunk, run.ends[k - 1])
             self._pending_kv_seconds = run.start(k, self.kv)
             step.start_s = run.ends[k - 1]
         step.end_s = run.ends[k]
-        step.run = None
 
     def _check_run_promise(self, req: Request, chunk: int, at_s: float) -> None:
         """Debug: at a run's step boundary, the policy's plan must be what
@@ -969,12 +968,12 @@ class Replica:
         if step.window is None:
             run = step.run
             if run is not None:  # a chunk run: cut back to the step in progress
+                # (its last step ends at or after now: its STEP_END has not come)
                 k = run.steps_before(self.sim.now_s)
-                last = len(run.ends) - 1
-                self._cut_run(step, k if k < last else last)
+                self._cut_run(step, k)
                 self._run_cap.cut(k)
                 self._spare_run = run  # (its prices of the steps after k, for the next run)
-                if k < last:
+                if k < len(run.ends) - 1:
                     step.end_event = self.sim.move_earlier(step.end_event, step.end_s,
                                                            STEP_END, self._end_payload(step))
             return
