@@ -1,9 +1,9 @@
-"""Chunk runs (``serving/chunk_runs.py``): a long prompt's whole-budget chunks advanced in one
-event give exactly what stepping them one at a time gives: every request column and the step
-count against stepping (whose decode steps, unlike a run's, are not windowed: its timeline
-rows and KV block-seconds differ from fast-forward's in the known ways), and against
-fast-forward without runs every timeline row and the busy and KV integrals too, to the last
-bit."""
+"""Chunk runs (``serving/chunk_runs.py``): a long prompt's chunks advanced in one event, alone
+or with the running requests' decodes riding along, give exactly what stepping them one at a
+time gives: every request column and the step count against stepping (whose decode steps,
+unlike a run's, are not windowed: its timeline rows and KV block-seconds differ from
+fast-forward's in the known ways), and against fast-forward without runs every timeline row,
+the busy and KV integrals and the inter-token gaps too, to the last bit."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def long_prompts(draw, max_requests=12):
 
 
 class NoRuns(TokenBudgetPlanner):
-    """The token budget without ``prefill_chunks_repeat`` (capabilities are not inherited):
-    fast-forward with decode windows only."""
+    """The token budget without ``prefill_chunks_repeat`` and ``mixed_chunks_repeat``
+    (capabilities are not inherited): fast-forward with decode windows only."""
 
     capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
 
@@ -102,6 +102,9 @@ def _same(slow, fast, exact_timeline=True):
             return table[np.lexsort(table.T[::-1])]
         assert np.array_equal(rows(slow), rows(fast))
     assert sorted(slow.busy_s_by_replica.items()) == sorted(fast.busy_s_by_replica.items())
+    for pooled in ("itl_gaps_s", "itl_counts"):  # every inter-token gap, pooled
+        a, b = getattr(slow, pooled), getattr(fast, pooled)
+        assert (a is None) == (b is None) and (a is None or np.array_equal(a, b)), pooled
     assert (sorted(slow.kv_block_seconds_by_replica.items())
             == sorted(fast.kv_block_seconds_by_replica.items()))
 
@@ -122,6 +125,13 @@ def _same(slow, fast, exact_timeline=True):
                                 hash_ids=[(0,)] * 6 + [(1000, 1001, 1002, 1003, 1004), (0, 1)]
                                 + [(0,)] * 3, hash_block_tokens=HASH_BLOCK),
          budget=16, kv_blocks=8, max_running=2, ordering="fcfs", variant="default",
+         until_s=math.inf)
+# A prompt admitted by a mixed step's plan sorts ahead of the decode beside it (``sjf``: it
+# has fewer outputs left) and takes the whole budget at the next step: no run may open there
+# (found by the engine's debug check of the promise, ``mixed_chunks_repeat``).
+@example(workload=make_workload([0.0, 0.0, 0.002], [1, 1, 31], [1, 3, 1],
+                                hash_ids=[(0,)] * 3, hash_block_tokens=HASH_BLOCK),
+         budget=16, kv_blocks=8, max_running=2, ordering="sjf", variant="default",
          until_s=math.inf)
 def test_chunk_runs_equal_stepping_bit_for_bit(workload, budget, kv_blocks, max_running,
                                                ordering, variant, until_s):

@@ -46,6 +46,34 @@ def test_an_arrival_cuts_the_run_back_and_the_rest_runs_again():
     assert replica.sim.num_events < slow.num_steps / 4
 
 
+def test_decodes_ride_a_long_prompts_run():
+    # two requests decode while a 3,000-token prompt is prefilled beside them in 30-token
+    # chunks (the budget less their two tokens): 99 mixed steps, in three runs (16, 32,
+    # 51 steps: ``RunCap`` doubles, the prompt's last chunk planned as usual)
+    w = make_workload([0.0, 0.0, 0.01], [10, 12, 3000], [400, 300, 5])
+    kw = {"max_batched_tokens": 32, "kv_blocks": 1000}
+    slow, stepped = _run(w, False, **kw)
+    fast, replica = _run(w, True, **kw)
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    assert np.array_equal(slow.itl_gaps_s, fast.itl_gaps_s)
+    assert np.array_equal(slow.itl_counts, fast.itl_counts)
+    assert fast.num_steps == slow.num_steps == 400
+    assert stepped.sim.num_events - replica.sim.num_events >= 99 - 3
+
+
+def test_a_decodes_last_token_ends_the_run_and_commits_as_stepping():
+    # the decode beside the prompt has 20 tokens left: the run stops at its last one, which
+    # finishes it as a step would, and the prompt's next chunks (now the whole budget) run
+    w = make_workload([0.0, 0.01], [8, 2000], [21, 1])
+    kw = {"max_batched_tokens": 16, "kv_blocks": 400}
+    slow, stepped = _run(w, False, **kw)
+    fast, replica = _run(w, True, **kw)
+    for col, values in slow.requests.items():
+        assert np.array_equal(values, fast.requests[col], equal_nan=True), col
+    assert replica.sim.num_events < stepped.sim.num_events / 4
+
+
 def test_no_run_where_the_plan_could_change():
     kw = {"step_model": MODEL, "kv_blocks": 400, "max_batched_tokens": 16}
     # a prompt of two chunks: its second completes it (a first token, a hand-off)
@@ -59,6 +87,14 @@ def test_no_run_where_the_plan_could_change():
                           batch_policy=TokenBudgetPlanner(long_prefill_token_threshold=8), **kw)
     _, replica = simulate(w, fast_forward=True,
                           batch_policy=TokenBudgetPlanner(long_prefill_token_threshold=8), **kw)
+    assert replica.sim.num_events == stepped.sim.num_events
+    # a prompt admitted by the plan that sorts ahead of the decode beside it (fewer outputs
+    # left, ``sjf``): at the next step it takes the whole budget
+    w = make_workload([0.0, 0.001], [1, 400], [30, 1])
+    _, stepped = simulate(w, fast_forward=False, batch_policy=TokenBudgetPlanner(),
+                          ordering="sjf", **kw)
+    _, replica = simulate(w, fast_forward=True, batch_policy=TokenBudgetPlanner(),
+                          ordering="sjf", **kw)
     assert replica.sim.num_events == stepped.sim.num_events
 
 

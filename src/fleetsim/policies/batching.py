@@ -57,9 +57,12 @@ class TokenBudgetPlanner:
     # preemption a later decode-only step differs only by fewer available blocks. A lone
     # running prompt given the whole budget takes it again while its rest is at least the
     # budget (serve_running, running requests first), which leaves admission nothing, and
-    # swap mode swaps nothing in with no request swapped out or swapping in.
+    # swap mode swaps nothing in with no request swapped out or swapping in. With decodes
+    # ahead of it in the batch, the prompt gets the budget they leave, again and again while
+    # no decode finishes (each keeps needing one token), the blocks their steps take are
+    # free (no preemption) and its rest exceeds that chunk: the budget stays full.
     capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True,
-                                prefill_chunks_repeat=True)
+                                prefill_chunks_repeat=True, mixed_chunks_repeat=True)
 
     @property
     def splits_prompts(self) -> bool:

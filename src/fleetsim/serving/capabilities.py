@@ -9,7 +9,11 @@ of them once) lets it skip planning those steps; ``prefill_chunks_repeat`` (when
 the one running request the whole token budget as a prefill chunk and does nothing else, and
 no request is swapped out or swapping in, the same plan repeats while nothing arrives, the
 request's rest is at least the budget and the free KV blocks hold the chunk) lets it advance
-a long prompt's chunks in one event (``serving/chunk_runs.py``). A class declares them with a
+a long prompt's chunks in one event (``serving/chunk_runs.py``); ``mixed_chunks_repeat`` (the
+same, where the plan also gives every other running request one decode token and the prompt
+the rest of the budget: it repeats while nothing arrives, no decode has finished, the prompt's
+rest exceeds its chunk and the free blocks hold each step's) lets those runs carry the decodes
+riding along a colocated replica's prefill. A class declares them with a
 class attribute ``capabilities = Capabilities(...)`` in its own body: a subclass that does not
 declare its own gets none, because changing ``plan`` may break them. ``engine.debug`` checks the
 promises at every window and at a chunk run's last boundary. The first two are independent:
@@ -33,6 +37,7 @@ class Capabilities:
     fast_forward_safe: bool = False
     decodes_all_when_idle: bool = False
     prefill_chunks_repeat: bool = False
+    mixed_chunks_repeat: bool = False
 
 
 NONE = Capabilities()

@@ -11,12 +11,23 @@ prices those steps at once (``open_run``: the same ``step_time_s`` calls steppin
 end times added in the same order, so bit-identical) and schedules one ``STEP_END``, at the
 last one's end.
 
+**Riding decodes.** On a colocated replica the other running requests decode while a long
+prompt is prefilled: each step gives every one of them a token and the prompt the rest of
+the budget (vLLM's chunked prefill, decodes first). A policy that declares
+``mixed_chunks_repeat`` promises that this plan, too, repeats while nothing comes in, no
+decode has finished and the free blocks hold each step's; such a run's steps carry the
+decodes (``ChunkRun.decodes``), priced with their context as stepping prices it (one more
+token each a step) and ending at the latest with the step where the first of them emits its
+last token (committed as an ordinary step: the finish, and the plan after it, are stepping's).
+
 Nothing is committed until the run is *settled* (``ChunkRun.settle``): at its end, or as
 soon as anything outside reads or changes the replica (``Replica.interrupt``). The steps done
-by then are committed one by one as stepping commits them (the chunk's blocks taken, its
-tokens computed, the prefix cache promoted, the KV block-seconds and one timeline row each),
-and the step in progress is left as an ordinary step. A run never includes a step that
-completes the prompt (its first token, a hand-off): the last chunks are planned as usual.
+by then are committed one by one as stepping commits them (the chunk's and the decodes'
+blocks taken, the chunk's tokens computed, each decode's token, the prefix cache promoted,
+service seconds added a step at a time, the KV block-seconds, inter-token gaps where tracked
+and one timeline row each), and the step in progress is left as an ordinary step. A run never
+includes a step that completes the prompt (its first token, a hand-off): the last chunks are
+planned as usual.
 
 Only for a step model whose prices have no side effect (``prices_purely``): a run prices
 steps that a cut leaves to be priced again.
@@ -28,24 +39,29 @@ from typing import Final
 
 from fleetsim.perf.base import ConstantStepModel, LinearStepModel, StepTimeModel
 from fleetsim.perf.step_model import TableStepModel
+from fleetsim.serving.itl import decode_gaps
 from fleetsim.serving.kv_cache import KVCache, blocks_short
 from fleetsim.serving.recorder import Recorder
 from fleetsim.serving.request import Request
 
 
 class ChunkRun:
-    """Steps of one request's prefill, each the whole token budget, priced ahead."""
+    """Steps of one request's prefill, each the same chunk (with the same decodes riding
+    along, if any), priced ahead."""
 
-    __slots__ = ("chunk", "computed0", "durations", "ends", "req", "start_s")
+    __slots__ = ("chunk", "computed0", "decode_kv0", "decodes", "durations", "ends", "req",
+                 "start_s")
 
     def __init__(self, req: Request, chunk: int, start_s: float, ends: list[float],
-                 durations: list[float]) -> None:
+                 durations: list[float], decodes: list[Request], decode_kv0: int) -> None:
         self.req = req
-        self.chunk = chunk  # its tokens a step (the budget)
+        self.chunk = chunk  # its tokens a step (the budget, less one per riding decode)
         self.computed0 = req.num_computed_tokens  # the request's tokens before its first step
         self.start_s = start_s  # its first step's start
         self.ends = ends  # each step's end
         self.durations = durations  # each step's price (the KV block-seconds' factor)
+        self.decodes = decodes  # the requests decoding a token at each step (plan order)
+        self.decode_kv0 = decode_kv0  # their context tokens at the first step
 
     def steps_before(self, now_s: float) -> int:
         """Steps that end before ``now_s``: an input at a step's end comes before the step
@@ -61,24 +77,35 @@ class ChunkRun:
         return lo
 
     def settle(self, k: int, kv: KVCache, recorder: Recorder, replica_id: int,
-               num_running: int, num_waiting: int) -> int:
+               num_running: int, num_waiting: int, track_itl: bool) -> int:
         """Commit its steps before step ``k`` (once: the run then ends or is cut), as
         stepping does, in its order: each step's blocks (the first one's were taken as it was
-        planned), its KV block-seconds at the blocks then in use, the chunk computed and
-        promoted, its row. Returns the tokens computed."""
+        planned), its KV block-seconds at the blocks then in use, the decodes' gaps (where
+        ``track_itl``), the chunk computed and promoted, each decode's token, its row.
+        Returns the prompt tokens computed."""
         req, chunk, ends, durations = self.req, self.chunk, self.ends, self.durations
+        decodes = self.decodes
+        num_tokens = chunk + len(decodes)
         start_s = self.start_s
         j = 0
         while j < k:
             if j:
-                _take_blocks(req, chunk, kv)
+                _take_blocks(self, kv)
             end_s = ends[j]
+            step_s = end_s - start_s
             kv_s = kv.num_used_blocks * durations[j]
+            if track_itl and decodes:
+                decode_gaps(decodes, start_s, end_s, recorder)
             req.num_computed_tokens += chunk
             req.num_computed_tokens_total += chunk
-            req.service_s += end_s - start_s
+            req.service_s += step_s
             kv.promote(req)
-            recorder.on_step(replica_id, end_s, end_s - start_s, kv_s, 1, chunk,
+            for r in decodes:  # (``Replica._commit_step``'s decode commit; none finishes)
+                r.num_computed_tokens += 1
+                r.num_computed_tokens_total += 1
+                r.service_s += step_s
+                r.num_output_tokens += 1
+            recorder.on_step(replica_id, end_s, step_s, kv_s, 1, num_tokens,
                              kv.num_used_blocks, num_running, num_waiting)
             start_s = end_s
             j += 1
@@ -88,7 +115,7 @@ class ChunkRun:
         """Step ``k`` (in progress, after ``settle(k)``) as stepping started it: its blocks
         taken. Returns its KV block-seconds."""
         if k:
-            _take_blocks(self.req, self.chunk, kv)
+            _take_blocks(self, kv)
         return kv.num_used_blocks * self.durations[k]
 
 
@@ -119,11 +146,17 @@ class RunCap:
             self.steps = 2 * num_steps
 
 
-def _take_blocks(req: Request, chunk: int, kv: KVCache) -> None:
-    """The blocks of ``req``'s next chunk, as ``Replica._apply`` takes them (free ones: the
-    run's chunks fit them, so ``allocate`` evicts nothing)."""
-    needed = blocks_short(req, req.num_computed_tokens + chunk, kv.block_size,
-                          kv.blocks_per_entry)
+def _take_blocks(run: ChunkRun, kv: KVCache) -> None:
+    """The blocks of a step after a run's first, as ``Replica._apply`` takes them: each
+    decode's for its next token, the chunk's. Free ones: the run's steps fit them, so
+    ``allocate`` evicts nothing (and the order of the takes does not matter)."""
+    bs, per = kv.block_size, kv.blocks_per_entry
+    for r in run.decodes:
+        needed = blocks_short(r, r.num_computed_tokens + 1, bs, per)
+        if needed > 0:
+            kv.allocate(r, needed)
+    req = run.req
+    needed = blocks_short(req, req.num_computed_tokens + run.chunk, bs, per)
     if needed > 0:
         kv.allocate(req, needed)
 
@@ -136,52 +169,91 @@ def prices_purely(model: StepTimeModel) -> bool:
 
 
 def open_run(model: StepTimeModel, req: Request, chunk: int, start_s: float, first_s: float,
-             until_s: float, kv: KVCache, max_steps: int,
-             spare: ChunkRun | None) -> ChunkRun | None:
-    """The run that starts with the step just planned (``req``'s chunk of ``chunk`` tokens,
-    its blocks taken, priced ``first_s``), or None when no second step would join it. Steps
-    join while each leaves a rest to prefill (two tokens after a preemption, the last of
-    which decodes), the blocks of the chunks so far fit the free ones (never an eviction:
-    settling then repeats stepping's allocations exactly), the one before ended before
-    ``until_s``, and they number at most ``max_steps`` (``RunCap``). ``spare``: the last run
-    cut back; its prices of the steps it did not reach are this one's, where they are the
-    same request's same chunks (a cut run's request mostly goes on where it stopped: the
-    cut was an arrival, or KV freed by a hand-off)."""
+             until_s: float, kv: KVCache, max_steps: int, spare: ChunkRun | None,
+             decodes: list[Request], decode_kv0: int) -> ChunkRun | None:
+    """The run that starts with the step just planned (``req``'s chunk of ``chunk`` tokens
+    and a token for each of ``decodes``, whose context tokens sum to ``decode_kv0``, its
+    blocks taken, priced ``first_s``), or None when no second step would join it. Steps join
+    while each leaves the prompt a rest to prefill (two tokens after a preemption, the last of
+    which decodes), no decode has emitted its last token in a step before, the blocks of the
+    steps so far fit the free ones (never an eviction: settling then repeats stepping's
+    allocations exactly), the one before ended before ``until_s``, and they number at most
+    ``max_steps`` (``RunCap``). ``spare``: the last run cut back; its prices of the steps it
+    did not reach are this one's, where they are the same steps (a cut run's request mostly
+    goes on where it stopped: the cut was an arrival, or KV freed by a hand-off)."""
     todo = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
     left = 2 if req.num_output_tokens else 1
     steps = (todo - left) // chunk
     if steps > max_steps:
         steps = max_steps
+    n = len(decodes)
+    for r in decodes:  # a decode's last token ends the run (its step at the latest)
+        last = r.max_output_tokens - r.num_output_tokens
+        if last < steps:
+            steps = last
     if steps < 2:
         return None
     c0 = req.num_computed_tokens
     free = kv.num_free_blocks
     bs, per = kv.block_size, kv.blocks_per_entry
+    # The decodes' blocks through step j: each holds its next token's already, and takes at
+    # most one block per ``bs`` steps after that. Where even that many fit with the chunks',
+    # no step needs its decodes' blocks counted one by one.
+    last_short = blocks_short(req, c0 + steps * chunk, bs, per)
+    bounded = n * ((steps - 1) // bs + 1) + (last_short if last_short > 0 else 0) <= free
     t = start_s + first_s
     ends = [t]
     durations = [first_s]
     # The spare's prices, by this run's step: its step ``j + shift`` had this one's j's
-    # context (-1 when none apply).
+    # chunk and decodes (-1 when none apply).
     priced: list[float] = []
     shift = -1
     if spare is not None and spare.req is req and spare.chunk == chunk:
         ahead = c0 - spare.computed0
-        if ahead >= 0 and ahead % chunk == 0:
+        if (ahead >= 0 and ahead % chunk == 0 and _same(spare.decodes, decodes)
+                and decode_kv0 == spare.decode_kv0 + ahead // chunk * n):
             priced = spare.durations
             shift = ahead // chunk
     j = 1
     while j < steps and t < until_s:
-        # (the blocks the chunks after the first take, all told: the first's are taken)
-        if blocks_short(req, c0 + (j + 1) * chunk, bs, per) > free:
+        # (the blocks the steps after the first take, all told: the first's are taken)
+        if not bounded and _blocks_through(req, c0 + (j + 1) * chunk, decodes, j, bs,
+                                           per) > free:
             break
         if shift >= 0 and j + shift < len(priced):
             d = priced[j + shift]
         else:
-            d = model.step_time_s([(chunk, c0 + j * chunk)], 0, 0)
+            d = model.step_time_s([(chunk, c0 + j * chunk)], n, decode_kv0 + j * n)
         t = t + d
         ends.append(t)
         durations.append(d)
         j += 1
     if j < 2:
         return None
-    return ChunkRun(req, chunk, start_s, ends, durations)
+    return ChunkRun(req, chunk, start_s, ends, durations, decodes, decode_kv0)
+
+
+def _blocks_through(req: Request, prompt_tokens: int, decodes: list[Request], j: int,
+                    bs: int, per: int) -> int:
+    """Blocks the steps 1..``j`` of a run take, all told: the chunks' to ``prompt_tokens``,
+    and each decode's to its ``j`` more tokens (shortfalls against what each holds now)."""
+    total = blocks_short(req, prompt_tokens, bs, per)
+    if total < 0:
+        total = 0
+    for r in decodes:
+        short = blocks_short(r, r.num_computed_tokens + j + 1, bs, per)
+        if short > 0:
+            total += short
+    return total
+
+
+def _same(a: list[Request], b: list[Request]) -> bool:
+    """The same requests in the same order."""
+    if len(a) != len(b):
+        return False
+    i = 0
+    for r in a:
+        if r is not b[i]:
+            return False
+        i += 1
+    return True

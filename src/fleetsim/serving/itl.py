@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from heapq import heapreplace
 from operator import sub
+from typing import TYPE_CHECKING
 
 from fleetsim.serving.recorder import Recorder
 from fleetsim.serving.request import Request, itl_stats
 
-__all__ = ["first_token", "itl_stats", "on_step", "on_window", "top_size"]
-from fleetsim.serving.window import Step
+__all__ = ["decode_gaps", "first_token", "itl_stats", "on_step", "on_window", "top_size"]
+
+if TYPE_CHECKING:  # (a type only: the window module imports chunk runs, which import this)
+    from fleetsim.serving.window import Step
 
 
 def top_size(max_output_tokens: int) -> int:
@@ -51,9 +54,15 @@ def on_step(step: Step, now_s: float, rec: Recorder) -> None:
                 if top is not None and g > top[0]:
                     heapreplace(top, g)
                 rec.itl_gap(g, 1)
+    decode_gaps(step.decodes, start_s, now_s, rec)
+
+
+def decode_gaps(decodes: list[Request], start_s: float, now_s: float, rec: Recorder) -> None:
+    """Before a step from ``start_s`` to ``now_s`` commits: the gaps of its decodes' tokens
+    (``on_step``'s, and a chunk run's riding decodes', step by step)."""
     d = now_s - start_s
     regular = 0
-    for r in step.decodes:
+    for r in decodes:
         last = r.last_token_s
         r.last_token_s = now_s
         g = d if last == start_s else now_s - last

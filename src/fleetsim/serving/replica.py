@@ -171,6 +171,7 @@ class Replica:
         self.fast_forward = False
         self._decode_all_when_idle = False
         self._chunk_runs = False
+        self._mixed_runs = False
         self._plan_evicted = False  # the last plan's blocks evicted cached prefixes
         # How many steps its chunk runs price ahead, and the last run cut back (the prices
         # of the steps it did not reach, for the next run of the same request).
@@ -193,6 +194,8 @@ class Replica:
         self._decode_all_when_idle = self._fast_forward_wanted and caps.decodes_all_when_idle
         # The policy repeats a lone prompt's whole-budget chunk (``chunk_runs.py``).
         self._chunk_runs = self._fast_forward_wanted and caps.prefill_chunks_repeat
+        # ... and with every other running request decoding beside it (its decodes ride).
+        self._mixed_runs = self._chunk_runs and caps.mixed_chunks_repeat
         # A policy whose priorities change as requests run brings its own ordering key (and
         # names the requests whose key changed in its plans' ``rekey``).
         own_key = getattr(policy, "order_key", None)
@@ -854,25 +857,35 @@ class Replica:
         else:
             step_s = self._single_step_time(step)
             end_s = now_s + step_s
-            if self._chunk_runs and not step.decodes and len(step.chunks) == 1:
+            if self._chunk_runs and len(step.chunks) == 1 and (
+                    self._mixed_runs or not step.decodes):
                 end_s = self._open_run(step, step_s, end_s)
         step.end_s = end_s
         self._step = step
         self.schedule_end(step, end_s)
 
     def _open_run(self, step: Step, first_s: float, end_s: float) -> float:
-        """A step whose plan the policy repeats (``chunk_runs.py``: the one running request's
-        chunk of the whole budget): make it a run of that request's chunks, if a second one
-        joins. Returns the step's end."""
+        """A step whose plan the policy repeats (``chunk_runs.py``: a prompt's chunk of the
+        budget that every other running request's decode leaves): make it a run of that
+        request's chunks, if a second one joins. Returns the step's end."""
         req, n = step.chunks[0]
-        if (n != self.max_batched_tokens or len(self.running) != 1 or self.swapped
+        decodes = step.decodes
+        # (the prompt last in batch order: a request admitted by this very plan may sort
+        # ahead of the decodes, and then takes the whole budget at the next step)
+        running = self.running
+        if (n + len(decodes) != self.max_batched_tokens
+                or len(running) != len(decodes) + 1 or running[-1] is not req or self.swapped
                 or self.moves.swaps_in_flight() or self.shared is not None
                 or self.speculative is not None or self.on_idle is not None
                 or self.kv.prefix.peers is not None
                 or not chunk_runs.prices_purely(self.step_model)):
             return end_s
+        kv_tokens = 0
+        for r in decodes:  # (as ``_single_step_time`` sums them)
+            kv_tokens += r.num_computed_tokens
         run = chunk_runs.open_run(self.step_model, req, n, step.start_s, first_s,
-                                  self.until_s, self.kv, self._run_cap.steps, self._spare_run)
+                                  self.until_s, self.kv, self._run_cap.steps, self._spare_run,
+                                  decodes, kv_tokens)
         self._spare_run = None
         if run is None:
             return end_s
@@ -886,24 +899,29 @@ class Replica:
         assert run is not None
         step.run = None  # (settled once; the debug check's reads then need no settling)
         self._load_tokens -= run.settle(k, self.kv, self.recorder, self.replica_id,
-                                        step.num_running, step.num_waiting)
+                                        step.num_running, step.num_waiting, self.track_itl)
         if k:
             if self.debug:
-                self._check_run_promise(run.req, run.chunk, run.ends[k - 1])
+                self._check_run_promise(run, run.ends[k - 1])
             self._pending_kv_seconds = run.start(k, self.kv)
             step.start_s = run.ends[k - 1]
         step.end_s = run.ends[k]
 
-    def _check_run_promise(self, req: Request, chunk: int, at_s: float) -> None:
+    def _check_run_promise(self, run: chunk_runs.ChunkRun, at_s: float) -> None:
         """Debug: at a run's step boundary, the policy's plan must be what
-        ``prefill_chunks_repeat`` promised: the request's next chunk of the whole budget."""
+        ``prefill_chunks_repeat`` (``mixed_chunks_repeat``, with decodes) promised: the
+        request's next chunk, and a token for each decode."""
         plan = self.batch_policy.plan(self.view, at_s)
+        expected = {r.id: 1 for r in run.decodes}
+        expected[run.req.id] = run.chunk
         if (plan.preempt or plan.swap_out or plan.swap_in or plan.migrate or plan.rekey
-                or dict(plan.tokens_by_request) != {req.id: chunk}):
+                or dict(plan.tokens_by_request) != expected):
+            promise = "mixed_chunks_repeat" if run.decodes else "prefill_chunks_repeat"
             raise PlanError(
-                f"{type(self.batch_policy).__name__} declares prefill_chunks_repeat, but at "
-                f"{at_s} s, with request {req.id} the only one running and its prompt's rest "
-                f"over the budget, it planned {plan} instead of {chunk} tokens for it")
+                f"{type(self.batch_policy).__name__} declares {promise}, but at {at_s} s, "
+                f"with request {run.req.id}'s prompt rest over its chunk and "
+                f"{len(run.decodes)} others decoding, it planned {plan} instead of "
+                f"{expected}")
 
     @property
     def current_step(self) -> Step | None:
