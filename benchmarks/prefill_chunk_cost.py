@@ -4,19 +4,23 @@ planning every chunk, and against whole prompts (one step a prompt: the floor).
 A prompt longer than the token budget is prefilled in chunks, one step each; without chunk
 runs a run's cost grows with its prompt tokens. The same requests (fixed-length prompts,
 256-token outputs, Poisson arrivals) are served by Llama-3.1-8B on one H100 and on an H100
-P/D pair, with the token budget (``max_batched_tokens``) at 2,048, by three systems:
+P/D pair, with the token budget (``max_batched_tokens``) at 2,048, by four systems:
 
-- ``chunk runs``: ``token_budget`` as it is (it declares ``prefill_chunks_repeat``);
-- ``every chunk planned``: the same planner without that capability (a subclass: capabilities
-  are not inherited), so the engine plans, applies and commits each chunk as a step;
+- ``chunk runs``: ``token_budget`` as it is (it declares ``prefill_chunks_repeat`` and
+  ``mixed_chunks_repeat``: runs also carry the decodes riding beside a prompt);
+- ``lone-prompt runs``: without ``mixed_chunks_repeat`` (a subclass: capabilities are not
+  inherited), runs only where nothing decodes beside the prompt;
+- ``every chunk planned``: without either, so the engine plans, applies and commits each
+  chunk as a step;
 - ``whole prompts``: the token budget above the prompt (not the same schedule: a prompt a
   step, the cost of a run with no chunking at all).
 
-The first two must give identical request records (checked: the script stops if not).
+The first three must give identical request records (checked: the script stops if not).
 CPU time is the process's (``time.process_time``), the least of ``--repeat`` rounds (a round
-runs each system once, after one untimed run that loads the model's tables), per request. On one replica, decodes ride along the chunks of the
-prompt after theirs (a mixed step: no run), so runs help where prompts queue on a prefill
-replica or arrive to an idle one; the P/D pair's prefill side is the case they are for.
+runs each system once, after one untimed run that loads the model's tables), per request.
+On one replica the running requests decode in most steps of the next prompt's chunks (mixed
+steps: what ``lone-prompt runs`` against ``chunk runs`` measures); on the P/D pair's prefill
+side nothing decodes.
 
     python benchmarks/prefill_chunk_cost.py [--requests 400] [--rate 0.25] [--repeat 3]
 """
@@ -46,6 +50,14 @@ class EveryChunkPlanned(TokenBudgetPlanner):
     capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True)
 
 
+@dataclass(slots=True)
+class LonePromptRuns(TokenBudgetPlanner):
+    """``token_budget`` without ``mixed_chunks_repeat``: runs only while nothing decodes."""
+
+    capabilities = Capabilities(fast_forward_safe=True, decodes_all_when_idle=True,
+                                prefill_chunks_repeat=True)
+
+
 def _workload(n: int, prompt: int, rate: float) -> Workload:
     rng = np.random.default_rng(0)
     return Workload(arrival_s=np.cumsum(rng.exponential(1 / rate, n)),
@@ -70,6 +82,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, nargs="+", default=[2048, 16384, 65536])
     args = parser.parse_args()
     systems = (("chunk runs", "token_budget", False),
+               ("lone-prompt runs", f"{__name__}:LonePromptRuns", False),
                ("every chunk planned", f"{__name__}:EveryChunkPlanned", False),
                ("whole prompts", "token_budget", True))
     print(f"{MODEL}, {args.requests} requests at {args.rate}/s, 256-token outputs, "
@@ -90,15 +103,17 @@ def main() -> None:
                     result = run(config, workload=wl)
                     best[label] = min(best[label], time.process_time() - cpu0)
                     records[label] = result.records.requests
-            runs, planned = records["chunk runs"], records["every chunk planned"]
-            for col, values in planned.items():
-                if not np.array_equal(values, runs[col], equal_nan=True):
-                    raise SystemExit(f"chunk runs changed {col!r}: a bug")
+            planned = records["every chunk planned"]
+            for label in ("chunk runs", "lone-prompt runs"):
+                for col, values in planned.items():
+                    if not np.array_equal(values, records[label][col], equal_nan=True):
+                        raise SystemExit(f"{label} changed {col!r}: a bug")
             us = {label: best[label] / args.requests * 1e6 for label in best}
             print(f"{'H100 P/D pair' if pd else 'one H100':>14}, {prompt:>6}-token prompts: "
                   + ", ".join(f"{label} {us[label]:.0f} us" for label in us)
                   + f"; every chunk planned / chunk runs "
-                  f"{us['every chunk planned'] / us['chunk runs']:.2f}x, "
+                  f"{us['every chunk planned'] / us['chunk runs']:.2f}x, lone-prompt runs / "
+                  f"chunk runs {us['lone-prompt runs'] / us['chunk runs']:.2f}x, "
                   f"chunk runs / whole prompts {us['chunk runs'] / us['whole prompts']:.2f}x")
 
 

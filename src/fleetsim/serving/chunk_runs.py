@@ -251,9 +251,7 @@ def _same(a: list[Request], b: list[Request]) -> bool:
     """The same requests in the same order."""
     if len(a) != len(b):
         return False
-    i = 0
-    for r in a:
-        if r is not b[i]:
+    for i in range(len(a)):
+        if a[i] is not b[i]:
             return False
-        i += 1
     return True
