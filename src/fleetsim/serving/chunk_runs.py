@@ -249,9 +249,4 @@ def _blocks_through(req: Request, prompt_tokens: int, decodes: list[Request], j:
 
 def _same(a: list[Request], b: list[Request]) -> bool:
     """The same requests in the same order."""
-    if len(a) != len(b):
-        return False
-    for i in range(len(a)):
-        if a[i] is not b[i]:
-            return False
-    return True
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
