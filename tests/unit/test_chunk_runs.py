@@ -60,6 +60,17 @@ def test_decodes_ride_a_long_prompts_run():
     assert np.array_equal(slow.itl_counts, fast.itl_counts)
     assert fast.num_steps == slow.num_steps == 400
     assert stepped.sim.num_events - replica.sim.num_events >= 99 - 3
+    # stopped inside a run: settled to the step in progress, every running request as
+    # stepping left it (service seconds added step by step, to the bit)
+    _, stepped = _run(w, False, until_s=0.3, **kw)
+    _, replica = _run(w, True, until_s=0.3, **kw)
+
+    def state(rep):
+        return [(r.id, r.num_computed_tokens, r.num_output_tokens, r.service_s,
+                 r.num_private_blocks) for r in rep.running]
+
+    assert len(replica.running) == 3 and state(replica) == state(stepped)
+    assert replica.kv.num_used_blocks == stepped.kv.num_used_blocks
 
 
 def test_a_decodes_last_token_ends_the_run_and_commits_as_stepping():
