@@ -230,7 +230,9 @@ def open_run(model: StepTimeModel, req: Request, chunk: int, start_s: float, fir
         j += 1
     if j < 2:
         return None
-    return ChunkRun(req, chunk, start_s, ends, durations, decodes, decode_kv0)
+    # (its own list of the decodes: the step's may lose one in place, an abort after the cut,
+    # while the run, kept as the spare, still prices the steps it had)
+    return ChunkRun(req, chunk, start_s, ends, durations, list(decodes), decode_kv0)
 
 
 def _blocks_through(req: Request, prompt_tokens: int, decodes: list[Request], j: int,
