@@ -1,4 +1,5 @@
-"""Properties of the step-time model: bit-exact decode fast path and monotonicity."""
+"""Properties of the step-time model: bit-exact decode and chunk-run fast paths, and
+monotonicity."""
 
 from __future__ import annotations
 
@@ -33,6 +34,19 @@ def test_decode_fast_path_is_bit_exact(i, num_decode, kvs):
     for got, k in zip(vec.tolist(), kvs, strict=True):
         assert got == sm.step_time_s((), num_decode, int(k))
         assert (base + per_kv * k) + extra == got
+
+
+@settings(max_examples=200, deadline=None)
+@given(which, st.integers(1, 20_000), st.integers(0, 512),
+       st.lists(st.tuples(st.integers(0, 2_000_000), st.integers(0, 2**40)), min_size=1,
+                max_size=8))
+def test_chunk_run_prices_are_bit_exact(i, chunk, num_decode, points):
+    """A chunk run's prices (``chunk_prices``: the terms its steps share added once) are
+    ``step_time_s``'s, float for float (an async model's too)."""
+    sm = MODELS[i]
+    prices = sm.chunk_prices(chunk, num_decode)
+    for ctx, kv in points:
+        assert prices.step_s(ctx, kv) == sm.step_time_s([(chunk, ctx)], num_decode, kv)
 
 
 @settings(max_examples=200, deadline=None)

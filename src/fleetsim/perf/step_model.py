@@ -348,6 +348,12 @@ class TableStepModel:
             t += self._prefill_attention_s(prefill_chunks)
         return t
 
+    def chunk_prices(self, chunk: int, num_decode: int) -> ChunkStepPrices:
+        """``step_time_s([(chunk, ctx)], num_decode, kv)`` at any ``ctx`` and ``kv``, with
+        the terms that depend on neither computed once (a chunk run's steps,
+        ``serving/chunk_runs.py``)."""
+        return ChunkStepPrices(self, chunk, num_decode)
+
     def _exposed_cpu_s(self, num_seqs: int, kernels_s: float) -> float:
         """CPU time the GPU waits for under async scheduling: the gap, or the CPU's excess."""
         excess = self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs - kernels_s
@@ -449,3 +455,50 @@ class TableStepModel:
         else:
             out["other"] += self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs
         return out
+
+
+class ChunkStepPrices:
+    """``TableStepModel.step_time_s([(chunk, ctx)], num_decode, kv)`` for one chunk size and
+    decode count at many contexts (the steps of a chunk run): the terms that depend on
+    neither ``ctx`` nor ``kv`` (the token, sequence and decode lookups, the CPU overhead) are
+    added once, as ``step_time_s`` adds them first, and each price then adds the rest in
+    ``step_time_s``'s order, so every price is the same float to the bit (a property test
+    holds it there). A run priced two thirds of its instructions in those lookups."""
+
+    __slots__ = ("_async", "_base", "_chunk", "_dec_c", "_model", "_num_seqs")
+
+    def __init__(self, model: TableStepModel, chunk: int, num_decode: int) -> None:
+        self._model = model
+        self._chunk = chunk
+        num_tokens = num_decode + chunk
+        num_seqs = num_decode + 1
+        self._num_seqs = num_seqs
+        self._async = model.async_scheduling
+        if self._async:
+            k = model._tok.at(num_tokens) + model._seq.at(num_seqs)
+            self._base = k + model._dec_a.at(num_decode)
+        else:
+            t = model.step_overhead_s + model.step_overhead_per_seq_s * num_seqs
+            t = t + model._tok.at(num_tokens) + model._seq.at(num_seqs)
+            self._base = t + model._dec_a.at(num_decode)
+        self._dec_c = model._dec_c.at(num_decode)
+
+    def step_s(self, ctx: int, decode_kv_tokens: int) -> float:
+        """The step's seconds with the chunk after ``ctx`` computed tokens and the decodes'
+        ``decode_kv_tokens`` of context."""
+        model = self._model
+        new = self._chunk
+        # ``_prefill_attention_s([(new, ctx)])``, its one chunk written out
+        work = model._prefill.at(math.sqrt(float(new * new + 2 * new * ctx))) - model._floor
+        mem = model._kv_read * (new + ctx)
+        att = 0.0
+        att += work if work > mem else mem
+        att = att + model._floor
+        if self._async:
+            k = self._base
+            k += att
+            t = k + model._exposed_cpu_s(self._num_seqs, k)
+            return t + self._dec_c * decode_kv_tokens
+        t = self._base + self._dec_c * decode_kv_tokens
+        t += att
+        return t

@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Final
 
 from fleetsim.perf.base import ConstantStepModel, LinearStepModel, StepTimeModel
-from fleetsim.perf.step_model import TableStepModel
+from fleetsim.perf.step_model import ChunkStepPrices, TableStepModel
 from fleetsim.serving.itl import decode_gaps
 from fleetsim.serving.kv_cache import KVCache, blocks_short
 from fleetsim.serving.recorder import Recorder
@@ -214,6 +214,10 @@ def open_run(model: StepTimeModel, req: Request, chunk: int, start_s: float, fir
                 and decode_kv0 == spare.decode_kv0 + ahead // chunk * n):
             priced = spare.durations
             shift = ahead // chunk
+    # (the measured tables' prices with the terms the run's steps share added once, made
+    # when a step is first priced here)
+    table = isinstance(model, TableStepModel)
+    prices: ChunkStepPrices | None = None
     j = 1
     while j < steps and t < until_s:
         # (the blocks the steps after the first take, all told: the first's are taken)
@@ -222,6 +226,11 @@ def open_run(model: StepTimeModel, req: Request, chunk: int, start_s: float, fir
             break
         if shift >= 0 and j + shift < len(priced):
             d = priced[j + shift]
+        elif table:
+            if prices is None:
+                assert isinstance(model, TableStepModel)
+                prices = model.chunk_prices(chunk, n)
+            d = prices.step_s(c0 + j * chunk, decode_kv0 + j * n)
         else:
             d = model.step_time_s([(chunk, c0 + j * chunk)], n, decode_kv0 + j * n)
         t = t + d
