@@ -20,13 +20,18 @@ the least of ``--repeat`` rounds that run every system once each (a run of the c
 baseline takes tens of milliseconds: once is mostly noise); run it with ``FLEETSIM_PURE=1``
 to measure pure Python.
 
+``--polls`` adds, for LoongServe, what polling less often would buy: its run with the
+planner's ``max_wait_steps`` (the periodic admission between arrivals and finishes, 10 in
+the artifact) at 10, 100 and 10^6, against vLLM on the same requests, with the mean TTFT
+each gives (results change: this is the price of a poll cadence the code does not have).
+
 ``--planner`` adds, for LoongServe, the planner's own share: the plans a request costs and
 the CPU inside ``EspPlanner.plan`` (each call timed, the timer's own cost included), against
 the main engine's whole run per request: the floor that planning at every arrival and finish
 sets under the per-token ratio (docs/groups.md).
 
     python benchmarks/cost_per_token.py [--requests N] [--only esp|expertplex] [--repeat 3]
-                                        [--planner]
+                                        [--planner] [--polls]
 """
 
 from __future__ import annotations
@@ -73,7 +78,10 @@ def least_cpu_s(runs: dict[str, Callable[[], object]], repeat: int) -> dict[str,
     return best
 
 
-def esp(num_requests: int, repeat: int, planner: bool) -> None:
+POLL_STEPS = (10, 100, 10**6)  # the artifact's max_wait_steps, 10x, and never in practice
+
+
+def esp(num_requests: int, repeat: int, planner: bool, polls: bool = False) -> None:
     from fleetsim.config import config_from_dict
     from fleetsim.repro.loongserve import baseline_config
     from fleetsim.run import run
@@ -105,6 +113,36 @@ def esp(num_requests: int, repeat: int, planner: bool) -> None:
             print(f"  planner: {plans:,} plans ({plans / n:.2f} a request), "
                   f"{plan_s / plans * 1e6:.1f} us a plan, {plan_s / n * 1e6:.1f} us a request; "
                   f"vllm's whole run {cost['vllm'] / n * 1e6:.1f} us a request")
+        if polls:
+            _polls(dataset, rate, wl, runs["vllm"], repeat)
+
+
+def _polls(dataset: str, rate: float, wl: Any, vllm: Callable[[], object],
+           repeat: int) -> None:
+    """LoongServe at each ``POLL_STEPS`` against vLLM (``vllm``), on ``wl``: the ratio of
+    their CPU and the mean TTFT."""
+    import copy
+
+    from fleetsim.config import config_from_dict
+    from fleetsim.repro.loongserve import baseline_config
+    from fleetsim.run import run
+    from fleetsim.workloads.long_context import workload
+
+    runs: dict[str, Callable[[], object]] = {"vllm": vllm}
+    for steps in POLL_STEPS:
+        config = copy.deepcopy(baseline_config("loongserve", "mixed"))
+        config["group"]["planner"].setdefault("args", {})["max_wait_steps"] = steps
+        cfg = config_from_dict(config)
+        run(cfg, workload=workload(dataset, 8, rate, seed=1))
+        runs[str(steps)] = functools.partial(run, cfg, workload=wl)
+    cost = least_cpu_s(runs, repeat)
+    cells = []
+    for steps in POLL_STEPS:
+        req = runs[str(steps)]().records.requests  # (deterministic: the same as timed)
+        ttft = float(np.nanmean(req["first_token_s"] - req["arrival_s"]))
+        cells.append(f"{steps:,}: {cost[str(steps)] / cost['vllm']:.2f}x vllm, "
+                     f"mean TTFT {ttft:.2f} s")
+    print("  max_wait_steps " + "; ".join(cells))
 
 
 SAME_TOPOLOGY = "vllm on the instances"
@@ -187,13 +225,16 @@ def main() -> None:
                         help="rounds; each system's least CPU is reported")
     parser.add_argument("--planner", action="store_true",
                         help="also time LoongServe's planner (plans a request, us a plan)")
+    parser.add_argument("--polls", action="store_true",
+                        help="also run LoongServe with fewer polls (max_wait_steps 10, 100, "
+                             "10^6; results change)")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     print(f"engine {native.engine()}; CPU microseconds per generated token, least of "
           f"{args.repeat} rounds")
     if args.only in (None, "esp"):
-        esp(args.requests or 480, args.repeat, args.planner)
+        esp(args.requests or 480, args.repeat, args.planner, args.polls)
     if args.only in (None, "expertplex"):
         expertplex(args.requests or 3000, args.repeat)
 
