@@ -215,8 +215,7 @@ def open_run(model: StepTimeModel, req: Request, chunk: int, start_s: float, fir
             priced = spare.durations
             shift = ahead // chunk
     # (the measured tables' prices with the terms the run's steps share added once, made
-    # when a step is first priced here)
-    table = isinstance(model, TableStepModel)
+    # when a step is first priced here: a spare may price them all)
     prices: ChunkStepPrices | None = None
     j = 1
     while j < steps and t < until_s:
@@ -226,10 +225,10 @@ def open_run(model: StepTimeModel, req: Request, chunk: int, start_s: float, fir
             break
         if shift >= 0 and j + shift < len(priced):
             d = priced[j + shift]
-        elif table:
-            if prices is None:
-                assert isinstance(model, TableStepModel)
-                prices = model.chunk_prices(chunk, n)
+        elif prices is not None:
+            d = prices.step_s(c0 + j * chunk, decode_kv0 + j * n)
+        elif isinstance(model, TableStepModel):
+            prices = model.chunk_prices(chunk, n)
             d = prices.step_s(c0 + j * chunk, decode_kv0 + j * n)
         else:
             d = model.step_time_s([(chunk, c0 + j * chunk)], n, decode_kv0 + j * n)

@@ -880,12 +880,9 @@ class Replica:
                 or self.kv.prefix.peers is not None
                 or not chunk_runs.prices_purely(self.step_model)):
             return end_s
-        kv_tokens = 0
-        for r in decodes:  # (as ``_single_step_time`` sums them)
-            kv_tokens += r.num_computed_tokens
         run = chunk_runs.open_run(self.step_model, req, n, step.start_s, first_s,
                                   self.until_s, self.kv, self._run_cap.steps, self._spare_run,
-                                  decodes, kv_tokens)
+                                  decodes, _context_tokens(decodes))
         self._spare_run = None
         if run is None:
             return end_s
@@ -946,9 +943,7 @@ class Replica:
 
     def _single_step_time(self, step: Step) -> float:
         chunks = [(n, r.num_computed_tokens) for r, n in step.chunks]
-        kv_tokens = 0
-        for r in step.decodes:
-            kv_tokens += r.num_computed_tokens
+        kv_tokens = _context_tokens(step.decodes)
         model = self.step_model
         if isinstance(model, TableStepModel):  # (the usual model: a direct call when compiled)
             duration_s = model.step_time_s(chunks, len(step.decodes), kv_tokens)
@@ -1307,6 +1302,14 @@ class Replica:
 
 
 _REPLAN = Step(0.0)  # returned by _apply: the plan only preempted or re-keyed; plan again now
+
+
+def _context_tokens(decodes: list[Request]) -> int:
+    """The decodes' context tokens, all told (a step's decode attention is priced by it)."""
+    total = 0
+    for r in decodes:
+        total += r.num_computed_tokens
+    return total
 
 
 def _state_name(state: int) -> str:
